@@ -1,0 +1,31 @@
+"""Titanax: explicit-parallel training for JAX."""
+
+import re
+
+from setuptools import find_packages, setup
+
+with open("titanax/__init__.py", encoding="utf-8") as f:
+    VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+
+setup(
+    name="titanax",
+    version=VERSION,
+    description="Explicit-parallel JAX training: you choose how every array is split and every "
+                "byte moves; Titanax wires the loop, checkpoints, data and observability.",
+    python_requires=">=3.11",
+    packages=find_packages(include=["titanax", "titanax.*", "experiments", "experiments.*"]),
+    install_requires=[
+        # Versions verified together on the reference machine (see ../shared/JAX_NOTES.md).
+        "jax>=0.10.2,<0.11",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12.8",
+        "absl-py>=2.1",
+        "ml-collections>=1.0",
+        "numpy>=1.26",
+        "grain>=0.2.18",
+    ],
+    extras_require={
+        "dev": ["pytest>=8"],
+    },
+    entry_points={"console_scripts": ["titanax-launch=titanax.launch:run_main"]},
+)

@@ -1,0 +1,95 @@
+"""End-to-end tests of `python -m titanax.launch` (run as real subprocesses)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = "--config_module=tests.config.fixture_experiments"
+
+
+def _launch(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "titanax.launch", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_list_shows_registered_experiments_with_summaries():
+    result = _launch("--list", FIXTURES)
+    assert result.returncode == 0, result.stderr
+    assert "config_demo" in result.stdout
+    assert any(line.split(None, 1) == ["fixture_model", "A fixture experiment with nested fields "
+               "of many types."] for line in result.stdout.splitlines())
+
+
+def test_print_config_shows_override_and_one_line_diff(tmp_path):
+    result = _launch("--config=fixture_model", FIXTURES, "--config.decoder.num_heads=16",
+                     "--print_config", f"--trainer_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert "decoder.num_heads: 16\n" in result.stdout
+    assert result.stdout.endswith("# diff from fixture_model (1 change)\n"
+                                  "decoder.num_heads: 4 -> 16\n")
+    saved = (tmp_path / "config.txt").read_text()
+    assert "decoder.num_heads: 16\n" in saved
+    assert json.loads((tmp_path / "config.json").read_text())["decoder"]["num_heads"] == 16
+    assert (tmp_path / "config_diff.txt").read_text() == "decoder.num_heads: 4 -> 16\n"
+
+
+def test_misspelled_override_fails_with_path_and_suggestion_without_traceback():
+    result = _launch("--config=fixture_model", FIXTURES, "--config.decoder.num_haeds=1")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "config.decoder.num_haeds" in result.stderr
+    assert "did you mean 'num_heads'" in result.stderr
+    assert len(result.stderr.splitlines()) < 20
+
+
+def test_wrong_typed_override_names_expected_type():
+    result = _launch("--config=fixture_model", FIXTURES, "--config.decoder.dropout_rate=high")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "config.decoder.dropout_rate: cannot use 'high': expected a float" in result.stderr
+
+
+def test_missing_required_field_and_unknown_experiment():
+    result = _launch("--config=fixture_incomplete", FIXTURES, "--print_config")
+    assert result.returncode == 2
+    assert "decoder.num_heads: REQUIRED field not set" in result.stderr
+    result = _launch("--config=fixture_modl", FIXTURES)
+    assert result.returncode == 2 and "did you mean 'fixture_model'" in result.stderr
+
+
+def test_runs_the_experiment_root():
+    result = _launch("--config=fixture_model", FIXTURES, "--config.decoder.num_heads=3")
+    assert result.returncode == 0, result.stderr
+    assert "running fixture model with 3 heads" in result.stdout
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--num_processes=2"], "--coordinator_address"),
+    (["--coordinator_address=localhost:1", "--num_processes=2", "--process_id=2"],
+     "--process_id: must be in [0, 2)"),
+    (["--coordinator_address=localhost", "--num_processes=2", "--process_id=0"],
+     "--coordinator_address: must be host:port"),
+    (["--cpu_devices=0"], "--cpu_devices: must be a positive int"),
+])
+def test_bad_launch_flags(flags, message):
+    result = _launch("--config=fixture_model", FIXTURES, *flags)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_show_traceback_flag():
+    result = _launch("--config=nope", "--show_traceback")
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_config_package_does_not_import_jax():
+    code = ("import sys, titanax, titanax.config, titanax.config.golden, titanax.runtime.cluster;"
+            "import titanax.runtime.cpu_devices;"
+            "bad = [m for m in sys.modules if m == 'jax' or m.startswith('jax.')];"
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,252 @@
+"""Command-line overrides: ``--config.learner.optimizer.learning_rate=1e-3``.
+
+The syntax is ml_collections' (``--config.<path>=<value>``); parsing is ours, because the tree is a
+Titanax config rather than a ConfigDict and because the value is parsed *for the field it lands in*:
+the text ``"3"`` becomes ``3`` for an int field, ``3.0`` for a float field and ``"3"`` for a string
+field; ``None`` is accepted only where the annotation allows it. Every bad override of a command
+line is reported at once, each naming its path, the expected type and the valid fields.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import typing
+from typing import Any, Dict, List, Sequence, Tuple
+
+from titanax import errors
+from titanax.config import formatting, paths, typecheck
+from titanax.config.base import ConfigBase, InstantiableConfig
+
+FLAG_PREFIX = "--config."
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """One ``path=value`` override as written on the command line."""
+
+    path: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{FLAG_PREFIX}{self.path}={self.text}"
+
+
+def split_override_args(argv: Sequence[str]) -> Tuple[List[str], List[Override]]:
+    """Separates ``--config.a.b=v`` arguments from the rest of ``argv``.
+
+    ``--config.a.b v`` (value as the next argument) is accepted too, and a bare ``--config.flag``
+    means ``true`` (for bool fields).
+    """
+    rest: List[str] = []
+    overrides: List[Override] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg.startswith(FLAG_PREFIX):
+            body = arg[len(FLAG_PREFIX):]
+            if "=" in body:
+                path, text = body.split("=", 1)
+            elif index + 1 < len(argv) and not argv[index + 1].startswith("--"):
+                path, text = body, argv[index + 1]
+                index += 1
+            else:
+                path, text = body, "true"
+            overrides.append(Override(path=path, text=text))
+        else:
+            rest.append(arg)
+        index += 1
+    return rest, overrides
+
+
+def apply_overrides(cfg: ConfigBase, overrides: Sequence[Override], *,
+                    prefix: str = "config") -> ConfigBase:
+    """Applies every override to ``cfg`` in order; raises one error listing all that failed."""
+    problems: List[errors.TitanaxError] = []
+    for override in overrides:
+        try:
+            apply_override(cfg, override)
+        except errors.ConfigError as e:
+            problems.append(type(e)(e.message, path=f"{prefix}.{e.path}" if e.path else prefix,
+                                    suggestion=e.suggestion))
+    if problems:
+        raise errors.ConfigValidationError(problems, what="command-line overrides")
+    return cfg
+
+
+def apply_override(cfg: ConfigBase, override: Override) -> None:
+    """Parses ``override.text`` for the field at ``override.path`` and sets it."""
+    tokens = paths.parse_path(override.path)
+    where = paths.format_path(tokens)
+    annotation = _annotation_at(cfg, tokens)
+    current = cfg.get_recursively(tokens)
+    if isinstance(current, ConfigBase):
+        fields = ", ".join(current.fields())
+        raise errors.ConfigTypeError(
+            f"is a nested {type(current).__qualname__}; it cannot be replaced by text",
+            path=where, suggestion=f"override its fields instead: {where}.<field> with one of "
+                                   f"{fields}")
+    value = parse_value(override.text, annotation, path=where)
+    cfg.set_recursively(tokens, value)
+
+
+def _annotation_at(cfg: ConfigBase, tokens: List[paths.PathToken]) -> Any:
+    """The annotation that governs the value at ``tokens`` (element type for containers)."""
+    parent = cfg.get_recursively(tokens[:-1]) if len(tokens) > 1 else cfg
+    last = tokens[-1]
+    if isinstance(last, str):
+        if not isinstance(parent, ConfigBase):
+            cfg.get_recursively(tokens)  # Raises the right error.
+        if last not in type(parent).__fields__:
+            cfg.get_recursively(tokens)
+        return type(parent).field_annotation(last)
+    # An element of a container: find the field that holds the container, take its element type.
+    field_index = max(i for i, t in enumerate(tokens) if isinstance(t, str))
+    owner = cfg.get_recursively(tokens[:field_index]) if field_index else cfg
+    annotation = type(owner).field_annotation(tokens[field_index])
+    for token in tokens[field_index + 1:]:
+        annotation = _element_annotation(annotation, token)
+    return annotation
+
+
+def _element_annotation(annotation: Any, token: paths.PathToken) -> Any:
+    annotation = typecheck.strip_annotated(annotation)
+    members = [m for m in typecheck.union_members(annotation) if m is not type(None)]
+    for member in members:
+        args = typing.get_args(member)
+        origin = typing.get_origin(member)
+        if origin in (dict, typing.get_origin(typing.Mapping[str, int])) and len(args) == 2:
+            return args[1]
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            return args[token] if isinstance(token, int) and token < len(args) else Any
+        if args:
+            return args[0]
+    return Any
+
+
+def parse_value(text: str, annotation: Any, *, path: str) -> Any:
+    """Parses command-line ``text`` into a value of type ``annotation``."""
+    value, problem = _parse(text, typecheck.strip_annotated(annotation))
+    if problem is not None:
+        raise errors.ConfigTypeError(
+            f"cannot use {text!r}: {problem}", path=path,
+            suggestion=f"give a value of type {typecheck.describe_type(annotation)}")
+    return value
+
+
+_TRUE = {"true", "t", "yes", "y", "1", "on"}
+_FALSE = {"false", "f", "no", "n", "0", "off"}
+_NONE = {"none", "null"}
+
+
+def _parse(text: str, annotation: Any) -> Tuple[Any, Any]:
+    stripped = text.strip()
+    if typecheck.is_union(annotation):
+        members = typing.get_args(annotation)
+        if stripped.lower() in _NONE and type(None) in members:
+            return None, None
+        # Literal text parses best against the most specific member first.
+        ordered = sorted(members, key=_parse_priority)
+        for member in ordered:
+            if member is type(None) or _is_config_type(member):
+                continue
+            value, problem = _parse(text, member)
+            if problem is None:
+                return value, None
+        return text, f"expected {typecheck.describe_type(annotation)}"
+    if annotation is type(None):
+        return (None, None) if stripped.lower() in _NONE else (text, "expected None")
+    if annotation is bool:
+        if stripped.lower() in _TRUE:
+            return True, None
+        if stripped.lower() in _FALSE:
+            return False, None
+        return text, "expected a bool (true/false)"
+    if annotation is int:
+        try:
+            return int(stripped.replace("_", ""), 0), None
+        except ValueError:
+            try:
+                as_float = float(stripped)
+            except ValueError:
+                return text, "expected an int"
+            if as_float.is_integer() and abs(as_float) < 2 ** 53:
+                return int(as_float), None  # 1e6 on a command line means 1000000.
+            return text, "expected an int"
+    if annotation is float:
+        try:
+            return float(stripped), None
+        except ValueError:
+            return text, "expected a float"
+    if annotation is str:
+        return _unquote(text), None
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        name = stripped.split(".")[-1]
+        if name in annotation.__members__:
+            return annotation[name], None
+        return text, f"expected one of {', '.join(annotation.__members__)}"
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        for choice in typing.get_args(annotation):
+            if str(choice) == _unquote(stripped) or repr(choice) == stripped:
+                return choice, None
+        return text, f"expected {typecheck.describe_type(annotation)}"
+    if _is_config_type(annotation) or origin is type or annotation is type:
+        return text, "this field holds a config or a class and cannot be set from text"
+    if annotation is typing.Callable or origin is typing.get_origin(typing.Callable):
+        return text, "this field holds a function and cannot be set from text"
+    # Containers and Any: Python literal syntax, e.g. (4, 2) or {'a': 1}; `4,2` also works.
+    try:
+        literal = ast.literal_eval(stripped)
+    except (ValueError, SyntaxError):
+        if origin in (list, tuple) or annotation in (list, tuple) or \
+                origin is typing.get_origin(typing.Sequence[int]):
+            literal = [_literal_or_text(part) for part in stripped.split(",") if part.strip()]
+        elif annotation is typecheck.UNCHECKED or annotation is typing.Any:
+            return _unquote(text), None
+        else:
+            return text, "expected a Python literal"
+    value, problem = typecheck.coerce(literal, annotation)
+    return (value, None) if problem is None else (text, problem)
+
+
+def _parse_priority(annotation: Any) -> int:
+    order = {type(None): 0, bool: 1, int: 2, float: 3}
+    if annotation in order:
+        return order[annotation]
+    if annotation is str:
+        return 9  # Anything parses as a string: try it last.
+    return 5
+
+
+def _is_config_type(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, ConfigBase) \
+        or annotation is InstantiableConfig
+
+
+def _unquote(text: str) -> str:
+    stripped = text.strip()
+    if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
+        return stripped[1:-1]
+    return text
+
+
+def _literal_or_text(part: str) -> Any:
+    try:
+        return ast.literal_eval(part.strip())
+    except (ValueError, SyntaxError):
+        return part.strip()
+
+
+def config_diff(before: ConfigBase, after: ConfigBase) -> List[str]:
+    """``path: old -> new`` lines for every leaf that differs (added or removed leaves too)."""
+    old: Dict[str, Any] = before.to_flat_dict()
+    new: Dict[str, Any] = after.to_flat_dict()
+    lines = []
+    for path in list(new) + [p for p in old if p not in new]:
+        old_text = formatting.format_value(old[path]) if path in old else "<absent>"
+        new_text = formatting.format_value(new[path]) if path in new else "<absent>"
+        if old_text != new_text:
+            lines.append(f"{path}: {old_text} -> {new_text}")
+    return lines

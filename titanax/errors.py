@@ -1,0 +1,82 @@
+"""Every error Titanax raises on purpose.
+
+A user who hits one of these should learn three things without reading our source: *where* the
+problem is (a config path such as ``model.decoder.num_heads``, a param path, a mesh axis or a flag),
+*what* is wrong, and *what to do*. So every error carries ``path``, ``message`` and ``suggestion``,
+and each kind of problem has its own class so callers (and tests) can catch exactly what they mean.
+
+This module imports nothing but the standard library: the config system, which must not import
+jax, depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+class TitanaxError(Exception):
+    """Base class of all deliberate Titanax errors.
+
+    Attributes:
+        path: The thing that is wrong: a config path, param path, mesh axis or flag. May be None
+            when the error is about the whole run.
+        message: What is wrong, in one sentence.
+        suggestion: What to do about it. May be None when there is nothing useful to add.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None,
+                 suggestion: Optional[str] = None):
+        self.path = path
+        self.message = message
+        self.suggestion = suggestion
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        if self.suggestion:
+            text += f"\n  suggestion: {self.suggestion}"
+        return text
+
+
+# --- Config system -------------------------------------------------------------------------------
+
+class ConfigError(TitanaxError):
+    """A config tree, a config class or a config value is wrong."""
+
+
+class UnknownFieldError(ConfigError):
+    """A config path names a field that does not exist."""
+
+
+class RequiredFieldError(ConfigError):
+    """A field declared REQUIRED was never set."""
+
+
+class ConfigTypeError(ConfigError):
+    """A value does not match the type annotation of the field it is assigned to."""
+
+
+class FrozenConfigError(ConfigError):
+    """Someone tried to change a frozen config."""
+
+
+class UnknownExperimentError(ConfigError):
+    """A named experiment is not registered."""
+
+
+class ConfigValidationError(ConfigError):
+    """``validate()`` found one or more problems; all of them are listed, each with its path."""
+
+    def __init__(self, problems: Sequence[TitanaxError], *, what: str = "config"):
+        self.problems = list(problems)
+        count = len(self.problems)
+        lines = [f"{count} problem{'s' if count != 1 else ''} in the {what}:"]
+        for problem in self.problems:
+            lines.extend("  " + line for line in problem.format().splitlines())
+        super().__init__("\n".join(lines))
+
+
+# --- Launcher ------------------------------------------------------------------------------------
+
+class LaunchFlagError(TitanaxError):
+    """A command-line flag of ``python -m titanax.launch`` is missing, malformed or inconsistent."""

@@ -1,0 +1,140 @@
+"""``python -m titanax.launch``: run a named experiment, with overrides from the command line.
+
+    python -m titanax.launch --list
+    python -m titanax.launch --config=gpt_tiny_dp_tp --cpu_devices=8
+    python -m titanax.launch --config=gpt_tiny_dp_tp --config.learner.optimizer.learning_rate=1e-3 \
+        --print_config
+
+Order of events, and why: flags are parsed and checked, the experiment's config tree is built,
+overrides are applied and the whole tree is validated -- all before jax starts, so every mistake
+costs a second, not a compile. Only then is the device count fixed and the experiment run.
+
+A ``TitanaxError`` prints as a short message (path, problem, suggestion) and exits with status 2;
+``--show_traceback`` shows the Python traceback too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import List, Sequence
+
+from absl import app, flags
+
+from titanax import errors
+from titanax.config import overrides as overrides_lib
+from titanax.config import registry
+from titanax.runtime import cluster, cpu_devices
+from titanax.utils.files import atomic_write_text
+
+_CONFIG = flags.DEFINE_string("config", None, "Name of a registered experiment (see --list).")
+_LIST = flags.DEFINE_bool("list", False, "List the registered experiments and exit.")
+_CONFIG_MODULE = flags.DEFINE_multi_string(
+    "config_module", [], "Extra modules (or packages) that register experiments, in addition to "
+    "the project's `experiments` package. Repeatable.")
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the resolved config and its diff from the named experiment, "
+    "then exit without running.")
+_TRAINER_DIR = flags.DEFINE_string(
+    "trainer_dir", None, "Run directory: the resolved config is saved here (config.txt, "
+    "config.json, config_diff.txt), and so are logs and checkpoints.")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", None, "Simulate this many CPU devices (set before jax starts).")
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0, for multi-process jobs.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0..N-1.")
+_SHOW_TRACEBACK = flags.DEFINE_bool(
+    "show_traceback", False, "Show the Python traceback of Titanax errors.")
+
+# The --config.<path>=<value> arguments, split off before absl parses the rest.
+_OVERRIDES: List[overrides_lib.Override] = []
+
+
+def _parse_flags(argv: Sequence[str]) -> List[str]:
+    rest, found = overrides_lib.split_override_args(list(argv))
+    _OVERRIDES[:] = found
+    return app.parse_flags_with_usage(rest)
+
+
+def _format_experiment_list() -> str:
+    experiments = registry.experiments()
+    if not experiments:
+        return "no experiments are registered"
+    width = max(len(e.name) for e in experiments)
+    lines = [f"{e.name:<{width}}  {e.summary}" if e.summary else e.name for e in experiments]
+    return "\n".join(lines)
+
+
+def _save_resolved_config(trainer_dir: str, cfg, diff: List[str]) -> None:
+    atomic_write_text(os.path.join(trainer_dir, "config.txt"), cfg.debug_string())
+    atomic_write_text(os.path.join(trainer_dir, "config.json"),
+                      json.dumps(cfg.to_json(), indent=2, sort_keys=False) + "\n")
+    atomic_write_text(os.path.join(trainer_dir, "config_diff.txt"),
+                      "".join(line + "\n" for line in diff))
+
+
+def launch(argv: Sequence[str]) -> int:
+    """The launcher's body, after absl parsed the flags. Returns the exit status."""
+    if len(argv) > 1:
+        raise errors.LaunchFlagError(f"unexpected positional arguments: {' '.join(argv[1:])}",
+                                     path="argv", suggestion="all settings are --flags; "
+                                     "overrides are --config.<path>=<value>")
+    cluster_spec = cluster.resolve_cluster(coordinator_address=_COORDINATOR_ADDRESS.value,
+                                           num_processes=_NUM_PROCESSES.value,
+                                           process_id=_PROCESS_ID.value)
+    if _CPU_DEVICES.value is not None:
+        cpu_devices.simulate_cpu_devices(_CPU_DEVICES.value)
+    registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES) + _CONFIG_MODULE.value)
+    if _LIST.value:
+        print(_format_experiment_list())
+        return 0
+    if not _CONFIG.value:
+        raise errors.LaunchFlagError(
+            "no experiment given", path="--config",
+            suggestion="pass --config=NAME; `python -m titanax.launch --list` shows the names")
+    named = registry.get_config(_CONFIG.value)
+    cfg = overrides_lib.apply_overrides(named.clone(), _OVERRIDES)
+    cfg.validate()
+    diff = overrides_lib.config_diff(named, cfg)
+    if _TRAINER_DIR.value:
+        _save_resolved_config(_TRAINER_DIR.value, cfg, diff)
+    if _PRINT_CONFIG.value:
+        print(f"# experiment {_CONFIG.value}, resolved")
+        print(cfg.debug_string(), end="")
+        print(f"# diff from {_CONFIG.value} ({len(diff)} change{'s' if len(diff) != 1 else ''})")
+        print("\n".join(diff) if diff else "(none)")
+        return 0
+    component = cfg.instantiate()
+    run = getattr(component, "run", None)
+    if not callable(run):
+        raise errors.LaunchFlagError(
+            f"the root of experiment {_CONFIG.value!r} builds a {type(component).__qualname__}, "
+            "which has no run() method", path="--config",
+            suggestion="use --print_config to inspect it, or register a runnable experiment")
+    result = run(trainer_dir=_TRAINER_DIR.value, cluster=cluster_spec)
+    return result if isinstance(result, int) else 0
+
+
+def main(argv: Sequence[str]) -> None:
+    # jax reports at INFO level every backend it could not find (TPU on a GPU host...): noise here.
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    try:
+        status = launch(argv)
+    except errors.TitanaxError as e:
+        if _SHOW_TRACEBACK.value:
+            raise
+        print(f"titanax.launch: error: {e.format()}", file=sys.stderr)
+        print("(run with --show_traceback for the Python traceback)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(status)
+
+
+def run_main() -> None:
+    app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+    run_main()

@@ -1,0 +1,1 @@
+"""Where a run executes: devices, meshes and the multi-process runtime."""

@@ -1,0 +1,1 @@
+"""Small helpers shared across Titanax that belong to no single layer."""
