@@ -80,3 +80,25 @@ class ConfigValidationError(ConfigError):
 
 class LaunchFlagError(TitanaxError):
     """A command-line flag of ``python -m titanax.launch`` is missing, malformed or inconsistent."""
+
+
+# --- Runtime and parallelism ---------------------------------------------------------------------
+
+class MeshError(TitanaxError):
+    """A mesh cannot be built from the devices at hand (shape, axis names, device list)."""
+
+
+class DistributedError(TitanaxError):
+    """The multi-process runtime could not start (rendezvous failed or timed out)."""
+
+
+class PlanError(TitanaxError):
+    """A parallel plan is inconsistent with itself, the mesh or the batch."""
+
+
+class ShardingError(TitanaxError):
+    """A PartitionSpec does not fit a param or batch, or no rule gives a param one."""
+
+
+class CollectiveError(TitanaxError):
+    """A collective was called outside shard_map, on a missing axis, or on unfit values."""

@@ -63,7 +63,21 @@ class Configurable:
         cfg.klass = cls
         return cfg
 
-    def __init__(self, cfg: "Configurable.Config"):
+    def __init__(self, cfg: Optional["Configurable.Config"] = None, **fields: Any):
+        """Builds from ``cfg``, or from keyword field values: ``MeshSpec(axes=("data",))``.
+
+        Keyword values may be components themselves (``Plan(data_parallel=DP(axis="data"))``):
+        their configs are used.
+        """
+        if cfg is None:
+            cfg = type(self).default_config().set(
+                **{name: value.config if isinstance(value, Configurable) else value
+                   for name, value in fields.items()}).validate()
+        elif fields:
+            raise errors.ConfigError(
+                f"{type(self).__qualname__} got both a config and field values "
+                f"({', '.join(fields)})", path=type(self).__qualname__,
+                suggestion="set the fields on the config, or pass field values alone")
         if not isinstance(cfg, type(self).Config):
             raise errors.ConfigError(
                 f"{type(self).__qualname__} needs a {type(self).Config.__qualname__}, got a "

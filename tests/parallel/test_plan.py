@@ -1,0 +1,103 @@
+"""Tests of Plan composition, validation against a mesh, and the describe() table."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from titanax import errors
+from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
+from titanax.runtime.mesh import MeshSpec
+
+MESH = MeshSpec(axes=("data", "model"), shape=(4, 2)).build()
+PIPE_MESH = MeshSpec(axes=("data", "pipe"), shape=(2, 4)).build()
+
+
+def test_composition_from_components_and_from_config():
+    plan = Plan(data_parallel=DP(axis="data", accumulate_steps=2), tensor_parallel=TP(axis="model"))
+    assert (plan.dp_axis, plan.tp_axis, plan.pp_axis, plan.accumulate_steps) == \
+        ("data", "model", None, 2)
+    assert plan.roles() == {"data": "data_parallel", "model": "tensor_parallel"}
+    cfg = Plan.default_config()
+    cfg.data_parallel = DP.default_config()
+    assert cfg.instantiate().validate(MeshSpec(axes=("data",)).build()).dp_axis == "data"
+    assert isinstance(plan.data_parallel, DP) and plan.zero is None
+
+
+def test_valid_plans_pass():
+    Plan(data_parallel=DP(), tensor_parallel=TP()).validate(MESH, global_batch_size=16)
+    Plan(data_parallel=DP(), pipeline_parallel=PP(num_microbatches=4)).validate(PIPE_MESH)
+    Plan(data_parallel=DP(), zero=ZeRO()).validate(MeshSpec(axes=("data",)).build())
+
+
+@pytest.mark.parametrize("make,path,text", [
+    (lambda: Plan(data_parallel=DP(axis="batch"), tensor_parallel=TP()),
+     "plan.data_parallel.axis", "mesh axis 'batch', which the mesh does not have"),
+    (lambda: Plan(data_parallel=DP()),
+     "mesh axis 'model'", "has no role in the plan"),
+    (lambda: Plan(data_parallel=DP(), tensor_parallel=TP(), pipeline_parallel=PP(axis="pipe")),
+     "plan.pipeline_parallel.axis", "'pipe'"),
+])
+def test_plan_errors_against_the_mesh(make, path, text):
+    with pytest.raises(errors.PlanError) as info:
+        make().validate(MESH)
+    assert info.value.path == path and text in info.value.message
+
+
+def test_pipeline_checks():
+    with pytest.raises(errors.PlanError) as info:
+        Plan(data_parallel=DP(), pipeline_parallel=PP(num_microbatches=2)).validate(PIPE_MESH)
+    assert "2 microbatches for 4 stages" in info.value.message
+    with pytest.raises(errors.PlanError) as info:
+        Plan(data_parallel=DP(), pipeline_parallel=PP(num_stages=6, num_microbatches=8)
+             ).validate(PIPE_MESH)
+    assert info.value.path == "plan.pipeline_parallel.num_stages"
+
+
+def test_batch_divisibility_names_the_numbers():
+    plan = Plan(data_parallel=DP(accumulate_steps=4), tensor_parallel=TP())
+    plan.validate(MESH, global_batch_size=32)
+    with pytest.raises(errors.PlanError) as info:
+        plan.validate(MESH, global_batch_size=24)
+    assert "24 is not divisible by data-axis size 4 x accumulate_steps 4 = 16" in info.value.message
+    assert info.value.path == "plan.data_parallel.accumulate_steps"
+    with pytest.raises(errors.PlanError):
+        Plan(data_parallel=DP(), tensor_parallel=TP()).validate(MESH, global_batch_size=2)
+
+
+@pytest.mark.parametrize("cfg_changes,path,text", [
+    (dict(data_parallel=DP.default_config().set(accumulate_steps=0)),
+     "data_parallel.accumulate_steps", "must be >= 1"),
+    (dict(data_parallel=DP.default_config().set(axis="x"),
+          tensor_parallel=TP.default_config().set(axis="x")),
+     "tensor_parallel.axis", "already serves data_parallel"),
+    (dict(zero=ZeRO.default_config()), "zero", "add data_parallel"),
+    (dict(data_parallel=DP.default_config(), zero=ZeRO.default_config().set(axis="model")),
+     "zero.axis", "must be the data-parallel axis"),
+    (dict(pipeline_parallel=PP.default_config().set(num_microbatches=0)),
+     "pipeline_parallel.num_microbatches", "must be >= 1"),
+    (dict(pipeline_parallel=PP.default_config().set(checkpoint_ratio=2.0)),
+     "pipeline_parallel.checkpoint_ratio", "must be in [0, 1]"),
+])
+def test_config_level_plan_errors_have_paths(cfg_changes, path, text):
+    cfg = Plan.default_config().set(**cfg_changes)
+    with pytest.raises(errors.ConfigValidationError) as info:
+        cfg.validate()
+    assert any(p.path == path and text in p.message for p in info.value.problems), info.value
+
+
+def test_describe_table_for_dp_tp():
+    params = {"emb": {"weight": jax.ShapeDtypeStruct((64, 32), jnp.float32)},
+              "mlp": {"wi": {"weight": jax.ShapeDtypeStruct((32, 128), jnp.float32)},
+                      "wo": {"weight": jax.ShapeDtypeStruct((128, 32), jnp.bfloat16)}}}
+    plan = Plan(data_parallel=DP(), tensor_parallel=TP(rules={
+        "emb/weight": ("model", None), "**/wi/weight": (None, "model"),
+        "**/wo/weight": ("model", None)}))
+    lines = plan.describe(params, MESH).splitlines()
+    assert lines[0] == ("plan over mesh data=4 (data_parallel), model=2 (tensor_parallel); "
+                        "accumulate_steps=1")
+    assert lines[1].split() == ["param", "global", "shape", "spec", "local", "shape",
+                                "bytes/device"]
+    row = {line.split()[0]: line for line in lines[2:-1]}
+    assert "P(None, 'model')" in row["mlp/wi/weight"] and "(32, 64)" in row["mlp/wi/weight"]
+    assert "8.0 KiB" in row["mlp/wi/weight"] and "4.0 KiB" in row["mlp/wo/weight"]
+    assert lines[-1] == "total: 3 params, 32.0 KiB global, 16.0 KiB per device"

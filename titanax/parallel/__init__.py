@@ -1,0 +1,1 @@
+"""Parallel plans, sharding rules, sharding helpers and the typed collectives."""

@@ -1,0 +1,256 @@
+"""Typed collectives: the one place Titanax calls ``jax.lax`` communication primitives.
+
+Every byte that crosses devices in a Titanax step goes through a function here, called by the user
+or by a layer. Each checks, at trace time, that it runs inside ``shard_map`` (outside it arrays are
+global and no collective is needed), that the mesh axis exists there, and that the values are
+arrays; the error names the axis and lists the axes that do exist. Because nothing else
+communicates, the compiled step's collectives are exactly the calls made here, which is what
+``titanax.observe`` reports and tests assert on.
+
+All functions take pytrees unless noted, and ``axis`` may be one axis name or a tuple of names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titanax import errors
+
+AxisNames = Union[str, Tuple[str, ...]]
+
+
+def manual_axes() -> Tuple[str, ...]:
+    """Mesh axes that are manual here (inside ``shard_map``); empty outside."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return tuple(getattr(mesh, "manual_axes", ()) or ())
+
+
+def _axes_tuple(axis: AxisNames) -> Tuple[str, ...]:
+    return (axis,) if isinstance(axis, str) else tuple(axis)
+
+
+def check_axis(op: str, axis: AxisNames) -> Tuple[str, ...]:
+    """Raises CollectiveError unless every axis in ``axis`` is a manual axis here."""
+    axes = _axes_tuple(axis)
+    available = manual_axes()
+    if not axes or not all(isinstance(a, str) for a in axes):
+        raise errors.CollectiveError(f"{op} needs a mesh axis name (or a tuple of them), got "
+                                     f"{axis!r}", path=f"collectives.{op}",
+                                     suggestion=f"axes here: {', '.join(available) or 'none'}")
+    if not available:
+        raise errors.CollectiveError(
+            f"{op} over {axis!r} was called outside shard_map", path=f"mesh axis {axis!r}",
+            suggestion="collectives only make sense in local view: call it inside the step "
+                       "function (Titanax runs it in shard_map over every mesh axis); outside, "
+                       "arrays are global and need no collective")
+    missing = [a for a in axes if a not in available]
+    if missing:
+        raise errors.CollectiveError(
+            f"{op}: mesh axis {missing[0]!r} does not exist here", path=f"mesh axis {missing[0]!r}",
+            suggestion=f"axes available: {', '.join(available)}; check the plan's axis names")
+    return axes
+
+
+def _check_leaves(op: str, tree: Any) -> None:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    for path, leaf in leaves:
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, complex)) \
+                or isinstance(leaf, bool):
+            where = jax.tree_util.keystr(path) or "<root>"
+            raise errors.CollectiveError(
+                f"{op} needs arrays, but the leaf at {where} is a {type(leaf).__qualname__}",
+                path=where, suggestion="pass only arrays (strip strings/None from the tree)")
+
+
+def _size(axes: Tuple[str, ...]) -> int:
+    return int(np.prod([jax.lax.axis_size(a) for a in axes]))
+
+
+def _axis_arg(axes: Tuple[str, ...]) -> AxisNames:
+    return axes[0] if len(axes) == 1 else axes
+
+
+def axis_size(axis: AxisNames) -> int:
+    """Number of devices along ``axis`` (a Python int, known at trace time)."""
+    return _size(check_axis("axis_size", axis))
+
+
+def axis_index(axis: AxisNames) -> jax.Array:
+    """This device's position along ``axis`` (row-major over a tuple of axes)."""
+    return jax.lax.axis_index(_axis_arg(check_axis("axis_index", axis)))
+
+
+def psum(tree: Any, axis: AxisNames) -> Any:
+    """Sum over ``axis``. A value replicated over the axis comes back multiplied by its size."""
+    axes = check_axis("psum", axis)
+    _check_leaves("psum", tree)
+    return jax.lax.psum(tree, _axis_arg(axes))
+
+
+def pmean(tree: Any, axis: AxisNames) -> Any:
+    """Mean over ``axis``."""
+    axes = check_axis("pmean", axis)
+    _check_leaves("pmean", tree)
+    return jax.lax.pmean(tree, _axis_arg(axes))
+
+
+def pmax(tree: Any, axis: AxisNames) -> Any:
+    """Maximum over ``axis``."""
+    axes = check_axis("pmax", axis)
+    _check_leaves("pmax", tree)
+    return jax.lax.pmax(tree, _axis_arg(axes))
+
+
+def pmin(tree: Any, axis: AxisNames) -> Any:
+    """Minimum over ``axis``."""
+    axes = check_axis("pmin", axis)
+    _check_leaves("pmin", tree)
+    return jax.lax.pmin(tree, _axis_arg(axes))
+
+
+def all_gather(tree: Any, axis: AxisNames, axis_index: Optional[int] = None) -> Any:
+    """Gathers every device's value along ``axis``.
+
+    ``axis_index=None`` stacks the values on a new leading dimension (size = axis size);
+    ``axis_index=d`` concatenates them along existing dimension ``d`` (the inverse of sharding
+    that dimension over the axis).
+    """
+    axes = check_axis("all_gather", axis)
+    _check_leaves("all_gather", tree)
+
+    def gather(x):
+        x = jnp.asarray(x)
+        if axis_index is None:
+            return jax.lax.all_gather(x, _axis_arg(axes), axis=0, tiled=False)
+        _check_dimension("all_gather", x, axis_index)
+        return jax.lax.all_gather(x, _axis_arg(axes), axis=axis_index, tiled=True)
+
+    return jax.tree_util.tree_map(gather, tree)
+
+
+def reduce_scatter(tree: Any, axis: AxisNames, op: str = "add", *,
+                   scatter_dimension: int = 0) -> Any:
+    """Reduces over ``axis`` and leaves each device its slice of dimension ``scatter_dimension``.
+
+    ``op`` is ``"add"`` or ``"mean"``. The dimension must be divisible by the axis size.
+    """
+    axes = check_axis("reduce_scatter", axis)
+    _check_leaves("reduce_scatter", tree)
+    if op not in ("add", "mean"):
+        raise errors.CollectiveError(f"reduce_scatter op must be 'add' or 'mean', got {op!r}",
+                                     path="collectives.reduce_scatter",
+                                     suggestion="use op='add' or op='mean'")
+    size = _size(axes)
+
+    def scatter(x):
+        x = jnp.asarray(x)
+        _check_dimension("reduce_scatter", x, scatter_dimension)
+        if x.shape[scatter_dimension] % size:
+            raise errors.CollectiveError(
+                f"reduce_scatter: dimension {scatter_dimension} of shape {tuple(x.shape)} is not "
+                f"divisible by the size {size} of axis {axis!r}", path=f"mesh axis {axis!r}",
+                suggestion="pad the dimension to a multiple of the axis size")
+        out = jax.lax.psum_scatter(x, _axis_arg(axes), scatter_dimension=scatter_dimension,
+                                   tiled=True)
+        return out / size if op == "mean" else out
+
+    return jax.tree_util.tree_map(scatter, tree)
+
+
+def broadcast(tree: Any, axis: AxisNames, src_index: int = 0) -> Any:
+    """Every device along ``axis`` gets the value of the device at ``src_index``.
+
+    Written as a masked ``psum`` because ``lax.pbroadcast`` has no CPU lowering.
+    """
+    axes = check_axis("broadcast", axis)
+    _check_leaves("broadcast", tree)
+    size = _size(axes)
+    if not 0 <= src_index < size:
+        raise errors.CollectiveError(f"broadcast src_index={src_index} is outside axis {axis!r} "
+                                     f"of size {size}", path=f"mesh axis {axis!r}",
+                                     suggestion=f"use 0..{size - 1}")
+    is_source = jax.lax.axis_index(_axis_arg(axes)) == src_index
+
+    def send(x):
+        x = jnp.asarray(x)
+        if x.dtype == jnp.bool_:
+            return jax.lax.psum(jnp.where(is_source, x, False).astype(jnp.int32),
+                                _axis_arg(axes)).astype(jnp.bool_)
+        return jax.lax.psum(jnp.where(is_source, x, jnp.zeros_like(x)), _axis_arg(axes))
+
+    return jax.tree_util.tree_map(send, tree)
+
+
+def ppermute(tree: Any, axis: str, perm: Sequence[Tuple[int, int]]) -> Any:
+    """Sends each device's value to another along ``axis``: ``perm`` lists (source, dest) pairs.
+
+    Devices that receive nothing get zeros.
+    """
+    axes = check_axis("ppermute", axis)
+    _check_leaves("ppermute", tree)
+    size = _size(axes)
+    perm = [tuple(int(i) for i in pair) for pair in perm]
+    sources = [s for s, _ in perm]
+    dests = [d for _, d in perm]
+    bad = [p for p in perm if len(p) != 2 or not all(0 <= i < size for i in p)]
+    if bad or len(set(sources)) != len(sources) or len(set(dests)) != len(dests):
+        raise errors.CollectiveError(
+            f"ppermute perm {perm} is not a partial permutation of 0..{size - 1}",
+            path=f"mesh axis {axis!r}",
+            suggestion="give (source, dest) pairs with each source and each dest at most once")
+    return jax.lax.ppermute(tree, _axis_arg(axes), perm)
+
+
+def shift(tree: Any, axis: str, offset: int = 1) -> Any:
+    """Ring shift: device ``i`` receives the value of device ``i - offset`` (mod axis size)."""
+    size = axis_size(axis)
+    return ppermute(tree, axis, [(i, (i + offset) % size) for i in range(size)])
+
+
+def all_to_all(x: jax.Array, axis: str, *, split_dimension: int,
+               concat_dimension: int) -> jax.Array:
+    """Splits ``split_dimension`` over ``axis``; received chunks are joined on ``concat_dimension``."""
+    axes = check_axis("all_to_all", axis)
+    _check_leaves("all_to_all", x)
+    return jax.lax.all_to_all(x, _axis_arg(axes), split_dimension, concat_dimension, tiled=True)
+
+
+def varying_axes(x: Any) -> frozenset:
+    """Mesh axes over which ``x`` may differ between devices (its "varying manual axes")."""
+    manual = getattr(jax.typeof(x), "manual_axis_type", None)
+    return frozenset(manual.varying) if manual is not None else frozenset()
+
+
+def cast_varying(tree: Any, axis: AxisNames) -> Any:
+    """Marks each leaf as varying over ``axis`` (a no-op on axes where it already varies).
+
+    Differentiating with respect to a value that is *replicated* over an axis makes ``jax.grad``
+    all-reduce the gradient over that axis on every call -- once per microbatch inside an
+    accumulation loop. Casting params to varying first keeps the gradient local, so the step can
+    reduce it once, after the loop.
+    """
+    axes = check_axis("cast_varying", axis)
+
+    def cast(x):
+        missing = tuple(a for a in axes if a not in varying_axes(x))
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree_util.tree_map(cast, tree)
+
+
+def _check_dimension(op: str, x: jax.Array, dimension: int) -> None:
+    if not -x.ndim <= dimension < x.ndim:
+        raise errors.CollectiveError(f"{op}: dimension {dimension} is out of range for shape "
+                                     f"{tuple(x.shape)}", path=f"collectives.{op}",
+                                     suggestion=f"use a dimension in 0..{x.ndim - 1}")
+
+
+def in_manual_context() -> bool:
+    """True inside ``shard_map``."""
+    return bool(manual_axes())
+
+

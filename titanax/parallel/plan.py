@@ -1,0 +1,280 @@
+"""Parallel plans: which mesh axis does what, and how every param is laid out.
+
+A ``Plan`` composes the roles a mesh axis can play -- data parallel (``DP``), tensor parallel
+(``TP``), pipeline parallel (``PP``) -- and ZeRO-1 optimizer-state sharding. They are all
+Configurables, so a plan lives in the run's config tree and every field overrides from the command
+line (``--config.plan.data_parallel.accumulate_steps=4``).
+
+``Plan.validate(mesh)`` checks the plan against a real mesh before anything compiles;
+``Plan.describe(params, mesh)`` prints the layout of every param and what it costs per device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+
+from jax.sharding import Mesh, PartitionSpec
+
+from titanax import errors
+from titanax.config import Configurable
+from titanax.parallel import rules as rules_lib
+from titanax.parallel import sharding
+
+SpecEntry = Optional[Union[str, Tuple[str, ...]]]
+
+
+class DP(Configurable):
+    """Data parallelism: the batch is split over ``axis``; gradients are averaged over it once."""
+
+    class Config(Configurable.Config):
+        # Mesh axis the batch is split over.
+        axis: str = "data"
+        # Microbatches per step: each device's batch is split into this many pieces that run
+        # sequentially (a lax.scan), gradients summed locally and reduced once after the loop.
+        accumulate_steps: int = 1
+        # Average the step's metrics (loss, ...) over the data axis before reporting them.
+        sync_metrics: bool = True
+
+        def _validate_values(self):
+            if self.accumulate_steps < 1:
+                yield "accumulate_steps", f"must be >= 1, got {self.accumulate_steps}"
+
+
+class TP(Configurable):
+    """Tensor parallelism over ``axis``: layers split their weights and call collectives.
+
+    ``rules`` override the layouts layers declare; the first matching pattern wins.
+    """
+
+    class Config(Configurable.Config):
+        # Mesh axis weights are split over.
+        axis: str = "model"
+        # {param path pattern: spec}; '*' matches within a path segment, '**' across segments,
+        # 're:<regex>' is a regular expression. Example: {'**/mlp/wi/weight': (None, 'model')}.
+        rules: Dict[str, Tuple[SpecEntry, ...]] = {}
+        # Row-parallel layers end with a reduce-scatter over the sequence instead of an all-reduce
+        # when the model is configured for sequence parallelism.
+        prefer_reduce_scatter: bool = True
+
+    def spec_for(self, param_path: str, param_shape: Tuple[int, ...],
+                 mesh: Optional[Mesh] = None) -> PartitionSpec:
+        """The spec this plan's rules give ``param_path`` (first match, checked)."""
+        return sharding.spec_for(param_path, param_shape, self.config.rules, mesh)
+
+
+class PP(Configurable):
+    """Pipeline parallelism: stages of stacked layers over ``axis``, microbatches between them."""
+
+    class Config(Configurable.Config):
+        # Mesh axis the stages are laid out on.
+        axis: str = "pipe"
+        # Number of stages; None means the size of the pipeline axis.
+        num_stages: Optional[int] = None
+        # Param path of the stacked (scanned) layers that are split evenly over the stages.
+        stacked_layers: str = "decoder/layers"
+        # Microbatches per step; must be >= the number of stages (else the pipe never fills).
+        num_microbatches: int = 1
+        # "gpipe": all forwards then all backwards; "1f1b": interleaved, at most num_stages
+        # microbatches of activations live per stage.
+        schedule: Literal["gpipe", "1f1b"] = "1f1b"
+        # Fraction of each stage's layers whose activations are rematerialised in backward.
+        checkpoint_ratio: float = 0.0
+
+        def _validate_values(self):
+            if self.num_microbatches < 1:
+                yield "num_microbatches", f"must be >= 1, got {self.num_microbatches}"
+            if self.num_stages is not None and self.num_stages < 1:
+                yield "num_stages", f"must be >= 1, got {self.num_stages}"
+            if not 0.0 <= self.checkpoint_ratio <= 1.0:
+                yield "checkpoint_ratio", f"must be in [0, 1], got {self.checkpoint_ratio}"
+
+
+class ZeRO(Configurable):
+    """ZeRO optimizer-state sharding over the data axis (stage 1: optimizer state only)."""
+
+    class Config(Configurable.Config):
+        # ZeRO stage. Stage 1 shards the optimizer state; params and gradients stay replicated.
+        stage: Literal[1] = 1
+        # Axis the state is sharded over; None means the data-parallel axis.
+        axis: Optional[str] = None
+
+
+class Plan(Configurable):
+    """Composition of DP, TP, PP and ZeRO. Any of them may be absent."""
+
+    class Config(Configurable.Config):
+        # Data parallelism (None: the batch is not split).
+        data_parallel: Optional[DP.Config] = None
+        # Tensor parallelism (None: layers run unsplit).
+        tensor_parallel: Optional[TP.Config] = None
+        # Pipeline parallelism (None: one stage).
+        pipeline_parallel: Optional[PP.Config] = None
+        # ZeRO optimizer-state sharding (None: the optimizer state is replicated).
+        zero: Optional[ZeRO.Config] = None
+
+        def _validate_values(self):
+            roles = self._roles()
+            seen: Dict[str, str] = {}
+            for role, axis in roles.items():
+                if axis in seen:
+                    yield f"{role}.axis", (f"mesh axis {axis!r} already serves "
+                                           f"{seen[axis]}; one axis, one role")
+                seen.setdefault(axis, role)
+            if self.zero is not None and self.data_parallel is None:
+                yield "zero", "ZeRO shards the optimizer state over the data axis: add " \
+                              "data_parallel"
+            if self.zero is not None and self.data_parallel is not None and \
+                    self.zero.axis not in (None, self.data_parallel.axis):
+                yield "zero.axis", (f"must be the data-parallel axis "
+                                    f"{self.data_parallel.axis!r} (or None)")
+
+        def _roles(self) -> Dict[str, str]:
+            roles = {}
+            for role in ("data_parallel", "tensor_parallel", "pipeline_parallel"):
+                part = getattr(self, role)
+                if part is not None:
+                    roles[role] = part.axis
+            return roles
+
+    def __init__(self, cfg=None, **fields):
+        super().__init__(cfg, **fields)
+        cfg = self.config
+        self.data_parallel: Optional[DP] = _maybe(cfg.data_parallel)
+        self.tensor_parallel: Optional[TP] = _maybe(cfg.tensor_parallel)
+        self.pipeline_parallel: Optional[PP] = _maybe(cfg.pipeline_parallel)
+        self.zero: Optional[ZeRO] = _maybe(cfg.zero)
+
+    # --- Roles -----------------------------------------------------------------------------------
+
+    @property
+    def dp_axis(self) -> Optional[str]:
+        return self.config.data_parallel.axis if self.config.data_parallel else None
+
+    @property
+    def tp_axis(self) -> Optional[str]:
+        return self.config.tensor_parallel.axis if self.config.tensor_parallel else None
+
+    @property
+    def pp_axis(self) -> Optional[str]:
+        return self.config.pipeline_parallel.axis if self.config.pipeline_parallel else None
+
+    @property
+    def accumulate_steps(self) -> int:
+        return self.config.data_parallel.accumulate_steps if self.config.data_parallel else 1
+
+    def roles(self) -> Dict[str, str]:
+        """``{mesh axis: role}`` for every axis the plan uses."""
+        return {axis: role for role, axis in self.config._roles().items()}  # pylint: disable=protected-access
+
+    # --- Checks ----------------------------------------------------------------------------------
+
+    def validate(self, mesh: Mesh, *, global_batch_size: Optional[int] = None) -> "Plan":
+        """Checks the plan against ``mesh`` (and the batch size, when known). Returns ``self``."""
+        mesh_shape = dict(mesh.shape)
+        for role, axis in self.config._roles().items():  # pylint: disable=protected-access
+            if axis not in mesh_shape:
+                raise errors.PlanError(
+                    f"{role} uses mesh axis {axis!r}, which the mesh does not have",
+                    path=f"plan.{role}.axis",
+                    suggestion=f"mesh axes: {', '.join(mesh_shape)}; rename the axis in the plan "
+                               "or the mesh")
+        roles = self.roles()
+        idle = [a for a, size in mesh_shape.items() if size > 1 and a not in roles]
+        if idle:
+            raise errors.PlanError(
+                f"mesh axis {idle[0]!r} (size {mesh_shape[idle[0]]}) has no role in the plan: "
+                "every device along it would repeat the same work", path=f"mesh axis {idle[0]!r}",
+                suggestion="give it a role (data_parallel, tensor_parallel, pipeline_parallel) "
+                           "or set its size to 1")
+        pp = self.config.pipeline_parallel
+        if pp is not None:
+            stages = pp.num_stages or mesh_shape[pp.axis]
+            if stages % mesh_shape[pp.axis]:
+                raise errors.PlanError(
+                    f"{stages} stages cannot be spread evenly over pipeline axis {pp.axis!r} of "
+                    f"size {mesh_shape[pp.axis]}", path="plan.pipeline_parallel.num_stages",
+                    suggestion="use a multiple of the axis size")
+            if pp.num_microbatches < stages:
+                raise errors.PlanError(
+                    f"{pp.num_microbatches} microbatches for {stages} stages: the pipeline never "
+                    "fills", path="plan.pipeline_parallel.num_microbatches",
+                    suggestion=f"use at least {stages} (more shrinks the bubble)")
+        if global_batch_size is not None:
+            self.check_batch_size(global_batch_size, mesh)
+        return self
+
+    def check_batch_size(self, global_batch_size: int, mesh: Mesh) -> None:
+        """The global batch must split evenly into data shards x microbatches."""
+        data = mesh.shape[self.dp_axis] if self.dp_axis else 1
+        parts = data * self.accumulate_steps
+        if global_batch_size % parts or global_batch_size < parts:
+            raise errors.PlanError(
+                f"global batch size {global_batch_size} is not divisible by data-axis size {data} "
+                f"x accumulate_steps {self.accumulate_steps} = {parts}",
+                path="plan.data_parallel.accumulate_steps" if self.accumulate_steps > 1
+                else f"mesh axis {self.dp_axis!r}",
+                suggestion=f"use a batch size that is a multiple of {parts}, e.g. "
+                           f"{max(parts, global_batch_size - global_batch_size % parts)}")
+
+    # --- Param layouts ---------------------------------------------------------------------------
+
+    def sharding_rules(self) -> List[rules_lib.Rule]:
+        tp = self.config.tensor_parallel
+        return rules_lib.normalize_rules(tp.rules if tp is not None else None)
+
+    def param_partition_specs(self, params: Any, mesh: Mesh) -> Any:
+        """A PartitionSpec for every leaf of ``params`` (see ``rules.build_param_specs``)."""
+        return rules_lib.build_param_specs(params, self, mesh)
+
+    def describe(self, params: Any, mesh: Mesh) -> str:
+        """A table of every param: path, global shape, spec, local shape, bytes per device."""
+        specs = self.param_partition_specs(params, mesh)
+        flat_params = sharding.flat_paths(params, is_leaf=rules_lib.is_param_leaf)
+        flat_specs = sharding.flat_paths(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+        mesh_shape = dict(mesh.shape)
+        rows = []
+        total_global = total_local = 0
+        for path, leaf in flat_params.items():
+            spec = flat_specs[path]
+            shape = tuple(leaf.shape)
+            local = rules_lib.local_shape(shape, spec, mesh_shape)
+            itemsize = rules_lib.itemsize(leaf)
+            global_bytes = _prod(shape) * itemsize
+            local_bytes = _prod(local) * itemsize
+            total_global += global_bytes
+            total_local += local_bytes
+            rows.append((path, str(shape), _spec_text(spec), str(local), _bytes_text(local_bytes)))
+        header = ("param", "global shape", "spec", "local shape", "bytes/device")
+        widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+        roles = self.roles()
+        axes_text = ", ".join(f"{a}={s}" + (f" ({roles[a]})" if a in roles else "")
+                              for a, s in mesh_shape.items())
+        lines = [f"plan over mesh {axes_text}; accumulate_steps={self.accumulate_steps}"
+                 + (f"; ZeRO-{self.config.zero.stage}" if self.config.zero else ""),
+                 "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+        lines.append(f"total: {len(rows)} params, {_bytes_text(total_global)} global, "
+                     f"{_bytes_text(total_local)} per device")
+        return "\n".join(lines)
+
+
+def _maybe(cfg):
+    return cfg.instantiate() if cfg is not None else None
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _spec_text(spec: PartitionSpec) -> str:
+    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+
+
+def _bytes_text(count: int) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
