@@ -102,3 +102,9 @@ class ShardingError(TitanaxError):
 
 class CollectiveError(TitanaxError):
     """A collective was called outside shard_map, on a missing axis, or on unfit values."""
+
+
+# --- Modules -------------------------------------------------------------------------------------
+
+class ModuleError(TitanaxError):
+    """A module was called without a context, from the wrong parent, or with mismatched params."""

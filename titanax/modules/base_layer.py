@@ -1,0 +1,229 @@
+"""BaseLayer and ParameterSpec: layers that declare their params instead of creating them.
+
+A layer describes each param with a ``ParameterSpec`` -- the *global* shape, dtype, the mesh axes
+it is split over, its initializer, which dims are fan-in/fan-out, and how much weight decay it
+gets. The tree of specs is known before any array exists, which is what lets Titanax print the
+layout of a model, check it against the plan, initialise params directly into their shards under
+``jit`` and restore checkpoints onto another mesh. Layer *code*, by contrast, runs in local view
+inside ``shard_map`` and sees only its shard.
+
+``dtype`` and ``param_init`` cascade: a child whose config leaves them ``None`` takes its parent's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from titanax import errors
+from titanax.modules.context import OutputCollection, current_context, name_key, set_current_context
+from titanax.modules.initializers import Constant, FanAxes, Initializer, Normal
+from titanax.modules.module import Module, nowrap
+
+# Names accepted by BaseLayer.Config.remat_policy.
+REMAT_POLICIES: Dict[str, Callable] = {
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+DEFAULT_DTYPE = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterSpec:
+    """Everything about one param except its value."""
+
+    # Global shape (the whole param, not a shard).
+    shape: Tuple[int, ...]
+    # Storage dtype; None means the layer's dtype.
+    dtype: Any = None
+    # Mesh axis (or None) per dimension: the layer's declared layout. None: replicated.
+    mesh_axes: Optional[Tuple[Any, ...]] = None
+    # How to initialise it; None means the layer's param_init.
+    initializer: Optional[Initializer] = None
+    # Which dims are fan-in / fan-out (for variance-scaling initializers).
+    fan_axes: Optional[FanAxes] = None
+    # Multiplier of the optimizer's weight decay (0 for biases and norm params).
+    weight_decay_scale: float = 1.0
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def describe(self) -> str:
+        init = self.initializer
+        if init is None:
+            init_text = "default"
+        else:
+            fields = ", ".join(f"{k}={v}" for k, v in init.config.items() if k != "klass")
+            init_text = f"{type(init).__name__}({fields})"
+        return (f"shape={self.shape} dtype={jnp.dtype(self.dtype).name if self.dtype else None} "
+                f"mesh_axes={self.mesh_axes} init={init_text} wd_scale={self.weight_decay_scale}")
+
+
+def remat_policy(name: Optional[str]) -> Optional[Callable]:
+    if name is None:
+        return None
+    if name not in REMAT_POLICIES:
+        raise errors.ConfigError(f"unknown remat policy {name!r}", path="remat_policy",
+                                 suggestion=f"one of {', '.join(REMAT_POLICIES)}")
+    return REMAT_POLICIES[name]
+
+
+class BaseLayer(Module):
+    """A Module with parameters."""
+
+    class Config(Module.Config):
+        # Param storage dtype, e.g. "float32" or "bfloat16"; None: inherit from the parent
+        # (float32 at the root).
+        dtype: Optional[str] = None
+        # Initializer of params whose spec names none; None: inherit (Normal(0.02) at the root).
+        param_init: Optional[Initializer.Config] = None
+        # Rematerialise this layer's forward in training with this jax.checkpoint policy
+        # (see REMAT_POLICIES); None: keep activations.
+        remat_policy: Optional[str] = None
+
+        def _validate_values(self):
+            if self.remat_policy is not None and self.remat_policy not in REMAT_POLICIES:
+                yield "remat_policy", (f"unknown policy {self.remat_policy!r}; one of "
+                                       f"{', '.join(REMAT_POLICIES)}")
+            if self.dtype is not None:
+                try:
+                    jnp.dtype(self.dtype)
+                except TypeError:
+                    yield "dtype", f"{self.dtype!r} is not a dtype name"
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        cfg = self.config
+        self.dtype = jnp.dtype(cfg.dtype or DEFAULT_DTYPE)
+        init_cfg = cfg.param_init if cfg.param_init is not None else Normal.default_config()
+        self.param_init: Initializer = init_cfg.instantiate()
+
+    def _prepare_child_config(self, child_config):
+        if isinstance(child_config, BaseLayer.Config):
+            if child_config.dtype is None:
+                child_config.dtype = self.dtype.name
+            if child_config.param_init is None:
+                child_config.param_init = self.param_init.config.clone()
+        return child_config
+
+    # --- Declaring params ------------------------------------------------------------------------
+
+    def _create_layer_parameter_specs(self) -> Dict[str, ParameterSpec]:
+        """This layer's own params (children excluded). Override in layers with params."""
+        return {}
+
+    @nowrap
+    def create_parameter_specs_recursively(self) -> Dict[str, Any]:
+        """Nested dict of fully resolved ParameterSpecs (dtype and initializer filled in)."""
+        specs: Dict[str, Any] = {}
+        for name, spec in self._create_layer_parameter_specs().items():
+            specs[name] = dataclasses.replace(
+                spec, shape=tuple(spec.shape), dtype=jnp.dtype(spec.dtype or self.dtype),
+                initializer=spec.initializer or self.param_init,
+                mesh_axes=tuple(spec.mesh_axes) if spec.mesh_axes is not None
+                else (None,) * len(spec.shape))
+        for name, child in self._children.items():
+            if isinstance(child, BaseLayer):
+                child_specs = child.create_parameter_specs_recursively()
+                if child_specs:
+                    specs[name] = child_specs
+        return specs
+
+    @nowrap
+    def initialize_parameters_recursively(self, prng_key: jax.Array,
+                                          specs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Params for every spec; each key is derived from the param's path, not from order.
+
+        Pure and jit-able: ``jax.jit(layer.initialize_parameters_recursively,
+        out_shardings=...)(key)`` creates each param directly in its shards.
+        """
+        specs = self.create_parameter_specs_recursively() if specs is None else specs
+        return _initialize(specs, prng_key, prefix=self.name)
+
+    @nowrap
+    def param_partition_specs(self) -> Dict[str, Any]:
+        """The layer's declared layout of every param, as PartitionSpecs."""
+        return jax.tree_util.tree_map(lambda s: PartitionSpec(*s.mesh_axes),
+                                      self.create_parameter_specs_recursively(),
+                                      is_leaf=lambda x: isinstance(x, ParameterSpec))
+
+    @nowrap
+    def check_partition_specs(self, specs: Dict[str, Any], *, prefix: str = "") -> None:
+        """Raises ShardingError for a spec this layer (or a descendant) cannot implement."""
+        prefix = prefix or self.name
+        own = self._create_layer_parameter_specs()
+        for name, declared in own.items():
+            if name not in specs:
+                continue
+            given = tuple(specs[name])
+            declared_axes = tuple(declared.mesh_axes) if declared.mesh_axes is not None \
+                else (None,) * len(declared.shape)
+            supported = [declared_axes, (None,) * len(declared.shape)]
+            if _pad(given, len(declared.shape)) not in supported:
+                raise errors.ShardingError(
+                    f"{type(self).__qualname__} cannot run with spec {PartitionSpec(*given)} for "
+                    f"this param", path=f"{prefix}/{name}",
+                    suggestion="layouts it supports, given its config: "
+                               + ", ".join(str(PartitionSpec(*s)) for s in supported)
+                               + " (change the layer's parallel mode in the config, not only the "
+                                 "rule)")
+        for name, child in self._children.items():
+            if isinstance(child, BaseLayer) and isinstance(specs.get(name), dict):
+                child.check_partition_specs(specs[name], prefix=f"{prefix}/{name}")
+
+    # --- Remat -----------------------------------------------------------------------------------
+
+    def _call_in_own_context(self, method, args, kwargs):
+        policy = remat_policy(self.config.remat_policy)
+        context = current_context()
+        if policy is None or not context.is_training or method.__name__ != "forward":
+            return method(self, *args, **kwargs)
+
+        def pure(state, key, call_args):
+            inner = context.clone(state=state, prng_key=key, output_collection=OutputCollection())
+            with set_current_context(inner):
+                return method(self, *call_args, **kwargs), inner.output_collection
+
+        outputs, collection = jax.checkpoint(pure, policy=policy, prevent_cse=False)(
+            context.state, context.prng_key, args)
+        for field in ("summaries", "state_updates", "module_outputs"):
+            getattr(context.output_collection, field).update(getattr(collection, field))
+        return outputs
+
+
+def _pad(spec: Sequence[Any], rank: int) -> Tuple[Any, ...]:
+    return tuple(spec) + (None,) * (rank - len(spec))
+
+
+def _initialize(specs: Dict[str, Any], key: jax.Array, *, prefix: str) -> Dict[str, Any]:
+    out = {}
+    for name, spec in specs.items():
+        path = f"{prefix}/{name}"
+        if isinstance(spec, ParameterSpec):
+            out[name] = spec.initializer.init(name_key(key, path), spec.shape, spec.dtype,
+                                              fan_axes=spec.fan_axes)
+        else:
+            out[name] = _initialize(spec, key, prefix=path)
+    return out
+
+
+def describe_parameter_specs(specs: Dict[str, Any]) -> str:
+    """One line per param: path, global shape, dtype, mesh axes, initializer, decay scale."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(
+        specs, is_leaf=lambda x: isinstance(x, ParameterSpec))
+    rows = [("/".join(str(k.key) for k in path), spec.describe()) for path, spec in leaves]
+    width = max((len(p) for p, _ in rows), default=0)
+    return "\n".join(f"{p:<{width}}  {d}" for p, d in rows)
+
+
+
+def constant(value: float) -> Initializer:
+    return Constant.default_config().set(value=value).instantiate()

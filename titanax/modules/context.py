@@ -1,0 +1,150 @@
+"""InvocationContext: the implicit inputs and outputs of a module call.
+
+Passing params, a PRNG key and ``is_training`` into every layer call -- and threading summaries
+and state updates back out -- buries the model in plumbing. As in AXLearn (after Lingvo and Flax),
+a thread-local stack of contexts carries them instead: a module reads ``self.parameters``,
+``self.prng_key`` and ``self.is_training`` from the context on top of the stack, and writes
+summaries and state updates into it. The stack is plain Python that lives only while a function is
+traced, so everything stays pure from jax's point of view.
+
+Keys are derived from the parent's key and the child's *name* (plus a call index when the same
+child is called again), never from call order: adding a layer does not change the dropout masks of
+the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import zlib
+from typing import Any, Dict, Iterator, List, Optional
+
+import jax
+
+from titanax import errors
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass
+class OutputCollection:
+    """What module calls produce besides their return values, nested by module name.
+
+    ``summaries``: values to log (``add_summary``). ``state_updates``: new values for non-trained
+    state (``add_state_update``), e.g. moving averages. ``module_outputs``: intermediate values a
+    caller asked for (``add_module_output``).
+    """
+
+    summaries: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    state_updates: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    module_outputs: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def add_child(self, name: str) -> "OutputCollection":
+        """A collection for child ``name`` whose dicts are nested inside this one's."""
+        child = OutputCollection()
+        self.summaries[name] = child.summaries
+        self.state_updates[name] = child.state_updates
+        self.module_outputs[name] = child.module_outputs
+        return child
+
+    def tree_flatten(self):
+        return (self.summaries, self.state_updates, self.module_outputs), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+
+@dataclasses.dataclass
+class InvocationContext:
+    """One module call: which module, its params/state, its key, mode, and where outputs go."""
+
+    # The module's name (with a "_<k>" suffix for the k-th repeated call of the same child).
+    name: str
+    # The module object being called.
+    module: Any
+    # The module's params and other state (a dict of arrays and child dicts), in local view.
+    state: Any
+    # Training mode (dropout on, remat on, ...).
+    is_training: bool
+    # This call's PRNG key (None when the caller gave none; randomness then fails loudly).
+    prng_key: Optional[jax.Array]
+    # Where summaries / state updates / module outputs of this call go.
+    output_collection: OutputCollection
+    # The calling context (None at the root).
+    parent: Optional["InvocationContext"] = None
+    # Calls made so far to each child name, so a repeated call gets its own key and outputs.
+    child_calls: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return self.name if self.parent is None else f"{self.parent.path}/{self.name}"
+
+    def clone(self, **changes: Any) -> "InvocationContext":
+        """A copy with fields replaced (e.g. ``is_training=False`` for a teacher model)."""
+        changes.setdefault("child_calls", {})
+        return dataclasses.replace(self, **changes)
+
+
+class _Stack(threading.local):
+    def __init__(self):
+        super().__init__()
+        self.contexts: List[InvocationContext] = []
+
+
+_STACK = _Stack()
+
+
+def current_context() -> Optional[InvocationContext]:
+    """The innermost context on this thread (None outside any module call)."""
+    return _STACK.contexts[-1] if _STACK.contexts else None
+
+
+@contextlib.contextmanager
+def set_current_context(context: InvocationContext) -> Iterator[InvocationContext]:
+    """Makes ``context`` current for the ``with`` block."""
+    _STACK.contexts.append(context)
+    try:
+        yield context
+    finally:
+        popped = _STACK.contexts.pop()
+        if popped is not context:
+            raise errors.ModuleError("InvocationContext stack corrupted: contexts were not "
+                                     "closed in order", path=context.path)
+
+
+def name_key(key: jax.Array, name: str) -> jax.Array:
+    """A key derived from ``key`` and a name, stable across processes and Python versions."""
+    return jax.random.fold_in(key, zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF)
+
+
+def child_context(name: str, **overrides: Any) -> InvocationContext:
+    """The context for calling child ``name`` of the current context's module.
+
+    The child's state is ``state[name]``; its key is derived from the parent's key and ``name``
+    (and the call index when the child is called again in the same invocation); ``is_training``
+    is inherited. ``overrides`` replace any field (``is_training=False``, ``state=...``).
+    """
+    parent = current_context()
+    if parent is None:
+        raise errors.ModuleError(f"cannot call child {name!r}: no module is being invoked",
+                                 path=name, suggestion="call the root module through functional()"
+                                                       " (or titanax.modules.testing.bind)")
+    calls = parent.child_calls.get(name, 0)
+    parent.child_calls[name] = calls + 1
+    call_name = name if calls == 0 else f"{name}_{calls}"
+    if "state" in overrides:
+        state = overrides.pop("state")
+    else:
+        state = parent.state.get(name, {}) if isinstance(parent.state, dict) else {}
+    key = parent.prng_key
+    if key is not None:
+        key = name_key(key, name)
+        if calls:
+            key = jax.random.fold_in(key, calls)
+    child_module = getattr(parent.module, "_children", {}).get(name) if parent.module else None
+    values = dict(name=call_name, module=child_module, state=state,
+                  is_training=parent.is_training, prng_key=key,
+                  output_collection=parent.output_collection.add_child(call_name), parent=parent)
+    values.update(overrides)
+    return InvocationContext(**values)

@@ -1,0 +1,90 @@
+"""Causal multi-head self-attention with a fused QKV projection, split by heads under TP.
+
+The QKV weight is stored ``[model_dim, 3, num_heads, head_dim]`` (q, k, v stacked, each head's
+columns contiguous), so splitting dimension 2 over the TP axis gives every device whole heads of
+q, k and v -- no collective until the output projection, a row-parallel Linear whose input
+features are exactly this device's heads. Softmax runs in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from titanax.config import REQUIRED, Required
+from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
+from titanax.modules.initializers import FanAxes, Initializer
+from titanax.modules.layers.dropout import Dropout
+from titanax.modules.layers.linear import Linear
+from titanax.modules.layers.tensor_parallel import tp_active
+from titanax.parallel import collectives
+
+
+class CausalSelfAttention(BaseLayer):
+    """GPT-style attention: each position attends to itself and earlier positions."""
+
+    class Config(BaseLayer.Config):
+        # Width of the input and output.
+        model_dim: Required[int] = REQUIRED
+        # Attention heads; must divide model_dim (and be divisible by the TP size).
+        num_heads: Required[int] = REQUIRED
+        # Dropout on the attention probabilities (training only).
+        attention_dropout_rate: float = 0.0
+        # Tensor-parallel axis heads are split over; None: unsplit.
+        tp_axis: Optional[str] = None
+        # Activations outside the layer are split over the sequence on the TP axis.
+        sequence_parallel: bool = False
+        # Initializer of the output projection's weight; None: the layer's param_init.
+        output_param_init: Optional[Initializer.Config] = None
+
+        def _validate_values(self):
+            if isinstance(self.model_dim, int) and isinstance(self.num_heads, int) \
+                    and self.num_heads > 0 and self.model_dim % self.num_heads:
+                yield "num_heads", f"must divide model_dim={self.model_dim}"
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        cfg = self.config
+        # The output projection: row-parallel under TP (its input features are this device's heads).
+        self._add_child("out", Linear.default_config().set(
+            input_dim=cfg.model_dim, output_dim=cfg.model_dim, tp_axis=cfg.tp_axis,
+            parallel="row" if cfg.tp_axis else "none", sequence_parallel=cfg.sequence_parallel,
+            param_init=cfg.output_param_init))
+        self._add_child("dropout", Dropout.default_config().set(
+            rate=cfg.attention_dropout_rate, tp_axis=cfg.tp_axis, split_over_tp=True))
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.model_dim // self.config.num_heads
+
+    def _create_layer_parameter_specs(self):
+        cfg = self.config
+        shape = (cfg.model_dim, 3, cfg.num_heads, self.head_dim)
+        return {
+            "qkv_weight": ParameterSpec(shape=shape, mesh_axes=(None, None, cfg.tp_axis, None),
+                                        fan_axes=FanAxes(in_axes=(0,), out_axes=(1, 2, 3))),
+            "qkv_bias": ParameterSpec(shape=shape[1:], mesh_axes=(None, cfg.tp_axis, None),
+                                      initializer=constant(0.0), weight_decay_scale=0.0),
+        }
+
+    def forward(self, x):
+        cfg = self.config
+        params = self.parameters
+        if cfg.sequence_parallel and tp_active(cfg.tp_axis):
+            x = collectives.all_gather(x, cfg.tp_axis, axis_index=1)
+        qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"].astype(x.dtype))
+        qkv = qkv + params["qkv_bias"].astype(x.dtype)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [batch, seq, local heads, head_dim]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+        scores = scores / math.sqrt(self.head_dim)
+        length = x.shape[1]
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1)
+        probs = self.dropout(probs).astype(v.dtype)
+        context = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        context = context.reshape(context.shape[:2] + (-1,))
+        return self.out(context)

@@ -1,0 +1,75 @@
+"""Repeat: N copies of a layer with params stacked on a leading axis, run by ``lax.scan``.
+
+Compiling one layer body instead of N unrolled copies keeps compile time flat in depth, and the
+stacked leading axis is what a pipeline later splits over its stages. Each iteration gets its own
+slice of the params and its own PRNG key; summaries come back stacked. In training, the body can be
+rematerialised with a ``jax.checkpoint`` policy (activation memory of one layer, not N).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from titanax.config import REQUIRED, Required
+from titanax.modules.base_layer import BaseLayer, ParameterSpec, remat_policy
+from titanax.modules.initializers import FanAxes
+from titanax.modules.module import scan_in_context
+
+
+class Repeat(BaseLayer):
+    """Applies ``layer`` ``num_layers`` times: ``x = layer_i(x)``."""
+
+    class Config(BaseLayer.Config):
+        # The repeated layer; built once, its params stacked num_layers times (child "layer").
+        layer: Required[BaseLayer.Config] = REQUIRED
+        # Number of repetitions.
+        num_layers: Required[int] = REQUIRED
+        # jax.checkpoint policy for each iteration in training (see base_layer.REMAT_POLICIES);
+        # None: keep every layer's activations.
+        layer_remat_policy: Optional[str] = None
+
+        def _validate_values(self):
+            if isinstance(self.num_layers, int) and self.num_layers < 1:
+                yield "num_layers", f"must be >= 1, got {self.num_layers}"
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        self._add_child("layer", self.config.layer)
+
+    def create_parameter_specs_recursively(self):
+        num_layers = self.config.num_layers
+        inner = self.layer.create_parameter_specs_recursively()
+
+        def stack(spec: ParameterSpec) -> ParameterSpec:
+            fan = spec.fan_axes or FanAxes(in_axes=range(len(spec.shape) - 1),
+                                           out_axes=(len(spec.shape) - 1,))
+            return dataclasses.replace(
+                spec, shape=(num_layers,) + tuple(spec.shape),
+                mesh_axes=(None,) + tuple(spec.mesh_axes),
+                fan_axes=FanAxes(in_axes=[a + 1 for a in fan.in_axes],
+                                 out_axes=[a + 1 for a in fan.out_axes]))
+
+        return {"layer": _map_specs(stack, inner)}
+
+    def check_partition_specs(self, specs, *, prefix=""):
+        prefix = prefix or self.name
+        if "layer" in specs:
+            self.layer.check_partition_specs(_map_specs(lambda s: type(s)(*tuple(s)[1:]),
+                                                        specs["layer"]), prefix=f"{prefix}/layer")
+
+    def forward(self, x):
+        policy = remat_policy(self.config.layer_remat_policy) if self.is_training else None
+
+        def body(carry, _):
+            return self.layer(carry), None
+
+        x, _ = scan_in_context(body, carry=x, xs=None, child_name="layer",
+                               num_iterations=self.config.num_layers, remat_policy=policy)
+        return x
+
+
+def _map_specs(fn, tree):
+    if isinstance(tree, dict):
+        return {k: _map_specs(fn, v) for k, v in tree.items()}
+    return fn(tree)

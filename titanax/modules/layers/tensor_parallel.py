@@ -1,0 +1,32 @@
+"""Where a layer stands on its tensor-parallel axis.
+
+Layers name their TP mesh axis in their config. Inside ``shard_map`` with that axis present they
+see their shard and call collectives; with the axis absent (one device, or a mesh without it) or of
+size 1, the same code runs with size 1 and rank 0, and skips the collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import jax
+
+from titanax.parallel import collectives
+
+
+def tp_active(axis: Optional[str]) -> bool:
+    """True when ``axis`` names a manual mesh axis here."""
+    return axis is not None and axis in collectives.manual_axes()
+
+
+def tp_size(axis: Optional[str]) -> int:
+    return collectives.axis_size(axis) if tp_active(axis) else 1
+
+
+def tp_rank(axis: Optional[str]) -> Union[int, jax.Array]:
+    return collectives.axis_index(axis) if tp_active(axis) else 0
+
+
+def sharded_axes(axis: Optional[str], enabled: bool = True):
+    """``axis`` when it is a real split to declare in ``mesh_axes``, else None."""
+    return axis if (enabled and axis is not None) else None

@@ -1,0 +1,1 @@
+"""Models built from Titanax layers: GPT-2 and small MNIST classifiers."""

@@ -1,0 +1,158 @@
+"""GPT-2, top to bottom.
+
+The architecture is exactly GPT-2's: learned token and position embeddings, a stack of pre-LN
+transformer blocks (LayerNorm eps 1e-5, GELU with the tanh approximation, fused QKV), a final
+LayerNorm, and an LM head tied to the token embedding. Sizes run from a tiny CPU model to GPT-2
+small (124M: 12 layers, 768 wide, 12 heads) and beyond.
+
+With ``tp_axis`` set, the same model runs tensor-parallel in local view inside ``shard_map``:
+the vocabulary (embedding rows = LM-head columns), attention heads and MLP hidden features are split
+over the axis; the loss is a vocab-parallel cross-entropy that never gathers the logits. With
+``sequence_parallel`` the residual stream between blocks is also split over the sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from titanax.modules.base_layer import BaseLayer
+from titanax.modules.initializers import Normal
+from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
+from titanax.modules.layers.dropout import Dropout
+from titanax.modules.layers.embedding import Embedding, VocabParallelEmbedding
+from titanax.modules.layers.norm import LayerNorm
+from titanax.modules.layers.repeat import Repeat
+from titanax.modules.layers.tensor_parallel import tp_active, tp_rank
+from titanax.modules.layers.transformer import TransformerBlock
+from titanax.parallel import collectives
+
+
+class GPT(BaseLayer):
+    """A GPT-2 language model. ``forward(batch)`` returns ``(loss, aux)``."""
+
+    class Config(BaseLayer.Config):
+        # Real vocabulary size (GPT-2: 50257; bytes: 256).
+        vocab_size: int = 50257
+        # The embedding table is padded to a multiple of this (e.g. 128 for fast matmuls; it
+        # must make the table divisible by the TP size). Padding ids never get probability.
+        vocab_pad_multiple: int = 1
+        # Longest sequence (rows of the position table).
+        max_seq_len: int = 1024
+        # Transformer blocks.
+        num_layers: int = 12
+        # Residual-stream width.
+        model_dim: int = 768
+        # Attention heads per block.
+        num_heads: int = 12
+        # MLP hidden width; None: 4 x model_dim.
+        hidden_dim: Optional[int] = None
+        # Dropout on embeddings and residual branches (GPT-2: 0.1; training only).
+        dropout_rate: float = 0.0
+        # Dropout on attention probabilities (training only).
+        attention_dropout_rate: float = 0.0
+        # LayerNorm epsilon.
+        norm_eps: float = 1e-5
+        # Tensor-parallel mesh axis; None: unsplit.
+        tp_axis: Optional[str] = None
+        # Split the residual stream over the sequence on the TP axis between blocks.
+        sequence_parallel: bool = False
+        # jax.checkpoint policy per block in training (None: keep activations).
+        layer_remat_policy: Optional[str] = None
+
+        def _validate_values(self):
+            if isinstance(self.model_dim, int) and isinstance(self.num_heads, int) \
+                    and self.num_heads > 0 and self.model_dim % self.num_heads:
+                yield "num_heads", f"must divide model_dim={self.model_dim}"
+            if self.sequence_parallel and self.tp_axis is None:
+                yield "sequence_parallel", "needs tp_axis"
+            if self.vocab_pad_multiple < 1:
+                yield "vocab_pad_multiple", "must be >= 1"
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        cfg = self.config
+        tp = dict(tp_axis=cfg.tp_axis, sequence_parallel=cfg.sequence_parallel)
+        self._add_child("token_emb", VocabParallelEmbedding.default_config().set(
+            num_embeddings=self.padded_vocab_size, dim=cfg.model_dim, **tp))
+        self._add_child("pos_emb", Embedding.default_config().set(
+            num_embeddings=cfg.max_seq_len, dim=cfg.model_dim))
+        self._add_child("emb_dropout", Dropout.default_config().set(
+            rate=cfg.dropout_rate, tp_axis=cfg.tp_axis, split_over_tp=cfg.sequence_parallel))
+        block = TransformerBlock.default_config().set(
+            model_dim=cfg.model_dim, num_heads=cfg.num_heads,
+            hidden_dim=cfg.hidden_dim or 4 * cfg.model_dim, dropout_rate=cfg.dropout_rate,
+            attention_dropout_rate=cfg.attention_dropout_rate, norm_eps=cfg.norm_eps,
+            # GPT-2 scales the init of residual-stream projections by 1/sqrt(2 x layers).
+            output_param_init=Normal.default_config().set(
+                stddev=0.02 / math.sqrt(2 * cfg.num_layers)), **tp)
+        self._add_child("decoder", Repeat.default_config().set(
+            layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy))
+        self._add_child("final_norm", LayerNorm.default_config().set(
+            input_dim=cfg.model_dim, eps=cfg.norm_eps))
+
+    @property
+    def padded_vocab_size(self) -> int:
+        multiple = self.config.vocab_pad_multiple
+        return -(-self.config.vocab_size // multiple) * multiple
+
+    def _split_sequence(self) -> bool:
+        return self.config.sequence_parallel and tp_active(self.config.tp_axis)
+
+    def hidden_states(self, input_ids: jax.Array) -> jax.Array:
+        """The final-normed residual stream ``[batch, seq, model_dim]`` (seq-split under SP)."""
+        x = self.token_emb(input_ids)
+        length = x.shape[1]
+        start = tp_rank(self.config.tp_axis) * length if self._split_sequence() else 0
+        x = x + self.pos_emb(start + jnp.arange(length))
+        x = self.emb_dropout(x)
+        x = self.decoder(x)
+        return self.final_norm(x)
+
+    def _local_logits(self, input_ids: jax.Array) -> jax.Array:
+        hidden = self.hidden_states(input_ids)
+        if self._split_sequence():
+            hidden = collectives.all_gather(hidden, self.config.tp_axis, axis_index=1)
+        return self.token_emb.attend(hidden)
+
+    def logits(self, input_ids: jax.Array) -> jax.Array:
+        """Full logits ``[batch, seq, vocab_size]`` (gathered over TP: for eval and tests)."""
+        logits = self._local_logits(input_ids)
+        if tp_active(self.config.tp_axis):
+            logits = collectives.all_gather(logits, self.config.tp_axis,
+                                            axis_index=logits.ndim - 1)
+        return logits[..., :self.config.vocab_size]
+
+    def forward(self, batch: Dict[str, jax.Array]) -> Tuple[jax.Array, Dict[str, Any]]:
+        """Mean next-token cross-entropy over ``batch["target_ids"]``.
+
+        ``batch["weights"]`` (optional, ``[batch, seq]``) weights each token (0 for padding).
+        Returns ``(loss, aux)`` with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` so a caller can
+        average exactly over several shards.
+        """
+        logits = self._local_logits(batch["input_ids"])
+        per_token = vocab_parallel_cross_entropy(
+            logits, batch["target_ids"], tp_axis=self.config.tp_axis,
+            vocab_offset=self.token_emb.vocab_offset(), vocab_size=self.config.vocab_size)
+        weights = batch.get("weights")
+        if weights is None:
+            weights = jnp.ones(per_token.shape, jnp.float32)
+        loss_sum = jnp.sum(per_token * weights)
+        num_tokens = jnp.sum(weights)
+        loss = loss_sum / jnp.maximum(num_tokens, 1.0)
+        self.add_summary("loss", loss)
+        return loss, {"loss_sum": loss_sum, "num_tokens": num_tokens}
+
+
+def gpt2_config(size: str, **overrides) -> GPT.Config:
+    """Standard GPT-2 sizes: "small" (124M), "medium" (350M), "large" (774M), "xl" (1.5B)."""
+    shapes = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20),
+              "xl": (48, 1600, 25)}
+    if size not in shapes:
+        raise ValueError(f"unknown GPT-2 size {size!r}; one of {', '.join(shapes)}")
+    num_layers, model_dim, num_heads = shapes[size]
+    return GPT.default_config().set(name="gpt", num_layers=num_layers, model_dim=model_dim,
+                                    num_heads=num_heads, **overrides)
