@@ -191,10 +191,12 @@ def functional(module: Module, prng_key: Optional[jax.Array], state: Any,
     context = InvocationContext(name=module.name, module=module, state=state,
                                 is_training=is_training, prng_key=prng_key,
                                 output_collection=OutputCollection())
-    bound = getattr(module, method)
+    wrapped = getattr(type(module), method)
+    raw = getattr(wrapped, "__wrapped__", wrapped)
+    args, kwargs = ((), inputs) if isinstance(inputs, dict) else (tuple(inputs), {})
     with set_current_context(context):
         with jax.named_scope(module.name):
-            outputs = bound(**inputs) if isinstance(inputs, dict) else bound(*inputs)
+            outputs = module._call_in_own_context(raw, args, kwargs)  # pylint: disable=protected-access
     collection = context.output_collection
     for name in drop_output_collections:
         setattr(collection, name, {})

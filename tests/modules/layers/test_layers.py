@@ -1,0 +1,132 @@
+"""Layers against numpy references, and their tensor-parallel modes against one device."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from titanax.modules import functional
+from titanax.modules.layers.attention import CausalSelfAttention
+from titanax.modules.layers.dropout import Dropout
+from titanax.modules.layers.linear import Linear
+from titanax.modules.layers.norm import LayerNorm, RMSNorm
+from titanax.modules.layers.repeat import Repeat
+from titanax.modules.layers.transformer import TransformerBlock
+from titanax.modules.testing import assert_nested_allclose, bind
+from titanax.parallel import collectives
+from titanax.runtime.mesh import MeshSpec
+
+MESH = MeshSpec(axes=("data", "model"), shape=(None, 2)).build()
+RNG = np.random.default_rng(0)
+
+
+def _init(layer):
+    return layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+
+
+def test_linear_matches_numpy():
+    layer = Linear.default_config().set(name="l", input_dim=3, output_dim=2).instantiate()
+    params = {"weight": jnp.asarray(RNG.normal(size=(3, 2)), jnp.float32),
+              "bias": jnp.asarray([1.0, -1.0])}
+    x = RNG.normal(size=(4, 3)).astype(np.float32)
+    with bind(layer, params):
+        out = layer(x)
+    np.testing.assert_allclose(out, x @ np.asarray(params["weight"]) + [1.0, -1.0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("parallel", ["column", "row"])
+def test_linear_parallel_modes_match_one_device(parallel):
+    ref = Linear.default_config().set(name="l", input_dim=4, output_dim=6).instantiate()
+    tp = Linear.default_config().set(name="l", input_dim=4, output_dim=6, tp_axis="model",
+                                     parallel=parallel).instantiate()
+    params = _init(ref)
+    params["bias"] = jnp.arange(6.0)
+    x = jnp.asarray(RNG.normal(size=(8, 4)), jnp.float32)
+    with bind(ref, params):
+        want = ref(x)
+    specs = tp.param_partition_specs()
+    in_x = P("data", "model") if parallel == "row" else P("data")
+    out_spec = P("data", "model") if parallel == "column" else P("data")
+
+    def local(p, v):
+        return functional(tp, None, p, (v,), is_training=False)[0]
+
+    got = jax.jit(jax.shard_map(local, mesh=MESH, in_specs=(specs, in_x), out_specs=out_spec))(
+        params, x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_norms_match_numpy():
+    x = RNG.normal(size=(2, 5)).astype(np.float32) * 3 + 1
+    layer_norm = LayerNorm.default_config().set(name="ln", input_dim=5).instantiate()
+    params = {"scale": jnp.full((5,), 2.0), "bias": jnp.full((5,), 0.5)}
+    with bind(layer_norm, params):
+        out = layer_norm(x)
+    want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * 2 + 0.5
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+    rms = RMSNorm.default_config().set(name="rms", input_dim=5).instantiate()
+    with bind(rms, {"scale": jnp.full((5,), 3.0)}):
+        out = rms(x)
+    np.testing.assert_allclose(out, x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6) * 3,
+                               rtol=1e-4)
+    with bind(layer_norm, params):
+        assert layer_norm(x.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+def test_dropout_rate_scaling_and_eval_identity():
+    layer = Dropout.default_config().set(name="d", rate=0.25).instantiate()
+    x = jnp.ones((200, 200))
+    with bind(layer, {}, prng_key=jax.random.PRNGKey(0), is_training=True):
+        out = np.asarray(layer(x))
+    assert abs((out == 0).mean() - 0.25) < 0.01
+    np.testing.assert_allclose(out[out != 0], 1 / 0.75, rtol=1e-6)
+    with bind(layer, {}, prng_key=jax.random.PRNGKey(0), is_training=False):
+        np.testing.assert_array_equal(layer(x), x)
+
+
+@pytest.mark.parametrize("split_over_tp", [False, True])
+def test_dropout_masks_across_tensor_parallel_ranks(split_over_tp):
+    layer = Dropout.default_config().set(name="d", rate=0.5, tp_axis="model",
+                                         split_over_tp=split_over_tp).instantiate()
+
+    def local(x):
+        mask = functional(layer, jax.random.PRNGKey(0), {}, (x,), is_training=True)[0]
+        return collectives.all_gather(mask, "model")[None]
+
+    masks = jax.jit(jax.shard_map(local, mesh=MESH, in_specs=P(), out_specs=P(("data", "model"))))(
+        jnp.ones((64,)))
+    ranks_agree = np.array_equal(np.asarray(masks[0, 0]), np.asarray(masks[0, 1]))
+    assert ranks_agree is (not split_over_tp)
+
+
+def test_attention_is_causal():
+    layer = CausalSelfAttention.default_config().set(name="a", model_dim=8,
+                                                     num_heads=2).instantiate()
+    params = _init(layer)
+    x = jnp.asarray(RNG.normal(size=(1, 6, 8)), jnp.float32)
+    changed = x.at[:, 4:].set(5.0)
+    with bind(layer, params):
+        a, b = layer(x), layer(changed)
+    np.testing.assert_allclose(a[:, :4], b[:, :4], rtol=1e-5)
+    assert not np.allclose(a[:, 4:], b[:, 4:])
+
+
+def test_repeat_equals_applying_the_layer_n_times():
+    block = TransformerBlock.default_config().set(model_dim=8, num_heads=2, hidden_dim=16)
+    stack = Repeat.default_config().set(name="stack", layer=block, num_layers=3).instantiate()
+    single = block.clone(name="block").instantiate()
+    params = _init(stack)
+    assert params["layer"]["mlp"]["wi"]["weight"].shape == (3, 8, 16)
+    x = jnp.asarray(RNG.normal(size=(2, 4, 8)), jnp.float32)
+    want = x
+    for index in range(3):
+        layer_params = jax.tree_util.tree_map(lambda p, i=index: p[i], params["layer"])
+        want = functional(single, None, layer_params, (want,), is_training=False)[0]
+    got = functional(stack, None, params, (x,), is_training=False)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    remat = stack.config.clone(layer_remat_policy="nothing_saveable").instantiate()
+    grads = [jax.grad(lambda p, m=m: jnp.sum(functional(m, jax.random.PRNGKey(0), p, (x,),
+                                                        is_training=True)[0]))(params)
+             for m in (stack, remat)]
+    assert_nested_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-7)

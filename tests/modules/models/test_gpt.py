@@ -1,0 +1,174 @@
+"""GPT-2 parity with Hugging Face, tensor-parallel parity, and the spec tree."""
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from titanax import errors
+from titanax.modules import describe_parameter_specs, functional
+from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
+from titanax.modules.models.gpt import GPT, gpt2_config
+from titanax.modules.models.gpt2_convert import params_from_hf_gpt2
+from titanax.modules.testing import max_relative_difference
+from titanax.parallel import collectives, rules
+from titanax.runtime.mesh import MeshSpec
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "data", "gpt2_tiny_hf.npz")
+TINY = dict(name="gpt", vocab_size=64, max_seq_len=16, num_layers=2, model_dim=32, num_heads=4)
+
+
+def test_logits_match_hugging_face_gpt2():
+    golden = np.load(GOLDEN)
+    config = {k.split("/", 1)[1]: int(golden[k]) for k in golden.files if k.startswith("config/")}
+    cfg = GPT.default_config().set(
+        name="gpt", vocab_size=config["vocab_size"], max_seq_len=config["n_positions"],
+        num_layers=config["n_layer"], model_dim=config["n_embd"], num_heads=config["n_head"],
+        vocab_pad_multiple=8)
+    state = {k.split("/", 1)[1]: golden[k] for k in golden.files if k.startswith("state/")}
+    params = jax.tree_util.tree_map(jnp.asarray, params_from_hf_gpt2(state, cfg))
+    model = cfg.instantiate()
+    logits, _ = jax.jit(lambda p, ids: functional(model, None, p, (ids,), method="logits",
+                                                  is_training=False))(params, golden["input_ids"])
+    assert logits.shape == golden["logits"].shape
+    assert float(np.max(np.abs(np.asarray(logits) - golden["logits"]))) <= 1e-4
+
+
+def test_converter_errors_name_the_tensor():
+    golden = np.load(GOLDEN)
+    state = {k.split("/", 1)[1]: golden[k] for k in golden.files if k.startswith("state/")}
+    cfg = GPT.default_config().set(name="gpt", vocab_size=101, max_seq_len=32, num_layers=3,
+                                   model_dim=64, num_heads=4)
+    with pytest.raises(errors.ModuleError) as info:
+        params_from_hf_gpt2(state, cfg)
+    assert info.value.path == "transformer.h.2.ln_1.weight"
+    with pytest.raises(errors.ModuleError) as info:
+        params_from_hf_gpt2(state, cfg.clone(num_layers=2, model_dim=32))
+    assert "expected shape" in info.value.message
+
+
+@functools.lru_cache(maxsize=None)
+def _reference():
+    model = GPT.default_config().set(**TINY).instantiate()
+    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
+    ids = jax.random.randint(jax.random.PRNGKey(1), (8, 16), 0, TINY["vocab_size"])
+    batch = {"input_ids": ids, "target_ids": jnp.roll(ids, -1, axis=1)}
+
+    def loss(p, b):
+        return functional(model, None, p, (b,), is_training=False)[0][0]
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params, batch)
+    return params, batch, value, grads
+
+
+def _tp_loss_and_grads(tp_size: int, sequence_parallel: bool):
+    """Loss and gradients computed in local view inside shard_map on a (data, model) mesh."""
+    params, batch, _, _ = _reference()
+    model = GPT.default_config().set(**TINY, tp_axis="model",
+                                     sequence_parallel=sequence_parallel).instantiate()
+    mesh = MeshSpec(axes=("data", "model"), shape=(None, tp_size)).build()
+    specs = model.param_partition_specs()
+
+    def local(p, b):
+        p = collectives.cast_varying(p, ("data", "model"))
+        loss, grads = jax.value_and_grad(
+            lambda q: functional(model, None, q, (b,), is_training=False)[0][0])(p)
+
+        def reduce(grad, spec):
+            grad = collectives.pmean(grad, "data")
+            # Params replicated over the model axis collect their gradient from every rank.
+            return grad if "model" in rules.spec_axes(spec) else collectives.psum(grad, "model")
+
+        return collectives.pmean(loss, "data"), jax.tree_util.tree_map(reduce, grads, specs)
+
+    step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs, P("data")),
+                                 out_specs=(P(), specs)))
+    return step(params, batch), specs
+
+
+@pytest.mark.parametrize("tp_size", [2, 4])
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tensor_parallel_loss_and_every_gradient_match_one_device(tp_size, sequence_parallel):
+    _, _, loss, grads = _reference()
+    (tp_loss, tp_grads), specs = _tp_loss_and_grads(tp_size, sequence_parallel)
+    assert abs(float(tp_loss) - float(loss)) <= 1e-5
+    flat_tp = jax.tree_util.tree_leaves_with_path(tp_grads)
+    flat_ref = jax.tree_util.tree_leaves(grads)
+    for (path, got), expected in zip(flat_tp, flat_ref):
+        assert max_relative_difference(got, expected) <= 1e-4, jax.tree_util.keystr(path)
+    # The layout really is split: every big matrix is sharded over the model axis.
+    assert specs["decoder"]["layer"]["attn"]["qkv_weight"] == P(None, None, None, "model", None)
+    assert specs["decoder"]["layer"]["mlp"]["wo"]["weight"] == P(None, "model", None)
+    assert specs["token_emb"]["weight"] == P("model", None)
+
+
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_vocab_parallel_cross_entropy_matches_one_device(tp_size):
+    rng = np.random.default_rng(0)
+    vocab, real_vocab = 16, 13
+    logits = jnp.asarray(rng.normal(size=(4, 5, vocab)).astype(np.float32) * 3)
+    targets = jnp.asarray(rng.integers(0, real_vocab, size=(4, 5)))
+
+    def reference(x):
+        masked = jnp.where(jnp.arange(vocab) < real_vocab, x, -jnp.inf)
+        return jnp.sum(-jax.nn.log_softmax(masked)[
+            jnp.arange(4)[:, None], jnp.arange(5)[None], targets])
+
+    want, want_grad = jax.value_and_grad(reference)(logits)
+    mesh = MeshSpec(axes=("data", "model"), shape=(None, tp_size)).build()
+
+    def local(x, t):
+        def loss(y):
+            offset = collectives.axis_index("model") * y.shape[-1]
+            return jnp.sum(vocab_parallel_cross_entropy(y, t, tp_axis="model",
+                                                        vocab_offset=offset,
+                                                        vocab_size=real_vocab))
+        value, grad = jax.value_and_grad(loss)(collectives.cast_varying(x, "data"))
+        return collectives.pmean(value, "data"), collectives.pmean(grad, "data")
+
+    got, got_grad = jax.jit(jax.shard_map(local, mesh=mesh,
+                                          in_specs=(P(None, None, "model"), P()),
+                                          out_specs=(P(), P(None, None, "model"))))(logits,
+                                                                                     targets)
+    assert abs(float(got) - float(want)) <= 1e-4
+    assert max_relative_difference(got_grad, want_grad) <= 1e-5
+
+
+def test_tensor_parallel_code_runs_unchanged_without_the_axis():
+    params, batch, loss, _ = _reference()
+    model = GPT.default_config().set(**TINY, tp_axis="model").instantiate()
+    value = jax.jit(lambda p, b: functional(model, None, p, (b,), is_training=False)[0][0])(
+        params, batch)
+    assert abs(float(value) - float(loss)) <= 1e-6
+
+
+def test_parameter_spec_tree_prints_every_param():
+    model = gpt2_config("small", tp_axis="model", vocab_pad_multiple=128).instantiate()
+    text = describe_parameter_specs(model.create_parameter_specs_recursively())
+    lines = text.splitlines()
+    assert len(lines) == 16
+    line = next(l for l in lines if l.startswith("decoder/layer/attn/qkv_weight"))
+    assert "shape=(12, 768, 3, 12, 64)" in line and "dtype=float32" in line
+    assert "mesh_axes=(None, None, None, 'model', None)" in line and "init=Normal(stddev=0.02" in line
+    line = next(l for l in lines if l.startswith("token_emb/weight"))
+    assert "shape=(50304, 768)" in line and "mesh_axes=('model', None)" in line
+    line = next(l for l in lines if l.startswith("decoder/layer/mlp/wo/bias"))
+    assert "init=Constant(value=0.0)" in line and "wd_scale=0.0" in line
+    total = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(
+        model.create_parameter_specs_recursively(), is_leaf=lambda x: hasattr(x, "mesh_axes")))
+    assert total == 124_475_904  # GPT-2 small's 124.4M params with the vocab padded to 50304.
+
+
+def test_layer_rejects_a_layout_it_cannot_implement():
+    model = GPT.default_config().set(**TINY, tp_axis="model").instantiate()
+    specs = model.param_partition_specs()
+    model.check_partition_specs(specs)
+    specs["decoder"]["layer"]["mlp"]["wi"]["weight"] = P(None, "model", None)  # Row, not column.
+    with pytest.raises(errors.ShardingError) as info:
+        model.check_partition_specs(specs)
+    assert info.value.path == "gpt/decoder/layer/mlp/wi/weight"
+    assert "P(None, 'model')" in info.value.suggestion

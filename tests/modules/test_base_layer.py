@@ -1,0 +1,105 @@
+"""Tests of BaseLayer: cascading dtype/param_init, spec trees, init under jit, remat, layouts."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from titanax import errors
+from titanax.modules import BaseLayer, ParameterSpec, functional
+from titanax.modules.initializers import Constant, Normal, VarianceScaling
+from titanax.modules.layers.linear import Linear
+from titanax.modules.layers.mlp import MLP
+from titanax.runtime.mesh import MeshSpec
+
+
+class Tower(BaseLayer):
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        self._add_child("mlp", MLP.default_config().set(model_dim=8, hidden_dim=16,
+                                                        tp_axis="model"))
+        self._add_child("head", Linear.default_config().set(input_dim=8, output_dim=4,
+                                                            dtype="float32"))
+
+    def _create_layer_parameter_specs(self):
+        return {"gain": ParameterSpec(shape=(8,), initializer=Constant.default_config().set(
+            value=1.5).instantiate())}
+
+    def forward(self, x):
+        return self.head(self.mlp(x) * self.parameters["gain"])
+
+
+def _tower(**changes):
+    return Tower.default_config().set(name="tower", **changes).instantiate()
+
+
+def test_dtype_and_param_init_cascade_to_children_unless_set():
+    tower = _tower(dtype="bfloat16", param_init=Normal.default_config().set(stddev=0.5))
+    specs = tower.create_parameter_specs_recursively()
+    assert specs["mlp"]["wi"]["weight"].dtype == jnp.bfloat16
+    assert specs["head"]["weight"].dtype == jnp.float32  # Set explicitly on the child.
+    assert specs["mlp"]["wo"]["weight"].initializer.config.stddev == 0.5
+    assert specs["gain"].initializer.config.value == 1.5
+    assert tower.mlp.config.dtype == "bfloat16"
+
+
+def test_spec_tree_has_global_shapes_and_declared_layouts():
+    specs = _tower().create_parameter_specs_recursively()
+    assert specs["mlp"]["wi"]["weight"].shape == (8, 16)
+    assert specs["mlp"]["wi"]["weight"].mesh_axes == (None, "model")
+    assert specs["mlp"]["wo"]["weight"].mesh_axes == ("model", None)
+    assert specs["mlp"]["wo"]["bias"].mesh_axes == (None,)
+    assert specs["mlp"]["wi"]["bias"].weight_decay_scale == 0.0
+    assert _tower().param_partition_specs()["mlp"]["wi"]["bias"] == P("model")
+
+
+def test_initialisation_is_deterministic_name_based_and_jit_shardable():
+    tower = _tower()
+    first = tower.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    again = jax.jit(tower.initialize_parameters_recursively)(jax.random.PRNGKey(0))
+    np.testing.assert_allclose(first["mlp"]["wi"]["weight"], again["mlp"]["wi"]["weight"],
+                               rtol=1e-6)
+    assert not np.allclose(first["mlp"]["wi"]["weight"][:, :8], first["mlp"]["wo"]["weight"][:8])
+    np.testing.assert_allclose(first["gain"], 1.5)
+    np.testing.assert_allclose(first["mlp"]["wi"]["bias"], 0.0)
+    assert abs(float(np.std(first["mlp"]["wi"]["weight"])) - 0.02) < 0.01
+    mesh = MeshSpec(axes=("data", "model"), shape=(None, 2)).build()
+    shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s),
+                                       tower.param_partition_specs())
+    sharded = jax.jit(tower.initialize_parameters_recursively, out_shardings=shardings)(
+        jax.random.PRNGKey(0))
+    assert sharded["mlp"]["wi"]["weight"].sharding.spec == P(None, "model")
+    assert sharded["mlp"]["wi"]["weight"].addressable_shards[0].data.shape == (8, 8)
+    np.testing.assert_allclose(np.asarray(sharded["mlp"]["wi"]["weight"]),
+                               first["mlp"]["wi"]["weight"], rtol=1e-6)
+
+
+def test_variance_scaling_uses_fan_axes():
+    layer = Linear.default_config().set(
+        name="l", input_dim=400, output_dim=300,
+        param_init=VarianceScaling.default_config().set(scale=2.0)).instantiate()
+    weight = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))["weight"]
+    assert abs(float(np.std(weight)) - np.sqrt(2.0 / 400)) < 0.005
+
+
+def test_remat_gives_the_same_values_and_gradients():
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 8))
+    plain, remat = _tower(), _tower(remat_policy="nothing_saveable")
+    params = plain.initialize_parameters_recursively(jax.random.PRNGKey(0))
+
+    def loss(layer, p):
+        return jnp.sum(functional(layer, jax.random.PRNGKey(2), p, (x,), is_training=True)[0] ** 2)
+
+    g1 = jax.grad(lambda p: loss(plain, p))(params)
+    g2 = jax.grad(lambda p: loss(remat, p))(params)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), g1, g2)
+    assert "remat" in str(jax.make_jaxpr(jax.grad(lambda p: loss(remat, p)))(params))
+    assert "remat" not in str(jax.make_jaxpr(jax.grad(lambda p: loss(plain, p)))(params))
+
+
+def test_bad_layer_configs_are_reported_with_paths():
+    cfg = Tower.default_config().set(dtype="float33", remat_policy="sometimes")
+    with pytest.raises(errors.ConfigValidationError) as info:
+        cfg.validate()
+    assert {p.path for p in info.value.problems} == {"dtype", "remat_policy"}
