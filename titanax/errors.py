@@ -108,3 +108,21 @@ class CollectiveError(TitanaxError):
 
 class ModuleError(TitanaxError):
     """A module was called without a context, from the wrong parent, or with mismatched params."""
+
+
+# --- Training ------------------------------------------------------------------------------------
+
+class StepError(TitanaxError):
+    """A train step does not fit the plan (e.g. it never reduces gradients over the data axis)."""
+
+
+class RecompileError(TitanaxError):
+    """A compiled step was called with inputs of another shape or dtype than it was compiled for."""
+
+
+class NonFiniteError(TitanaxError):
+    """The loss (or the gradients) became NaN or infinite."""
+
+
+class DataError(TitanaxError):
+    """An input pipeline cannot produce what the run needs (missing files, bad batch sizes)."""

@@ -71,8 +71,7 @@ class Configurable:
         """
         if cfg is None:
             cfg = type(self).default_config().set(
-                **{name: value.config if isinstance(value, Configurable) else value
-                   for name, value in fields.items()}).validate()
+                **{name: _as_config(value) for name, value in fields.items()}).validate()
         elif fields:
             raise errors.ConfigError(
                 f"{type(self).__qualname__} got both a config and field values "
@@ -89,6 +88,15 @@ class Configurable:
     def config(self) -> "Configurable.Config":
         """The (frozen) config this object was built from."""
         return self._config
+
+
+def _as_config(value: Any) -> Any:
+    """Components given as keyword values stand for their configs (also inside lists)."""
+    if isinstance(value, Configurable):
+        return value.config.clone()
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Configurable) for v in value):
+        return type(value)(_as_config(v) for v in value)
+    return value
 
 
 class FunctionConfigBase(InstantiableConfig):

@@ -88,28 +88,28 @@ def psum(tree: Any, axis: AxisNames) -> Any:
     """Sum over ``axis``. A value replicated over the axis comes back multiplied by its size."""
     axes = check_axis("psum", axis)
     _check_leaves("psum", tree)
-    return jax.lax.psum(tree, _axis_arg(axes))
+    return jax.lax.psum(_varying(tree, axes), _axis_arg(axes))
 
 
 def pmean(tree: Any, axis: AxisNames) -> Any:
     """Mean over ``axis``."""
     axes = check_axis("pmean", axis)
     _check_leaves("pmean", tree)
-    return jax.lax.pmean(tree, _axis_arg(axes))
+    return jax.lax.pmean(_varying(tree, axes), _axis_arg(axes))
 
 
 def pmax(tree: Any, axis: AxisNames) -> Any:
     """Maximum over ``axis``."""
     axes = check_axis("pmax", axis)
     _check_leaves("pmax", tree)
-    return jax.lax.pmax(tree, _axis_arg(axes))
+    return jax.lax.pmax(_varying(tree, axes), _axis_arg(axes))
 
 
 def pmin(tree: Any, axis: AxisNames) -> Any:
     """Minimum over ``axis``."""
     axes = check_axis("pmin", axis)
     _check_leaves("pmin", tree)
-    return jax.lax.pmin(tree, _axis_arg(axes))
+    return jax.lax.pmin(_varying(tree, axes), _axis_arg(axes))
 
 
 def all_gather(tree: Any, axis: AxisNames, axis_index: Optional[int] = None) -> Any:
@@ -121,6 +121,7 @@ def all_gather(tree: Any, axis: AxisNames, axis_index: Optional[int] = None) -> 
     """
     axes = check_axis("all_gather", axis)
     _check_leaves("all_gather", tree)
+    tree = _varying(tree, axes)
 
     def gather(x):
         x = jnp.asarray(x)
@@ -145,6 +146,7 @@ def reduce_scatter(tree: Any, axis: AxisNames, op: str = "add", *,
                                      path="collectives.reduce_scatter",
                                      suggestion="use op='add' or op='mean'")
     size = _size(axes)
+    tree = _varying(tree, axes)
 
     def scatter(x):
         x = jnp.asarray(x)
@@ -174,6 +176,7 @@ def broadcast(tree: Any, axis: AxisNames, src_index: int = 0) -> Any:
                                      f"of size {size}", path=f"mesh axis {axis!r}",
                                      suggestion=f"use 0..{size - 1}")
     is_source = jax.lax.axis_index(_axis_arg(axes)) == src_index
+    tree = _varying(tree, axes)
 
     def send(x):
         x = jnp.asarray(x)
@@ -202,7 +205,7 @@ def ppermute(tree: Any, axis: str, perm: Sequence[Tuple[int, int]]) -> Any:
             f"ppermute perm {perm} is not a partial permutation of 0..{size - 1}",
             path=f"mesh axis {axis!r}",
             suggestion="give (source, dest) pairs with each source and each dest at most once")
-    return jax.lax.ppermute(tree, _axis_arg(axes), perm)
+    return jax.lax.ppermute(_varying(tree, axes), _axis_arg(axes), perm)
 
 
 def shift(tree: Any, axis: str, offset: int = 1) -> Any:
@@ -216,7 +219,8 @@ def all_to_all(x: jax.Array, axis: str, *, split_dimension: int,
     """Splits ``split_dimension`` over ``axis``; received chunks are joined on ``concat_dimension``."""
     axes = check_axis("all_to_all", axis)
     _check_leaves("all_to_all", x)
-    return jax.lax.all_to_all(x, _axis_arg(axes), split_dimension, concat_dimension, tiled=True)
+    return jax.lax.all_to_all(_varying(x, axes), _axis_arg(axes), split_dimension,
+                              concat_dimension, tiled=True)
 
 
 def varying_axes(x: Any) -> frozenset:
@@ -233,12 +237,21 @@ def cast_varying(tree: Any, axis: AxisNames) -> Any:
     accumulation loop. Casting params to varying first keeps the gradient local, so the step can
     reduce it once, after the loop.
     """
-    axes = check_axis("cast_varying", axis)
+    return _varying(tree, check_axis("cast_varying", axis))
 
+
+def _varying(tree: Any, axes: Tuple[str, ...]) -> Any:
+    """Casts leaves to varying over ``axes`` where they are not already.
+
+    A value replicated over an axis takes part in a collective as identical copies, one per
+    device -- summing them multiplies by the axis size, as psum of a replicated value always has.
+    The cast makes that explicit, so a value varying over some of the axes and replicated over
+    the others can be reduced over all of them at once.
+    """
     def cast(x):
+        x = jnp.asarray(x)
         missing = tuple(a for a in axes if a not in varying_axes(x))
         return jax.lax.pcast(x, missing, to="varying") if missing else x
-
     return jax.tree_util.tree_map(cast, tree)
 
 

@@ -1,0 +1,1 @@
+"""Input pipelines (grain), data sources and the byte tokenizer."""

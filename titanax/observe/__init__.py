@@ -1,0 +1,1 @@
+"""Observability: loggers, throughput and MFU, and reports on the compiled step."""

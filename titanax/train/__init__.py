@@ -1,0 +1,1 @@
+"""Training: the engine, its step, the learner, precision and PRNG streams."""

@@ -1,0 +1,516 @@
+"""Engine: builds a run from its config and trains it.
+
+Two ways in, one engine:
+
+* Config-driven: ``Engine.Config`` with a ``model`` (a BaseLayer config whose ``forward(batch)``
+  returns ``(loss, aux)``), a plan and a learner; ``python -m titanax.launch --config=NAME`` calls
+  ``run()``. The train step is Titanax's (``titanax.train.step``).
+* Imperative (the seed's UX): ``Engine(mesh=..., plan=..., optimizer=optax.adamw(3e-4), ...)`` and
+  ``engine.fit(train_step, data=..., steps=...)`` with a hand-written ``@step_fn``.
+
+Either way the whole step is ``jit(shard_map(step, mesh, in_specs, out_specs))`` over every mesh
+axis with the state donated: XLA partitions nothing by itself, so the collectives in the compiled
+step are exactly the ones written -- ``collectives()`` lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from titanax import errors
+from titanax.config import Configurable, InstantiableConfig
+from titanax.data.pipeline import Input
+from titanax.modules.base_layer import BaseLayer, ParameterSpec
+from titanax.observe import hlo, throughput
+from titanax.observe.loggers import Basic, Logger
+from titanax.parallel import rules, sharding
+from titanax.parallel.plan import DP, Plan
+from titanax.runtime.mesh import MeshSpec, describe_mesh
+from titanax.train import learner as learner_lib
+from titanax.train import prng
+from titanax.train import step as step_lib
+from titanax.train.compiled_step import CompiledStep
+from titanax.train.evaler import Evaler, summarize
+from titanax.train.precision import Precision
+from titanax.train.train_state import TrainState
+from titanax.train.user_step import wrap_user_step
+
+_log = logging.getLogger("titanax")
+
+
+class Engine(Configurable):
+    """A training run: mesh, plan, model or step, learner, precision, data, loggers, evalers."""
+
+    class Config(Configurable.Config):
+        # The device mesh.
+        mesh: MeshSpec.Config = MeshSpec.default_config().set(axes=("data",))
+        # How the mesh axes are used.
+        plan: Plan.Config = Plan.default_config().set(data_parallel=DP.default_config())
+        # The model (forward(batch) -> (loss, aux)); None for hand-written steps.
+        model: Optional[BaseLayer.Config] = None
+        # Optimizer, schedule, clipping, weight decay.
+        learner: learner_lib.Learner.Config = learner_lib.Learner.default_config()
+        # An optax GradientTransformation for hand-written steps (seed UX); overrides learner.
+        optimizer: Optional[Any] = None
+        # Mixed precision and loss scaling.
+        precision: Precision.Config = Precision.default_config()
+        # Training data (an Input config); None: pass data to fit().
+        train_input: Optional[Input.Config] = None
+        # Evaluations run during and after training, by name.
+        evalers: Dict[str, Evaler.Config] = {}
+        # Where metrics go.
+        loggers: Sequence[Logger.Config] = (Basic.default_config(),)
+        # Objects with before_step(step) / after_step(step, metrics), called on the host.
+        hooks: Sequence[Any] = ()
+        # Checkpointing (an OrbaxCheckpoint config); None: no checkpoints.
+        checkpoint: Optional[InstantiableConfig] = None
+        # Steps to train (fit's `steps` overrides).
+        max_steps: Optional[int] = None
+        # Global seed of every PRNG stream.
+        seed: int = 0
+        # Log (and check the loss for NaN/Inf) every this many steps.
+        log_every: int = 10
+        # Non-finite loss: "stop" raises NonFiniteError naming the step; "skip" leaves the state
+        # unchanged for that step and goes on.
+        nan_policy: Literal["stop", "skip"] = "stop"
+        # A step called with new input shapes/dtypes: "error", "warn" (and recompile) or "allow".
+        recompile_policy: Literal["error", "warn", "allow"] = "error"
+
+        def _validate_values(self):
+            if self.log_every < 1:
+                yield "log_every", "must be >= 1"
+            if self.max_steps is not None and self.max_steps < 0:
+                yield "max_steps", "must be >= 0"
+
+    def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, **fields):
+        super().__init__(cfg, **fields)
+        self.trainer_dir = trainer_dir
+        self.state: Optional[TrainState] = None
+        self._built = False
+        self._train_step: Optional[CompiledStep] = None
+        self._user_step: Optional[Callable] = None
+        self._eval_steps: Dict[Any, CompiledStep] = {}
+        self._loggers: Optional[List[Logger]] = None
+        self.history: List[Dict[str, float]] = []
+
+    # --- Building ---------------------------------------------------------------------------------
+
+    def build(self) -> "Engine":
+        """Mesh, plan checks, model, param layouts and the optimizer (idempotent)."""
+        if self._built:
+            return self
+        cfg = self.config
+        self.mesh_spec: MeshSpec = cfg.mesh.instantiate()
+        self.mesh = self.mesh_spec.build()
+        self.plan: Plan = cfg.plan.instantiate()
+        self.plan.validate(self.mesh)
+        self.precision: Precision = cfg.precision.instantiate()
+        self.learner: learner_lib.Learner = cfg.learner.instantiate()
+        self.model: Optional[BaseLayer] = cfg.model.instantiate() if cfg.model else None
+        self.parameter_specs = None
+        self.param_specs = None
+        if self.model is not None:
+            self.parameter_specs = self.model.create_parameter_specs_recursively()
+            self.param_specs = self.plan.param_partition_specs(self.parameter_specs, self.mesh)
+            self.model.check_partition_specs(self.param_specs)
+            self._make_adapter(learner_lib.decay_scales_from_specs(self.parameter_specs))
+        self._built = True
+        return self
+
+    def _make_adapter(self, decay_scales: Any) -> None:
+        if self.config.optimizer is not None:
+            self.adapter = learner_lib.OptimizerAdapter(self.config.optimizer)
+        else:
+            self.adapter = self.learner.build(decay_scales)
+
+    @property
+    def axes(self):
+        return tuple(self.mesh.axis_names)
+
+    @property
+    def data_axis(self) -> Optional[str]:
+        return self.plan.dp_axis
+
+    def _setup(self) -> step_lib.StepSetup:
+        dp = self.config.plan.data_parallel
+        return step_lib.StepSetup(
+            model=self.model, precision=self.precision, adapter=self.adapter, learner=self.learner,
+            mesh_shape=dict(self.mesh.shape), param_specs=self.param_specs,
+            data_axis=self.data_axis, accumulate_steps=self.plan.accumulate_steps,
+            use_zero=self.plan.zero is not None, nan_policy=self.config.nan_policy,
+            sync_metrics=dp.sync_metrics if dp is not None else True)
+
+    # --- State ------------------------------------------------------------------------------------
+
+    def _shard_map(self, fn, in_specs, out_specs):
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+
+    def _local_param_shapes(self) -> Any:
+        mesh_shape = dict(self.mesh.shape)
+        return jax.tree_util.tree_map(
+            lambda s, spec: jax.ShapeDtypeStruct(rules.local_shape(s.shape, spec, mesh_shape),
+                                                 self.precision.param_dtype
+                                                 if jnp.issubdtype(s.dtype, jnp.floating)
+                                                 else s.dtype),
+            self.parameter_specs, self.param_specs, is_leaf=rules.is_param_leaf)
+
+    def opt_state_specs(self) -> Any:
+        local = self._local_param_shapes()
+        if self.plan.zero is not None:
+            chunks = jax.tree_util.tree_map(
+                lambda s: jax.ShapeDtypeStruct(
+                    (_zero_chunk(s.shape, self.mesh.shape[self.data_axis]),), s.dtype), local)
+            return learner_lib.zero_state_specs(self.adapter, chunks, self.param_specs,
+                                                self.data_axis)
+        return learner_lib.replicated_state_specs(self.adapter, local, self.param_specs)
+
+    def state_specs(self) -> TrainState:
+        return TrainState(params=self.param_specs, opt_state=self.opt_state_specs(),
+                          step=PartitionSpec(), rngs={k: PartitionSpec() for k in prng.STREAMS},
+                          loss_scale=None if self.precision.initial_scale_state() is None
+                          else {"scale": PartitionSpec(), "good_steps": PartitionSpec()},
+                          tx=self._state_tx())
+
+    def _state_tx(self):
+        if self.state is not None:
+            return self.state.tx
+        return self.adapter.tx if self._user_step is not None else None
+
+    def init_state(self, params: Any = None) -> TrainState:
+        """A fresh state: params initialised (or ``params`` placed) in their shards."""
+        self.build()
+        if params is None:
+            if self.model is None:
+                raise errors.StepError("there is no model to initialise params from",
+                                       path="engine.model",
+                                       suggestion="pass params= to fit() or init_state()")
+            shardings = sharding.named_shardings(self.mesh, self.param_specs)
+            init = jax.jit(lambda key: self.precision.cast_params_for_storage(
+                self.model.initialize_parameters_recursively(key)), out_shardings=shardings)
+            params = init(prng.stream_key(self.config.seed, "init"))
+        else:
+            if self.param_specs is None:
+                self.parameter_specs = jax.tree_util.tree_map(
+                    lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
+                self.param_specs = self.plan.param_partition_specs(self.parameter_specs,
+                                                                   self.mesh)
+                self._make_adapter(None)
+            params = sharding.apply_named_sharding(
+                self.precision.cast_params_for_storage(params), self.mesh, self.param_specs)
+        setup = self._setup()
+        opt_specs = self.opt_state_specs()
+        init_opt = jax.jit(self._shard_map(
+            lambda p: step_lib.local_init_opt_state(setup, p), in_specs=(self.param_specs,),
+            out_specs=opt_specs))
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        rngs = {k: jax.device_put(v, replicated)
+                for k, v in prng.streams(self.config.seed).items()}
+        scale = self.precision.initial_scale_state()
+        self.state = TrainState(
+            params=params, opt_state=init_opt(params),
+            step=jax.device_put(jnp.int32(0), replicated), rngs=rngs,
+            loss_scale=None if scale is None else jax.device_put(scale, replicated),
+            tx=self._state_tx())
+        return self.state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The train state as a plain dict of (global) arrays."""
+        state = self.state
+        return {"params": state.params, "opt_state": state.opt_state, "step": state.step,
+                "rngs": state.rngs, "loss_scale": state.loss_scale}
+
+    # --- Batches ----------------------------------------------------------------------------------
+
+    def batch_specs(self, batch: Any) -> Any:
+        return sharding.shard_batch_specs(batch, self.data_axis)
+
+    def global_batch(self, host_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
+        """Global arrays from this process's rows (checked against the plan first)."""
+        specs = self.batch_specs(host_batch)
+        leaves = jax.tree_util.tree_leaves(host_batch)
+        if leaves:
+            global_rows = np.shape(leaves[0])[0] * jax.process_count()
+            self.plan.check_batch_size(global_rows, self.mesh)
+
+        def place(x, spec):
+            x = np.asarray(x)
+            return jax.make_array_from_process_local_data(NamedSharding(self.mesh, spec), x)
+
+        return jax.tree_util.tree_map(place, host_batch, specs)
+
+    # --- Compiling --------------------------------------------------------------------------------
+
+    def compile(self, step_fn: Optional[Callable] = None, example_batch: Any = None
+                ) -> CompiledStep:
+        """The compiled train step (compiled now when ``example_batch`` is given)."""
+        self.build()
+        if step_fn is not None and step_fn is not self._user_step:
+            self._user_step = step_fn
+            self._train_step = None
+        if self._train_step is None:
+            if self.state is None:
+                raise errors.StepError("no train state yet", path="engine.state",
+                                       suggestion="call init_state() (or fit) first")
+            self._train_step = self._make_train_step()
+        if example_batch is not None:
+            batch = self.global_batch(example_batch) if _is_host(example_batch) else example_batch
+            self._train_step.compiled_for(self.state, batch)
+        return self._train_step
+
+    def _make_train_step(self) -> CompiledStep:
+        state_specs = self.state_specs()
+        if self._user_step is not None:
+            local = wrap_user_step(self._user_step, axes=self.axes, data_axis=self.data_axis,
+                                   param_specs=self.param_specs, precision=self.precision)
+        else:
+            if self.model is None:
+                raise errors.StepError("no model and no step function", path="engine.model",
+                                       suggestion="configure a model, or pass a @step_fn to fit")
+            setup = self._setup()
+            local = lambda state, batch: step_lib.local_train_step(setup, state, batch)  # noqa: E731
+        metric_spec = self._metric_spec()
+
+        def specs_for(batch):
+            return self.batch_specs(batch)
+
+        def step(state, batch):
+            return self._shard_map(local, in_specs=(state_specs, specs_for(batch)),
+                                   out_specs=(state_specs, metric_spec))(state, batch)
+
+        return CompiledStep(jax.jit(step, donate_argnums=0), name="train step",
+                            policy=self.config.recompile_policy)
+
+    def _metric_spec(self):
+        dp = self.config.plan.data_parallel
+        if self._user_step is None and dp is not None and not dp.sync_metrics:
+            return PartitionSpec(self.data_axis)
+        return PartitionSpec()
+
+    # --- Running ----------------------------------------------------------------------------------
+
+    def train_step(self, host_batch: Any) -> Dict[str, jax.Array]:
+        """One step on a host batch; updates ``self.state``; returns the device metrics."""
+        batch = self.global_batch(host_batch) if _is_host(host_batch) else host_batch
+        self.state, metrics = self.compile()(self.state, batch)
+        return metrics
+
+    def fit(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,
+            steps: Optional[int] = None, eval_every: Optional[int] = None, *,
+            params: Any = None) -> TrainState:
+        """Trains for ``steps`` (default ``max_steps``) on ``data`` (default ``train_input``)."""
+        self.build()
+        cfg = self.config
+        if step_fn is not None:
+            self._user_step = step_fn
+            self._train_step = None
+        if self.state is None:
+            self.init_state(params)
+        total = steps if steps is not None else cfg.max_steps
+        if total is None:
+            raise errors.StepError("how many steps?", path="engine.max_steps",
+                                   suggestion="set max_steps or pass steps= to fit()")
+        iterator = iter(data if data is not None else self._make_input(cfg.train_input))
+        loggers = self.loggers()
+        start_step = int(jax.device_get(self.state.step))
+        pending: List[Dict[str, jax.Array]] = []
+        window_start = time.perf_counter()
+        window_steps = 0
+        compiled_at_start = None
+        for index in range(start_step, total):
+            for hook in cfg.hooks:
+                if hasattr(hook, "before_step"):
+                    hook.before_step(index)
+            host_batch = next(iterator)
+            metrics = self.train_step(host_batch)
+            if compiled_at_start is None:
+                jax.block_until_ready(metrics)
+                compiled_at_start = True
+                window_start = time.perf_counter()
+                window_steps = 0
+                self._log_compile(loggers, index)
+            else:
+                window_steps += 1
+            pending.append(metrics)
+            done = index + 1
+            if done % cfg.log_every == 0 or done == total:
+                elapsed = time.perf_counter() - window_start
+                self._flush(pending, done, elapsed, window_steps, total, loggers)
+                pending.clear()
+                window_start, window_steps = time.perf_counter(), 0
+            for hook in cfg.hooks:
+                if hasattr(hook, "after_step"):
+                    hook.after_step(done, metrics)
+            if eval_every and done % eval_every == 0 or self._evalers_due(done):
+                self.run_evalers(done, only_due=not (eval_every and done % eval_every == 0))
+        return self.state
+
+    def _log_compile(self, loggers, step: int) -> None:
+        compiled = self._train_step
+        seconds = compiled.compile_seconds[-1] if compiled.compile_seconds else 0.0
+        _log.info("compiled the train step in %.2fs", seconds)
+        for logger in loggers:
+            logger.log_dict({"compile_time_s": seconds}, step)
+
+    def _flush(self, pending, step, elapsed, window_steps, total, loggers) -> None:
+        values = jax.device_get(pending)
+        values = [{k: float(np.asarray(v).reshape(-1)[0]) for k, v in m.items()} for m in values]
+        first_step = step - len(values) + 1
+        for offset, m in enumerate(values):
+            if not math.isfinite(m["loss"]) and self.config.nan_policy == "stop":
+                raise errors.NonFiniteError(
+                    f"the loss is {m['loss']} at step {first_step + offset}",
+                    path=f"step {first_step + offset}",
+                    suggestion="lower the learning rate, enable clipping (learner.max_grad_norm) "
+                               "or loss scaling, or set nan_policy='skip'")
+        self.history.extend(values)
+        last = dict(values[-1])
+        step_time = elapsed / window_steps if window_steps else float("nan")
+        last["step_time_s"] = step_time
+        items = last.get("aux/num_tokens", last.get("aux/num_examples"))
+        if items is not None and window_steps:
+            last["tokens_per_s"] = items / step_time
+        flops = throughput.compiled_flops(self._train_step.latest) if self._train_step else None
+        if flops is not None and window_steps:
+            last["tflops_per_device"] = flops / step_time / 1e12
+            utilisation = throughput.mfu(flops, step_time)
+            if utilisation is not None:
+                last["mfu"] = utilisation
+        if window_steps:
+            last["eta_s"] = (total - step) * step_time
+        for logger in loggers:
+            logger.log_dict(last, step)
+
+    # --- Evaluation -------------------------------------------------------------------------------
+
+    def evalers(self) -> Dict[str, Evaler]:
+        if not hasattr(self, "_evalers"):
+            self._evalers = {name: cfg.clone(name=name).instantiate()
+                             for name, cfg in self.config.evalers.items()}
+        return self._evalers
+
+    def _evalers_due(self, step: int) -> bool:
+        return any(e.due(step) for e in self.evalers().values())
+
+    def run_evalers(self, step: int, *, only_due: bool = True) -> Dict[str, Dict[str, float]]:
+        results = {}
+        for name, evaler in self.evalers().items():
+            if only_due and not evaler.due(step):
+                continue
+            data = self._make_input(evaler.config.input)
+            metrics = self.eval(data=data, steps=evaler.config.num_batches)
+            results[name] = metrics
+            for logger in self.loggers():
+                logger.log_dict({f"{name}/{k}": v for k, v in metrics.items()}, step)
+        return results
+
+    def eval(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,
+             steps: Optional[int] = None) -> Dict[str, float]:
+        """Forward-only metrics over ``steps`` batches of ``data`` (all of it when steps=None)."""
+        self.build()
+        compiled = self._eval_step(step_fn)
+        totals: Dict[str, float] = {}
+        count = 0
+        for index, host_batch in enumerate(data):
+            if steps is not None and index >= steps:
+                break
+            batch = self.global_batch(host_batch) if _is_host(host_batch) else host_batch
+            metrics = jax.device_get(compiled(self.state.params, batch))
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(np.asarray(value).reshape(-1)[0])
+            count += 1
+        if count == 0:
+            raise errors.DataError("the eval data produced no batch", path="eval data",
+                                   suggestion="check the eval input and num_batches")
+        return summarize(totals, count)
+
+    def _eval_step(self, step_fn: Optional[Callable]) -> CompiledStep:
+        key = step_fn or "model"
+        if key not in self._eval_steps:
+            if step_fn is None:
+                model, precision, axes, data_axis = (self.model, self.precision, self.axes,
+                                                     self.data_axis)
+                local = lambda params, batch: step_lib.eval_local_step(  # noqa: E731
+                    model, precision, data_axis, axes, params, batch)
+            else:
+                local = wrap_user_step(step_fn, axes=self.axes, data_axis=self.data_axis,
+                                       param_specs=self.param_specs, precision=self.precision,
+                                       eval_only=True)
+
+            def run(params, batch):
+                return self._shard_map(local, in_specs=(self.param_specs, self.batch_specs(batch)),
+                                       out_specs=PartitionSpec())(params, batch)
+
+            self._eval_steps[key] = CompiledStep(jax.jit(run), name="eval step", policy="allow")
+        return self._eval_steps[key]
+
+    # --- Reports ----------------------------------------------------------------------------------
+
+    def collectives(self) -> List[hlo.CollectiveOp]:
+        """Every collective of the compiled train step (compile it first)."""
+        if self._train_step is None or self._train_step.latest is None:
+            raise errors.StepError("the train step is not compiled yet", path="engine",
+                                   suggestion="call compile(example_batch=...) or train a step")
+        return hlo.collectives_report(self._train_step.latest.as_text(), self.mesh)
+
+    def explain(self) -> str:
+        """Mesh, plan with every param's layout, and the compiled step's collectives."""
+        self.build()
+        parts = [describe_mesh(self.mesh)]
+        if self.parameter_specs is not None:
+            parts.append(self.plan.describe(self.parameter_specs, self.mesh))
+        if self._train_step is not None and self._train_step.latest is not None:
+            parts.append("collectives of the train step:\n" + hlo.format_report(self.collectives()))
+        return "\n\n".join(parts)
+
+    # --- Launcher entry point ---------------------------------------------------------------------
+
+    def loggers(self) -> List[Logger]:
+        if self._loggers is None:
+            self._loggers = [cfg.instantiate(trainer_dir=self.trainer_dir)
+                             for cfg in self.config.loggers] if jax.process_index() == 0 else []
+        return self._loggers
+
+    def _make_input(self, input_cfg: Optional[Input.Config]) -> Input:
+        if input_cfg is None:
+            raise errors.DataError("no training data", path="engine.train_input",
+                                   suggestion="set train_input, or pass data= to fit()")
+        return input_cfg.instantiate(process_index=jax.process_index(),
+                                     process_count=jax.process_count())
+
+    def run(self, *, trainer_dir: Optional[str] = None, cluster=None) -> int:
+        """What ``python -m titanax.launch`` calls: join the job, train, evaluate, report."""
+        from titanax.runtime import distributed  # pylint: disable=import-outside-toplevel
+        if cluster is not None and cluster.is_multi_process:
+            distributed.initialize(cluster.coordinator_address, cluster.num_processes,
+                                   cluster.process_id)
+        self.trainer_dir = trainer_dir or self.trainer_dir
+        self.build()
+        print(describe_mesh(self.mesh).splitlines()[0], flush=True)
+        started = time.perf_counter()
+        self.fit()
+        results = self.run_evalers(int(jax.device_get(self.state.step)), only_due=False)
+        for name, metrics in results.items():
+            text = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
+            print(f"final {name}: {text}", flush=True)
+        print(f"trained {self.config.max_steps} steps in {time.perf_counter() - started:.1f}s "
+              f"(train-step compile {sum(self._train_step.compile_seconds):.1f}s)", flush=True)
+        for logger in self.loggers():
+            logger.close()
+        return 0
+
+
+def _is_host(batch: Any) -> bool:
+    leaves = jax.tree_util.tree_leaves(batch)
+    return bool(leaves) and not isinstance(leaves[0], jax.Array)
+
+
+def _zero_chunk(shape, data_size: int) -> int:
+    return -(-int(np.prod(shape)) // data_size)

@@ -1,0 +1,83 @@
+"""Precision policy: what dtype params are stored in, what dtype the model computes in, and
+dynamic loss scaling for float16.
+
+``bfloat16=True`` computes in bfloat16; ``enable_x32_params=True`` keeps float32 master params
+(cast to the compute dtype for each forward pass, so gradients and the optimizer update are
+float32). float16 needs loss scaling: its range tops out at 65504 and small gradients flush to
+zero, so the loss is multiplied by a scale before differentiation and the gradients divided by it
+after; a step whose gradients overflow is skipped and the scale halved, and after
+``growth_interval`` good steps the scale doubles.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from titanax.config import Configurable
+
+
+class Precision(Configurable):
+    """Mixed-precision settings (the seed's ``Precision``)."""
+
+    class Config(Configurable.Config):
+        # Compute in bfloat16.
+        bfloat16: bool = False
+        # Compute in float16 (use with loss_scaling).
+        fp16: bool = False
+        # Dynamic loss scaling (needed for float16; harmless otherwise).
+        loss_scaling: bool = False
+        # Keep params (and the optimizer update) in float32 while computing in 16 bits.
+        enable_x32_params: bool = False
+        # First loss scale.
+        initial_loss_scale: float = 2.0 ** 15
+        # Good steps before the loss scale doubles.
+        growth_interval: int = 2000
+
+        def _validate_values(self):
+            if self.bfloat16 and self.fp16:
+                yield "fp16", "choose bfloat16 or fp16, not both"
+            if self.initial_loss_scale <= 0:
+                yield "initial_loss_scale", "must be > 0"
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        cfg = self.config
+        return jnp.dtype(jnp.bfloat16 if cfg.bfloat16 else jnp.float16 if cfg.fp16
+                         else jnp.float32)
+
+    @property
+    def param_dtype(self) -> jnp.dtype:
+        """Storage dtype of params."""
+        return jnp.dtype(jnp.float32) if self.config.enable_x32_params else self.compute_dtype
+
+    def cast_params_for_storage(self, params: Any) -> Any:
+        return _cast_floats(params, self.param_dtype)
+
+    def cast_for_compute(self, tree: Any) -> Any:
+        """Float leaves to the compute dtype (integers, e.g. token ids, untouched)."""
+        return _cast_floats(tree, self.compute_dtype)
+
+    def initial_scale_state(self) -> Optional[dict]:
+        if not self.config.loss_scaling:
+            return None
+        return {"scale": jnp.float32(self.config.initial_loss_scale),
+                "good_steps": jnp.int32(0)}
+
+    def next_scale_state(self, state: dict, grads_finite: jax.Array) -> dict:
+        """Halve on overflow; double after growth_interval good steps."""
+        good = jnp.where(grads_finite, state["good_steps"] + 1, 0)
+        grow = good >= self.config.growth_interval
+        scale = jnp.where(grads_finite, jnp.where(grow, state["scale"] * 2.0, state["scale"]),
+                          jnp.maximum(state["scale"] / 2.0, 1.0))
+        return {"scale": scale, "good_steps": jnp.where(grow, 0, good).astype(jnp.int32)}
+
+
+def _cast_floats(tree: Any, dtype) -> Any:
+    def cast(x):
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+            return x.astype(dtype)
+        return x
+    return jax.tree_util.tree_map(cast, tree)

@@ -1,0 +1,272 @@
+"""The model train step in local view: microbatches, one gradient reduction, one update.
+
+This function runs inside ``shard_map`` over every mesh axis (the engine wraps it), so every
+collective in it is written here or in a layer:
+
+1. Params are cast to *varying* over every axis they are replicated on. Otherwise ``jax.grad``
+   would all-reduce the gradient of each replicated param on every call -- once per microbatch.
+2. ``lax.scan`` over ``accumulate_steps`` microbatches sums local gradients; nothing is reduced
+   inside the loop except what layers need for their activations (TP psums).
+3. Each gradient is reduced once, after the loop, over exactly the axes its param is replicated
+   on: mean over the data axis (or, with ZeRO-1, a reduce-scatter into the optimizer's chunk), sum
+   over the others (a TP-replicated param collects its gradient from every model rank). Leaves that
+   share their set of axes go in one call, so XLA can fuse them into one all-reduce.
+   Scale: a loss computed redundantly on every model rank but typed *varying* there would be
+   differentiated once per rank; the step detects that from the loss's type and divides, so the
+   result always equals the one-device gradient.
+4. Loss scaling (float16), NaN/Inf handling, clipping by the global norm, and the optax update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from titanax import errors
+from titanax.modules import functional
+from titanax.modules.base_layer import BaseLayer
+from titanax.parallel import collectives, rules
+from titanax.train import learner as learner_lib
+from titanax.train import zero
+from titanax.train.precision import Precision
+from titanax.train.train_state import TrainState
+
+
+@dataclasses.dataclass
+class StepSetup:
+    """Everything the local step needs that is fixed at compile time."""
+
+    model: BaseLayer
+    precision: Precision
+    adapter: learner_lib.OptimizerAdapter
+    learner: learner_lib.Learner
+    # Mesh axis names and sizes.
+    mesh_shape: Dict[str, int]
+    # PartitionSpec of every param (same structure as the params).
+    param_specs: Any
+    # The data-parallel axis (None: no DP).
+    data_axis: Optional[str]
+    accumulate_steps: int
+    use_zero: bool
+    # "stop": report non-finite losses (the engine raises); "skip": also leave the state as is.
+    nan_policy: str = "stop"
+    # Reduce metrics over the data axis (DP.sync_metrics); False: report data shard 0's values.
+    sync_metrics: bool = True
+
+    @property
+    def axes(self) -> Tuple[str, ...]:
+        return tuple(self.mesh_shape)
+
+
+def _replicated_axes(spec: PartitionSpec, axes: Sequence[str]) -> Tuple[str, ...]:
+    split = set(rules.spec_axes(spec))
+    return tuple(a for a in axes if a not in split)
+
+
+def reduce_gradients(grads: Any, setup: StepSetup) -> Any:
+    """Reduces every gradient once over the axes its param is replicated on (see module doc).
+
+    With ZeRO-1 the data axis is left to ``zero.scatter_mean``.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(grads)
+    specs = treedef.flatten_up_to(setup.param_specs)
+    groups: Dict[Tuple[str, ...], list] = {}
+    for index, spec in enumerate(specs):
+        axes = _replicated_axes(spec, setup.axes)
+        if setup.use_zero:
+            axes = tuple(a for a in axes if a != setup.data_axis)
+        groups.setdefault(axes, []).append(index)
+    out = list(leaves)
+    for axes, indices in groups.items():
+        if not axes:
+            continue
+        reduced = collectives.psum([leaves[i] for i in indices], axes)
+        divisor = setup.mesh_shape[setup.data_axis] if setup.data_axis in axes else 1
+        for i, value in zip(indices, reduced):
+            out[i] = value / divisor if divisor > 1 else value
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _split_microbatches(batch: Any, count: int) -> Any:
+    def split(x):
+        if x.shape[0] % count:
+            raise errors.PlanError(
+                f"the per-device batch of {x.shape[0]} does not split into {count} microbatches",
+                path="plan.data_parallel.accumulate_steps",
+                suggestion="make the global batch a multiple of data size x accumulate_steps")
+        return x.reshape((count, x.shape[0] // count) + x.shape[1:])
+    return jax.tree_util.tree_map(split, batch)
+
+
+def _redundancy(loss: jax.Array, setup: StepSetup) -> int:
+    """How many devices hold an identical copy of this loss but see it typed as varying."""
+    varying = collectives.varying_axes(loss)
+    return math.prod(setup.mesh_shape[a] for a in varying if a != setup.data_axis)
+
+
+def local_train_step(setup: StepSetup, state: TrainState, batch: Any
+                     ) -> Tuple[TrainState, Dict[str, jax.Array]]:
+    """One optimizer step in local view (see the module docstring)."""
+    axes = setup.axes
+    params = state.params
+    varying_params = collectives.cast_varying(params, axes)
+    step_key = jax.random.fold_in(state.rngs["dropout"], state.step)
+    if setup.data_axis is not None:
+        # Different dropout masks per data shard; the same on every model rank of a shard.
+        step_key = jax.random.fold_in(step_key, collectives.axis_index(setup.data_axis))
+    scale = state.loss_scale["scale"] if state.loss_scale is not None else None
+
+    def loss_fn(p, microbatch, key):
+        compute_params = setup.precision.cast_for_compute(p)
+        inputs = setup.precision.cast_for_compute(microbatch)
+        (loss, aux), _ = functional(setup.model, key, compute_params, (inputs,), is_training=True)
+        loss = loss.astype(jnp.float32)
+        objective = loss / _redundancy(loss, setup)
+        if scale is not None:
+            objective = objective * scale
+        return objective, (loss, aux)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    count = setup.accumulate_steps
+    if count == 1:
+        (_, (loss, aux)), grads = grad_fn(varying_params, batch, step_key)
+    else:
+        microbatches = _split_microbatches(batch, count)
+
+        def accumulate(carry, inputs):
+            grad_sum, loss_sum, aux_sum = carry
+            microbatch, index = inputs
+            (_, (loss_i, aux_i)), grads_i = grad_fn(varying_params, microbatch,
+                                                    jax.random.fold_in(step_key, index))
+            add = lambda a, b: a + b  # noqa: E731
+            return (jax.tree_util.tree_map(add, grad_sum, grads_i), loss_sum + loss_i,
+                    jax.tree_util.tree_map(add, aux_sum, aux_i)), None
+
+        first = jax.tree_util.tree_map(lambda x: x[0], microbatches)
+        aux_shapes = jax.eval_shape(lambda: grad_fn(varying_params, first, step_key)[0][1][1])
+        zeros_aux = jax.tree_util.tree_map(
+            lambda s: collectives.cast_varying(jnp.zeros(s.shape, s.dtype), axes), aux_shapes)
+        init = (jax.tree_util.tree_map(jnp.zeros_like, varying_params),
+                collectives.cast_varying(jnp.zeros((), jnp.float32), axes), zeros_aux)
+        (grads, loss, aux), _ = jax.lax.scan(accumulate, init,
+                                             (microbatches, jnp.arange(count)))
+        grads = jax.tree_util.tree_map(lambda g: g / count, grads)
+        loss = loss / count
+    if scale is not None:
+        grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
+    grads = reduce_gradients(grads, setup)
+    new_state, update_stats = _apply_update(setup, state, grads, loss)
+    metrics = _metrics(setup, state, loss, aux, update_stats)
+    return new_state, metrics
+
+
+def _apply_update(setup: StepSetup, state: TrainState, grads: Any, loss: jax.Array):
+    axes = setup.axes
+    data_axis = setup.data_axis
+    if setup.use_zero:
+        grad_chunks = jax.tree_util.tree_map(lambda g: zero.scatter_mean(g, data_axis), grads)
+        param_chunks = jax.tree_util.tree_map(lambda p: zero.local_chunk(p, data_axis),
+                                              state.params)
+        split = learner_lib.split_axes_of(setup.param_specs, extra=(data_axis,))
+        norm = learner_lib.global_norm(grad_chunks, split)
+        clipped = learner_lib.clip_by_norm(grad_chunks, norm, setup.learner.config.max_grad_norm)
+        updates, new_opt_state = setup.adapter.update(clipped, state.opt_state, param_chunks)
+        new_chunks = jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), param_chunks,
+                                            updates)
+        new_params = jax.tree_util.tree_map(lambda c, p: zero.gather(c, data_axis, p.shape),
+                                            new_chunks, state.params)
+    else:
+        split = learner_lib.split_axes_of(setup.param_specs)
+        norm = learner_lib.global_norm(grads, split)
+        clipped = learner_lib.clip_by_norm(grads, norm, setup.learner.config.max_grad_norm)
+        updates, new_opt_state = setup.adapter.update(clipped, state.opt_state, state.params)
+        new_params = jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), state.params,
+                                            updates)
+    # Decisions every device must take identically: reduce the evidence over all axes.
+    grads_finite = jnp.isfinite(norm)
+    loss_finite = _all_devices(jnp.isfinite(loss))
+    apply = grads_finite
+    if setup.nan_policy == "skip":
+        apply = apply & loss_finite
+    keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
+        lambda n, o: jnp.where(apply, n, o), new, old)
+    guarded = state.loss_scale is not None or setup.nan_policy == "skip"
+    new_params = keep(new_params, state.params) if guarded else new_params
+    new_opt_state = keep(new_opt_state, state.opt_state) if guarded else new_opt_state
+    loss_scale = state.loss_scale
+    if loss_scale is not None:
+        loss_scale = setup.precision.next_scale_state(loss_scale, grads_finite)
+    new_state = state.replace(params=new_params, opt_state=new_opt_state, step=state.step + 1,
+                              loss_scale=loss_scale)
+    return new_state, {"grad_norm": norm, "update_applied": apply.astype(jnp.float32),
+                       "loss_finite": loss_finite.astype(jnp.float32)}
+
+
+def _all_devices(flag: jax.Array) -> jax.Array:
+    """True on every device iff ``flag`` is true on every device (an invariant result)."""
+    axes = tuple(sorted(collectives.varying_axes(flag)))
+    if not axes:
+        return flag
+    return collectives.psum((~flag).astype(jnp.int32), axes) == 0
+
+
+def reduce_metrics(loss: jax.Array, aux: Dict[str, jax.Array], data_axis: Optional[str],
+                   axes: Sequence[str], *, sync_data: bool = True) -> Dict[str, jax.Array]:
+    """The loss averaged and the aux counts summed over the data axis; identical copies on the
+    other axes (typed varying) averaged, which leaves their value unchanged.
+
+    With ``sync_data=False`` nothing crosses the data axis: each metric gets a leading axis of
+    length 1 to be stacked over data shards (out-spec ``P(data_axis)``).
+    """
+    metrics = {"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}}
+    others = tuple(a for a in axes if a != data_axis
+                   and any(a in collectives.varying_axes(v) for v in metrics.values()))
+    if others:
+        metrics = collectives.pmean(metrics, others)
+    if data_axis is not None and not sync_data:
+        return {k: v[None] for k, v in metrics.items()}
+    if data_axis is not None:
+        summed = {k: v for k, v in metrics.items() if k.startswith("aux/")}
+        metrics = {"loss": collectives.pmean(metrics["loss"], data_axis),
+                   **collectives.psum(summed, data_axis)}
+    return metrics
+
+
+def _metrics(setup: StepSetup, state: TrainState, loss, aux, stats) -> Dict[str, jax.Array]:
+    metrics = reduce_metrics(loss, aux, setup.data_axis, setup.axes,
+                             sync_data=setup.sync_metrics)
+    if setup.data_axis is not None and not setup.sync_metrics:
+        stats = {k: v[None] for k, v in stats.items()}
+    metrics.update(stats)
+    extra = {"learning_rate": setup.learner.learning_rate(state.step)}
+    if state.loss_scale is not None:
+        extra["loss_scale"] = state.loss_scale["scale"]
+    if setup.data_axis is not None and not setup.sync_metrics:
+        extra = {k: collectives.cast_varying(v, setup.data_axis)[None] for k, v in extra.items()}
+    metrics.update(extra)
+    return metrics
+
+
+def eval_local_step(model: BaseLayer, precision: Precision, data_axis: Optional[str],
+                    axes: Sequence[str], params: Any, batch: Any) -> Dict[str, jax.Array]:
+    """Forward pass only (is_training=False); metrics summed or averaged over the data axis."""
+    inputs = precision.cast_for_compute(batch)
+    (loss, aux), _ = functional(model, None, precision.cast_for_compute(params), (inputs,),
+                                is_training=False)
+    return reduce_metrics(loss.astype(jnp.float32), aux, data_axis, axes)
+
+
+def local_init_opt_state(setup: StepSetup, params: Any) -> Any:
+    """The optimizer state in local view (chunked over the data axis with ZeRO-1)."""
+    if setup.use_zero:
+        return setup.adapter.init(jax.tree_util.tree_map(
+            lambda p: zero.local_chunk(p, setup.data_axis), params))
+    return setup.adapter.init(params)
+
+
+StepFn = Callable[[TrainState, Any], Tuple[TrainState, Dict[str, jax.Array]]]

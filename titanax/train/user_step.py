@@ -1,0 +1,90 @@
+"""Hand-written train steps (the seed's ``@step_fn`` UX), run in local view by the engine.
+
+The user writes the gradient computation *and* its collective::
+
+    @tx.step_fn
+    def train_step(state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        grads = tx.collectives.pmean(grads, axis="data")
+        return state.apply_gradients(grads=grads), {"loss": loss}
+
+The engine hands the step its params cast to *varying* over every mesh axis, so ``jax.grad``
+returns local gradients (no hidden all-reduce), and keeps the replicated originals for
+``apply_gradients``. If the new params still differ across an axis they are replicated on, the
+step never reduced its gradients there: that is rejected at compile time, naming the axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import jax
+
+from titanax import errors
+from titanax.parallel import collectives, rules
+from titanax.train.precision import Precision
+from titanax.train.train_state import TrainState
+
+_STEP_ATTR = "_titanax_step_fn"
+
+
+def step_fn(fn: Callable) -> Callable:
+    """Marks a hand-written step ``(state, batch) -> (state, metrics)`` for ``Engine.fit``.
+
+    The engine applies the precision policy to the batch, runs the step in local view inside
+    ``shard_map``, checks that the collectives it uses name mesh axes of the plan and that it
+    reduced its gradients, and averages the metrics it returns over the devices.
+    """
+    setattr(fn, _STEP_ATTR, True)
+    return fn
+
+
+def _reduce_metrics(metrics: Dict[str, jax.Array], axes: Sequence[str]) -> Dict[str, jax.Array]:
+    out = {}
+    for name, value in metrics.items():
+        varying = tuple(a for a in axes if a in collectives.varying_axes(value))
+        out[name] = collectives.pmean(value, varying) if varying else value
+    return out
+
+
+def _check_reduced(params: Any, param_specs: Any, data_axis: Optional[str]) -> None:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    specs = treedef.flatten_up_to(param_specs)
+    for (path, leaf), spec in zip(leaves, specs):
+        stray = sorted(collectives.varying_axes(leaf) - set(rules.spec_axes(spec)))
+        if stray:
+            axis = data_axis if data_axis in stray else stray[0]
+            where = jax.tree_util.keystr(path) or "<root>"
+            raise errors.StepError(
+                f"the step's new params at {where} differ across mesh axis {axis!r}, over which "
+                "they are replicated: the gradients were never reduced over it",
+                path=f"mesh axis {axis!r}",
+                suggestion=f"reduce the gradients before applying them, e.g. "
+                           f"grads = tx.collectives.pmean(grads, axis={axis!r})")
+
+
+def wrap_user_step(fn: Callable, *, axes: Sequence[str], data_axis: Optional[str],
+                   param_specs: Any, precision: Precision, eval_only: bool = False) -> Callable:
+    """The local function the engine runs in shard_map for a hand-written step."""
+    axes = tuple(axes)
+    if eval_only:
+        def local_eval(params, batch):
+            state = TrainState(params=params, opt_state=None, step=None, rngs={})
+            out = fn(state, precision.cast_for_compute(batch))
+            metrics = out[1] if isinstance(out, tuple) else out
+            return _reduce_metrics(metrics, axes)
+        return local_eval
+
+    def local(state: TrainState, batch: Any) -> Tuple[TrainState, Dict[str, jax.Array]]:
+        working = state.replace(params=collectives.cast_varying(state.params, axes),
+                                reference_params=state.params)
+        new_state, metrics = fn(working, precision.cast_for_compute(batch))
+        if not isinstance(new_state, TrainState):
+            raise errors.StepError(f"the step returned a {type(new_state).__qualname__} as its "
+                                   "state", path=getattr(fn, "__qualname__", "step"),
+                                   suggestion="return (state.apply_gradients(grads=...), "
+                                              "metrics)")
+        _check_reduced(new_state.params, param_specs, data_axis)
+        return new_state.replace(reference_params=None), _reduce_metrics(metrics, axes)
+
+    return local
