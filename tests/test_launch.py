@@ -19,7 +19,7 @@ def _launch(*args, timeout=120):
 def test_list_shows_registered_experiments_with_summaries():
     result = _launch("--list", FIXTURES)
     assert result.returncode == 0, result.stderr
-    assert "config_demo" in result.stdout
+    assert "mnist_dp" in result.stdout and "gpt_tiny_dp_tp" in result.stdout
     assert any(line.split(None, 1) == ["fixture_model", "A fixture experiment with nested fields "
                "of many types."] for line in result.stdout.splitlines())
 

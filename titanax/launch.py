@@ -39,7 +39,7 @@ _PRINT_CONFIG = flags.DEFINE_bool(
     "then exit without running.")
 _TRAINER_DIR = flags.DEFINE_string(
     "trainer_dir", None, "Run directory: the resolved config is saved here (config.txt, "
-    "config.json, config_diff.txt), and so are logs and checkpoints.")
+    "config.json, config_diff.txt), and so are logs and checkpoints. Default: runs/<config>.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "Simulate this many CPU devices (set before jax starts).")
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
@@ -99,8 +99,9 @@ def launch(argv: Sequence[str]) -> int:
     cfg = overrides_lib.apply_overrides(named.clone(), _OVERRIDES)
     cfg.validate()
     diff = overrides_lib.config_diff(named, cfg)
-    if _TRAINER_DIR.value:
-        _save_resolved_config(_TRAINER_DIR.value, cfg, diff)
+    trainer_dir = _TRAINER_DIR.value or os.path.join("runs", _CONFIG.value)
+    if _TRAINER_DIR.value or not _PRINT_CONFIG.value:
+        _save_resolved_config(trainer_dir, cfg, diff)
     if _PRINT_CONFIG.value:
         print(f"# experiment {_CONFIG.value}, resolved")
         print(cfg.debug_string(), end="")
@@ -114,7 +115,8 @@ def launch(argv: Sequence[str]) -> int:
             f"the root of experiment {_CONFIG.value!r} builds a {type(component).__qualname__}, "
             "which has no run() method", path="--config",
             suggestion="use --print_config to inspect it, or register a runnable experiment")
-    result = run(trainer_dir=_TRAINER_DIR.value, cluster=cluster_spec)
+    print(f"titanax: experiment {_CONFIG.value}, trainer dir {trainer_dir}", flush=True)
+    result = run(trainer_dir=trainer_dir, cluster=cluster_spec)
     return result if isinstance(result, int) else 0
 
 

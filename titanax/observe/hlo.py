@@ -115,6 +115,16 @@ def _axis_partitions(mesh: Mesh) -> Dict[FrozenSet[FrozenSet[int]], Tuple[str, .
     return out
 
 
+def _covering_axes(components: FrozenSet[FrozenSet[int]],
+                   partitions: Dict[FrozenSet[FrozenSet[int]], Tuple[str, ...]]
+                   ) -> Tuple[str, ...]:
+    """The fewest axes whose groups each contain a whole component (partial permutations, e.g. a
+    pipeline's non-wrapping send, touch only some devices of each group)."""
+    fits = [axes for partition, axes in partitions.items()
+            if all(any(c <= group for group in partition) for c in components)]
+    return min(fits, key=len) if fits else ()
+
+
 def _mesh_axes_from_text(line: str) -> Optional[Tuple[str, ...]]:
     match = re.search(r"replica_groups=mesh\[[^\]]*\]\s*\{([^}]*)\}", line)
     if not match:
@@ -160,6 +170,8 @@ def collectives_report(hlo_text: str, mesh: Mesh) -> List[CollectiveOp]:
             groups = _parse_groups(line, mesh.devices.size) or []
             key = frozenset(frozenset(g) for g in groups if len(g) > 1)
             axes = partitions.get(key, ()) if key else ()
+            if not axes and key and match.group("op") == "collective-permute":
+                axes = _covering_axes(key, partitions)
         source = re.search(r'op_name="([^"]*)"', line)
         report.append(CollectiveOp(op=match.group("op"), axes=tuple(axes),
                                    bytes=_shape_bytes(match.group("shape")),

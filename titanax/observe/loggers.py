@@ -47,15 +47,17 @@ class Basic(Logger):
     class Config(Logger.Config):
         # Metrics shown first, in this order (others follow alphabetically when verbose).
         columns: tuple = ("loss", "learning_rate", "grad_norm", "step_time_s", "tokens_per_s",
-                       "mfu")
+                       "examples_per_s", "mfu")
         # Also print every other metric.
         verbose: bool = False
 
     def log_dict(self, metrics: Dict[str, float], step: int) -> None:
         cfg = self.config
         parts = [f"step {step:>6d}"]
-        names = list(cfg.columns) + (sorted(k for k in metrics if k not in cfg.columns)
-                                  if cfg.verbose else [])
+        shown = [k for k in cfg.columns if k in metrics]
+        others = sorted(k for k in metrics if k not in cfg.columns and k != "eta_s")
+        # A line with none of the progress columns (compile time, an evaluation) shows its own.
+        names = shown + (others if cfg.verbose or not shown else [])
         for name in names:
             if name in metrics:
                 parts.append(f"{name} {_format(metrics[name])}")

@@ -112,23 +112,26 @@ def pmin(tree: Any, axis: AxisNames) -> Any:
     return jax.lax.pmin(_varying(tree, axes), _axis_arg(axes))
 
 
-def all_gather(tree: Any, axis: AxisNames, axis_index: Optional[int] = None) -> Any:
+def all_gather(tree: Any, axis: AxisNames, axis_index: Optional[int] = None, *,
+               invariant: bool = False) -> Any:
     """Gathers every device's value along ``axis``.
 
     ``axis_index=None`` stacks the values on a new leading dimension (size = axis size);
     ``axis_index=d`` concatenates them along existing dimension ``d`` (the inverse of sharding
-    that dimension over the axis).
+    that dimension over the axis). ``invariant=True`` types the result as identical across the
+    axis (it is), so it can leave shard_map as a replicated value.
     """
     axes = check_axis("all_gather", axis)
     _check_leaves("all_gather", tree)
     tree = _varying(tree, axes)
+    to = "invarying" if invariant else "varying"
 
     def gather(x):
         x = jnp.asarray(x)
         if axis_index is None:
-            return jax.lax.all_gather(x, _axis_arg(axes), axis=0, tiled=False)
+            return jax.lax.all_gather(x, _axis_arg(axes), axis=0, tiled=False, to=to)
         _check_dimension("all_gather", x, axis_index)
-        return jax.lax.all_gather(x, _axis_arg(axes), axis=axis_index, tiled=True)
+        return jax.lax.all_gather(x, _axis_arg(axes), axis=axis_index, tiled=True, to=to)
 
     return jax.tree_util.tree_map(gather, tree)
 

@@ -83,6 +83,11 @@ class Engine(Configurable):
         nan_policy: Literal["stop", "skip"] = "stop"
         # A step called with new input shapes/dtypes: "error", "warn" (and recompile) or "allow".
         recompile_policy: Literal["error", "warn", "allow"] = "error"
+        # Steps allowed to execute at once (the next batch is still prepared while one runs).
+        # None: 1 on the CPU platform -- simulated devices share the host's threads, and
+        # overlapping executions of a program with collectives have deadlocked XLA's in-process
+        # rendezvous there -- and unbounded (fully asynchronous dispatch) elsewhere.
+        max_inflight_steps: Optional[int] = None
 
         def _validate_values(self):
             if self.log_every < 1:
@@ -324,12 +329,17 @@ class Engine(Configurable):
         window_start = time.perf_counter()
         window_steps = 0
         compiled_at_start = None
+        inflight: List[Any] = []
+        limit = self._inflight_limit()
         for index in range(start_step, total):
             for hook in cfg.hooks:
                 if hasattr(hook, "before_step"):
                     hook.before_step(index)
-            host_batch = next(iterator)
+            host_batch = next(iterator)  # Prepared while the previous step still runs.
+            while limit is not None and len(inflight) >= limit:
+                jax.block_until_ready(inflight.pop(0))
             metrics = self.train_step(host_batch)
+            inflight.append(metrics)
             if compiled_at_start is None:
                 jax.block_until_ready(metrics)
                 compiled_at_start = True
@@ -349,8 +359,18 @@ class Engine(Configurable):
                 if hasattr(hook, "after_step"):
                     hook.after_step(done, metrics)
             if eval_every and done % eval_every == 0 or self._evalers_due(done):
+                jax.block_until_ready(inflight)
+                inflight.clear()
                 self.run_evalers(done, only_due=not (eval_every and done % eval_every == 0))
+                self._last_eval_step = done
+        jax.block_until_ready(inflight)
         return self.state
+
+    def _inflight_limit(self) -> Optional[int]:
+        limit = self.config.max_inflight_steps
+        if limit is None and self.mesh.devices.flat[0].platform == "cpu":
+            return 1
+        return limit
 
     def _log_compile(self, loggers, step: int) -> None:
         compiled = self._train_step
@@ -374,9 +394,11 @@ class Engine(Configurable):
         last = dict(values[-1])
         step_time = elapsed / window_steps if window_steps else float("nan")
         last["step_time_s"] = step_time
-        items = last.get("aux/num_tokens", last.get("aux/num_examples"))
-        if items is not None and window_steps:
-            last["tokens_per_s"] = items / step_time
+        if window_steps:
+            if "aux/num_tokens" in last:
+                last["tokens_per_s"] = last["aux/num_tokens"] / step_time
+            elif "aux/num_examples" in last:
+                last["examples_per_s"] = last["aux/num_examples"] / step_time
         flops = throughput.compiled_flops(self._train_step.latest) if self._train_step else None
         if flops is not None and window_steps:
             last["tflops_per_device"] = flops / step_time / 1e12
@@ -409,6 +431,7 @@ class Engine(Configurable):
             results[name] = metrics
             for logger in self.loggers():
                 logger.log_dict({f"{name}/{k}": v for k, v in metrics.items()}, step)
+        self._last_eval_results = results
         return results
 
     def eval(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,
@@ -496,7 +519,9 @@ class Engine(Configurable):
         print(describe_mesh(self.mesh).splitlines()[0], flush=True)
         started = time.perf_counter()
         self.fit()
-        results = self.run_evalers(int(jax.device_get(self.state.step)), only_due=False)
+        step = int(jax.device_get(self.state.step))
+        results = (self._last_eval_results if getattr(self, "_last_eval_step", None) == step
+                   else self.run_evalers(step, only_due=False))
         for name, metrics in results.items():
             text = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
             print(f"final {name}: {text}", flush=True)

@@ -35,6 +35,8 @@ class Precision(Configurable):
         initial_loss_scale: float = 2.0 ** 15
         # Good steps before the loss scale doubles.
         growth_interval: int = 2000
+        # The scale never drops below this (below 1 when even unscaled gradients overflow).
+        min_loss_scale: float = 2.0 ** -16
 
         def _validate_values(self):
             if self.bfloat16 and self.fp16:
@@ -71,7 +73,8 @@ class Precision(Configurable):
         good = jnp.where(grads_finite, state["good_steps"] + 1, 0)
         grow = good >= self.config.growth_interval
         scale = jnp.where(grads_finite, jnp.where(grow, state["scale"] * 2.0, state["scale"]),
-                          jnp.maximum(state["scale"] / 2.0, 1.0))
+                          jnp.maximum(state["scale"] / 2.0,
+                                      self.config.min_loss_scale))
         return {"scale": scale, "good_steps": jnp.where(grow, 0, good).astype(jnp.int32)}
 
 

@@ -45,7 +45,7 @@ def local_chunk(x: jax.Array, data_axis: str) -> jax.Array:
 
 def gather(chunk: jax.Array, data_axis: str, local_shape: Tuple[int, ...]) -> jax.Array:
     """The full local value from every device's chunk."""
-    flat = collectives.all_gather(chunk, data_axis, axis_index=0)
+    flat = collectives.all_gather(chunk, data_axis, axis_index=0, invariant=True)
     return flat[:math.prod(local_shape)].reshape(local_shape)
 
 

@@ -1,0 +1,100 @@
+"""Small engines for tests: tiny MNIST MLPs and GPTs on real data, fixed batches, no loggers."""
+
+import functools
+from typing import List, Optional, Sequence
+
+import jax
+import numpy as np
+
+from titanax.config import config_for_function
+from titanax.data.sources import MNIST, TextWindows
+from titanax.modules.models.classifier import MLPClassifier
+from titanax.modules.models.gpt import GPT
+from titanax.parallel.plan import DP, TP, Plan, ZeRO
+from titanax.runtime.mesh import MeshSpec
+from titanax.train import optimizers
+from titanax.train.engine import Engine
+from titanax.train.learner import Learner
+from titanax.train.precision import Precision
+
+
+@functools.lru_cache(maxsize=None)
+def mnist_batches(batch_size: int = 64, count: int = 20) -> List[dict]:
+    source = MNIST.default_config().set(split="train").instantiate()
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(count):
+        rows = rng.choice(len(source), batch_size, replace=False)
+        out.append({"image": source.images[rows], "label": source.labels[rows]})
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def text_batches(batch_size: int = 8, seq_len: int = 16, count: int = 10) -> List[dict]:
+    source = TextWindows.default_config().set(seq_len=seq_len).instantiate()
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(count):
+        rows = rng.choice(len(source), batch_size, replace=False)
+        records = [source[int(r)] for r in rows]
+        out.append({k: np.stack([r[k] for r in records]) for k in records[0]})
+    return out
+
+
+def sgd(learning_rate: float) -> Learner.Config:
+    return Learner.default_config().set(
+        optimizer=config_for_function(optimizers.sgd).set(learning_rate=learning_rate))
+
+
+def adam(learning_rate: float = 1e-3) -> Learner.Config:
+    return Learner.default_config().set(
+        optimizer=config_for_function(optimizers.adamw).set(learning_rate=learning_rate))
+
+
+def mesh(shape: Sequence[Optional[int]], axes: Sequence[str] = ("data",),
+         devices: Optional[Sequence[int]] = None) -> MeshSpec.Config:
+    cfg = MeshSpec.default_config().set(axes=tuple(axes), shape=tuple(shape))
+    if devices is not None:
+        cfg.devices = list(devices)
+    return cfg
+
+
+def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero: bool = False,
+                 **changes) -> Engine:
+    plan = Plan.default_config().set(
+        data_parallel=DP.default_config().set(accumulate_steps=accumulate),
+        zero=ZeRO.default_config() if zero else None)
+    cfg = Engine.default_config().set(
+        mesh=mesh((data,), devices=list(range(data))), plan=plan,
+        model=MLPClassifier.default_config().set(name="mlp", hidden_dims=(64,)),
+        learner=learner or adam(), loggers=[], log_every=1000, **changes)
+    return cfg.instantiate()
+
+
+def gpt_engine(*, data: int, model_axis: int = 1, accumulate: int = 1, learner=None,
+               **changes) -> Engine:
+    tp = model_axis > 1
+    axes = ("data", "model") if tp else ("data",)
+    shape = (data, model_axis) if tp else (data,)
+    plan = Plan.default_config().set(
+        data_parallel=DP.default_config().set(accumulate_steps=accumulate),
+        tensor_parallel=TP.default_config() if tp else None)
+    model = GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
+                                     model_dim=32, num_heads=4, tp_axis="model" if tp else None)
+    cfg = Engine.default_config().set(
+        mesh=mesh(shape, axes, devices=list(range(data * model_axis))), plan=plan, model=model,
+        learner=learner or adam(), loggers=[], log_every=1000, **changes)
+    return cfg.instantiate()
+
+
+def train(engine: Engine, batches: Sequence[dict], steps: Optional[int] = None):
+    """Trains on ``batches`` in order; returns (per-step losses, final params as numpy)."""
+    steps = steps or len(batches)
+    engine.fit(data=iter(batches), steps=steps)
+    losses = [h["loss"] for h in engine.history]
+    return losses, jax.tree_util.tree_map(np.asarray, jax.device_get(engine.state.params))
+
+
+def fp16_precision(loss_scaling: bool) -> Precision.Config:
+    return Precision.default_config().set(fp16=True, enable_x32_params=True,
+                                          loss_scaling=loss_scaling, growth_interval=1000)

@@ -1,0 +1,187 @@
+"""Engine behaviour: one compile for 100 steps, the recompile guard, bad inputs, hand-written
+steps, evaluation, loggers and the explain report."""
+
+import csv
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from titanax import errors
+from titanax.parallel import collectives
+from titanax.parallel.plan import DP, TP, Plan
+from titanax.runtime.mesh import MeshSpec
+from titanax.train.engine import Engine
+from titanax.train.user_step import step_fn
+from tests.train import helpers
+
+
+def test_100_steps_compile_the_train_step_once():
+    engine = helpers.mnist_engine(data=8)
+    batches = helpers.mnist_batches()
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    engine.fit(data=iter([batches[0]]), steps=1)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        engine.fit(data=iter(batches * 5), steps=100)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert engine._train_step.compile_count == 1
+    assert compiles == [], f"{len(compiles)} backend compilations during steps 2..100"
+    assert int(engine.state.step) == 100
+
+
+def test_recompile_guard_names_the_changed_input():
+    engine = helpers.mnist_engine(data=8)
+    batch = helpers.mnist_batches()[0]
+    engine.fit(data=iter([batch]), steps=1)
+    smaller = {k: v[:32] for k, v in batch.items()}
+    with pytest.raises(errors.RecompileError) as info:
+        engine.train_step(smaller)
+    assert "[1]['image']: (64, 28, 28) float32 -> (32, 28, 28) float32" in info.value.message
+
+
+def test_batch_not_divisible_by_data_size_times_accumulation():
+    engine = helpers.mnist_engine(data=8, accumulate=4)
+    engine.init_state()
+    batch = {k: v[:48] for k, v in helpers.mnist_batches()[0].items()}
+    with pytest.raises(errors.PlanError) as info:
+        engine.train_step(batch)
+    assert "48 is not divisible by data-axis size 8 x accumulate_steps 4 = 32" in info.value.message
+
+
+def test_mesh_larger_than_the_device_count():
+    engine = Engine(mesh=MeshSpec(axes=("data",), shape=(16,)), plan=Plan(data_parallel=DP()),
+                    loggers=[])
+    with pytest.raises(errors.MeshError) as info:
+        engine.build()
+    assert "needs 16 devices but 8 are available" in info.value.message
+
+
+def _linear_params():
+    rng = np.random.default_rng(0)
+    return {"w": rng.normal(size=(4, 2)).astype(np.float32), "b": np.zeros(2, np.float32)}
+
+
+def _linear_batches(count=5, size=16):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(count, size, 4)).astype(np.float32)
+    return [{"x": x[i], "y": x[i] @ np.ones((4, 2), np.float32)} for i in range(count)]
+
+
+def _loss(params, batch):
+    pred = batch["x"] @ params["w"] + params["b"]
+    return jnp.mean((pred - batch["y"]) ** 2)
+
+
+def test_a_param_no_tp_rule_matches():
+    engine = Engine(mesh=MeshSpec(axes=("data", "model"), shape=(None, 2)),
+                    plan=Plan(data_parallel=DP(), tensor_parallel=TP(rules={"w": (None, "model")})),
+                    optimizer=optax.sgd(0.1), loggers=[])
+
+    @step_fn
+    def train_step(state, batch):
+        return state, {}
+
+    with pytest.raises(errors.ShardingError) as info:
+        engine.fit(train_step, data=iter(_linear_batches()), steps=1, params=_linear_params())
+    assert info.value.path == "b" and "match no sharding rule" in info.value.message
+
+
+def test_a_collective_on_an_axis_the_plan_does_not_have():
+    engine = Engine(mesh=MeshSpec(axes=("data",)), plan=Plan(data_parallel=DP()),
+                    optimizer=optax.sgd(0.1), loggers=[])
+
+    @step_fn
+    def train_step(state, batch):
+        loss, grads = jax.value_and_grad(_loss)(state.params, batch)
+        grads = collectives.psum(grads, axis="model")
+        return state.apply_gradients(grads=grads), {"loss": loss}
+
+    with pytest.raises(errors.CollectiveError) as info:
+        engine.fit(train_step, data=iter(_linear_batches()), steps=1, params=_linear_params())
+    assert "'model' does not exist" in info.value.message and "data" in info.value.suggestion
+
+
+def test_a_step_that_forgets_the_gradient_reduction_is_rejected():
+    engine = Engine(mesh=MeshSpec(axes=("data",)), plan=Plan(data_parallel=DP()),
+                    optimizer=optax.sgd(0.1), loggers=[])
+
+    @step_fn
+    def train_step(state, batch):
+        loss, grads = jax.value_and_grad(_loss)(state.params, batch)
+        return state.apply_gradients(grads=grads), {"loss": loss}
+
+    with pytest.raises(errors.StepError) as info:
+        engine.fit(train_step, data=iter(_linear_batches()), steps=1, params=_linear_params())
+    assert info.value.path == "mesh axis 'data'"
+    assert "never reduced" in info.value.message and "pmean" in info.value.suggestion
+
+
+def _seed_style_run(data: int):
+    engine = Engine(mesh=MeshSpec(devices=list(range(data)), axes=("data",)),
+                    plan=Plan(data_parallel=DP(axis="data")), optimizer=optax.sgd(0.1),
+                    loggers=[])
+
+    @step_fn
+    def train_step(state, batch):
+        loss, grads = jax.value_and_grad(_loss)(state.params, batch)
+        grads = collectives.pmean(grads, axis="data")
+        return state.apply_gradients(grads=grads), {"loss": loss}
+
+    engine.fit(train_step, data=iter(_linear_batches()), steps=5, params=_linear_params())
+    return [h["loss"] for h in engine.history], jax.device_get(engine.state.params)
+
+
+def test_hand_written_step_matches_one_device_and_plain_jax():
+    losses_8, params_8 = _seed_style_run(8)
+    losses_1, params_1 = _seed_style_run(1)
+    np.testing.assert_allclose(losses_8, losses_1, rtol=1e-5)
+    params = _linear_params()
+    for batch in _linear_batches():  # The same SGD in plain jax.
+        grads = jax.grad(_loss)(params, batch)
+        params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+    for key in params:
+        np.testing.assert_allclose(params_8[key], params[key], rtol=1e-5, atol=1e-6)
+
+
+def test_eval_loggers_and_explain(tmp_path):
+    from titanax.observe.loggers import CSV, Basic, TensorBoard  # pylint: disable=import-outside-toplevel
+    engine = helpers.mnist_engine(data=8)
+    engine.trainer_dir = str(tmp_path)
+    engine._loggers = [Basic(trainer_dir=str(tmp_path)), CSV(trainer_dir=str(tmp_path)),
+                       TensorBoard(trainer_dir=str(tmp_path))]
+    engine.fit(data=iter(helpers.mnist_batches()), steps=4)
+    metrics = engine.eval(data=helpers.mnist_batches()[:3])
+    assert set(metrics) >= {"loss", "accuracy", "count"} and metrics["count"] == 192
+    for logger in engine.loggers():
+        logger.log_dict({"eval/accuracy": metrics["accuracy"]}, 4)
+        logger.close()
+    with open(tmp_path / "metrics.csv", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    headers = [row for row in rows if row[0] == "step"]
+    assert ["step", "compile_time_s"] in headers
+    assert any("loss" in h and "grad_norm" in h for h in headers)
+    assert headers[-1] == ["step", "eval/accuracy"] and rows[-1][0] == "4"
+    assert any(name.startswith("events.out.tfevents")
+               for name in os.listdir(tmp_path / "tensorboard"))
+    text = engine.explain()
+    assert "mesh data=8" in text and "dense0/weight" in text and "all-reduce  data" in text
+
+
+def test_nan_policy_skip_keeps_the_state():
+    from tests.train.overflow_model import overflow_batches, overflow_engine  # pylint: disable=import-outside-toplevel
+    engine = overflow_engine(helpers.fp16_precision(loss_scaling=False), nan_policy="skip")
+    before = jax.device_get(engine.init_state().params)
+    engine.fit(data=iter(overflow_batches()), steps=3)
+    assert [h["update_applied"] for h in engine.history] == [0.0, 0.0, 0.0]
+    after = jax.device_get(engine.state.params)
+    np.testing.assert_array_equal(after["proj"]["weight"], before["proj"]["weight"])

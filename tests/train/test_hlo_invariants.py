@@ -1,0 +1,78 @@
+"""The compiled step's communication, checked on its HLO (DESIGN section 3's invariant)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from titanax.observe import hlo
+from titanax.parallel import collectives
+from titanax.runtime.mesh import MeshSpec
+from tests.train import helpers
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(kind: str):
+    if kind == "dp8_acc4":
+        engine = helpers.gpt_engine(data=8, accumulate=4)
+        batch = helpers.text_batches(batch_size=32)[0]
+    else:
+        engine = helpers.gpt_engine(data=4, model_axis=2, accumulate=4)
+        batch = helpers.text_batches(batch_size=16)[0]
+    engine.init_state()
+    engine.compile(example_batch=batch)
+    return engine, engine.collectives(), engine._train_step.latest.as_text()
+
+
+def test_dp8_accumulate4_reduces_gradients_once_outside_every_loop():
+    engine, ops, text = _compiled("dp8_acc4")
+    assert " while(" in text, "the microbatch/layer loops were expected in the HLO"
+    data_ops = [op for op in ops if "data" in op.axes]
+    assert data_ops and not any(op.in_loop for op in data_ops)
+    param_bytes = sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(
+        jax.device_get(engine.state.params)))
+    gradient_reductions = [op for op in data_ops if op.op == "all-reduce"
+                           and op.bytes >= param_bytes / 2]
+    assert len(gradient_reductions) == 1, hlo.format_report(ops)
+    assert gradient_reductions[0].bytes >= param_bytes
+
+
+def test_dp_tp_only_model_axis_collectives_inside_loops():
+    _, ops, _ = _compiled("dp4_tp2_acc4")
+    in_loop = [op for op in ops if op.in_loop]
+    assert in_loop, "TP activation collectives should run inside the layer/microbatch loops"
+    assert all(op.axes == ("model",) for op in in_loop), hlo.format_report(in_loop)
+    assert any("data" in op.axes for op in ops)
+
+
+def test_report_catches_a_per_microbatch_reduction():
+    """Negative control: grads of *replicated* params inside a scan all-reduce every microbatch."""
+    mesh = MeshSpec(axes=("data",)).build()
+
+    def naive(w, xs):
+        def body(acc, x):
+            return acc + jax.grad(lambda v: jnp.sum((x @ v) ** 2))(w), None
+        grads, _ = jax.lax.scan(body, collectives.cast_varying(jnp.zeros_like(w), "data"), xs)
+        return collectives.pmean(grads, "data")
+
+    fn = jax.jit(jax.shard_map(naive, mesh=mesh, in_specs=(P(), P(None, "data")),
+                               out_specs=P()))
+    text = fn.lower(jnp.ones((4, 4)), jnp.ones((4, 8, 4))).compile().as_text()
+    ops = hlo.collectives_report(text, mesh)
+    assert any(op.in_loop and op.axes == ("data",) for op in ops), hlo.format_report(ops)
+
+
+def test_iota_and_mesh_replica_group_formats():
+    mesh = MeshSpec(axes=("data", "model"), shape=(4, 2)).build()
+    text = "\n".join([
+        "ENTRY %main (p: f32[8]) -> f32[8] {",
+        "  %a = f32[8]{0} all-reduce(%p), replica_groups=[4,2]<=[8], to_apply=%add",
+        "  %b = f32[8]{0} all-reduce(%a), replica_groups=[2,4]<=[4,2]T(1,0), to_apply=%add",
+        "  %c = f32[8]{0} all-reduce(%b), replica_groups=mesh['data'=4,'model'=2] {'data'}",
+        "  ROOT %d = f32[8]{0} collective-permute(%c), source_target_pairs={{0,2},{2,4},{4,6}}",
+        "}"])
+    ops = hlo.collectives_report(text, mesh)
+    assert [op.axes for op in ops] == [("model",), ("data",), ("data",), ("data",)]
+    assert all(op.bytes == 32 and not op.in_loop for op in ops)

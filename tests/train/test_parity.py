@@ -1,0 +1,130 @@
+"""Parity of the engine's step with one device: losses *and* gradients (via SGD steps).
+
+Adam normalises away a wrong gradient scale (a factor of the data or TP size, say), so every
+comparison here also checks an SGD update, where the params move by exactly -lr * gradient.
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from titanax.modules.testing import max_relative_difference
+from tests.train import helpers
+
+
+def _delta(before, after):
+    return jax.tree_util.tree_map(lambda a, b: b - a, before, after)
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist_run(data: int, accumulate: int, optimizer: str, steps: int):
+    learner = helpers.sgd(0.5) if optimizer == "sgd" else helpers.adam(1e-3)
+    engine = helpers.mnist_engine(data=data, accumulate=accumulate, learner=learner)
+    initial = jax.tree_util.tree_map(np.asarray, jax.device_get(engine.init_state().params))
+    losses, params = helpers.train(engine, helpers.mnist_batches()[:steps])
+    return initial, losses, params
+
+
+def test_mnist_dp_8_devices_matches_1_device_over_20_steps():
+    _, losses_1, _ = _mnist_run(1, 1, "adam", 20)
+    _, losses_8, _ = _mnist_run(8, 1, "adam", 20)
+    assert len(losses_1) == len(losses_8) == 20
+    np.testing.assert_allclose(losses_8, losses_1, atol=1e-4)
+    assert losses_1[-1] < losses_1[0]  # It trains.
+
+
+def test_mnist_dp_gradients_match_1_device():
+    initial, _, params_1 = _mnist_run(1, 1, "sgd", 1)
+    _, _, params_8 = _mnist_run(8, 1, "sgd", 1)
+    assert max_relative_difference(_delta(initial, params_8), _delta(initial, params_1)) <= 1e-4
+
+
+def test_accumulation_4_matches_1():
+    _, losses_1, _ = _mnist_run(8, 1, "adam", 20)
+    _, losses_4, _ = _mnist_run(8, 4, "adam", 20)
+    np.testing.assert_allclose(losses_4, losses_1, atol=1e-4)
+    initial, _, sgd_1 = _mnist_run(8, 1, "sgd", 1)
+    _, _, sgd_4 = _mnist_run(8, 4, "sgd", 1)
+    assert max_relative_difference(_delta(initial, sgd_4), _delta(initial, sgd_1)) <= 1e-4
+
+
+@functools.lru_cache(maxsize=None)
+def _gpt_run(data: int, model_axis: int, optimizer: str, steps: int):
+    learner = helpers.sgd(1.0) if optimizer == "sgd" else helpers.adam(3e-3)
+    engine = helpers.gpt_engine(data=data, model_axis=model_axis, learner=learner)
+    initial = jax.tree_util.tree_map(np.asarray, jax.device_get(engine.init_state().params))
+    losses, params = helpers.train(engine, helpers.text_batches()[:steps])
+    return initial, losses, params
+
+
+def test_gpt_dp_tp_4x2_matches_1_device_over_10_steps():
+    _, losses_1, _ = _gpt_run(1, 1, "adam", 10)
+    _, losses_tp, _ = _gpt_run(4, 2, "adam", 10)
+    np.testing.assert_allclose(losses_tp, losses_1, atol=1e-4)
+    assert losses_1[-1] < losses_1[0]
+
+
+def test_gpt_dp_tp_sgd_step_matches_1_device():
+    initial, _, params_1 = _gpt_run(1, 1, "sgd", 1)
+    _, _, params_tp = _gpt_run(4, 2, "sgd", 1)
+    worst = max_relative_difference(_delta(initial, params_tp), _delta(initial, params_1))
+    assert worst <= 1e-4, worst
+
+
+def test_zero1_matches_replicated_optimizer_after_5_steps():
+    _, losses_rep, params_rep = _mnist_run(8, 1, "adam", 5)
+    engine = helpers.mnist_engine(data=8, learner=helpers.adam(1e-3), zero=True)
+    losses_zero, params_zero = helpers.train(engine, helpers.mnist_batches()[:5])
+    np.testing.assert_allclose(losses_zero, losses_rep, atol=1e-5)
+    for got, want in zip(jax.tree_util.tree_leaves(params_zero),
+                         jax.tree_util.tree_leaves(params_rep)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_zero1_sgd_with_momentum_matches_replicated():
+    learner = helpers.sgd(0.5)
+    learner.optimizer.momentum = 0.9
+    runs = []
+    for zero in (False, True):
+        engine = helpers.mnist_engine(data=8, learner=learner.clone(), zero=zero)
+        runs.append(helpers.train(engine, helpers.mnist_batches()[:3])[1])
+    assert max_relative_difference(runs[1], runs[0]) <= 1e-5
+
+
+def test_zero1_optimizer_state_is_split_over_the_data_axis():
+    replicated = helpers.mnist_engine(data=8)
+    replicated.init_state()
+    sharded = helpers.mnist_engine(data=8, zero=True)
+    sharded.init_state()
+
+    def bytes_on_device_0(tree):
+        total = 0
+        for leaf in jax.tree_util.tree_leaves(tree):
+            total += sum(s.data.nbytes for s in leaf.addressable_shards if s.device.id == 0)
+        return total
+
+    full = bytes_on_device_0(replicated.state.opt_state)
+    split = bytes_on_device_0(sharded.state.opt_state)
+    assert split <= full / 8 * 1.01, (split, full)
+
+
+@pytest.mark.parametrize("nan_policy", ["stop"])
+def test_fp16_loss_scaling_trains_where_plain_fp16_overflows(nan_policy):
+    from titanax import errors  # pylint: disable=import-outside-toplevel
+    from tests.train.overflow_model import overflow_batches, overflow_engine
+    plain = overflow_engine(helpers.fp16_precision(loss_scaling=False), nan_policy=nan_policy)
+    with pytest.raises(errors.NonFiniteError) as info:
+        plain.fit(data=iter(overflow_batches()), steps=40)
+    assert "step" in info.value.message
+    scaled = overflow_engine(helpers.fp16_precision(loss_scaling=True), nan_policy=nan_policy)
+    scaled.fit(data=iter(overflow_batches()), steps=40)
+    history = scaled.history
+    assert all(np.isfinite(h["loss"]) for h in history)
+    assert history[0]["update_applied"] == 0.0  # The first steps overflow and are skipped...
+    assert history[-1]["update_applied"] == 1.0  # ...until the scale is small enough.
+    assert history[-1]["loss_scale"] < 1.0
+    assert history[-1]["loss"] < 0.5 * history[0]["loss"]
+    params = jax.device_get(scaled.state.params)
+    assert all(np.all(np.isfinite(p)) for p in jax.tree_util.tree_leaves(params))
