@@ -1,0 +1,111 @@
+"""Learner, optimizers, precision policy and PRNG streams."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from titanax.config import config_for_function
+from titanax.parallel import collectives
+from titanax.runtime.mesh import MeshSpec
+from titanax.train import learner as learner_lib
+from titanax.train import optimizers, prng
+from titanax.train.precision import Precision
+
+
+def test_optimizer_adapter_matches_plain_optax():
+    params = {"w": jnp.arange(4.0), "b": jnp.ones(2)}
+    grads = {"w": jnp.full(4, 0.5), "b": jnp.array([1.0, -1.0])}
+    tx = optax.adamw(0.1, weight_decay=0.01)
+    adapter = learner_lib.OptimizerAdapter(tx)
+    ours = adapter.update(grads, adapter.init(params), params)[0]
+    theirs = tx.update(grads, tx.init(params), params)[0]
+    jax.tree_util.tree_map(np.testing.assert_allclose, ours, theirs)
+
+
+def test_adamw_decay_is_scaled_per_param_and_matches_optax_where_full():
+    params = {"w": jnp.arange(1.0, 5.0), "b": jnp.ones(4)}
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+    ours = optimizers.adamw(0.1, weight_decay=0.5, decay_scales={"w": 1.0, "b": 0.0})
+    reference = optax.adamw(0.1, weight_decay=0.5, mask={"w": True, "b": False})
+    got = ours.update(grads, ours.init(params), params)[0]
+    want = reference.update(grads, reference.init(params), params)[0]
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, want)
+    half = optimizers.adamw(0.1, weight_decay=0.5, decay_scales={"w": 0.5, "b": 0.0})
+    got_half = half.update(grads, half.init(params), params)[0]
+    np.testing.assert_allclose(got_half["w"] - got["w"], 0.1 * 0.25 * params["w"], rtol=1e-5)
+
+
+def test_lion_and_sgd_momentum():
+    params = {"w": jnp.zeros(3)}
+    grads = {"w": jnp.array([1.0, -2.0, 0.0])}
+    lion = optimizers.lion(0.1)
+    np.testing.assert_allclose(lion.update(grads, lion.init(params), params)[0]["w"],
+                               [-0.1, 0.1, 0.0])
+    sgd = optimizers.sgd(0.1, momentum=0.9)
+    state = sgd.init(params)
+    first, state = sgd.update(grads, state, params)
+    second, _ = sgd.update(grads, state, params)
+    np.testing.assert_allclose(second["w"], 1.9 * first["w"], rtol=1e-6)
+
+
+def test_warmup_cosine_schedule():
+    schedule = optimizers.warmup_cosine(peak_value=1.0, warmup_steps=10, decay_steps=110,
+                                        end_value=0.1)
+    assert float(schedule(0)) == 0.0
+    assert float(schedule(10)) == pytest.approx(1.0)
+    assert float(schedule(110)) == pytest.approx(0.1)
+    learner = learner_lib.Learner.default_config().set(optimizer=config_for_function(
+        optimizers.adamw).set(learning_rate=config_for_function(optimizers.warmup_cosine).set(
+            peak_value=1.0, warmup_steps=10, decay_steps=110))).instantiate()
+    assert float(learner.learning_rate(jnp.int32(5))) == pytest.approx(0.5)
+
+
+def test_learner_passes_decay_scales_only_to_factories_that_take_them():
+    learner = learner_lib.Learner.default_config().set(
+        optimizer=config_for_function(optax.sgd).set(learning_rate=0.1)).instantiate()
+    adapter = learner.build({"w": 0.0})
+    assert isinstance(adapter.tx, optax.GradientTransformation)
+
+
+def test_global_norm_counts_sharded_leaves_once_per_shard_and_replicated_once():
+    mesh = MeshSpec(axes=("data", "model"), shape=(4, 2)).build()
+    tree = {"sharded": np.arange(8.0).reshape(2, 4), "replicated": np.array([3.0, 4.0])}
+    want = float(np.sqrt(np.sum(tree["sharded"] ** 2) + 25.0))
+    specs = {"sharded": P(None, "model"), "replicated": P()}
+
+    def local(t):
+        split = learner_lib.split_axes_of(specs)
+        return learner_lib.global_norm(t, split)
+
+    got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs,), out_specs=P()))(tree)
+    assert float(got) == pytest.approx(want, rel=1e-6)
+    clipped = learner_lib.clip_by_norm({"x": jnp.array([3.0, 4.0])}, jnp.float32(5.0), 1.0)
+    np.testing.assert_allclose(clipped["x"], [0.6, 0.8], rtol=1e-6)
+
+
+def test_precision_dtypes_and_loss_scale_updates():
+    bf16 = Precision(bfloat16=True, enable_x32_params=True)
+    assert bf16.compute_dtype == jnp.bfloat16 and bf16.param_dtype == jnp.float32
+    cast = bf16.cast_for_compute({"x": jnp.ones(2), "ids": jnp.ones(2, jnp.int32)})
+    assert cast["x"].dtype == jnp.bfloat16 and cast["ids"].dtype == jnp.int32
+    assert Precision(bfloat16=True).param_dtype == jnp.bfloat16
+    fp16 = Precision(fp16=True, loss_scaling=True, initial_loss_scale=8.0, growth_interval=2)
+    state = fp16.initial_scale_state()
+    state = fp16.next_scale_state(state, jnp.bool_(False))
+    assert float(state["scale"]) == 4.0 and int(state["good_steps"]) == 0
+    state = fp16.next_scale_state(fp16.next_scale_state(state, jnp.bool_(True)), jnp.bool_(True))
+    assert float(state["scale"]) == 8.0 and int(state["good_steps"]) == 0
+    assert Precision().initial_scale_state() is None
+
+
+def test_prng_streams_are_named_and_independent():
+    streams = prng.streams(0)
+    assert set(streams) == {"init", "dropout", "data"}
+    np.testing.assert_array_equal(prng.stream_key(0, "dropout"), streams["dropout"])
+    assert not np.array_equal(streams["init"], streams["dropout"])
+    assert not np.array_equal(prng.stream_key(1, "init"), streams["init"])
+    np.testing.assert_array_equal(prng.per_process(streams["data"]),
+                                  jax.random.fold_in(streams["data"], 0))
