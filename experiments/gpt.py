@@ -13,6 +13,7 @@ from typing import Optional
 from titanax.config import config_for_function, register_experiment
 from titanax.data.pipeline import Input
 from titanax.data.sources import TextWindows
+from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.models.gpt import GPT, gpt2_config
 from titanax.observe.loggers import CSV, Basic, TensorBoard
 from titanax.parallel.plan import DP, TP, Plan
@@ -53,6 +54,7 @@ def _gpt_run(*, model: GPT.Config, tp_axis: Optional[str], seq_len: int, batch_s
             input=_text("test", seq_len, batch_size, seed=1), num_batches=eval_batches,
             every_n_steps=max(steps // 4, 1))},
         loggers=[Basic.default_config(), CSV.default_config(), TensorBoard.default_config()],
+        checkpoint=OrbaxCheckpoint.default_config().set(save_every_n_steps=500),
         max_steps=steps, log_every=100)
 
 

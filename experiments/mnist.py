@@ -9,6 +9,7 @@ full dataset.
 from titanax.config import config_for_function, register_experiment
 from titanax.data.pipeline import Input
 from titanax.data.sources import MNIST
+from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.models.classifier import MLPClassifier
 from titanax.observe.loggers import CSV, Basic, TensorBoard
 from titanax.parallel.plan import DP, Plan
@@ -41,4 +42,5 @@ def mnist_dp():
         evalers={"test": Evaler.default_config().set(
             input=_mnist_input("test", 200, shuffle=False, num_epochs=1), every_n_steps=200)},
         loggers=[Basic.default_config(), CSV.default_config(), TensorBoard.default_config()],
+        checkpoint=OrbaxCheckpoint.default_config().set(save_every_n_steps=200),
         max_steps=steps, log_every=50)

@@ -126,3 +126,9 @@ class NonFiniteError(TitanaxError):
 
 class DataError(TitanaxError):
     """An input pipeline cannot produce what the run needs (missing files, bad batch sizes)."""
+
+
+# --- Checkpoints ---------------------------------------------------------------------------------
+
+class CheckpointError(TitanaxError):
+    """A checkpoint cannot be written or read, or does not match the run restoring it."""

@@ -60,7 +60,7 @@ def mesh(shape: Sequence[Optional[int]], axes: Sequence[str] = ("data",),
 
 
 def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero: bool = False,
-                 **changes) -> Engine:
+                 hooks=(), **changes) -> Engine:
     plan = Plan.default_config().set(
         data_parallel=DP.default_config().set(accumulate_steps=accumulate),
         zero=ZeRO.default_config() if zero else None)
@@ -68,7 +68,7 @@ def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero: bool
         mesh=mesh((data,), devices=list(range(data))), plan=plan,
         model=MLPClassifier.default_config().set(name="mlp", hidden_dims=(64,)),
         learner=learner or adam(), loggers=[], log_every=1000, **changes)
-    return cfg.instantiate()
+    return cfg.instantiate(hooks=hooks)
 
 
 def gpt_engine(*, data: int, model_axis: int = 1, accumulate: int = 1, learner=None,

@@ -28,6 +28,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from titanax import errors
 from titanax.config import Configurable, InstantiableConfig
 from titanax.data.pipeline import Input
+from titanax.io import checkpointer as checkpoint_lib
+from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.observe import hlo, throughput
 from titanax.observe.loggers import Basic, Logger
@@ -40,6 +42,7 @@ from titanax.train import step as step_lib
 from titanax.train.compiled_step import CompiledStep
 from titanax.train.evaler import Evaler, summarize
 from titanax.train.precision import Precision
+from titanax.train.preemption import preemption_guard
 from titanax.train.train_state import TrainState
 from titanax.train.user_step import wrap_user_step
 
@@ -68,10 +71,10 @@ class Engine(Configurable):
         evalers: Dict[str, Evaler.Config] = {}
         # Where metrics go.
         loggers: Sequence[Logger.Config] = (Basic.default_config(),)
-        # Objects with before_step(step) / after_step(step, metrics), called on the host.
-        hooks: Sequence[Any] = ()
-        # Checkpointing (an OrbaxCheckpoint config); None: no checkpoints.
-        checkpoint: Optional[InstantiableConfig] = None
+        # Checkpointing; None: no checkpoints.
+        checkpoint: Optional[OrbaxCheckpoint.Config] = None
+        # SIGTERM / SIGINT: finish the step, save a checkpoint, exit 0 (needs checkpoint).
+        save_on_preemption: bool = True
         # Steps to train (fit's `steps` overrides).
         max_steps: Optional[int] = None
         # Global seed of every PRNG stream.
@@ -95,16 +98,25 @@ class Engine(Configurable):
             if self.max_steps is not None and self.max_steps < 0:
                 yield "max_steps", "must be >= 0"
 
-    def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, **fields):
+    def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, hooks: Sequence[Any] = (),
+                 **fields):
+        """``hooks``: objects with any of ``before_step(step)``, ``on_batch(step, host_batch)``
+        and ``after_step(step, metrics)``, called on the host (runtime objects, not config)."""
         super().__init__(cfg, **fields)
         self.trainer_dir = trainer_dir
+        self.hooks = list(hooks)
         self.state: Optional[TrainState] = None
         self._built = False
         self._train_step: Optional[CompiledStep] = None
         self._user_step: Optional[Callable] = None
         self._eval_steps: Dict[Any, CompiledStep] = {}
         self._loggers: Optional[List[Logger]] = None
+        self._checkpointer: Optional[OrbaxCheckpoint] = None
         self.history: List[Dict[str, float]] = []
+        # Where the current state came from: None (fresh) or the restored checkpoint's path.
+        self.restored_from: Optional[str] = None
+        self._restored_data_state: Optional[Dict[str, Any]] = None
+        self._train_iterator: Optional[Iterator] = None
 
     # --- Building ---------------------------------------------------------------------------------
 
@@ -189,6 +201,20 @@ class Engine(Configurable):
             return self.state.tx
         return self.adapter.tx if self._user_step is not None else None
 
+    def _declare_user_params(self, params: Any) -> None:
+        """Layouts for params given by the user (hand-written steps): plan rules only."""
+        if self.param_specs is None:
+            self.parameter_specs = jax.tree_util.tree_map(
+                lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
+            self.param_specs = self.plan.param_partition_specs(self.parameter_specs, self.mesh)
+            self._make_adapter(None)
+
+    def _init_opt_fn(self):
+        setup = self._setup()
+        return jax.jit(self._shard_map(
+            lambda p: step_lib.local_init_opt_state(setup, p), in_specs=(self.param_specs,),
+            out_specs=self.opt_state_specs()))
+
     def init_state(self, params: Any = None) -> TrainState:
         """A fresh state: params initialised (or ``params`` placed) in their shards."""
         self.build()
@@ -202,29 +228,111 @@ class Engine(Configurable):
                 self.model.initialize_parameters_recursively(key)), out_shardings=shardings)
             params = init(prng.stream_key(self.config.seed, "init"))
         else:
-            if self.param_specs is None:
-                self.parameter_specs = jax.tree_util.tree_map(
-                    lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
-                self.param_specs = self.plan.param_partition_specs(self.parameter_specs,
-                                                                   self.mesh)
-                self._make_adapter(None)
+            self._declare_user_params(params)
             params = sharding.apply_named_sharding(
                 self.precision.cast_params_for_storage(params), self.mesh, self.param_specs)
-        setup = self._setup()
-        opt_specs = self.opt_state_specs()
-        init_opt = jax.jit(self._shard_map(
-            lambda p: step_lib.local_init_opt_state(setup, p), in_specs=(self.param_specs,),
-            out_specs=opt_specs))
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        rngs = {k: jax.device_put(v, replicated)
-                for k, v in prng.streams(self.config.seed).items()}
-        scale = self.precision.initial_scale_state()
-        self.state = TrainState(
-            params=params, opt_state=init_opt(params),
-            step=jax.device_put(jnp.int32(0), replicated), rngs=rngs,
-            loss_scale=None if scale is None else jax.device_put(scale, replicated),
-            tx=self._state_tx())
+        self.state = self._state_around(params, self._init_opt_fn()(params))
         return self.state
+
+    def _state_around(self, params: Any, opt_state: Any, step: Any = None, rngs: Any = None,
+                      loss_scale: Any = None) -> TrainState:
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        if rngs is None:
+            rngs = {k: jax.device_put(v, replicated)
+                    for k, v in prng.streams(self.config.seed).items()}
+        if loss_scale is None:
+            scale = self.precision.initial_scale_state()
+            loss_scale = None if scale is None else jax.device_put(scale, replicated)
+        if step is None:
+            step = jax.device_put(jnp.int32(0), replicated)
+        return TrainState(params=params, opt_state=opt_state, step=step, rngs=rngs,
+                          loss_scale=loss_scale, tx=self._state_tx())
+
+    def state_template(self, params: Any = None) -> TrainState:
+        """The train state as ShapeDtypeStructs with this run's shardings (restore targets)."""
+        self.build()
+        if params is not None:
+            self._declare_user_params(params)
+        mesh_dtype = self.precision.param_dtype
+        params_shapes = jax.tree_util.tree_map(
+            lambda s: jax.ShapeDtypeStruct(tuple(s.shape), mesh_dtype
+                                           if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype),
+            self.parameter_specs, is_leaf=rules.is_param_leaf)
+        opt_shapes = jax.eval_shape(self._init_opt_fn(), params_shapes)
+
+        def with_sharding(shapes, specs):
+            return jax.tree_util.tree_map(
+                lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                     sharding=NamedSharding(self.mesh, spec)),
+                shapes, specs)
+
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        key_shape = jax.eval_shape(lambda: prng.stream_key(0, "init"))
+        scale = self.precision.initial_scale_state()
+        return TrainState(
+            params=with_sharding(params_shapes, self.param_specs),
+            opt_state=with_sharding(opt_shapes, self.opt_state_specs()),
+            step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+            rngs={k: jax.ShapeDtypeStruct(key_shape.shape, key_shape.dtype, sharding=replicated)
+                  for k in prng.STREAMS},
+            loss_scale=None if scale is None else {
+                k: jax.ShapeDtypeStruct((), jnp.asarray(v).dtype, sharding=replicated)
+                for k, v in scale.items()},
+            tx=self._state_tx())
+
+    # --- Checkpoints ------------------------------------------------------------------------------
+
+    def checkpointer(self) -> Optional[OrbaxCheckpoint]:
+        if self._checkpointer is None and self.config.checkpoint is not None:
+            self._checkpointer = self.config.checkpoint.instantiate(trainer_dir=self.trainer_dir)
+        return self._checkpointer
+
+    def restore(self, *, params: Any = None, step: Optional[int] = None,
+                mode: Optional[str] = None) -> bool:
+        """Loads the newest good checkpoint (or ``step``) onto this run's mesh and plan.
+
+        Returns False when there is none. ``params`` (hand-written steps) gives the param tree's
+        structure. With mode "params" only the params are loaded; the rest starts fresh.
+        """
+        ckpt = self.checkpointer()
+        if ckpt is None:
+            return False
+        template = self.state_template(params)
+        mode = mode or ckpt.config.restore_mode
+        restored = ckpt.restore(params_target=template.params,
+                                train_state_target=checkpoint_lib.train_state_target(template),
+                                step=step, mode=mode)
+        if restored is None:
+            return False
+        if mode == "params" or restored.train_state is None:
+            self.state = self._state_around(restored.params,
+                                            self._init_opt_fn()(restored.params))
+        else:
+            train = restored.train_state
+            self.state = self._state_around(restored.params, train["opt_state"],
+                                            step=train["step"], rngs=train["rngs"],
+                                            loss_scale=train.get("loss_scale"))
+            self._restored_data_state = restored.data_state
+        self.restored_from = restored.path
+        message = f"restored {'params' if mode == 'params' else 'the run'} from {restored.path}"
+        _log.warning(message)
+        print(f"titanax: {message}", flush=True)
+        return True
+
+    def save(self, *, data_iterator: Any = None, force: bool = False) -> bool:
+        """Starts saving the current state (async when configured); False if it exists already."""
+        ckpt = self.checkpointer()
+        if ckpt is None:
+            raise errors.CheckpointError("no checkpoint is configured", path="engine.checkpoint",
+                                         suggestion="set checkpoint=OrbaxCheckpoint.Config(...)")
+        step = int(jax.device_get(self.state.step))
+        data_state = data_iterator.get_state() if hasattr(data_iterator, "get_state") else None
+        metadata = checkpoint_lib.run_metadata(
+            mesh=self.mesh, param_specs=self.param_specs, params=self.state.params,
+            optimizer_text=self.config.learner.debug_string()
+            + repr(type(self.config.optimizer)), config_text=self.config.debug_string(),
+            process_count=jax.process_count())
+        return ckpt.save(self.state, step, data_state=data_state, metadata=metadata, force=force)
 
     def state_dict(self) -> Dict[str, Any]:
         """The train state as a plain dict of (global) arrays."""
@@ -317,12 +425,32 @@ class Engine(Configurable):
             self._user_step = step_fn
             self._train_step = None
         if self.state is None:
-            self.init_state(params)
+            ckpt = self.checkpointer()
+            resumed = ckpt is not None and ckpt.config.resume == "auto" and \
+                self.restore(params=params)
+            if not resumed:
+                self.init_state(params)
         total = steps if steps is not None else cfg.max_steps
         if total is None:
             raise errors.StepError("how many steps?", path="engine.max_steps",
                                    suggestion="set max_steps or pass steps= to fit()")
-        iterator = iter(data if data is not None else self._make_input(cfg.train_input))
+        if data is not None:
+            iterator = iter(data)
+        else:  # The configured input: one stream per engine, continued by later fit() calls.
+            if self._train_iterator is None:
+                self._train_iterator = iter(self._make_input(cfg.train_input))
+            iterator = self._train_iterator
+        if self._restored_data_state and hasattr(iterator, "set_state"):
+            iterator.set_state(self._restored_data_state)
+            self._restored_data_state = None
+        guarded = cfg.save_on_preemption and self.checkpointer() is not None
+        with preemption_guard(guarded) as guard:
+            self._train_loop(iterator, total, eval_every, guard)
+        return self.state
+
+    def _train_loop(self, iterator, total: int, eval_every: Optional[int], guard) -> None:
+        cfg = self.config
+        ckpt = self.checkpointer()
         loggers = self.loggers()
         start_step = int(jax.device_get(self.state.step))
         pending: List[Dict[str, jax.Array]] = []
@@ -332,10 +460,13 @@ class Engine(Configurable):
         inflight: List[Any] = []
         limit = self._inflight_limit()
         for index in range(start_step, total):
-            for hook in cfg.hooks:
+            for hook in self.hooks:
                 if hasattr(hook, "before_step"):
                     hook.before_step(index)
             host_batch = next(iterator)  # Prepared while the previous step still runs.
+            for hook in self.hooks:
+                if hasattr(hook, "on_batch"):
+                    hook.on_batch(index, host_batch)
             while limit is not None and len(inflight) >= limit:
                 jax.block_until_ready(inflight.pop(0))
             metrics = self.train_step(host_batch)
@@ -355,7 +486,7 @@ class Engine(Configurable):
                 self._flush(pending, done, elapsed, window_steps, total, loggers)
                 pending.clear()
                 window_start, window_steps = time.perf_counter(), 0
-            for hook in cfg.hooks:
+            for hook in self.hooks:
                 if hasattr(hook, "after_step"):
                     hook.after_step(done, metrics)
             if eval_every and done % eval_every == 0 or self._evalers_due(done):
@@ -363,8 +494,17 @@ class Engine(Configurable):
                 inflight.clear()
                 self.run_evalers(done, only_due=not (eval_every and done % eval_every == 0))
                 self._last_eval_step = done
+            if ckpt is not None and (ckpt.should_save(done) or guard.requested
+                                     or done == total and ckpt.config.save_at_end):
+                self.save(data_iterator=iterator)
+            if guard.requested:
+                ckpt.wait_until_finished()
+                print(f"titanax: {guard.signal_name}: saved step {done} to {ckpt.directory}; "
+                      "exiting", flush=True)
+                raise SystemExit(0)
         jax.block_until_ready(inflight)
-        return self.state
+        if ckpt is not None:
+            ckpt.wait_until_finished()
 
     def _inflight_limit(self) -> Optional[int]:
         limit = self.config.max_inflight_steps
@@ -525,11 +665,22 @@ class Engine(Configurable):
         for name, metrics in results.items():
             text = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
             print(f"final {name}: {text}", flush=True)
-        print(f"trained {self.config.max_steps} steps in {time.perf_counter() - started:.1f}s "
-              f"(train-step compile {sum(self._train_step.compile_seconds):.1f}s)", flush=True)
-        for logger in self.loggers():
-            logger.close()
+        if self._train_step is None:
+            print(f"nothing to train: the run is at step {step} of {self.config.max_steps}",
+                  flush=True)
+        else:
+            print(f"trained to step {step} of {self.config.max_steps} in "
+                  f"{time.perf_counter() - started:.1f}s (train-step compile "
+                  f"{sum(self._train_step.compile_seconds):.1f}s)", flush=True)
+        self.close()
         return 0
+
+    def close(self) -> None:
+        """Waits for checkpoint writes and closes the checkpointer and loggers."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+        for logger in self._loggers or []:
+            logger.close()
 
 
 def _is_host(batch: Any) -> bool:

@@ -129,7 +129,8 @@ class GPT(BaseLayer):
     def forward(self, batch: Dict[str, jax.Array]) -> Tuple[jax.Array, Dict[str, Any]]:
         """Mean next-token cross-entropy over ``batch["target_ids"]``.
 
-        ``batch["weights"]`` (optional, ``[batch, seq]``) weights each token (0 for padding).
+        ``batch["weights"]`` (optional, ``[batch, seq]`` or ``[batch]``) weights each token or
+        example (0 for padding).
         Returns ``(loss, aux)`` with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` so a caller can
         average exactly over several shards.
         """
@@ -140,6 +141,10 @@ class GPT(BaseLayer):
         weights = batch.get("weights")
         if weights is None:
             weights = jnp.ones(per_token.shape, jnp.float32)
+        # Per-example weights (a padded last batch) apply to every token of the example.
+        weights = jnp.broadcast_to(
+            weights.reshape(weights.shape + (1,) * (per_token.ndim - weights.ndim)),
+            per_token.shape).astype(jnp.float32)
         loss_sum = jnp.sum(per_token * weights)
         num_tokens = jnp.sum(weights)
         loss = loss_sum / jnp.maximum(num_tokens, 1.0)

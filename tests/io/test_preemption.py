@@ -1,0 +1,103 @@
+"""Surviving kills: SIGKILL at random moments (also mid-save) and a clean SIGTERM, through the
+real launcher in subprocesses."""
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from titanax.io.checkpointer import OrbaxCheckpoint
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS = 120
+
+
+def _command(trainer_dir, steps=STEPS, save_every=10, log_every=10, quiet=True):
+    command = [sys.executable, "-m", "titanax.launch", "--config=mnist_dp",
+               f"--trainer_dir={trainer_dir}", f"--config.max_steps={steps}",
+               "--config.evalers={}", f"--config.checkpoint.save_every_n_steps={save_every}",
+               "--config.checkpoint.keep_last_n=2", f"--config.log_every={log_every}"]
+    return command + (["--config.loggers=[]"] if quiet else [])
+
+
+def _final_params(trainer_dir, step):
+    checkpointer = OrbaxCheckpoint(path=os.path.join(trainer_dir, "checkpoints"))
+    return checkpointer.load(step)
+
+
+def _tmp_dirs(path):
+    return [n for n in os.listdir(path) if "tmp" in n] if os.path.isdir(path) else []
+
+
+def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_result(tmp_path):
+    reference_dir = tmp_path / "reference"
+    done = subprocess.run(_command(reference_dir), cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    want = _final_params(str(reference_dir), STEPS)
+
+    run_dir = tmp_path / "killed"
+    checkpoints = run_dir / "checkpoints"
+    rng = random.Random(0)
+    killed_mid_save = 0
+    restored_from = []
+    for attempt in range(6):
+        process = subprocess.Popen(_command(run_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + rng.uniform(3.0, 8.0)
+        mid_save = attempt % 2 == 0  # Every other attempt waits for a save in flight.
+        while process.poll() is None and time.monotonic() < deadline + (30 if mid_save else 0):
+            if mid_save and time.monotonic() > deadline - 2 and _tmp_dirs(checkpoints):
+                break
+            if not mid_save and time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        if process.poll() is None:
+            killed_mid_save += bool(_tmp_dirs(checkpoints))
+            process.send_signal(signal.SIGKILL)
+        output = process.communicate(timeout=60)[0]
+        restored_from += re.findall(r"restored the run from (\S+)", output)
+    final = subprocess.run(_command(run_dir), cwd=REPO_ROOT, capture_output=True, text=True,
+                           timeout=300, check=False)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    restored_from += re.findall(r"restored the run from (\S+)", final.stdout)
+    assert killed_mid_save >= 1, "no kill landed during an async save"
+    # Only complete step directories (named by their step) are ever restored.
+    assert restored_from and all(os.path.basename(path).isdigit() for path in restored_from), \
+        restored_from
+    got = _final_params(str(run_dir), STEPS)
+    for key in want:
+        for name in want[key]:
+            np.testing.assert_array_equal(got[key][name], want[key][name])
+
+
+def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
+    process = subprocess.Popen(_command(tmp_path, steps=100000, save_every=100000, log_every=20,
+                                        quiet=False),
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    lines = []
+    for line in process.stdout:  # Ends (and the asserts below fail) if the process dies first.
+        lines.append(line)
+        if re.match(r"step\s+40\b", line):
+            break
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    rest = process.communicate(timeout=120)[0]
+    elapsed = time.monotonic() - sent
+    assert process.returncode == 0, "".join(lines) + rest
+    assert elapsed < 30, f"took {elapsed:.1f}s to stop"
+    saved = re.search(r"SIGTERM: saved step (\d+)", rest)
+    assert saved, rest
+    step = int(saved.group(1))
+    assert step >= 40
+    checkpointer = OrbaxCheckpoint(path=str(tmp_path / "checkpoints"))
+    assert checkpointer.all_steps() == [step]
+    params = checkpointer.load(step)
+    assert params["dense0"]["weight"].shape == (784, 256)
+    assert not _tmp_dirs(tmp_path / "checkpoints")

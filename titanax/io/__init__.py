@@ -1,0 +1,1 @@
+"""Checkpoint I/O."""

@@ -1,0 +1,317 @@
+"""Checkpoints on Orbax: async saves, retention, atomic commits, metadata, restore onto any mesh.
+
+Each saved step is a directory with four Orbax items:
+
+* ``params`` -- the model params (so plain Orbax, or a fine-tuning job, can read them alone);
+* ``train_state`` -- optimizer state, step counter, PRNG streams, loss scale;
+* ``data`` -- the input iterator's state, so a resumed run reads exactly the batches it would have;
+* ``metadata`` -- mesh axes and shape, every param's PartitionSpec, dtypes, an optimizer-config
+  hash, Titanax / JAX / Orbax versions and the run's config ``debug_string()``.
+
+Orbax writes each step into a temporary directory and renames it when complete, so a crash or a
+SIGKILL mid-save leaves nothing that looks like a checkpoint. Restoring reads arrays straight into
+the shardings of the *current* mesh and plan (so a run saved on data=4 x model=2 resumes on 2 x 4,
+8 x 1 or one device); a structure, shape or dtype mismatch fails with a ``path: shape dtype``
+diff; a newest checkpoint that cannot be read is reported by name and the next one is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+from typing import Any, Dict, List, Optional, Protocol, Tuple
+
+import jax
+import numpy as np
+
+from titanax import errors
+from titanax.config import Configurable
+
+_log = logging.getLogger("titanax")
+
+
+class CheckpointStrategy(Protocol):
+    """What the engine needs from a checkpointer (the seed's interface)."""
+
+    def save(self, state: Any, step: int) -> bool: ...
+
+    def load(self, step: Optional[int] = None) -> Any: ...
+
+    def latest_step(self) -> Optional[int]: ...
+
+
+@dataclasses.dataclass
+class Restored:
+    """What ``restore`` found."""
+
+    step: int
+    params: Any
+    train_state: Optional[Dict[str, Any]]
+    data_state: Optional[Dict[str, Any]]
+    metadata: Dict[str, Any]
+    path: str
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+class OrbaxCheckpoint(Configurable):
+    """Saves and restores train states with Orbax's CheckpointManager."""
+
+    class Config(Configurable.Config):
+        # Directory of the checkpoints; None: <trainer_dir>/checkpoints. Made absolute.
+        path: Optional[str] = None
+        # Save every this many steps (0: only at the end and on demand).
+        save_every_n_steps: int = 1000
+        # Save the last step when training ends.
+        save_at_end: bool = True
+        # Keep the newest N checkpoints (None: keep all).
+        keep_last_n: Optional[int] = 3
+        # Also keep every checkpoint whose step is a multiple of this (None: none extra).
+        keep_every_n_steps: Optional[int] = None
+        # Write in the background while training goes on.
+        async_save: bool = True
+        # At start, "auto" resumes from the newest good checkpoint; "never" starts fresh.
+        resume: str = "auto"
+        # What a restore loads: "full" (params, optimizer, step, data position) or "params"
+        # (params only: fine-tuning or evaluation; the rest starts fresh).
+        restore_mode: str = "full"
+
+        def _validate_values(self):
+            if self.save_every_n_steps < 0:
+                yield "save_every_n_steps", "must be >= 0"
+            if self.keep_last_n is not None and self.keep_last_n < 1:
+                yield "keep_last_n", "must be >= 1 (or None to keep all)"
+            if self.resume not in ("auto", "never"):
+                yield "resume", f"must be 'auto' or 'never', got {self.resume!r}"
+            if self.restore_mode not in ("full", "params"):
+                yield "restore_mode", f"must be 'full' or 'params', got {self.restore_mode!r}"
+
+    def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, **fields):
+        super().__init__(cfg, **fields)
+        path = self.config.path or os.path.join(trainer_dir or ".", "checkpoints")
+        self.directory = os.path.abspath(path)
+        self._manager = None
+
+    # --- The Orbax manager -----------------------------------------------------------------------
+
+    @property
+    def manager(self):
+        if self._manager is None:
+            import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+            cfg = self.config
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=cfg.keep_last_n, keep_period=cfg.keep_every_n_steps,
+                enable_async_checkpointing=cfg.async_save, create=True,
+                cleanup_tmp_directories=True)
+            # Handlers named up front, so a fresh manager can read item metadata before it has
+            # saved or restored anything.
+            handlers = {"params": ocp.StandardCheckpointHandler(),
+                        "train_state": ocp.StandardCheckpointHandler(),
+                        "data": ocp.JsonCheckpointHandler(),
+                        "metadata": ocp.JsonCheckpointHandler()}
+            self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                                  item_handlers=handlers)
+        return self._manager
+
+    def should_save(self, step: int) -> bool:
+        every = self.config.save_every_n_steps
+        return bool(every) and step % every == 0
+
+    # --- Saving ----------------------------------------------------------------------------------
+
+    def save(self, state: Any, step: int, *, data_state: Optional[Dict] = None,
+             metadata: Optional[Dict] = None, force: bool = False) -> bool:
+        """Starts saving ``state`` (a TrainState) as ``step``; returns False if it already exists.
+
+        With ``async_save`` the arrays are copied off the device before this returns and written
+        in the background; call ``wait_until_finished()`` before relying on the files.
+        """
+        import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+        if step in self.manager.all_steps():
+            return False
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            train_state=ocp.args.StandardSave(_train_state_tree(state)),
+            data=ocp.args.JsonSave(data_state or {}),
+            metadata=ocp.args.JsonSave(metadata or {}))
+        return bool(self.manager.save(step, args=args, force=force))
+
+    def wait_until_finished(self) -> None:
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+            self._manager.close()
+            self._manager = None
+
+    # --- Finding and restoring -------------------------------------------------------------------
+
+    def all_steps(self) -> List[int]:
+        """Complete checkpoints, oldest first (temporary, half-written directories excluded)."""
+        if not os.path.isdir(self.directory):
+            return []
+        self.manager.reload()
+        return sorted(self.manager.all_steps())
+
+    def latest_step(self) -> Optional[int]:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def read_metadata(self, step: int) -> Dict[str, Any]:
+        import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            metadata=ocp.args.JsonRestore()))
+        return dict(restored["metadata"] or {})
+
+    def restore(self, *, params_target: Any, train_state_target: Any = None,
+                step: Optional[int] = None, mode: Optional[str] = None) -> Optional[Restored]:
+        """The newest readable checkpoint (or ``step``), read into the targets' shardings.
+
+        ``params_target`` / ``train_state_target`` are trees of ``jax.ShapeDtypeStruct`` with
+        shardings on the current mesh. Returns None when there is no checkpoint. A checkpoint that
+        fails to read is logged as a warning naming it, and the next older one is tried (unless
+        ``step`` was asked for explicitly).
+        """
+        mode = mode or self.config.restore_mode
+        candidates = [step] if step is not None else list(reversed(self.all_steps()))
+        for candidate in candidates:
+            try:
+                return self._restore_step(candidate, params_target, train_state_target, mode)
+            except errors.CheckpointError:
+                raise
+            except Exception as e:  # pylint: disable=broad-except
+                where = os.path.join(self.directory, str(candidate))
+                if step is not None:
+                    raise errors.CheckpointError(
+                        f"cannot read checkpoint step {candidate}: {type(e).__name__}: {e}",
+                        path=where, suggestion="pick another step, or delete the damaged one"
+                    ) from e
+                _log.warning("skipping damaged checkpoint %s (%s: %s); trying an older one",
+                             where, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None
+
+    def _restore_step(self, step: int, params_target, train_state_target, mode) -> Restored:
+        import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+        where = os.path.join(self.directory, str(step))
+        metadata = self.read_metadata(step)
+        saved = self.manager.item_metadata(step)
+        _check_matches(saved["params"], params_target, where=f"{where}/params")
+        items = {"params": ocp.args.StandardRestore(params_target)}
+        if mode == "full":
+            _check_matches(saved["train_state"], train_state_target,
+                           where=f"{where}/train_state")
+            items["train_state"] = ocp.args.StandardRestore(train_state_target)
+            items["data"] = ocp.args.JsonRestore()
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        return Restored(step=step, params=restored["params"],
+                        train_state=restored["train_state"] if mode == "full" else None,
+                        data_state=(restored["data"] or None) if mode == "full" else None,
+                        metadata=metadata, path=where)
+
+    # --- The seed's interface --------------------------------------------------------------------
+
+    def load(self, step: Optional[int] = None) -> Any:
+        """Params of ``step`` (default: newest) as numpy arrays, on the host."""
+        import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise errors.CheckpointError("there is no checkpoint", path=self.directory,
+                                         suggestion="train first, or check the path")
+        saved = self.manager.item_metadata(step)["params"]
+        target = jax.tree_util.tree_map(
+            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype,
+                                           sharding=jax.sharding.SingleDeviceSharding(
+                                               jax.local_devices()[0])), saved)
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(target)))
+        return jax.tree_util.tree_map(np.asarray, restored["params"])
+
+
+def _train_state_tree(state: Any) -> Dict[str, Any]:
+    tree = {"opt_state": state.opt_state, "step": state.step, "rngs": state.rngs}
+    if state.loss_scale is not None:
+        tree["loss_scale"] = state.loss_scale
+    return tree
+
+
+def train_state_target(state_like: Any) -> Dict[str, Any]:
+    """The ``train_state`` item's structure for a TrainState of ShapeDtypeStructs."""
+    return _train_state_tree(state_like)
+
+
+def _flatten_metadata(tree: Any) -> Dict[str, Tuple[Tuple[int, ...], str]]:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+    out = {}
+    for path, leaf in leaves:
+        if hasattr(leaf, "shape"):
+            out[_path_text(path)] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
+    return out
+
+
+def _path_text(path) -> str:
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def _check_matches(saved: Any, target: Any, *, where: str) -> None:
+    """Raises CheckpointError with a ``path: shape dtype`` diff when the trees disagree."""
+    have = _flatten_metadata(saved)
+    want = _flatten_metadata(target)
+    lines = []
+    for path in sorted(set(have) | set(want)):
+        if path not in want:
+            lines.append(f"  {path}: in the checkpoint {_fmt(have[path])}, not in this run")
+        elif path not in have:
+            lines.append(f"  {path}: expected {_fmt(want[path])}, missing from the checkpoint")
+        elif have[path] != want[path]:
+            lines.append(f"  {path}: checkpoint {_fmt(have[path])} != this run {_fmt(want[path])}")
+    if lines:
+        shown = lines[:20] + ([f"  ... and {len(lines) - 20} more"] if len(lines) > 20 else [])
+        raise errors.CheckpointError(
+            f"the checkpoint does not match this run ({len(lines)} difference(s)):\n"
+            + "\n".join(shown), path=where,
+            suggestion="use the model and optimizer the checkpoint was saved with, or restore "
+                       "params only (checkpoint.restore_mode='params')")
+
+
+def _fmt(shape_dtype: Tuple[Tuple[int, ...], str]) -> str:
+    shape, dtype = shape_dtype
+    return f"{shape} {dtype}"
+
+
+def run_metadata(*, mesh, param_specs: Any, params: Any, optimizer_text: str, config_text: str,
+                 process_count: int) -> Dict[str, Any]:
+    """The ``metadata`` item: enough to understand a checkpoint without the code that wrote it."""
+    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+    import titanax  # pylint: disable=import-outside-toplevel
+    from titanax.parallel.sharding import flat_paths  # pylint: disable=import-outside-toplevel
+    from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+    specs = flat_paths(param_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    arrays = flat_paths(params)
+    return {
+        "mesh_axes": list(mesh.axis_names),
+        "mesh_shape": [int(s) for s in mesh.devices.shape],
+        "process_count": process_count,
+        "params": {path: {"spec": [list(e) if isinstance(e, tuple) else e for e in spec],
+                          "shape": list(arrays[path].shape),
+                          "dtype": str(np.dtype(arrays[path].dtype))}
+                   for path, spec in specs.items()},
+        "optimizer_config_hash": config_hash(optimizer_text),
+        "versions": {"titanax": titanax.__version__, "jax": jax.__version__,
+                     "orbax": getattr(ocp, "__version__", "unknown")},
+        "config": config_text,
+    }
