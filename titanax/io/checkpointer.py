@@ -91,6 +91,9 @@ class OrbaxCheckpoint(Configurable):
                 yield "restore_mode", f"must be 'full' or 'params', got {self.restore_mode!r}"
 
     def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, **fields):
+        """``OrbaxCheckpoint("ckpts/run1")`` (the seed's form) sets the path."""
+        if isinstance(cfg, (str, os.PathLike)):
+            cfg, fields = None, {**fields, "path": os.fspath(cfg)}
         super().__init__(cfg, **fields)
         path = self.config.path or os.path.join(trainer_dir or ".", "checkpoints")
         self.directory = os.path.abspath(path)

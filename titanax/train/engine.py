@@ -197,9 +197,8 @@ class Engine(Configurable):
                           tx=self._state_tx())
 
     def _state_tx(self):
-        if self.state is not None:
-            return self.state.tx
-        return self.adapter.tx if self._user_step is not None else None
+        """The optax transformation carried by the state (for hand-written steps)."""
+        return self.adapter.tx
 
     def _declare_user_params(self, params: Any) -> None:
         """Layouts for params given by the user (hand-written steps): plan rules only."""
@@ -319,6 +318,16 @@ class Engine(Configurable):
         print(f"titanax: {message}", flush=True)
         return True
 
+    def init_or_restore(self, *, params: Any = None) -> TrainState:
+        """Resumes from the newest good checkpoint (when configured to), else starts fresh.
+
+        ``params`` are the initial params of a hand-written step's model (ignored on resume).
+        """
+        ckpt = self.checkpointer()
+        if not (ckpt is not None and ckpt.config.resume == "auto" and self.restore(params=params)):
+            self.init_state(params)
+        return self.state
+
     def save(self, *, data_iterator: Any = None, force: bool = False) -> bool:
         """Starts saving the current state (async when configured); False if it exists already."""
         ckpt = self.checkpointer()
@@ -425,11 +434,7 @@ class Engine(Configurable):
             self._user_step = step_fn
             self._train_step = None
         if self.state is None:
-            ckpt = self.checkpointer()
-            resumed = ckpt is not None and ckpt.config.resume == "auto" and \
-                self.restore(params=params)
-            if not resumed:
-                self.init_state(params)
+            self.init_or_restore(params=params)
         total = steps if steps is not None else cfg.max_steps
         if total is None:
             raise errors.StepError("how many steps?", path="engine.max_steps",
@@ -463,7 +468,11 @@ class Engine(Configurable):
             for hook in self.hooks:
                 if hasattr(hook, "before_step"):
                     hook.before_step(index)
-            host_batch = next(iterator)  # Prepared while the previous step still runs.
+            try:
+                host_batch = next(iterator)  # Prepared while the previous step still runs.
+            except StopIteration:
+                print(f"titanax: the training data ran out after step {index}", flush=True)
+                break
             for hook in self.hooks:
                 if hasattr(hook, "on_batch"):
                     hook.on_batch(index, host_batch)
@@ -494,8 +503,7 @@ class Engine(Configurable):
                 inflight.clear()
                 self.run_evalers(done, only_due=not (eval_every and done % eval_every == 0))
                 self._last_eval_step = done
-            if ckpt is not None and (ckpt.should_save(done) or guard.requested
-                                     or done == total and ckpt.config.save_at_end):
+            if ckpt is not None and (ckpt.should_save(done) or guard.requested):
                 self.save(data_iterator=iterator)
             if guard.requested:
                 ckpt.wait_until_finished()
@@ -503,7 +511,12 @@ class Engine(Configurable):
                       "exiting", flush=True)
                 raise SystemExit(0)
         jax.block_until_ready(inflight)
+        if pending:
+            self._flush(pending, int(jax.device_get(self.state.step)),
+                        time.perf_counter() - window_start, window_steps, total, loggers)
         if ckpt is not None:
+            if ckpt.config.save_at_end:
+                self.save(data_iterator=iterator)  # A no-op when this step is saved already.
             ckpt.wait_until_finished()
 
     def _inflight_limit(self) -> Optional[int]:
