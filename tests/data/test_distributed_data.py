@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 
 from titanax.data.pipeline import Input
 from titanax.data.sources import MNIST

@@ -1,6 +1,5 @@
 """Checkpoints: round trips across meshes, bit-identical resume, damage, mismatches, interop."""
 
-import json
 import logging
 import os
 import shutil

@@ -8,7 +8,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from titanax.config import config_for_function
-from titanax.parallel import collectives
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import learner as learner_lib
 from titanax.train import optimizers, prng

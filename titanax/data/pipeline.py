@@ -14,7 +14,7 @@ honour (every batch then carries ``weights``, so shapes never change).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Literal, Optional
+from typing import Any, Dict, Literal, Optional
 
 import grain
 import numpy as np

@@ -84,32 +84,30 @@ def axis_index(axis: AxisNames) -> jax.Array:
     return jax.lax.axis_index(_axis_arg(check_axis("axis_index", axis)))
 
 
+def _reduce(name: str, reduction, tree: Any, axis: AxisNames) -> Any:
+    axes = check_axis(name, axis)
+    _check_leaves(name, tree)
+    return reduction(_varying(tree, axes), _axis_arg(axes))
+
+
 def psum(tree: Any, axis: AxisNames) -> Any:
     """Sum over ``axis``. A value replicated over the axis comes back multiplied by its size."""
-    axes = check_axis("psum", axis)
-    _check_leaves("psum", tree)
-    return jax.lax.psum(_varying(tree, axes), _axis_arg(axes))
+    return _reduce("psum", jax.lax.psum, tree, axis)
 
 
 def pmean(tree: Any, axis: AxisNames) -> Any:
     """Mean over ``axis``."""
-    axes = check_axis("pmean", axis)
-    _check_leaves("pmean", tree)
-    return jax.lax.pmean(_varying(tree, axes), _axis_arg(axes))
+    return _reduce("pmean", jax.lax.pmean, tree, axis)
 
 
 def pmax(tree: Any, axis: AxisNames) -> Any:
     """Maximum over ``axis``."""
-    axes = check_axis("pmax", axis)
-    _check_leaves("pmax", tree)
-    return jax.lax.pmax(_varying(tree, axes), _axis_arg(axes))
+    return _reduce("pmax", jax.lax.pmax, tree, axis)
 
 
 def pmin(tree: Any, axis: AxisNames) -> Any:
     """Minimum over ``axis``."""
-    axes = check_axis("pmin", axis)
-    _check_leaves("pmin", tree)
-    return jax.lax.pmin(_varying(tree, axes), _axis_arg(axes))
+    return _reduce("pmin", jax.lax.pmin, tree, axis)
 
 
 def all_gather(tree: Any, axis: AxisNames, axis_index: Optional[int] = None, *,

@@ -21,25 +21,23 @@ import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from titanax import errors
-from titanax.config import Configurable, InstantiableConfig
+from titanax.config import Configurable
 from titanax.data.pipeline import Input
-from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.modules.base_layer import BaseLayer, ParameterSpec
+from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo, throughput
 from titanax.observe.loggers import Basic, Logger
-from titanax.parallel import rules, sharding
+from titanax.parallel import sharding
 from titanax.parallel.plan import DP, Plan
 from titanax.runtime.mesh import MeshSpec, describe_mesh
 from titanax.train import learner as learner_lib
-from titanax.train import prng
 from titanax.train import step as step_lib
 from titanax.train.compiled_step import CompiledStep
+from titanax.train.engine_state import StateMixin
 from titanax.train.evaler import Evaler, summarize
 from titanax.train.precision import Precision
 from titanax.train.preemption import preemption_guard
@@ -49,7 +47,7 @@ from titanax.train.user_step import wrap_user_step
 _log = logging.getLogger("titanax")
 
 
-class Engine(Configurable):
+class Engine(StateMixin, Configurable):
     """A training run: mesh, plan, model or step, learner, precision, data, loggers, evalers."""
 
     class Config(Configurable.Config):
@@ -169,185 +167,6 @@ class Engine(Configurable):
 
     def _shard_map(self, fn, in_specs, out_specs):
         return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
-
-    def _local_param_shapes(self) -> Any:
-        mesh_shape = dict(self.mesh.shape)
-        return jax.tree_util.tree_map(
-            lambda s, spec: jax.ShapeDtypeStruct(rules.local_shape(s.shape, spec, mesh_shape),
-                                                 self.precision.param_dtype
-                                                 if jnp.issubdtype(s.dtype, jnp.floating)
-                                                 else s.dtype),
-            self.parameter_specs, self.param_specs, is_leaf=rules.is_param_leaf)
-
-    def opt_state_specs(self) -> Any:
-        local = self._local_param_shapes()
-        if self.plan.zero is not None:
-            chunks = jax.tree_util.tree_map(
-                lambda s: jax.ShapeDtypeStruct(
-                    (_zero_chunk(s.shape, self.mesh.shape[self.data_axis]),), s.dtype), local)
-            return learner_lib.zero_state_specs(self.adapter, chunks, self.param_specs,
-                                                self.data_axis)
-        return learner_lib.replicated_state_specs(self.adapter, local, self.param_specs)
-
-    def state_specs(self) -> TrainState:
-        return TrainState(params=self.param_specs, opt_state=self.opt_state_specs(),
-                          step=PartitionSpec(), rngs={k: PartitionSpec() for k in prng.STREAMS},
-                          loss_scale=None if self.precision.initial_scale_state() is None
-                          else {"scale": PartitionSpec(), "good_steps": PartitionSpec()},
-                          tx=self._state_tx())
-
-    def _state_tx(self):
-        """The optax transformation carried by the state (for hand-written steps)."""
-        return self.adapter.tx
-
-    def _declare_user_params(self, params: Any) -> None:
-        """Layouts for params given by the user (hand-written steps): plan rules only."""
-        if self.param_specs is None:
-            self.parameter_specs = jax.tree_util.tree_map(
-                lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
-            self.param_specs = self.plan.param_partition_specs(self.parameter_specs, self.mesh)
-            self._make_adapter(None)
-
-    def _init_opt_fn(self):
-        setup = self._setup()
-        return jax.jit(self._shard_map(
-            lambda p: step_lib.local_init_opt_state(setup, p), in_specs=(self.param_specs,),
-            out_specs=self.opt_state_specs()))
-
-    def init_state(self, params: Any = None) -> TrainState:
-        """A fresh state: params initialised (or ``params`` placed) in their shards."""
-        self.build()
-        if params is None:
-            if self.model is None:
-                raise errors.StepError("there is no model to initialise params from",
-                                       path="engine.model",
-                                       suggestion="pass params= to fit() or init_state()")
-            shardings = sharding.named_shardings(self.mesh, self.param_specs)
-            init = jax.jit(lambda key: self.precision.cast_params_for_storage(
-                self.model.initialize_parameters_recursively(key)), out_shardings=shardings)
-            params = init(prng.stream_key(self.config.seed, "init"))
-        else:
-            self._declare_user_params(params)
-            params = sharding.apply_named_sharding(
-                self.precision.cast_params_for_storage(params), self.mesh, self.param_specs)
-        self.state = self._state_around(params, self._init_opt_fn()(params))
-        return self.state
-
-    def _state_around(self, params: Any, opt_state: Any, step: Any = None, rngs: Any = None,
-                      loss_scale: Any = None) -> TrainState:
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        if rngs is None:
-            rngs = {k: jax.device_put(v, replicated)
-                    for k, v in prng.streams(self.config.seed).items()}
-        if loss_scale is None:
-            scale = self.precision.initial_scale_state()
-            loss_scale = None if scale is None else jax.device_put(scale, replicated)
-        if step is None:
-            step = jax.device_put(jnp.int32(0), replicated)
-        return TrainState(params=params, opt_state=opt_state, step=step, rngs=rngs,
-                          loss_scale=loss_scale, tx=self._state_tx())
-
-    def state_template(self, params: Any = None) -> TrainState:
-        """The train state as ShapeDtypeStructs with this run's shardings (restore targets)."""
-        self.build()
-        if params is not None:
-            self._declare_user_params(params)
-        mesh_dtype = self.precision.param_dtype
-        params_shapes = jax.tree_util.tree_map(
-            lambda s: jax.ShapeDtypeStruct(tuple(s.shape), mesh_dtype
-                                           if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype),
-            self.parameter_specs, is_leaf=rules.is_param_leaf)
-        opt_shapes = jax.eval_shape(self._init_opt_fn(), params_shapes)
-
-        def with_sharding(shapes, specs):
-            return jax.tree_util.tree_map(
-                lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                                     sharding=NamedSharding(self.mesh, spec)),
-                shapes, specs)
-
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        key_shape = jax.eval_shape(lambda: prng.stream_key(0, "init"))
-        scale = self.precision.initial_scale_state()
-        return TrainState(
-            params=with_sharding(params_shapes, self.param_specs),
-            opt_state=with_sharding(opt_shapes, self.opt_state_specs()),
-            step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
-            rngs={k: jax.ShapeDtypeStruct(key_shape.shape, key_shape.dtype, sharding=replicated)
-                  for k in prng.STREAMS},
-            loss_scale=None if scale is None else {
-                k: jax.ShapeDtypeStruct((), jnp.asarray(v).dtype, sharding=replicated)
-                for k, v in scale.items()},
-            tx=self._state_tx())
-
-    # --- Checkpoints ------------------------------------------------------------------------------
-
-    def checkpointer(self) -> Optional[OrbaxCheckpoint]:
-        if self._checkpointer is None and self.config.checkpoint is not None:
-            self._checkpointer = self.config.checkpoint.instantiate(trainer_dir=self.trainer_dir)
-        return self._checkpointer
-
-    def restore(self, *, params: Any = None, step: Optional[int] = None,
-                mode: Optional[str] = None) -> bool:
-        """Loads the newest good checkpoint (or ``step``) onto this run's mesh and plan.
-
-        Returns False when there is none. ``params`` (hand-written steps) gives the param tree's
-        structure. With mode "params" only the params are loaded; the rest starts fresh.
-        """
-        ckpt = self.checkpointer()
-        if ckpt is None:
-            return False
-        template = self.state_template(params)
-        mode = mode or ckpt.config.restore_mode
-        restored = ckpt.restore(params_target=template.params,
-                                train_state_target=checkpoint_lib.train_state_target(template),
-                                step=step, mode=mode)
-        if restored is None:
-            return False
-        if mode == "params" or restored.train_state is None:
-            self.state = self._state_around(restored.params,
-                                            self._init_opt_fn()(restored.params))
-        else:
-            train = restored.train_state
-            self.state = self._state_around(restored.params, train["opt_state"],
-                                            step=train["step"], rngs=train["rngs"],
-                                            loss_scale=train.get("loss_scale"))
-            self._restored_data_state = restored.data_state
-        self.restored_from = restored.path
-        message = f"restored {'params' if mode == 'params' else 'the run'} from {restored.path}"
-        _log.warning(message)
-        print(f"titanax: {message}", flush=True)
-        return True
-
-    def init_or_restore(self, *, params: Any = None) -> TrainState:
-        """Resumes from the newest good checkpoint (when configured to), else starts fresh.
-
-        ``params`` are the initial params of a hand-written step's model (ignored on resume).
-        """
-        ckpt = self.checkpointer()
-        if not (ckpt is not None and ckpt.config.resume == "auto" and self.restore(params=params)):
-            self.init_state(params)
-        return self.state
-
-    def save(self, *, data_iterator: Any = None, force: bool = False) -> bool:
-        """Starts saving the current state (async when configured); False if it exists already."""
-        ckpt = self.checkpointer()
-        if ckpt is None:
-            raise errors.CheckpointError("no checkpoint is configured", path="engine.checkpoint",
-                                         suggestion="set checkpoint=OrbaxCheckpoint.Config(...)")
-        step = int(jax.device_get(self.state.step))
-        data_state = data_iterator.get_state() if hasattr(data_iterator, "get_state") else None
-        metadata = checkpoint_lib.run_metadata(
-            mesh=self.mesh, param_specs=self.param_specs, params=self.state.params,
-            optimizer_text=self.config.learner.debug_string()
-            + repr(type(self.config.optimizer)), config_text=self.config.debug_string(),
-            process_count=jax.process_count())
-        return ckpt.save(self.state, step, data_state=data_state, metadata=metadata, force=force)
-
-    def state_dict(self) -> Dict[str, Any]:
-        """The train state as a plain dict of (global) arrays."""
-        state = self.state
-        return {"params": state.params, "opt_state": state.opt_state, "step": state.step,
-                "rngs": state.rngs, "loss_scale": state.loss_scale}
 
     # --- Batches ----------------------------------------------------------------------------------
 
@@ -699,7 +518,3 @@ class Engine(Configurable):
 def _is_host(batch: Any) -> bool:
     leaves = jax.tree_util.tree_leaves(batch)
     return bool(leaves) and not isinstance(leaves[0], jax.Array)
-
-
-def _zero_chunk(shape, data_size: int) -> int:
-    return -(-int(np.prod(shape)) // data_size)

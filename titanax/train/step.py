@@ -166,7 +166,6 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
 
 
 def _apply_update(setup: StepSetup, state: TrainState, grads: Any, loss: jax.Array):
-    axes = setup.axes
     data_axis = setup.data_axis
     if setup.use_zero:
         grad_chunks = jax.tree_util.tree_map(lambda g: zero.scatter_mean(g, data_axis), grads)

@@ -10,7 +10,7 @@ plus one all-gather, the same bytes as the all-reduce it replaces.
 from __future__ import annotations
 
 import math
-from typing import Any, Tuple
+from typing import Tuple
 
 import jax
 import jax.numpy as jnp

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal, Tuple
 
 import jax
-import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
