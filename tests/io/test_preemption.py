@@ -101,3 +101,22 @@ def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
     params = checkpointer.load(step)
     assert params["dense0"]["weight"].shape == (784, 256)
     assert not _tmp_dirs(tmp_path / "checkpoints")
+
+
+def test_a_second_signal_exits_at_once_leaving_only_complete_checkpoints(tmp_path):
+    process = subprocess.Popen(_command(tmp_path, steps=100000, save_every=20, log_every=20,
+                                        quiet=False),
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    for line in process.stdout:
+        if re.match(r"step\s+60\b", line):
+            break
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=120)
+    assert process.returncode in (128 + signal.SIGTERM, 0)
+    checkpointer = OrbaxCheckpoint(path=str(tmp_path / "checkpoints"))
+    steps = checkpointer.all_steps()
+    assert steps, "the periodic checkpoints before the signals are there"
+    for step in steps:  # Every visible checkpoint is complete and readable.
+        assert checkpointer.load(step)["dense0"]["weight"].shape == (784, 256)

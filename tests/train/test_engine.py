@@ -185,3 +185,18 @@ def test_nan_policy_skip_keeps_the_state():
     assert [h["update_applied"] for h in engine.history] == [0.0, 0.0, 0.0]
     after = jax.device_get(engine.state.params)
     np.testing.assert_array_equal(after["proj"]["weight"], before["proj"]["weight"])
+
+
+def test_unsynced_metrics_report_data_shard_0():
+    from titanax.modules import functional  # pylint: disable=import-outside-toplevel
+    from titanax.parallel.plan import DP as DataParallel  # pylint: disable=import-outside-toplevel
+    cfg = helpers.mnist_engine(data=8).config.clone()
+    cfg.plan.data_parallel = DataParallel.default_config().set(sync_metrics=False)
+    unsynced = cfg.instantiate()
+    initial = jax.device_get(unsynced.init_state().params)
+    batch = helpers.mnist_batches()[0]
+    unsynced.fit(data=iter([batch]), steps=1)
+    shard_0 = {k: v[:8] for k, v in batch.items()}  # The rows of data-axis position 0.
+    (want, _), _ = functional(unsynced.model, None, initial, (shard_0,), is_training=False)
+    assert unsynced.history[0]["aux/num_examples"] == 8.0  # One shard's examples, not 64.
+    assert abs(unsynced.history[0]["loss"] - float(want)) < 1e-5
