@@ -93,3 +93,13 @@ def test_config_package_does_not_import_jax():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_explain_prints_mesh_layouts_and_collectives(tmp_path):
+    result = _launch("--config=mnist_dp", "--cpu_devices=8", "--explain",
+                     f"--trainer_dir={tmp_path}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mesh data=8: 8 cpu device(s)" in result.stdout
+    assert "dense0/weight" in result.stdout and "P(None, None)" in result.stdout
+    assert "collectives of the train step:" in result.stdout
+    assert "all-reduce  data" in result.stdout

@@ -46,6 +46,9 @@ _COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None, "host:port of process 0, for multi-process jobs.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0..N-1.")
+_EXPLAIN = flags.DEFINE_bool(
+    "explain", False, "Build the run, compile its train step on the first batch, print the mesh, "
+    "every param's layout and the compiled step's collectives, then exit.")
 _SHOW_TRACEBACK = flags.DEFINE_bool(
     "show_traceback", False, "Show the Python traceback of Titanax errors.")
 
@@ -116,7 +119,8 @@ def launch(argv: Sequence[str]) -> int:
             "which has no run() method", path="--config",
             suggestion="use --print_config to inspect it, or register a runnable experiment")
     print(f"titanax: experiment {_CONFIG.value}, trainer dir {trainer_dir}", flush=True)
-    result = run(trainer_dir=trainer_dir, cluster=cluster_spec)
+    extra = {"explain": True} if _EXPLAIN.value else {}
+    result = run(trainer_dir=trainer_dir, cluster=cluster_spec, **extra)
     return result if isinstance(result, int) else 0
 
 

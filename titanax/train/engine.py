@@ -480,14 +480,24 @@ class Engine(StateMixin, Configurable):
         return input_cfg.instantiate(process_index=jax.process_index(),
                                      process_count=jax.process_count())
 
-    def run(self, *, trainer_dir: Optional[str] = None, cluster=None) -> int:
-        """What ``python -m titanax.launch`` calls: join the job, train, evaluate, report."""
+    def run(self, *, trainer_dir: Optional[str] = None, cluster=None, explain: bool = False
+            ) -> int:
+        """What ``python -m titanax.launch`` calls: join the job, train, evaluate, report.
+
+        With ``explain`` it only compiles the train step on the first batch and prints
+        ``explain()`` (mesh, param layouts, collectives).
+        """
         from titanax.runtime import distributed  # pylint: disable=import-outside-toplevel
         if cluster is not None and cluster.is_multi_process:
             distributed.initialize(cluster.coordinator_address, cluster.num_processes,
                                    cluster.process_id)
         self.trainer_dir = trainer_dir or self.trainer_dir
         self.build()
+        if explain:
+            self.init_or_restore()
+            self.compile(example_batch=next(iter(self._make_input(self.config.train_input))))
+            print(self.explain(), flush=True)
+            return 0
         print(describe_mesh(self.mesh).splitlines()[0], flush=True)
         started = time.perf_counter()
         self.fit()
