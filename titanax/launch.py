@@ -22,6 +22,7 @@ import sys
 from typing import List, Sequence
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 from titanax import errors
 from titanax.config import overrides as overrides_lib
@@ -125,8 +126,11 @@ def launch(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str]) -> None:
-    # jax reports at INFO level every backend it could not find (TPU on a GPU host...): noise here.
+    # jax reports at INFO level every backend it could not find (TPU on a GPU host...), and Orbax
+    # logs every save step at INFO through absl: keep stderr for warnings unless --verbosity asks.
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
     try:
         status = launch(argv)
     except errors.TitanaxError as e:

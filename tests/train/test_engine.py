@@ -200,3 +200,44 @@ def test_unsynced_metrics_report_data_shard_0():
     (want, _), _ = functional(unsynced.model, None, initial, (shard_0,), is_training=False)
     assert unsynced.history[0]["aux/num_examples"] == 8.0  # One shard's examples, not 64.
     assert abs(unsynced.history[0]["loss"] - float(want)) < 1e-5
+
+
+def test_dropout_masks_differ_across_data_shards():
+    from titanax.modules.base_layer import BaseLayer  # pylint: disable=import-outside-toplevel
+    from titanax.modules.layers.dropout import Dropout  # pylint: disable=import-outside-toplevel
+    from titanax.parallel.plan import DP as DataParallel  # pylint: disable=import-outside-toplevel
+
+    class Probe(BaseLayer):
+        def __init__(self, cfg=None, *, parent=None, **fields):
+            super().__init__(cfg, parent=parent, **fields)
+            self._add_child("drop", Dropout.default_config().set(rate=0.5))
+
+        def _create_layer_parameter_specs(self):
+            from titanax.modules import ParameterSpec  # pylint: disable=import-outside-toplevel
+            return {"w": ParameterSpec(shape=(1,))}
+
+        def forward(self, batch):
+            kept = self.drop(jnp.ones_like(batch["x"]))[0, :20]
+            # Weighting element i by 2**-i makes the sum encode the mask bit by bit.
+            code = jnp.sum(kept * 2.0 ** -jnp.arange(20, dtype=jnp.float32))
+            return code + 0.0 * self.parameters["w"][0], {}
+
+    cfg = helpers.mnist_engine(data=8).config.clone()
+    cfg.model = Probe.default_config().set(name="probe")
+    cfg.plan.data_parallel = DataParallel.default_config().set(sync_metrics=False)
+    engine = cfg.instantiate()
+    engine.init_state()
+    metrics = jax.device_get(engine.train_step({"x": np.ones((8, 64), np.float32)}))
+    per_shard = np.asarray(metrics["loss"]).reshape(-1)
+    assert per_shard.shape == (8,)
+    assert len(set(per_shard.tolist())) == 8, per_shard  # Identical inputs, 8 different masks.
+
+
+def test_pipeline_plans_are_rejected_until_the_engine_runs_them():
+    from titanax.parallel.plan import PP  # pylint: disable=import-outside-toplevel
+    cfg = helpers.mnist_engine(data=8).config.clone()
+    cfg.mesh = helpers.mesh((4, 2), ("data", "pipe"))
+    cfg.plan.pipeline_parallel = PP.default_config().set(num_microbatches=2)
+    with pytest.raises(errors.PlanError) as info:
+        cfg.instantiate().build()
+    assert info.value.path == "plan.pipeline_parallel"

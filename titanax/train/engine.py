@@ -127,6 +127,11 @@ class Engine(StateMixin, Configurable):
         self.mesh = self.mesh_spec.build()
         self.plan: Plan = cfg.plan.instantiate()
         self.plan.validate(self.mesh)
+        if self.plan.pp_axis is not None:
+            raise errors.PlanError(
+                "the engine does not run pipeline-parallel plans yet (the PP config validates, "
+                "but no GPipe/1F1B schedule executes it)", path="plan.pipeline_parallel",
+                suggestion="use data and tensor parallelism for now (remove pipeline_parallel)")
         self.precision: Precision = cfg.precision.instantiate()
         self.learner: learner_lib.Learner = cfg.learner.instantiate()
         self.model: Optional[BaseLayer] = cfg.model.instantiate() if cfg.model else None
