@@ -14,7 +14,7 @@ import numpy as np
 from titanax.io.checkpointer import OrbaxCheckpoint
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS = 120
+STEPS = 240
 
 
 def _command(trainer_dir, steps=STEPS, save_every=10, log_every=10, quiet=True):
@@ -49,14 +49,19 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_result(tm
     for attempt in range(6):
         process = subprocess.Popen(_command(run_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + rng.uniform(3.0, 8.0)
-        mid_save = attempt % 2 == 0  # Every other attempt waits for a save in flight.
-        while process.poll() is None and time.monotonic() < deadline + (30 if mid_save else 0):
-            if mid_save and time.monotonic() > deadline - 2 and _tmp_dirs(checkpoints):
-                break
-            if not mid_save and time.monotonic() > deadline:
-                break
-            time.sleep(0.002)
+        if attempt % 2 == 0:
+            # Kill while the k-th save of this attempt is still being written.
+            target, seen = rng.randint(1, 3), set()
+            while process.poll() is None:
+                in_flight = set(_tmp_dirs(checkpoints))
+                seen |= in_flight
+                if in_flight and len(seen) >= target:
+                    break
+                time.sleep(0.001)
+        else:
+            deadline = time.monotonic() + rng.uniform(1.0, 5.0)  # Anywhere: compile, step, save.
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
         if process.poll() is None:
             killed_mid_save += bool(_tmp_dirs(checkpoints))
             process.send_signal(signal.SIGKILL)

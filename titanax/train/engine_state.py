@@ -174,7 +174,7 @@ class StateMixin:
             self._restored_data_state = restored.data_state
         self.restored_from = restored.path
         message = f"restored {'params' if mode == 'params' else 'the run'} from {restored.path}"
-        _log.warning(message)
+        _log.info(message)
         print(f"titanax: {message}", flush=True)
         return True
 
