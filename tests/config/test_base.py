@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple
 import pytest
 
 from titanax import errors
-from titanax.config import REQUIRED, ConfigBase, Required, config_class
+from titanax.config import REQUIRED, ConfigBase, Required, config_class, paths
 
 
 class Color(enum.Enum):
@@ -180,14 +180,12 @@ class Heads(ConfigBase):
 
 
 def test_cross_field_hook_reports_with_path():
-    cfg = Branch()
     outer = type("Outer", (ConfigBase,), {"__annotations__": {"heads": Heads}, "heads": Heads()})()
     outer.heads.num_heads = 5
     with pytest.raises(errors.ConfigValidationError) as info:
         outer.validate()
     assert info.value.problems[0].path == "heads.num_heads"
     assert "must divide model_dim=64" in info.value.problems[0].message
-    del cfg
 
 
 def test_get_and_set_recursively_through_lists_and_dicts():
@@ -195,8 +193,7 @@ def test_get_and_set_recursively_through_lists_and_dicts():
     cfg.leaves = [Leaf(dim=1), Leaf(dim=2)]
     cfg.by_name = {"a/b": Leaf(dim=3)}
     assert cfg.get_recursively("leaves[1].dim") == 2
-    assert cfg.get_recursively(["by_name", __import__("titanax.config.paths").config.paths.Key(
-        "a/b"), "dim"]) == 3
+    assert cfg.get_recursively(["by_name", paths.Key("a/b"), "dim"]) == 3
     cfg.set_recursively("leaves[0].dim", 10)
     cfg.set_recursively("by_name['a/b'].rate", 2)
     cfg.set_recursively("leaf.name", "n")

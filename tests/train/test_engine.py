@@ -241,3 +241,13 @@ def test_pipeline_plans_are_rejected_until_the_engine_runs_them():
     with pytest.raises(errors.PlanError) as info:
         cfg.instantiate().build()
     assert info.value.path == "plan.pipeline_parallel"
+
+
+def test_plan_that_forbids_reduce_scatter_rejects_a_sequence_parallel_model():
+    cfg = helpers.gpt_engine(data=4, model_axis=2).config.clone()
+    cfg.model.sequence_parallel = True
+    cfg.instantiate().build()  # Allowed by default.
+    cfg.plan.tensor_parallel.prefer_reduce_scatter = False
+    with pytest.raises(errors.PlanError) as info:
+        cfg.instantiate().build()
+    assert info.value.path == "plan.tensor_parallel.prefer_reduce_scatter"

@@ -18,13 +18,18 @@ def _delta(before, after):
     return jax.tree_util.tree_map(lambda a, b: b - a, before, after)
 
 
+def _initial_losses_final(engine, batches):
+    """(initial params, per-step losses, final params) of training ``engine`` on ``batches``."""
+    initial = jax.tree_util.tree_map(np.asarray, jax.device_get(engine.init_state().params))
+    losses, params = helpers.train(engine, batches)
+    return initial, losses, params
+
+
 @functools.lru_cache(maxsize=None)
 def _mnist_run(data: int, accumulate: int, optimizer: str, steps: int):
     learner = helpers.sgd(0.5) if optimizer == "sgd" else helpers.adam(1e-3)
     engine = helpers.mnist_engine(data=data, accumulate=accumulate, learner=learner)
-    initial = jax.tree_util.tree_map(np.asarray, jax.device_get(engine.init_state().params))
-    losses, params = helpers.train(engine, helpers.mnist_batches()[:steps])
-    return initial, losses, params
+    return _initial_losses_final(engine, helpers.mnist_batches()[:steps])
 
 
 def test_mnist_dp_8_devices_matches_1_device_over_20_steps():
@@ -54,9 +59,7 @@ def test_accumulation_4_matches_1():
 def _gpt_run(data: int, model_axis: int, optimizer: str, steps: int):
     learner = helpers.sgd(1.0) if optimizer == "sgd" else helpers.adam(3e-3)
     engine = helpers.gpt_engine(data=data, model_axis=model_axis, learner=learner)
-    initial = jax.tree_util.tree_map(np.asarray, jax.device_get(engine.init_state().params))
-    losses, params = helpers.train(engine, helpers.text_batches()[:steps])
-    return initial, losses, params
+    return _initial_losses_final(engine, helpers.text_batches()[:steps])
 
 
 def test_gpt_dp_tp_4x2_matches_1_device_over_10_steps():

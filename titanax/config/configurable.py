@@ -16,7 +16,7 @@ import typing
 from typing import Any, Callable, Dict, Optional, Type, TypeVar, Union
 
 from titanax import errors
-from titanax.config.base import REQUIRED, ConfigBase, InstantiableConfig, RequiredFieldValue
+from titanax.config.base import REQUIRED, InstantiableConfig, RequiredFieldValue
 
 T = TypeVar("T")
 
@@ -203,9 +203,3 @@ def _type_hints(fn: Callable) -> Dict[str, Any]:
     except (TypeError, ValueError):
         pass
     return hints
-
-
-def is_config_of(value: Any, cls: type) -> bool:
-    """True when ``value`` is a Configurable config that builds ``cls`` or a subclass of it."""
-    return isinstance(value, ConfigBase) and isinstance(getattr(value, "klass", None), type) \
-        and issubclass(value.klass, cls)

@@ -110,10 +110,3 @@ class Input(Configurable):
         options = grain.ReadOptions(num_threads=max(cfg.read_threads, 1),
                                     prefetch_buffer_size=cfg.prefetch)
         return iter(self.dataset().to_iter_dataset(options))
-
-    def batches_per_epoch(self) -> int:
-        return len(self.source) // self.config.global_batch_size
-
-
-def first_batch(data: Any) -> Dict[str, np.ndarray]:
-    return next(iter(data))

@@ -138,7 +138,7 @@ class OrbaxCheckpoint(Configurable):
             return False
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
-            train_state=ocp.args.StandardSave(_train_state_tree(state)),
+            train_state=ocp.args.StandardSave(train_state_tree(state)),
             data=ocp.args.JsonSave(data_state or {}),
             metadata=ocp.args.JsonSave(metadata or {}))
         return bool(self.manager.save(step, args=args, force=force))
@@ -236,16 +236,12 @@ class OrbaxCheckpoint(Configurable):
         return jax.tree_util.tree_map(np.asarray, restored["params"])
 
 
-def _train_state_tree(state: Any) -> Dict[str, Any]:
+def train_state_tree(state: Any) -> Dict[str, Any]:
+    """The ``train_state`` item of a TrainState (of arrays, or of ShapeDtypeStructs as a target)."""
     tree = {"opt_state": state.opt_state, "step": state.step, "rngs": state.rngs}
     if state.loss_scale is not None:
         tree["loss_scale"] = state.loss_scale
     return tree
-
-
-def train_state_target(state_like: Any) -> Dict[str, Any]:
-    """The ``train_state`` item's structure for a TrainState of ShapeDtypeStructs."""
-    return _train_state_tree(state_like)
 
 
 def _flatten_metadata(tree: Any) -> Dict[str, Tuple[Tuple[int, ...], str]]:

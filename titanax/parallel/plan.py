@@ -52,8 +52,9 @@ class TP(Configurable):
         # {param path pattern: spec}; '*' matches within a path segment, '**' across segments,
         # 're:<regex>' is a regular expression. Example: {'**/mlp/wi/weight': (None, 'model')}.
         rules: Dict[str, Tuple[SpecEntry, ...]] = {}
-        # Row-parallel layers end with a reduce-scatter over the sequence instead of an all-reduce
-        # when the model is configured for sequence parallelism.
+        # Allow row-parallel layers to end with a reduce-scatter over the sequence instead of an
+        # all-reduce (what a model with sequence_parallel=True does). False forbids it: the
+        # engine then rejects a sequence-parallel model, so the plan states every collective kind.
         prefer_reduce_scatter: bool = True
 
     def spec_for(self, param_path: str, param_shape: Tuple[int, ...],

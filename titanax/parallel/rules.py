@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from jax.sharding import PartitionSpec
 
@@ -186,17 +186,6 @@ def local_shape(shape: Sequence[int], spec: PartitionSpec,
         axes = (entry,) if isinstance(entry, str) else entry
         out[dimension] //= math.prod(mesh_shape[a] for a in axes)
     return tuple(out)
-
-
-def all_paths_matching(rules: Iterable[Rule], paths: Iterable[str]) -> Dict[str, List[str]]:
-    """``{pattern: [paths it matches first]}``: which params each rule ended up governing."""
-    rules = list(rules)
-    out: Dict[str, List[str]] = {r.pattern: [] for r in rules}
-    for path in paths:
-        rule = first_match(rules, path)
-        if rule is not None:
-            out[rule.pattern].append(path)
-    return out
 
 
 def is_param_leaf(x) -> bool:

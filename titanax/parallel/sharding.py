@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from titanax import errors
@@ -137,11 +136,6 @@ def shard_batch_specs(batch_example: Any, dp_axis: Optional[str]) -> Any:
 def named_shardings(mesh: Mesh, spec_tree: Any) -> Any:
     """``NamedSharding(mesh, spec)`` for every spec of a tree."""
     return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), spec_tree, is_leaf=_is_spec)
-
-
-def tree_nbytes(tree: Any) -> int:
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-               for x in jax.tree_util.tree_leaves(tree) if _is_array_like(x))
 
 
 def flat_paths(tree: Any, *, is_leaf=None) -> Mapping[str, Any]:

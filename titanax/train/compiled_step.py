@@ -15,23 +15,27 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 
 from titanax import errors
+from titanax.observe import throughput
 
 _log = logging.getLogger("titanax")
 
-Signature = Tuple[Any, Tuple[Tuple[str, Tuple[int, ...], str], ...]]
+Signature = Tuple[Any, Tuple[Tuple[Tuple[int, ...], Any], ...]]
 
 
 def signature_of(args: Tuple[Any, ...]) -> Signature:
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(args)
-    return treedef, tuple((jax.tree_util.keystr(path), tuple(getattr(x, "shape", ())),
-                           str(getattr(x, "dtype", type(x).__name__))) for path, x in leaves)
+    """Structure plus (shape, dtype) per leaf: cheap enough to compute on every step."""
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    return treedef, tuple((tuple(getattr(x, "shape", ())), getattr(x, "dtype", type(x)))
+                          for x in leaves)
 
 
-def describe_change(old: Signature, new: Signature) -> str:
+def describe_change(old: Signature, new: Signature, args: Tuple[Any, ...]) -> str:
+    """Which inputs differ, by path (paths are only worked out here, off the hot path)."""
     if old[0] != new[0]:
         return "the structure of the inputs changed"
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
     changes = [f"{path}: {o_shape} {o_dtype} -> {n_shape} {n_dtype}"
-               for (path, o_shape, o_dtype), (_, n_shape, n_dtype) in zip(old[1], new[1])
+               for path, (o_shape, o_dtype), (n_shape, n_dtype) in zip(paths, old[1], new[1])
                if (o_shape, o_dtype) != (n_shape, n_dtype)]
     return "; ".join(changes[:5]) + (f" (and {len(changes) - 5} more)" if len(changes) > 5 else "")
 
@@ -47,6 +51,8 @@ class CompiledStep:
         self._first: Optional[Signature] = None
         self.compile_count = 0
         self.compile_seconds: List[float] = []
+        # FLOPs per call of the most recent executable (XLA cost analysis, read once per compile).
+        self.latest_flops: Optional[float] = None
 
     def compiled_for(self, *args) -> Any:
         """The compiled executable for these arguments (compiling if needed)."""
@@ -54,7 +60,7 @@ class CompiledStep:
         compiled = self._cache.get(signature)
         if compiled is None:
             if self._first is not None and self.policy != "allow":
-                change = describe_change(self._first, signature)
+                change = describe_change(self._first, signature, args)
                 message = f"{self.name} would recompile: {change}"
                 if self.policy == "error":
                     raise errors.RecompileError(
@@ -66,6 +72,7 @@ class CompiledStep:
             compiled = self._jitted.lower(*args).compile()
             self.compile_seconds.append(time.perf_counter() - started)
             self.compile_count += 1
+            self.latest_flops = throughput.compiled_flops(compiled)
             self._cache[signature] = compiled
             self._first = self._first or signature
         return compiled

@@ -134,6 +134,14 @@ class Engine(StateMixin, Configurable):
                 suggestion="use data and tensor parallelism for now (remove pipeline_parallel)")
         self.precision: Precision = cfg.precision.instantiate()
         self.learner: learner_lib.Learner = cfg.learner.instantiate()
+        tp = cfg.plan.tensor_parallel
+        if tp is not None and not tp.prefer_reduce_scatter and \
+                getattr(cfg.model, "sequence_parallel", False):
+            raise errors.PlanError(
+                "the model uses sequence parallelism (reduce-scatter at the end of row-parallel "
+                "layers) but the plan sets prefer_reduce_scatter=False",
+                path="plan.tensor_parallel.prefer_reduce_scatter",
+                suggestion="set model.sequence_parallel=False, or allow reduce-scatter")
         self.model: Optional[BaseLayer] = cfg.model.instantiate() if cfg.model else None
         self.parameter_specs = None
         self.param_specs = None
@@ -376,7 +384,7 @@ class Engine(StateMixin, Configurable):
                 last["tokens_per_s"] = last["aux/num_tokens"] / step_time
             elif "aux/num_examples" in last:
                 last["examples_per_s"] = last["aux/num_examples"] / step_time
-        flops = throughput.compiled_flops(self._train_step.latest) if self._train_step else None
+        flops = self._train_step.latest_flops if self._train_step else None
         if flops is not None and window_steps:
             last["tflops_per_device"] = flops / step_time / 1e12
             utilisation = throughput.mfu(flops, step_time)

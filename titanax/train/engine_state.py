@@ -56,11 +56,8 @@ class StateMixin:
                           step=PartitionSpec(), rngs={k: PartitionSpec() for k in prng.STREAMS},
                           loss_scale=None if self.precision.initial_scale_state() is None
                           else {"scale": PartitionSpec(), "good_steps": PartitionSpec()},
-                          tx=self._state_tx())
+                          tx=self.adapter.tx)
 
-    def _state_tx(self):
-        """The optax transformation carried by the state (for hand-written steps)."""
-        return self.adapter.tx
 
     def _declare_user_params(self, params: Any) -> None:
         """Layouts for params given by the user (hand-written steps): plan rules only."""
@@ -107,7 +104,7 @@ class StateMixin:
         if step is None:
             step = jax.device_put(jnp.int32(0), replicated)
         return TrainState(params=params, opt_state=opt_state, step=step, rngs=rngs,
-                          loss_scale=loss_scale, tx=self._state_tx())
+                          loss_scale=loss_scale, tx=self.adapter.tx)
 
     def state_template(self, params: Any = None) -> TrainState:
         """The train state as ShapeDtypeStructs with this run's shardings (restore targets)."""
@@ -139,7 +136,7 @@ class StateMixin:
             loss_scale=None if scale is None else {
                 k: jax.ShapeDtypeStruct((), jnp.asarray(v).dtype, sharding=replicated)
                 for k, v in scale.items()},
-            tx=self._state_tx())
+            tx=self.adapter.tx)
 
     def checkpointer(self) -> Optional[OrbaxCheckpoint]:
         if self._checkpointer is None and self.config.checkpoint is not None:
@@ -154,12 +151,12 @@ class StateMixin:
         structure. With mode "params" only the params are loaded; the rest starts fresh.
         """
         ckpt = self.checkpointer()
-        if ckpt is None:
+        if ckpt is None or step is None and not ckpt.all_steps():
             return False
         template = self.state_template(params)
         mode = mode or ckpt.config.restore_mode
         restored = ckpt.restore(params_target=template.params,
-                                train_state_target=checkpoint_lib.train_state_target(template),
+                                train_state_target=checkpoint_lib.train_state_tree(template),
                                 step=step, mode=mode)
         if restored is None:
             return False

@@ -32,7 +32,8 @@ class PreemptionGuard:
             os._exit(128 + signum)  # pylint: disable=protected-access
         self.requested = True
         self.signal_name = name
-        _log.warning("%s received: finishing this step, saving a checkpoint, then exiting", name)
+        print(f"titanax: {name} received: finishing this step, saving a checkpoint, then exiting",
+              flush=True)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -266,6 +266,3 @@ def local_init_opt_state(setup: StepSetup, params: Any) -> Any:
         return setup.adapter.init(jax.tree_util.tree_map(
             lambda p: zero.local_chunk(p, setup.data_axis), params))
     return setup.adapter.init(params)
-
-
-StepFn = Callable[[TrainState, Any], Tuple[TrainState, Dict[str, jax.Array]]]

@@ -19,14 +19,5 @@ def tp_active(axis: Optional[str]) -> bool:
     return axis is not None and axis in collectives.manual_axes()
 
 
-def tp_size(axis: Optional[str]) -> int:
-    return collectives.axis_size(axis) if tp_active(axis) else 1
-
-
 def tp_rank(axis: Optional[str]) -> Union[int, jax.Array]:
     return collectives.axis_index(axis) if tp_active(axis) else 0
-
-
-def sharded_axes(axis: Optional[str], enabled: bool = True):
-    """``axis`` when it is a real split to declare in ``mesh_axes``, else None."""
-    return axis if (enabled and axis is not None) else None
