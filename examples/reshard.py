@@ -23,8 +23,9 @@ def engine_for(model_axis: int, directory: str):
     cfg.mesh.shape = (None, model_axis)
     cfg.evalers = {}
     cfg.log_every = 5
-    cfg.checkpoint = OrbaxCheckpoint.default_config().set(path=directory, save_every_n_steps=0)
-    return cfg.instantiate()
+    cfg.checkpoint = OrbaxCheckpoint.default_config().set(save_every_n_steps=0)
+    # The run directory holds the checkpoints (directory/checkpoints) and the CSV/TensorBoard logs.
+    return cfg.instantiate(trainer_dir=directory)
 
 
 def main():

@@ -34,3 +34,6 @@ def test_reshard_example_moves_from_tp2_to_tp4(tmp_path):
     assert "TP=4: mesh {'data': 2, 'model': 4}" in result.stdout
     assert "local shard (4, 128, 128); restored from" in result.stdout
     assert "now at step 8" in result.stdout
+    assert (tmp_path / "ckpt" / "checkpoints" / "8").is_dir()
+    assert (tmp_path / "ckpt" / "metrics.csv").is_file()
+    assert not os.path.exists(os.path.join(REPO_ROOT, "metrics.csv"))  # Nothing in the cwd.
