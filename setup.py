@@ -13,7 +13,10 @@ setup(
     description="Explicit-parallel JAX training: you choose how every array is split and every "
                 "byte moves; Titanax wires the loop, checkpoints, data and observability.",
     python_requires=">=3.11",
-    packages=find_packages(include=["titanax", "titanax.*", "experiments", "experiments.*"]),
+    # The built-in experiments live in the top-level folder experiments/ but install as the
+    # package `titanax_experiments`, so a user's own `experiments` package never hides them.
+    packages=find_packages(include=["titanax", "titanax.*"]) + ["titanax_experiments"],
+    package_dir={"titanax_experiments": "experiments"},
     install_requires=[
         # Versions verified together on the reference machine (see ../shared/JAX_NOTES.md).
         "jax>=0.10.2,<0.11",

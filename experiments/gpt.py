@@ -45,7 +45,7 @@ def _gpt_run(*, model: GPT.Config, tp_axis: Optional[str], seq_len: int, batch_s
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.adamw).set(
                 learning_rate=config_for_function(optimizers.warmup_cosine).set(
-                    peak_value=peak_lr, warmup_steps=min(100, steps // 10), decay_steps=steps,
+                    peak_value=peak_lr, warmup_steps=min(100, steps // 10),
                     end_value=peak_lr / 10),
                 b2=0.99, weight_decay=0.1),
             max_grad_norm=1.0),

@@ -36,7 +36,7 @@ def mnist_dp():
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.adamw).set(
                 learning_rate=config_for_function(optimizers.warmup_cosine).set(
-                    peak_value=2e-3, warmup_steps=30, decay_steps=steps, end_value=1e-4),
+                    peak_value=2e-3, warmup_steps=30, end_value=1e-4),
                 weight_decay=1e-4)),
         train_input=_mnist_input("train", 128),
         evalers={"test": Evaler.default_config().set(

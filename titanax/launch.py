@@ -2,8 +2,8 @@
 
     python -m titanax.launch --list
     python -m titanax.launch --config=gpt_tiny_dp_tp --cpu_devices=8
-    python -m titanax.launch --config=gpt_tiny_dp_tp --config.learner.optimizer.learning_rate=1e-3 \
-        --print_config
+    python -m titanax.launch --config=gpt_tiny_dp_tp --config.learner.optimizer.learning_rate=1e-3
+    python -m titanax.launch --config=gpt_tiny_dp --config.plan.zero.stage=1 --print_config
 
 Order of events, and why: flags are parsed and checked, the experiment's config tree is built,
 overrides are applied and the whole tree is validated -- all before jax starts, so every mistake
@@ -15,11 +15,23 @@ A ``TitanaxError`` prints as a short message (path, problem, suggestion) and exi
 
 from __future__ import annotations
 
+# pylint: disable=wrong-import-position
+# First of all: Ctrl-C / SIGTERM in the first seconds become a request honoured at the next safe
+# point, never a KeyboardInterrupt unwinding through jax's start-up (see train/preemption.py).
+# Only when this module is the program (python -m / the titanax-launch script), not on import.
+import sys
+
+from titanax.train import preemption
+
+if __name__ == "__main__" or sys.argv and sys.argv[0].endswith("titanax-launch"):
+    preemption.install_early()
+
+import inspect
 import json
 import logging
 import os
-import sys
-from typing import List, Sequence
+import tempfile
+from typing import Dict, List, Sequence
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -40,7 +52,8 @@ _PRINT_CONFIG = flags.DEFINE_bool(
     "then exit without running.")
 _TRAINER_DIR = flags.DEFINE_string(
     "trainer_dir", None, "Run directory: the resolved config is saved here (config.txt, "
-    "config.json, config_diff.txt), and so are logs and checkpoints. Default: runs/<config>.")
+    "config.json, config_diff.txt; earlier records are kept numbered) when the run starts, and "
+    "so are logs and checkpoints. Default: runs/<config>.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "Simulate this many CPU devices (set before jax starts).")
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
@@ -72,12 +85,69 @@ def _format_experiment_list() -> str:
     return "\n".join(lines)
 
 
-def _save_resolved_config(trainer_dir: str, cfg, diff: List[str]) -> None:
-    atomic_write_text(os.path.join(trainer_dir, "config.txt"), cfg.debug_string())
-    atomic_write_text(os.path.join(trainer_dir, "config.json"),
-                      json.dumps(cfg.to_json(), indent=2, sort_keys=False) + "\n")
-    atomic_write_text(os.path.join(trainer_dir, "config_diff.txt"),
-                      "".join(line + "\n" for line in diff))
+# The run record: file name -> what it holds.
+_RECORD_FILES = ("config.txt", "config.json", "config_diff.txt")
+# Simulating more CPU devices than this takes minutes to start, or never finishes.
+_MAX_CPU_DEVICES = 4096
+
+
+def save_run_record(trainer_dir: str, cfg, diff: List[str]) -> None:
+    """Writes the resolved config (config.txt, config.json, config_diff.txt) into the run dir.
+
+    Called only once the config validated and the run is really starting. An earlier record
+    that differs is kept, numbered (config.1.txt, config.1.json, config_diff.1.txt, then 2...);
+    a launch with an identical config adds nothing.
+    """
+    texts: Dict[str, str] = {
+        "config.txt": cfg.debug_string(),
+        "config.json": json.dumps(cfg.to_json(), indent=2, sort_keys=False) + "\n",
+        "config_diff.txt": "".join(line + "\n" for line in diff)}
+    current = os.path.join(trainer_dir, "config.txt")
+    if os.path.exists(current):
+        with open(current, encoding="utf-8") as f:
+            if f.read() == texts["config.txt"]:
+                return
+        number = 1
+        while any(os.path.exists(os.path.join(trainer_dir, _numbered(name, number)))
+                  for name in _RECORD_FILES):
+            number += 1
+        for name in _RECORD_FILES:
+            if os.path.exists(os.path.join(trainer_dir, name)):
+                os.replace(os.path.join(trainer_dir, name),
+                           os.path.join(trainer_dir, _numbered(name, number)))
+    for name, text in texts.items():
+        atomic_write_text(os.path.join(trainer_dir, name), text)
+
+
+def _numbered(name: str, number: int) -> str:
+    root, ext = os.path.splitext(name)
+    return f"{root}.{number}{ext}"
+
+
+def check_trainer_dir(path: str) -> str:
+    """Makes sure the run directory exists (or can be made) and is writable; returns it."""
+    full = os.path.abspath(path)
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise errors.LaunchFlagError(
+            f"{full} is a file, not a directory", path="--trainer_dir",
+            suggestion="name a directory (new or existing) for the run's checkpoints and logs")
+    ancestor = full
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise errors.LaunchFlagError(
+            f"cannot make {full}: {ancestor} is a file", path="--trainer_dir",
+            suggestion="choose a path whose parents are directories")
+    try:
+        os.makedirs(full, exist_ok=True)
+        with tempfile.TemporaryFile(dir=full):
+            pass
+    except OSError as e:
+        raise errors.LaunchFlagError(
+            f"cannot write into {full}: {e.strerror or e}", path="--trainer_dir",
+            suggestion="choose a directory you can write to (check its permissions and "
+                       "free space)") from e
+    return path
 
 
 def launch(argv: Sequence[str]) -> int:
@@ -90,6 +160,12 @@ def launch(argv: Sequence[str]) -> int:
                                            num_processes=_NUM_PROCESSES.value,
                                            process_id=_PROCESS_ID.value)
     if _CPU_DEVICES.value is not None:
+        if _CPU_DEVICES.value > _MAX_CPU_DEVICES:
+            raise errors.LaunchFlagError(
+                f"{_CPU_DEVICES.value} simulated CPU devices is more than Titanax supports "
+                f"({_MAX_CPU_DEVICES}): jax would take minutes to start them, or never finish",
+                path="--cpu_devices", suggestion="simulate the mesh you mean to test, e.g. "
+                "--cpu_devices=8; the real device count comes from the accelerators")
         cpu_devices.simulate_cpu_devices(_CPU_DEVICES.value)
     registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES) + _CONFIG_MODULE.value)
     if _LIST.value:
@@ -104,14 +180,19 @@ def launch(argv: Sequence[str]) -> int:
     cfg.validate()
     diff = overrides_lib.config_diff(named, cfg)
     trainer_dir = _TRAINER_DIR.value or os.path.join("runs", _CONFIG.value)
-    if _TRAINER_DIR.value or not _PRINT_CONFIG.value:
-        _save_resolved_config(trainer_dir, cfg, diff)
+    # The run record is written only for a run that really starts (or where asked for).
+    record = _TRAINER_DIR.value is not None or not (_PRINT_CONFIG.value or _EXPLAIN.value)
+    if record:
+        check_trainer_dir(trainer_dir)
     if _PRINT_CONFIG.value:
+        if record:
+            save_run_record(trainer_dir, cfg, diff)
         print(f"# experiment {_CONFIG.value}, resolved")
         print(cfg.debug_string(), end="")
         print(f"# diff from {_CONFIG.value} ({len(diff)} change{'s' if len(diff) != 1 else ''})")
         print("\n".join(diff) if diff else "(none)")
         return 0
+    preemption.exit_if_requested("while the config was built")
     component = cfg.instantiate()
     run = getattr(component, "run", None)
     if not callable(run):
@@ -120,7 +201,16 @@ def launch(argv: Sequence[str]) -> int:
             "which has no run() method", path="--config",
             suggestion="use --print_config to inspect it, or register a runnable experiment")
     print(f"titanax: experiment {_CONFIG.value}, trainer dir {trainer_dir}", flush=True)
+
+    def on_start() -> None:
+        if record:
+            save_run_record(trainer_dir, cfg, diff)
+
     extra = {"explain": True} if _EXPLAIN.value else {}
+    if "on_start" in inspect.signature(run).parameters:
+        extra["on_start"] = on_start
+    else:  # A root of its own making: its run() starts right away.
+        on_start()
     result = run(trainer_dir=trainer_dir, cluster=cluster_spec, **extra)
     return result if isinstance(result, int) else 0
 
@@ -143,6 +233,17 @@ def main(argv: Sequence[str]) -> None:
 
 
 def run_main() -> None:
+    """Entry point of ``python -m titanax.launch`` and the ``titanax-launch`` script."""
+    preemption.install_early()
+    # absl's --help lists the flags of the main module and prints its docstring; for the
+    # installed script the main module is a generated stub, so name ours as the main one.
+    main_module = sys.modules.get("__main__")
+    if main_module is not None and not getattr(main_module, "__doc__", None):
+        main_module.__doc__ = __doc__
+    for name in ("config", "list", "config_module", "print_config", "trainer_dir", "cpu_devices",
+                 "coordinator_address", "num_processes", "process_id", "explain",
+                 "show_traceback"):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     app.run(main, flags_parser=_parse_flags)
 
 

@@ -18,6 +18,38 @@ def test_basic_logger_line(capsys):
     assert "heldout/loss 1.5000" in capsys.readouterr().out
 
 
+def test_progress_line_shows_step_of_total(capsys):
+    logger = Basic()
+    logger.start(step=0, total_steps=200)
+    logger.log_dict({"loss": 1.0}, 10)
+    assert capsys.readouterr().out.startswith("step     10/200  loss 1.0000")
+
+
+def test_csv_is_one_table_and_a_resume_does_not_duplicate_rows(tmp_path):
+    logger = CSV(trainer_dir=str(tmp_path))
+    logger.start(step=0, total_steps=30)
+    for step in (10, 20, 30):
+        logger.log_dict({"loss": 3.0 - step / 10}, step)
+    logger.log_dict({"heldout/loss": 0.5}, 30)  # A column that appears later.
+    resumed = CSV(trainer_dir=str(tmp_path))
+    resumed.start(step=20, total_steps=40, resumed=True)  # Restored at 20: 30 runs again.
+    for step in (30, 40):
+        resumed.log_dict({"loss": 0.1}, step)
+    with open(tmp_path / "metrics.csv", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["step", "loss", "heldout/loss"]
+    assert [r[0] for r in rows[1:]] == ["10", "20", "30", "40"]
+    assert all(len(r) == 3 for r in rows)
+    fresh = CSV(trainer_dir=str(tmp_path))
+    fresh.start(step=0, total_steps=10)  # A new run moves the old table aside, kept.
+    fresh.log_dict({"loss": 9.0}, 1)
+    with open(tmp_path / "metrics.csv", encoding="utf-8") as f:
+        assert list(csv.reader(f)) == [["step", "loss"], ["1", "9.0"]]
+    kept = [p for p in tmp_path.iterdir()
+            if p.name.startswith("metrics.") and p.name != "metrics.csv"]
+    assert len(kept) == 1
+
+
 def test_csv_and_tensorboard_write_files(tmp_path):
     logger = CSV(trainer_dir=str(tmp_path))
     logger.log_dict({"loss": 2.0}, 1)

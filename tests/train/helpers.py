@@ -72,13 +72,14 @@ def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero: bool
 
 
 def gpt_engine(*, data: int, model_axis: int = 1, accumulate: int = 1, learner=None,
-               **changes) -> Engine:
+               zero: bool = False, **changes) -> Engine:
     tp = model_axis > 1
     axes = ("data", "model") if tp else ("data",)
     shape = (data, model_axis) if tp else (data,)
     plan = Plan.default_config().set(
         data_parallel=DP.default_config().set(accumulate_steps=accumulate),
-        tensor_parallel=TP.default_config() if tp else None)
+        tensor_parallel=TP.default_config() if tp else None,
+        zero=ZeRO.default_config() if zero else None)
     model = GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
                                      model_dim=32, num_heads=4, tp_axis="model" if tp else None)
     cfg = Engine.default_config().set(
@@ -97,4 +98,5 @@ def train(engine: Engine, batches: Sequence[dict], steps: Optional[int] = None):
 
 def fp16_precision(loss_scaling: bool) -> Precision.Config:
     return Precision.default_config().set(fp16=True, enable_x32_params=True,
-                                          loss_scaling=loss_scaling, growth_interval=1000)
+                                          loss_scaling=loss_scaling, growth_interval=1000,
+                                          allow_unscaled_fp16=not loss_scaling)

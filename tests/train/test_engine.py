@@ -166,11 +166,11 @@ def test_eval_loggers_and_explain(tmp_path):
         logger.log_dict({"eval/accuracy": metrics["accuracy"]}, 4)
         logger.close()
     with open(tmp_path / "metrics.csv", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    headers = [row for row in rows if row[0] == "step"]
-    assert ["step", "compile_time_s"] in headers
-    assert any("loss" in h and "grad_norm" in h for h in headers)
-    assert headers[-1] == ["step", "eval/accuracy"] and rows[-1][0] == "4"
+        rows = list(csv.DictReader(f))
+    assert [row["step"] for row in rows] == ["0", "4", "4"]  # One table, one header.
+    assert rows[0]["compile_time_s"] and not rows[0]["loss"]
+    assert rows[1]["loss"] and rows[1]["grad_norm"] and not rows[1]["eval/accuracy"]
+    assert float(rows[2]["eval/accuracy"]) == metrics["accuracy"]
     assert any(name.startswith("events.out.tfevents")
                for name in os.listdir(tmp_path / "tensorboard"))
     text = engine.explain()
@@ -251,3 +251,68 @@ def test_plan_that_forbids_reduce_scatter_rejects_a_sequence_parallel_model():
     with pytest.raises(errors.PlanError) as info:
         cfg.instantiate().build()
     assert info.value.path == "plan.tensor_parallel.prefer_reduce_scatter"
+
+
+def _linear_engine():
+    return Engine(mesh=MeshSpec(axes=("data",)), plan=Plan(data_parallel=DP()),
+                  optimizer=optax.sgd(0.1), loggers=[])
+
+
+def _bad_steps():
+    def grads_of(state, batch):
+        loss, grads = jax.value_and_grad(_loss)(state.params, batch)
+        return loss, collectives.pmean(grads, axis="data")
+
+    def only_metrics(state, batch):
+        loss, _ = grads_of(state, batch)
+        return {"loss": loss}
+
+    def state_and_loss(state, batch):
+        loss, grads = grads_of(state, batch)
+        return state.apply_gradients(grads=grads), loss
+
+    def only_state(state, batch):
+        _, grads = grads_of(state, batch)
+        return state.apply_gradients(grads=grads)
+
+    def vector_metric(state, batch):
+        loss, grads = grads_of(state, batch)
+        return state.apply_gradients(grads=grads), {"loss": loss, "per_row": batch["x"][:, 0]}
+
+    return {"a dict": (only_metrics, "returned a dict"),
+            "(state, loss)": (state_and_loss, "metrics are a ArrayImpl"),
+            "the state": (only_state, "returned a TrainState"),
+            "a vector metric": (vector_metric, "metric 'per_row' has shape")}
+
+
+@pytest.mark.parametrize("case", ["a dict", "(state, loss)", "the state", "a vector metric"])
+def test_a_step_returning_the_wrong_things_is_a_step_error(case):
+    fn, message = _bad_steps()[case]
+    if case == "(state, loss)":
+        message = "metrics are a"
+    with pytest.raises(errors.StepError) as info:
+        _linear_engine().fit(step_fn(fn), data=iter(_linear_batches()), steps=1,
+                             params=_linear_params())
+    assert message in info.value.message and fn.__qualname__ in info.value.path
+    assert "apply_gradients" in info.value.suggestion or "jnp.mean" in info.value.suggestion
+
+
+@pytest.mark.parametrize("steps", [-5, 2.5])
+def test_fit_refuses_a_negative_or_fractional_step_count(steps):
+    with pytest.raises(errors.StepError) as info:
+        _linear_engine().fit(data=iter(_linear_batches()), steps=steps, params=_linear_params())
+    assert info.value.path == "fit(steps=...)" and repr(steps) in info.value.message
+
+
+def test_an_eval_batch_that_does_not_split_fails_before_the_first_step():
+    from titanax.data.pipeline import Input  # pylint: disable=import-outside-toplevel
+    from titanax.data.sources import MNIST  # pylint: disable=import-outside-toplevel
+    from titanax.train.evaler import Evaler  # pylint: disable=import-outside-toplevel
+    mnist = lambda batch: Input.default_config().set(  # noqa: E731
+        source=MNIST.default_config(), global_batch_size=batch)
+    engine = helpers.mnist_engine(data=8, train_input=mnist(64), max_steps=5, evalers={
+        "test": Evaler.default_config().set(input=mnist(12), every_n_steps=5)})
+    with pytest.raises(errors.PlanError) as info:
+        engine.fit()
+    assert info.value.path == "evalers['test'].input.global_batch_size"
+    assert engine.state is None and not engine.history  # Nothing was spent on training.

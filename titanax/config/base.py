@@ -455,6 +455,12 @@ def _problems_below(path: str, value: Any) -> Iterator[errors.TitanaxError]:
 def _step(value: Any, token: paths.PathToken, walked: List[paths.PathToken]) -> Any:
     where = paths.format_path(walked + [token])
     if isinstance(token, str):
+        if isinstance(value, dict):
+            parent = paths.format_path(walked)
+            keys = ", ".join(repr(k) for k in value) or "(none)"
+            raise errors.UnknownFieldError(
+                f"{parent} is a dict: its entries are indexed with [key], not .{token}",
+                path=where, suggestion=f"write {parent}[{token!r}] (keys: {keys})")
         if not isinstance(value, ConfigBase):
             raise errors.UnknownFieldError(
                 f"cannot read field {token!r} of a {type(value).__qualname__} (not a config)",

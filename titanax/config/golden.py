@@ -68,7 +68,7 @@ def main(argv: Sequence[str] = None) -> int:
     parser.add_argument("--update", action="store_true", help="rewrite the golden files")
     parser.add_argument("--golden_dir", default=DEFAULT_GOLDEN_DIR)
     parser.add_argument("--config_module", action="append", default=None,
-                        help="modules with experiments (default: experiments)")
+                        help="modules with experiments (default: the built-in titanax_experiments)")
     args = parser.parse_args(argv)
     dumps = expected_dumps(args.config_module or registry.DEFAULT_CONFIG_MODULES)
     if args.update:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import sys
 import typing
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -76,19 +77,105 @@ def apply_overrides(cfg: ConfigBase, overrides: Sequence[Override], *,
 
 
 def apply_override(cfg: ConfigBase, override: Override) -> None:
-    """Parses ``override.text`` for the field at ``override.path`` and sets it."""
+    """Parses ``override.text`` for the field at ``override.path`` and sets it.
+
+    Optional parts of the tree switch on and off from the command line, as Lingvo / AXLearn users
+    expect: setting a field below an ``Optional[X.Config]`` field that is None first puts X's
+    default config there (``--config.plan.zero.stage=1`` turns ZeRO on), and ``=None`` on such a
+    field switches it off again. A nested config is also replaced by a plain value its field
+    admits (``--config.learner.optimizer.learning_rate=1e-3`` replaces a schedule by a constant).
+    """
     tokens = paths.parse_path(override.path)
     where = paths.format_path(tokens)
+    _create_optional_parents(cfg, tokens)
     annotation = _annotation_at(cfg, tokens)
     current = cfg.get_recursively(tokens)
     if isinstance(current, ConfigBase):
-        fields = ", ".join(current.fields())
+        value, problem = _parse(override.text, typecheck.strip_annotated(annotation))
+        if problem is None and not isinstance(value, ConfigBase) and \
+                not _is_text_fallback(value, override.text, annotation):
+            cfg.set_recursively(tokens, value)
+            return
+        fields = ", ".join(f for f in current.fields() if f not in ("klass", "fn"))
         raise errors.ConfigTypeError(
-            f"is a nested {type(current).__qualname__}; it cannot be replaced by text",
-            path=where, suggestion=f"override its fields instead: {where}.<field> with one of "
-                                   f"{fields}")
+            f"is a nested {type(current).__qualname__}; it cannot be replaced by "
+            f"{override.text!r}", path=where,
+            suggestion=f"override its fields instead: {where}.<field> with one of {fields}")
+    if _is_bare_none(override.text) and not _admits_none(annotation):
+        raise errors.ConfigTypeError(
+            "cannot be None", path=where, suggestion=_none_suggestion(cfg, tokens))
     value = parse_value(override.text, annotation, path=where)
     cfg.set_recursively(tokens, value)
+
+
+def _is_bare_none(text: str) -> bool:
+    return text.strip().lower() in _NONE
+
+
+def _admits_none(annotation: Any) -> bool:
+    annotation = typecheck.strip_annotated(annotation)
+    return annotation in (typing.Any, typecheck.UNCHECKED) or any(
+        m is type(None) for m in typecheck.union_members(annotation))
+
+
+def _is_text_fallback(value: Any, text: str, annotation: Any) -> bool:
+    """True when ``value`` is only the raw text, accepted by a str (or Any) member."""
+    return isinstance(value, str) and value == _unquote(text)
+
+
+def _none_suggestion(cfg: ConfigBase, tokens: List[paths.PathToken]) -> str:
+    """Where None is not allowed: how to switch the enclosing optional part off instead."""
+    for depth in range(len(tokens) - 1, 0, -1):
+        owner_tokens = tokens[:depth]
+        if isinstance(owner_tokens[-1], str) and _admits_none(_annotation_at(cfg, owner_tokens)):
+            return (f"to switch {paths.format_path(owner_tokens)} off, pass "
+                    f"{FLAG_PREFIX}{paths.format_path(owner_tokens)}=None; for the text "
+                    f"'None' write it quoted: \"'None'\"")
+    return "give a value of type " + typecheck.describe_type(_annotation_at(cfg, tokens))
+
+
+def _create_optional_parents(cfg: ConfigBase, tokens: List[paths.PathToken]) -> None:
+    """Puts the default config into every None ``Optional[X.Config]`` field along the path."""
+    node: Any = cfg
+    for token in tokens[:-1]:
+        if not isinstance(token, str) or not isinstance(node, ConfigBase) or \
+                token not in type(node).__fields__:
+            return
+        value = getattr(node, token)
+        if value is None:
+            default = _default_config_for(type(node).field_annotation(token))
+            if default is None:
+                return
+            setattr(node, token, default)
+            value = getattr(node, token)
+        node = value
+
+
+def _default_config_for(annotation: Any) -> Any:
+    """X's default config for an ``Optional[X.Config]`` annotation (one config member only)."""
+    members = [m for m in typecheck.union_members(typecheck.strip_annotated(annotation))
+               if m is not type(None)]
+    configs = [m for m in members if isinstance(m, type) and issubclass(m, ConfigBase)]
+    if len(configs) != 1 or len(members) != 1:
+        return None
+    component = _component_of(configs[0])
+    if component is not None and hasattr(component, "default_config"):
+        return component.default_config()
+    return None
+
+
+def _component_of(config_class: type) -> Any:
+    """The Configurable whose nested ``Config`` is ``config_class`` (None if there is none)."""
+    module = sys.modules.get(config_class.__module__)
+    qualname = config_class.__qualname__
+    if module is None or not qualname.endswith(".Config"):
+        return None
+    owner: Any = module
+    for part in qualname[:-len(".Config")].split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return owner if getattr(owner, "Config", None) is config_class else None
 
 
 def _annotation_at(cfg: ConfigBase, tokens: List[paths.PathToken]) -> Any:
@@ -250,3 +337,24 @@ def config_diff(before: ConfigBase, after: ConfigBase) -> List[str]:
         if old_text != new_text:
             lines.append(f"{path}: {old_text} -> {new_text}")
     return lines
+
+
+def diff_debug_strings(before: str, after: str) -> List[str]:
+    """``path: old -> new`` lines between two ``debug_string()`` dumps (e.g. a checkpoint's
+    saved config and this run's)."""
+    old, new = _parse_debug_string(before), _parse_debug_string(after)
+    lines = []
+    for path in list(new) + [p for p in old if p not in new]:
+        old_text, new_text = old.get(path, "<absent>"), new.get(path, "<absent>")
+        if old_text != new_text:
+            lines.append(f"{path}: {old_text} -> {new_text}")
+    return lines
+
+
+def _parse_debug_string(text: str) -> Dict[str, str]:
+    entries: Dict[str, str] = {}
+    for line in text.splitlines():
+        path, sep, value = line.partition(": ")
+        if sep:
+            entries[path] = value
+    return entries

@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import os
 import pkgutil
+import sys
 from typing import Callable, Dict, Iterable, List, Optional
 
 from titanax import errors
@@ -21,7 +23,9 @@ from titanax.config.base import ConfigBase
 
 ConfigFactory = Callable[[], ConfigBase]
 
-DEFAULT_CONFIG_MODULES = ("experiments",)
+# The built-in experiments: the top-level folder experiments/, installed under this name (setup.py)
+# so that a user's own `experiments` package cannot hide them.
+DEFAULT_CONFIG_MODULES = ("titanax_experiments",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +74,14 @@ def _register(name: str, factory: ConfigFactory, module: Optional[str] = None) -
 
 
 def load_config_modules(module_names: Iterable[str]) -> None:
-    """Imports each module (and, for packages, every submodule) so its experiments register."""
+    """Imports each module (and, for packages, every submodule) so its experiments register.
+
+    The current folder is searched too (``python -m`` adds it to ``sys.path``, an installed
+    console script such as ``titanax-launch`` does not), so ``--config_module=my_exps`` finds
+    ``./my_exps.py`` either way.
+    """
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     for module_name in module_names:
         try:
             module = importlib.import_module(module_name)

@@ -12,7 +12,12 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 SIGKILL mid-save leaves nothing that looks like a checkpoint. Restoring reads arrays straight into
 the shardings of the *current* mesh and plan (so a run saved on data=4 x model=2 resumes on 2 x 4,
 8 x 1 or one device); a structure, shape or dtype mismatch fails with a ``path: shape dtype``
-diff; a newest checkpoint that cannot be read is reported by name and the next one is used.
+diff; a newest checkpoint that cannot be read is reported by name, moved aside (kept) and the next
+one is used.
+
+Nothing is lost or mixed up silently: a save Orbax would skip is an error, never a no-op; a step
+counts as saved only after ``wait_until_finished()`` saw it committed; a fresh run refuses a
+directory holding another run's checkpoints (or, asked to, moves them aside).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import dataclasses
 import hashlib
 import logging
 import os
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+import time
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import jax
 import numpy as np
@@ -79,6 +85,11 @@ class OrbaxCheckpoint(Configurable):
         # What a restore loads: "full" (params, optimizer, step, data position) or "params"
         # (params only: fine-tuning or evaluation; the rest starts fresh).
         restore_mode: str = "full"
+        # A fresh run (resume="never", or init_state() by hand) whose directory already holds
+        # checkpoints of another run: False refuses before training (the old steps would be
+        # mixed with the new run's); True moves the whole directory aside to
+        # "<path>.superseded-<time>" (kept, never deleted) and starts with an empty one.
+        overwrite: bool = False
 
         def _validate_values(self):
             if self.save_every_n_steps < 0:
@@ -98,6 +109,11 @@ class OrbaxCheckpoint(Configurable):
         path = self.config.path or os.path.join(trainer_dir or ".", "checkpoints")
         self.directory = os.path.abspath(path)
         self._manager = None
+        # Steps this run saved or restored: saving one of them again is a harmless no-op, while
+        # an existing step of any other origin is another run's and must never be taken as ours.
+        self._own_steps: set = set()
+        # Saves started and not yet verified as committed.
+        self._pending: List[int] = []
 
     # --- The Orbax manager -----------------------------------------------------------------------
 
@@ -128,30 +144,124 @@ class OrbaxCheckpoint(Configurable):
 
     def save(self, state: Any, step: int, *, data_state: Optional[Dict] = None,
              metadata: Optional[Dict] = None, force: bool = False) -> bool:
-        """Starts saving ``state`` (a TrainState) as ``step``; returns False if it already exists.
+        """Starts saving ``state`` (a TrainState) as ``step``.
 
-        With ``async_save`` the arrays are copied off the device before this returns and written
-        in the background; call ``wait_until_finished()`` before relying on the files.
+        Returns False only when this run already saved (or restored) ``step``: nothing to do.
+        Raises CheckpointError when Orbax would not write it -- a step of another run in the
+        directory, or a newer step ahead of it -- since a save that silently does nothing loses
+        the run. With ``async_save`` the arrays are copied off the device before this returns
+        and written in the background; ``wait_until_finished()`` verifies the commit.
         """
         import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-        if step in self.manager.all_steps():
-            return False
+        existing = self.manager.all_steps()
+        if step in existing:
+            if step in self._own_steps:
+                return False
+            raise errors.CheckpointError(
+                f"step {step} already exists here and was not written by this run",
+                path=os.path.join(self.directory, str(step)),
+                suggestion="use another --trainer_dir (or checkpoint.path), or restart with "
+                           "checkpoint.overwrite=true to move the old checkpoints aside")
+        newer = [s for s in existing if s > step]
+        if newer:
+            raise errors.CheckpointError(
+                f"cannot save step {step}: the directory holds newer step(s) {newer}, so Orbax "
+                "would refuse it", path=self.directory,
+                suggestion="resume from the newest step, or use another --trainer_dir")
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(state.params),
             train_state=ocp.args.StandardSave(train_state_tree(state)),
             data=ocp.args.JsonSave(data_state or {}),
             metadata=ocp.args.JsonSave(metadata or {}))
-        return bool(self.manager.save(step, args=args, force=force))
+        try:
+            started = self.manager.save(step, args=args, force=force)
+        except Exception as e:  # pylint: disable=broad-except
+            raise errors.CheckpointError(
+                f"saving step {step} failed: {type(e).__name__}: {e}", path=self.directory,
+                suggestion="check the disk (space, permissions) and the path") from e
+        if not started:
+            raise errors.CheckpointError(
+                f"Orbax declined to save step {step} (latest step there: "
+                f"{self.manager.latest_step()})", path=self.directory,
+                suggestion="use another --trainer_dir, or checkpoint.overwrite=true")
+        self._own_steps.add(step)
+        self._pending.append(step)
+        return True
 
-    def wait_until_finished(self) -> None:
-        if self._manager is not None:
+    def wait_until_finished(self) -> List[int]:
+        """Waits for the saves in flight and verifies each was committed; returns their steps.
+
+        Raises CheckpointError naming the step when a save failed or left no committed
+        directory: "saved step N" may be said only after this returned.
+        """
+        if self._manager is None:
+            return []
+        try:
             self._manager.wait_until_finished()
+            self._manager.check_for_errors()
+        except Exception as e:  # pylint: disable=broad-except
+            raise errors.CheckpointError(
+                f"a checkpoint save failed in the background: {type(e).__name__}: {e}",
+                path=self.directory, suggestion="check the disk (space, permissions)") from e
+        pending, self._pending = self._pending, []
+        if pending:
+            self._manager.reload()
+            committed = set(self._manager.all_steps())
+            newest = max(committed, default=None)
+            for step in pending:
+                if step in committed and os.path.isdir(os.path.join(self.directory, str(step))):
+                    continue
+                # Retention (keep_last_n) may already have removed an older step it superseded.
+                if step not in committed and newest is not None and newest > step and \
+                        newest in pending:
+                    continue
+                raise errors.CheckpointError(
+                    f"step {step} was saved but is not in the directory afterwards",
+                    path=os.path.join(self.directory, str(step)),
+                    suggestion="check the disk and whether another process writes here")
+        return pending
 
     def close(self) -> None:
         if self._manager is not None:
-            self._manager.wait_until_finished()
+            self.wait_until_finished()
             self._manager.close()
             self._manager = None
+
+    def prepare_fresh_start(self) -> None:
+        """Called before a run that did not resume starts training.
+
+        A directory holding checkpoints belongs to another run: refuse (naming the two ways
+        out), or with ``overwrite`` move the whole directory aside -- kept, not deleted.
+        """
+        steps = self.all_steps()
+        if not steps:
+            return
+        if not self.config.overwrite:
+            raise errors.CheckpointError(
+                f"this run starts fresh, but the directory holds checkpoints of another run "
+                f"(steps {steps}); saving into it would mix the two runs", path=self.directory,
+                suggestion="resume it (checkpoint.resume='auto'), use another --trainer_dir, "
+                           "or pass --config.checkpoint.overwrite=true to move the old "
+                           "checkpoints aside (they are kept)")
+        self.close()
+        aside = _unused_path(f"{self.directory}.superseded-{_timestamp()}")
+        os.rename(self.directory, aside)
+        _log.warning("moved the checkpoints of the previous run aside: %s", aside)
+        print(f"titanax: moved the previous run's checkpoints (steps {steps}) aside to {aside}",
+              flush=True)
+
+    def move_aside(self, step: int, reason: str) -> str:
+        """Renames a damaged step directory to ``<step>.damaged-<time>`` (kept for inspection),
+        so it no longer blocks later saves; returns the new path."""
+        where = os.path.join(self.directory, str(step))
+        aside = _unused_path(f"{where}.damaged-{_timestamp()}")
+        os.rename(where, aside)
+        if self._manager is not None:
+            self._manager.reload()
+        _log.warning("moved damaged checkpoint %s aside to %s (%s)", where, aside, reason)
+        print(f"titanax: checkpoint step {step} is damaged ({reason}); moved it aside to {aside}",
+              flush=True)
+        return aside
 
     # --- Finding and restoring -------------------------------------------------------------------
 
@@ -173,19 +283,24 @@ class OrbaxCheckpoint(Configurable):
         return dict(restored["metadata"] or {})
 
     def restore(self, *, params_target: Any, train_state_target: Any = None,
-                step: Optional[int] = None, mode: Optional[str] = None) -> Optional[Restored]:
+                step: Optional[int] = None, mode: Optional[str] = None,
+                check_metadata: Optional[Callable[[Dict[str, Any], str], None]] = None
+                ) -> Optional[Restored]:
         """The newest readable checkpoint (or ``step``), read into the targets' shardings.
 
         ``params_target`` / ``train_state_target`` are trees of ``jax.ShapeDtypeStruct`` with
         shardings on the current mesh. Returns None when there is no checkpoint. A checkpoint that
-        fails to read is logged as a warning naming it, and the next older one is tried (unless
-        ``step`` was asked for explicitly).
+        fails to read is reported by name and moved aside (``<step>.damaged-<time>``, kept), so
+        it cannot block later saves, and the next older one is tried (unless ``step`` was asked
+        for explicitly). ``check_metadata(metadata, where)`` may refuse a full restore (raise
+        CheckpointError) before any array is read.
         """
         mode = mode or self.config.restore_mode
         candidates = [step] if step is not None else list(reversed(self.all_steps()))
         for candidate in candidates:
             try:
-                return self._restore_step(candidate, params_target, train_state_target, mode)
+                restored = self._restore_step(candidate, params_target, train_state_target, mode,
+                                              check_metadata)
             except errors.CheckpointError:
                 raise
             except Exception as e:  # pylint: disable=broad-except
@@ -193,13 +308,19 @@ class OrbaxCheckpoint(Configurable):
                 if step is not None:
                     raise errors.CheckpointError(
                         f"cannot read checkpoint step {candidate}: {type(e).__name__}: {e}",
-                        path=where, suggestion="pick another step, or delete the damaged one"
+                        path=where, suggestion="pick another step, or move the damaged one away"
                     ) from e
-                _log.warning("skipping damaged checkpoint %s (%s: %s); trying an older one",
-                             where, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                _log.warning("skipping damaged checkpoint %s (%s); trying an older one",
+                             where, reason)
+                self.move_aside(candidate, reason)
+                continue
+            self._own_steps.add(restored.step)
+            return restored
         return None
 
-    def _restore_step(self, step: int, params_target, train_state_target, mode) -> Restored:
+    def _restore_step(self, step: int, params_target, train_state_target, mode,
+                      check_metadata) -> Restored:
         import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
         where = os.path.join(self.directory, str(step))
         metadata = self.read_metadata(step)
@@ -207,6 +328,8 @@ class OrbaxCheckpoint(Configurable):
         _check_matches(saved["params"], params_target, where=f"{where}/params")
         items = {"params": ocp.args.StandardRestore(params_target)}
         if mode == "full":
+            if check_metadata is not None:
+                check_metadata(metadata, where)
             _check_matches(saved["train_state"], train_state_target,
                            where=f"{where}/train_state")
             items["train_state"] = ocp.args.StandardRestore(train_state_target)
@@ -234,6 +357,18 @@ class OrbaxCheckpoint(Configurable):
         restored = self.manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(target)))
         return jax.tree_util.tree_map(np.asarray, restored["params"])
+
+
+def _timestamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%S")
+
+
+def _unused_path(path: str) -> str:
+    candidate, index = path, 1
+    while os.path.exists(candidate):
+        index += 1
+        candidate = f"{path}-{index}"
+    return candidate
 
 
 def train_state_tree(state: Any) -> Dict[str, Any]:

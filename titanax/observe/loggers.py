@@ -1,19 +1,22 @@
 """Loggers: where step metrics go. Each is a Configurable with ``log_dict(metrics, step)``.
 
-``Basic`` prints one progress line per log step (step, loss, lr, grad norm, step time, tokens/s,
-ETA); ``CSV`` appends rows to ``<trainer_dir>/metrics.csv``; ``TensorBoard`` writes event files
+``Basic`` prints one progress line per log step (step N/total, loss, lr, grad norm, step time,
+tokens/s, ETA); ``CSV`` keeps ``<trainer_dir>/metrics.csv`` one table; ``TensorBoard`` writes event files
 with tensorboardX (no TensorFlow needed). Only process 0 writes, so a multi-process job logs once.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import sys
-from typing import Dict, Optional
+import time
+from typing import Dict, List, Optional, Tuple
 
 from titanax.config import Configurable
+from titanax.utils.files import atomic_write_text
 
 
 class Logger(Configurable):
@@ -22,6 +25,18 @@ class Logger(Configurable):
     def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, **fields):
         super().__init__(cfg, **fields)
         self.trainer_dir = trainer_dir
+        self.total_steps: Optional[int] = None
+
+    def start(self, *, step: int, total_steps: Optional[int] = None, resumed: bool = False
+              ) -> None:
+        """Called once before training: the run starts at ``step`` of ``total_steps``.
+
+        ``resumed``: the run continues from a checkpoint at ``step`` (what was logged after it
+        will be logged again); otherwise it is a new run, and what an earlier run in the same
+        directory logged must be kept apart from it.
+        """
+        del step, resumed
+        self.total_steps = total_steps
 
     def log_scalar(self, name: str, value: float, step: int) -> None:
         self.log_dict({name: value}, step)
@@ -53,7 +68,8 @@ class Basic(Logger):
 
     def log_dict(self, metrics: Dict[str, float], step: int) -> None:
         cfg = self.config
-        parts = [f"step {step:>6d}"]
+        total = f"/{self.total_steps}" if self.total_steps else ""
+        parts = [f"step {step:>6d}{total}"]
         shown = [k for k in cfg.columns if k in metrics]
         others = sorted(k for k in metrics if k not in cfg.columns and k != "eta_s")
         # A line with none of the progress columns (compile time, an evaluation) shows its own.
@@ -74,7 +90,14 @@ def _duration(seconds: float) -> str:
 
 
 class CSV(Logger):
-    """Appends one row per log step to a CSV file (new columns start a new header row)."""
+    """One table in a CSV file: a header row, then one row per log call.
+
+    A metric that first appears later (an evaluation, say) becomes a new column: the file is
+    rewritten with the wider header and empty cells where a row has no value, so
+    ``pandas.read_csv`` reads it as one table. On resume the rows logged after the restored step
+    are dropped (they are logged again); a new run moves an earlier run's file aside
+    (``metrics.<time>.csv``) instead of mixing rows of two runs.
+    """
 
     class Config(Logger.Config):
         # File name inside the trainer dir (or an absolute path).
@@ -83,17 +106,70 @@ class CSV(Logger):
     def __init__(self, cfg=None, *, trainer_dir=None, **fields):
         super().__init__(cfg, trainer_dir=trainer_dir, **fields)
         self.path = os.path.join(trainer_dir or ".", self.config.filename)
-        self._columns: Optional[list] = None
+        self._columns: Optional[List[str]] = None
+        self._rows: List[Dict[str, str]] = []
+
+    def start(self, *, step: int, total_steps: Optional[int] = None, resumed: bool = False
+              ) -> None:
+        super().start(step=step, total_steps=total_steps, resumed=resumed)
+        columns, rows = _read_table(self.path)
+        if rows and not resumed:
+            root, ext = os.path.splitext(self.path)
+            os.replace(self.path, f"{root}.{time.strftime('%Y%m%dT%H%M%S')}{ext}")
+            columns, rows = ["step"], []
+        kept = [row for row in rows if _as_int(row.get("step")) <= step]
+        self._columns, self._rows = columns or ["step"], kept
+        if len(kept) != len(rows):
+            self._rewrite()
 
     def log_dict(self, metrics: Dict[str, float], step: int) -> None:
-        columns = ["step"] + sorted(metrics)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        if self._columns is None:
+            self._columns, self._rows = _read_table(self.path)
+            self._columns = self._columns or ["step"]
+        row = {"step": str(step), **{k: repr(float(v)) if isinstance(v, float) else str(v)
+                                     for k, v in metrics.items()}}
+        self._rows.append(row)
+        new_columns = sorted(k for k in metrics if k not in self._columns)
+        if new_columns or not os.path.exists(self.path):
+            self._columns = self._columns + new_columns
+            self._rewrite()
+            return
         with open(self.path, "a", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            if columns != self._columns:
-                writer.writerow(columns)
-                self._columns = columns
-            writer.writerow([step] + [metrics[k] for k in columns[1:]])
+            csv.writer(f).writerow([row.get(k, "") for k in self._columns])
+
+    def _rewrite(self) -> None:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(self._columns)
+        for row in self._rows:
+            writer.writerow([row.get(k, "") for k in self._columns])
+        atomic_write_text(self.path, buffer.getvalue())
+
+
+def _read_table(path: str) -> Tuple[List[str], List[Dict[str, str]]]:
+    """Columns and rows of a metrics CSV (also the older layout with repeated header rows)."""
+    if not os.path.exists(path):
+        return [], []
+    columns: List[str] = []
+    rows: List[Dict[str, str]] = []
+    header: List[str] = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for record in csv.reader(f):
+            if not record:
+                continue
+            if record[0] == "step":
+                header = record
+                columns += [c for c in record if c not in columns]
+                continue
+            rows.append({k: v for k, v in zip(header, record) if v != ""})
+    return columns, rows
+
+
+def _as_int(text: Optional[str]) -> int:
+    try:
+        return int(float(text))
+    except (TypeError, ValueError):
+        return -1
 
 
 class TensorBoard(Logger):
@@ -105,14 +181,30 @@ class TensorBoard(Logger):
 
     def __init__(self, cfg=None, *, trainer_dir=None, **fields):
         super().__init__(cfg, trainer_dir=trainer_dir, **fields)
-        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
         self.log_dir = os.path.join(trainer_dir or ".", self.config.subdir)
-        self._writer = SummaryWriter(self.log_dir)
+        self._writer = None
+
+    def start(self, *, step: int, total_steps: Optional[int] = None, resumed: bool = False
+              ) -> None:
+        """On resume, TensorBoard drops the events logged after ``step`` (they are logged
+        again); a new run moves an earlier run's event files aside."""
+        super().start(step=step, total_steps=total_steps, resumed=resumed)
+        if not resumed and os.path.isdir(self.log_dir) and os.listdir(self.log_dir):
+            os.replace(self.log_dir, f"{self.log_dir}.{time.strftime('%Y%m%dT%H%M%S')}")
+        self._open(purge_step=step + 1 if resumed else None)
+
+    def _open(self, purge_step: Optional[int] = None):
+        if self._writer is None:
+            from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+            self._writer = SummaryWriter(self.log_dir, purge_step=purge_step)
+        return self._writer
 
     def log_dict(self, metrics: Dict[str, float], step: int) -> None:
+        writer = self._open()
         for name, value in metrics.items():
-            self._writer.add_scalar(name, value, step)
-        self._writer.flush()
+            writer.add_scalar(name, value, step)
+        writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()

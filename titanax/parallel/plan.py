@@ -178,7 +178,11 @@ class Plan(Configurable):
                     f"{role} uses mesh axis {axis!r}, which the mesh does not have",
                     path=f"plan.{role}.axis",
                     suggestion=f"mesh axes: {', '.join(mesh_shape)}; rename the axis in the plan "
-                               "or the mesh")
+                               "or add it to the mesh, e.g. "
+                               f"--config.mesh.axes=\"{tuple(mesh_shape) + (axis,)}\" "
+                               f"--config.mesh.shape=\"{(None,) + (1,) * (len(mesh_shape) - 1) + (2,)}\""
+                               + (" --config.model.tp_axis=" + axis
+                                  if role == "tensor_parallel" else ""))
         roles = self.roles()
         idle = [a for a, size in mesh_shape.items() if size > 1 and a not in roles]
         if idle:
@@ -204,16 +208,22 @@ class Plan(Configurable):
             self.check_batch_size(global_batch_size, mesh)
         return self
 
-    def check_batch_size(self, global_batch_size: int, mesh: Mesh) -> None:
-        """The global batch must split evenly into data shards x microbatches."""
+    def check_batch_size(self, global_batch_size: int, mesh: Mesh, *,
+                         path: Optional[str] = None, microbatched: bool = True) -> None:
+        """The global batch must split evenly into data shards (x microbatches when training).
+
+        ``path`` names the config field that set the batch size, for the error.
+        """
         data = mesh.shape[self.dp_axis] if self.dp_axis else 1
-        parts = data * self.accumulate_steps
+        steps = self.accumulate_steps if microbatched else 1
+        parts = data * steps
         if global_batch_size % parts or global_batch_size < parts:
+            split = (f"data-axis size {data} x accumulate_steps {steps} = {parts}" if steps > 1
+                     else f"data-axis size {data} (mesh axis {self.dp_axis!r})")
             raise errors.PlanError(
-                f"global batch size {global_batch_size} is not divisible by data-axis size {data} "
-                f"x accumulate_steps {self.accumulate_steps} = {parts}",
-                path="plan.data_parallel.accumulate_steps" if self.accumulate_steps > 1
-                else f"mesh axis {self.dp_axis!r}",
+                f"global batch size {global_batch_size} is not divisible by {split}",
+                path=path or ("plan.data_parallel.accumulate_steps" if steps > 1
+                              else f"mesh axis {self.dp_axis!r}"),
                 suggestion=f"use a batch size that is a multiple of {parts}, e.g. "
                            f"{max(parts, global_batch_size - global_batch_size % parts)}")
 

@@ -90,7 +90,8 @@ class MeshSpec(Configurable):
                 raise errors.MeshError(
                     f"cannot infer the None axis of shape {cfg.shape}: {count} devices are not "
                     f"divisible by {known}", path="mesh.shape",
-                    suggestion=f"choose sizes whose product divides the {count} devices")
+                    suggestion=f"choose sizes whose product divides the {count} devices"
+                    + _simulate_hint(known, count))
             shape = tuple(count // known if s is None else s for s in cfg.shape)
         else:
             shape = tuple(cfg.shape)
@@ -99,7 +100,7 @@ class MeshSpec(Configurable):
                 f"shape {shape} needs {math.prod(shape)} devices but {count} are available",
                 path="mesh.shape",
                 suggestion=f"make the sizes multiply to {count}, or put None in one entry to "
-                           "infer it")
+                           "infer it" + _simulate_hint(math.prod(shape), count))
         return shape
 
     def build(self) -> Mesh:
@@ -167,3 +168,11 @@ class ProcessGroups:
         me = jax.process_index()
         return tuple(sorted({index[dimension] for index in np.ndindex(self._mesh.devices.shape)
                              if self._mesh.devices[index].process_index == me}))
+
+
+def _simulate_hint(needed: int, available: int) -> str:
+    """On a CPU-only machine, how to simulate the devices a mesh needs."""
+    if needed <= available or jax.default_backend() != "cpu":
+        return ""
+    return (f"; on a CPU-only machine, simulate them: --cpu_devices={needed} (launcher) or "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={needed} before jax starts")

@@ -40,6 +40,7 @@ from titanax.train.compiled_step import CompiledStep
 from titanax.train.engine_state import StateMixin
 from titanax.train.evaler import Evaler, summarize
 from titanax.train.precision import Precision
+from titanax.train import preemption
 from titanax.train.preemption import preemption_guard
 from titanax.train.train_state import TrainState
 from titanax.train.user_step import wrap_user_step
@@ -115,6 +116,10 @@ class Engine(StateMixin, Configurable):
         self.restored_from: Optional[str] = None
         self._restored_data_state: Optional[Dict[str, Any]] = None
         self._train_iterator: Optional[Iterator] = None
+        # True once the state came from a full restore (the run continues; nothing is fresh).
+        self._resumed = False
+        self._checkpoint_dir_claimed = False
+        self._loggers_started = False
 
     # --- Building ---------------------------------------------------------------------------------
 
@@ -133,7 +138,7 @@ class Engine(StateMixin, Configurable):
                 "but no GPipe/1F1B schedule executes it)", path="plan.pipeline_parallel",
                 suggestion="use data and tensor parallelism for now (remove pipeline_parallel)")
         self.precision: Precision = cfg.precision.instantiate()
-        self.learner: learner_lib.Learner = cfg.learner.instantiate()
+        self.learner: learner_lib.Learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
         tp = cfg.plan.tensor_parallel
         if tp is not None and not tp.prefer_reduce_scatter and \
                 getattr(cfg.model, "sequence_parallel", False):
@@ -265,12 +270,20 @@ class Engine(StateMixin, Configurable):
         if step_fn is not None:
             self._user_step = step_fn
             self._train_step = None
-        if self.state is None:
-            self.init_or_restore(params=params)
         total = steps if steps is not None else cfg.max_steps
         if total is None:
             raise errors.StepError("how many steps?", path="engine.max_steps",
                                    suggestion="set max_steps or pass steps= to fit()")
+        if isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 0:
+            raise errors.StepError(f"the number of steps must be an int >= 0, got {total!r}",
+                                   path="fit(steps=...)" if steps is not None else "max_steps",
+                                   suggestion="pass the step to train up to, e.g. steps=1000")
+        if data is None:
+            self.check_inputs()
+        if self.state is None:
+            self.init_or_restore(params=params)
+        self._claim_checkpoint_dir()
+        self._start_loggers(total)
         if data is not None:
             iterator = iter(data)
         else:  # The configured input: one stream per engine, continued by later fit() calls.
@@ -280,6 +293,7 @@ class Engine(StateMixin, Configurable):
         if self._restored_data_state and hasattr(iterator, "set_state"):
             iterator.set_state(self._restored_data_state)
             self._restored_data_state = None
+        preemption.exit_if_requested("before the first step")
         guarded = cfg.save_on_preemption and self.checkpointer() is not None
         with preemption_guard(guarded) as guard:
             self._train_loop(iterator, total, eval_every, guard)
@@ -338,7 +352,7 @@ class Engine(StateMixin, Configurable):
             if ckpt is not None and (ckpt.should_save(done) or guard.requested):
                 self.save(data_iterator=iterator)
             if guard.requested:
-                ckpt.wait_until_finished()
+                ckpt.wait_until_finished()  # Raises unless every save in flight is committed.
                 print(f"titanax: {guard.signal_name}: saved step {done} to {ckpt.directory}; "
                       "exiting", flush=True)
                 raise SystemExit(0)
@@ -377,9 +391,9 @@ class Engine(StateMixin, Configurable):
                                "or loss scaling, or set nan_policy='skip'")
         self.history.extend(values)
         last = dict(values[-1])
-        step_time = elapsed / window_steps if window_steps else float("nan")
-        last["step_time_s"] = step_time
-        if window_steps:
+        step_time = elapsed / window_steps if window_steps else None
+        if window_steps:  # The compile step alone has no step time to show.
+            last["step_time_s"] = step_time
             if "aux/num_tokens" in last:
                 last["tokens_per_s"] = last["aux/num_tokens"] / step_time
             elif "aux/num_examples" in last:
@@ -394,6 +408,37 @@ class Engine(StateMixin, Configurable):
             last["eta_s"] = (total - step) * step_time
         for logger in loggers:
             logger.log_dict(last, step)
+
+    def _claim_checkpoint_dir(self) -> None:
+        """Before the first step or save: a run that did not resume must not write into a
+        directory holding another run's checkpoints (refused, or moved aside on request)."""
+        ckpt = self.checkpointer()
+        if ckpt is None or self._checkpoint_dir_claimed:
+            return
+        if not self._resumed:
+            ckpt.prepare_fresh_start()
+        self._checkpoint_dir_claimed = True
+
+    def _start_loggers(self, total: int) -> None:
+        if self._loggers_started:
+            return
+        step = int(jax.device_get(self.state.step))
+        for logger in self.loggers():
+            logger.start(step=step, total_steps=total, resumed=self._resumed)
+        self._loggers_started = True
+
+    def check_inputs(self) -> None:
+        """Every configured input against the plan, before the first step is spent."""
+        self.build()
+        cfg = self.config
+        if cfg.train_input is not None and isinstance(cfg.train_input.global_batch_size, int):
+            self.plan.check_batch_size(cfg.train_input.global_batch_size, self.mesh,
+                                       path="train_input.global_batch_size")
+        for name, evaler_cfg in cfg.evalers.items():
+            batch = evaler_cfg.input.global_batch_size
+            if isinstance(batch, int):
+                self.plan.check_batch_size(batch, self.mesh, microbatched=False,
+                                           path=f"evalers[{name!r}].input.global_batch_size")
 
     # --- Evaluation -------------------------------------------------------------------------------
 
@@ -493,12 +538,14 @@ class Engine(StateMixin, Configurable):
         return input_cfg.instantiate(process_index=jax.process_index(),
                                      process_count=jax.process_count())
 
-    def run(self, *, trainer_dir: Optional[str] = None, cluster=None, explain: bool = False
-            ) -> int:
+    def run(self, *, trainer_dir: Optional[str] = None, cluster=None, explain: bool = False,
+            on_start: Optional[Callable[[], None]] = None) -> int:
         """What ``python -m titanax.launch`` calls: join the job, train, evaluate, report.
 
         With ``explain`` it only compiles the train step on the first batch and prints
-        ``explain()`` (mesh, param layouts, collectives).
+        ``explain()`` (mesh, param layouts, collectives). ``on_start`` is called (on process 0)
+        once everything was checked and the run really starts: the launcher writes the run's
+        config record there.
         """
         from titanax.runtime import distributed  # pylint: disable=import-outside-toplevel
         if cluster is not None and cluster.is_multi_process:
@@ -506,6 +553,16 @@ class Engine(StateMixin, Configurable):
                                    cluster.process_id)
         self.trainer_dir = trainer_dir or self.trainer_dir
         self.build()
+        if self.model is None:
+            raise errors.StepError(
+                "this experiment has no model, so the launcher has nothing to train",
+                path="model", suggestion="set model in the experiment's Engine config (e.g. "
+                "GPT.default_config() or MLPClassifier.default_config()); to train a "
+                "hand-written @step_fn, call engine.fit(step_fn, data=...) from a script")
+        self.check_inputs()
+        preemption.exit_if_requested("while the run was built")
+        if on_start is not None and jax.process_index() == 0:
+            on_start()
         if explain:
             self.init_or_restore()
             self.compile(example_batch=next(iter(self._make_input(self.config.train_input))))

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from titanax import errors
+from titanax.config import overrides
 from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.parallel import rules, sharding
@@ -157,7 +158,7 @@ class StateMixin:
         mode = mode or ckpt.config.restore_mode
         restored = ckpt.restore(params_target=template.params,
                                 train_state_target=checkpoint_lib.train_state_tree(template),
-                                step=step, mode=mode)
+                                step=step, mode=mode, check_metadata=self._check_state_layout)
         if restored is None:
             return False
         if mode == "params" or restored.train_state is None:
@@ -169,11 +170,61 @@ class StateMixin:
                                             step=train["step"], rngs=train["rngs"],
                                             loss_scale=train.get("loss_scale"))
             self._restored_data_state = restored.data_state
+            self._resumed = True
         self.restored_from = restored.path
         message = f"restored {'params' if mode == 'params' else 'the run'} from {restored.path}"
         _log.info(message)
         print(f"titanax: {message}", flush=True)
+        self._report_config_changes(restored)
         return True
+
+    def _report_config_changes(self, restored) -> None:
+        """Resuming with another learning rate, batch or seed is allowed, but said."""
+        saved_text = (restored.metadata or {}).get("config")
+        if not saved_text:
+            return
+        changes = overrides.diff_debug_strings(saved_text, self.config.debug_string())
+        if not changes:
+            return
+        shown = changes[:20] + ([f"... and {len(changes) - 20} more"] if len(changes) > 20 else [])
+        print(f"titanax: this run's config differs from the one saved with step "
+              f"{restored.step} ({len(changes)} change{'s' if len(changes) != 1 else ''}):\n"
+              + "\n".join(f"  {line}" for line in shown), flush=True)
+
+    def _state_layout(self) -> Dict[str, Any]:
+        """How the optimizer state's global arrays are laid out (saved in the metadata)."""
+        if self.plan.zero is not None:
+            return {"kind": "zero1_flat_chunks",
+                    "mesh": {str(k): int(v) for k, v in self.mesh.shape.items()}}
+        return {"kind": "param_layout"}
+
+    def _check_state_layout(self, metadata: Dict[str, Any], where: str) -> None:
+        """Refuses a full restore whose optimizer state would load without error but mean other
+        numbers here: ZeRO-1's flat chunks depend on the mesh they were cut for."""
+        here = self._state_layout()
+        saved = metadata.get("optimizer_state_layout")
+        if saved is None:  # Written before layouts were recorded: infer from the mesh.
+            saved_mesh = dict(zip(metadata.get("mesh_axes", []), metadata.get("mesh_shape", [])))
+            if here["kind"] != "zero1_flat_chunks" or saved_mesh == here["mesh"]:
+                return
+            saved = {"kind": "unknown", "mesh": saved_mesh}
+        if saved == here or "zero1_flat_chunks" not in (saved.get("kind"), here["kind"]):
+            return
+
+        def describe(layout):
+            mesh = " x ".join(f"{k}={v}" for k, v in layout.get("mesh", {}).items())
+            return {"zero1_flat_chunks": f"ZeRO-1 flat chunks cut for mesh {mesh}",
+                    "param_layout": "laid out like the params",
+                    "unknown": f"of unrecorded layout, saved on mesh {mesh}"}[layout["kind"]]
+
+        raise errors.CheckpointError(
+            f"the optimizer state was saved {describe(saved)}; this run needs it "
+            f"{describe(here)}. ZeRO-1 stores each param's state as flattened, padded chunks "
+            "of its TP-local part, so on another mesh (or without ZeRO) the same arrays would "
+            "load without error and hold other params' moments", path=f"{where}/train_state",
+            suggestion="resume with the mesh and plan it was saved with, or restore the params "
+                       "only (--config.checkpoint.restore_mode=params: the optimizer starts "
+                       "fresh)")
 
     def init_or_restore(self, *, params: Any = None) -> TrainState:
         """Resumes from the newest good checkpoint (when configured to), else starts fresh.
@@ -191,6 +242,7 @@ class StateMixin:
         if ckpt is None:
             raise errors.CheckpointError("no checkpoint is configured", path="engine.checkpoint",
                                          suggestion="set checkpoint=OrbaxCheckpoint.Config(...)")
+        self._claim_checkpoint_dir()
         step = int(jax.device_get(self.state.step))
         data_state = data_iterator.get_state() if hasattr(data_iterator, "get_state") else None
         metadata = checkpoint_lib.run_metadata(
@@ -198,6 +250,7 @@ class StateMixin:
             optimizer_text=self.config.learner.debug_string()
             + repr(type(self.config.optimizer)), config_text=self.config.debug_string(),
             process_count=jax.process_count())
+        metadata["optimizer_state_layout"] = self._state_layout()
         return ckpt.save(self.state, step, data_state=data_state, metadata=metadata, force=force)
 
     def state_dict(self) -> Dict[str, Any]:

@@ -21,6 +21,14 @@ class Evaler(Configurable):
         # Batches per evaluation; None: one pass over the data (the input must not repeat).
         num_batches: Optional[int] = None
 
+        def _validate_values(self):
+            if self.every_n_steps is not None and self.every_n_steps < 1:
+                yield "every_n_steps", f"must be >= 1 (or None: only after training), got " \
+                                       f"{self.every_n_steps}"
+            if self.num_batches is not None and self.num_batches < 1:
+                yield "num_batches", f"must be >= 1 (or None: one pass over the data), got " \
+                                     f"{self.num_batches}"
+
     def due(self, step: int) -> bool:
         every = self.config.every_n_steps
         return bool(every) and step % every == 0

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
+from titanax import errors
 from titanax.config import Configurable, InstantiableConfig, config_for_function
 from titanax.parallel import collectives, rules
 from titanax.train import optimizers, zero
@@ -50,10 +51,16 @@ class Learner(Configurable):
         def _validate_values(self):
             if self.max_grad_norm is not None and self.max_grad_norm <= 0:
                 yield "max_grad_norm", "must be > 0 (or None to disable clipping)"
+            yield from _learning_rate_problems(self.optimizer)
+
+    def __init__(self, cfg=None, *, total_steps: Optional[int] = None, **fields):
+        """``total_steps``: the run's length; fills a schedule's ``decay_steps=None``."""
+        super().__init__(cfg, **fields)
+        self._optimizer_cfg = _with_run_length(self.config.optimizer, total_steps)
 
     def build(self, decay_scales: Any) -> OptimizerAdapter:
         """The optax transformation, with ``decay_scales`` when the factory accepts them."""
-        optimizer_cfg = self.config.optimizer
+        optimizer_cfg = self._optimizer_cfg
         target = getattr(optimizer_cfg, "fn", None)
         extra = {}
         if target is not None and "decay_scales" in inspect.signature(target).parameters:
@@ -62,12 +69,51 @@ class Learner(Configurable):
 
     def learning_rate(self, step: jax.Array) -> jax.Array:
         """The learning rate at ``step`` (for logging); NaN when the optimizer has no such field."""
-        value = getattr(self.config.optimizer, "learning_rate", None)
+        value = getattr(self._optimizer_cfg, "learning_rate", None)
         if isinstance(value, InstantiableConfig):
             return jnp.asarray(value.instantiate()(step), jnp.float32)
         if isinstance(value, (int, float)):
             return jnp.asarray(value, jnp.float32)
         return jnp.asarray(jnp.nan, jnp.float32)
+
+
+# Schedule fields that hold a learning rate, and must be positive (end values may be 0).
+_POSITIVE_RATE_FIELDS = ("peak_value", "value")
+
+
+def _learning_rate_problems(optimizer_cfg: Any):
+    """A learning rate <= 0 trains into garbage without any error: refuse it up front."""
+    value = getattr(optimizer_cfg, "learning_rate", None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+        yield "optimizer.learning_rate", f"must be > 0, got {value}"
+    if isinstance(value, InstantiableConfig):
+        for name in _POSITIVE_RATE_FIELDS:
+            rate = getattr(value, name, None) if name in value.keys() else None
+            if isinstance(rate, (int, float)) and rate <= 0:
+                yield f"optimizer.learning_rate.{name}", f"must be > 0, got {rate}"
+        end = getattr(value, "end_value", None) if "end_value" in value.keys() else None
+        if isinstance(end, (int, float)) and end < 0:
+            yield "optimizer.learning_rate.end_value", f"must be >= 0, got {end}"
+        steps = getattr(value, "decay_steps", None) if "decay_steps" in value.keys() else None
+        if isinstance(steps, int) and steps < 1:
+            yield "optimizer.learning_rate.decay_steps", \
+                f"must be >= 1 (or None: the run's max_steps), got {steps}"
+
+
+def _with_run_length(optimizer_cfg: Any, total_steps: Optional[int]) -> Any:
+    """The optimizer config with a schedule's ``decay_steps=None`` set to ``total_steps``."""
+    schedule = getattr(optimizer_cfg, "learning_rate", None)
+    if not (isinstance(schedule, InstantiableConfig) and "decay_steps" in schedule.keys()
+            and schedule.decay_steps is None):
+        return optimizer_cfg
+    if total_steps is None:
+        raise errors.ConfigError(
+            "decay_steps=None means the run's length, but max_steps is not set",
+            path="learner.optimizer.learning_rate.decay_steps",
+            suggestion="set max_steps (or --config.max_steps=N), or give decay_steps explicitly")
+    filled = optimizer_cfg.clone()
+    filled.learning_rate.decay_steps = int(total_steps)
+    return filled
 
 
 def decay_scales_from_specs(parameter_specs: Any) -> Any:

@@ -59,9 +59,17 @@ def sgd(learning_rate: ScalarOrSchedule, momentum: Optional[float] = None, neste
     return optax.chain(*parts)
 
 
-def warmup_cosine(peak_value: float, warmup_steps: int, decay_steps: int,
+def warmup_cosine(peak_value: float, warmup_steps: int, decay_steps: Optional[int] = None,
                   init_value: float = 0.0, end_value: float = 0.0) -> Schedule:
-    """Linear warm-up from init_value to peak_value, then cosine decay to end_value."""
+    """Linear warm-up from init_value to peak_value, then cosine decay to end_value.
+
+    ``decay_steps`` counts from step 0 (warm-up included). None means "the run's length": the
+    Learner fills in the engine's ``max_steps``, so ``--config.max_steps=200`` shortens the
+    schedule with the run instead of leaving it 10x too long.
+    """
+    if decay_steps is None:
+        raise ValueError("warmup_cosine: decay_steps=None must be filled in by the Learner "
+                         "from the run's max_steps")
     return optax.warmup_cosine_decay_schedule(
         init_value=init_value, peak_value=peak_value, warmup_steps=warmup_steps,
         decay_steps=max(decay_steps, warmup_steps + 1), end_value=end_value)

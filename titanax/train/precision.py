@@ -27,9 +27,15 @@ class Precision(Configurable):
         bfloat16: bool = False
         # Compute in float16 (use with loss_scaling).
         fp16: bool = False
-        # Dynamic loss scaling (needed for float16; harmless otherwise).
+        # Dynamic loss scaling (required with fp16; harmless otherwise).
         loss_scaling: bool = False
-        # Keep params (and the optimizer update) in float32 while computing in 16 bits.
+        # Accept fp16 without loss scaling anyway (e.g. to show why it is needed); by default such
+        # a config is refused, since it typically turns the loss into NaN within a few steps.
+        allow_unscaled_fp16: bool = False
+        # Keep params (and the optimizer update) in float32 while computing in 16 bits. Always
+        # on with fp16: float16 optimizer arithmetic breaks (Adam's second moment of a 1e-4
+        # gradient is below float16's smallest number, and eps=1e-8 rounds to 0: the update is
+        # inf), so float16 runs keep float32 master params, as every AMP recipe does.
         enable_x32_params: bool = False
         # First loss scale.
         initial_loss_scale: float = 2.0 ** 15
@@ -41,6 +47,11 @@ class Precision(Configurable):
         def _validate_values(self):
             if self.bfloat16 and self.fp16:
                 yield "fp16", "choose bfloat16 or fp16, not both"
+            if self.fp16 and not self.loss_scaling and not self.allow_unscaled_fp16:
+                yield "loss_scaling", ("float16 needs loss scaling: without it small gradients "
+                                       "flush to zero and large ones overflow within steps; set "
+                                       "loss_scaling=true (or allow_unscaled_fp16=true to "
+                                       "accept that)")
             if self.initial_loss_scale <= 0:
                 yield "initial_loss_scale", "must be > 0"
 
@@ -52,8 +63,10 @@ class Precision(Configurable):
 
     @property
     def param_dtype(self) -> jnp.dtype:
-        """Storage dtype of params."""
-        return jnp.dtype(jnp.float32) if self.config.enable_x32_params else self.compute_dtype
+        """Storage dtype of params: float32 with enable_x32_params, and always with fp16."""
+        if self.config.enable_x32_params or self.config.fp16:
+            return jnp.dtype(jnp.float32)
+        return self.compute_dtype
 
     def cast_params_for_storage(self, params: Any) -> Any:
         return _cast_floats(params, self.param_dtype)

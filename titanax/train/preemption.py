@@ -1,9 +1,15 @@
-"""Preemption: SIGTERM / SIGINT ask the engine to stop cleanly at the next step boundary.
+"""Preemption: SIGTERM / SIGINT ask the run to stop cleanly at the next safe point.
 
-The first signal sets a flag; the training loop finishes the step in progress, saves a checkpoint,
-waits until it is fully written and exits with status 0 (a scheduler's SIGTERM is not a failure).
-A second signal exits at once: an in-flight Orbax save is left as a temporary directory, which is
-never mistaken for a checkpoint, so nothing that was saved is damaged.
+The first signal only records a request. While training, the loop finishes the step in progress,
+saves a checkpoint, waits until it is verified as committed and exits with status 0 (a
+scheduler's SIGTERM is not a failure). A second signal exits at once: an in-flight Orbax save is
+left as a temporary directory, which is never mistaken for a checkpoint.
+
+The launcher installs the handlers as its very first action (``install_early``), so Ctrl-C in the
+first seconds -- while jax starts, the config is built, the step compiles -- never becomes a
+``KeyboardInterrupt`` unwinding through jax's and Orbax's threads (which ended in a segfault).
+Such a request is honoured at the next safe point: before the first step there is nothing to
+save, so the run says so and exits 0; once training runs, the training loop's guard takes it over.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import logging
 import os
 import signal
 import threading
-from typing import Iterator
+from typing import Iterator, Optional
 
 _log = logging.getLogger("titanax")
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class PreemptionGuard:
@@ -32,18 +40,60 @@ class PreemptionGuard:
             os._exit(128 + signum)  # pylint: disable=protected-access
         self.requested = True
         self.signal_name = name
-        print(f"titanax: {name} received: finishing this step, saving a checkpoint, then exiting",
+        self.announce()
+
+    def announce(self) -> None:
+        print(f"titanax: {self.signal_name} received: finishing this step, saving a checkpoint, "
+              "then exiting", flush=True)
+
+
+class _EarlyGuard(PreemptionGuard):
+    def announce(self) -> None:
+        print(f"titanax: {self.signal_name} received: stopping at the next safe point",
               flush=True)
+
+
+# The process-wide request recorded before training started (None: handlers not installed).
+_EARLY: Optional[_EarlyGuard] = None
+
+
+def install_early() -> None:
+    """Records SIGTERM / SIGINT from now on (main thread only); the launcher calls this first."""
+    global _EARLY  # pylint: disable=global-statement
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _EARLY = _EARLY or _EarlyGuard()  # Installing twice keeps a request already recorded.
+    for sig in _SIGNALS:
+        signal.signal(sig, _EARLY._handle)  # pylint: disable=protected-access
+
+
+def early_request() -> Optional[str]:
+    """The name of a signal received before training started, or None."""
+    return _EARLY.signal_name if _EARLY is not None and _EARLY.requested else None
+
+
+def exit_if_requested(where: str) -> None:
+    """Exits with status 0 when a signal arrived and nothing has been trained yet."""
+    name = early_request()
+    if name is not None:
+        print(f"titanax: {name} received {where}: nothing was trained, so there is nothing to "
+              "save; exiting", flush=True)
+        raise SystemExit(0)
 
 
 @contextlib.contextmanager
 def preemption_guard(enabled: bool = True) -> Iterator[PreemptionGuard]:
-    """Installs SIGTERM/SIGINT handlers for the block (main thread only; no-op elsewhere)."""
+    """Installs SIGTERM/SIGINT handlers for the block (main thread only; no-op elsewhere).
+
+    A request recorded earlier (``install_early``) carries over into the guard.
+    """
     guard = PreemptionGuard()
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield guard
         return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if early_request() is not None:
+        guard.requested, guard.signal_name = True, early_request()
+    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     for sig in previous:
         signal.signal(sig, guard._handle)  # pylint: disable=protected-access
     try:
@@ -51,3 +101,5 @@ def preemption_guard(enabled: bool = True) -> Iterator[PreemptionGuard]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if guard.requested and _EARLY is not None:
+            _EARLY.requested, _EARLY.signal_name = True, guard.signal_name

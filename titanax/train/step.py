@@ -35,6 +35,7 @@ from titanax.train import learner as learner_lib
 from titanax.train import zero
 from titanax.train.precision import Precision
 from titanax.train.train_state import TrainState
+from titanax.train.user_step import check_scalar_metrics
 
 
 @dataclasses.dataclass
@@ -158,7 +159,9 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
         grads = jax.tree_util.tree_map(lambda g: g / count, grads)
         loss = loss / count
     if scale is not None:
-        grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
+        # Unscale in float32, keep each gradient's dtype (the optimizer state's dtype follows it).
+        grads = jax.tree_util.tree_map(
+            lambda g: (g.astype(jnp.float32) / scale).astype(g.dtype), grads)
     grads = reduce_gradients(grads, setup)
     new_state, update_stats = _apply_update(setup, state, grads, loss)
     metrics = _metrics(setup, state, loss, aux, update_stats)
@@ -237,6 +240,8 @@ def reduce_metrics(loss: jax.Array, aux: Dict[str, jax.Array], data_axis: Option
 
 
 def _metrics(setup: StepSetup, state: TrainState, loss, aux, stats) -> Dict[str, jax.Array]:
+    check_scalar_metrics({"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}},
+                         where=f"{type(setup.model).__qualname__}.forward")
     metrics = reduce_metrics(loss, aux, setup.data_axis, setup.axes,
                              sync_data=setup.sync_metrics)
     if setup.data_axis is not None and not setup.sync_metrics:

@@ -63,6 +63,43 @@ def _check_reduced(params: Any, param_specs: Any, data_axis: Optional[str]) -> N
                            f"grads = tx.collectives.pmean(grads, axis={axis!r})")
 
 
+_STEP_RETURNS = "return (state.apply_gradients(grads=grads), {'loss': loss})"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} ({', '.join(type(v).__qualname__ for v in value)})"
+    return f"a {type(value).__qualname__}"
+
+
+def _unpack_step_output(fn: Callable, out: Any) -> Tuple[TrainState, Dict[str, jax.Array]]:
+    """``(new_state, metrics)`` from what a hand-written step returned, or a StepError."""
+    where = getattr(fn, "__qualname__", "step")
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], TrainState)):
+        raise errors.StepError(
+            f"the step returned {_describe(out)}; a train step returns (new_state, metrics)",
+            path=where, suggestion=_STEP_RETURNS)
+    new_state, metrics = out
+    if not isinstance(metrics, dict):
+        raise errors.StepError(
+            f"the step's metrics are {_describe(metrics)}, not a dict of scalars", path=where,
+            suggestion=_STEP_RETURNS)
+    check_scalar_metrics(metrics, where=where)
+    return new_state, metrics
+
+
+def check_scalar_metrics(metrics: Dict[str, Any], *, where: str) -> None:
+    """Every metric must be one number: a vector would be logged as its first element only."""
+    for name, value in metrics.items():
+        shape = getattr(value, "shape", ())
+        if tuple(shape) != ():
+            raise errors.StepError(
+                f"metric {name!r} has shape {tuple(shape)}; metrics must be scalars",
+                path=f"{where}: metrics[{name!r}]",
+                suggestion="reduce it in the step (e.g. jnp.mean or jnp.sum), or log it "
+                           "elsewhere")
+
+
 def wrap_user_step(fn: Callable, *, axes: Sequence[str], data_axis: Optional[str],
                    param_specs: Any, precision: Precision, eval_only: bool = False) -> Callable:
     """The local function the engine runs in shard_map for a hand-written step."""
@@ -72,18 +109,19 @@ def wrap_user_step(fn: Callable, *, axes: Sequence[str], data_axis: Optional[str
             state = TrainState(params=params, opt_state=None, step=None, rngs={})
             out = fn(state, precision.cast_for_compute(batch))
             metrics = out[1] if isinstance(out, tuple) else out
+            if not isinstance(metrics, dict):
+                raise errors.StepError(
+                    f"the eval step returned {_describe(out)}; it returns a dict of scalar "
+                    "metrics (or (state, metrics))", path=getattr(fn, "__qualname__", "step"),
+                    suggestion="return {'loss': loss}")
+            check_scalar_metrics(metrics, where=getattr(fn, "__qualname__", "step"))
             return _reduce_metrics(metrics, axes)
         return local_eval
 
     def local(state: TrainState, batch: Any) -> Tuple[TrainState, Dict[str, jax.Array]]:
         working = state.replace(params=collectives.cast_varying(state.params, axes),
                                 reference_params=state.params)
-        new_state, metrics = fn(working, precision.cast_for_compute(batch))
-        if not isinstance(new_state, TrainState):
-            raise errors.StepError(f"the step returned a {type(new_state).__qualname__} as its "
-                                   "state", path=getattr(fn, "__qualname__", "step"),
-                                   suggestion="return (state.apply_gradients(grads=...), "
-                                              "metrics)")
+        new_state, metrics = _unpack_step_output(fn, fn(working, precision.cast_for_compute(batch)))
         _check_reduced(new_state.params, param_specs, data_axis)
         return new_state.replace(reference_params=None), _reduce_metrics(metrics, axes)
 

@@ -6,13 +6,28 @@ import os
 import tempfile
 
 
+def _file_mode() -> int:
+    """The mode ``open()`` would give a new file (0644 under the usual umask 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
+
+
 def atomic_write_text(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` via a temporary file and a rename (atomic on POSIX)."""
+    """Writes ``text`` to ``path`` via a temporary file and a rename (atomic on POSIX).
+
+    The file gets the same permissions as one made by ``open()`` (``mkstemp`` alone would make
+    it 0600, unreadable to the rest of a team sharing the run directory).
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, tmp_path = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
                                         suffix=".tmp")
     try:
+        os.chmod(tmp_path, _FILE_MODE)
         with os.fdopen(handle, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -45,6 +45,13 @@ class MLPClassifier(BaseLayer):
         num_classes: int = 10
         param_init = VarianceScaling.default_config().set(scale=2.0)
 
+        def _validate_values(self):
+            for name in ("input_dim", "num_classes"):
+                if getattr(self, name) < 1:
+                    yield name, f"must be >= 1, got {getattr(self, name)}"
+            if any(width < 1 for width in self.hidden_dims):
+                yield "hidden_dims", f"every width must be >= 1, got {tuple(self.hidden_dims)}"
+
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
@@ -79,6 +86,13 @@ class CNNClassifier(BaseLayer):
         # Number of classes.
         num_classes: int = 10
         param_init = VarianceScaling.default_config().set(scale=2.0)
+
+        def _validate_values(self):
+            for name in ("image_size", "hidden_dim", "num_classes"):
+                if getattr(self, name) < 1:
+                    yield name, f"must be >= 1, got {getattr(self, name)}"
+            if any(width < 1 for width in self.channels):
+                yield "channels", f"every width must be >= 1, got {tuple(self.channels)}"
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)

@@ -64,8 +64,20 @@ class GPT(BaseLayer):
         layer_remat_policy: Optional[str] = None
 
         def _validate_values(self):
+            for name in ("vocab_size", "max_seq_len", "num_layers", "model_dim", "num_heads"):
+                value = getattr(self, name)
+                if isinstance(value, int) and value < 1:
+                    yield name, f"must be >= 1, got {value}"
+            if self.hidden_dim is not None and self.hidden_dim < 1:
+                yield "hidden_dim", f"must be >= 1 (or None: 4 x model_dim), got {self.hidden_dim}"
+            for name in ("dropout_rate", "attention_dropout_rate"):
+                value = getattr(self, name)
+                if not 0.0 <= value < 1.0:
+                    yield name, f"must be in [0, 1), got {value}"
+            if self.norm_eps <= 0:
+                yield "norm_eps", f"must be > 0, got {self.norm_eps}"
             if isinstance(self.model_dim, int) and isinstance(self.num_heads, int) \
-                    and self.num_heads > 0 and self.model_dim % self.num_heads:
+                    and self.num_heads > 0 and self.model_dim > 0 and self.model_dim % self.num_heads:
                 yield "num_heads", f"must divide model_dim={self.model_dim}"
             if self.sequence_parallel and self.tp_axis is None:
                 yield "sequence_parallel", "needs tp_axis"

@@ -1,0 +1,144 @@
+"""Nothing the user saved is lost, overwritten or mixed with another run (DESIGN section 8).
+
+Each test is one way a run used to lose data silently: a fresh run saving into another run's
+directory, a damaged step directory blocking every later save, a ZeRO-1 optimizer state restored
+onto another mesh, and Orbax refusing a save that nobody checked.
+"""
+
+import glob
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from titanax import errors
+from titanax.data.pipeline import Input
+from titanax.data.sources import MNIST, TextWindows
+from titanax.io.checkpointer import OrbaxCheckpoint
+from tests.train import helpers
+
+
+def _host(tree):
+    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
+
+
+def _mnist(path, **checkpoint):
+    return helpers.mnist_engine(
+        data=8, train_input=Input.default_config().set(source=MNIST.default_config(),
+                                                       global_batch_size=64, seed=3),
+        checkpoint=OrbaxCheckpoint.default_config().set(path=str(path), save_every_n_steps=10,
+                                                        **checkpoint))
+
+
+def _assert_same(tree_a, tree_b):
+    for got, want in zip(jax.tree_util.tree_leaves(tree_a), jax.tree_util.tree_leaves(tree_b)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_fresh_run_refuses_a_directory_holding_another_runs_checkpoints(tmp_path):
+    path = tmp_path / "ckpt"
+    old = _mnist(path)
+    old.fit(steps=10)
+    old_params = _host(old.state.params)
+    old.close()
+    fresh = _mnist(path, resume="never")
+    with pytest.raises(errors.CheckpointError) as info:
+        fresh.fit(steps=10)
+    assert info.value.path == str(path) and "overwrite" in info.value.suggestion
+    assert "--trainer_dir" in info.value.suggestion and not fresh.history  # Nothing trained.
+    by_hand = _mnist(path)  # The "no model" advice of wave 1: init_state() by hand, then fit.
+    by_hand.init_state()
+    with pytest.raises(errors.CheckpointError):
+        by_hand.fit(steps=10)
+    _assert_same(_host(OrbaxCheckpoint(str(path)).load(10)), old_params)  # Untouched.
+
+
+def test_overwrite_moves_the_old_checkpoints_aside_and_keeps_them(tmp_path):
+    path = tmp_path / "ckpt"
+    old = _mnist(path)
+    old.fit(steps=10)
+    old_params = _host(old.state.params)
+    old.close()
+    new = helpers.mnist_engine(
+        data=8, train_input=Input.default_config().set(source=MNIST.default_config(),
+                                                       global_batch_size=64, seed=4),
+        checkpoint=OrbaxCheckpoint.default_config().set(path=str(path), save_every_n_steps=10,
+                                                        resume="never", overwrite=True),
+        seed=1)
+    new.fit(steps=10)
+    new.close()
+    aside = glob.glob(f"{path}.superseded-*")
+    assert len(aside) == 1
+    _assert_same(_host(OrbaxCheckpoint(aside[0]).load(10)), old_params)
+    _assert_same(_host(OrbaxCheckpoint(str(path)).load(10)), _host(new.state.params))
+    assert not np.allclose(old_params["dense0"]["weight"],
+                           _host(new.state.params)["dense0"]["weight"])
+
+
+def test_damaged_step_directory_is_moved_aside_and_later_saves_go_through(tmp_path):
+    path = tmp_path / "ckpt"
+    _mnist(path).fit(steps=20)
+    os.makedirs(path / "40")  # An empty leftover, "newer" than every real step.
+    with open(path / "40" / "junk", "w", encoding="utf-8") as f:
+        f.write("not a checkpoint")
+    resumed = _mnist(path)
+    resumed.fit(steps=30)
+    assert resumed.restored_from.endswith("/20")
+    ckpt = resumed.checkpointer()
+    assert ckpt.all_steps() == [10, 20, 30]  # Step 30 really was saved.
+    aside = glob.glob(str(path / "40.damaged-*"))
+    assert len(aside) == 1 and os.listdir(aside[0]) == ["junk"]  # Kept for inspection.
+    _assert_same(_host(OrbaxCheckpoint(str(path)).load(30)), _host(resumed.state.params))
+
+
+def test_a_save_orbax_would_skip_is_an_error_never_a_no_op(tmp_path):
+    path = tmp_path / "ckpt"
+    engine = _mnist(path)
+    engine.fit(steps=20)
+    other = OrbaxCheckpoint(str(path))  # Another run's checkpointer on the same directory.
+    with pytest.raises(errors.CheckpointError) as info:
+        other.save(engine.state, 20)
+    assert "not written by this run" in info.value.message
+    with pytest.raises(errors.CheckpointError) as info:
+        other.save(engine.state, 15)
+    assert "newer step(s) [20]" in info.value.message
+    assert engine.save() is False  # This run's own step 20: nothing to do, and said so.
+
+
+def _gpt(path, data, model_axis, **changes):
+    return helpers.gpt_engine(
+        data=data, model_axis=model_axis, zero=True,
+        train_input=Input.default_config().set(
+            source=TextWindows.default_config().set(seq_len=16), global_batch_size=8, seed=5),
+        checkpoint=OrbaxCheckpoint.default_config().set(path=str(path), save_every_n_steps=5),
+        **changes)
+
+
+def test_zero1_state_restore_onto_another_mesh_is_refused(tmp_path):
+    _gpt(tmp_path, 4, 2).fit(steps=5)
+    for data, model_axis in [(2, 4), (8, 1)]:
+        moved = _gpt(tmp_path, data, model_axis)
+        with pytest.raises(errors.CheckpointError) as info:
+            moved.restore()
+        assert info.value.path.endswith("/5/train_state")
+        assert "data=4 x model=2" in info.value.message
+        assert "restore_mode=params" in info.value.suggestion
+        assert moved.restore(mode="params") and int(moved.state.step) == 0
+    same = _gpt(tmp_path, 4, 2)
+    assert same.restore() and int(same.state.step) == 5
+
+
+def test_resume_states_how_the_config_differs_from_the_checkpoints(tmp_path, capsys):
+    _mnist(tmp_path).fit(steps=10)
+    capsys.readouterr()
+    changed = helpers.mnist_engine(
+        data=8, learner=helpers.adam(2e-3),
+        train_input=Input.default_config().set(source=MNIST.default_config(),
+                                               global_batch_size=64, seed=3),
+        checkpoint=OrbaxCheckpoint.default_config().set(path=str(tmp_path),
+                                                        save_every_n_steps=10))
+    assert changed.restore()
+    out = capsys.readouterr().out
+    assert "differs from the one saved with step 10 (1 change)" in out
+    assert "learner.optimizer.learning_rate: 0.001 -> 0.002" in out

@@ -1,0 +1,139 @@
+"""Every bad input of docs/troubleshooting.md's table, through the real launcher (subprocesses).
+
+Each must end with exit status 2, a message naming the path (config path, flag or mesh axis) and
+no Python traceback; none may hang. Ctrl-C in the first seconds must exit 0 without a traceback.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = [sys.executable, "-m", "titanax.launch"]
+
+
+def _launch(*args, timeout=180, cwd=REPO_ROOT):
+    return subprocess.run([*LAUNCH, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+# (case id, launcher arguments, text the message must contain: the path). "{tmp}" is a fresh
+# directory and "{file}" a file in it.
+BAD_INPUTS = [
+    ("trainer_dir is a file", ["--config=mnist_dp", "--trainer_dir={file}"], "--trainer_dir"),
+    ("trainer_dir under a file", ["--config=mnist_dp", "--trainer_dir={file}/run"],
+     "--trainer_dir"),
+    ("trainer_dir not writable (new)", ["--config=mnist_dp", "--trainer_dir=/proc/titanax-run"],
+     "--trainer_dir"),
+    ("trainer_dir not writable (existing)", ["--config=mnist_dp", "--trainer_dir=/proc/self"],
+     "--trainer_dir"),
+    ("negative model_dim", ["--config=gpt_tiny_dp", "--config.model.model_dim=-128"],
+     "model.model_dim"),
+    ("zero layers", ["--config=gpt_tiny_dp", "--config.model.num_layers=0"], "model.num_layers"),
+    ("dropout rate 5", ["--config=gpt_tiny_dp", "--config.model.dropout_rate=5"],
+     "model.dropout_rate"),
+    ("evaler addressed as a field", ["--config=gpt_tiny_dp",
+                                     "--config.evalers.heldout.every_n_steps=3"],
+     "evalers['heldout']"),
+    ("100000 CPU devices", ["--config=mnist_dp", "--cpu_devices=100000"], "--cpu_devices"),
+    ("zero learning rate", ["--config=mnist_dp", "--config.learner.optimizer.learning_rate=0"],
+     "learner.optimizer.learning_rate"),
+    ("negative peak learning rate",
+     ["--config=gpt_tiny_dp", "--config.learner.optimizer.learning_rate.peak_value=-1e-3"],
+     "learner.optimizer.learning_rate.peak_value"),
+    ("negative max_steps", ["--config=mnist_dp", "--config.max_steps=-5"], "max_steps"),
+    ("data axis None", ["--config=mnist_dp", "--config.plan.data_parallel.axis=None"],
+     "plan.data_parallel.axis"),
+    ("fp16 without loss scaling", ["--config=gpt_tiny_dp", "--config.precision.fp16=true"],
+     "precision.loss_scaling"),
+    ("evaler num_batches 0", ["--config=mnist_dp", "--config.evalers['test'].num_batches=0"],
+     "evalers['test'].num_batches"),
+    ("eval batch does not split", ["--config=mnist_dp", "--trainer_dir={tmp}/run",
+                                   "--config.evalers['test'].input.global_batch_size=12"],
+     "evalers['test'].input.global_batch_size"),
+    ("mesh larger than the machine", ["--config=gpt_tiny_dp_tp", "--trainer_dir={tmp}/run",
+                                      "--config.mesh.shape=(8,4)"], "--cpu_devices=32"),
+    ("TP switched on without a model axis", ["--config=gpt_tiny_dp", "--trainer_dir={tmp}/run",
+                                             "--config.plan.tensor_parallel.axis=model"],
+     "--config.mesh.axes"),
+    ("no model", ["--config=mnist_dp", "--trainer_dir={tmp}/run", "--config.model=None"],
+     "model: this experiment has no model"),
+]
+
+
+@pytest.mark.parametrize("case,args,path", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_exits_2_naming_the_path_without_a_traceback(tmp_path, case, args, path):
+    (tmp_path / "a_file").write_text("not a directory")
+    args = [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]
+    result = _launch(*args, timeout=120)
+    assert result.returncode == 2, (case, result.returncode, result.stdout[-2000:],
+                                    result.stderr[-2000:])
+    assert path in result.stderr, (case, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout, case
+    assert not os.path.exists(tmp_path / "run" / "config.txt"), "a failed launch left a record"
+
+
+def _quick_mnist(trainer_dir, *extra):
+    return ["--config=mnist_dp", f"--trainer_dir={trainer_dir}", "--config.max_steps=5",
+            "--config.evalers={}", "--config.log_every=1", *extra]
+
+
+def test_fresh_run_into_a_directory_with_checkpoints_is_refused(tmp_path):
+    first = _launch(*_quick_mnist(tmp_path))
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = _launch(*_quick_mnist(tmp_path, "--config.checkpoint.resume=never",
+                                  "--config.max_steps=10"))
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert str(tmp_path / "checkpoints") in again.stderr
+    assert "overwrite=true" in again.stderr and "--trainer_dir" in again.stderr
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["5"]
+
+
+def test_run_record_is_kept_numbered_and_written_only_for_real_runs(tmp_path):
+    failed = _launch(*_quick_mnist(tmp_path, "--config.train_input.global_batch_size=12"))
+    assert failed.returncode == 2 and "train_input.global_batch_size" in failed.stderr
+    assert not (tmp_path / "config.txt").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for flag in ("--print_config", "--explain"):  # Neither writes a record unless asked to.
+        shown = _launch("--config=mnist_dp", flag, cwd=elsewhere)
+        assert shown.returncode == 0, shown.stderr[-2000:]
+    assert not os.path.exists(elsewhere / "runs")
+    first = _launch(*_quick_mnist(tmp_path))
+    assert first.returncode == 0, first.stderr[-2000:]
+    record = (tmp_path / "config.txt").read_text()
+    assert "max_steps: 5" in record and oct((tmp_path / "config.txt").stat().st_mode)[-3:] == "644"
+    resumed = _launch(*_quick_mnist(tmp_path, "--config.max_steps=8",
+                                    "--config.learner.optimizer.learning_rate.peak_value=1e-3"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "differs from the one saved with step 5" in resumed.stdout
+    assert "learner.optimizer.learning_rate.peak_value: 0.002 -> 0.001" in resumed.stdout
+    assert "max_steps: 8" in (tmp_path / "config.txt").read_text()
+    assert (tmp_path / "config.1.txt").read_text() == record
+    assert (tmp_path / "config_diff.1.txt").exists() and (tmp_path / "config.1.json").exists()
+
+
+def test_documented_fp16_recipe_trains(tmp_path):
+    result = _launch("--config=gpt_tiny_dp", f"--trainer_dir={tmp_path}", "--config.max_steps=6",
+                     "--config.evalers={}", "--config.log_every=1", "--config.precision.fp16=true",
+                     "--config.precision.loss_scaling=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "would recompile" not in result.stderr
+    assert "step      6/6" in result.stdout
+
+
+@pytest.mark.parametrize("delay", [0.2, 1.0, 2.5])
+def test_ctrl_c_in_the_first_seconds_exits_0_without_a_traceback(tmp_path, delay):
+    process = subprocess.Popen([*LAUNCH, *_quick_mnist(tmp_path, "--config.max_steps=100000")],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, (delay, process.returncode, stdout[-2000:], stderr[-2000:])
+    assert "Traceback" not in stderr and "Fatal Python error" not in stderr
+    assert "SIGINT received" in stdout
