@@ -103,3 +103,57 @@ def test_explain_prints_mesh_layouts_and_collectives(tmp_path):
     assert "dense0/weight" in result.stdout and "P(None, None)" in result.stdout
     assert "collectives of the train step:" in result.stdout
     assert "all-reduce  data" in result.stdout
+
+
+def test_a_users_experiments_package_does_not_hide_the_built_in_ones(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "__init__.py").write_text(
+        "from titanax.config import register_experiment\n"
+        "from titanax_experiments.mnist import mnist_dp\n\n"
+        "@register_experiment\n"
+        "def users_own():\n"
+        '    """A user\'s experiment."""\n'
+        "    return mnist_dp()\n")
+    script = os.path.join(os.path.dirname(sys.executable), "titanax-launch")
+    for command in ([sys.executable, "-m", "titanax.launch"], [script]):
+        result = subprocess.run([*command, "--list", "--config_module=experiments"],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                                check=False)
+        assert result.returncode == 0, result.stderr
+        names = [line.split()[0] for line in result.stdout.splitlines()]
+        assert {"mnist_dp", "gpt_tiny_dp", "users_own"} <= set(names), (command, names)
+
+
+def test_installed_script_lists_its_flags_in_help():
+    script = os.path.join(os.path.dirname(sys.executable), "titanax-launch")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode in (0, 1)  # absl ends --help with status 1.
+    for flag in ("--config:", "--cpu_devices:", "--trainer_dir:", "--[no]explain:", "--[no]list:"):
+        assert flag in result.stdout, flag
+
+
+def test_optional_parts_switch_on_and_off_from_flags():
+    result = _launch("--config=gpt_tiny_dp", "--config.plan.zero.stage=1",
+                     "--config.plan.tensor_parallel.axis=model", "--print_config")
+    assert result.returncode == 0, result.stderr
+    assert "plan.zero.stage: 1" in result.stdout
+    assert "plan.tensor_parallel.axis: 'model'" in result.stdout
+    result = _launch("--config=gpt_tiny_dp", "--config.plan.zero.stage=1",
+                     "--config.plan.zero=None", "--print_config")
+    assert result.returncode == 0 and "plan.zero: None" in result.stdout
+    result = _launch("--config=gpt_tiny_dp", "--config.learner.optimizer.learning_rate=1e-3",
+                     "--print_config")  # A constant replaces the schedule.
+    assert result.returncode == 0 and "learner.optimizer.learning_rate: 0.001" in result.stdout
+
+
+def test_decay_steps_follow_max_steps():
+    from titanax.config import registry  # pylint: disable=import-outside-toplevel
+    from titanax.config import overrides  # pylint: disable=import-outside-toplevel
+    registry.load_config_modules(registry.DEFAULT_CONFIG_MODULES)
+    cfg = overrides.apply_overrides(registry.get_config("gpt_tiny_dp"),
+                                    [overrides.Override("max_steps", "200")])
+    learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
+    assert learner.learning_rate(200) < learner.learning_rate(150) < learner.learning_rate(100)
+    peak = cfg.learner.optimizer.learning_rate.peak_value
+    assert abs(float(learner.learning_rate(200)) - peak / 10) < 1e-7  # end_value at max_steps.

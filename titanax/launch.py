@@ -46,7 +46,8 @@ _CONFIG = flags.DEFINE_string("config", None, "Name of a registered experiment (
 _LIST = flags.DEFINE_bool("list", False, "List the registered experiments and exit.")
 _CONFIG_MODULE = flags.DEFINE_multi_string(
     "config_module", [], "Extra modules (or packages) that register experiments, in addition to "
-    "the project's `experiments` package. Repeatable.")
+    "the built-in ones (package titanax_experiments); the current folder is searched. "
+    "Repeatable.")
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the resolved config and its diff from the named experiment, "
     "then exit without running.")

@@ -81,7 +81,7 @@ def load_config_modules(module_names: Iterable[str]) -> None:
     ``./my_exps.py`` either way.
     """
     if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
+        sys.path.insert(0, os.getcwd())
     for module_name in module_names:
         try:
             module = importlib.import_module(module_name)
