@@ -4,6 +4,7 @@ Each must end with exit status 2, a message naming the path (config path, flag o
 no Python traceback; none may hang. Ctrl-C in the first seconds must exit 0 without a traceback.
 """
 
+import csv
 import os
 import signal
 import subprocess
@@ -113,6 +114,9 @@ def test_run_record_is_kept_numbered_and_written_only_for_real_runs(tmp_path):
     assert "differs from the one saved with step 5" in resumed.stdout
     assert "learner.optimizer.learning_rate.peak_value: 0.002 -> 0.001" in resumed.stdout
     assert "max_steps: 8" in (tmp_path / "config.txt").read_text()
+    with open(tmp_path / "metrics.csv", encoding="utf-8") as f:  # One table, no repeated rows.
+        rows = [r for r in csv.DictReader(f) if r.get("loss")]
+    assert [int(r["step"]) for r in rows] == list(range(1, 9))
     assert (tmp_path / "config.1.txt").read_text() == record
     assert (tmp_path / "config_diff.1.txt").exists() and (tmp_path / "config.1.json").exists()
 
@@ -124,6 +128,7 @@ def test_documented_fp16_recipe_trains(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "would recompile" not in result.stderr
     assert "step      6/6" in result.stdout
+    assert " nan" not in result.stdout  # Not even the first step's time.
 
 
 @pytest.mark.parametrize("delay", [0.2, 1.0, 2.5])
