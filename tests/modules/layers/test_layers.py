@@ -112,6 +112,44 @@ def test_attention_is_causal():
     assert not np.allclose(a[:, 4:], b[:, 4:])
 
 
+def _reference_attention(params, x, num_heads):
+    """Attention written out as wave 1 computed it: float32 scores, a materialised causal mask."""
+    qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"]) + params["qkv_bias"]
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
+    causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), dtype=bool))
+    probs = jax.nn.softmax(jnp.where(causal, scores, jnp.finfo(jnp.float32).min), axis=-1)
+    context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+    context = context.reshape(context.shape[:2] + (-1,))
+    return context @ params["out"]["weight"] + params["out"]["bias"]
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_fused_attention_matches_the_written_out_formula(dtype, tol):
+    layer = CausalSelfAttention.default_config().set(name="a", model_dim=16,
+                                                     num_heads=4).instantiate()
+    params = jax.tree_util.tree_map(
+        lambda p: jnp.asarray(RNG.normal(size=p.shape) * 0.3, dtype), _init(layer))
+    x = jnp.asarray(RNG.normal(size=(2, 12, 16)), dtype)
+    want = _reference_attention(params, x, 4)
+    got = functional(layer, None, params, (x,), is_training=False)[0]
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=tol, atol=tol)
+    grad = jax.grad(lambda p: jnp.sum(functional(layer, None, p, (x,), is_training=False)[0]
+                                      .astype(jnp.float32)))(params)
+    want_grad = jax.grad(lambda p: jnp.sum(_reference_attention(p, x, 4)
+                                           .astype(jnp.float32)))(params)
+    assert_nested_allclose(grad, want_grad, rtol=tol * 10, atol=tol * 10)
+    # The written-out path (used for attention dropout in training), dropout off in eval mode.
+    qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"]) + params["qkv_bias"]
+    with bind(layer, params):
+        written = layer._attention_with_dropout(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+        fused = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2],
+                                             is_causal=True, scale=1 / np.sqrt(4))
+    np.testing.assert_allclose(np.asarray(written, np.float32), np.asarray(fused, np.float32),
+                               rtol=tol, atol=tol)
+
+
 def test_repeat_equals_applying_the_layer_n_times():
     block = TransformerBlock.default_config().set(model_dim=8, num_heads=2, hidden_dim=16)
     stack = Repeat.default_config().set(name="stack", layer=block, num_layers=3).instantiate()

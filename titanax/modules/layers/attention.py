@@ -3,7 +3,9 @@
 The QKV weight is stored ``[model_dim, 3, num_heads, head_dim]`` (q, k, v stacked, each head's
 columns contiguous), so splitting dimension 2 over the TP axis gives every device whole heads of
 q, k and v -- no collective until the output projection, a row-parallel Linear whose input
-features are exactly this device's heads. Softmax runs in float32.
+features are exactly this device's heads. Softmax runs in float32. The attention itself is
+``jax.nn.dot_product_attention`` (causal, implementation chosen by jax: cuDNN flash attention on
+GPUs), except in training with attention dropout, which needs the probabilities written out.
 """
 
 from __future__ import annotations
@@ -78,13 +80,27 @@ class CausalSelfAttention(BaseLayer):
         qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"].astype(x.dtype))
         qkv = qkv + params["qkv_bias"].astype(x.dtype)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [batch, seq, local heads, head_dim]
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-        scores = scores / math.sqrt(self.head_dim)
-        length = x.shape[1]
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1)
-        probs = self.dropout(probs).astype(v.dtype)
-        context = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        dropout = self.is_training and cfg.attention_dropout_rate > 0
+        # XLA:CPU cannot compile jax's float16 attention (float16 inputs, float32 logits).
+        cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
+        if dropout or cpu_float16:
+            context = self._attention_with_dropout(q, k, v)
+        else:
+            # jax's fused attention: cuDNN flash attention on GPUs (no S x S mask or
+            # probabilities in memory), XLA's softmax(QK^T)V elsewhere; logits in float32.
+            context = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                   scale=1.0 / math.sqrt(self.head_dim),
+                                                   implementation=None)
         context = context.reshape(context.shape[:2] + (-1,))
         return self.out(context)
+
+    def _attention_with_dropout(self, q, k, v):
+        """The same attention written out, to drop out attention probabilities (dropout is the
+        identity outside training)."""
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                            preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
+        length = q.shape[1]
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+        probs = self.dropout(jax.nn.softmax(scores, axis=-1)).astype(v.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", probs, v)

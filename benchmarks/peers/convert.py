@@ -1,0 +1,64 @@
+"""Titanax param tree -> each peer's own param tree, so all three start from the same numbers.
+
+Input: the nested dict Titanax's engine holds (``engine.state.params``): ``token_emb``,
+``pos_emb``, ``decoder/layer/...`` stacked ``[L, ...]``, ``final_norm``. Output trees hold host
+numpy arrays; each peer places them on its mesh with its own shardings. Pure renames and one
+reshape (the Flax attention out-projection is kept ``[L, H, Dh, D]``, MaxText's layout); no
+arithmetic, so the converted model computes exactly what Titanax's does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+
+def _host(tree: Any) -> Any:
+    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
+
+
+def titanax_to_flax(params: Mapping[str, Any]) -> dict:
+    """The pure-dict form of ``flax_gpt.GPT``'s ``nnx.Param`` state."""
+    p = _host(params)
+    layer = p["decoder"]["layer"]
+    attn, mlp = layer["attn"], layer["mlp"]
+    num_layers, _, _, heads, head_dim = attn["qkv_weight"].shape
+    out_weight = attn["out"]["weight"]
+    return {
+        "wte": {"embedding": p["token_emb"]["weight"]},
+        "wpe": {"embedding": p["pos_emb"]["weight"]},
+        "blocks": {
+            "ln1": dict(layer["ln1"]),
+            "ln2": dict(layer["ln2"]),
+            "attn": {
+                "qkv": {"kernel": attn["qkv_weight"], "bias": attn["qkv_bias"]},
+                "out": {"kernel": out_weight.reshape(num_layers, heads, head_dim, -1),
+                        "bias": attn["out"]["bias"]},
+            },
+            "fc_in": {"kernel": mlp["wi"]["weight"], "bias": mlp["wi"]["bias"]},
+            "fc_out": {"kernel": mlp["wo"]["weight"], "bias": mlp["wo"]["bias"]},
+        },
+        "ln_f": dict(p["final_norm"]),
+    }
+
+
+def titanax_to_plain(params: Mapping[str, Any]) -> dict:
+    """``plain_jax_gpt``'s flat-named tree (layer params stacked ``[L, ...]``)."""
+    p = _host(params)
+    layer = p["decoder"]["layer"]
+    attn, mlp = layer["attn"], layer["mlp"]
+    return {
+        "wte": p["token_emb"]["weight"],
+        "wpe": p["pos_emb"]["weight"],
+        "layers": {
+            "ln1_g": layer["ln1"]["scale"], "ln1_b": layer["ln1"]["bias"],
+            "w_qkv": attn["qkv_weight"], "b_qkv": attn["qkv_bias"],
+            "w_attn_out": attn["out"]["weight"], "b_attn_out": attn["out"]["bias"],
+            "ln2_g": layer["ln2"]["scale"], "ln2_b": layer["ln2"]["bias"],
+            "w_fc": mlp["wi"]["weight"], "b_fc": mlp["wi"]["bias"],
+            "w_proj": mlp["wo"]["weight"], "b_proj": mlp["wo"]["bias"],
+        },
+        "lnf_g": p["final_norm"]["scale"], "lnf_b": p["final_norm"]["bias"],
+    }
