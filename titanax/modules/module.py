@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import jax
 
@@ -205,13 +205,15 @@ def functional(module: Module, prng_key: Optional[jax.Array], state: Any,
 
 def scan_in_context(fn: Callable[[Any, Any], Tuple[Any, Any]], *, carry: Any, xs: Any,
                     child_name: str, num_iterations: int,
-                    remat_policy: Optional[Callable] = None) -> Tuple[Any, Any]:
+                    remat_policy: Optional[Callable] = None,
+                    unroll: Union[bool, int] = 1) -> Tuple[Any, Any]:
     """``lax.scan`` over stacked params of child ``child_name`` of the current module.
 
     Iteration ``i`` runs ``fn(carry, x_i)`` in a copy of the current context whose child
     ``child_name`` sees slice ``i`` of its stacked state and a key derived from ``i``; the child's
     summaries / state updates come back stacked along a leading axis, under ``child_name``.
-    With ``remat_policy`` the body is wrapped in ``jax.checkpoint`` with that policy.
+    With ``remat_policy`` the body is wrapped in ``jax.checkpoint`` with that policy; ``unroll``
+    is ``lax.scan``'s (True: straight-line code, no loop).
     """
     context = current_context()
     if context is None:
@@ -234,7 +236,7 @@ def scan_in_context(fn: Callable[[Any, Any], Tuple[Any, Any]], *, carry: Any, xs
         body = jax.checkpoint(body, policy=remat_policy, prevent_cse=False)
     keys_xs = keys if base_key is not None else None
     carry, (ys, stacked_outputs) = jax.lax.scan(body, carry, (stacked_state, keys_xs, xs),
-                                                length=num_iterations)
+                                                length=num_iterations, unroll=unroll)
     parent_collection = context.output_collection
     child_collection = parent_collection.add_child(child_name)
     for field in ("summaries", "state_updates", "module_outputs"):

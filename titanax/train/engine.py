@@ -29,7 +29,8 @@ from titanax.config import Configurable
 from titanax.data.pipeline import Input
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.base_layer import BaseLayer
-from titanax.observe import hlo, throughput
+from titanax.observe import hlo, memory, throughput
+from titanax.observe.profiler import Profile
 from titanax.observe.loggers import Basic, Logger
 from titanax.parallel import sharding
 from titanax.parallel.plan import DP, Plan
@@ -85,6 +86,9 @@ class Engine(StateMixin, Configurable):
         nan_policy: Literal["stop", "skip"] = "stop"
         # A step called with new input shapes/dtypes: "error", "warn" (and recompile) or "allow".
         recompile_policy: Literal["error", "warn", "allow"] = "error"
+        # Trace a window of steps with jax.profiler (None: no profile). Switch on from the
+        # command line with --config.profile.start_step=N --config.profile.num_steps=K.
+        profile: Optional[Profile.Config] = None
         # Steps allowed to execute at once (the next batch is still prepared while one runs).
         # None: 1 on the CPU platform -- simulated devices share the host's threads, and
         # overlapping executions of a program with collectives have deadlocked XLA's in-process
@@ -301,9 +305,20 @@ class Engine(StateMixin, Configurable):
 
     def _train_loop(self, iterator, total: int, eval_every: Optional[int], guard) -> None:
         cfg = self.config
+        start_step = int(jax.device_get(self.state.step))
+        profiler = (cfg.profile.instantiate(trainer_dir=self.trainer_dir)
+                    if cfg.profile is not None else None)
+        try:
+            self._run_steps(iterator, start_step, total, eval_every, guard, profiler)
+        finally:
+            if profiler is not None:
+                profiler.stop()
+
+    def _run_steps(self, iterator, start_step: int, total: int, eval_every: Optional[int], guard,
+                   profiler: Optional[Profile]) -> None:
+        cfg = self.config
         ckpt = self.checkpointer()
         loggers = self.loggers()
-        start_step = int(jax.device_get(self.state.step))
         pending: List[Dict[str, jax.Array]] = []
         window_start = time.perf_counter()
         window_steps = 0
@@ -324,8 +339,12 @@ class Engine(StateMixin, Configurable):
                     hook.on_batch(index, host_batch)
             while limit is not None and len(inflight) >= limit:
                 jax.block_until_ready(inflight.pop(0))
+            if profiler is not None:
+                profiler.before_step(index + 1)
             metrics = self.train_step(host_batch)
             inflight.append(metrics)
+            if profiler is not None:
+                profiler.after_step(index + 1, (self.state, metrics))
             if compiled_at_start is None:
                 jax.block_until_ready(metrics)
                 compiled_at_start = True
@@ -406,6 +425,11 @@ class Engine(StateMixin, Configurable):
                 last["mfu"] = utilisation
         if window_steps:
             last["eta_s"] = (total - step) * step_time
+        if self._train_step is not None and self._train_step.compile_seconds:
+            last["compile_time_s"] = sum(self._train_step.compile_seconds)
+            peak = memory.watermark_bytes(self._train_step.latest)
+            if peak is not None:
+                last["peak_memory_gib"] = peak / 2 ** 30
         for logger in loggers:
             logger.log_dict(last, step)
 

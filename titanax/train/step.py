@@ -20,20 +20,21 @@ collective in it is written here or in a layer:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
 
 from titanax import errors
 from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
-from titanax.parallel import collectives, rules
+from titanax.parallel import collectives
 from titanax.train import learner as learner_lib
 from titanax.train import zero
 from titanax.train.precision import Precision
+from titanax.train.reducer import GradientReducer, Reduced
 from titanax.train.train_state import TrainState
 from titanax.train.user_step import check_scalar_metrics
 
@@ -63,34 +64,10 @@ class StepSetup:
     def axes(self) -> Tuple[str, ...]:
         return tuple(self.mesh_shape)
 
-
-def _replicated_axes(spec: PartitionSpec, axes: Sequence[str]) -> Tuple[str, ...]:
-    split = set(rules.spec_axes(spec))
-    return tuple(a for a in axes if a not in split)
-
-
-def reduce_gradients(grads: Any, setup: StepSetup) -> Any:
-    """Reduces every gradient once over the axes its param is replicated on (see module doc).
-
-    With ZeRO-1 the data axis is left to ``zero.scatter_mean``.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(grads)
-    specs = treedef.flatten_up_to(setup.param_specs)
-    groups: Dict[Tuple[str, ...], list] = {}
-    for index, spec in enumerate(specs):
-        axes = _replicated_axes(spec, setup.axes)
-        if setup.use_zero:
-            axes = tuple(a for a in axes if a != setup.data_axis)
-        groups.setdefault(axes, []).append(index)
-    out = list(leaves)
-    for axes, indices in groups.items():
-        if not axes:
-            continue
-        reduced = collectives.psum([leaves[i] for i in indices], axes)
-        divisor = setup.mesh_shape[setup.data_axis] if setup.data_axis in axes else 1
-        for i, value in zip(indices, reduced):
-            out[i] = value / divisor if divisor > 1 else value
-    return jax.tree_util.tree_unflatten(treedef, out)
+    @functools.cached_property
+    def reducer(self) -> GradientReducer:
+        return GradientReducer.plan(param_specs=self.param_specs, mesh_shape=self.mesh_shape,
+                                    data_axis=self.data_axis, zero=self.use_zero)
 
 
 def _split_microbatches(batch: Any, count: int) -> Any:
@@ -162,14 +139,32 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
         # Unscale in float32, keep each gradient's dtype (the optimizer state's dtype follows it).
         grads = jax.tree_util.tree_map(
             lambda g: (g.astype(jnp.float32) / scale).astype(g.dtype), grads)
-    grads = reduce_gradients(grads, setup)
-    new_state, update_stats = _apply_update(setup, state, grads, loss)
-    metrics = _metrics(setup, state, loss, aux, update_stats)
+    check_scalar_metrics({"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}},
+                         where=f"{type(setup.model).__qualname__}.forward")
+    reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss},
+                                   sum_metrics={f"aux/{k}": v for k, v in aux.items()},
+                                   sync_data=setup.sync_metrics)
+    if setup.use_zero and setup.sync_metrics and setup.data_axis is not None:
+        reduced = _zero_metrics(reduced, setup)
+    new_state, update_stats = _apply_update(setup, state, reduced)
+    metrics = _metrics(setup, state, reduced.metrics, update_stats)
     return new_state, metrics
 
 
-def _apply_update(setup: StepSetup, state: TrainState, grads: Any, loss: jax.Array):
+def _zero_metrics(reduced: Reduced, setup: StepSetup) -> Reduced:
+    """With ZeRO-1 the gradients' data reduction is a reduce-scatter; the metrics cross the data
+    axis in an all-reduce of their own (a few scalars)."""
+    names = list(reduced.metrics)
+    summed = collectives.psum([reduced.metrics[k] for k in names], setup.data_axis)
+    size = setup.mesh_shape[setup.data_axis]
+    metrics = {k: v / size if k == "loss" else v for k, v in zip(names, summed)}
+    return dataclasses.replace(reduced, metrics=metrics)
+
+
+def _apply_update(setup: StepSetup, state: TrainState, reduced: Reduced):
     data_axis = setup.data_axis
+    grads = reduced.grads
+    loss = reduced.metrics["loss"]
     if setup.use_zero:
         grad_chunks = jax.tree_util.tree_map(lambda g: zero.scatter_mean(g, data_axis), grads)
         param_chunks = jax.tree_util.tree_map(lambda p: zero.local_chunk(p, data_axis),
@@ -183,8 +178,7 @@ def _apply_update(setup: StepSetup, state: TrainState, grads: Any, loss: jax.Arr
         new_params = jax.tree_util.tree_map(lambda c, p: zero.gather(c, data_axis, p.shape),
                                             new_chunks, state.params)
     else:
-        split = learner_lib.split_axes_of(setup.param_specs)
-        norm = learner_lib.global_norm(grads, split)
+        norm = jnp.sqrt(reduced.norm_squared)
         clipped = learner_lib.clip_by_norm(grads, norm, setup.learner.config.max_grad_norm)
         updates, new_opt_state = setup.adapter.update(clipped, state.opt_state, state.params)
         new_params = jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), state.params,
@@ -239,12 +233,11 @@ def reduce_metrics(loss: jax.Array, aux: Dict[str, jax.Array], data_axis: Option
     return metrics
 
 
-def _metrics(setup: StepSetup, state: TrainState, loss, aux, stats) -> Dict[str, jax.Array]:
-    check_scalar_metrics({"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}},
-                         where=f"{type(setup.model).__qualname__}.forward")
-    metrics = reduce_metrics(loss, aux, setup.data_axis, setup.axes,
-                             sync_data=setup.sync_metrics)
+def _metrics(setup: StepSetup, state: TrainState, reduced_metrics: Dict[str, jax.Array],
+             stats) -> Dict[str, jax.Array]:
+    metrics = dict(reduced_metrics)
     if setup.data_axis is not None and not setup.sync_metrics:
+        metrics = {k: v[None] for k, v in metrics.items()}
         stats = {k: v[None] for k, v in stats.items()}
     metrics.update(stats)
     extra = {"learning_rate": setup.learner.learning_rate(state.step)}

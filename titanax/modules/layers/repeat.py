@@ -28,6 +28,11 @@ class Repeat(BaseLayer):
         # jax.checkpoint policy for each iteration in training (see base_layer.REMAT_POLICIES);
         # None: keep every layer's activations.
         layer_remat_policy: Optional[str] = None
+        # False: one lax.scan over the layers (compile time flat in depth). True: the layers are
+        # traced one after another (compile time grows with depth; no loop, so XLA never copies
+        # the stacked params or gradients through a loop carry). benchmarks/step_speed.py
+        # --variants scan,unroll measures both.
+        unroll: bool = False
 
         def _validate_values(self):
             if isinstance(self.num_layers, int) and self.num_layers < 1:
@@ -65,7 +70,8 @@ class Repeat(BaseLayer):
             return self.layer(carry), None
 
         x, _ = scan_in_context(body, carry=x, xs=None, child_name="layer",
-                               num_iterations=self.config.num_layers, remat_policy=policy)
+                               num_iterations=self.config.num_layers, remat_policy=policy,
+                               unroll=self.config.unroll)
         return x
 
 

@@ -62,6 +62,8 @@ class GPT(BaseLayer):
         sequence_parallel: bool = False
         # jax.checkpoint policy per block in training (None: keep activations).
         layer_remat_policy: Optional[str] = None
+        # Trace the blocks one after another instead of a lax.scan over them (Repeat.unroll).
+        unroll_layers: bool = False
 
         def _validate_values(self):
             for name in ("vocab_size", "max_seq_len", "num_layers", "model_dim", "num_heads"):
@@ -102,7 +104,8 @@ class GPT(BaseLayer):
             output_param_init=Normal.default_config().set(
                 stddev=0.02 / math.sqrt(2 * cfg.num_layers)), **tp)
         self._add_child("decoder", Repeat.default_config().set(
-            layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy))
+            layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy,
+            unroll=cfg.unroll_layers))
         self._add_child("final_norm", LayerNorm.default_config().set(
             input_dim=cfg.model_dim, eps=cfg.norm_eps))
 

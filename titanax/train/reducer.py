@@ -1,0 +1,182 @@
+"""The gradient reducer: every gradient reduced once per step, in as few collectives as possible.
+
+Planned once on the host from the final param specs (DESIGN section 7), run once per step in
+local view after the gradient computer. Each gradient must be summed over every mesh axis its
+param is replicated on: averaged over the data axis, summed over the others (a TP-replicated param
+collects its gradient from every model rank). Written naively that is one all-reduce per group of
+leaves, plus one for each metric, plus one for the global norm's squares and one for the finite
+check: six small collectives where two suffice. The reducer issues
+
+1. **one** all-reduce over the data axis carrying every gradient *and* the step's metrics (the
+   loss averaged, the counts summed) -- the only data-axis collective of the step;
+2. per set of other axes (for a data x model mesh: one, over ``model``), **one** all-reduce
+   carrying the gradients replicated there, the squared norms of the gradients split there, and
+   the metrics that are identical copies there (averaged, which leaves their value unchanged).
+
+The global gradient norm then needs no collective of its own, and neither does the finite check:
+after these two reductions the loss and the norm are the same on every device.
+
+ZeRO-1 replaces step 1 by a reduce-scatter per gradient (``zero.scatter_mean``); the optimizer
+then works on chunks, and the norm of the chunks is summed over all axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from titanax.parallel import collectives, rules
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduced:
+    """What the reducer hands the learner."""
+
+    grads: Any
+    # Metrics reduced over the data axis (averaged or summed) and made identical elsewhere.
+    metrics: Dict[str, jax.Array]
+    # The squared global L2 norm of the reduced gradients (None with ZeRO-1: see zero_norm).
+    norm_squared: Optional[jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientReducer:
+    """Which axes each gradient is reduced over, fixed at build time."""
+
+    # Mesh axis name -> size, in mesh order.
+    mesh_shape: Tuple[Tuple[str, int], ...]
+    data_axis: Optional[str]
+    # Per leaf (flattened param order): the non-data axes its param is replicated on.
+    replicated_axes: Tuple[Tuple[str, ...], ...]
+    # Per leaf: the axes its param is split over.
+    split_axes: Tuple[Tuple[str, ...], ...]
+    # The data axis is left to ZeRO-1's reduce-scatter.
+    zero: bool = False
+
+    @classmethod
+    def plan(cls, *, param_specs: Any, mesh_shape: Mapping[str, int],
+             data_axis: Optional[str], zero: bool = False) -> "GradientReducer":
+        specs = jax.tree_util.tree_leaves(param_specs,
+                                          is_leaf=lambda x: isinstance(x, PartitionSpec))
+        axes = tuple(mesh_shape)
+        replicated, split = [], []
+        for spec in specs:
+            used = tuple(a for a in axes if a in set(rules.spec_axes(spec)))
+            split.append(used)
+            replicated.append(tuple(a for a in axes if a not in used and a != data_axis))
+        return cls(mesh_shape=tuple(mesh_shape.items()), data_axis=data_axis,
+                   replicated_axes=tuple(replicated), split_axes=tuple(split), zero=zero)
+
+    @property
+    def data_size(self) -> int:
+        return dict(self.mesh_shape)[self.data_axis] if self.data_axis else 1
+
+    def describe(self) -> List[str]:
+        """One line per collective the reduction issues (for explain())."""
+        lines = []
+        if self.data_axis and not self.zero:
+            lines.append(f"all-reduce over {self.data_axis!r}: every gradient and the metrics")
+        for axes in sorted(set(self.replicated_axes) | set(self.split_axes)):
+            if axes and axes != (self.data_axis,):
+                lines.append(f"all-reduce over {axes}: gradients replicated there, norms of "
+                             "gradients split there, metrics")
+        return lines
+
+    def reduce(self, grads: Any, *, mean_metrics: Dict[str, jax.Array],
+               sum_metrics: Dict[str, jax.Array], sync_data: bool = True) -> Reduced:
+        """Reduces ``grads`` and the step's metrics (see the module docstring).
+
+        ``mean_metrics`` are averaged over the data axis (the loss), ``sum_metrics`` summed
+        (token counts). With ``sync_data=False`` metrics do not cross the data axis.
+        """
+        leaves, treedef = jax.tree_util.tree_flatten(grads)
+        metric_names = list(mean_metrics) + list(sum_metrics)
+        metrics = [mean_metrics[k] for k in mean_metrics] + [sum_metrics[k] for k in sum_metrics]
+        data = self.data_axis
+        if data is not None and not self.zero:
+            carried = metrics if sync_data else []
+            reduced = collectives.psum(leaves + carried, data)
+            size = self.data_size
+            leaves = [g / size for g in reduced[:len(leaves)]]
+            if sync_data:
+                metrics = [m / size if i < len(mean_metrics) else m
+                           for i, m in enumerate(reduced[len(leaves):])]
+        leaves, metrics, norm_squared = self._reduce_other_axes(leaves, metrics)
+        return Reduced(grads=jax.tree_util.tree_unflatten(treedef, leaves),
+                       metrics=dict(zip(metric_names, metrics)), norm_squared=norm_squared)
+
+    def _reduce_other_axes(self, leaves: List[jax.Array], metrics: List[jax.Array]):
+        """One all-reduce per set of non-data axes; the norm's squares ride along.
+
+        A gradient replicated over axes R is summed over R. A gradient split over axes S (and
+        replicated over none) has its squared norm summed over S -- in the same collective as
+        the gradients replicated over S, when there are any. Metrics that are identical copies
+        over some axes are averaged there, also in that collective.
+        """
+        data = self.data_axis
+        squares_needed = not self.zero
+        out, out_metrics = list(leaves), list(metrics)
+        grad_groups: Dict[Tuple[str, ...], List[int]] = {}
+        for index, axes in enumerate(self.replicated_axes):
+            if axes:
+                grad_groups.setdefault(axes, []).append(index)
+        metric_groups: Dict[Tuple[str, ...], List[int]] = {}
+        for index, value in enumerate(metrics):
+            varying = collectives.varying_axes(value)
+            key = tuple(a for a, _ in self.mesh_shape if a in varying and a != data)
+            if key:
+                metric_groups.setdefault(key, []).append(index)
+        # Gradients only split (not replicated) can have their squares summed before any
+        # reduction of theirs; the rest need their own reduction first.
+        early_squares: Dict[Tuple[str, ...], List[int]] = {}
+        late_squares: Dict[Tuple[str, ...], List[int]] = {}
+        local_squares: List[int] = []
+        for index, split in enumerate(self.split_axes):
+            split = tuple(a for a in split if a != data)
+            if not squares_needed:
+                continue
+            if not split:
+                local_squares.append(index)
+            elif not self.replicated_axes[index]:
+                early_squares.setdefault(split, []).append(index)
+            else:
+                late_squares.setdefault(split, []).append(index)
+        norm_parts: List[jax.Array] = []
+        for key in sorted(set(grad_groups) | set(metric_groups) | set(early_squares)):
+            grad_indices = grad_groups.get(key, [])
+            metric_indices = metric_groups.get(key, [])
+            payload = [out[i] for i in grad_indices] + [out_metrics[i] for i in metric_indices]
+            if key in early_squares:
+                payload.append(_square_sum([out[i] for i in early_squares[key]]))
+            reduced = collectives.psum(payload, key)
+            copies = 1
+            for axis, size in self.mesh_shape:
+                copies *= size if axis in key else 1
+            for position, index in enumerate(grad_indices):
+                out[index] = reduced[position]
+            for position, index in enumerate(metric_indices):
+                out_metrics[index] = reduced[len(grad_indices) + position] / copies
+            if key in early_squares:
+                norm_parts.append(reduced[-1])
+        for key, indices in sorted(late_squares.items()):
+            norm_parts.append(collectives.psum(_square_sum([out[i] for i in indices]), key))
+        if local_squares:
+            norm_parts.append(_square_sum([out[i] for i in local_squares]))
+        norm_squared = sum(norm_parts) if squares_needed else None
+        if squares_needed and not norm_parts:
+            norm_squared = jnp.float32(0.0)
+        return out, out_metrics, norm_squared
+
+
+def _square_sum(values: Sequence[jax.Array]) -> jax.Array:
+    return sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in values)
+
+
+def zero_norm(chunks: Sequence[jax.Array], axes: Sequence[str]) -> jax.Array:
+    """Global norm of ZeRO-1 gradient chunks: local squares summed over every axis once."""
+    total = sum(jnp.sum(jnp.square(c.astype(jnp.float32))) for c in chunks)
+    return jnp.sqrt(collectives.psum(total, tuple(axes)))
