@@ -83,15 +83,40 @@ def _quick_mnist(trainer_dir, *extra):
             "--config.evalers={}", "--config.log_every=1", *extra]
 
 
+def _table(path):
+    with open(path, encoding="utf-8") as f:
+        return list(csv.reader(f))
+
+
 def test_fresh_run_into_a_directory_with_checkpoints_is_refused(tmp_path):
-    first = _launch(*_quick_mnist(tmp_path))
+    with_eval = ["--config=mnist_dp", f"--trainer_dir={tmp_path}", "--config.max_steps=5",
+                 "--config.log_every=1"]  # The held-out evaluation runs after training.
+    first = _launch(*with_eval)
     assert first.returncode == 0, first.stderr[-2000:]
-    again = _launch(*_quick_mnist(tmp_path, "--config.checkpoint.resume=never",
-                                  "--config.max_steps=10"))
+    record, table = (tmp_path / "config.txt").read_text(), _table(tmp_path / "metrics.csv")
+    again = _launch(*with_eval, "--config.checkpoint.resume=never", "--config.max_steps=10")
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert str(tmp_path / "checkpoints") in again.stderr
     assert "overwrite=true" in again.stderr and "--trainer_dir" in again.stderr
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["5"]
+    # The refused launch left the run's record and metrics as they were.
+    assert (tmp_path / "config.txt").read_text() == record
+    assert not (tmp_path / "config.1.txt").exists()
+    assert _table(tmp_path / "metrics.csv") == table
+    # Launched again as it was: nothing to train, said with the ways forward; nothing rewritten.
+    finished = _launch(*with_eval)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "nothing to train" in finished.stdout and "--trainer_dir" in finished.stdout
+    assert (tmp_path / "config.txt").read_text() == record
+    rows = _table(tmp_path / "metrics.csv")
+    assert len(rows) == len(set(map(tuple, rows)))  # No row twice, however often relaunched.
+
+
+def test_flag_mistakes_exit_2_and_help_exits_0():
+    wrong = _launch("--config=mnist_dp", "--cpu_device=8")
+    assert wrong.returncode == 2 and "--cpu_device" in wrong.stderr
+    assert "Did you mean: cpu_devices" in wrong.stderr and "Traceback" not in wrong.stderr
+    assert _launch("--help").returncode == 0
 
 
 def test_run_record_is_kept_numbered_and_written_only_for_real_runs(tmp_path):

@@ -71,10 +71,27 @@ _SHOW_TRACEBACK = flags.DEFINE_bool(
 _OVERRIDES: List[overrides_lib.Override] = []
 
 
+_HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
 def _parse_flags(argv: Sequence[str]) -> List[str]:
+    """absl's parsing, with Titanax's conventions: a flag mistake is a short error naming the
+    flag (exit 2, like every other bad input), and asking for help is not an error (exit 0)."""
     rest, found = overrides_lib.split_override_args(list(argv))
     _OVERRIDES[:] = found
-    return app.parse_flags_with_usage(rest)
+    try:
+        return flags.FLAGS(rest)
+    except flags.Error as e:
+        message = str(e)
+        name = message.split("'")[1] if message.count("'") >= 2 else "flags"
+        print(f"titanax.launch: error: --{name.lstrip('-')}: {message}", file=sys.stderr)
+        print("  suggestion: python -m titanax.launch --help lists the flags; config fields are "
+              "--config.<path>=<value>", file=sys.stderr)
+        sys.exit(2)
+    except SystemExit as e:  # absl prints the help, then exits 1.
+        if any(arg.split("=")[0] in _HELP_FLAGS for arg in rest[1:]):
+            sys.exit(0)
+        raise e
 
 
 def _format_experiment_list() -> str:

@@ -13,7 +13,7 @@ def test_basic_logger_line(capsys):
                       "step_time_s": 0.1, "tokens_per_s": 12345.0, "eta_s": 3725.0}, 7)
     line = capsys.readouterr().out.strip()
     assert line == ("step      7  loss 1.2346  learning_rate 3.000e-04  grad_norm 0.5000  "
-                    "step_time_s 0.1000  tokens_per_s 1.234e+04  eta 1:02:05")
+                    "step_time_s 0.1000  tokens_per_s 12345  eta 1:02:05")
     Basic().log_dict({"heldout/loss": 1.5}, 8)
     assert "heldout/loss 1.5000" in capsys.readouterr().out
 

@@ -47,6 +47,20 @@ def test_dp_tp_only_model_axis_collectives_inside_loops():
     assert any("data" in op.axes for op in ops)
 
 
+def test_dp_tp_step_crosses_the_data_axis_once_and_the_model_axis_once_after_the_loop():
+    """The reducer's promise: one data all-reduce carrying every gradient and the metrics, one
+    model all-reduce carrying TP-replicated gradients, the norm's squares and the metrics."""
+    engine, ops, _ = _compiled("dp4_tp2_acc4")
+    data_ops = [op for op in ops if "data" in op.axes]
+    assert len(data_ops) == 1 and data_ops[0].axes == ("data",), hlo.format_report(ops)
+    local_bytes = sum(s.data.nbytes for leaf in jax.tree_util.tree_leaves(engine.state.params)
+                      for s in leaf.addressable_shards if s.device == jax.devices()[0])
+    assert data_ops[0].bytes >= local_bytes  # All gradients (and the metrics) in one.
+    after_loop = [op for op in ops if not op.in_loop and "transpose" not in op.source
+                  and "jvp" not in op.source]
+    assert [op.axes for op in after_loop] == [("data",), ("model",)], hlo.format_report(ops)
+
+
 def test_report_catches_a_per_microbatch_reduction():
     """Negative control: grads of *replicated* params inside a scan all-reduce every microbatch."""
     mesh = MeshSpec(axes=("data",)).build()

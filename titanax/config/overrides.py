@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import enum
 import sys
 import typing
@@ -278,7 +279,10 @@ def _parse(text: str, annotation: Any) -> Tuple[Any, Any]:
         for choice in typing.get_args(annotation):
             if str(choice) == _unquote(stripped) or repr(choice) == stripped:
                 return choice, None
-        return text, f"expected {typecheck.describe_type(annotation)}"
+        close = difflib.get_close_matches(_unquote(stripped),
+                                          [str(c) for c in typing.get_args(annotation)], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return text, f"expected {typecheck.describe_type(annotation)}{hint}"
     if _is_config_type(annotation) or origin is type or annotation is type:
         return text, "this field holds a config or a class and cannot be set from text"
     if annotation is typing.Callable or origin is typing.get_origin(typing.Callable):
@@ -334,6 +338,10 @@ def config_diff(before: ConfigBase, after: ConfigBase) -> List[str]:
     for path in list(new) + [p for p in old if p not in new]:
         old_text = formatting.format_value(old[path]) if path in old else "<absent>"
         new_text = formatting.format_value(new[path]) if path in new else "<absent>"
+        # An optional part switched on (None -> its fields) or off shows as its fields only.
+        if path not in new and any(p.startswith(path + ".") for p in new) or \
+                path not in old and any(p.startswith(path + ".") for p in old):
+            continue
         if old_text != new_text:
             lines.append(f"{path}: {old_text} -> {new_text}")
     return lines

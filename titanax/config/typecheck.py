@@ -64,7 +64,7 @@ def describe_type(annotation: Annotation) -> str:
         has_none = any(m is type(None) for m in members)
         rest = [m for m in members if m is not type(None)]
         inner = " | ".join(describe_type(m) for m in rest)
-        return f"Optional[{inner}]" if has_none else inner
+        return f"{inner} or None" if has_none else inner
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))

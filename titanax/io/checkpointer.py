@@ -27,7 +27,7 @@ import hashlib
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Tuple
 
 import jax
 import numpy as np
@@ -81,10 +81,10 @@ class OrbaxCheckpoint(Configurable):
         # Write in the background while training goes on.
         async_save: bool = True
         # At start, "auto" resumes from the newest good checkpoint; "never" starts fresh.
-        resume: str = "auto"
+        resume: Literal["auto", "never"] = "auto"
         # What a restore loads: "full" (params, optimizer, step, data position) or "params"
         # (params only: fine-tuning or evaluation; the rest starts fresh).
-        restore_mode: str = "full"
+        restore_mode: Literal["full", "params"] = "full"
         # A fresh run (resume="never", or init_state() by hand) whose directory already holds
         # checkpoints of another run: False refuses before training (the old steps would be
         # mixed with the new run's); True moves the whole directory aside to
@@ -96,10 +96,6 @@ class OrbaxCheckpoint(Configurable):
                 yield "save_every_n_steps", "must be >= 0"
             if self.keep_last_n is not None and self.keep_last_n < 1:
                 yield "keep_last_n", "must be >= 1 (or None to keep all)"
-            if self.resume not in ("auto", "never"):
-                yield "resume", f"must be 'auto' or 'never', got {self.resume!r}"
-            if self.restore_mode not in ("full", "params"):
-                yield "restore_mode", f"must be 'full' or 'params', got {self.restore_mode!r}"
 
     def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, **fields):
         """``OrbaxCheckpoint("ckpts/run1")`` (the seed's form) sets the path."""
@@ -246,7 +242,7 @@ class OrbaxCheckpoint(Configurable):
         self.close()
         aside = _unused_path(f"{self.directory}.superseded-{_timestamp()}")
         os.rename(self.directory, aside)
-        _log.warning("moved the checkpoints of the previous run aside: %s", aside)
+        _log.info("moved the checkpoints of the previous run aside: %s", aside)
         print(f"titanax: moved the previous run's checkpoints (steps {steps}) aside to {aside}",
               flush=True)
 
@@ -258,7 +254,7 @@ class OrbaxCheckpoint(Configurable):
         os.rename(where, aside)
         if self._manager is not None:
             self._manager.reload()
-        _log.warning("moved damaged checkpoint %s aside to %s (%s)", where, aside, reason)
+        _log.info("moved damaged checkpoint %s aside to %s (%s)", where, aside, reason)
         print(f"titanax: checkpoint step {step} is damaged ({reason}); moved it aside to {aside}",
               flush=True)
         return aside

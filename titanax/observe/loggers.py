@@ -49,9 +49,12 @@ class Logger(Configurable):
 
 
 def _format(value: float) -> str:
+    """Four decimals; whole numbers from 1000 up (tokens/s, counts); tiny ones in e-notation."""
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return str(value)
-    if isinstance(value, float) and (abs(value) >= 1e4 or 0 < abs(value) < 1e-3):
+    if isinstance(value, float) and abs(value) >= 1e3:
+        return f"{value:.0f}"
+    if isinstance(value, float) and 0 < abs(value) < 1e-3:
         return f"{value:.3e}"
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
@@ -128,9 +131,16 @@ class CSV(Logger):
             self._columns = self._columns or ["step"]
         row = {"step": str(step), **{k: repr(float(v)) if isinstance(v, float) else str(v)
                                      for k, v in metrics.items()}}
-        self._rows.append(row)
+        # The same metrics at the same step again (a relaunch re-running the final evaluation,
+        # the compile time at the resume step) replace the earlier row: one row per event.
+        same = [i for i, old in enumerate(self._rows) if old.get("step") == row["step"]
+                and set(old) == set(row)]
+        if same:
+            self._rows[same[-1]] = row
+        else:
+            self._rows.append(row)
         new_columns = sorted(k for k in metrics if k not in self._columns)
-        if new_columns or not os.path.exists(self.path):
+        if same or new_columns or not os.path.exists(self.path):
             self._columns = self._columns + new_columns
             self._rewrite()
             return
@@ -183,6 +193,7 @@ class TensorBoard(Logger):
         super().__init__(cfg, trainer_dir=trainer_dir, **fields)
         self.log_dir = os.path.join(trainer_dir or ".", self.config.subdir)
         self._writer = None
+        self._purge_step: Optional[int] = None
 
     def start(self, *, step: int, total_steps: Optional[int] = None, resumed: bool = False
               ) -> None:
@@ -191,12 +202,13 @@ class TensorBoard(Logger):
         super().start(step=step, total_steps=total_steps, resumed=resumed)
         if not resumed and os.path.isdir(self.log_dir) and os.listdir(self.log_dir):
             os.replace(self.log_dir, f"{self.log_dir}.{time.strftime('%Y%m%dT%H%M%S')}")
-        self._open(purge_step=step + 1 if resumed else None)
+        self._purge_step = step + 1 if resumed else None
 
-    def _open(self, purge_step: Optional[int] = None):
+    def _open(self):
+        """The writer, made on the first event (a run that fails before logging leaves none)."""
         if self._writer is None:
             from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-            self._writer = SummaryWriter(self.log_dir, purge_step=purge_step)
+            self._writer = SummaryWriter(self.log_dir, purge_step=self._purge_step)
         return self._writer
 
     def log_dict(self, metrics: Dict[str, float], step: int) -> None:

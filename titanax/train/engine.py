@@ -124,6 +124,8 @@ class Engine(StateMixin, Configurable):
         self._resumed = False
         self._checkpoint_dir_claimed = False
         self._loggers_started = False
+        # Called once when training really starts (see run()).
+        self._on_start: Optional[Callable[[], None]] = None
 
     # --- Building ---------------------------------------------------------------------------------
 
@@ -288,11 +290,16 @@ class Engine(StateMixin, Configurable):
             self.init_or_restore(params=params)
         self._claim_checkpoint_dir()
         self._start_loggers(total)
+        on_start, self._on_start = self._on_start, None
+        if on_start is not None and int(jax.device_get(self.state.step)) < total \
+                and jax.process_index() == 0:
+            on_start()  # The run really trains: the launcher writes its config record now.
         if data is not None:
             iterator = iter(data)
         else:  # The configured input: one stream per engine, continued by later fit() calls.
             if self._train_iterator is None:
-                self._train_iterator = iter(self._make_input(cfg.train_input))
+                self._train_iterator = iter(self._make_input(cfg.train_input,
+                                                             where="train_input"))
             iterator = self._train_iterator
         if self._restored_data_state and hasattr(iterator, "set_state"):
             iterator.set_state(self._restored_data_state)
@@ -382,7 +389,9 @@ class Engine(StateMixin, Configurable):
         if ckpt is not None:
             if ckpt.config.save_at_end:
                 self.save(data_iterator=iterator)  # A no-op when this step is saved already.
-            ckpt.wait_until_finished()
+            ckpt.wait_until_finished()  # Raises unless every save in flight is committed.
+            steps = ckpt.all_steps()
+            print(f"titanax: checkpoints verified in {ckpt.directory}: steps {steps}", flush=True)
 
     def _inflight_limit(self) -> Optional[int]:
         limit = self.config.max_inflight_steps
@@ -480,7 +489,7 @@ class Engine(StateMixin, Configurable):
         for name, evaler in self.evalers().items():
             if only_due and not evaler.due(step):
                 continue
-            data = self._make_input(evaler.config.input)
+            data = self._make_input(evaler.config.input, where=f"evalers[{name!r}].input")
             metrics = self.eval(data=data, steps=evaler.config.num_batches)
             results[name] = metrics
             for logger in self.loggers():
@@ -555,12 +564,19 @@ class Engine(StateMixin, Configurable):
                              for cfg in self.config.loggers] if jax.process_index() == 0 else []
         return self._loggers
 
-    def _make_input(self, input_cfg: Optional[Input.Config]) -> Input:
+    def _make_input(self, input_cfg: Optional[Input.Config], *, where: str) -> Input:
+        """``where``: the config path of ``input_cfg`` (errors name the full path)."""
         if input_cfg is None:
             raise errors.DataError("no training data", path="engine.train_input",
                                    suggestion="set train_input, or pass data= to fit()")
-        return input_cfg.instantiate(process_index=jax.process_index(),
-                                     process_count=jax.process_count())
+        try:
+            return input_cfg.instantiate(process_index=jax.process_index(),
+                                         process_count=jax.process_count())
+        except errors.DataError as e:
+            in_source = input_cfg.source is not None and e.path in input_cfg.source.keys()
+            inner = (f"{where}.source.{e.path}" if e.path and in_source
+                     else f"{where}.{e.path}" if e.path else where)
+            raise errors.DataError(e.message, path=inner, suggestion=e.suggestion) from None
 
     def run(self, *, trainer_dir: Optional[str] = None, cluster=None, explain: bool = False,
             on_start: Optional[Callable[[], None]] = None) -> int:
@@ -585,13 +601,15 @@ class Engine(StateMixin, Configurable):
                 "hand-written @step_fn, call engine.fit(step_fn, data=...) from a script")
         self.check_inputs()
         preemption.exit_if_requested("while the run was built")
-        if on_start is not None and jax.process_index() == 0:
-            on_start()
-        if explain:
-            self.init_or_restore()
-            self.compile(example_batch=next(iter(self._make_input(self.config.train_input))))
+        if explain:  # Shapes are all it needs: fresh params, no checkpoint read.
+            self.init_state()
+            self.compile(example_batch=next(iter(self._make_input(self.config.train_input,
+                                                                  where="train_input"))))
+            if on_start is not None and jax.process_index() == 0:
+                on_start()
             print(self.explain(), flush=True)
             return 0
+        self._on_start = on_start
         print(describe_mesh(self.mesh).splitlines()[0], flush=True)
         started = time.perf_counter()
         self.fit()
@@ -602,8 +620,12 @@ class Engine(StateMixin, Configurable):
             text = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
             print(f"final {name}: {text}", flush=True)
         if self._train_step is None:
-            print(f"nothing to train: the run is at step {step} of {self.config.max_steps}",
-                  flush=True)
+            where = self.checkpointer().directory if self.checkpointer() else "this run"
+            print(f"nothing to train: the run in {where} is already at step {step} "
+                  f"(max_steps {self.config.max_steps}). To train it further raise "
+                  "--config.max_steps; to start a new run use another --trainer_dir (or "
+                  "--config.checkpoint.resume=never --config.checkpoint.overwrite=true, which "
+                  "moves the old checkpoints aside)", flush=True)
         else:
             print(f"trained to step {step} of {self.config.max_steps} in "
                   f"{time.perf_counter() - started:.1f}s (train-step compile "

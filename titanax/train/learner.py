@@ -113,6 +113,11 @@ def _with_run_length(optimizer_cfg: Any, total_steps: Optional[int]) -> Any:
             suggestion="set max_steps (or --config.max_steps=N), or give decay_steps explicitly")
     filled = optimizer_cfg.clone()
     filled.learning_rate.decay_steps = int(total_steps)
+    warmup = getattr(schedule, "warmup_steps", None) if "warmup_steps" in schedule.keys() else None
+    if isinstance(warmup, int) and warmup >= total_steps:
+        print(f"titanax: warning: learner.optimizer.learning_rate.warmup_steps={warmup} is not "
+              f"below max_steps={total_steps}: the learning rate never reaches its peak; lower "
+              "it with --config.learner.optimizer.learning_rate.warmup_steps=N", flush=True)
     return filled
 
 

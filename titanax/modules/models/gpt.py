@@ -62,8 +62,9 @@ class GPT(BaseLayer):
         sequence_parallel: bool = False
         # jax.checkpoint policy per block in training (None: keep activations).
         layer_remat_policy: Optional[str] = None
-        # Trace the blocks one after another instead of a lax.scan over them (Repeat.unroll).
-        unroll_layers: bool = False
+        # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
+        # to 12 layers, scanned beyond (measured: see Repeat.Config.unroll).
+        unroll_layers: Optional[bool] = None
 
         def _validate_values(self):
             for name in ("vocab_size", "max_seq_len", "num_layers", "model_dim", "num_heads"):
