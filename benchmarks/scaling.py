@@ -16,7 +16,7 @@ hardware scaling. Run the same command on a GPU node for real scaling.
 * weak scaling: a fixed per-device batch, so the global batch grows with the devices;
 * compile vs run: the train step's compile seconds next to its step time, per configuration;
 * accumulate_steps: a fixed global batch in 1, 2, 4, 8 microbatches (temp memory falls);
-* DP vs TP: the same 8 devices as data x model = 8x1, 4x2, 2x4, 1x8.
+* DP vs TP: the same 8 devices as data x model = 8x1, 4x2, 2x4 (and 1x8 where the heads split).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def main() -> None:
         "accumulate": [measure(data=devices[-1], model=1, batch=fixed_batch * 2, accumulate=k)
                        for k in (1, 2, 4, 8)],
         "dp_tp": [measure(data=devices[-1] // m, model=m, batch=fixed_batch, accumulate=1)
-                  for m in (1, 2, 4, 8) if m <= devices[-1]],
+                  for m in (1, 2, 4, 8) if m <= devices[-1] and shape["num_heads"] % m == 0],
     }
     os.makedirs(args.out, exist_ok=True)
     platform = jax.devices()[0].platform
