@@ -1,19 +1,17 @@
-"""The model train step in local view: microbatches, one gradient reduction, one update.
+"""The model train step in local view: gradient computer, gradient reducer, learner update.
 
 This function runs inside ``shard_map`` over every mesh axis (the engine wraps it), so every
-collective in it is written here or in a layer:
+collective in it is written here, in the reducer or in a layer:
 
 1. Params are cast to *varying* over every axis they are replicated on. Otherwise ``jax.grad``
    would all-reduce the gradient of each replicated param on every call -- once per microbatch.
-2. ``lax.scan`` over ``accumulate_steps`` microbatches sums local gradients; nothing is reduced
-   inside the loop except what layers need for their activations (TP psums).
-3. Each gradient is reduced once, after the loop, over exactly the axes its param is replicated
-   on: mean over the data axis (or, with ZeRO-1, a reduce-scatter into the optimizer's chunk), sum
-   over the others (a TP-replicated param collects its gradient from every model rank). Leaves that
-   share their set of axes go in one call, so XLA can fuse them into one all-reduce.
-   Scale: a loss computed redundantly on every model rank but typed *varying* there would be
-   differentiated once per rank; the step detects that from the loss's type and divides, so the
-   result always equals the one-device gradient.
+2. The gradient computer (``gradients.py``) returns local gradients, the loss, aux counts and the
+   layers' summaries; with ``accumulate_steps`` a ``lax.scan`` over microbatches sums them
+   locally, nothing reduced inside the loop except what layers need (TP psums).
+3. The gradient reducer (``reducer.py``, planned once from the param specs) reduces every
+   gradient once, after the loop, over exactly the axes its param is replicated on, in one
+   data-axis all-reduce that also carries the metrics (with ZeRO-1: a reduce-scatter into the
+   optimizer's chunk) and one all-reduce per other set of axes.
 4. Loss scaling (float16), NaN/Inf handling, clipping by the global norm, and the optax update.
 """
 
@@ -21,18 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 
-from titanax import errors
 from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
 from titanax.train import learner as learner_lib
 from titanax.train import zero
+from titanax.train.gradients import ModelGradients
 from titanax.train.precision import Precision
 from titanax.train.reducer import GradientReducer, Reduced
 from titanax.train.train_state import TrainState
@@ -65,83 +62,35 @@ class StepSetup:
         return tuple(self.mesh_shape)
 
     @functools.cached_property
+    def gradients(self) -> ModelGradients:
+        return ModelGradients(model=self.model, precision=self.precision,
+                              mesh_shape=self.mesh_shape, data_axis=self.data_axis,
+                              accumulate_steps=self.accumulate_steps)
+
+    @functools.cached_property
     def reducer(self) -> GradientReducer:
         return GradientReducer.plan(param_specs=self.param_specs, mesh_shape=self.mesh_shape,
                                     data_axis=self.data_axis, zero=self.use_zero)
 
 
-def _split_microbatches(batch: Any, count: int) -> Any:
-    def split(x):
-        if x.shape[0] % count:
-            raise errors.PlanError(
-                f"the per-device batch of {x.shape[0]} does not split into {count} microbatches",
-                path="plan.data_parallel.accumulate_steps",
-                suggestion="make the global batch a multiple of data size x accumulate_steps")
-        return x.reshape((count, x.shape[0] // count) + x.shape[1:])
-    return jax.tree_util.tree_map(split, batch)
-
-
-def _redundancy(loss: jax.Array, setup: StepSetup) -> int:
-    """How many devices hold an identical copy of this loss but see it typed as varying."""
-    varying = collectives.varying_axes(loss)
-    return math.prod(setup.mesh_shape[a] for a in varying if a != setup.data_axis)
-
-
 def local_train_step(setup: StepSetup, state: TrainState, batch: Any
                      ) -> Tuple[TrainState, Dict[str, jax.Array]]:
-    """One optimizer step in local view (see the module docstring)."""
-    axes = setup.axes
-    params = state.params
-    varying_params = collectives.cast_varying(params, axes)
+    """One optimizer step in local view: gradient computer, reducer, learner update."""
+    varying_params = collectives.cast_varying(state.params, setup.axes)
     step_key = jax.random.fold_in(state.rngs["dropout"], state.step)
     if setup.data_axis is not None:
         # Different dropout masks per data shard; the same on every model rank of a shard.
         step_key = jax.random.fold_in(step_key, collectives.axis_index(setup.data_axis))
     scale = state.loss_scale["scale"] if state.loss_scale is not None else None
-
-    def loss_fn(p, microbatch, key):
-        compute_params = setup.precision.cast_for_compute(p)
-        inputs = setup.precision.cast_for_compute(microbatch)
-        (loss, aux), _ = functional(setup.model, key, compute_params, (inputs,), is_training=True)
-        loss = loss.astype(jnp.float32)
-        objective = loss / _redundancy(loss, setup)
-        if scale is not None:
-            objective = objective * scale
-        return objective, (loss, aux)
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    count = setup.accumulate_steps
-    if count == 1:
-        (_, (loss, aux)), grads = grad_fn(varying_params, batch, step_key)
-    else:
-        microbatches = _split_microbatches(batch, count)
-
-        def accumulate(carry, inputs):
-            grad_sum, loss_sum, aux_sum = carry
-            microbatch, index = inputs
-            (_, (loss_i, aux_i)), grads_i = grad_fn(varying_params, microbatch,
-                                                    jax.random.fold_in(step_key, index))
-            add = lambda a, b: a + b  # noqa: E731
-            return (jax.tree_util.tree_map(add, grad_sum, grads_i), loss_sum + loss_i,
-                    jax.tree_util.tree_map(add, aux_sum, aux_i)), None
-
-        first = jax.tree_util.tree_map(lambda x: x[0], microbatches)
-        aux_shapes = jax.eval_shape(lambda: grad_fn(varying_params, first, step_key)[0][1][1])
-        zeros_aux = jax.tree_util.tree_map(
-            lambda s: collectives.cast_varying(jnp.zeros(s.shape, s.dtype), axes), aux_shapes)
-        init = (jax.tree_util.tree_map(jnp.zeros_like, varying_params),
-                collectives.cast_varying(jnp.zeros((), jnp.float32), axes), zeros_aux)
-        (grads, loss, aux), _ = jax.lax.scan(accumulate, init,
-                                             (microbatches, jnp.arange(count)))
-        grads = jax.tree_util.tree_map(lambda g: g / count, grads)
-        loss = loss / count
+    local = setup.gradients(varying_params, batch, step_key, loss_scale=scale)
+    grads, loss, aux = local.grads, local.loss, local.aux
     if scale is not None:
         # Unscale in float32, keep each gradient's dtype (the optimizer state's dtype follows it).
         grads = jax.tree_util.tree_map(
             lambda g: (g.astype(jnp.float32) / scale).astype(g.dtype), grads)
     check_scalar_metrics({"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}},
                          where=f"{type(setup.model).__qualname__}.forward")
-    reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss},
+    reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss, **local.summaries},
                                    sum_metrics={f"aux/{k}": v for k, v in aux.items()},
                                    sync_data=setup.sync_metrics)
     if setup.use_zero and setup.sync_metrics and setup.data_axis is not None:
@@ -157,7 +106,7 @@ def _zero_metrics(reduced: Reduced, setup: StepSetup) -> Reduced:
     names = list(reduced.metrics)
     summed = collectives.psum([reduced.metrics[k] for k in names], setup.data_axis)
     size = setup.mesh_shape[setup.data_axis]
-    metrics = {k: v / size if k == "loss" else v for k, v in zip(names, summed)}
+    metrics = {k: v if k.startswith("aux/") else v / size for k, v in zip(names, summed)}
     return dataclasses.replace(reduced, metrics=metrics)
 
 

@@ -1,0 +1,154 @@
+"""The gradient computer: local gradients, loss, aux and summaries of one step, in local view.
+
+First of the train step's three seams (DESIGN section 7): a computer turns params and a batch into
+*local* gradients -- nothing reduced over the data axis yet -- plus the loss, the model's aux
+counts and the summaries its layers wrote with ``add_summary``. The reducer then reduces them
+once; the learner applies them.
+
+``ModelGradients`` is the plain computer (one forward/backward) and, with ``accumulate_steps > 1``,
+the microbatched one: a ``lax.scan`` over microbatches that sums gradients locally, so no
+collective over the data axis sits inside the loop.
+
+Each computer *declares* how its loss relates to the one-device loss on every mesh axis
+(``LossRelation``): over the data axis each shard's loss is a mean over its own rows (the reducer
+averages); over the TP axis every rank holds a copy. Differentiating a copy that jax types as
+*varying* counts it once per rank, so its objective is divided by the number of copies -- the
+declaration says which axes hold copies, the type says whether autodiff will see them as one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from titanax import errors
+from titanax.modules import functional
+from titanax.modules.base_layer import BaseLayer
+from titanax.parallel import collectives
+from titanax.train.precision import Precision
+
+
+@dataclasses.dataclass(frozen=True)
+class LossRelation:
+    """How a device's loss relates to the one-device loss, per mesh axis."""
+
+    # Each device's loss is the mean over its own share of the batch: average over these.
+    mean_over: Tuple[str, ...] = ()
+    # Every device holds the same value: nothing to reduce, but autodiff must count it once.
+    copy_over: Tuple[str, ...] = ()
+    # Each device holds a part of a sum (a pipeline stage's microbatches): sum over these.
+    sum_over: Tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class LocalGradients:
+    """What a gradient computer returns (all in local view, unreduced)."""
+
+    grads: Any
+    # Mean loss over this device's rows (float32).
+    loss: jax.Array
+    # The model's aux counts (e.g. loss_sum, num_tokens), summed over microbatches.
+    aux: Dict[str, jax.Array]
+    # Scalar summaries the layers wrote, "summaries/<module path>/<name>", averaged over
+    # microbatches (per-layer summaries of a stacked Repeat averaged over its layers).
+    summaries: Dict[str, jax.Array]
+
+
+class ModelGradients:
+    """Gradients of ``model.forward(batch) -> (loss, aux)``, with optional microbatches."""
+
+    def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
+                 data_axis: Optional[str], accumulate_steps: int = 1):
+        self.model = model
+        self.precision = precision
+        self.mesh_shape = dict(mesh_shape)
+        self.data_axis = data_axis
+        self.accumulate_steps = accumulate_steps
+        self.loss_relation = LossRelation(
+            mean_over=(data_axis,) if data_axis else (),
+            copy_over=tuple(a for a in self.mesh_shape if a != data_axis))
+
+    @property
+    def axes(self) -> Tuple[str, ...]:
+        return tuple(self.mesh_shape)
+
+    def __call__(self, params: Any, batch: Any, key: jax.Array, *,
+                 loss_scale: Optional[jax.Array] = None) -> LocalGradients:
+        """``params`` already cast to varying over every axis (see step.py); ``key`` this
+        step's dropout key on this data shard."""
+        grad_fn = jax.value_and_grad(self._objective, has_aux=True)
+        count = self.accumulate_steps
+        if count == 1:
+            (_, (loss, aux, summaries)), grads = grad_fn(params, batch, key, loss_scale)
+            return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries)
+        microbatches = _split_microbatches(batch, count)
+
+        def accumulate(carry, inputs):
+            microbatch, index = inputs
+            (_, outputs), grads_i = grad_fn(params, microbatch, jax.random.fold_in(key, index),
+                                            loss_scale)
+            return jax.tree_util.tree_map(jnp.add, carry, (grads_i,) + outputs), None
+
+        first = jax.tree_util.tree_map(lambda x: x[0], microbatches)
+        shapes = jax.eval_shape(lambda: grad_fn(params, first, key, loss_scale)[0][1])
+        zeros = jax.tree_util.tree_map(lambda s: self._varying(jnp.zeros(s.shape, s.dtype)),
+                                       shapes)
+        init = (jax.tree_util.tree_map(jnp.zeros_like, params),) + zeros
+        (grads, loss, aux, summaries), _ = jax.lax.scan(
+            accumulate, init, (microbatches, jnp.arange(count)))
+        average = lambda tree: jax.tree_util.tree_map(lambda x: x / count, tree)  # noqa: E731
+        return LocalGradients(grads=average(grads), loss=loss / count, aux=aux,
+                              summaries=average(summaries))
+
+    def _varying(self, value: jax.Array) -> jax.Array:
+        """A scan carry the loop body makes varying must start varying (outside shard_map,
+        with no mesh axes, there is nothing to cast)."""
+        return collectives.cast_varying(value, self.axes) if self.axes else value
+
+    def _objective(self, params, batch, key, loss_scale):
+        compute_params = self.precision.cast_for_compute(params)
+        inputs = self.precision.cast_for_compute(batch)
+        (loss, aux), collection = functional(self.model, key, compute_params, (inputs,),
+                                             is_training=True)
+        loss = loss.astype(jnp.float32)
+        objective = loss / self._copies_seen_by_autodiff(loss)
+        if loss_scale is not None:
+            objective = objective * loss_scale
+        return objective, (loss, aux, flat_summaries(collection.summaries))
+
+    def _copies_seen_by_autodiff(self, loss: jax.Array) -> int:
+        """The declared copies that jax types as varying (each would be differentiated)."""
+        varying = collectives.varying_axes(loss)
+        return math.prod(self.mesh_shape[a] for a in self.loss_relation.copy_over
+                         if a in varying)
+
+
+def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries") -> Dict[str, jax.Array]:
+    """``{"summaries/<module path>/<name>": float32 scalar}`` from a nested summaries dict.
+
+    A summary of a stacked ``Repeat`` comes back with a leading layer axis: it is averaged.
+    """
+    out: Dict[str, jax.Array] = {}
+    for name, value in tree.items():
+        path = f"{prefix}/{name}"
+        if isinstance(value, Mapping):
+            out.update(flat_summaries(value, path))
+        elif value is not None:
+            value = jnp.asarray(value, jnp.float32)
+            out[path] = jnp.mean(value) if value.ndim else value
+    return out
+
+
+def _split_microbatches(batch: Any, count: int) -> Any:
+    def split(x):
+        if x.shape[0] % count:
+            raise errors.PlanError(
+                f"the per-device batch of {x.shape[0]} does not split into {count} microbatches",
+                path="plan.data_parallel.accumulate_steps",
+                suggestion="make the global batch a multiple of data size x accumulate_steps")
+        return x.reshape((count, x.shape[0] // count) + x.shape[1:])
+    return jax.tree_util.tree_map(split, batch)
