@@ -25,7 +25,8 @@ def test_composition_from_components_and_from_config():
 
 def test_valid_plans_pass():
     Plan(data_parallel=DP(), tensor_parallel=TP()).validate(MESH, global_batch_size=16)
-    Plan(data_parallel=DP(), pipeline_parallel=PP(num_microbatches=4)).validate(PIPE_MESH)
+    Plan(data_parallel=DP(), pipeline_parallel=PP(microbatch_size=2)).validate(
+        PIPE_MESH, global_batch_size=16)
     Plan(data_parallel=DP(), zero=ZeRO()).validate(MeshSpec(axes=("data",)).build())
 
 
@@ -43,14 +44,23 @@ def test_plan_errors_against_the_mesh(make, path, text):
     assert info.value.path == path and text in info.value.message
 
 
-def test_pipeline_checks():
+@pytest.mark.parametrize("pp,batch,text", [
+    (dict(microbatch_size=4), 16, "2 microbatches for 4 stages"),       # 8 rows per data shard
+    (dict(microbatch_size=3), 16, "do not divide the per-data-shard batch of 8"),
+    (dict(schedule="circular", virtual_stages=2), 12, "multiple of the 4 stages"),
+])
+def test_pipeline_checks(pp, batch, text):
+    plan = Plan(data_parallel=DP(), pipeline_parallel=PP(**pp))
     with pytest.raises(errors.PlanError) as info:
-        Plan(data_parallel=DP(), pipeline_parallel=PP(num_microbatches=2)).validate(PIPE_MESH)
-    assert "2 microbatches for 4 stages" in info.value.message
-    with pytest.raises(errors.PlanError) as info:
-        Plan(data_parallel=DP(), pipeline_parallel=PP(num_stages=6, num_microbatches=8)
-             ).validate(PIPE_MESH)
-    assert info.value.path == "plan.pipeline_parallel.num_stages"
+        plan.validate(PIPE_MESH, global_batch_size=batch)
+    assert info.value.path == "plan.pipeline_parallel.microbatch_size"
+    assert text in info.value.message
+
+
+def test_pipeline_bubble():
+    pp = PP(schedule="circular", virtual_stages=2)
+    assert pp.num_microbatches(8) == 8
+    assert pp.bubble(num_stages=4, num_microbatches=8) == 3 / 19
 
 
 def test_batch_divisibility_names_the_numbers():
@@ -73,8 +83,10 @@ def test_batch_divisibility_names_the_numbers():
     (dict(zero=ZeRO.default_config()), "zero", "add data_parallel"),
     (dict(data_parallel=DP.default_config(), zero=ZeRO.default_config().set(axis="model")),
      "zero.axis", "must be the data-parallel axis"),
-    (dict(pipeline_parallel=PP.default_config().set(num_microbatches=0)),
-     "pipeline_parallel.num_microbatches", "must be >= 1"),
+    (dict(pipeline_parallel=PP.default_config().set(microbatch_size=0)),
+     "pipeline_parallel.microbatch_size", "must be >= 1"),
+    (dict(pipeline_parallel=PP.default_config().set(schedule="gpipe", virtual_stages=2)),
+     "pipeline_parallel.virtual_stages", "need schedule='circular'"),
     (dict(pipeline_parallel=PP.default_config().set(checkpoint_ratio=2.0)),
      "pipeline_parallel.checkpoint_ratio", "must be in [0, 1]"),
 ])

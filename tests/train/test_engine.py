@@ -237,7 +237,7 @@ def test_pipeline_plans_are_rejected_until_the_engine_runs_them():
     from titanax.parallel.plan import PP  # pylint: disable=import-outside-toplevel
     cfg = helpers.mnist_engine(data=8).config.clone()
     cfg.mesh = helpers.mesh((4, 2), ("data", "pipe"))
-    cfg.plan.pipeline_parallel = PP.default_config().set(num_microbatches=2)
+    cfg.plan.pipeline_parallel = PP.default_config()
     with pytest.raises(errors.PlanError) as info:
         cfg.instantiate().build()
     assert info.value.path == "plan.pipeline_parallel"

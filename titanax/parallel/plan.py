@@ -11,7 +11,7 @@ line (``--config.plan.data_parallel.accumulate_steps=4``).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 from jax.sharding import Mesh, PartitionSpec
 
@@ -64,30 +64,53 @@ class TP(Configurable):
 
 
 class PP(Configurable):
-    """Pipeline parallelism: stages of stacked layers over ``axis``, microbatches between them."""
+    """Pipeline parallelism: stages of layers over ``axis``, microbatches flowing between them.
+
+    The stages are either the ``Repeat`` stack at ``stacked_layers`` split evenly (the fast path:
+    layers viewed as ``[virtual_stages, stages, layers per stage, ...]`` with the stage dimension
+    on ``axis``), or, as in the seed's API, explicit ``stages``. The number of stages S is the
+    size of ``axis``; each data shard's batch is cut into M = local batch / microbatch_size
+    microbatches. Bubble: (S - 1) / (v M + S - 1).
+    """
 
     class Config(Configurable.Config):
         # Mesh axis the stages are laid out on.
         axis: str = "pipe"
-        # Number of stages; None means the size of the pipeline axis.
-        num_stages: Optional[int] = None
-        # Param path of the stacked (scanned) layers that are split evenly over the stages.
-        stacked_layers: str = "decoder/layers"
-        # Microbatches per step; must be >= the number of stages (else the pipe never fills).
-        num_microbatches: int = 1
-        # "gpipe": all forwards then all backwards; "1f1b": interleaved, at most num_stages
-        # microbatches of activations live per stage.
-        schedule: Literal["gpipe", "1f1b"] = "1f1b"
+        # The seed's explicit stages (Stage(name, param_filter, fwd), ...); empty: the Repeat
+        # stack named by stacked_layers, split evenly over the stages.
+        stages: Sequence[Any] = ()
+        # Param path of the stacked (Repeat) layers that are split over the stages.
+        stacked_layers: str = "decoder/layer"
+        # Examples per microbatch per data shard: M = local batch / microbatch_size.
+        microbatch_size: int = 1
+        # "gpipe": all forwards, then all backwards; "circular": GPipe with virtual_stages
+        # stage slices per device (a smaller bubble); "1f1b": forwards and backwards
+        # interleaved, at most S microbatches of activations live per stage whatever M is.
+        schedule: Literal["gpipe", "circular", "1f1b"] = "1f1b"
+        # Stage slices per device (circular only): layers per device come in this many chunks.
+        virtual_stages: int = 1
         # Fraction of each stage's layers whose activations are rematerialised in backward.
         checkpoint_ratio: float = 0.0
 
         def _validate_values(self):
-            if self.num_microbatches < 1:
-                yield "num_microbatches", f"must be >= 1, got {self.num_microbatches}"
-            if self.num_stages is not None and self.num_stages < 1:
-                yield "num_stages", f"must be >= 1, got {self.num_stages}"
+            if self.microbatch_size < 1:
+                yield "microbatch_size", f"must be >= 1, got {self.microbatch_size}"
+            if self.virtual_stages < 1:
+                yield "virtual_stages", f"must be >= 1, got {self.virtual_stages}"
+            if self.virtual_stages > 1 and self.schedule != "circular":
+                yield "virtual_stages", (f"{self.virtual_stages} virtual stages need "
+                                         f"schedule='circular', not {self.schedule!r}")
             if not 0.0 <= self.checkpoint_ratio <= 1.0:
                 yield "checkpoint_ratio", f"must be in [0, 1], got {self.checkpoint_ratio}"
+
+    def num_microbatches(self, local_batch_size: int) -> int:
+        """M for a data shard's batch of ``local_batch_size`` examples."""
+        return local_batch_size // self.config.microbatch_size
+
+    def bubble(self, *, num_stages: int, num_microbatches: int) -> float:
+        """Idle fraction of the schedule: (S - 1) / (v M + S - 1)."""
+        ticks = self.config.virtual_stages * num_microbatches + num_stages - 1
+        return (num_stages - 1) / ticks
 
 
 class ZeRO(Configurable):
@@ -191,19 +214,6 @@ class Plan(Configurable):
                 "every device along it would repeat the same work", path=f"mesh axis {idle[0]!r}",
                 suggestion="give it a role (data_parallel, tensor_parallel, pipeline_parallel) "
                            "or set its size to 1")
-        pp = self.config.pipeline_parallel
-        if pp is not None:
-            stages = pp.num_stages or mesh_shape[pp.axis]
-            if stages % mesh_shape[pp.axis]:
-                raise errors.PlanError(
-                    f"{stages} stages cannot be spread evenly over pipeline axis {pp.axis!r} of "
-                    f"size {mesh_shape[pp.axis]}", path="plan.pipeline_parallel.num_stages",
-                    suggestion="use a multiple of the axis size")
-            if pp.num_microbatches < stages:
-                raise errors.PlanError(
-                    f"{pp.num_microbatches} microbatches for {stages} stages: the pipeline never "
-                    "fills", path="plan.pipeline_parallel.num_microbatches",
-                    suggestion=f"use at least {stages} (more shrinks the bubble)")
         if global_batch_size is not None:
             self.check_batch_size(global_batch_size, mesh)
         return self
@@ -226,6 +236,32 @@ class Plan(Configurable):
                               else f"mesh axis {self.dp_axis!r}"),
                 suggestion=f"use a batch size that is a multiple of {parts}, e.g. "
                            f"{max(parts, global_batch_size - global_batch_size % parts)}")
+        if microbatched and self.pipeline_parallel is not None:
+            self._check_pipeline_batch(global_batch_size // data, mesh)
+
+    def _check_pipeline_batch(self, local_batch: int, mesh: Mesh) -> None:
+        """M = local batch / microbatch_size must be whole, >= S, and a multiple of S for the
+        circular schedule (its microbatches go round the ring in groups of S)."""
+        pp = self.pipeline_parallel
+        cfg = pp.config
+        stages = mesh.shape[cfg.axis]
+        where = "plan.pipeline_parallel.microbatch_size"
+        if local_batch % cfg.microbatch_size:
+            raise errors.PlanError(
+                f"microbatches of {cfg.microbatch_size} do not divide the per-data-shard batch "
+                f"of {local_batch}", path=where,
+                suggestion="choose a microbatch_size that divides the per-shard batch")
+        count = pp.num_microbatches(local_batch)
+        if count < stages:
+            raise errors.PlanError(
+                f"{count} microbatches for {stages} stages: the pipeline never fills",
+                path=where, suggestion=f"use a smaller microbatch_size (at least {stages} "
+                "microbatches per data shard; more shrinks the bubble)")
+        if cfg.schedule == "circular" and count % stages:
+            raise errors.PlanError(
+                f"the circular schedule needs the {count} microbatches to be a multiple of the "
+                f"{stages} stages", path=where,
+                suggestion="change microbatch_size or the batch size")
 
     # --- Param layouts ---------------------------------------------------------------------------
 
