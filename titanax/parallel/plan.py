@@ -17,6 +17,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
 from titanax.config import Configurable
+from titanax.parallel import pipeline
 from titanax.parallel import rules as rules_lib
 from titanax.parallel import sharding
 
@@ -109,8 +110,8 @@ class PP(Configurable):
 
     def bubble(self, *, num_stages: int, num_microbatches: int) -> float:
         """Idle fraction of the schedule: (S - 1) / (v M + S - 1)."""
-        ticks = self.config.virtual_stages * num_microbatches + num_stages - 1
-        return (num_stages - 1) / ticks
+        return pipeline.bubble_fraction(num_stages=num_stages, num_microbatches=num_microbatches,
+                                        virtual_stages=self.config.virtual_stages)
 
 
 class ZeRO(Configurable):

@@ -1,0 +1,77 @@
+"""Pipeline schedules (parallel/pipeline.py) against the same stages run one after another."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from titanax import errors
+from titanax.parallel import collectives, pipeline
+from titanax.runtime.mesh import MeshSpec
+
+STAGES, WIDTH = 4, 8
+
+
+def _stage(params, x):
+    return jnp.tanh(x @ params["w"] + params["b"])
+
+
+def _params():
+    rng = np.random.default_rng(0)
+    return {"w": jnp.asarray(rng.normal(size=(STAGES, WIDTH, WIDTH)) * 0.5, jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(STAGES, WIDTH)) * 0.1, jnp.float32)}
+
+
+def _sequential_loss(params, microbatches):
+    x = microbatches
+    for s in range(STAGES):
+        x = _stage({k: v[s] for k, v in params.items()}, x)
+    return jnp.sum(x ** 2), x
+
+
+def _pipelined(remat: bool):
+    mesh = MeshSpec(axes=("data", "pipe"), shape=(2, STAGES)).build()
+
+    def local(params, microbatches):
+        stage_params = {k: v[0] for k, v in params.items()}  # This device's stage.
+        varying = collectives.cast_varying(stage_params, ("data",))
+
+        def loss_fn(p):
+            out = pipeline.gpipe(_stage, p, microbatches, axis="pipe", remat_ticks=remat)
+            last = collectives.axis_index("pipe") == STAGES - 1
+            return collectives.psum(jnp.where(last, jnp.sum(out ** 2), 0.0), "pipe"), out
+
+        (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(varying)
+        grads = collectives.psum(grads, "data")  # Each data shard saw half the microbatches.
+        loss = collectives.psum(loss, "data")
+        return loss, {k: v[None] for k, v in grads.items()}, out[None]
+
+    spec = {"w": P("pipe"), "b": P("pipe")}
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, P(None, "data")),
+                                 out_specs=(P(), spec, P("pipe", None, "data"))))
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_gpipe_matches_the_stages_run_in_sequence(remat):
+    params = _params()
+    microbatches = jnp.asarray(np.random.default_rng(1).normal(size=(6, 4, WIDTH)), jnp.float32)
+    (want_loss, want_out), want_grads = jax.value_and_grad(_sequential_loss, has_aux=True)(
+        params, microbatches)
+    loss, grads, outs = _pipelined(remat)(params, microbatches)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(outs[-1]), np.asarray(want_out), rtol=1e-5, atol=1e-6)
+    for name in params:
+        np.testing.assert_allclose(np.asarray(grads[name]), np.asarray(want_grads[name]),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_gpipe_refuses_fewer_microbatches_than_stages():
+    with pytest.raises(errors.PlanError) as info:
+        _pipelined(False)(_params(), jnp.zeros((2, 4, WIDTH)))
+    assert "2 microbatches for 4 stages" in info.value.message
+
+
+def test_bubble_fraction():
+    assert pipeline.bubble_fraction(num_stages=4, num_microbatches=8) == 3 / 11
+    assert pipeline.bubble_fraction(num_stages=4, num_microbatches=8, virtual_stages=2) == 3 / 19
