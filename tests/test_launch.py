@@ -128,7 +128,7 @@ def test_installed_script_lists_its_flags_in_help():
     script = os.path.join(os.path.dirname(sys.executable), "titanax-launch")
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60,
                             check=False)
-    assert result.returncode in (0, 1)  # absl ends --help with status 1.
+    assert result.returncode == 0  # Help is not an error (absl alone would exit 1).
     for flag in ("--config:", "--cpu_devices:", "--trainer_dir:", "--[no]explain:", "--[no]list:"):
         assert flag in result.stdout, flag
 

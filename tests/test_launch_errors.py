@@ -63,6 +63,9 @@ BAD_INPUTS = [
      "--config.mesh.axes"),
     ("no model", ["--config=mnist_dp", "--trainer_dir={tmp}/run", "--config.model=None"],
      "model: this experiment has no model"),
+    ("training files that do not exist",
+     ["--config=gpt_tiny_dp", "--trainer_dir={tmp}/run",
+      "--config.train_input.source.files=['/nonexistent/*.txt']"], "train_input.source.files"),
 ]
 
 
@@ -167,3 +170,18 @@ def test_ctrl_c_in_the_first_seconds_exits_0_without_a_traceback(tmp_path, delay
     assert process.returncode == 0, (delay, process.returncode, stdout[-2000:], stderr[-2000:])
     assert "Traceback" not in stderr and "Fatal Python error" not in stderr
     assert "SIGINT received" in stdout
+
+
+def test_sigterm_without_checkpoints_stops_the_run_and_says_nothing_was_saved(tmp_path):
+    process = subprocess.Popen(
+        [*LAUNCH, "--config=mnist_dp", f"--trainer_dir={tmp_path}", "--config.checkpoint=None",
+         "--config.evalers={}", "--config.log_every=1", "--config.max_steps=100000"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:  # Wait until training really runs.
+        if line.startswith("step ") and "loss" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, (stdout[-2000:], stderr[-2000:])
+    assert "no checkpoint is configured, so nothing was saved" in stdout
+    assert "Traceback" not in stderr

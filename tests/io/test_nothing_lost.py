@@ -142,3 +142,14 @@ def test_resume_states_how_the_config_differs_from_the_checkpoints(tmp_path, cap
     out = capsys.readouterr().out
     assert "differs from the one saved with step 10 (1 change)" in out
     assert "learner.optimizer.learning_rate: 0.001 -> 0.002" in out
+
+
+def test_unreadable_checkpoints_never_restart_the_run_from_step_0(tmp_path):
+    path = tmp_path / "ckpt"
+    os.makedirs(path / "40")  # Only a damaged step: no older one to fall back to.
+    engine = _mnist(path)
+    with pytest.raises(errors.CheckpointError) as info:
+        engine.fit(steps=10)
+    assert "no checkpoint here could be read" in info.value.message
+    assert info.value.path == str(path) and not engine.history
+    assert os.listdir(path) == ["40"]  # Nothing moved, nothing trained over it.

@@ -94,7 +94,7 @@ def apply_override(cfg: ConfigBase, override: Override) -> None:
     if isinstance(current, ConfigBase):
         value, problem = _parse(override.text, typecheck.strip_annotated(annotation))
         if problem is None and not isinstance(value, ConfigBase) and \
-                not _is_text_fallback(value, override.text, annotation):
+                not _is_text_fallback(value, override.text):
             cfg.set_recursively(tokens, value)
             return
         fields = ", ".join(f for f in current.fields() if f not in ("klass", "fn"))
@@ -119,7 +119,7 @@ def _admits_none(annotation: Any) -> bool:
         m is type(None) for m in typecheck.union_members(annotation))
 
 
-def _is_text_fallback(value: Any, text: str, annotation: Any) -> bool:
+def _is_text_fallback(value: Any, text: str) -> bool:
     """True when ``value`` is only the raw text, accepted by a str (or Any) member."""
     return isinstance(value, str) and value == _unquote(text)
 

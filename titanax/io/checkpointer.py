@@ -34,6 +34,7 @@ import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
+from titanax.utils.files import unused_path
 
 _log = logging.getLogger("titanax")
 
@@ -233,14 +234,16 @@ class OrbaxCheckpoint(Configurable):
         if not steps:
             return
         if not self.config.overwrite:
+            resume = ("resume it (checkpoint.resume='auto'), " if self.config.resume != "auto"
+                      else "")
             raise errors.CheckpointError(
                 f"this run starts fresh, but the directory holds checkpoints of another run "
                 f"(steps {steps}); saving into it would mix the two runs", path=self.directory,
-                suggestion="resume it (checkpoint.resume='auto'), use another --trainer_dir, "
-                           "or pass --config.checkpoint.overwrite=true to move the old "
-                           "checkpoints aside (they are kept)")
+                suggestion=f"{resume}use another --trainer_dir, or pass "
+                           "--config.checkpoint.overwrite=true to move the old checkpoints "
+                           "aside (they are kept)")
         self.close()
-        aside = _unused_path(f"{self.directory}.superseded-{_timestamp()}")
+        aside = unused_path(f"{self.directory}.superseded-{_timestamp()}")
         os.rename(self.directory, aside)
         _log.info("moved the checkpoints of the previous run aside: %s", aside)
         print(f"titanax: moved the previous run's checkpoints (steps {steps}) aside to {aside}",
@@ -250,7 +253,7 @@ class OrbaxCheckpoint(Configurable):
         """Renames a damaged step directory to ``<step>.damaged-<time>`` (kept for inspection),
         so it no longer blocks later saves; returns the new path."""
         where = os.path.join(self.directory, str(step))
-        aside = _unused_path(f"{where}.damaged-{_timestamp()}")
+        aside = unused_path(f"{where}.damaged-{_timestamp()}")
         os.rename(where, aside)
         if self._manager is not None:
             self._manager.reload()
@@ -293,6 +296,7 @@ class OrbaxCheckpoint(Configurable):
         """
         mode = mode or self.config.restore_mode
         candidates = [step] if step is not None else list(reversed(self.all_steps()))
+        failed: List[Tuple[int, str]] = []
         for candidate in candidates:
             try:
                 restored = self._restore_step(candidate, params_target, train_state_target, mode,
@@ -309,10 +313,21 @@ class OrbaxCheckpoint(Configurable):
                 reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 _log.warning("skipping damaged checkpoint %s (%s); trying an older one",
                              where, reason)
-                self.move_aside(candidate, reason)
+                failed.append((candidate, reason))
                 continue
+            # An older step restored: the newer ones that failed would block this run's saves;
+            # move them aside (kept for inspection).
+            for newer, reason in failed:
+                self.move_aside(newer, reason)
             self._own_steps.add(restored.step)
             return restored
+        if failed:  # Never start over silently when checkpoints exist but none could be read.
+            listing = "; ".join(f"step {s}: {r}" for s, r in failed)
+            raise errors.CheckpointError(
+                f"no checkpoint here could be read ({listing})", path=self.directory,
+                suggestion="check the disk and retry; if they are damaged, move them away, or "
+                           "start a new run with --config.checkpoint.resume=never "
+                           "--config.checkpoint.overwrite=true (moves them aside, kept)")
         return None
 
     def _restore_step(self, step: int, params_target, train_state_target, mode,
@@ -357,14 +372,6 @@ class OrbaxCheckpoint(Configurable):
 
 def _timestamp() -> str:
     return time.strftime("%Y%m%dT%H%M%S")
-
-
-def _unused_path(path: str) -> str:
-    candidate, index = path, 1
-    while os.path.exists(candidate):
-        index += 1
-        candidate = f"{path}-{index}"
-    return candidate
 
 
 def train_state_tree(state: Any) -> Dict[str, Any]:

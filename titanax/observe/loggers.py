@@ -1,8 +1,8 @@
 """Loggers: where step metrics go. Each is a Configurable with ``log_dict(metrics, step)``.
 
 ``Basic`` prints one progress line per log step (step N/total, loss, lr, grad norm, step time,
-tokens/s, ETA); ``CSV`` keeps ``<trainer_dir>/metrics.csv`` one table; ``TensorBoard`` writes event files
-with tensorboardX (no TensorFlow needed). Only process 0 writes, so a multi-process job logs once.
+tokens/s, ETA); ``CSV`` keeps ``<trainer_dir>/metrics.csv`` one table; ``TensorBoard`` writes event
+files with tensorboardX (no TensorFlow needed). Only process 0 writes, so a multi-process job logs once.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from titanax.config import Configurable
-from titanax.utils.files import atomic_write_text
+from titanax.utils.files import atomic_write_text, unused_path
 
 
 class Logger(Configurable):
@@ -118,7 +118,7 @@ class CSV(Logger):
         columns, rows = _read_table(self.path)
         if rows and not resumed:
             root, ext = os.path.splitext(self.path)
-            os.replace(self.path, f"{root}.{time.strftime('%Y%m%dT%H%M%S')}{ext}")
+            os.replace(self.path, unused_path(f"{root}.{time.strftime('%Y%m%dT%H%M%S')}{ext}"))
             columns, rows = ["step"], []
         kept = [row for row in rows if _as_int(row.get("step")) <= step]
         self._columns, self._rows = columns or ["step"], kept
@@ -201,7 +201,8 @@ class TensorBoard(Logger):
         again); a new run moves an earlier run's event files aside."""
         super().start(step=step, total_steps=total_steps, resumed=resumed)
         if not resumed and os.path.isdir(self.log_dir) and os.listdir(self.log_dir):
-            os.replace(self.log_dir, f"{self.log_dir}.{time.strftime('%Y%m%dT%H%M%S')}")
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            os.replace(self.log_dir, unused_path(f"{self.log_dir}.{stamp}"))
         self._purge_step = step + 1 if resumed else None
 
     def _open(self):

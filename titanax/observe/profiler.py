@@ -43,23 +43,35 @@ class Profile(Configurable):
         self.log_dir = os.path.abspath(os.path.join(trainer_dir or ".", self.config.subdir))
         self.active = False
         self.done = False
+        self._last = 0
 
-    def before_step(self, step: int) -> None:
-        """``step`` is the 1-based number of the step about to run."""
-        if not self.active and not self.done and step == self.config.start_step:
+    def before_step(self, step: int, in_flight=None) -> None:
+        """``step`` is the 1-based number of the step about to run; ``in_flight`` what earlier
+        steps are still computing (waited for, so the trace holds whole steps). A run resumed
+        past ``start_step`` starts the window at its first step."""
+        if not self.active and not self.done and step >= self.config.start_step:
+            jax.block_until_ready(in_flight)
             os.makedirs(self.log_dir, exist_ok=True)
             jax.profiler.start_trace(self.log_dir)
             self.active = True
-            print(f"titanax: profiling steps {step}..{step + self.config.num_steps - 1} into "
-                  f"{self.log_dir}", flush=True)
+            self._last = step + self.config.num_steps - 1
+            print(f"titanax: profiling steps {step}..{self._last} into {self.log_dir}",
+                  flush=True)
 
     def after_step(self, step: int, outputs) -> None:
         """Stops the trace after step ``start_step + num_steps - 1`` finished on the device."""
-        if self.active and step >= self.config.start_step + self.config.num_steps - 1:
+        if self.active and step >= self._last:
             jax.block_until_ready(outputs)
             self.stop()
 
     def stop(self) -> None:
+        """Ends the trace (also when the run stops inside the window)."""
+        if not self.done and not self.active:
+            _log.warning("profile window from step %d was never reached: no trace written",
+                         self.config.start_step)
+            print(f"titanax: warning: the profile window (from step {self.config.start_step}) "
+                  "was never reached; no trace was written", flush=True)
+            self.done = True
         if self.active:
             jax.profiler.stop_trace()
             self.active = False

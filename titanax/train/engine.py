@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence
 
@@ -288,12 +289,9 @@ class Engine(StateMixin, Configurable):
             self.check_inputs()
         if self.state is None:
             self.init_or_restore(params=params)
-        self._claim_checkpoint_dir()
-        self._start_loggers(total)
-        on_start, self._on_start = self._on_start, None
-        if on_start is not None and int(jax.device_get(self.state.step)) < total \
-                and jax.process_index() == 0:
-            on_start()  # The run really trains: the launcher writes its config record now.
+        # Everything that can still fail comes first (the data source is opened here); only
+        # then does the run leave traces: the checkpoint dir claimed (or the old run moved
+        # aside), loggers started, the config record written.
         if data is not None:
             iterator = iter(data)
         else:  # The configured input: one stream per engine, continued by later fit() calls.
@@ -305,8 +303,13 @@ class Engine(StateMixin, Configurable):
             iterator.set_state(self._restored_data_state)
             self._restored_data_state = None
         preemption.exit_if_requested("before the first step")
-        guarded = cfg.save_on_preemption and self.checkpointer() is not None
-        with preemption_guard(guarded) as guard:
+        self._claim_checkpoint_dir()
+        self._start_loggers(total)
+        on_start, self._on_start = self._on_start, None
+        if on_start is not None and int(jax.device_get(self.state.step)) < total \
+                and jax.process_index() == 0:
+            on_start()  # The run really trains: the launcher writes its config record now.
+        with preemption_guard(True) as guard:
             self._train_loop(iterator, total, eval_every, guard)
         return self.state
 
@@ -347,7 +350,7 @@ class Engine(StateMixin, Configurable):
             while limit is not None and len(inflight) >= limit:
                 jax.block_until_ready(inflight.pop(0))
             if profiler is not None:
-                profiler.before_step(index + 1)
+                profiler.before_step(index + 1, in_flight=inflight)
             metrics = self.train_step(host_batch)
             inflight.append(metrics)
             if profiler is not None:
@@ -375,13 +378,11 @@ class Engine(StateMixin, Configurable):
                 inflight.clear()
                 self.run_evalers(done, only_due=not (eval_every and done % eval_every == 0))
                 self._last_eval_step = done
-            if ckpt is not None and (ckpt.should_save(done) or guard.requested):
+            saving = ckpt is not None and cfg.save_on_preemption
+            if ckpt is not None and (ckpt.should_save(done) or guard.requested and saving):
                 self.save(data_iterator=iterator)
             if guard.requested:
-                ckpt.wait_until_finished()  # Raises unless every save in flight is committed.
-                print(f"titanax: {guard.signal_name}: saved step {done} to {ckpt.directory}; "
-                      "exiting", flush=True)
-                raise SystemExit(0)
+                self._stop_on_signal(guard, done, saved=saving)
         jax.block_until_ready(inflight)
         if pending:
             self._flush(pending, int(jax.device_get(self.state.step)),
@@ -389,9 +390,26 @@ class Engine(StateMixin, Configurable):
         if ckpt is not None:
             if ckpt.config.save_at_end:
                 self.save(data_iterator=iterator)  # A no-op when this step is saved already.
+            verified = ckpt.wait_until_finished()  # Raises unless every save is committed.
+            if verified and jax.process_index() == 0:
+                print(f"titanax: saved and verified step(s) {verified} in {ckpt.directory}",
+                      flush=True)
+
+    def _stop_on_signal(self, guard, done: int, *, saved: bool) -> None:
+        """After a SIGTERM / SIGINT: exit 0 once this step is verified on disk; without a
+        checkpoint to save to, stop anyway (status 128 + signal: the steps since the start or
+        the last save are lost, and the scheduler should know)."""
+        ckpt = self.checkpointer()
+        if saved:
             ckpt.wait_until_finished()  # Raises unless every save in flight is committed.
-            steps = ckpt.all_steps()
-            print(f"titanax: checkpoints verified in {ckpt.directory}: steps {steps}", flush=True)
+            print(f"titanax: {guard.signal_name}: saved step {done} to {ckpt.directory}; "
+                  "exiting", flush=True)
+            raise SystemExit(0)
+        why = ("no checkpoint is configured" if ckpt is None
+               else "save_on_preemption is off")
+        print(f"titanax: {guard.signal_name}: stopped after step {done}; {why}, so nothing was "
+              "saved", flush=True)
+        raise SystemExit(128 + int(getattr(signal, guard.signal_name)))
 
     def _inflight_limit(self) -> Optional[int]:
         limit = self.config.max_inflight_steps
@@ -507,6 +525,7 @@ class Engine(StateMixin, Configurable):
         for index, host_batch in enumerate(data):
             if steps is not None and index >= steps:
                 break
+            preemption.stop_if_requested("the evaluation is cut short (checkpoints are saved)")
             batch = self.global_batch(host_batch) if _is_host(host_batch) else host_batch
             metrics = jax.device_get(compiled(self.state.params, batch))
             for key, value in metrics.items():

@@ -81,6 +81,15 @@ def exit_if_requested(where: str) -> None:
         raise SystemExit(0)
 
 
+def stop_if_requested(message: str) -> None:
+    """Exits with status 0 after a signal when nothing more needs saving (``message`` says
+    why), e.g. during the evaluation after training, whose checkpoint is already written."""
+    name = early_request()
+    if name is not None:
+        print(f"titanax: {name} received: {message}; exiting", flush=True)
+        raise SystemExit(0)
+
+
 @contextlib.contextmanager
 def preemption_guard(enabled: bool = True) -> Iterator[PreemptionGuard]:
     """Installs SIGTERM/SIGINT handlers for the block (main thread only; no-op elsewhere).

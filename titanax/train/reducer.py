@@ -16,8 +16,13 @@ check: six small collectives where two suffice. The reducer issues
 The global gradient norm then needs no collective of its own, and neither does the finite check:
 after these two reductions the loss and the norm are the same on every device.
 
-ZeRO-1 replaces step 1 by a reduce-scatter per gradient (``zero.scatter_mean``); the optimizer
-then works on chunks, and the norm of the chunks is summed over all axes.
+A param split over the data axis (its spec names it) is not summed there: each device already
+holds its own part; its squared norm is summed over the data axis with its other split axes.
+How the metrics are reduced follows the gradient computer's declared ``LossRelation``: averaged
+over ``mean_over`` axes, summed over ``sum_over`` axes, and copies elsewhere counted once.
+
+ZeRO-1 replaces step 1 by a reduce-scatter per gradient (``zero.scatter_mean``, in the step);
+the optimizer then works on chunks, and the learner computes the norm of the chunks itself.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from titanax.parallel import collectives, rules
+from titanax.train.gradients import LossRelation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +45,8 @@ class Reduced:
     grads: Any
     # Metrics reduced over the data axis (averaged or summed) and made identical elsewhere.
     metrics: Dict[str, jax.Array]
-    # The squared global L2 norm of the reduced gradients (None with ZeRO-1: see zero_norm).
+    # The squared global L2 norm of the reduced gradients (None with ZeRO-1: the learner
+    # computes the norm of its gradient chunks).
     norm_squared: Optional[jax.Array]
 
 
@@ -56,10 +63,13 @@ class GradientReducer:
     split_axes: Tuple[Tuple[str, ...], ...]
     # The data axis is left to ZeRO-1's reduce-scatter.
     zero: bool = False
+    # How the loss (and the other mean metrics) relate to the one-device loss, per axis.
+    loss_relation: LossRelation = LossRelation()
 
     @classmethod
     def plan(cls, *, param_specs: Any, mesh_shape: Mapping[str, int],
-             data_axis: Optional[str], zero: bool = False) -> "GradientReducer":
+             data_axis: Optional[str], zero: bool = False,
+             loss_relation: Optional[LossRelation] = None) -> "GradientReducer":
         specs = jax.tree_util.tree_leaves(param_specs,
                                           is_leaf=lambda x: isinstance(x, PartitionSpec))
         axes = tuple(mesh_shape)
@@ -68,23 +78,14 @@ class GradientReducer:
             used = tuple(a for a in axes if a in set(rules.spec_axes(spec)))
             split.append(used)
             replicated.append(tuple(a for a in axes if a not in used and a != data_axis))
+        relation = loss_relation or LossRelation(mean_over=(data_axis,) if data_axis else ())
         return cls(mesh_shape=tuple(mesh_shape.items()), data_axis=data_axis,
-                   replicated_axes=tuple(replicated), split_axes=tuple(split), zero=zero)
+                   replicated_axes=tuple(replicated), split_axes=tuple(split), zero=zero,
+                   loss_relation=relation)
 
     @property
     def data_size(self) -> int:
         return dict(self.mesh_shape)[self.data_axis] if self.data_axis else 1
-
-    def describe(self) -> List[str]:
-        """One line per collective the reduction issues (for explain())."""
-        lines = []
-        if self.data_axis and not self.zero:
-            lines.append(f"all-reduce over {self.data_axis!r}: every gradient and the metrics")
-        for axes in sorted(set(self.replicated_axes) | set(self.split_axes)):
-            if axes and axes != (self.data_axis,):
-                lines.append(f"all-reduce over {axes}: gradients replicated there, norms of "
-                             "gradients split there, metrics")
-        return lines
 
     def reduce(self, grads: Any, *, mean_metrics: Dict[str, jax.Array],
                sum_metrics: Dict[str, jax.Array], sync_data: bool = True) -> Reduced:
@@ -98,13 +99,18 @@ class GradientReducer:
         metrics = [mean_metrics[k] for k in mean_metrics] + [sum_metrics[k] for k in sum_metrics]
         data = self.data_axis
         if data is not None and not self.zero:
+            # Params split over the data axis already hold their own part of the gradient.
+            summed = [i for i, axes in enumerate(self.split_axes) if data not in axes]
             carried = metrics if sync_data else []
-            reduced = collectives.psum(leaves + carried, data)
+            reduced = collectives.psum([leaves[i] for i in summed] + carried, data)
             size = self.data_size
-            leaves = [g / size for g in reduced[:len(leaves)]]
+            leaves = list(leaves)
+            for position, index in enumerate(summed):
+                leaves[index] = reduced[position] / size
             if sync_data:
-                metrics = [m / size if i < len(mean_metrics) else m
-                           for i, m in enumerate(reduced[len(leaves):])]
+                averaged = data in self.loss_relation.mean_over
+                metrics = [m / size if averaged and i < len(mean_metrics) else m
+                           for i, m in enumerate(reduced[len(summed):])]
         leaves, metrics, norm_squared = self._reduce_other_axes(leaves, metrics)
         return Reduced(grads=jax.tree_util.tree_unflatten(treedef, leaves),
                        metrics=dict(zip(metric_names, metrics)), norm_squared=norm_squared)
@@ -136,7 +142,6 @@ class GradientReducer:
         late_squares: Dict[Tuple[str, ...], List[int]] = {}
         local_squares: List[int] = []
         for index, split in enumerate(self.split_axes):
-            split = tuple(a for a in split if a != data)
             if not squares_needed:
                 continue
             if not split:
@@ -153,9 +158,9 @@ class GradientReducer:
             if key in early_squares:
                 payload.append(_square_sum([out[i] for i in early_squares[key]]))
             reduced = collectives.psum(payload, key)
-            copies = 1
+            copies = 1  # Partial sums (sum_over) add up; copies count once.
             for axis, size in self.mesh_shape:
-                copies *= size if axis in key else 1
+                copies *= size if axis in key and axis not in self.loss_relation.sum_over else 1
             for position, index in enumerate(grad_indices):
                 out[index] = reduced[position]
             for position, index in enumerate(metric_indices):
@@ -174,9 +179,3 @@ class GradientReducer:
 
 def _square_sum(values: Sequence[jax.Array]) -> jax.Array:
     return sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in values)
-
-
-def zero_norm(chunks: Sequence[jax.Array], axes: Sequence[str]) -> jax.Array:
-    """Global norm of ZeRO-1 gradient chunks: local squares summed over every axis once."""
-    total = sum(jnp.sum(jnp.square(c.astype(jnp.float32))) for c in chunks)
-    return jnp.sqrt(collectives.psum(total, tuple(axes)))

@@ -70,7 +70,8 @@ class StepSetup:
     @functools.cached_property
     def reducer(self) -> GradientReducer:
         return GradientReducer.plan(param_specs=self.param_specs, mesh_shape=self.mesh_shape,
-                                    data_axis=self.data_axis, zero=self.use_zero)
+                                    data_axis=self.data_axis, zero=self.use_zero,
+                                    loss_relation=self.gradients.loss_relation)
 
 
 def local_train_step(setup: StepSetup, state: TrainState, batch: Any
@@ -161,20 +162,14 @@ def _all_devices(flag: jax.Array) -> jax.Array:
 
 
 def reduce_metrics(loss: jax.Array, aux: Dict[str, jax.Array], data_axis: Optional[str],
-                   axes: Sequence[str], *, sync_data: bool = True) -> Dict[str, jax.Array]:
-    """The loss averaged and the aux counts summed over the data axis; identical copies on the
-    other axes (typed varying) averaged, which leaves their value unchanged.
-
-    With ``sync_data=False`` nothing crosses the data axis: each metric gets a leading axis of
-    length 1 to be stacked over data shards (out-spec ``P(data_axis)``).
-    """
+                   axes: Sequence[str]) -> Dict[str, jax.Array]:
+    """Eval metrics: the loss averaged and the aux counts summed over the data axis; identical
+    copies on the other axes (typed varying) averaged, which leaves their value unchanged."""
     metrics = {"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}}
     others = tuple(a for a in axes if a != data_axis
                    and any(a in collectives.varying_axes(v) for v in metrics.values()))
     if others:
         metrics = collectives.pmean(metrics, others)
-    if data_axis is not None and not sync_data:
-        return {k: v[None] for k, v in metrics.items()}
     if data_axis is not None:
         summed = {k: v for k, v in metrics.items() if k.startswith("aux/")}
         metrics = {"loss": collectives.pmean(metrics["loss"], data_axis),

@@ -66,10 +66,17 @@ def _check_reduced(params: Any, param_specs: Any, data_axis: Optional[str]) -> N
 _STEP_RETURNS = "return (state.apply_gradients(grads=grads), {'loss': loss})"
 
 
+def _kind(value: Any) -> str:
+    if isinstance(value, jax.Array):
+        return "jax.Array"
+    return type(value).__qualname__
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, tuple):
-        return f"a tuple of {len(value)} ({', '.join(type(v).__qualname__ for v in value)})"
-    return f"a {type(value).__qualname__}"
+        return f"a tuple of {len(value)} ({', '.join(_kind(v) for v in value)})"
+    kind = _kind(value)
+    return f"an {kind}" if kind[0] in "AEIOUaeiou" else f"a {kind}"
 
 
 def _unpack_step_output(fn: Callable, out: Any) -> Tuple[TrainState, Dict[str, jax.Array]]:

@@ -37,3 +37,13 @@ def atomic_write_text(path: str, text: str) -> None:
         if os.path.exists(tmp_path):
             os.remove(tmp_path)
         raise
+
+
+def unused_path(path: str) -> str:
+    """``path``, or ``path-2``, ``path-3``... whichever does not exist yet (for moving a file or
+    directory aside without replacing an earlier one)."""
+    candidate, index = path, 1
+    while os.path.exists(candidate):
+        index += 1
+        candidate = f"{path}-{index}"
+    return candidate

@@ -143,7 +143,7 @@ def test_fused_attention_matches_the_written_out_formula(dtype, tol):
     # The written-out path (used for attention dropout in training), dropout off in eval mode.
     qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"]) + params["qkv_bias"]
     with bind(layer, params):
-        written = layer._attention_with_dropout(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+        written = layer._attention_written_out(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
         fused = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2],
                                              is_causal=True, scale=1 / np.sqrt(4))
     np.testing.assert_allclose(np.asarray(written, np.float32), np.asarray(fused, np.float32),

@@ -84,7 +84,7 @@ class CausalSelfAttention(BaseLayer):
         # XLA:CPU cannot compile jax's float16 attention (float16 inputs, float32 logits).
         cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
         if dropout or cpu_float16:
-            context = self._attention_with_dropout(q, k, v)
+            context = self._attention_written_out(q, k, v)
         else:
             # jax's fused attention: cuDNN flash attention on GPUs (no S x S mask or
             # probabilities in memory), XLA's softmax(QK^T)V elsewhere; logits in float32.
@@ -94,9 +94,10 @@ class CausalSelfAttention(BaseLayer):
         context = context.reshape(context.shape[:2] + (-1,))
         return self.out(context)
 
-    def _attention_with_dropout(self, q, k, v):
-        """The same attention written out, to drop out attention probabilities (dropout is the
-        identity outside training)."""
+    def _attention_written_out(self, q, k, v):
+        """The same attention written out: attention dropout needs the probabilities, and XLA:CPU
+        cannot compile jax's fused float16 attention (dropout is the identity outside
+        training)."""
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
                             preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
         length = q.shape[1]
