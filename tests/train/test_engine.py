@@ -233,14 +233,18 @@ def test_dropout_masks_differ_across_data_shards():
     assert len(set(per_shard.tolist())) == 8, per_shard  # Identical inputs, 8 different masks.
 
 
-def test_pipeline_plans_are_rejected_until_the_engine_runs_them():
+def test_pipeline_plans_the_engine_cannot_run_are_refused():
     from titanax.parallel.plan import PP  # pylint: disable=import-outside-toplevel
     cfg = helpers.mnist_engine(data=8).config.clone()
     cfg.mesh = helpers.mesh((4, 2), ("data", "pipe"))
-    cfg.plan.pipeline_parallel = PP.default_config()
+    cfg.plan.pipeline_parallel = PP.default_config()  # 1F1B: not implemented yet.
     with pytest.raises(errors.PlanError) as info:
         cfg.instantiate().build()
-    assert info.value.path == "plan.pipeline_parallel"
+    assert info.value.path == "plan.pipeline_parallel.schedule"
+    cfg.plan.pipeline_parallel.schedule = "gpipe"  # An MLP has no stacked layers to split.
+    with pytest.raises(errors.PlanError) as info:
+        cfg.instantiate().build()
+    assert info.value.path == "plan.pipeline_parallel.stacked_layers"
 
 
 def test_plan_that_forbids_reduce_scatter_rejects_a_sequence_parallel_model():

@@ -20,9 +20,11 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from titanax import errors
 from titanax.parallel import collectives
+from titanax.parallel.sharding import path_string
 
 
 def gpipe(stage_fn: Callable[[Any, jax.Array], jax.Array], stage_params: Any,
@@ -76,3 +78,33 @@ def gpipe(stage_fn: Callable[[Any, jax.Array], jax.Array], stage_params: Any,
 def bubble_fraction(*, num_stages: int, num_microbatches: int, virtual_stages: int = 1) -> float:
     """Idle fraction of a GPipe / circular schedule: (S - 1) / (v M + S - 1)."""
     return (num_stages - 1) / (virtual_stages * num_microbatches + num_stages - 1)
+
+
+def stage_param_specs(param_specs: Any, *, stacked_layers: str, pipe_axis: str) -> Any:
+    """The PP transform of the param-spec pipeline: ``pipe_axis`` on the layer dimension of every
+    param under ``stacked_layers`` (global shape unchanged: ``[L, ...]``, so a checkpoint
+    restores with or without pipelining); every other param replicated over it."""
+    prefix = stacked_layers.strip("/") + "/"
+    found = []
+
+    def transform(path, spec):
+        name = path_string(path)
+        if not name.startswith(prefix):
+            return spec
+        found.append(name)
+        entries = tuple(spec)
+        if entries and entries[0] is not None:
+            raise errors.ShardingError(
+                f"the layer dimension of {name} is already split over {entries[0]!r}",
+                path=name, suggestion="the pipeline needs the stacked layer dimension; remove "
+                "the rule that splits it")
+        return PartitionSpec(pipe_axis, *entries[1:])
+
+    specs = jax.tree_util.tree_map_with_path(transform, param_specs,
+                                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+    if not found:
+        raise errors.PlanError(
+            f"no params under {stacked_layers!r} to split into pipeline stages",
+            path="plan.pipeline_parallel.stacked_layers",
+            suggestion="name the Repeat stack's param path, e.g. 'decoder/layer' for GPT")
+    return specs

@@ -33,7 +33,7 @@ from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo, memory, throughput
 from titanax.observe.profiler import Profile
 from titanax.observe.loggers import Basic, Logger
-from titanax.parallel import sharding
+from titanax.parallel import pipeline, sharding
 from titanax.parallel.plan import DP, Plan
 from titanax.runtime.mesh import MeshSpec, describe_mesh
 from titanax.train import learner as learner_lib
@@ -139,11 +139,23 @@ class Engine(StateMixin, Configurable):
         self.mesh = self.mesh_spec.build()
         self.plan: Plan = cfg.plan.instantiate()
         self.plan.validate(self.mesh)
-        if self.plan.pp_axis is not None:
+        pp = cfg.plan.pipeline_parallel
+        if pp is not None and pp.schedule != "gpipe":
             raise errors.PlanError(
-                "the engine does not run pipeline-parallel plans yet (the PP config validates, "
-                "but no GPipe/1F1B schedule executes it)", path="plan.pipeline_parallel",
-                suggestion="use data and tensor parallelism for now (remove pipeline_parallel)")
+                f"the {pp.schedule!r} schedule does not run yet (GPipe does)",
+                path="plan.pipeline_parallel.schedule",
+                suggestion="use --config.plan.pipeline_parallel.schedule=gpipe")
+        if pp is not None and (cfg.model is None or pp.stages):
+            raise errors.PlanError(
+                "pipelines run a model's stacked layers so far (explicit stages and "
+                "hand-written steps come later)", path="plan.pipeline_parallel",
+                suggestion="configure a GPT model and leave stages empty")
+        if pp is not None and self.plan.accumulate_steps > 1:
+            raise errors.PlanError(
+                "a pipeline's microbatches are its accumulation: set microbatch_size instead",
+                path="plan.data_parallel.accumulate_steps",
+                suggestion="set accumulate_steps=1 and choose plan.pipeline_parallel."
+                           "microbatch_size")
         self.precision: Precision = cfg.precision.instantiate()
         self.learner: learner_lib.Learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
         tp = cfg.plan.tensor_parallel
@@ -161,6 +173,9 @@ class Engine(StateMixin, Configurable):
             self.parameter_specs = self.model.create_parameter_specs_recursively()
             self.param_specs = self.plan.param_partition_specs(self.parameter_specs, self.mesh)
             self.model.check_partition_specs(self.param_specs)
+            if pp is not None:
+                self.param_specs = pipeline.stage_param_specs(
+                    self.param_specs, stacked_layers=pp.stacked_layers, pipe_axis=pp.axis)
             self._make_adapter(learner_lib.decay_scales_from_specs(self.parameter_specs))
         self._built = True
         return self
@@ -186,7 +201,8 @@ class Engine(StateMixin, Configurable):
             mesh_shape=dict(self.mesh.shape), param_specs=self.param_specs,
             data_axis=self.data_axis, accumulate_steps=self.plan.accumulate_steps,
             use_zero=self.plan.zero is not None, nan_policy=self.config.nan_policy,
-            sync_metrics=dp.sync_metrics if dp is not None else True)
+            sync_metrics=dp.sync_metrics if dp is not None else True,
+            pipeline=self.config.plan.pipeline_parallel)
 
     # --- State ------------------------------------------------------------------------------------
 
@@ -539,7 +555,11 @@ class Engine(StateMixin, Configurable):
     def _eval_step(self, step_fn: Optional[Callable]) -> CompiledStep:
         key = step_fn or "model"
         if key not in self._eval_steps:
-            if step_fn is None:
+            if step_fn is None and self.plan.pp_axis is not None:
+                setup = self._setup()
+                local = lambda params, batch: step_lib.pipelined_eval_local_step(  # noqa: E731
+                    setup, params, batch)
+            elif step_fn is None:
                 model, precision, axes, data_axis = (self.model, self.precision, self.axes,
                                                      self.data_axis)
                 local = lambda params, batch: step_lib.eval_local_step(  # noqa: E731

@@ -30,6 +30,7 @@ from titanax.parallel import collectives
 from titanax.train import learner as learner_lib
 from titanax.train import zero
 from titanax.train.gradients import ModelGradients
+from titanax.train.pipelined_gradients import PipelinedGradients
 from titanax.train.precision import Precision
 from titanax.train.reducer import GradientReducer, Reduced
 from titanax.train.train_state import TrainState
@@ -56,13 +57,23 @@ class StepSetup:
     nan_policy: str = "stop"
     # Reduce metrics over the data axis (DP.sync_metrics); False: report data shard 0's values.
     sync_metrics: bool = True
+    # The pipeline (PP config) when the plan has one.
+    pipeline: Optional[Any] = None
 
     @property
     def axes(self) -> Tuple[str, ...]:
         return tuple(self.mesh_shape)
 
     @functools.cached_property
-    def gradients(self) -> ModelGradients:
+    def gradients(self):
+        """The gradient computer: pipelined when the plan has a pipeline, else plain or
+        microbatched."""
+        if self.pipeline is not None:
+            return PipelinedGradients(
+                model=self.model, precision=self.precision, mesh_shape=self.mesh_shape,
+                data_axis=self.data_axis, pipe_axis=self.pipeline.axis,
+                microbatch_size=self.pipeline.microbatch_size,
+                remat_ticks=self.pipeline.checkpoint_ratio > 0)
         return ModelGradients(model=self.model, precision=self.precision,
                               mesh_shape=self.mesh_shape, data_axis=self.data_axis,
                               accumulate_steps=self.accumulate_steps)
@@ -200,6 +211,18 @@ def eval_local_step(model: BaseLayer, precision: Precision, data_axis: Optional[
     (loss, aux), _ = functional(model, None, precision.cast_for_compute(params), (inputs,),
                                 is_training=False)
     return reduce_metrics(loss.astype(jnp.float32), aux, data_axis, axes)
+
+
+def pipelined_eval_local_step(setup: StepSetup, params: Any, batch: Any
+                              ) -> Dict[str, jax.Array]:
+    """Forward-only metrics of a pipelined model: the last stage's loss and counts summed over
+    the pipe axis, then reduced like any eval step."""
+    pipe = setup.pipeline.axis
+    loss, aux = setup.gradients.forward_loss(
+        setup.precision.cast_for_compute(params), setup.precision.cast_for_compute(batch), None,
+        is_training=False)
+    loss, aux = collectives.psum((loss, aux), pipe)
+    return reduce_metrics(loss, aux, setup.data_axis, setup.axes)
 
 
 def local_init_opt_state(setup: StepSetup, params: Any) -> Any:

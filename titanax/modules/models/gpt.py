@@ -118,18 +118,22 @@ class GPT(BaseLayer):
     def _split_sequence(self) -> bool:
         return self.config.sequence_parallel and tp_active(self.config.tp_axis)
 
-    def hidden_states(self, input_ids: jax.Array) -> jax.Array:
-        """The final-normed residual stream ``[batch, seq, model_dim]`` (seq-split under SP)."""
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        """Token + position embeddings (and dropout): the decoder's input ``[batch, seq, D]``."""
         x = self.token_emb(input_ids)
         length = x.shape[1]
         start = tp_rank(self.config.tp_axis) * length if self._split_sequence() else 0
         x = x + self.pos_emb(start + jnp.arange(length))
-        x = self.emb_dropout(x)
-        x = self.decoder(x)
-        return self.final_norm(x)
+        return self.emb_dropout(x)
+
+    def hidden_states(self, input_ids: jax.Array) -> jax.Array:
+        """The final-normed residual stream ``[batch, seq, model_dim]`` (seq-split under SP)."""
+        return self.final_norm(self.decoder(self.embed(input_ids)))
 
     def _local_logits(self, input_ids: jax.Array) -> jax.Array:
-        hidden = self.hidden_states(input_ids)
+        return self._logits_of(self.hidden_states(input_ids))
+
+    def _logits_of(self, hidden: jax.Array) -> jax.Array:
         if self._split_sequence():
             hidden = collectives.all_gather(hidden, self.config.tp_axis, axis_index=1)
         return self.token_emb.attend(hidden)
@@ -150,7 +154,13 @@ class GPT(BaseLayer):
         Returns ``(loss, aux)`` with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` so a caller can
         average exactly over several shards.
         """
-        logits = self._local_logits(batch["input_ids"])
+        return self.head_loss(self.decoder(self.embed(batch["input_ids"])), batch)
+
+    def head_loss(self, decoded: jax.Array, batch: Dict[str, jax.Array]
+                  ) -> Tuple[jax.Array, Dict[str, Any]]:
+        """Final norm, LM head and loss of the decoder's output (what a pipeline's last stage
+        runs); returns ``(loss, aux)`` as ``forward`` does."""
+        logits = self._logits_of(self.final_norm(decoded))
         per_token = vocab_parallel_cross_entropy(
             logits, batch["target_ids"], tp_axis=self.config.tp_axis,
             vocab_offset=self.token_emb.vocab_offset(), vocab_size=self.config.vocab_size)

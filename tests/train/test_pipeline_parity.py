@@ -1,0 +1,99 @@
+"""Pipelined GPT training (GPipe over the pipe axis) against the same model on one device.
+
+Compared on an SGD update -- every parameter -- and the per-step losses, since Adam would hide a
+gradient off by the number of stages.
+"""
+
+import numpy as np
+import pytest
+
+from titanax.modules.testing import assert_nested_allclose
+from titanax.parallel.plan import DP, PP, TP, Plan
+from tests.train import helpers
+
+BATCHES = helpers.text_batches(batch_size=8, count=3)
+
+
+def _reference():
+    engine = helpers.gpt_engine(data=1, learner=helpers.sgd(0.5))
+    return helpers.train(engine, BATCHES)
+
+
+def _pipelined(axes, shape, microbatch_size=1, **changes):
+    cfg = helpers.gpt_engine(data=1, learner=helpers.sgd(0.5), **changes).config.clone()
+    cfg.mesh = helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape)))))
+    cfg.plan = Plan.default_config().set(
+        data_parallel=DP.default_config(),
+        pipeline_parallel=PP.default_config().set(schedule="gpipe",
+                                                  microbatch_size=microbatch_size),
+        tensor_parallel=TP.default_config() if "model" in axes else None)
+    if "model" in axes:
+        cfg.model.tp_axis = "model"
+    return cfg.instantiate()
+
+
+@pytest.mark.parametrize("axes,shape", [
+    (("data", "pipe"), (1, 2)),
+    (("data", "pipe"), (4, 2)),
+    (("data", "pipe", "model"), (2, 2, 2)),
+], ids=["pp2", "dp4xpp2", "dp2xpp2xtp2"])
+def test_gpipe_sgd_update_matches_one_device(axes, shape):
+    want_losses, want_params = _reference()
+    engine = _pipelined(axes, shape)
+    losses, params = helpers.train(engine, BATCHES)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    stacked = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
+    assert stacked.shape[0] == 2 and stacked.sharding.spec[0] == "pipe"  # Canonical [L, ...].
+
+
+def test_pipelined_eval_matches_one_device():
+    reference = helpers.gpt_engine(data=1)
+    reference.init_state()
+    engine = _pipelined(("data", "pipe"), (4, 2))
+    engine.init_state()
+    want = reference.eval(data=BATCHES[:2])
+    got = engine.eval(data=BATCHES[:2])
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    assert got["count"] == want["count"]
+
+
+def test_unimplemented_schedules_and_accumulation_are_refused():
+    from titanax import errors  # pylint: disable=import-outside-toplevel
+    for change, path in [(dict(schedule="1f1b"), "plan.pipeline_parallel.schedule")]:
+        cfg = _pipelined(("data", "pipe"), (4, 2)).config.clone()
+        cfg.plan.pipeline_parallel.set(**change)
+        with pytest.raises(errors.PlanError) as info:
+            cfg.instantiate().build()
+        assert info.value.path == path
+    cfg = _pipelined(("data", "pipe"), (4, 2)).config.clone()
+    cfg.plan.data_parallel.accumulate_steps = 2
+    with pytest.raises(errors.PlanError) as info:
+        cfg.instantiate().build()
+    assert info.value.path == "plan.data_parallel.accumulate_steps"
+
+
+def test_inside_loops_only_pipe_permutes_and_model_collectives():
+    from titanax.observe import hlo  # pylint: disable=import-outside-toplevel
+    engine = _pipelined(("data", "pipe", "model"), (2, 2, 2))
+    engine.init_state()
+    engine.compile(example_batch=BATCHES[0])
+    ops = engine.collectives()
+    in_loop = [op for op in ops if op.in_loop]
+    assert any(op.op == "collective-permute" and op.axes == ("pipe",) for op in in_loop)
+    assert all(op.axes in (("pipe",), ("model",)) for op in in_loop), hlo.format_report(in_loop)
+    data_ops = [op for op in ops if "data" in op.axes]
+    assert len(data_ops) == 1 and not data_ops[0].in_loop, hlo.format_report(ops)
+
+
+def test_a_pipelined_checkpoint_restores_without_the_pipeline(tmp_path):
+    import jax  # pylint: disable=import-outside-toplevel
+    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
+    checkpoint = OrbaxCheckpoint.default_config().set(path=str(tmp_path))
+    engine = _pipelined(("data", "pipe"), (4, 2), checkpoint=checkpoint)
+    engine.fit(data=iter(BATCHES), steps=2)  # Saved at the end.
+    engine.close()
+    plain = helpers.gpt_engine(data=8, learner=helpers.sgd(0.5), checkpoint=checkpoint)
+    assert plain.restore() and int(plain.state.step) == 2
+    assert_nested_allclose(jax.device_get(plain.state.params), jax.device_get(engine.state.params),
+                           rtol=0, atol=0)
