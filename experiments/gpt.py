@@ -6,6 +6,9 @@ held out); ``--config.train_input.source.files='["my/*.txt"]'`` trains on your o
 * ``gpt_tiny_dp``: a 4-layer, 128-wide GPT sized for a laptop CPU, data parallel.
 * ``gpt_tiny_dp_tp``: the same on a ``data x model = -1 x 2`` mesh with tensor parallelism.
 * ``gpt_small_dp_tp``: GPT-2 small's shapes (124M params), same plan; sized for accelerators.
+* ``gpt_tiny_pp`` / ``gpt_tiny_pp_tp``: ``gpt_tiny_dp`` with the decoder in 2 pipeline stages
+  (1F1B), without and with tensor parallelism inside the stages; ``gpt_small_pp``: GPT-2 small
+  in 2 stages.
 """
 
 from typing import Optional
@@ -16,7 +19,7 @@ from titanax.data.sources import TextWindows
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.models.gpt import GPT, gpt2_config
 from titanax.observe.loggers import CSV, Basic, TensorBoard
-from titanax.parallel.plan import DP, TP, Plan
+from titanax.parallel.plan import DP, PP, TP, Plan
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import optimizers
 from titanax.train.engine import Engine
@@ -77,9 +80,44 @@ def gpt_tiny_dp_tp():
                     peak_lr=2e-3, eval_batches=50)
 
 
+def _pipelined(cfg: Engine.Config, *, axes, shape, tp: bool = False) -> Engine.Config:
+    """``cfg`` (a data-parallel GPT run) with its decoder split into pipeline stages."""
+    cfg.mesh = MeshSpec.default_config().set(axes=axes, shape=shape)
+    cfg.plan.pipeline_parallel = PP.default_config().set(axis="pipe", schedule="1f1b",
+                                                         microbatch_size=1)
+    if tp:
+        cfg.plan.tensor_parallel = TP.default_config().set(axis="model")
+        cfg.model.tp_axis = "model"
+    return cfg
+
+
+@register_experiment
+def gpt_tiny_pp():
+    """gpt_tiny_dp with its 4 layers in 2 pipeline stages (mesh data x pipe = 4 x 2), 1F1B."""
+    return _pipelined(gpt_tiny_dp(), axes=("data", "pipe"), shape=(None, 2))
+
+
+@register_experiment
+def gpt_tiny_pp_tp():
+    """gpt_tiny_pp with tensor parallelism inside the stages (data x pipe x model = 2x2x2)."""
+    return _pipelined(gpt_tiny_dp(), axes=("data", "pipe", "model"), shape=(None, 2, 2), tp=True)
+
+
 @register_experiment
 def gpt_small_dp_tp():
     """GPT-2 small (124M) shapes, data x tensor parallel (mesh -1 x 2); for accelerators."""
     model = gpt2_config("small", vocab_pad_multiple=128, dropout_rate=0.0)
     return _gpt_run(model=model, tp_axis="model", seq_len=1024, batch_size=32, steps=5000,
                     peak_lr=6e-4, eval_batches=20, accumulate_steps=2)
+
+
+@register_experiment
+def gpt_small_pp():
+    """GPT-2 small in 2 pipeline stages (the seed's recipe), data x pipe; for accelerators."""
+    cfg = gpt_small_dp_tp()
+    cfg.plan.tensor_parallel = None
+    cfg.model.tp_axis = None
+    cfg.plan.data_parallel.accumulate_steps = 1  # The pipeline's microbatches accumulate.
+    cfg = _pipelined(cfg, axes=("data", "pipe"), shape=(None, 2))
+    cfg.plan.pipeline_parallel.microbatch_size = 4
+    return cfg

@@ -19,12 +19,12 @@ def _reference():
     return helpers.train(engine, BATCHES)
 
 
-def _pipelined(axes, shape, microbatch_size=1, **changes):
+def _pipelined(axes, shape, microbatch_size=1, schedule="gpipe", **changes):
     cfg = helpers.gpt_engine(data=1, learner=helpers.sgd(0.5), **changes).config.clone()
     cfg.mesh = helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape)))))
     cfg.plan = Plan.default_config().set(
         data_parallel=DP.default_config(),
-        pipeline_parallel=PP.default_config().set(schedule="gpipe",
+        pipeline_parallel=PP.default_config().set(schedule=schedule,
                                                   microbatch_size=microbatch_size),
         tensor_parallel=TP.default_config() if "model" in axes else None)
     if "model" in axes:
@@ -32,14 +32,15 @@ def _pipelined(axes, shape, microbatch_size=1, **changes):
     return cfg.instantiate()
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("axes,shape", [
     (("data", "pipe"), (1, 2)),
     (("data", "pipe"), (4, 2)),
     (("data", "pipe", "model"), (2, 2, 2)),
 ], ids=["pp2", "dp4xpp2", "dp2xpp2xtp2"])
-def test_gpipe_sgd_update_matches_one_device(axes, shape):
+def test_sgd_update_matches_one_device(axes, shape, schedule):
     want_losses, want_params = _reference()
-    engine = _pipelined(axes, shape)
+    engine = _pipelined(axes, shape, schedule=schedule)
     losses, params = helpers.train(engine, BATCHES)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
@@ -60,7 +61,7 @@ def test_pipelined_eval_matches_one_device():
 
 def test_unimplemented_schedules_and_accumulation_are_refused():
     from titanax import errors  # pylint: disable=import-outside-toplevel
-    for change, path in [(dict(schedule="1f1b"), "plan.pipeline_parallel.schedule")]:
+    for change, path in [(dict(schedule="circular"), "plan.pipeline_parallel.schedule")]:
         cfg = _pipelined(("data", "pipe"), (4, 2)).config.clone()
         cfg.plan.pipeline_parallel.set(**change)
         with pytest.raises(errors.PlanError) as info:
@@ -73,9 +74,10 @@ def test_unimplemented_schedules_and_accumulation_are_refused():
     assert info.value.path == "plan.data_parallel.accumulate_steps"
 
 
-def test_inside_loops_only_pipe_permutes_and_model_collectives():
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_inside_loops_only_pipe_permutes_and_model_collectives(schedule):
     from titanax.observe import hlo  # pylint: disable=import-outside-toplevel
-    engine = _pipelined(("data", "pipe", "model"), (2, 2, 2))
+    engine = _pipelined(("data", "pipe", "model"), (2, 2, 2), schedule=schedule)
     engine.init_state()
     engine.compile(example_batch=BATCHES[0])
     ops = engine.collectives()

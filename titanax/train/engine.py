@@ -140,11 +140,11 @@ class Engine(StateMixin, Configurable):
         self.plan: Plan = cfg.plan.instantiate()
         self.plan.validate(self.mesh)
         pp = cfg.plan.pipeline_parallel
-        if pp is not None and pp.schedule != "gpipe":
+        if pp is not None and pp.schedule == "circular":
             raise errors.PlanError(
-                f"the {pp.schedule!r} schedule does not run yet (GPipe does)",
+                "the 'circular' schedule does not run yet (GPipe and 1F1B do)",
                 path="plan.pipeline_parallel.schedule",
-                suggestion="use --config.plan.pipeline_parallel.schedule=gpipe")
+                suggestion="use --config.plan.pipeline_parallel.schedule=gpipe or 1f1b")
         if pp is not None and (cfg.model is None or pp.stages):
             raise errors.PlanError(
                 "pipelines run a model's stacked layers so far (explicit stages and "

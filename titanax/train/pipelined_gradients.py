@@ -26,11 +26,12 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from titanax import errors
 from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
-from titanax.parallel import collectives, pipeline
+from titanax.parallel import collectives, one_f_one_b, pipeline
 from titanax.train.gradients import LocalGradients, LossRelation
 from titanax.train.precision import Precision
 
@@ -40,13 +41,14 @@ class PipelinedGradients:
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  data_axis: Optional[str], pipe_axis: str, microbatch_size: int,
-                 remat_ticks: bool = False):
+                 schedule: str = "gpipe", remat_ticks: bool = False):
         self.model = model
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
         self.data_axis = data_axis
         self.pipe_axis = pipe_axis
         self.microbatch_size = microbatch_size
+        self.schedule = schedule
         self.remat_ticks = remat_ticks
         stages = self.mesh_shape[pipe_axis]
         layers = model.decoder.config.num_layers
@@ -65,6 +67,8 @@ class PipelinedGradients:
 
     def __call__(self, params: Any, batch: Any, key: jax.Array, *,
                  loss_scale: Optional[jax.Array] = None) -> LocalGradients:
+        if self.schedule == "1f1b":
+            return self._one_f_one_b(params, batch, key, loss_scale)
         grad_fn = jax.value_and_grad(self._objective, has_aux=True)
         (_, (loss, aux)), grads = grad_fn(params, batch, key, loss_scale)
         return LocalGradients(grads=grads, loss=loss, aux=aux, summaries={})
@@ -102,6 +106,150 @@ class PipelinedGradients:
         loss = jnp.where(last, loss.astype(jnp.float32), 0.0)
         aux = {k: jnp.where(last, v, jnp.zeros_like(v)) for k, v in aux.items()}
         return loss, aux
+
+    def _microbatch_count(self, batch: Any) -> int:
+        local = jax.tree_util.tree_leaves(batch)[0].shape[0]
+        if local % self.microbatch_size:
+            raise errors.PlanError(
+                f"microbatches of {self.microbatch_size} do not divide the per-data-shard batch "
+                f"of {local}", path="plan.pipeline_parallel.microbatch_size",
+                suggestion="choose a microbatch_size that divides the per-shard batch")
+        return local // self.microbatch_size
+
+    def _one_f_one_b(self, params, batch, key, loss_scale) -> LocalGradients:
+        """Gradients by the static 1F1B table (parallel/one_f_one_b.py), explicit vjp per stage."""
+        stages = self.mesh_shape[self.pipe_axis]
+        count = self._microbatch_count(batch)
+        table = one_f_one_b.build_schedule(stages, count)
+        if stages < 2:
+            raise errors.PlanError("1F1B needs at least 2 stages", path="plan.pipeline_parallel",
+                                   suggestion="use a pipe axis of size >= 2, or no pipeline")
+        axes = tuple(self.mesh_shape)
+        stage_index = collectives.axis_index(self.pipe_axis)
+        top = {k: v for k, v in params.items() if k != "decoder"}
+        stage_params = params["decoder"]
+        microbatches = jax.tree_util.tree_map(
+            lambda x: x.reshape((count, self.microbatch_size) + x.shape[1:]), batch)
+        precision = self.precision
+
+        def keys_for(m):
+            base = jax.random.fold_in(key, m)
+            return [jax.random.fold_in(base, i) for i in range(3)]
+
+        def embed_fn(top_params, m):
+            ids = precision.cast_for_compute(microbatches["input_ids"][m])
+            return functional(self.model, keys_for(m)[0], precision.cast_for_compute(top_params),
+                              (ids,), method="embed", is_training=True)[0]
+
+        def stage_fn(sp, x, m):
+            key_m = jax.random.fold_in(keys_for(m)[1], stage_index)
+            return functional(self.stage, key_m, precision.cast_for_compute(sp), (x,),
+                              is_training=True)[0]
+
+        def head_fn(sp, top_params, x, m):
+            mb = precision.cast_for_compute(jax.tree_util.tree_map(lambda v: v[m], microbatches))
+            decoded = stage_fn(sp, x, m)
+            (loss, aux), _ = functional(self.model, keys_for(m)[2],
+                                        precision.cast_for_compute(top_params), (decoded, mb),
+                                        method="head_loss", is_training=True)
+            loss = loss.astype(jnp.float32)
+            objective = loss / count / self._copies_seen_by_autodiff(loss)
+            if loss_scale is not None:
+                objective = objective * loss_scale
+            return objective, (loss, aux)
+
+        activation = jax.eval_shape(lambda: embed_fn(top, 0))
+        varying = lambda x: collectives.cast_varying(x, axes)  # noqa: E731
+        zeros_act = varying(jnp.zeros(activation.shape, activation.dtype))
+        aux_shape = jax.eval_shape(lambda: head_fn(stage_params, top, zeros_act, 0)[1][1])
+        init = {
+            "acts": varying(jnp.zeros((stages,) + activation.shape, activation.dtype)),
+            "grads_in": varying(jnp.zeros((stages,) + activation.shape, activation.dtype)),
+            "g_stage": jax.tree_util.tree_map(jnp.zeros_like, stage_params),
+            "g_top": jax.tree_util.tree_map(jnp.zeros_like, top),
+            "loss": varying(jnp.zeros((), jnp.float32)),
+            "aux": jax.tree_util.tree_map(lambda a: varying(jnp.zeros(a.shape, a.dtype)),
+                                          aux_shape),
+        }
+        add = lambda a, b: jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
+
+        def idle(carry, m):
+            del m
+            return carry, zeros_act, zeros_act
+
+        def forward_first(carry, m):
+            x = embed_fn(top, m)
+            carry = dict(carry, acts=carry["acts"].at[m % stages].set(x))
+            return carry, stage_fn(stage_params, x, m), zeros_act
+
+        def forward_middle(carry, m):
+            return carry, stage_fn(stage_params, carry["acts"][m % stages], m), zeros_act
+
+        def forward_last(carry, m):  # The input is kept; the backward runs the stage and head.
+            del m
+            return carry, zeros_act, zeros_act
+
+        def backward_last(carry, m):
+            x = carry["acts"][m % stages]
+            objective, vjp, (loss, aux) = jax.vjp(lambda sp, tp, xx: head_fn(sp, tp, xx, m),
+                                                  stage_params, top, x, has_aux=True)
+            d_stage, d_top, dx = vjp(jnp.ones_like(objective))
+            carry = dict(carry, g_stage=add(carry["g_stage"], d_stage),
+                         g_top=add(carry["g_top"], d_top), loss=carry["loss"] + loss / count,
+                         aux=add(carry["aux"], aux))
+            return carry, zeros_act, dx
+
+        def backward_middle(carry, m, first=False):
+            x = carry["acts"][m % stages]
+            _, vjp = jax.vjp(lambda sp, xx: stage_fn(sp, xx, m), stage_params, x)
+            d_stage, dx = vjp(carry["grads_in"][m % stages])
+            carry = dict(carry, g_stage=add(carry["g_stage"], d_stage))
+            if first:
+                _, embed_vjp = jax.vjp(lambda tp: embed_fn(tp, m), top)
+                carry = dict(carry, g_top=add(carry["g_top"], embed_vjp(dx)[0]))
+                return carry, zeros_act, zeros_act
+            return carry, zeros_act, dx
+
+        def backward_first(carry, m):
+            return backward_middle(carry, m, first=True)
+
+        branches = [idle, forward_first, forward_middle, forward_last, backward_first,
+                    backward_middle, backward_last]
+        position = np.where(np.arange(stages) == 0, 0,
+                            np.where(np.arange(stages) == stages - 1, 2, 1))
+        code = np.where(table.kind == one_f_one_b.IDLE, 0,
+                        np.where(table.kind == one_f_one_b.FORWARD, 1 + position,
+                                 4 + position)).astype(np.int32)
+        codes = jnp.asarray(code)
+        mbs = jnp.asarray(table.microbatch)
+        forward_arrival = jnp.asarray(table.forward_arrival)
+        backward_arrival = jnp.asarray(table.backward_arrival)
+        ahead = [(i, i + 1) for i in range(stages - 1)]
+        behind = [(i + 1, i) for i in range(stages - 1)]
+
+        def receive(buffer, value, microbatch):
+            slot = jnp.maximum(microbatch, 0) % stages
+            kept = jax.lax.dynamic_index_in_dim(buffer, slot, keepdims=False)
+            return jax.lax.dynamic_update_index_in_dim(
+                buffer, jnp.where(microbatch >= 0, value, kept), slot, 0)
+
+        def tick(carry, t):
+            m = mbs[t, stage_index]
+            carry, forward_out, backward_out = jax.lax.switch(codes[t, stage_index], branches,
+                                                              carry, m)
+            from_before = jax.lax.ppermute(forward_out, self.pipe_axis, ahead)
+            from_after = jax.lax.ppermute(backward_out, self.pipe_axis, behind)
+            carry = dict(carry,
+                         acts=receive(carry["acts"], from_before,
+                                      forward_arrival[t, stage_index]),
+                         grads_in=receive(carry["grads_in"], from_after,
+                                          backward_arrival[t, stage_index]))
+            return carry, None
+
+        final, _ = jax.lax.scan(tick, init, jnp.arange(table.num_ticks))
+        grads = {**final["g_top"], "decoder": final["g_stage"]}
+        grads = {k: grads[k] for k in params}  # The params' key order.
+        return LocalGradients(grads=grads, loss=final["loss"], aux=final["aux"], summaries={})
 
     def _objective(self, params, batch, key, loss_scale):
         compute_params = self.precision.cast_for_compute(params)
