@@ -19,8 +19,9 @@ def _reference():
     return helpers.train(engine, BATCHES)
 
 
-def _pipelined(axes, shape, microbatch_size=1, schedule="gpipe", **changes):
-    cfg = helpers.gpt_engine(data=1, learner=helpers.sgd(0.5), **changes).config.clone()
+def _pipelined(axes, shape, microbatch_size=1, schedule="gpipe", learner="sgd", **changes):
+    learner = helpers.sgd(0.5) if learner == "sgd" else helpers.adam(1e-2)
+    cfg = helpers.gpt_engine(data=1, learner=learner, **changes).config.clone()
     cfg.mesh = helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape)))))
     cfg.plan = Plan.default_config().set(
         data_parallel=DP.default_config(),
@@ -99,3 +100,16 @@ def test_a_pipelined_checkpoint_restores_without_the_pipeline(tmp_path):
     assert plain.restore() and int(plain.state.step) == 2
     assert_nested_allclose(jax.device_get(plain.state.params), jax.device_get(engine.state.params),
                            rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_zero1_with_a_pipeline_matches_replicated_adam(schedule):
+    from titanax.parallel.plan import ZeRO  # pylint: disable=import-outside-toplevel
+    plain = _pipelined(("data", "pipe"), (4, 2), schedule=schedule, learner=None)
+    cfg = plain.config.clone()
+    cfg.plan.zero = ZeRO.default_config()
+    zero = cfg.instantiate()
+    want_losses, want_params = helpers.train(plain, BATCHES)
+    losses, params = helpers.train(zero, BATCHES)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    assert_nested_allclose(params, want_params, rtol=1e-4, atol=1e-5)  # Adam steps are ~1e-2.
