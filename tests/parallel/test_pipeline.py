@@ -13,7 +13,8 @@ from titanax.runtime.mesh import MeshSpec
 STAGES, WIDTH = 4, 8
 
 
-def _stage(params, x):
+def _stage(params, x, microbatch=None):
+    del microbatch
     return jnp.tanh(x @ params["w"] + params["b"])
 
 

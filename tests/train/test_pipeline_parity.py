@@ -113,3 +113,18 @@ def test_zero1_with_a_pipeline_matches_replicated_adam(schedule):
     losses, params = helpers.train(zero, BATCHES)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert_nested_allclose(params, want_params, rtol=1e-4, atol=1e-5)  # Adam steps are ~1e-2.
+
+
+def test_dropout_masks_do_not_depend_on_the_schedule():
+    runs = []
+    for schedule in ("gpipe", "1f1b"):
+        engine = _pipelined(("data", "pipe"), (4, 2), schedule=schedule)
+        cfg = engine.config.clone()
+        cfg.model.dropout_rate = 0.2
+        runs.append(helpers.train(cfg.instantiate(), BATCHES))
+    (gpipe_losses, gpipe_params), (ofob_losses, ofob_params) = runs
+    np.testing.assert_allclose(ofob_losses, gpipe_losses, rtol=1e-5)
+    assert_nested_allclose(ofob_params, gpipe_params, rtol=1e-5, atol=1e-6)
+    _, no_dropout = _reference()
+    assert not np.allclose(gpipe_params["token_emb"]["weight"], no_dropout["token_emb"]["weight"],
+                           atol=1e-5)  # Dropout did act.

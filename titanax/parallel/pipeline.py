@@ -27,13 +27,14 @@ from titanax.parallel import collectives
 from titanax.parallel.sharding import path_string
 
 
-def gpipe(stage_fn: Callable[[Any, jax.Array], jax.Array], stage_params: Any,
+def gpipe(stage_fn: Callable[[Any, jax.Array, jax.Array], jax.Array], stage_params: Any,
           microbatches: jax.Array, *, axis: str, remat_ticks: bool = False) -> jax.Array:
     """Runs ``S`` pipeline stages over ``M`` microbatches (local view, inside shard_map).
 
     Args:
-      stage_fn: ``(this stage's params, x) -> y`` with ``y`` shaped like ``x`` (the activation
-        that crosses stage boundaries).
+      stage_fn: ``(this stage's params, x, microbatch index) -> y`` with ``y`` shaped like ``x``
+        (the activation that crosses stage boundaries); the index lets a stage derive its
+        dropout key from the microbatch, so masks do not depend on the schedule.
       stage_params: this device's stage params (whatever ``stage_fn`` takes).
       microbatches: ``[M, ...]``; read on stage 0 only (other stages may hold anything).
       axis: the pipeline mesh axis; its size is the number of stages ``S``.
@@ -59,7 +60,7 @@ def gpipe(stage_fn: Callable[[Any, jax.Array], jax.Array], stage_params: Any,
         fresh = jax.lax.dynamic_index_in_dim(microbatches, jnp.minimum(t, count - 1),
                                              keepdims=False)
         x = jnp.where(stage == 0, jnp.where(t < count, fresh, zero), received)
-        y = stage_fn(stage_params, x)
+        y = stage_fn(stage_params, x, jnp.clip(t - stage, 0, count - 1))
         done = t - (num_stages - 1)
         write = (stage == num_stages - 1) & (done >= 0)
         slot = jnp.clip(done, 0, count - 1)

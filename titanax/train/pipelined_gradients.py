@@ -79,28 +79,26 @@ class PipelinedGradients:
         the pipe axis (the last stage's mean over its data shard, zero elsewhere)."""
         cfg_stages = self.mesh_shape[self.pipe_axis]
         local = jax.tree_util.tree_leaves(batch)[0].shape[0]
-        if local % self.microbatch_size:
-            raise errors.PlanError(
-                f"microbatches of {self.microbatch_size} do not divide the per-data-shard batch "
-                f"of {local}", path="plan.pipeline_parallel.microbatch_size",
-                suggestion="choose a microbatch_size that divides the per-shard batch")
-        count = local // self.microbatch_size
-        keys = _keys(key, 3)
-        embedded, _ = functional(self.model, keys[0], params, (batch["input_ids"],),
-                                 method="embed", is_training=is_training)
-        microbatches = embedded.reshape((count, self.microbatch_size) + embedded.shape[1:])
+        count = self._microbatch_count(batch)
         stage_index = collectives.axis_index(self.pipe_axis)
+        ids = batch["input_ids"]
+        ids = ids.reshape((count, self.microbatch_size) + ids.shape[1:])
 
-        def stage_fn(stage_params, x):
-            stage_key = (None if keys[1] is None
-                         else jax.random.fold_in(keys[1], stage_index))
-            return functional(self.stage, stage_key, stage_params, (x,),
+        def embed(ids_m, m):
+            return functional(self.model, _part_key(key, m, 0), params, (ids_m,), method="embed",
+                              is_training=is_training)[0]
+
+        microbatches = jax.vmap(embed)(ids, jnp.arange(count))
+
+        def stage_fn(stage_params, x, m):
+            return functional(self.stage, _stage_key(key, m, stage_index), stage_params, (x,),
                               is_training=is_training)[0]
 
         decoded = pipeline.gpipe(stage_fn, params["decoder"], microbatches, axis=self.pipe_axis,
                                  remat_ticks=self.remat_ticks)
-        decoded = decoded.reshape(embedded.shape)
-        (loss, aux), _ = functional(self.model, keys[2], params, (decoded, batch),
+        decoded = decoded.reshape((local,) + decoded.shape[2:])
+        # The head has no randomness: one call over all microbatches.
+        (loss, aux), _ = functional(self.model, _part_key(key, 0, 2), params, (decoded, batch),
                                     method="head_loss", is_training=is_training)
         last = stage_index == cfg_stages - 1
         loss = jnp.where(last, loss.astype(jnp.float32), 0.0)
@@ -132,24 +130,20 @@ class PipelinedGradients:
             lambda x: x.reshape((count, self.microbatch_size) + x.shape[1:]), batch)
         precision = self.precision
 
-        def keys_for(m):
-            base = jax.random.fold_in(key, m)
-            return [jax.random.fold_in(base, i) for i in range(3)]
-
         def embed_fn(top_params, m):
             ids = precision.cast_for_compute(microbatches["input_ids"][m])
-            return functional(self.model, keys_for(m)[0], precision.cast_for_compute(top_params),
-                              (ids,), method="embed", is_training=True)[0]
+            return functional(self.model, _part_key(key, m, 0),
+                              precision.cast_for_compute(top_params), (ids,), method="embed",
+                              is_training=True)[0]
 
         def stage_fn(sp, x, m):
-            key_m = jax.random.fold_in(keys_for(m)[1], stage_index)
-            return functional(self.stage, key_m, precision.cast_for_compute(sp), (x,),
-                              is_training=True)[0]
+            return functional(self.stage, _stage_key(key, m, stage_index),
+                              precision.cast_for_compute(sp), (x,), is_training=True)[0]
 
         def head_fn(sp, top_params, x, m):
             mb = precision.cast_for_compute(jax.tree_util.tree_map(lambda v: v[m], microbatches))
             decoded = stage_fn(sp, x, m)
-            (loss, aux), _ = functional(self.model, keys_for(m)[2],
+            (loss, aux), _ = functional(self.model, _part_key(key, m, 2),
                                         precision.cast_for_compute(top_params), (decoded, mb),
                                         method="head_loss", is_training=True)
             loss = loss.astype(jnp.float32)
@@ -268,7 +262,14 @@ class PipelinedGradients:
         return copies
 
 
-def _keys(key: Optional[jax.Array], count: int):
+def _part_key(key: Optional[jax.Array], microbatch, part: int) -> Optional[jax.Array]:
+    """The dropout key of one part (0 embedding, 1 stages, 2 head) of one microbatch: the same
+    whatever the schedule, so GPipe and 1F1B drop out the same units."""
     if key is None:
-        return [None] * count
-    return list(jax.random.split(key, count))
+        return None
+    return jax.random.fold_in(jax.random.fold_in(key, microbatch), part)
+
+
+def _stage_key(key: Optional[jax.Array], microbatch, stage) -> Optional[jax.Array]:
+    part = _part_key(key, microbatch, 1)
+    return None if part is None else jax.random.fold_in(part, stage)
