@@ -38,3 +38,25 @@ def test_pipelined_experiment_losses_equal_gpt_tiny_dp(tmp_path, reference, name
     losses = _losses(tmp_path, name, *extra)
     assert len(losses) == len(reference) == STEPS
     np.testing.assert_allclose(losses, reference, atol=1e-4)
+
+
+def test_a_pipelined_run_resumes_without_the_pipeline_and_back(tmp_path):
+    def launch(name, run_dir, steps):
+        result = subprocess.run(
+            [sys.executable, "-m", "titanax.launch", f"--config={name}",
+             f"--trainer_dir={run_dir}", f"--config.max_steps={steps}", "--config.log_every=1",
+             "--config.evalers={}", "--config.checkpoint.save_every_n_steps=5"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+        with open(run_dir / "metrics.csv", encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("loss")]
+        return {int(r["step"]): float(r["loss"]) for r in rows}, result.stdout
+
+    straight, _ = launch("gpt_tiny_dp", tmp_path / "straight", 15)
+    launch("gpt_tiny_pp", tmp_path / "moved", 5)
+    moved, stdout = launch("gpt_tiny_dp", tmp_path / "moved", 10)  # PP checkpoint -> DP run.
+    assert "restored the run" in stdout and "differs from the one saved with step 5" in stdout
+    back, _ = launch("gpt_tiny_pp", tmp_path / "moved", 15)  # DP checkpoint -> PP run.
+    for step in range(6, 16):
+        assert abs(back[step] - straight[step]) <= 1e-4, (step, back[step], straight[step])
+    assert moved[10] == back[10]

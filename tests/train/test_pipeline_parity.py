@@ -128,3 +128,45 @@ def test_dropout_masks_do_not_depend_on_the_schedule():
     _, no_dropout = _reference()
     assert not np.allclose(gpipe_params["token_emb"]["weight"], no_dropout["token_emb"]["weight"],
                            atol=1e-5)  # Dropout did act.
+
+
+def test_a_checkpoint_of_4_stages_restores_onto_2(tmp_path):
+    import jax  # pylint: disable=import-outside-toplevel
+    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
+    checkpoint = OrbaxCheckpoint.default_config().set(path=str(tmp_path))
+
+    def four_layers(engine):
+        cfg = engine.config.clone()
+        cfg.model.num_layers = 4
+        return cfg.instantiate()
+
+    four = four_layers(_pipelined(("data", "pipe"), (2, 4), schedule="1f1b",
+                                  checkpoint=checkpoint))
+    four.fit(data=iter(BATCHES), steps=2)
+    four.close()
+    two = four_layers(_pipelined(("data", "pipe"), (4, 2), schedule="1f1b",
+                                 checkpoint=checkpoint))
+    assert two.restore() and int(two.state.step) == 2
+    assert_nested_allclose(jax.device_get(two.state.params), jax.device_get(four.state.params),
+                           rtol=0, atol=0)
+    assert two.state.params["decoder"]["layer"]["ln1"]["scale"].sharding.spec[0] == "pipe"
+
+
+def test_a_pipelined_run_resumes_bit_identically(tmp_path):
+    import jax  # pylint: disable=import-outside-toplevel
+    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
+
+    def engine(path):
+        return _pipelined(("data", "pipe"), (4, 2), schedule="1f1b", learner="adam",
+                          checkpoint=OrbaxCheckpoint.default_config().set(path=str(path)))
+
+    straight = engine(tmp_path / "straight")
+    straight.fit(data=iter(BATCHES), steps=3)
+    first = engine(tmp_path / "resumed")
+    first.fit(data=iter(BATCHES[:2]), steps=2)
+    first.close()
+    second = engine(tmp_path / "resumed")
+    second.fit(data=iter(BATCHES[2:]), steps=3)
+    assert second.restored_from.endswith("/2")
+    assert_nested_allclose(jax.device_get(second.state.params),
+                           jax.device_get(straight.state.params), rtol=0, atol=0)
