@@ -21,7 +21,10 @@ def _losses(tmp_path, name, *extra):
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(run_dir / "metrics.csv", encoding="utf-8") as f:
-        return np.array([float(r["loss"]) for r in csv.DictReader(f) if r.get("loss")])
+        rows = [r for r in csv.DictReader(f) if r.get("loss")]
+    if "pipe" in name:  # The schedule's bubble is reported with the step metrics.
+        assert all(0 < float(r["pipeline_bubble"]) < 0.5 for r in rows)
+    return np.array([float(r["loss"]) for r in rows])
 
 
 @pytest.fixture(scope="module")

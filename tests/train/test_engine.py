@@ -237,11 +237,12 @@ def test_pipeline_plans_the_engine_cannot_run_are_refused():
     from titanax.parallel.plan import PP  # pylint: disable=import-outside-toplevel
     cfg = helpers.mnist_engine(data=8).config.clone()
     cfg.mesh = helpers.mesh((4, 2), ("data", "pipe"))
-    cfg.plan.pipeline_parallel = PP.default_config()  # 1F1B: not implemented yet.
+    cfg.plan.pipeline_parallel = PP.default_config().set(schedule="circular",
+                                                         virtual_stages=2)  # Not yet.
     with pytest.raises(errors.PlanError) as info:
         cfg.instantiate().build()
     assert info.value.path == "plan.pipeline_parallel.schedule"
-    cfg.plan.pipeline_parallel.schedule = "gpipe"  # An MLP has no stacked layers to split.
+    cfg.plan.pipeline_parallel = PP.default_config()  # An MLP has no stacked layers to split.
     with pytest.raises(errors.PlanError) as info:
         cfg.instantiate().build()
     assert info.value.path == "plan.pipeline_parallel.stacked_layers"

@@ -170,3 +170,12 @@ def test_a_pipelined_run_resumes_bit_identically(tmp_path):
     assert second.restored_from.endswith("/2")
     assert_nested_allclose(jax.device_get(second.state.params),
                            jax.device_get(straight.state.params), rtol=0, atol=0)
+
+
+def test_explain_and_metrics_show_the_pipeline():
+    engine = _pipelined(("data", "pipe"), (4, 2), schedule="1f1b")
+    engine.fit(data=iter(BATCHES), steps=1)
+    text = engine.explain()
+    assert "pipeline: schedule 1f1b, 2 stages on axis 'pipe', 1 of 2 layers per stage" in text
+    assert "microbatches M = 2 of 1 per data shard" in text and "bubble" in text
+    assert "decoder/layer/mlp/wi/weight" in text and "P('pipe'" in text  # Plan.describe().

@@ -65,7 +65,8 @@ class Basic(Logger):
     class Config(Logger.Config):
         # Metrics shown first, in this order (others follow alphabetically when verbose).
         columns: tuple = ("loss", "learning_rate", "grad_norm", "step_time_s", "tokens_per_s",
-                       "examples_per_s", "mfu", "peak_memory_gib", "compile_time_s")
+                       "examples_per_s", "mfu", "peak_memory_gib", "compile_time_s",
+                       "pipeline_bubble")
         # Also print every other metric.
         verbose: bool = False
 

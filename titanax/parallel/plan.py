@@ -271,8 +271,14 @@ class Plan(Configurable):
         return rules_lib.normalize_rules(tp.rules if tp is not None else None)
 
     def param_partition_specs(self, params: Any, mesh: Mesh) -> Any:
-        """A PartitionSpec for every leaf of ``params`` (see ``rules.build_param_specs``)."""
-        return rules_lib.build_param_specs(params, self, mesh)
+        """A PartitionSpec for every leaf of ``params``: the layers' layouts and the TP rules
+        (``rules.build_param_specs``), then the pipeline's stage split of the stacked layers."""
+        specs = rules_lib.build_param_specs(params, self, mesh)
+        pp = self.config.pipeline_parallel
+        if pp is not None:
+            specs = pipeline.stage_param_specs(specs, stacked_layers=pp.stacked_layers,
+                                               pipe_axis=pp.axis)
+        return specs
 
     def describe(self, params: Any, mesh: Mesh) -> str:
         """A table of every param: path, global shape, spec, local shape, bytes per device."""

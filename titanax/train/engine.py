@@ -33,7 +33,7 @@ from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo, memory, throughput
 from titanax.observe.profiler import Profile
 from titanax.observe.loggers import Basic, Logger
-from titanax.parallel import pipeline, sharding
+from titanax.parallel import rules, sharding
 from titanax.parallel.plan import DP, Plan
 from titanax.runtime.mesh import MeshSpec, describe_mesh
 from titanax.train import learner as learner_lib
@@ -42,7 +42,7 @@ from titanax.train.compiled_step import CompiledStep
 from titanax.train.engine_state import StateMixin
 from titanax.train.evaler import Evaler, summarize
 from titanax.train.precision import Precision
-from titanax.train import preemption
+from titanax.train import pipeline_report, preemption
 from titanax.train.preemption import preemption_guard
 from titanax.train.train_state import TrainState
 from titanax.train.user_step import wrap_user_step
@@ -125,6 +125,8 @@ class Engine(StateMixin, Configurable):
         self._resumed = False
         self._checkpoint_dir_claimed = False
         self._loggers_started = False
+        # Rows per data shard of the latest batch (the pipeline's microbatch count needs it).
+        self._local_batch_rows: Optional[int] = None
         # Called once when training really starts (see run()).
         self._on_start: Optional[Callable[[], None]] = None
 
@@ -173,9 +175,6 @@ class Engine(StateMixin, Configurable):
             self.parameter_specs = self.model.create_parameter_specs_recursively()
             self.param_specs = self.plan.param_partition_specs(self.parameter_specs, self.mesh)
             self.model.check_partition_specs(self.param_specs)
-            if pp is not None:
-                self.param_specs = pipeline.stage_param_specs(
-                    self.param_specs, stacked_layers=pp.stacked_layers, pipe_axis=pp.axis)
             self._make_adapter(learner_lib.decay_scales_from_specs(self.parameter_specs))
         self._built = True
         return self
@@ -221,6 +220,8 @@ class Engine(StateMixin, Configurable):
         if leaves:
             global_rows = np.shape(leaves[0])[0] * jax.process_count()
             self.plan.check_batch_size(global_rows, self.mesh)
+            data = self.mesh.shape[self.data_axis] if self.data_axis else 1
+            self._local_batch_rows = global_rows // data
 
         def place(x, spec):
             x = np.asarray(x)
@@ -468,6 +469,10 @@ class Engine(StateMixin, Configurable):
                 last["mfu"] = utilisation
         if window_steps:
             last["eta_s"] = (total - step) * step_time
+        pp = self.config.plan.pipeline_parallel
+        if pp is not None and self._local_batch_rows:
+            last["pipeline_bubble"] = pipeline_report.schedule_numbers(
+                pp, num_stages=self.mesh.shape[pp.axis], local_batch=self._local_batch_rows)[2]
         if self._train_step is not None and self._train_step.compile_seconds:
             last["compile_time_s"] = sum(self._train_step.compile_seconds)
             peak = memory.watermark_bytes(self._train_step.latest)
@@ -591,9 +596,27 @@ class Engine(StateMixin, Configurable):
         parts = [describe_mesh(self.mesh)]
         if self.parameter_specs is not None:
             parts.append(self.plan.describe(self.parameter_specs, self.mesh))
+        if self.plan.pp_axis is not None and self.model is not None:
+            parts.append(self._describe_pipeline())
         if self._train_step is not None and self._train_step.latest is not None:
             parts.append("collectives of the train step:\n" + hlo.format_report(self.collectives()))
         return "\n\n".join(parts)
+
+    def _describe_pipeline(self) -> str:
+        pp = self.config.plan.pipeline_parallel
+        stacked = self.parameter_specs
+        for part in pp.stacked_layers.split("/"):
+            stacked = stacked[part]
+        unsplit = sum(int(np.prod(s.shape)) * np.dtype(self.precision.param_dtype).itemsize
+                      for s in jax.tree_util.tree_leaves(stacked, is_leaf=rules.is_param_leaf))
+        stages = self.mesh.shape[pp.axis]
+        compiled = self._train_step.latest if self._train_step is not None else None
+        analysis = compiled.memory_analysis() if compiled is not None else None
+        return pipeline_report.describe(
+            pp, num_stages=stages, num_layers=self.model.decoder.config.num_layers,
+            local_batch=self._local_batch_rows, stacked_bytes_per_device=unsplit // stages,
+            unsplit_stacked_bytes=unsplit,
+            temp_bytes=getattr(analysis, "temp_size_in_bytes", None) if analysis else None)
 
     # --- Launcher entry point ---------------------------------------------------------------------
 

@@ -1,0 +1,39 @@
+"""What a pipeline plan does, in numbers: stages, layers per stage, microbatches, ticks, bubble,
+and per-device memory -- for ``explain()`` / ``--explain`` and the step metrics."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from titanax.parallel import one_f_one_b, pipeline
+
+
+def schedule_numbers(pp_config: Any, *, num_stages: int, local_batch: int):
+    """(microbatches M, ticks, bubble fraction) of the configured schedule."""
+    count = local_batch // pp_config.microbatch_size
+    if pp_config.schedule == "1f1b":
+        table = one_f_one_b.build_schedule(num_stages, count)
+        return count, table.num_ticks, table.bubble()
+    ticks = pp_config.virtual_stages * count + num_stages - 1
+    return count, ticks, pipeline.bubble_fraction(
+        num_stages=num_stages, num_microbatches=count, virtual_stages=pp_config.virtual_stages)
+
+
+def describe(pp_config: Any, *, num_stages: int, num_layers: int, local_batch: Optional[int],
+             stacked_bytes_per_device: int, unsplit_stacked_bytes: int,
+             temp_bytes: Optional[int]) -> str:
+    """A few lines for explain(): the schedule, its shape and its cost."""
+    lines = [f"pipeline: schedule {pp_config.schedule}, {num_stages} stages on axis "
+             f"{pp_config.axis!r}, {num_layers // num_stages} of {num_layers} layers per stage "
+             f"({pp_config.stacked_layers})"]
+    if local_batch is not None:
+        count, ticks, bubble = schedule_numbers(pp_config, num_stages=num_stages,
+                                                local_batch=local_batch)
+        lines.append(f"  microbatches M = {count} of {pp_config.microbatch_size} per data shard; "
+                     f"{ticks} ticks per step; bubble {bubble:.1%}")
+    lines.append(f"  stacked-layer params per device: {stacked_bytes_per_device / 2 ** 20:.2f} MiB "
+                 f"(un-pipelined: {unsplit_stacked_bytes / 2 ** 20:.2f} MiB)")
+    if temp_bytes is not None:
+        lines.append(f"  activations and scratch of the compiled step (temp): "
+                     f"{temp_bytes / 2 ** 20:.2f} MiB per device")
+    return "\n".join(lines)
