@@ -179,3 +179,13 @@ def test_explain_and_metrics_show_the_pipeline():
     assert "pipeline: schedule 1f1b, 2 stages on axis 'pipe', 1 of 2 layers per stage" in text
     assert "microbatches M = 2 of 1 per data shard" in text and "bubble" in text
     assert "decoder/layer/mlp/wi/weight" in text and "P('pipe'" in text  # Plan.describe().
+
+
+def test_gpipe_when_the_stages_do_not_divide_the_microbatches():
+    batches = helpers.text_batches(batch_size=6, count=2)  # M = 3 microbatches for 2 stages.
+    want_losses, want_params = helpers.train(helpers.gpt_engine(data=1, learner=helpers.sgd(0.5)),
+                                             batches)
+    losses, params = helpers.train(_pipelined(("data", "pipe"), (1, 2), microbatch_size=2),
+                                   batches)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)

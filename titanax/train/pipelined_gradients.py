@@ -10,14 +10,17 @@ every data shard:
    embedding is replicated over ``pipe``; only stage 0's result enters the pipeline);
 2. ``parallel.pipeline.gpipe`` runs the stages over the microbatches with one ``ppermute`` per
    tick (autodiff gives the backward; ``checkpoint_ratio > 0`` rematerialises each tick);
-3. the last stage runs the final norm, the LM head and the loss on every microbatch; the other
-   stages' loss is zero, so the loss is a *partial sum* over ``pipe`` (declared: ``sum_over``),
+3. GPipe: the last stage's outputs are reduce-scattered so that each pipe rank runs the final
+   norm, the LM head and the loss on M/S microbatches (when S divides M; else the last stage runs
+   them all); 1F1B: the last stage runs them per microbatch inside the schedule. Either way the
+   loss on each rank is a *partial sum* over ``pipe`` (declared: ``sum_over``),
    and params replicated over ``pipe`` (embeddings, final norm) get their gradient summed there
    by the reducer -- the tied embedding collects both its stage-0 and its head contributions.
 
-GPipe is the schedule implemented so far; circular and 1F1B are refused by the engine with a
-PlanError until they run. Data and tensor parallelism compose around it (TP collectives inside a
-stage stay inside the tick loop; the data-axis reduction stays once per step, after it).
+GPipe (autodiff through the tick scan) and 1F1B (a static table, explicit vjp per stage) run;
+the circular schedule is refused by the engine with a PlanError until it does. Data and tensor
+parallelism compose around them (TP collectives inside a stage stay inside the tick loop; the
+data-axis reduction stays once per step, after it).
 """
 
 from __future__ import annotations
@@ -75,8 +78,8 @@ class PipelinedGradients:
 
     def forward_loss(self, params: Any, batch: Any, key: Optional[jax.Array],
                      *, is_training: bool) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-        """``(loss, aux)`` of the pipelined model: the loss is this device's partial sum over
-        the pipe axis (the last stage's mean over its data shard, zero elsewhere)."""
+        """``(loss, aux)`` of the pipelined model under GPipe: the loss is this device's partial
+        sum over the pipe axis (summed over ``pipe`` it is the mean over the data shard)."""
         cfg_stages = self.mesh_shape[self.pipe_axis]
         local = jax.tree_util.tree_leaves(batch)[0].shape[0]
         count = self._microbatch_count(batch)
@@ -96,9 +99,26 @@ class PipelinedGradients:
 
         decoded = pipeline.gpipe(stage_fn, params["decoder"], microbatches, axis=self.pipe_axis,
                                  remat_ticks=self.remat_ticks)
+        head_key = _part_key(key, 0, 2)  # The head has no randomness.
+        if count % cfg_stages == 0:
+            # Hand each pipe rank M/S of the last stage's outputs (a reduce-scatter: the other
+            # stages hold zeros), so the head and the loss run once per microbatch, spread over
+            # the ranks instead of on the last stage alone. Its transpose (all-gather) returns
+            # the gradients to the last stage.
+            share = count // cfg_stages
+            mine = collectives.reduce_scatter(decoded, self.pipe_axis, scatter_dimension=0)
+            rows = jax.tree_util.tree_map(
+                lambda x: jax.lax.dynamic_slice_in_dim(
+                    x.reshape((count, self.microbatch_size) + x.shape[1:]),
+                    stage_index * share, share).reshape((share * self.microbatch_size,)
+                                                        + x.shape[1:]), batch)
+            (loss, aux), _ = functional(
+                self.model, head_key, params,
+                (mine.reshape((share * self.microbatch_size,) + mine.shape[2:]), rows),
+                method="head_loss", is_training=is_training)
+            return loss.astype(jnp.float32) / cfg_stages, aux
         decoded = decoded.reshape((local,) + decoded.shape[2:])
-        # The head has no randomness: one call over all microbatches.
-        (loss, aux), _ = functional(self.model, _part_key(key, 0, 2), params, (decoded, batch),
+        (loss, aux), _ = functional(self.model, head_key, params, (decoded, batch),
                                     method="head_loss", is_training=is_training)
         last = stage_index == cfg_stages - 1
         loss = jnp.where(last, loss.astype(jnp.float32), 0.0)
