@@ -189,3 +189,45 @@ def test_gpipe_when_the_stages_do_not_divide_the_microbatches():
                                    batches)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+
+
+def _deep(engine_or_cfg, layers=8):
+    cfg = engine_or_cfg.config.clone()
+    cfg.model.num_layers = layers
+    return cfg.instantiate()
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("batch_size", [8, 12], ids=["M8", "M12"])
+def test_four_stages_of_two_layers_match_one_device(schedule, batch_size):
+    """S=4 runs 1F1B's middle stages; M=4 (batch 8 on 2 data shards) and M=6 (batch 12, not a
+    multiple of S) take both of GPipe's head paths."""
+    batches = helpers.text_batches(batch_size=batch_size, count=2)
+    want_losses, want_params = helpers.train(_deep(helpers.gpt_engine(
+        data=1, learner=helpers.sgd(0.5))), batches)
+    engine = _deep(_pipelined(("data", "pipe"), (2, 4), schedule=schedule))
+    losses, params = helpers.train(engine, batches)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_padding_weights_give_the_token_weighted_loss(schedule):
+    batches = [dict(b, weights=np.array([1, 1, 1, 0, 1, 0, 0, 1], np.float32))
+               for b in BATCHES[:2]]
+    want_losses, want_params = helpers.train(helpers.gpt_engine(
+        data=1, learner=helpers.sgd(0.5)), batches)
+    losses, params = helpers.train(_pipelined(("data", "pipe"), (1, 2), schedule=schedule),
+                                   batches)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_fp16_with_loss_scaling_trains_through_the_pipeline(schedule):
+    cfg = _pipelined(("data", "pipe"), (4, 2), schedule=schedule, learner="adam").config.clone()
+    cfg.precision = helpers.fp16_precision(loss_scaling=True)
+    cfg.precision.initial_loss_scale = 2.0 ** 10
+    engine = cfg.instantiate()
+    losses, _ = helpers.train(engine, BATCHES)
+    assert all(np.isfinite(losses)) and engine.history[-1]["update_applied"] == 1.0

@@ -90,7 +90,9 @@ class PP(Configurable):
         schedule: Literal["gpipe", "circular", "1f1b"] = "1f1b"
         # Stage slices per device (circular only): layers per device come in this many chunks.
         virtual_stages: int = 1
-        # Fraction of each stage's layers whose activations are rematerialised in backward.
+        # Fraction of each stage's layers whose activations are rematerialised in backward. So far
+        # 0 or 1: 1 makes GPipe keep only each tick's input and recompute the tick in backward
+        # (1F1B always recomputes a stage's forward in its backward, whatever this says).
         checkpoint_ratio: float = 0.0
 
         def _validate_values(self):
@@ -103,6 +105,10 @@ class PP(Configurable):
                                          f"schedule='circular', not {self.schedule!r}")
             if not 0.0 <= self.checkpoint_ratio <= 1.0:
                 yield "checkpoint_ratio", f"must be in [0, 1], got {self.checkpoint_ratio}"
+            elif 0.0 < self.checkpoint_ratio < 1.0:
+                yield "checkpoint_ratio", (f"fractions ({self.checkpoint_ratio}) are not "
+                                           "implemented yet: 0 (keep every tick's activations) "
+                                           "or 1 (recompute each tick)")
 
     def num_microbatches(self, local_batch_size: int) -> int:
         """M for a data shard's batch of ``local_batch_size`` examples."""
@@ -237,7 +243,7 @@ class Plan(Configurable):
                               else f"mesh axis {self.dp_axis!r}"),
                 suggestion=f"use a batch size that is a multiple of {parts}, e.g. "
                            f"{max(parts, global_batch_size - global_batch_size % parts)}")
-        if microbatched and self.pipeline_parallel is not None:
+        if self.pipeline_parallel is not None:  # Eval batches go through the pipeline too.
             self._check_pipeline_batch(global_batch_size // data, mesh)
 
     def _check_pipeline_batch(self, local_batch: int, mesh: Mesh) -> None:

@@ -175,9 +175,18 @@ class Engine(StateMixin, Configurable):
             self.parameter_specs = self.model.create_parameter_specs_recursively()
             self.param_specs = self.plan.param_partition_specs(self.parameter_specs, self.mesh)
             self.model.check_partition_specs(self.param_specs)
+            if pp is not None:  # Refuses a model or mesh it cannot pipeline, before compiling.
+                self._setup_pipeline_check(pp)
             self._make_adapter(learner_lib.decay_scales_from_specs(self.parameter_specs))
         self._built = True
         return self
+
+    def _setup_pipeline_check(self, pp) -> None:
+        from titanax.train.pipelined_gradients import PipelinedGradients  # pylint: disable=import-outside-toplevel
+        PipelinedGradients(model=self.model, precision=self.precision,
+                           mesh_shape=dict(self.mesh.shape), data_axis=self.plan.dp_axis,
+                           pipe_axis=pp.axis, microbatch_size=pp.microbatch_size,
+                           schedule=pp.schedule)
 
     def _make_adapter(self, decay_scales: Any) -> None:
         if self.config.optimizer is not None:
@@ -220,8 +229,6 @@ class Engine(StateMixin, Configurable):
         if leaves:
             global_rows = np.shape(leaves[0])[0] * jax.process_count()
             self.plan.check_batch_size(global_rows, self.mesh)
-            data = self.mesh.shape[self.data_axis] if self.data_axis else 1
-            self._local_batch_rows = global_rows // data
 
         def place(x, spec):
             x = np.asarray(x)
@@ -250,6 +257,12 @@ class Engine(StateMixin, Configurable):
 
     def _make_train_step(self) -> CompiledStep:
         state_specs = self.state_specs()
+        if self._user_step is not None and self.plan.pp_axis is not None:
+            raise errors.PlanError(
+                "a hand-written @step_fn cannot run a pipeline yet: it would see each stage's "
+                "slice of the stacked layers", path="plan.pipeline_parallel",
+                suggestion="train the configured model (fit() without a step function), or drop "
+                           "pipeline_parallel")
         if self._user_step is not None:
             local = wrap_user_step(self._user_step, axes=self.axes, data_axis=self.data_axis,
                                    param_specs=self.param_specs, precision=self.precision)
@@ -282,6 +295,8 @@ class Engine(StateMixin, Configurable):
     def train_step(self, host_batch: Any) -> Dict[str, jax.Array]:
         """One step on a host batch; updates ``self.state``; returns the device metrics."""
         batch = self.global_batch(host_batch) if _is_host(host_batch) else host_batch
+        rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
+        self._local_batch_rows = rows // (self.mesh.shape[self.data_axis] if self.data_axis else 1)
         self.state, metrics = self.compile()(self.state, batch)
         return metrics
 
@@ -607,14 +622,22 @@ class Engine(StateMixin, Configurable):
         stacked = self.parameter_specs
         for part in pp.stacked_layers.split("/"):
             stacked = stacked[part]
-        unsplit = sum(int(np.prod(s.shape)) * np.dtype(self.precision.param_dtype).itemsize
-                      for s in jax.tree_util.tree_leaves(stacked, is_leaf=rules.is_param_leaf))
+        specs = self.param_specs
+        for part in pp.stacked_layers.split("/"):
+            specs = specs[part]
+        itemsize = np.dtype(self.precision.param_dtype).itemsize
+        leaves = jax.tree_util.tree_leaves(stacked, is_leaf=rules.is_param_leaf)
+        spec_leaves = jax.tree_util.tree_leaves(specs,
+                                                is_leaf=lambda x: isinstance(x, PartitionSpec))
+        unsplit = sum(int(np.prod(s.shape)) * itemsize for s in leaves)
+        local = sum(int(np.prod(rules.local_shape(s.shape, spec, dict(self.mesh.shape))))
+                    * itemsize for s, spec in zip(leaves, spec_leaves))
         stages = self.mesh.shape[pp.axis]
         compiled = self._train_step.latest if self._train_step is not None else None
         analysis = compiled.memory_analysis() if compiled is not None else None
         return pipeline_report.describe(
             pp, num_stages=stages, num_layers=self.model.decoder.config.num_layers,
-            local_batch=self._local_batch_rows, stacked_bytes_per_device=unsplit // stages,
+            local_batch=self._local_batch_rows, stacked_bytes_per_device=local,
             unsplit_stacked_bytes=unsplit,
             temp_bytes=getattr(analysis, "temp_size_in_bytes", None) if analysis else None)
 

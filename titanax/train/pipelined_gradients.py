@@ -11,8 +11,9 @@ every data shard:
 2. ``parallel.pipeline.gpipe`` runs the stages over the microbatches with one ``ppermute`` per
    tick (autodiff gives the backward; ``checkpoint_ratio > 0`` rematerialises each tick);
 3. GPipe: the last stage's outputs are reduce-scattered so that each pipe rank runs the final
-   norm, the LM head and the loss on M/S microbatches (when S divides M; else the last stage runs
-   them all); 1F1B: the last stage runs them per microbatch inside the schedule. Either way the
+   norm, the LM head and the loss on M/S microbatches (when S divides M; else every rank runs
+   them on all M and all but the last stage's result is masked to zero); 1F1B: the last stage
+   runs them per microbatch inside the schedule. Either way the
    loss on each rank is a *partial sum* over ``pipe`` (declared: ``sum_over``),
    and params replicated over ``pipe`` (embeddings, final norm) get their gradient summed there
    by the reducer -- the tied embedding collects both its stage-0 and its head contributions.
@@ -44,12 +45,27 @@ class PipelinedGradients:
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  data_axis: Optional[str], pipe_axis: str, microbatch_size: int,
-                 schedule: str = "gpipe", remat_ticks: bool = False):
+                 schedule: str = "1f1b", remat_ticks: bool = False):
         self.model = model
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
         self.data_axis = data_axis
         self.pipe_axis = pipe_axis
+        if schedule not in ("gpipe", "1f1b"):
+            raise errors.PlanError(f"the {schedule!r} schedule does not run yet",
+                                   path="plan.pipeline_parallel.schedule",
+                                   suggestion="use 'gpipe' or '1f1b'")
+        missing = [name for name in ("embed", "head_loss", "decoder") if not hasattr(model, name)]
+        if missing:
+            raise errors.PlanError(
+                f"{type(model).__qualname__} has no {', '.join(missing)}: pipelines run models "
+                "built as embed -> decoder (a Repeat stack) -> head_loss, like GPT",
+                path="plan.pipeline_parallel", suggestion="use a GPT-style model, or no pipeline")
+        if mesh_shape[pipe_axis] < 2:
+            raise errors.PlanError(
+                f"the pipe axis {pipe_axis!r} has size {mesh_shape[pipe_axis]}: nothing to "
+                "pipeline", path=f"mesh axis {pipe_axis!r}",
+                suggestion="give the pipe axis 2 or more devices, or drop pipeline_parallel")
         self.microbatch_size = microbatch_size
         self.schedule = schedule
         self.remat_ticks = remat_ticks
@@ -112,11 +128,13 @@ class PipelinedGradients:
                     x.reshape((count, self.microbatch_size) + x.shape[1:]),
                     stage_index * share, share).reshape((share * self.microbatch_size,)
                                                         + x.shape[1:]), batch)
-            (loss, aux), _ = functional(
+            (_, aux), _ = functional(
                 self.model, head_key, params,
                 (mine.reshape((share * self.microbatch_size,) + mine.shape[2:]), rows),
                 method="head_loss", is_training=is_training)
-            return loss.astype(jnp.float32) / cfg_stages, aux
+            # Token-weighted: this share's loss sum over the whole shard's weight (padding rows
+            # weigh 0), so the partial sums over pipe add up to the one-device loss exactly.
+            return aux["loss_sum"].astype(jnp.float32) / _token_weight(batch), aux
         decoded = decoded.reshape((local,) + decoded.shape[2:])
         (loss, aux), _ = functional(self.model, head_key, params, (decoded, batch),
                                     method="head_loss", is_training=is_training)
@@ -149,6 +167,7 @@ class PipelinedGradients:
         microbatches = jax.tree_util.tree_map(
             lambda x: x.reshape((count, self.microbatch_size) + x.shape[1:]), batch)
         precision = self.precision
+        total_weight = _token_weight(batch)
 
         def embed_fn(top_params, m):
             ids = precision.cast_for_compute(microbatches["input_ids"][m])
@@ -167,7 +186,9 @@ class PipelinedGradients:
                                         precision.cast_for_compute(top_params), (decoded, mb),
                                         method="head_loss", is_training=True)
             loss = loss.astype(jnp.float32)
-            objective = loss / count / self._copies_seen_by_autodiff(loss)
+            # Token-weighted over the shard (see forward_loss), not a mean of microbatch means.
+            loss = aux["loss_sum"].astype(jnp.float32) / total_weight
+            objective = loss / self._copies_seen_by_autodiff(loss)
             if loss_scale is not None:
                 objective = objective * loss_scale
             return objective, (loss, aux)
@@ -209,7 +230,7 @@ class PipelinedGradients:
                                                   stage_params, top, x, has_aux=True)
             d_stage, d_top, dx = vjp(jnp.ones_like(objective))
             carry = dict(carry, g_stage=add(carry["g_stage"], d_stage),
-                         g_top=add(carry["g_top"], d_top), loss=carry["loss"] + loss / count,
+                         g_top=add(carry["g_top"], d_top), loss=carry["loss"] + loss,
                          aux=add(carry["aux"], aux))
             return carry, zeros_act, dx
 
@@ -280,6 +301,19 @@ class PipelinedGradients:
         for axis in self.loss_relation.copy_over:
             copies *= self.mesh_shape[axis] if axis in varying else 1
         return copies
+
+
+def _token_weight(batch: Dict[str, jax.Array]) -> jax.Array:
+    """The weight of a data shard's batch: its token count, or the sum of its ``weights``
+    (per token, or per example counting every token of it) -- what GPT's loss divides by."""
+    targets = batch["target_ids"]
+    weights = batch.get("weights")
+    if weights is None:
+        return jnp.float32(targets.size)
+    weights = weights.astype(jnp.float32)
+    padded = weights.reshape(weights.shape + (1,) * (targets.ndim - weights.ndim))
+    weights = jnp.broadcast_to(padded, targets.shape)
+    return jnp.maximum(jnp.sum(weights), 1.0)
 
 
 def _part_key(key: Optional[jax.Array], microbatch, part: int) -> Optional[jax.Array]:
