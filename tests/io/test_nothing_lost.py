@@ -36,12 +36,17 @@ def _assert_same(tree_a, tree_b):
         np.testing.assert_array_equal(got, want)
 
 
-def test_fresh_run_refuses_a_directory_holding_another_runs_checkpoints(tmp_path):
-    path = tmp_path / "ckpt"
+def _finished_run(path):
+    """A run of 10 steps saved in ``path``; returns its final params (host)."""
     old = _mnist(path)
     old.fit(steps=10)
-    old_params = _host(old.state.params)
     old.close()
+    return _host(old.state.params)
+
+
+def test_fresh_run_refuses_a_directory_holding_another_runs_checkpoints(tmp_path):
+    path = tmp_path / "ckpt"
+    old_params = _finished_run(path)
     fresh = _mnist(path, resume="never")
     with pytest.raises(errors.CheckpointError) as info:
         fresh.fit(steps=10)
@@ -56,10 +61,7 @@ def test_fresh_run_refuses_a_directory_holding_another_runs_checkpoints(tmp_path
 
 def test_overwrite_moves_the_old_checkpoints_aside_and_keeps_them(tmp_path):
     path = tmp_path / "ckpt"
-    old = _mnist(path)
-    old.fit(steps=10)
-    old_params = _host(old.state.params)
-    old.close()
+    old_params = _finished_run(path)
     new = helpers.mnist_engine(
         data=8, train_input=Input.default_config().set(source=MNIST.default_config(),
                                                        global_batch_size=64, seed=4),
