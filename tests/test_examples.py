@@ -37,3 +37,16 @@ def test_reshard_example_moves_from_tp2_to_tp4(tmp_path):
     assert (tmp_path / "ckpt" / "checkpoints" / "8").is_dir()
     assert (tmp_path / "ckpt" / "metrics.csv").is_file()
     assert not os.path.exists(os.path.join(REPO_ROOT, "metrics.csv"))  # Nothing in the cwd.
+
+
+def test_pipeline_example_trains_both_schedules_identically(tmp_path):
+    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples", "pipeline.py"),
+                             "--steps", "3"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {line.split()[0]: line.split("losses:")[1].split()
+             for line in result.stdout.splitlines() if "losses:" in line}
+    assert lines["1f1b"] == lines["gpipe"] and len(lines["1f1b"]) == 3
+    assert "pipeline: schedule 1f1b, 2 stages on axis 'pipe', 2 of 4 layers per stage" \
+        in result.stdout
+    assert not os.listdir(tmp_path)  # Nothing written where it ran.
