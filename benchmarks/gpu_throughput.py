@@ -118,7 +118,7 @@ def main() -> None:
           f"bf16 compute, f32 params, remat {args.remat}")
     print(f"compile {compile_s:.1f}s; step {1e3 * step_s:.1f} ms (median of {args.steps}); "
           f"{tokens_per_s:,.0f} tokens/s; loss {float(metrics['loss']):.3f}")
-    peak_bytes = memory.watermark_bytes(step.latest)
+    peak_bytes = memory.watermark_bytes(step.latest_step_bytes)
     if peak_bytes:
         print(f"memory watermark {peak_bytes / 2 ** 30:.2f} GiB")
     if peak is None:

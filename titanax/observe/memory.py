@@ -39,9 +39,8 @@ def compiled_step_bytes(compiled: Any) -> Optional[int]:
     return total - int(getattr(analysis, "alias_size_in_bytes", 0) or 0)
 
 
-def watermark_bytes(compiled: Any = None) -> Optional[int]:
-    """The device's observed peak where the backend has one, else the compiled step's need."""
+def watermark_bytes(compiled_bytes: Optional[int] = None) -> Optional[int]:
+    """The device's observed peak where the backend has one, else ``compiled_bytes`` (the
+    compiled step's need, from ``compiled_step_bytes``, read once per compile)."""
     observed = device_peak_bytes()
-    if observed is not None:
-        return observed
-    return compiled_step_bytes(compiled) if compiled is not None else None
+    return observed if observed is not None else compiled_bytes

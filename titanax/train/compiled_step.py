@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 
 from titanax import errors
-from titanax.observe import throughput
+from titanax.observe import memory, throughput
 
 _log = logging.getLogger("titanax")
 
@@ -53,6 +53,8 @@ class CompiledStep:
         self.compile_seconds: List[float] = []
         # FLOPs per call of the most recent executable (XLA cost analysis, read once per compile).
         self.latest_flops: Optional[float] = None
+        # Per-device bytes the most recent executable needs (XLA memory analysis, read once).
+        self.latest_step_bytes: Optional[int] = None
 
     def compiled_for(self, *args) -> Any:
         """The compiled executable for these arguments (compiling if needed)."""
@@ -73,6 +75,7 @@ class CompiledStep:
             self.compile_seconds.append(time.perf_counter() - started)
             self.compile_count += 1
             self.latest_flops = throughput.compiled_flops(compiled)
+            self.latest_step_bytes = memory.compiled_step_bytes(compiled)
             self._cache[signature] = compiled
             self._first = self._first or signature
         return compiled

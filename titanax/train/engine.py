@@ -490,7 +490,7 @@ class Engine(StateMixin, Configurable):
                 pp, num_stages=self.mesh.shape[pp.axis], local_batch=self._local_batch_rows)[2]
         if self._train_step is not None and self._train_step.compile_seconds:
             last["compile_time_s"] = sum(self._train_step.compile_seconds)
-            peak = memory.watermark_bytes(self._train_step.latest)
+            peak = memory.watermark_bytes(self._train_step.latest_step_bytes)
             if peak is not None:
                 last["peak_memory_gib"] = peak / 2 ** 30
         for logger in loggers:

@@ -21,8 +21,9 @@ holds its own part; its squared norm is summed over the data axis with its other
 How the metrics are reduced follows the gradient computer's declared ``LossRelation``: averaged
 over ``mean_over`` axes, summed over ``sum_over`` axes, and copies elsewhere counted once.
 
-ZeRO-1 replaces step 1 by a reduce-scatter per gradient (``zero.scatter_mean``, in the step);
-the optimizer then works on chunks, and the learner computes the norm of the chunks itself.
+ZeRO-1 replaces step 1's gradients by a reduce-scatter per gradient (``zero.scatter_mean``, in
+the step; the metrics still cross the data axis here); the optimizer then works on chunks, and
+the learner computes the norm of the chunks itself.
 """
 
 from __future__ import annotations
@@ -98,9 +99,11 @@ class GradientReducer:
         metric_names = list(mean_metrics) + list(sum_metrics)
         metrics = [mean_metrics[k] for k in mean_metrics] + [sum_metrics[k] for k in sum_metrics]
         data = self.data_axis
-        if data is not None and not self.zero:
-            # Params split over the data axis already hold their own part of the gradient.
-            summed = [i for i, axes in enumerate(self.split_axes) if data not in axes]
+        if data is not None and (sync_data or not self.zero):
+            # Params split over the data axis already hold their own part of the gradient; with
+            # ZeRO-1 the gradients are reduce-scattered later and only the metrics cross here.
+            summed = [] if self.zero else [i for i, axes in enumerate(self.split_axes)
+                                           if data not in axes]
             carried = metrics if sync_data else []
             reduced = collectives.psum([leaves[i] for i in summed] + carried, data)
             size = self.data_size

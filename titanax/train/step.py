@@ -105,21 +105,9 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
     reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss, **local.summaries},
                                    sum_metrics={f"aux/{k}": v for k, v in aux.items()},
                                    sync_data=setup.sync_metrics)
-    if setup.use_zero and setup.sync_metrics and setup.data_axis is not None:
-        reduced = _zero_metrics(reduced, setup)
     new_state, update_stats = _apply_update(setup, state, reduced)
     metrics = _metrics(setup, state, reduced.metrics, update_stats)
     return new_state, metrics
-
-
-def _zero_metrics(reduced: Reduced, setup: StepSetup) -> Reduced:
-    """With ZeRO-1 the gradients' data reduction is a reduce-scatter; the metrics cross the data
-    axis in an all-reduce of their own (a few scalars)."""
-    names = list(reduced.metrics)
-    summed = collectives.psum([reduced.metrics[k] for k in names], setup.data_axis)
-    size = setup.mesh_shape[setup.data_axis]
-    metrics = {k: v if k.startswith("aux/") else v / size for k, v in zip(names, summed)}
-    return dataclasses.replace(reduced, metrics=metrics)
 
 
 def _apply_update(setup: StepSetup, state: TrainState, reduced: Reduced):
