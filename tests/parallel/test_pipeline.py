@@ -13,8 +13,8 @@ from titanax.runtime.mesh import MeshSpec
 STAGES, WIDTH = 4, 8
 
 
-def _stage(params, x, microbatch=None):
-    del microbatch
+def _stage(params, x, microbatch=None, stage=None):
+    del microbatch, stage
     return jnp.tanh(x @ params["w"] + params["b"])
 
 
@@ -71,6 +71,60 @@ def test_gpipe_refuses_fewer_microbatches_than_stages():
     with pytest.raises(errors.PlanError) as info:
         _pipelined(False)(_params(), jnp.zeros((2, 4, WIDTH)))
     assert "2 microbatches for 4 stages" in info.value.message
+
+
+def _circular(rounds: int, remat: bool):
+    """v = rounds slices per device: global params [v * S, ...] viewed as [v, S, ...]."""
+    mesh = MeshSpec(axes=("data", "pipe"), shape=(2, STAGES)).build()
+    seen = []
+
+    def local(params, microbatches):
+        stage_params = {k: v[:, 0] for k, v in params.items()}  # [v, ...]: this device's slices.
+        varying = collectives.cast_varying(stage_params, ("data",))
+
+        def stage(p, x, microbatch, index):
+            seen.append(index)
+            return _stage(p, x)
+
+        def loss_fn(p):
+            out = pipeline.circular(stage, p, microbatches, axis="pipe", virtual_stages=rounds,
+                                    remat_ticks=remat)
+            last = collectives.axis_index("pipe") == STAGES - 1
+            return collectives.psum(jnp.where(last, jnp.sum(out ** 2), 0.0), "pipe"), out
+
+        (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(varying)
+        grads = collectives.psum(grads, "data")
+        loss = collectives.psum(loss, "data")
+        return loss, {k: v[:, None] for k, v in grads.items()}, out[None]
+
+    spec = {"w": P(None, "pipe"), "b": P(None, "pipe")}
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, P(None, "data")),
+                                 out_specs=(P(), spec, P("pipe", None, "data"))))
+
+
+@pytest.mark.parametrize("rounds,count,remat", [(2, 4, False), (2, 6, True), (3, 5, False)])
+def test_circular_matches_the_stages_run_in_sequence(rounds, count, remat):
+    """v S stages in the model's order; M need not be a multiple of S (only M >= S)."""
+    rng = np.random.default_rng(2)
+    total = rounds * STAGES
+    params = {"w": jnp.asarray(rng.normal(size=(total, WIDTH, WIDTH)) * 0.5, jnp.float32),
+              "b": jnp.asarray(rng.normal(size=(total, WIDTH)) * 0.1, jnp.float32)}
+    microbatches = jnp.asarray(rng.normal(size=(count, 4, WIDTH)), jnp.float32)
+
+    def sequential(p, x):
+        for c in range(total):
+            x = _stage({k: v[c] for k, v in p.items()}, x)
+        return jnp.sum(x ** 2), x
+
+    (want_loss, want_out), want_grads = jax.value_and_grad(sequential, has_aux=True)(
+        params, microbatches)
+    view = {k: v.reshape((rounds, STAGES) + v.shape[1:]) for k, v in params.items()}
+    loss, grads, outs = _circular(rounds, remat)(view, microbatches)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(outs[-1]), np.asarray(want_out), rtol=1e-5, atol=1e-6)
+    for name in params:
+        np.testing.assert_allclose(np.asarray(grads[name]).reshape(params[name].shape),
+                                   np.asarray(want_grads[name]), rtol=1e-5, atol=1e-6)
 
 
 def test_bubble_fraction():

@@ -28,6 +28,9 @@ def test_valid_plans_pass():
     Plan(data_parallel=DP(), pipeline_parallel=PP(microbatch_size=2)).validate(
         PIPE_MESH, global_batch_size=16)
     Plan(data_parallel=DP(), zero=ZeRO()).validate(MeshSpec(axes=("data",)).build())
+    # Circular runs any M >= S, not only multiples of S (M = 6 for S = 4 here).
+    Plan(data_parallel=DP(), pipeline_parallel=PP(schedule="circular", virtual_stages=2)
+         ).validate(PIPE_MESH, global_batch_size=12)
 
 
 @pytest.mark.parametrize("make,path,text", [
@@ -47,7 +50,7 @@ def test_plan_errors_against_the_mesh(make, path, text):
 @pytest.mark.parametrize("pp,batch,text", [
     (dict(microbatch_size=4), 16, "2 microbatches for 4 stages"),       # 8 rows per data shard
     (dict(microbatch_size=3), 16, "do not divide the per-data-shard batch of 8"),
-    (dict(schedule="circular", virtual_stages=2), 12, "multiple of the 4 stages"),
+    (dict(schedule="circular", virtual_stages=2), 6, "3 microbatches for 4 stages"),
 ])
 def test_pipeline_checks(pp, batch, text):
     plan = Plan(data_parallel=DP(), pipeline_parallel=PP(**pp))

@@ -93,7 +93,7 @@ def train(engine: Engine, batches: Sequence[dict], steps: Optional[int] = None):
     steps = steps or len(batches)
     engine.fit(data=iter(batches), steps=steps)
     losses = [h["loss"] for h in engine.history]
-    return losses, jax.tree_util.tree_map(np.asarray, jax.device_get(engine.state.params))
+    return losses, jax.tree_util.tree_map(np.asarray, jax.device_get(engine.canonical_params()))
 
 
 def fp16_precision(loss_scaling: bool) -> Precision.Config:

@@ -1,8 +1,11 @@
-"""Pipelined GPT training (GPipe over the pipe axis) against the same model on one device.
+"""Pipelined GPT training (GPipe, circular, 1F1B over the pipe axis) against the same model on
+one device.
 
 Compared on an SGD update -- every parameter -- and the per-step losses, since Adam would hide a
 gradient off by the number of stages.
 """
+
+import functools
 
 import numpy as np
 import pytest
@@ -14,39 +17,60 @@ from tests.train import helpers
 BATCHES = helpers.text_batches(batch_size=8, count=3)
 
 
-def _reference():
-    engine = helpers.gpt_engine(data=1, learner=helpers.sgd(0.5))
+SCHEDULES = ["gpipe", "circular", "1f1b"]
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(layers=2):
+    engine = _deep(helpers.gpt_engine(data=1, learner=helpers.sgd(0.5)), layers)
     return helpers.train(engine, BATCHES)
 
 
-def _pipelined(axes, shape, microbatch_size=1, schedule="gpipe", learner="sgd", **changes):
+def _schedule(axes, shape, schedule, **changes):
+    """``_pipelined`` with the schedule's model: circular runs v=2 slices of 4 layers, S * v = 4
+    stages of one layer each on a pipe axis of 2 (the others 2 layers)."""
+    if schedule == "circular":
+        return _deep(_pipelined(axes, shape, schedule=schedule, virtual_stages=2, **changes), 4)
+    return _pipelined(axes, shape, schedule=schedule, **changes)
+
+
+def _layers(schedule):
+    return 4 if schedule == "circular" else 2
+
+
+def _pipelined(axes, shape, microbatch_size=1, schedule="gpipe", learner="sgd", virtual_stages=1,
+               **changes):
     learner = helpers.sgd(0.5) if learner == "sgd" else helpers.adam(1e-2)
     cfg = helpers.gpt_engine(data=1, learner=learner, **changes).config.clone()
     cfg.mesh = helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape)))))
     cfg.plan = Plan.default_config().set(
         data_parallel=DP.default_config(),
         pipeline_parallel=PP.default_config().set(schedule=schedule,
-                                                  microbatch_size=microbatch_size),
+                                                  microbatch_size=microbatch_size,
+                                                  virtual_stages=virtual_stages),
         tensor_parallel=TP.default_config() if "model" in axes else None)
     if "model" in axes:
         cfg.model.tp_axis = "model"
     return cfg.instantiate()
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("axes,shape", [
     (("data", "pipe"), (1, 2)),
     (("data", "pipe"), (4, 2)),
     (("data", "pipe", "model"), (2, 2, 2)),
 ], ids=["pp2", "dp4xpp2", "dp2xpp2xtp2"])
 def test_sgd_update_matches_one_device(axes, shape, schedule):
-    want_losses, want_params = _reference()
-    engine = _pipelined(axes, shape, schedule=schedule)
+    want_losses, want_params = _reference(_layers(schedule))
+    engine = _schedule(axes, shape, schedule)
     losses, params = helpers.train(engine, BATCHES)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
     stacked = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
-    assert stacked.shape[0] == 2 and stacked.sharding.spec[0] == "pipe"  # Canonical [L, ...].
+    if schedule == "circular":  # The view [v, S, L/(vS), ...]: device s holds stages s, S + s.
+        assert stacked.shape[:3] == (2, 2, 1) and stacked.sharding.spec[1] == "pipe"
+    else:  # Canonical [L, ...].
+        assert stacked.shape[0] == 2 and stacked.sharding.spec[0] == "pipe"
 
 
 def test_pipelined_eval_matches_one_device():
@@ -60,14 +84,18 @@ def test_pipelined_eval_matches_one_device():
     assert got["count"] == want["count"]
 
 
-def test_unimplemented_schedules_and_accumulation_are_refused():
+def test_layers_that_do_not_split_into_virtual_stages_are_refused():
     from titanax import errors  # pylint: disable=import-outside-toplevel
-    for change, path in [(dict(schedule="circular"), "plan.pipeline_parallel.schedule")]:
-        cfg = _pipelined(("data", "pipe"), (4, 2)).config.clone()
-        cfg.plan.pipeline_parallel.set(**change)
-        with pytest.raises(errors.PlanError) as info:
-            cfg.instantiate().build()
-        assert info.value.path == path
+    cfg = _pipelined(("data", "pipe"), (4, 2), schedule="circular",
+                     virtual_stages=2).config.clone()  # 2 layers, 2 x 2 stages.
+    with pytest.raises(errors.PlanError) as info:
+        cfg.instantiate().build()
+    assert info.value.path == "plan.pipeline_parallel.virtual_stages"
+    assert "2 layers do not split into 2 stages x 2 virtual stages" in info.value.message
+
+
+def test_accumulation_with_a_pipeline_is_refused():
+    from titanax import errors  # pylint: disable=import-outside-toplevel
     cfg = _pipelined(("data", "pipe"), (4, 2)).config.clone()
     cfg.plan.data_parallel.accumulate_steps = 2
     with pytest.raises(errors.PlanError) as info:
@@ -75,10 +103,10 @@ def test_unimplemented_schedules_and_accumulation_are_refused():
     assert info.value.path == "plan.data_parallel.accumulate_steps"
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_inside_loops_only_pipe_permutes_and_model_collectives(schedule):
     from titanax.observe import hlo  # pylint: disable=import-outside-toplevel
-    engine = _pipelined(("data", "pipe", "model"), (2, 2, 2), schedule=schedule)
+    engine = _schedule(("data", "pipe", "model"), (2, 2, 2), schedule)
     engine.init_state()
     engine.compile(example_batch=BATCHES[0])
     ops = engine.collectives()
@@ -102,10 +130,10 @@ def test_a_pipelined_checkpoint_restores_without_the_pipeline(tmp_path):
                            rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_zero1_with_a_pipeline_matches_replicated_adam(schedule):
     from titanax.parallel.plan import ZeRO  # pylint: disable=import-outside-toplevel
-    plain = _pipelined(("data", "pipe"), (4, 2), schedule=schedule, learner=None)
+    plain = _schedule(("data", "pipe"), (4, 2), schedule, learner=None)
     cfg = plain.config.clone()
     cfg.plan.zero = ZeRO.default_config()
     zero = cfg.instantiate()
@@ -115,17 +143,22 @@ def test_zero1_with_a_pipeline_matches_replicated_adam(schedule):
     assert_nested_allclose(params, want_params, rtol=1e-4, atol=1e-5)  # Adam steps are ~1e-2.
 
 
-def test_dropout_masks_do_not_depend_on_the_schedule():
+def test_dropout_masks_do_not_depend_on_the_schedule_or_the_stage_count():
+    """Each layer's key comes from the microbatch and its index in the whole stack: GPipe over
+    2 stages of 2 layers, circular over 2 x 2 of 1 and 1F1B over 4 of 1 drop the same units
+    (on one data shard: each shard draws its own masks, so the data size must be the same)."""
     runs = []
-    for schedule in ("gpipe", "1f1b"):
-        engine = _pipelined(("data", "pipe"), (4, 2), schedule=schedule)
+    for schedule, shape in [("gpipe", (1, 2)), ("circular", (1, 2)), ("1f1b", (1, 4))]:
+        engine = _deep(_pipelined(("data", "pipe"), shape, schedule=schedule,
+                                  virtual_stages=2 if schedule == "circular" else 1), 4)
         cfg = engine.config.clone()
         cfg.model.dropout_rate = 0.2
         runs.append(helpers.train(cfg.instantiate(), BATCHES))
-    (gpipe_losses, gpipe_params), (ofob_losses, ofob_params) = runs
-    np.testing.assert_allclose(ofob_losses, gpipe_losses, rtol=1e-5)
-    assert_nested_allclose(ofob_params, gpipe_params, rtol=1e-5, atol=1e-6)
-    _, no_dropout = _reference()
+    (gpipe_losses, gpipe_params) = runs[0]
+    for losses, params in runs[1:]:
+        np.testing.assert_allclose(losses, gpipe_losses, rtol=1e-5)
+        assert_nested_allclose(params, gpipe_params, rtol=1e-5, atol=1e-6)
+    _, no_dropout = _reference(4)
     assert not np.allclose(gpipe_params["token_emb"]["weight"], no_dropout["token_emb"]["weight"],
                            atol=1e-5)  # Dropout did act.
 
@@ -197,28 +230,29 @@ def _deep(engine_or_cfg, layers=8):
     return cfg.instantiate()
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("batch_size", [8, 12], ids=["M8", "M12"])
 def test_four_stages_of_two_layers_match_one_device(schedule, batch_size):
     """S=4 runs 1F1B's middle stages; M=4 (batch 8 on 2 data shards) and M=6 (batch 12, not a
-    multiple of S) take both of GPipe's head paths."""
+    multiple of S) take both of GPipe's head paths and circular's (v=2: 8 stages of 1 layer)
+    ring buffer with M = S and M > S."""
     batches = helpers.text_batches(batch_size=batch_size, count=2)
     want_losses, want_params = helpers.train(_deep(helpers.gpt_engine(
         data=1, learner=helpers.sgd(0.5))), batches)
-    engine = _deep(_pipelined(("data", "pipe"), (2, 4), schedule=schedule))
+    engine = _deep(_pipelined(("data", "pipe"), (2, 4), schedule=schedule,
+                              virtual_stages=2 if schedule == "circular" else 1))
     losses, params = helpers.train(engine, batches)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_padding_weights_give_the_token_weighted_loss(schedule):
     batches = [dict(b, weights=np.array([1, 1, 1, 0, 1, 0, 0, 1], np.float32))
                for b in BATCHES[:2]]
-    want_losses, want_params = helpers.train(helpers.gpt_engine(
-        data=1, learner=helpers.sgd(0.5)), batches)
-    losses, params = helpers.train(_pipelined(("data", "pipe"), (1, 2), schedule=schedule),
-                                   batches)
+    want_losses, want_params = helpers.train(_deep(helpers.gpt_engine(
+        data=1, learner=helpers.sgd(0.5)), _layers(schedule)), batches)
+    losses, params = helpers.train(_schedule(("data", "pipe"), (1, 2), schedule), batches)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
 
@@ -231,3 +265,41 @@ def test_fp16_with_loss_scaling_trains_through_the_pipeline(schedule):
     engine = cfg.instantiate()
     losses, _ = helpers.train(engine, BATCHES)
     assert all(np.isfinite(losses)) and engine.history[-1]["update_applied"] == 1.0
+
+
+def test_a_circular_checkpoint_is_canonical_and_restores_anywhere(tmp_path):
+    """Saved from the view [v, S, L/(vS), ...]: restores without a pipeline and under 1F1B with
+    identical params, and a 1F1B checkpoint restores into the circular view."""
+    import jax  # pylint: disable=import-outside-toplevel
+    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
+
+    def checkpoint(name):
+        return OrbaxCheckpoint.default_config().set(path=str(tmp_path / name))
+
+    circular = _schedule(("data", "pipe"), (4, 2), "circular", learner="adam",
+                         checkpoint=checkpoint("circular"))
+    circular.fit(data=iter(BATCHES), steps=2)
+    circular.close()
+    want = jax.device_get(circular.canonical_params())
+    plain = _deep(helpers.gpt_engine(data=8, learner=helpers.adam(1e-2),
+                                     checkpoint=checkpoint("circular")), 4)
+    assert plain.restore() and int(plain.state.step) == 2
+    assert_nested_allclose(jax.device_get(plain.state.params), want, rtol=0, atol=0)
+    ofob = _deep(_pipelined(("data", "pipe"), (2, 4), schedule="1f1b", learner="adam",
+                            checkpoint=checkpoint("circular")), 4)
+    assert ofob.restore()
+    assert_nested_allclose(jax.device_get(ofob.state.params), want, rtol=0, atol=0)
+    # And back: a 1F1B run's checkpoint continues under circular exactly like under 1F1B.
+    ofob.fit(data=iter(BATCHES), steps=3)
+    ofob.save(force=True)
+    ofob.close()
+    back = _schedule(("data", "pipe"), (4, 2), "circular", learner="adam",
+                     checkpoint=checkpoint("circular"))
+    assert back.restore() and int(back.state.step) == 3
+    assert_nested_allclose(jax.device_get(back.canonical_params()),
+                           jax.device_get(ofob.state.params), rtol=0, atol=0)
+    steps = [dict(b) for b in BATCHES]
+    ofob.fit(data=iter(steps), steps=5)
+    back.fit(data=iter(steps), steps=5)
+    np.testing.assert_allclose([h["loss"] for h in back.history[-2:]],
+                               [h["loss"] for h in ofob.history[-2:]], rtol=1e-5)

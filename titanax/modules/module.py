@@ -19,6 +19,7 @@ import inspect
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import jax
+import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import Configurable
@@ -206,22 +207,30 @@ def functional(module: Module, prng_key: Optional[jax.Array], state: Any,
 def scan_in_context(fn: Callable[[Any, Any], Tuple[Any, Any]], *, carry: Any, xs: Any,
                     child_name: str, num_iterations: int,
                     remat_policy: Optional[Callable] = None,
-                    unroll: Union[bool, int] = 1) -> Tuple[Any, Any]:
+                    unroll: Union[bool, int] = 1,
+                    key_offset: Optional[Any] = None) -> Tuple[Any, Any]:
     """``lax.scan`` over stacked params of child ``child_name`` of the current module.
 
     Iteration ``i`` runs ``fn(carry, x_i)`` in a copy of the current context whose child
     ``child_name`` sees slice ``i`` of its stacked state and a key derived from ``i``; the child's
     summaries / state updates come back stacked along a leading axis, under ``child_name``.
     With ``remat_policy`` the body is wrapped in ``jax.checkpoint`` with that policy; ``unroll``
-    is ``lax.scan``'s (True: straight-line code, no loop).
+    is ``lax.scan``'s (True: straight-line code, no loop). With ``key_offset`` (an int or traced
+    int) iteration ``i``'s key is ``fold_in(key, key_offset + i)`` instead of the ``i``-th split,
+    so a slice of a stack run on its own draws the same keys as inside the whole stack.
     """
     context = current_context()
     if context is None:
         raise errors.ModuleError("scan_in_context needs a module context", path=child_name)
     stacked_state = context.state[child_name]
     base_key = context.prng_key
-    keys = (jax.random.split(base_key, num_iterations) if base_key is not None
-            else [None] * num_iterations)
+    if base_key is None:
+        keys = [None] * num_iterations
+    elif key_offset is not None:
+        keys = jax.vmap(lambda i: jax.random.fold_in(base_key, i))(
+            key_offset + jnp.arange(num_iterations))
+    else:
+        keys = jax.random.split(base_key, num_iterations)
 
     def body(carry_in, per_iteration):
         state_i, key_i, x_i = per_iteration

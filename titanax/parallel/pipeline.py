@@ -12,6 +12,12 @@ result for microbatch ``t - S + 1`` into the outputs. Backward is autodiff throu
 transpose of the forward ring shift is the backward ring shift. With ``remat_ticks`` each tick's
 body is rematerialised from its input (only tick inputs are saved), so activation memory does not
 grow with the stage's depth. Bubble: ``(S - 1) / (M + S - 1)``.
+
+``circular``: the same tick loop with ``v`` stage slices per device ("virtual stages", Narayanan
+et al. 2021's interleaving applied to GPipe): the microbatches go round the ring ``v`` times, each
+round through the next slice of every device; ``vM + S - 1`` ticks, each ``1/v`` of a GPipe
+tick's work, so the bubble shrinks to ``(S - 1) / (vM + S - 1)`` at the price of ``v`` times the
+ppermutes.
 """
 
 from __future__ import annotations
@@ -27,14 +33,15 @@ from titanax.parallel import collectives
 from titanax.parallel.sharding import path_string
 
 
-def gpipe(stage_fn: Callable[[Any, jax.Array, jax.Array], jax.Array], stage_params: Any,
-          microbatches: jax.Array, *, axis: str, remat_ticks: bool = False) -> jax.Array:
+def gpipe(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches: jax.Array, *,
+          axis: str, remat_ticks: bool = False) -> jax.Array:
     """Runs ``S`` pipeline stages over ``M`` microbatches (local view, inside shard_map).
 
     Args:
-      stage_fn: ``(this stage's params, x, microbatch index) -> y`` with ``y`` shaped like ``x``
-        (the activation that crosses stage boundaries); the index lets a stage derive its
-        dropout key from the microbatch, so masks do not depend on the schedule.
+      stage_fn: ``(this stage's params, x, microbatch index, stage index) -> y`` with ``y``
+        shaped like ``x`` (the activation that crosses stage boundaries); the indices let a stage
+        derive its dropout key from the microbatch and its layers' place in the model, so masks
+        do not depend on the schedule.
       stage_params: this device's stage params (whatever ``stage_fn`` takes).
       microbatches: ``[M, ...]``; read on stage 0 only (other stages may hold anything).
       axis: the pipeline mesh axis; its size is the number of stages ``S``.
@@ -43,6 +50,24 @@ def gpipe(stage_fn: Callable[[Any, jax.Array, jax.Array], jax.Array], stage_para
     Returns:
       ``[M, ...]`` outputs of the last stage, valid on the last stage (zeros elsewhere).
     """
+    return circular(stage_fn, stage_params, microbatches, axis=axis, virtual_stages=1,
+                    remat_ticks=remat_ticks)
+
+
+def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches: jax.Array, *,
+             axis: str, virtual_stages: int, remat_ticks: bool = False) -> jax.Array:
+    """GPipe with ``v = virtual_stages`` stage slices per device, the microbatches going round
+    the ring ``v`` times (``v = 1`` is plain GPipe).
+
+    The model's stages are ``c = 0 .. vS - 1``; device ``s`` holds ``c = r S + s`` for
+    ``r = 0 .. v - 1`` (leaf ``r`` of ``stage_params``'s leading dimension). Microbatch ``m`` in
+    round ``r`` is stream item ``i = r M + m``; device ``s`` works on item ``t - s`` at tick
+    ``t``, so a schedule takes ``vM + S - 1`` ticks and the bubble is ``(S - 1) / (vM + S - 1)``.
+    What the last device computes in a round that is not the last goes round the ring to device 0,
+    which keeps it in a buffer of M activations until round ``r + 1`` reaches that microbatch
+    (``M - S`` ticks later: M >= S is all the schedule needs). ``stage_fn`` is called with the
+    model stage index ``c`` as its last argument.
+    """
     num_stages = collectives.axis_size(axis)
     count = microbatches.shape[0]
     if count < num_stages:
@@ -50,29 +75,50 @@ def gpipe(stage_fn: Callable[[Any, jax.Array, jax.Array], jax.Array], stage_para
             f"{count} microbatches for {num_stages} stages: the pipeline never fills",
             path="plan.pipeline_parallel.microbatch_size",
             suggestion=f"use at least {num_stages} microbatches per data shard")
+    rounds = virtual_stages
     stage = collectives.axis_index(axis)
-    shift = [(i, i + 1) for i in range(num_stages - 1)]
+    if rounds > 1:
+        ring = [(i, (i + 1) % num_stages) for i in range(num_stages)]
+    else:
+        ring = [(i, i + 1) for i in range(num_stages - 1)]
     microbatches = collectives.cast_varying(microbatches, axis)
     zero = jnp.zeros_like(microbatches[0])
+    items = rounds * count
+
+    def index(tree, i):
+        return jax.tree_util.tree_map(
+            lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
+
+    def put(buffer, i, value, write):
+        current = jax.lax.dynamic_index_in_dim(buffer, i, keepdims=False)
+        return jax.lax.dynamic_update_index_in_dim(buffer, jnp.where(write, value, current), i, 0)
 
     def tick(carry, t):
-        received, outputs = carry
-        fresh = jax.lax.dynamic_index_in_dim(microbatches, jnp.minimum(t, count - 1),
-                                             keepdims=False)
-        x = jnp.where(stage == 0, jnp.where(t < count, fresh, zero), received)
-        y = stage_fn(stage_params, x, jnp.clip(t - stage, 0, count - 1))
-        done = t - (num_stages - 1)
-        write = (stage == num_stages - 1) & (done >= 0)
-        slot = jnp.clip(done, 0, count - 1)
-        current = jax.lax.dynamic_index_in_dim(outputs, slot, keepdims=False)
-        outputs = jax.lax.dynamic_update_index_in_dim(outputs, jnp.where(write, y, current),
-                                                      slot, 0)
-        return (jax.lax.ppermute(y, axis, shift), outputs), None
+        received, looped, outputs = carry
+        item = jnp.clip(t - stage, 0, items - 1)
+        microbatch, round_ = item % count, item // count
+        fresh = index(microbatches, microbatch)
+        if rounds > 1:  # Rounds after the first start from what came round the ring.
+            fresh = jnp.where(round_ == 0, fresh, index(looped, microbatch))
+        first_valid = jnp.where(t < items, fresh, zero)
+        x = jnp.where(stage == 0, first_valid, received)
+        params = index(stage_params, round_) if rounds > 1 else stage_params
+        y = stage_fn(params, x, microbatch, round_ * num_stages + stage)
+        done = t - (num_stages - 1)  # The last device's item this tick.
+        last_round = (done >= 0) & (done // count == rounds - 1)
+        outputs = put(outputs, jnp.clip(done, 0, items - 1) % count, y,
+                      (stage == num_stages - 1) & last_round)
+        sent = jax.lax.ppermute(y, axis, ring)
+        if rounds > 1:  # Device 0 keeps what the last device finished in a round before the last.
+            looped = put(looped, jnp.clip(done, 0, items - 1) % count, sent,
+                         (stage == 0) & (done >= 0) & (done // count < rounds - 1))
+        return (sent, looped, outputs), None
 
     if remat_ticks:
         tick = jax.checkpoint(tick, prevent_cse=False)
-    init = (zero, jnp.zeros_like(microbatches))
-    (_, outputs), _ = jax.lax.scan(tick, init, jnp.arange(count + num_stages - 1))
+    looped = jnp.zeros_like(microbatches) if rounds > 1 else jnp.zeros((0,), zero.dtype)
+    init = (zero, collectives.cast_varying(looped, axis), jnp.zeros_like(microbatches))
+    (_, _, outputs), _ = jax.lax.scan(tick, init, jnp.arange(items + num_stages - 1))
     return outputs
 
 

@@ -247,8 +247,8 @@ class Plan(Configurable):
             self._check_pipeline_batch(global_batch_size // data, mesh)
 
     def _check_pipeline_batch(self, local_batch: int, mesh: Mesh) -> None:
-        """M = local batch / microbatch_size must be whole, >= S, and a multiple of S for the
-        circular schedule (its microbatches go round the ring in groups of S)."""
+        """M = local batch / microbatch_size must be whole and >= S (every schedule, the circular
+        one included, runs any M >= S)."""
         pp = self.pipeline_parallel
         cfg = pp.config
         stages = mesh.shape[cfg.axis]
@@ -264,11 +264,6 @@ class Plan(Configurable):
                 f"{count} microbatches for {stages} stages: the pipeline never fills",
                 path=where, suggestion=f"use a smaller microbatch_size (at least {stages} "
                 "microbatches per data shard; more shrinks the bubble)")
-        if cfg.schedule == "circular" and count % stages:
-            raise errors.PlanError(
-                f"the circular schedule needs the {count} microbatches to be a multiple of the "
-                f"{stages} stages", path=where,
-                suggestion="change microbatch_size or the batch size")
 
     # --- Param layouts ---------------------------------------------------------------------------
 

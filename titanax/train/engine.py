@@ -34,6 +34,7 @@ from titanax.observe import hlo, memory, throughput
 from titanax.observe.profiler import Profile
 from titanax.observe.loggers import Basic, Logger
 from titanax.parallel import rules, sharding
+from titanax.parallel.interleaved_stack import InterleavedStack
 from titanax.parallel.plan import DP, Plan
 from titanax.runtime.mesh import MeshSpec, describe_mesh
 from titanax.train import learner as learner_lib
@@ -142,11 +143,6 @@ class Engine(StateMixin, Configurable):
         self.plan: Plan = cfg.plan.instantiate()
         self.plan.validate(self.mesh)
         pp = cfg.plan.pipeline_parallel
-        if pp is not None and pp.schedule == "circular":
-            raise errors.PlanError(
-                "the 'circular' schedule does not run yet (GPipe and 1F1B do)",
-                path="plan.pipeline_parallel.schedule",
-                suggestion="use --config.plan.pipeline_parallel.schedule=gpipe or 1f1b")
         if pp is not None and (cfg.model is None or pp.stages):
             raise errors.PlanError(
                 "pipelines run a model's stacked layers so far (explicit stages and "
@@ -171,12 +167,22 @@ class Engine(StateMixin, Configurable):
         self.model: Optional[BaseLayer] = cfg.model.instantiate() if cfg.model else None
         self.parameter_specs = None
         self.param_specs = None
+        # The circular schedule's view of the stacked layers (None: params in canonical layout).
+        self.stack_view: Optional[InterleavedStack] = None
         if self.model is not None:
             self.parameter_specs = self.model.create_parameter_specs_recursively()
             self.param_specs = self.plan.param_partition_specs(self.parameter_specs, self.mesh)
             self.model.check_partition_specs(self.param_specs)
             if pp is not None:  # Refuses a model or mesh it cannot pipeline, before compiling.
                 self._setup_pipeline_check(pp)
+            if pp is not None and pp.schedule == "circular" and pp.virtual_stages > 1:
+                self.stack_view = InterleavedStack(
+                    stacked_layers=pp.stacked_layers,
+                    num_layers=self.model.decoder.config.num_layers,
+                    num_stages=self.mesh.shape[pp.axis], virtual_stages=pp.virtual_stages,
+                    pipe_axis=pp.axis)
+                self.parameter_specs = self.stack_view.view_parameter_specs(self.parameter_specs)
+                self.param_specs = self.stack_view.view_partition_specs(self.param_specs)
             self._make_adapter(learner_lib.decay_scales_from_specs(self.parameter_specs))
         self._built = True
         return self
@@ -186,7 +192,7 @@ class Engine(StateMixin, Configurable):
         PipelinedGradients(model=self.model, precision=self.precision,
                            mesh_shape=dict(self.mesh.shape), data_axis=self.plan.dp_axis,
                            pipe_axis=pp.axis, microbatch_size=pp.microbatch_size,
-                           schedule=pp.schedule)
+                           schedule=pp.schedule, virtual_stages=pp.virtual_stages)
 
     def _make_adapter(self, decay_scales: Any) -> None:
         if self.config.optimizer is not None:

@@ -21,7 +21,7 @@ from titanax import errors
 from titanax.config import overrides
 from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.parallel import rules, sharding
+from titanax.parallel import interleaved_stack, rules, sharding
 from titanax.train import learner as learner_lib
 from titanax.train import prng
 from titanax.train import step as step_lib
@@ -83,13 +83,14 @@ class StateMixin:
                                        path="engine.model",
                                        suggestion="pass params= to fit() or init_state()")
             shardings = sharding.named_shardings(self.mesh, self.param_specs)
-            init = jax.jit(lambda key: self.precision.cast_params_for_storage(
-                self.model.initialize_parameters_recursively(key)), out_shardings=shardings)
+            init = jax.jit(lambda key: self._as_view(self.precision.cast_params_for_storage(
+                self.model.initialize_parameters_recursively(key))), out_shardings=shardings)
             params = init(prng.stream_key(self.config.seed, "init"))
         else:
             self._declare_user_params(params)
             params = sharding.apply_named_sharding(
-                self.precision.cast_params_for_storage(params), self.mesh, self.param_specs)
+                self._as_view(self.precision.cast_params_for_storage(params)), self.mesh,
+                self.param_specs)
         self.state = self._state_around(params, self._init_opt_fn()(params))
         return self.state
 
@@ -154,7 +155,7 @@ class StateMixin:
         ckpt = self.checkpointer()
         if ckpt is None or step is None and not ckpt.all_steps():
             return False
-        template = self.state_template(params)
+        template = self._canonical_state(self.state_template(params))
         mode = mode or ckpt.config.restore_mode
         restored = ckpt.restore(params_target=template.params,
                                 train_state_target=checkpoint_lib.train_state_tree(template),
@@ -162,11 +163,13 @@ class StateMixin:
         if restored is None:
             return False
         if mode == "params" or restored.train_state is None:
-            self.state = self._state_around(restored.params,
-                                            self._init_opt_fn()(restored.params))
+            restored_params = self._viewed_state(restored.params, None)[0]
+            self.state = self._state_around(restored_params,
+                                            self._init_opt_fn()(restored_params))
         else:
             train = restored.train_state
-            self.state = self._state_around(restored.params, train["opt_state"],
+            restored_params, opt_state = self._viewed_state(restored.params, train["opt_state"])
+            self.state = self._state_around(restored_params, opt_state,
                                             step=train["step"], rngs=train["rngs"],
                                             loss_scale=train.get("loss_scale"))
             self._restored_data_state = restored.data_state
@@ -194,9 +197,74 @@ class StateMixin:
     def _state_layout(self) -> Dict[str, Any]:
         """How the optimizer state's global arrays are laid out (saved in the metadata)."""
         if self.plan.zero is not None:
-            return {"kind": "zero1_flat_chunks",
-                    "mesh": {str(k): int(v) for k, v in self.mesh.shape.items()}}
+            layout = {"kind": "zero1_flat_chunks",
+                      "mesh": {str(k): int(v) for k, v in self.mesh.shape.items()}}
+            if self.stack_view is not None:  # The chunks are cut from the view's local slices.
+                layout["virtual_stages"] = self.stack_view.virtual_stages
+            return layout
         return {"kind": "param_layout"}
+
+    # --- The circular schedule's view <-> the canonical layout of checkpoints ---------------------
+
+    def _as_view(self, params: Any) -> Any:
+        return params if self.stack_view is None else self.stack_view.view(params)
+
+    def _optimizer_state_follows_params(self) -> bool:
+        """False with ZeRO-1: its flat chunks are not param-shaped (and never converted)."""
+        return self.plan.zero is None
+
+    def _canonical_state(self, state: TrainState) -> TrainState:
+        """``state`` (arrays, or ShapeDtypeStructs as a restore target) in the layout checkpoints
+        use: the circular schedule's view of the stacked layers reshaped back to ``[L, ...]``."""
+        view = self.stack_view
+        if view is None:
+            return state
+        paths = interleaved_stack.param_paths(self.parameter_specs)
+        follows = self._optimizer_state_follows_params()
+        if isinstance(jax.tree_util.tree_leaves(state.params)[0], jax.ShapeDtypeStruct):
+            opt_state = (view.map_optimizer_state(state.tx or self.adapter.tx, state.opt_state,
+                                                  paths, view.canonical_struct)
+                         if follows else state.opt_state)
+            return state.replace(params=view.canonical_targets(state.params),
+                                 opt_state=opt_state)
+        tx = self.adapter.tx
+        param_shardings = sharding.named_shardings(
+            self.mesh, view.canonical_partition_specs(self.param_specs))
+        opt_specs = self.opt_state_specs()
+        if follows:
+            opt_specs = view.map_optimizer_state(tx, opt_specs, paths, view.canonical_spec)
+
+        def canonical(params, opt_state):
+            if follows:
+                opt_state = view.map_optimizer_state(
+                    tx, opt_state, paths, lambda x: x.reshape(view.canonical_shape(x.shape)))
+            return view.canonical(params), opt_state
+
+        params, opt_state = jax.jit(canonical, out_shardings=(
+            param_shardings, sharding.named_shardings(self.mesh, opt_specs)))(
+                state.params, state.opt_state)
+        return state.replace(params=params, opt_state=opt_state)
+
+    def _viewed_state(self, params: Any, opt_state: Any) -> Any:
+        """Restored canonical ``(params, opt_state)`` (opt_state may be None) in this run's
+        layout."""
+        view = self.stack_view
+        if view is None:
+            return params, opt_state
+        paths = interleaved_stack.param_paths(self.parameter_specs)
+        tx = self.adapter.tx
+        follows = self._optimizer_state_follows_params()
+
+        def viewed(params, opt_state):
+            if opt_state is not None and follows:
+                opt_state = view.map_optimizer_state(
+                    tx, opt_state, paths, lambda x: x.reshape(view.view_shape(x.shape)))
+            return view.view(params), opt_state
+
+        out_shardings = (sharding.named_shardings(self.mesh, self.param_specs),
+                         None if opt_state is None
+                         else sharding.named_shardings(self.mesh, self.opt_state_specs()))
+        return jax.jit(viewed, out_shardings=out_shardings)(params, opt_state)
 
     def _check_state_layout(self, metadata: Dict[str, Any], where: str) -> None:
         """Refuses a full restore whose optimizer state would load without error but mean other
@@ -245,13 +313,22 @@ class StateMixin:
         self._claim_checkpoint_dir()
         step = int(jax.device_get(self.state.step))
         data_state = data_iterator.get_state() if hasattr(data_iterator, "get_state") else None
+        state = self._canonical_state(self.state)
+        param_specs = (self.param_specs if self.stack_view is None
+                       else self.stack_view.canonical_partition_specs(self.param_specs))
         metadata = checkpoint_lib.run_metadata(
-            mesh=self.mesh, param_specs=self.param_specs, params=self.state.params,
+            mesh=self.mesh, param_specs=param_specs, params=state.params,
             optimizer_text=self.config.learner.debug_string()
             + repr(type(self.config.optimizer)), config_text=self.config.debug_string(),
             process_count=jax.process_count())
         metadata["optimizer_state_layout"] = self._state_layout()
-        return ckpt.save(self.state, step, data_state=data_state, metadata=metadata, force=force)
+        return ckpt.save(state, step, data_state=data_state, metadata=metadata, force=force)
+
+    def canonical_params(self) -> Any:
+        """The params in the layout checkpoints hold and every mesh shares: ``engine.state.params``
+        except under the circular schedule, whose stacked layers the state keeps as the view
+        ``[v, S, L/(vS), ...]`` (these come back as ``[L, ...]``)."""
+        return self._canonical_state(self.state).params
 
     def state_dict(self) -> Dict[str, Any]:
         """The train state as a plain dict of (global) arrays."""

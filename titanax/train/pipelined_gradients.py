@@ -8,8 +8,10 @@ every data shard:
 
 1. the batch is cut into M = local batch / microbatch_size microbatches and embedded (the
    embedding is replicated over ``pipe``; only stage 0's result enters the pipeline);
-2. ``parallel.pipeline.gpipe`` runs the stages over the microbatches with one ``ppermute`` per
-   tick (autodiff gives the backward; ``checkpoint_ratio > 0`` rematerialises each tick);
+2. ``parallel.pipeline.gpipe`` (or ``circular``, with ``v`` slices of the stack per device:
+   the stack's leaves are then the view ``[v, S, L/(vS), ...]`` of ``parallel.interleaved_stack``)
+   runs the stages over the microbatches with one ``ppermute`` per tick (autodiff gives the
+   backward; ``checkpoint_ratio > 0`` rematerialises each tick);
 3. GPipe: the last stage's outputs are reduce-scattered so that each pipe rank runs the final
    norm, the LM head and the loss on M/S microbatches (when S divides M; else every rank runs
    them on all M and all but the last stage's result is masked to zero); 1F1B: the last stage
@@ -18,8 +20,9 @@ every data shard:
    and params replicated over ``pipe`` (embeddings, final norm) get their gradient summed there
    by the reducer -- the tied embedding collects both its stage-0 and its head contributions.
 
-GPipe (autodiff through the tick scan) and 1F1B (a static table, explicit vjp per stage) run;
-the circular schedule is refused by the engine with a PlanError until it does. Data and tensor
+GPipe, circular (autodiff through the tick scan) and 1F1B (a static table, explicit vjp per
+stage) run. Every layer draws its dropout key from the microbatch and its index in the whole
+stack, so the three schedules (and any number of stages) drop out the same units. Data and tensor
 parallelism compose around them (TP collectives inside a stage stay inside the tick loop; the
 data-axis reduction stays once per step, after it).
 """
@@ -45,16 +48,16 @@ class PipelinedGradients:
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  data_axis: Optional[str], pipe_axis: str, microbatch_size: int,
-                 schedule: str = "1f1b", remat_ticks: bool = False):
+                 schedule: str = "1f1b", virtual_stages: int = 1, remat_ticks: bool = False):
         self.model = model
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
         self.data_axis = data_axis
         self.pipe_axis = pipe_axis
-        if schedule not in ("gpipe", "1f1b"):
-            raise errors.PlanError(f"the {schedule!r} schedule does not run yet",
+        if schedule not in ("gpipe", "circular", "1f1b"):
+            raise errors.PlanError(f"unknown schedule {schedule!r}",
                                    path="plan.pipeline_parallel.schedule",
-                                   suggestion="use 'gpipe' or '1f1b'")
+                                   suggestion="use 'gpipe', 'circular' or '1f1b'")
         missing = [name for name in ("embed", "head_loss", "decoder") if not hasattr(model, name)]
         if missing:
             raise errors.PlanError(
@@ -69,6 +72,7 @@ class PipelinedGradients:
         self.microbatch_size = microbatch_size
         self.schedule = schedule
         self.remat_ticks = remat_ticks
+        self.virtual_stages = virtual_stages if schedule == "circular" else 1
         stages = self.mesh_shape[pipe_axis]
         layers = model.decoder.config.num_layers
         if layers % stages:
@@ -76,9 +80,16 @@ class PipelinedGradients:
                 f"{layers} layers do not split evenly into {stages} pipeline stages",
                 path="model.num_layers", suggestion=f"use a multiple of {stages} layers, or "
                 "another size for the pipe axis")
-        # One stage's slice of the stack: the same layer, L/S times.
-        self.stage = model.decoder.config.clone(name="decoder",
-                                                num_layers=layers // stages).instantiate()
+        if layers % (stages * self.virtual_stages):
+            raise errors.PlanError(
+                f"{layers} layers do not split into {stages} stages x {self.virtual_stages} "
+                "virtual stages", path="plan.pipeline_parallel.virtual_stages",
+                suggestion=f"use a number of layers divisible by "
+                           f"{stages * self.virtual_stages}, or fewer virtual stages")
+        # One stage's slice of the stack: the same layer, L/(vS) times.
+        self.layers_per_stage = layers // (stages * self.virtual_stages)
+        self.stage = model.decoder.config.clone(
+            name="decoder", num_layers=self.layers_per_stage).instantiate()
         self.loss_relation = LossRelation(
             mean_over=(data_axis,) if data_axis else (),
             copy_over=tuple(a for a in self.mesh_shape if a not in (data_axis, pipe_axis)),
@@ -109,12 +120,17 @@ class PipelinedGradients:
 
         microbatches = jax.vmap(embed)(ids, jnp.arange(count))
 
-        def stage_fn(stage_params, x, m):
-            return functional(self.stage, _stage_key(key, m, stage_index), stage_params, (x,),
-                              is_training=is_training)[0]
+        def stage_fn(stage_params, x, m, model_stage):
+            return self._run_stage(stage_params, x, m, model_stage, key, is_training)
 
-        decoded = pipeline.gpipe(stage_fn, params["decoder"], microbatches, axis=self.pipe_axis,
-                                 remat_ticks=self.remat_ticks)
+        if self.virtual_stages > 1:  # Leaves [v, 1, L/(vS), ...]: this device's v slices.
+            slices = jax.tree_util.tree_map(lambda x: x[:, 0], params["decoder"])
+            decoded = pipeline.circular(stage_fn, slices, microbatches, axis=self.pipe_axis,
+                                        virtual_stages=self.virtual_stages,
+                                        remat_ticks=self.remat_ticks)
+        else:
+            decoded = pipeline.gpipe(stage_fn, params["decoder"], microbatches,
+                                     axis=self.pipe_axis, remat_ticks=self.remat_ticks)
         head_key = _part_key(key, 0, 2)  # The head has no randomness.
         if count % cfg_stages == 0:
             # Hand each pipe rank M/S of the last stage's outputs (a reduce-scatter: the other
@@ -142,6 +158,13 @@ class PipelinedGradients:
         loss = jnp.where(last, loss.astype(jnp.float32), 0.0)
         aux = {k: jnp.where(last, v, jnp.zeros_like(v)) for k, v in aux.items()}
         return loss, aux
+
+    def _run_stage(self, stage_params, x, microbatch, model_stage, key, is_training):
+        """Model stage ``model_stage`` (layers from ``model_stage * L/(vS)``) on one microbatch;
+        each layer's dropout key depends on the microbatch and its place in the whole stack."""
+        first_layer = model_stage * self.layers_per_stage
+        return functional(self.stage, _part_key(key, microbatch, 1), stage_params,
+                          {"x": x, "first_layer": first_layer}, is_training=is_training)[0]
 
     def _microbatch_count(self, batch: Any) -> int:
         local = jax.tree_util.tree_leaves(batch)[0].shape[0]
@@ -176,8 +199,7 @@ class PipelinedGradients:
                               is_training=True)[0]
 
         def stage_fn(sp, x, m):
-            return functional(self.stage, _stage_key(key, m, stage_index),
-                              precision.cast_for_compute(sp), (x,), is_training=True)[0]
+            return self._run_stage(precision.cast_for_compute(sp), x, m, stage_index, key, True)
 
         def head_fn(sp, top_params, x, m):
             mb = precision.cast_for_compute(jax.tree_util.tree_map(lambda v: v[m], microbatches))
@@ -318,12 +340,8 @@ def _token_weight(batch: Dict[str, jax.Array]) -> jax.Array:
 
 def _part_key(key: Optional[jax.Array], microbatch, part: int) -> Optional[jax.Array]:
     """The dropout key of one part (0 embedding, 1 stages, 2 head) of one microbatch: the same
-    whatever the schedule, so GPipe and 1F1B drop out the same units."""
+    whatever the schedule, so every schedule drops out the same units."""
     if key is None:
         return None
     return jax.random.fold_in(jax.random.fold_in(key, microbatch), part)
 
-
-def _stage_key(key: Optional[jax.Array], microbatch, stage) -> Optional[jax.Array]:
-    part = _part_key(key, microbatch, 1)
-    return None if part is None else jax.random.fold_in(part, stage)

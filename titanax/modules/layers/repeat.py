@@ -75,7 +75,10 @@ class Repeat(BaseLayer):
         unroll = self.config.unroll
         return self.config.num_layers <= UNROLL_UP_TO if unroll is None else unroll
 
-    def forward(self, x):
+    def forward(self, x, *, first_layer=None):
+        """``first_layer``: this stack's place in a longer one (pipeline stages run slices of a
+        model's stack): layer ``i`` then draws its key as layer ``first_layer + i`` of the whole
+        stack would, so dropout does not depend on how the stack was cut."""
         policy = remat_policy(self.config.layer_remat_policy) if self.is_training else None
 
         def body(carry, _):
@@ -83,7 +86,7 @@ class Repeat(BaseLayer):
 
         x, _ = scan_in_context(body, carry=x, xs=None, child_name="layer",
                                num_iterations=self.config.num_layers, remat_policy=policy,
-                               unroll=self.unrolled)
+                               unroll=self.unrolled, key_offset=first_layer)
         return x
 
 
