@@ -35,6 +35,8 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("name,extra", [
     ("gpt_tiny_pp", []),
     ("gpt_tiny_pp+gpipe", ["--config.plan.pipeline_parallel.schedule=gpipe"]),
+    ("gpt_tiny_pp+circular", ["--config.plan.pipeline_parallel.schedule=circular",
+                              "--config.plan.pipeline_parallel.virtual_stages=2"]),
     ("gpt_tiny_pp_tp", []),
 ])
 def test_pipelined_experiment_losses_equal_gpt_tiny_dp(tmp_path, reference, name, extra):
@@ -44,11 +46,11 @@ def test_pipelined_experiment_losses_equal_gpt_tiny_dp(tmp_path, reference, name
 
 
 def test_a_pipelined_run_resumes_without_the_pipeline_and_back(tmp_path):
-    def launch(name, run_dir, steps):
+    def launch(name, run_dir, steps, *extra):
         result = subprocess.run(
             [sys.executable, "-m", "titanax.launch", f"--config={name}",
              f"--trainer_dir={run_dir}", f"--config.max_steps={steps}", "--config.log_every=1",
-             "--config.evalers={}", "--config.checkpoint.save_every_n_steps=5"],
+             "--config.evalers={}", "--config.checkpoint.save_every_n_steps=5", *extra],
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
         assert result.returncode == 0, result.stderr[-3000:]
         with open(run_dir / "metrics.csv", encoding="utf-8") as f:
@@ -60,6 +62,13 @@ def test_a_pipelined_run_resumes_without_the_pipeline_and_back(tmp_path):
     moved, stdout = launch("gpt_tiny_dp", tmp_path / "moved", 10)  # PP checkpoint -> DP run.
     assert "restored the run" in stdout and "differs from the one saved with step 5" in stdout
     back, _ = launch("gpt_tiny_pp", tmp_path / "moved", 15)  # DP checkpoint -> PP run.
+    # And the circular schedule's view of the layers restores from / saves to the same layout.
+    launch("gpt_tiny_pp", tmp_path / "circular", 5, "--config.plan.pipeline_parallel.schedule="
+           "circular", "--config.plan.pipeline_parallel.virtual_stages=2")
+    circular, _ = launch("gpt_tiny_dp", tmp_path / "circular", 10)
     for step in range(6, 16):
         assert abs(back[step] - straight[step]) <= 1e-4, (step, back[step], straight[step])
     assert moved[10] == back[10]
+    for step in range(6, 11):
+        assert abs(circular[step] - straight[step]) <= 1e-4, (step, circular[step],
+                                                              straight[step])

@@ -94,13 +94,32 @@ def test_layers_that_do_not_split_into_virtual_stages_are_refused():
     assert "2 layers do not split into 2 stages x 2 virtual stages" in info.value.message
 
 
-def test_accumulation_with_a_pipeline_is_refused():
-    from titanax import errors  # pylint: disable=import-outside-toplevel
-    cfg = _pipelined(("data", "pipe"), (4, 2)).config.clone()
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_accumulation_folds_into_the_microbatches(schedule):
+    """accumulate_steps=2 on a per-shard batch of 4: two parts of 2 rows, microbatches of 1,
+    M = 4 -- the same SGD update as one device, and one data reduction per step."""
+    want_losses, want_params = _reference(_layers(schedule))
+    cfg = _schedule(("data", "pipe"), (2, 2), schedule).config.clone()
+    cfg.mesh = helpers.mesh((2, 2), ("data", "pipe"), devices=[0, 1, 2, 3])
     cfg.plan.data_parallel.accumulate_steps = 2
+    engine = cfg.instantiate()
+    losses, params = helpers.train(engine, BATCHES)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    data_ops = [op for op in engine.collectives() if "data" in op.axes]
+    assert len(data_ops) == 1 and not data_ops[0].in_loop
+
+
+def test_microbatches_must_divide_each_accumulation_part():
+    from titanax import errors  # pylint: disable=import-outside-toplevel
+    cfg = _pipelined(("data", "pipe"), (2, 2), microbatch_size=2).config.clone()
+    cfg.mesh = helpers.mesh((2, 2), ("data", "pipe"), devices=[0, 1, 2, 3])
+    cfg.plan.data_parallel.accumulate_steps = 4  # Parts of 1 row: microbatches of 2 do not fit.
+    engine = cfg.instantiate()
     with pytest.raises(errors.PlanError) as info:
-        cfg.instantiate().build()
-    assert info.value.path == "plan.data_parallel.accumulate_steps"
+        engine.fit(data=iter(BATCHES), steps=1)
+    assert info.value.path == "plan.pipeline_parallel.microbatch_size"
+    assert "each of the 4 accumulation parts (1 rows)" in info.value.message
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -212,6 +231,18 @@ def test_explain_and_metrics_show_the_pipeline():
     assert "pipeline: schedule 1f1b, 2 stages on axis 'pipe', 1 of 2 layers per stage" in text
     assert "microbatches M = 2 of 1 per data shard" in text and "bubble" in text
     assert "decoder/layer/mlp/wi/weight" in text and "P('pipe'" in text  # Plan.describe().
+
+
+def test_explain_shows_the_circular_view():
+    engine = _schedule(("data", "pipe"), (4, 2), "circular")
+    engine.init_state()
+    engine.compile(example_batch=BATCHES[0])
+    engine._local_batch_rows = 2  # pylint: disable=protected-access
+    text = engine.explain()
+    assert "2 virtual stages per device" in text and "held as [2, 2, 1, ...]" in text
+    assert "5 ticks per step; bubble 20.0%" in text  # (S-1)/(vM+S-1) = 1/5.
+    row = next(line for line in text.splitlines() if line.startswith("decoder/layer/mlp/wi/w"))
+    assert "  (2, 2, 1, " in row and "P(None, 'pipe'" in row and "  (2, 1, 1, " in row
 
 
 def test_gpipe_when_the_stages_do_not_divide_the_microbatches():

@@ -244,20 +244,27 @@ class Plan(Configurable):
                 suggestion=f"use a batch size that is a multiple of {parts}, e.g. "
                            f"{max(parts, global_batch_size - global_batch_size % parts)}")
         if self.pipeline_parallel is not None:  # Eval batches go through the pipeline too.
-            self._check_pipeline_batch(global_batch_size // data, mesh)
+            self._check_pipeline_batch(global_batch_size // data, mesh, accumulate_steps=steps)
 
-    def _check_pipeline_batch(self, local_batch: int, mesh: Mesh) -> None:
+    def _check_pipeline_batch(self, local_batch: int, mesh: Mesh, *,
+                              accumulate_steps: int = 1) -> None:
         """M = local batch / microbatch_size must be whole and >= S (every schedule, the circular
-        one included, runs any M >= S)."""
+        one included, runs any M >= S). Gradient accumulation folds into the microbatches: each
+        of the ``accumulate_steps`` parts of a shard's batch is cut into whole microbatches, and
+        the schedule runs all of them (M = accumulate_steps x microbatches per part) before the
+        one reduction of the step."""
         pp = self.pipeline_parallel
         cfg = pp.config
         stages = mesh.shape[cfg.axis]
         where = "plan.pipeline_parallel.microbatch_size"
-        if local_batch % cfg.microbatch_size:
+        part = local_batch // accumulate_steps
+        if part % cfg.microbatch_size:
+            of = (f"each of the {accumulate_steps} accumulation parts ({part} rows) of the "
+                  f"per-data-shard batch" if accumulate_steps > 1
+                  else f"the per-data-shard batch of {local_batch}")
             raise errors.PlanError(
-                f"microbatches of {cfg.microbatch_size} do not divide the per-data-shard batch "
-                f"of {local_batch}", path=where,
-                suggestion="choose a microbatch_size that divides the per-shard batch")
+                f"microbatches of {cfg.microbatch_size} do not divide {of}", path=where,
+                suggestion="choose a microbatch_size that divides it")
         count = pp.num_microbatches(local_batch)
         if count < stages:
             raise errors.PlanError(
@@ -281,9 +288,13 @@ class Plan(Configurable):
                                                pipe_axis=pp.axis)
         return specs
 
-    def describe(self, params: Any, mesh: Mesh) -> str:
-        """A table of every param: path, global shape, spec, local shape, bytes per device."""
-        specs = self.param_partition_specs(params, mesh)
+    def describe(self, params: Any, mesh: Mesh, *, specs: Any = None) -> str:
+        """A table of every param: path, global shape, spec, local shape, bytes per device.
+
+        ``specs``: the layouts to show (default: this plan's ``param_partition_specs``; the
+        engine passes its own, which under the circular schedule are the stack's view)."""
+        if specs is None:
+            specs = self.param_partition_specs(params, mesh)
         flat_params = sharding.flat_paths(params, is_leaf=rules_lib.is_param_leaf)
         flat_specs = sharding.flat_paths(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
         mesh_shape = dict(mesh.shape)

@@ -148,12 +148,6 @@ class Engine(StateMixin, Configurable):
                 "pipelines run a model's stacked layers so far (explicit stages and "
                 "hand-written steps come later)", path="plan.pipeline_parallel",
                 suggestion="configure a GPT model and leave stages empty")
-        if pp is not None and self.plan.accumulate_steps > 1:
-            raise errors.PlanError(
-                "a pipeline's microbatches are its accumulation: set microbatch_size instead",
-                path="plan.data_parallel.accumulate_steps",
-                suggestion="set accumulate_steps=1 and choose plan.pipeline_parallel."
-                           "microbatch_size")
         self.precision: Precision = cfg.precision.instantiate()
         self.learner: learner_lib.Learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
         tp = cfg.plan.tensor_parallel
@@ -616,7 +610,8 @@ class Engine(StateMixin, Configurable):
         self.build()
         parts = [describe_mesh(self.mesh)]
         if self.parameter_specs is not None:
-            parts.append(self.plan.describe(self.parameter_specs, self.mesh))
+            parts.append(self.plan.describe(self.parameter_specs, self.mesh,
+                                            specs=self.param_specs))
         if self.plan.pp_axis is not None and self.model is not None:
             parts.append(self._describe_pipeline())
         if self._train_step is not None and self._train_step.latest is not None:

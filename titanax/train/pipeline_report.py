@@ -26,6 +26,13 @@ def describe(pp_config: Any, *, num_stages: int, num_layers: int, local_batch: O
     lines = [f"pipeline: schedule {pp_config.schedule}, {num_stages} stages on axis "
              f"{pp_config.axis!r}, {num_layers // num_stages} of {num_layers} layers per stage "
              f"({pp_config.stacked_layers})"]
+    virtual = pp_config.virtual_stages if pp_config.schedule == "circular" else 1
+    if virtual > 1:
+        per_slice = num_layers // (num_stages * virtual)
+        lines.append(f"  {virtual} virtual stages per device: device s runs model stages "
+                     f"s, s+{num_stages}, ... of {per_slice} layer(s) each; the stack is held "
+                     f"as [{virtual}, {num_stages}, {per_slice}, ...] (checkpoints: "
+                     f"[{num_layers}, ...])")
     if local_batch is not None:
         count, ticks, bubble = schedule_numbers(pp_config, num_stages=num_stages,
                                                 local_batch=local_batch)
