@@ -334,3 +334,16 @@ def test_a_circular_checkpoint_is_canonical_and_restores_anywhere(tmp_path):
     back.fit(data=iter(steps), steps=5)
     np.testing.assert_allclose([h["loss"] for h in back.history[-2:]],
                                [h["loss"] for h in ofob.history[-2:]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("schedule,ratio", [("gpipe", 0.5), ("gpipe", 1.0), ("circular", 1.0)])
+def test_checkpoint_ratio_recomputes_without_changing_the_update(schedule, ratio):
+    """0.5: the first of each stage's 2 layers under jax.checkpoint; 1: the whole tick."""
+    want_losses, want_params = _reference(4)
+    engine = _deep(_pipelined(("data", "pipe"), (4, 2), schedule=schedule,
+                              virtual_stages=2 if schedule == "circular" else 1), 4)
+    cfg = engine.config.clone()
+    cfg.plan.pipeline_parallel.checkpoint_ratio = ratio
+    losses, params = helpers.train(cfg.instantiate(), BATCHES)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)

@@ -85,6 +85,20 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
     zero = jnp.zeros_like(microbatches[0])
     items = rounds * count
 
+    def run_stage(all_params, x, microbatch, round_):
+        params = index(all_params, round_) if rounds > 1 else all_params
+        return stage_fn(params, x, microbatch, round_ * num_stages + stage)
+
+    if remat_ticks:  # Only the stage's input is saved; the ring buffers are never residuals.
+        run_stage = jax.checkpoint(run_stage, prevent_cse=False)
+    elif rounds > 1:
+        # The round's params are a slice taken per tick: saved as a residual it would keep a
+        # copy of them per tick (M copies of the device's layers). Keep the matmul outputs (the
+        # activations) and recompute the rest, the slice included, in backward.
+        run_stage = jax.checkpoint(
+            run_stage, prevent_cse=False,
+            policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
     def index(tree, i):
         return jax.tree_util.tree_map(
             lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
@@ -102,8 +116,7 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
             fresh = jnp.where(round_ == 0, fresh, index(looped, microbatch))
         first_valid = jnp.where(t < items, fresh, zero)
         x = jnp.where(stage == 0, first_valid, received)
-        params = index(stage_params, round_) if rounds > 1 else stage_params
-        y = stage_fn(params, x, microbatch, round_ * num_stages + stage)
+        y = run_stage(stage_params, x, microbatch, round_)
         done = t - (num_stages - 1)  # The last device's item this tick.
         last_round = (done >= 0) & (done // count == rounds - 1)
         outputs = put(outputs, jnp.clip(done, 0, items - 1) % count, y,
@@ -114,8 +127,6 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
                          (stage == 0) & (done >= 0) & (done // count < rounds - 1))
         return (sent, looped, outputs), None
 
-    if remat_ticks:
-        tick = jax.checkpoint(tick, prevent_cse=False)
     looped = jnp.zeros_like(microbatches) if rounds > 1 else jnp.zeros((0,), zero.dtype)
     init = (zero, collectives.cast_varying(looped, axis), jnp.zeros_like(microbatches))
     (_, _, outputs), _ = jax.lax.scan(tick, init, jnp.arange(items + num_stages - 1))

@@ -11,7 +11,8 @@ every data shard:
 2. ``parallel.pipeline.gpipe`` (or ``circular``, with ``v`` slices of the stack per device:
    the stack's leaves are then the view ``[v, S, L/(vS), ...]`` of ``parallel.interleaved_stack``)
    runs the stages over the microbatches with one ``ppermute`` per tick (autodiff gives the
-   backward; ``checkpoint_ratio > 0`` rematerialises each tick);
+   backward; ``checkpoint_ratio`` rematerialises that fraction of each stage's layers, the
+   whole tick at 1);
 3. GPipe: the last stage's outputs are reduce-scattered so that each pipe rank runs the final
    norm, the LM head and the loss on M/S microbatches (when S divides M; else every rank runs
    them on all M and all but the last stage's result is masked to zero); 1F1B: the last stage
@@ -48,7 +49,8 @@ class PipelinedGradients:
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  data_axis: Optional[str], pipe_axis: str, microbatch_size: int,
-                 schedule: str = "1f1b", virtual_stages: int = 1, remat_ticks: bool = False):
+                 schedule: str = "1f1b", virtual_stages: int = 1,
+                 checkpoint_ratio: float = 0.0):
         self.model = model
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
@@ -71,7 +73,6 @@ class PipelinedGradients:
                 suggestion="give the pipe axis 2 or more devices, or drop pipeline_parallel")
         self.microbatch_size = microbatch_size
         self.schedule = schedule
-        self.remat_ticks = remat_ticks
         self.virtual_stages = virtual_stages if schedule == "circular" else 1
         stages = self.mesh_shape[pipe_axis]
         layers = model.decoder.config.num_layers
@@ -90,6 +91,17 @@ class PipelinedGradients:
         self.layers_per_stage = layers // (stages * self.virtual_stages)
         self.stage = model.decoder.config.clone(
             name="decoder", num_layers=self.layers_per_stage).instantiate()
+        # checkpoint_ratio: all of a stage's layers -> the whole tick is rematerialised (only its
+        # input saved); a fraction -> that many leading layers of each stage run under
+        # jax.checkpoint (their insides recomputed in backward), the rest keep activations.
+        remat_layers = int(round(checkpoint_ratio * self.layers_per_stage))
+        self.remat_ticks = remat_layers == self.layers_per_stage and checkpoint_ratio > 0
+        self.remat_layers = 0 if self.remat_ticks else remat_layers
+        if self.remat_layers:
+            self.stage_parts = [model.decoder.config.clone(name="decoder", num_layers=n
+                                                           ).instantiate()
+                                for n in (self.remat_layers,
+                                          self.layers_per_stage - self.remat_layers)]
         self.loss_relation = LossRelation(
             mean_over=(data_axis,) if data_axis else (),
             copy_over=tuple(a for a in self.mesh_shape if a not in (data_axis, pipe_axis)),
@@ -163,8 +175,22 @@ class PipelinedGradients:
         """Model stage ``model_stage`` (layers from ``model_stage * L/(vS)``) on one microbatch;
         each layer's dropout key depends on the microbatch and its place in the whole stack."""
         first_layer = model_stage * self.layers_per_stage
-        return functional(self.stage, _part_key(key, microbatch, 1), stage_params,
-                          {"x": x, "first_layer": first_layer}, is_training=is_training)[0]
+        key = _part_key(key, microbatch, 1)
+        if not (self.remat_layers and is_training):
+            return functional(self.stage, key, stage_params,
+                              {"x": x, "first_layer": first_layer}, is_training=is_training)[0]
+        recomputed, kept = self.stage_parts
+        split = self.remat_layers
+
+        def run(part, params, x, first):
+            return functional(part, key, params, {"x": x, "first_layer": first},
+                              is_training=True)[0]
+
+        head = jax.tree_util.tree_map(lambda p: p[:split], stage_params)
+        tail = jax.tree_util.tree_map(lambda p: p[split:], stage_params)
+        x = jax.checkpoint(lambda p, x_in: run(recomputed, p, x_in, first_layer),
+                           prevent_cse=False)(head, x)
+        return run(kept, tail, x, first_layer + split)
 
     def _microbatch_count(self, batch: Any) -> int:
         local = jax.tree_util.tree_leaves(batch)[0].shape[0]
