@@ -18,6 +18,7 @@ _EXPORTS = {
     "DP": ("titanax.parallel.plan", "DP"),
     "TP": ("titanax.parallel.plan", "TP"),
     "PP": ("titanax.parallel.plan", "PP"),
+    "Stage": ("titanax.parallel.stages", "Stage"),
     "ZeRO": ("titanax.parallel.plan", "ZeRO"),
     "collectives": ("titanax.parallel.collectives", None),
     "apply_named_sharding": ("titanax.parallel.sharding", "apply_named_sharding"),

@@ -280,7 +280,7 @@ class Plan(Configurable):
         (``rules.build_param_specs``), then the pipeline's stage split of the stacked layers."""
         specs = rules_lib.build_param_specs(params, self, mesh)
         pp = self.config.pipeline_parallel
-        if pp is not None:
+        if pp is not None and not pp.stages:  # Explicit stages keep params replicated over pipe.
             specs = pipeline.stage_param_specs(specs, stacked_layers=pp.stacked_layers,
                                                pipe_axis=pp.axis)
         return specs

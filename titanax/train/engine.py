@@ -34,6 +34,7 @@ from titanax.observe import hlo, memory, throughput
 from titanax.observe.profiler import Profile
 from titanax.observe.loggers import Basic, Logger
 from titanax.parallel import rules, sharding
+from titanax.parallel import stages as stages_lib
 from titanax.parallel.interleaved_stack import InterleavedStack
 from titanax.parallel.plan import DP, Plan
 from titanax.runtime.mesh import MeshSpec, describe_mesh
@@ -143,11 +144,12 @@ class Engine(StateMixin, Configurable):
         self.plan: Plan = cfg.plan.instantiate()
         self.plan.validate(self.mesh)
         pp = cfg.plan.pipeline_parallel
-        if pp is not None and (cfg.model is None or pp.stages):
+        if pp is not None and cfg.model is None:
             raise errors.PlanError(
-                "pipelines run a model's stacked layers so far (explicit stages and "
-                "hand-written steps come later)", path="plan.pipeline_parallel",
-                suggestion="configure a GPT model and leave stages empty")
+                "a pipeline runs the engine's model (its stacked layers, or explicit stages over "
+                "its params); hand-written steps cannot be pipelined yet",
+                path="plan.pipeline_parallel", suggestion="configure a model, or drop "
+                "pipeline_parallel")
         self.precision: Precision = cfg.precision.instantiate()
         self.learner: learner_lib.Learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
         tp = cfg.plan.tensor_parallel
@@ -169,7 +171,8 @@ class Engine(StateMixin, Configurable):
             self.model.check_partition_specs(self.param_specs)
             if pp is not None:  # Refuses a model or mesh it cannot pipeline, before compiling.
                 self._setup_pipeline_check(pp)
-            if pp is not None and pp.schedule == "circular" and pp.virtual_stages > 1:
+            if pp is not None and pp.schedule == "circular" and pp.virtual_stages > 1 \
+                    and not pp.stages:
                 self.stack_view = InterleavedStack(
                     stacked_layers=pp.stacked_layers,
                     num_layers=self.model.decoder.config.num_layers,
@@ -186,7 +189,8 @@ class Engine(StateMixin, Configurable):
         PipelinedGradients(model=self.model, precision=self.precision,
                            mesh_shape=dict(self.mesh.shape), data_axis=self.plan.dp_axis,
                            pipe_axis=pp.axis, microbatch_size=pp.microbatch_size,
-                           schedule=pp.schedule, virtual_stages=pp.virtual_stages)
+                           schedule=pp.schedule, virtual_stages=pp.virtual_stages,
+                           stages=pp.stages)
 
     def _make_adapter(self, decay_scales: Any) -> None:
         if self.config.optimizer is not None:
@@ -620,6 +624,20 @@ class Engine(StateMixin, Configurable):
 
     def _describe_pipeline(self) -> str:
         pp = self.config.plan.pipeline_parallel
+        compiled = self._train_step.latest if self._train_step is not None else None
+        analysis = compiled.memory_analysis() if compiled is not None else None
+        temp = getattr(analysis, "temp_size_in_bytes", None) if analysis else None
+        if pp.stages:
+            owned = stages_lib.owners(self.parameter_specs, pp.stages)
+            flat = sharding.flat_paths(self.parameter_specs, is_leaf=rules.is_param_leaf)
+            itemsize = np.dtype(self.precision.param_dtype).itemsize
+            per_stage = [(stage.name, sorted(p for p, i in owned.items() if i == index),
+                          sum(int(np.prod(flat[p].shape)) * itemsize
+                              for p, i in owned.items() if i == index))
+                         for index, stage in enumerate(pp.stages)]
+            return pipeline_report.describe_stages(
+                pp, num_stages=self.mesh.shape[pp.axis], stages=per_stage,
+                local_batch=self._local_batch_rows, temp_bytes=temp)
         stacked = self.parameter_specs
         for part in pp.stacked_layers.split("/"):
             stacked = stacked[part]
@@ -633,14 +651,10 @@ class Engine(StateMixin, Configurable):
         unsplit = sum(int(np.prod(s.shape)) * itemsize for s in leaves)
         local = sum(int(np.prod(rules.local_shape(s.shape, spec, dict(self.mesh.shape))))
                     * itemsize for s, spec in zip(leaves, spec_leaves))
-        stages = self.mesh.shape[pp.axis]
-        compiled = self._train_step.latest if self._train_step is not None else None
-        analysis = compiled.memory_analysis() if compiled is not None else None
         return pipeline_report.describe(
-            pp, num_stages=stages, num_layers=self.model.decoder.config.num_layers,
-            local_batch=self._local_batch_rows, stacked_bytes_per_device=local,
-            unsplit_stacked_bytes=unsplit,
-            temp_bytes=getattr(analysis, "temp_size_in_bytes", None) if analysis else None)
+            pp, num_stages=self.mesh.shape[pp.axis],
+            num_layers=self.model.decoder.config.num_layers, local_batch=self._local_batch_rows,
+            stacked_bytes_per_device=local, unsplit_stacked_bytes=unsplit, temp_bytes=temp)
 
     # --- Launcher entry point ---------------------------------------------------------------------
 

@@ -3,7 +3,7 @@ and per-device memory -- for ``explain()`` / ``--explain`` and the step metrics.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Tuple
 
 from titanax.parallel import one_f_one_b, pipeline
 
@@ -33,14 +33,33 @@ def describe(pp_config: Any, *, num_stages: int, num_layers: int, local_batch: O
                      f"s, s+{num_stages}, ... of {per_slice} layer(s) each; the stack is held "
                      f"as [{virtual}, {num_stages}, {per_slice}, ...] (checkpoints: "
                      f"[{num_layers}, ...])")
+    lines.append(f"  stacked-layer params per device: {stacked_bytes_per_device / 2 ** 20:.2f} MiB "
+                 f"(un-pipelined: {unsplit_stacked_bytes / 2 ** 20:.2f} MiB)")
+    return "\n".join(lines + _shape_and_temp(pp_config, num_stages, local_batch, temp_bytes))
+
+
+def describe_stages(pp_config: Any, *, num_stages: int,
+                    stages: Sequence[Tuple[str, Sequence[str], int]],
+                    local_batch: Optional[int], temp_bytes: Optional[int]) -> str:
+    """explain() for the seed's explicit stages: ``stages`` is (name, param paths, bytes)."""
+    lines = [f"pipeline: schedule {pp_config.schedule}, {num_stages} explicit stages on axis "
+             f"{pp_config.axis!r} (lax.switch on the pipe index; every stage's params are "
+             "replicated over it)"]
+    for index, (name, paths, size) in enumerate(stages):
+        shown = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
+        lines.append(f"  stage {index} {name!r}: {len(paths)} params, {size / 2 ** 20:.2f} MiB "
+                     f"({shown})")
+    return "\n".join(lines + _shape_and_temp(pp_config, num_stages, local_batch, temp_bytes))
+
+
+def _shape_and_temp(pp_config, num_stages, local_batch, temp_bytes):
+    lines = []
     if local_batch is not None:
         count, ticks, bubble = schedule_numbers(pp_config, num_stages=num_stages,
                                                 local_batch=local_batch)
         lines.append(f"  microbatches M = {count} of {pp_config.microbatch_size} per data shard; "
                      f"{ticks} ticks per step; bubble {bubble:.1%}")
-    lines.append(f"  stacked-layer params per device: {stacked_bytes_per_device / 2 ** 20:.2f} MiB "
-                 f"(un-pipelined: {unsplit_stacked_bytes / 2 ** 20:.2f} MiB)")
     if temp_bytes is not None:
         lines.append(f"  activations and scratch of the compiled step (temp): "
                      f"{temp_bytes / 2 ** 20:.2f} MiB per device")
-    return "\n".join(lines)
+    return lines

@@ -30,7 +30,7 @@ data-axis reduction stays once per step, after it).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -40,56 +40,41 @@ from titanax import errors
 from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives, one_f_one_b, pipeline
+from titanax.parallel.stages import ExplicitStages
 from titanax.train.gradients import LocalGradients, LossRelation
 from titanax.train.precision import Precision
 
 
-class PipelinedGradients:
-    """Gradients of a GPT-style model (``embed`` / ``decoder`` / ``head_loss``) over a pipeline."""
+class StackedStages:
+    """The parts of a GPT-style model (``embed`` / ``decoder`` Repeat stack / ``head_loss``):
+    stage ``c`` runs layers ``c L/(vS) .. (c+1) L/(vS) - 1`` of the stack."""
 
-    def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
-                 data_axis: Optional[str], pipe_axis: str, microbatch_size: int,
-                 schedule: str = "1f1b", virtual_stages: int = 1,
-                 checkpoint_ratio: float = 0.0):
-        self.model = model
-        self.precision = precision
-        self.mesh_shape = dict(mesh_shape)
-        self.data_axis = data_axis
-        self.pipe_axis = pipe_axis
-        if schedule not in ("gpipe", "circular", "1f1b"):
-            raise errors.PlanError(f"unknown schedule {schedule!r}",
-                                   path="plan.pipeline_parallel.schedule",
-                                   suggestion="use 'gpipe', 'circular' or '1f1b'")
+    def __init__(self, *, model: BaseLayer, num_stages: int, virtual_stages: int,
+                 checkpoint_ratio: float):
         missing = [name for name in ("embed", "head_loss", "decoder") if not hasattr(model, name)]
         if missing:
             raise errors.PlanError(
-                f"{type(model).__qualname__} has no {', '.join(missing)}: pipelines run models "
-                "built as embed -> decoder (a Repeat stack) -> head_loss, like GPT",
-                path="plan.pipeline_parallel", suggestion="use a GPT-style model, or no pipeline")
-        if mesh_shape[pipe_axis] < 2:
-            raise errors.PlanError(
-                f"the pipe axis {pipe_axis!r} has size {mesh_shape[pipe_axis]}: nothing to "
-                "pipeline", path=f"mesh axis {pipe_axis!r}",
-                suggestion="give the pipe axis 2 or more devices, or drop pipeline_parallel")
-        self.microbatch_size = microbatch_size
-        self.schedule = schedule
-        self.virtual_stages = virtual_stages if schedule == "circular" else 1
-        stages = self.mesh_shape[pipe_axis]
+                f"{type(model).__qualname__} has no {', '.join(missing)}: the stacked path runs "
+                "models built as embed -> decoder (a Repeat stack) -> head_loss, like GPT",
+                path="plan.pipeline_parallel",
+                suggestion="use a GPT-style model, or declare the stages explicitly "
+                           "(PP.stages=[Stage(name, param_filter, fwd), ...])")
+        self.model = model
         layers = model.decoder.config.num_layers
-        if layers % stages:
+        if layers % num_stages:
             raise errors.PlanError(
-                f"{layers} layers do not split evenly into {stages} pipeline stages",
-                path="model.num_layers", suggestion=f"use a multiple of {stages} layers, or "
+                f"{layers} layers do not split evenly into {num_stages} pipeline stages",
+                path="model.num_layers", suggestion=f"use a multiple of {num_stages} layers, or "
                 "another size for the pipe axis")
-        if layers % (stages * self.virtual_stages):
+        if layers % (num_stages * virtual_stages):
             raise errors.PlanError(
-                f"{layers} layers do not split into {stages} stages x {self.virtual_stages} "
+                f"{layers} layers do not split into {num_stages} stages x {virtual_stages} "
                 "virtual stages", path="plan.pipeline_parallel.virtual_stages",
                 suggestion=f"use a number of layers divisible by "
-                           f"{stages * self.virtual_stages}, or fewer virtual stages")
+                           f"{num_stages * virtual_stages}, or fewer virtual stages")
         # One stage's slice of the stack: the same layer, L/(vS) times.
-        self.layers_per_stage = layers // (stages * self.virtual_stages)
-        self.stage = model.decoder.config.clone(
+        self.layers_per_stage = layers // (num_stages * virtual_stages)
+        self.stage_layer = model.decoder.config.clone(
             name="decoder", num_layers=self.layers_per_stage).instantiate()
         # checkpoint_ratio: all of a stage's layers -> the whole tick is rematerialised (only its
         # input saved); a fraction -> that many leading layers of each stage run under
@@ -102,82 +87,31 @@ class PipelinedGradients:
                                                            ).instantiate()
                                 for n in (self.remat_layers,
                                           self.layers_per_stage - self.remat_layers)]
-        self.loss_relation = LossRelation(
-            mean_over=(data_axis,) if data_axis else (),
-            copy_over=tuple(a for a in self.mesh_shape if a not in (data_axis, pipe_axis)),
-            sum_over=(pipe_axis,))
 
-    def __call__(self, params: Any, batch: Any, key: jax.Array, *,
-                 loss_scale: Optional[jax.Array] = None) -> LocalGradients:
-        if self.schedule == "1f1b":
-            return self._one_f_one_b(params, batch, key, loss_scale)
-        grad_fn = jax.value_and_grad(self._objective, has_aux=True)
-        (_, (loss, aux)), grads = grad_fn(params, batch, key, loss_scale)
-        return LocalGradients(grads=grads, loss=loss, aux=aux, summaries={})
+    def prepare(self, params: Any, microbatch: Any) -> None:
+        del params, microbatch
 
-    def forward_loss(self, params: Any, batch: Any, key: Optional[jax.Array],
-                     *, is_training: bool) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-        """``(loss, aux)`` of the pipelined model under GPipe: the loss is this device's partial
-        sum over the pipe axis (summed over ``pipe`` it is the mean over the data shard)."""
-        cfg_stages = self.mesh_shape[self.pipe_axis]
-        local = jax.tree_util.tree_leaves(batch)[0].shape[0]
-        count = self._microbatch_count(batch)
-        stage_index = collectives.axis_index(self.pipe_axis)
-        ids = batch["input_ids"]
-        ids = ids.reshape((count, self.microbatch_size) + ids.shape[1:])
+    @staticmethod
+    def split(params: Any) -> Tuple[Any, Any]:
+        return {k: v for k, v in params.items() if k != "decoder"}, params["decoder"]
 
-        def embed(ids_m, m):
-            return functional(self.model, _part_key(key, m, 0), params, (ids_m,), method="embed",
-                              is_training=is_training)[0]
+    @staticmethod
+    def join(top_grads: Any, stage_grads: Any) -> Any:
+        return {**top_grads, "decoder": stage_grads}
 
-        microbatches = jax.vmap(embed)(ids, jnp.arange(count))
+    def embed(self, top: Any, microbatch: Any, index, key, is_training: bool) -> jax.Array:
+        return functional(self.model, _part_key(key, index, 0), top,
+                          (microbatch["input_ids"],), method="embed", is_training=is_training)[0]
 
-        def stage_fn(stage_params, x, m, model_stage):
-            return self._run_stage(stage_params, x, m, model_stage, key, is_training)
-
-        if self.virtual_stages > 1:  # Leaves [v, 1, L/(vS), ...]: this device's v slices.
-            slices = jax.tree_util.tree_map(lambda x: x[:, 0], params["decoder"])
-            decoded = pipeline.circular(stage_fn, slices, microbatches, axis=self.pipe_axis,
-                                        virtual_stages=self.virtual_stages,
-                                        remat_ticks=self.remat_ticks)
-        else:
-            decoded = pipeline.gpipe(stage_fn, params["decoder"], microbatches,
-                                     axis=self.pipe_axis, remat_ticks=self.remat_ticks)
-        head_key = _part_key(key, 0, 2)  # The head has no randomness.
-        if count % cfg_stages == 0:
-            # Hand each pipe rank M/S of the last stage's outputs (a reduce-scatter: the other
-            # stages hold zeros), so the head and the loss run once per microbatch, spread over
-            # the ranks instead of on the last stage alone. Its transpose (all-gather) returns
-            # the gradients to the last stage.
-            share = count // cfg_stages
-            mine = collectives.reduce_scatter(decoded, self.pipe_axis, scatter_dimension=0)
-            rows = jax.tree_util.tree_map(
-                lambda x: jax.lax.dynamic_slice_in_dim(
-                    x.reshape((count, self.microbatch_size) + x.shape[1:]),
-                    stage_index * share, share).reshape((share * self.microbatch_size,)
-                                                        + x.shape[1:]), batch)
-            (_, aux), _ = functional(
-                self.model, head_key, params,
-                (mine.reshape((share * self.microbatch_size,) + mine.shape[2:]), rows),
-                method="head_loss", is_training=is_training)
-            # Token-weighted: this share's loss sum over the whole shard's weight (padding rows
-            # weigh 0), so the partial sums over pipe add up to the one-device loss exactly.
-            return aux["loss_sum"].astype(jnp.float32) / _token_weight(batch), aux
-        decoded = decoded.reshape((local,) + decoded.shape[2:])
-        (loss, aux), _ = functional(self.model, head_key, params, (decoded, batch),
-                                    method="head_loss", is_training=is_training)
-        last = stage_index == cfg_stages - 1
-        loss = jnp.where(last, loss.astype(jnp.float32), 0.0)
-        aux = {k: jnp.where(last, v, jnp.zeros_like(v)) for k, v in aux.items()}
-        return loss, aux
-
-    def _run_stage(self, stage_params, x, microbatch, model_stage, key, is_training):
-        """Model stage ``model_stage`` (layers from ``model_stage * L/(vS)``) on one microbatch;
-        each layer's dropout key depends on the microbatch and its place in the whole stack."""
+    def stage(self, stage_params, x, index, model_stage, key, is_training, microbatches=None):
+        """Model stage ``model_stage`` (layers from ``model_stage * L/(vS)``) on microbatch
+        ``index``; each layer's dropout key depends on the microbatch and its place in the whole
+        stack."""
+        del microbatches
         first_layer = model_stage * self.layers_per_stage
-        key = _part_key(key, microbatch, 1)
+        key = _part_key(key, index, 1)
         if not (self.remat_layers and is_training):
-            return functional(self.stage, key, stage_params,
+            return functional(self.stage_layer, key, stage_params,
                               {"x": x, "first_layer": first_layer}, is_training=is_training)[0]
         recomputed, kept = self.stage_parts
         split = self.remat_layers
@@ -192,6 +126,125 @@ class PipelinedGradients:
                            prevent_cse=False)(head, x)
         return run(kept, tail, x, first_layer + split)
 
+    def head_loss(self, top: Any, outputs: jax.Array, rows: Any, key, is_training: bool):
+        (loss, aux), _ = functional(self.model, key, top, (outputs, rows), method="head_loss",
+                                    is_training=is_training)
+        return loss, aux
+
+    @staticmethod
+    def total_weight(batch: Dict[str, jax.Array]) -> jax.Array:
+        return _token_weight(batch)
+
+
+class PipelinedGradients:
+    """Gradients of a model over a pipeline: the stacked path (a GPT's ``Repeat`` stack cut into
+    equal stages) or the seed's explicit ``Stage`` list (``parallel/stages.py``)."""
+
+    def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
+                 data_axis: Optional[str], pipe_axis: str, microbatch_size: int,
+                 schedule: str = "1f1b", virtual_stages: int = 1,
+                 checkpoint_ratio: float = 0.0, stages: Sequence[Any] = ()):
+        self.model = model
+        self.precision = precision
+        self.mesh_shape = dict(mesh_shape)
+        self.data_axis = data_axis
+        self.pipe_axis = pipe_axis
+        if schedule not in ("gpipe", "circular", "1f1b"):
+            raise errors.PlanError(f"unknown schedule {schedule!r}",
+                                   path="plan.pipeline_parallel.schedule",
+                                   suggestion="use 'gpipe', 'circular' or '1f1b'")
+        num_stages = self.mesh_shape[pipe_axis]
+        if num_stages < 2:
+            raise errors.PlanError(
+                f"the pipe axis {pipe_axis!r} has size {num_stages}: nothing to "
+                "pipeline", path=f"mesh axis {pipe_axis!r}",
+                suggestion="give the pipe axis 2 or more devices, or drop pipeline_parallel")
+        self.microbatch_size = microbatch_size
+        self.schedule = schedule
+        self.virtual_stages = virtual_stages if schedule == "circular" else 1
+        if stages:
+            if self.virtual_stages > 1:
+                raise errors.PlanError(
+                    "explicit stages run one stage per device: virtual stages need the stacked "
+                    "path", path="plan.pipeline_parallel.virtual_stages",
+                    suggestion="set virtual_stages=1 (schedule gpipe or 1f1b), or pipeline a "
+                               "Repeat stack (stages=[])")
+            self.parts = ExplicitStages(model=model, stages=stages, num_stages=num_stages,
+                                        pipe_axis=pipe_axis)
+            self.remat_ticks = checkpoint_ratio > 0
+        else:
+            self.parts = StackedStages(model=model, num_stages=num_stages,
+                                       virtual_stages=self.virtual_stages,
+                                       checkpoint_ratio=checkpoint_ratio)
+            self.remat_ticks = self.parts.remat_ticks
+        self.loss_relation = LossRelation(
+            mean_over=(data_axis,) if data_axis else (),
+            copy_over=tuple(a for a in self.mesh_shape if a not in (data_axis, pipe_axis)),
+            sum_over=(pipe_axis,))
+
+    def __call__(self, params: Any, batch: Any, key: jax.Array, *,
+                 loss_scale: Optional[jax.Array] = None) -> LocalGradients:
+        if self.schedule == "1f1b":
+            return self._one_f_one_b(params, batch, key, loss_scale)
+        grad_fn = jax.value_and_grad(self._objective, has_aux=True)
+        (_, (loss, aux)), grads = grad_fn(params, batch, key, loss_scale)
+        return LocalGradients(grads=grads, loss=loss, aux=aux, summaries={})
+
+    def _microbatches(self, batch: Any) -> Tuple[int, Any]:
+        count = self._microbatch_count(batch)
+        return count, jax.tree_util.tree_map(
+            lambda x: x.reshape((count, self.microbatch_size) + x.shape[1:]), batch)
+
+    def forward_loss(self, params: Any, batch: Any, key: Optional[jax.Array],
+                     *, is_training: bool) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+        """``(loss, aux)`` of the pipelined model under GPipe / circular: the loss is this
+        device's partial sum over the pipe axis (summed over ``pipe`` it is the mean over the
+        data shard)."""
+        parts = self.parts
+        cfg_stages = self.mesh_shape[self.pipe_axis]
+        local = jax.tree_util.tree_leaves(batch)[0].shape[0]
+        count, microbatches = self._microbatches(batch)
+        stage_index = collectives.axis_index(self.pipe_axis)
+        top, stage_params = parts.split(params)
+        parts.prepare(params, jax.tree_util.tree_map(lambda v: v[0], microbatches))
+        embedded = jax.vmap(lambda mb, m: parts.embed(top, mb, m, key, is_training))(
+            microbatches, jnp.arange(count))
+
+        def stage_fn(p, x, m, model_stage):
+            return parts.stage(p, x, m, model_stage, key, is_training, microbatches)
+
+        if self.virtual_stages > 1:  # Leaves [v, 1, L/(vS), ...]: this device's v slices.
+            slices = jax.tree_util.tree_map(lambda x: x[:, 0], stage_params)
+            decoded = pipeline.circular(stage_fn, slices, embedded, axis=self.pipe_axis,
+                                        virtual_stages=self.virtual_stages,
+                                        remat_ticks=self.remat_ticks)
+        else:
+            decoded = pipeline.gpipe(stage_fn, stage_params, embedded, axis=self.pipe_axis,
+                                     remat_ticks=self.remat_ticks)
+        head_key = _part_key(key, 0, 2)  # The head has no randomness.
+        if count % cfg_stages == 0:
+            # Hand each pipe rank M/S of the last stage's outputs (a reduce-scatter: the other
+            # stages hold zeros), so the head and the loss run once per microbatch, spread over
+            # the ranks instead of on the last stage alone. Its transpose (all-gather) returns
+            # the gradients to the last stage.
+            share = count // cfg_stages
+            mine = collectives.reduce_scatter(decoded, self.pipe_axis, scatter_dimension=0)
+            rows = jax.tree_util.tree_map(
+                lambda x: jax.lax.dynamic_slice_in_dim(x, stage_index * share, share).reshape(
+                    (share * self.microbatch_size,) + x.shape[2:]), microbatches)
+            _, aux = parts.head_loss(
+                top, mine.reshape((share * self.microbatch_size,) + mine.shape[2:]), rows,
+                head_key, is_training)
+            # Token-weighted: this share's loss sum over the whole shard's weight (padding rows
+            # weigh 0), so the partial sums over pipe add up to the one-device loss exactly.
+            return aux["loss_sum"].astype(jnp.float32) / parts.total_weight(batch), aux
+        decoded = decoded.reshape((local,) + decoded.shape[2:])
+        loss, aux = parts.head_loss(top, decoded, batch, head_key, is_training)
+        last = stage_index == cfg_stages - 1
+        loss = jnp.where(last, loss.astype(jnp.float32), 0.0)
+        aux = {k: jnp.where(last, v, jnp.zeros_like(v)) for k, v in aux.items()}
+        return loss, aux
+
     def _microbatch_count(self, batch: Any) -> int:
         local = jax.tree_util.tree_leaves(batch)[0].shape[0]
         if local % self.microbatch_size:
@@ -203,37 +256,33 @@ class PipelinedGradients:
 
     def _one_f_one_b(self, params, batch, key, loss_scale) -> LocalGradients:
         """Gradients by the static 1F1B table (parallel/one_f_one_b.py), explicit vjp per stage."""
+        parts = self.parts
         stages = self.mesh_shape[self.pipe_axis]
-        count = self._microbatch_count(batch)
+        count, microbatches = self._microbatches(batch)
         table = one_f_one_b.build_schedule(stages, count)
-        if stages < 2:
-            raise errors.PlanError("1F1B needs at least 2 stages", path="plan.pipeline_parallel",
-                                   suggestion="use a pipe axis of size >= 2, or no pipeline")
         axes = tuple(self.mesh_shape)
         stage_index = collectives.axis_index(self.pipe_axis)
-        top = {k: v for k, v in params.items() if k != "decoder"}
-        stage_params = params["decoder"]
-        microbatches = jax.tree_util.tree_map(
-            lambda x: x.reshape((count, self.microbatch_size) + x.shape[1:]), batch)
+        top, stage_params = parts.split(params)
         precision = self.precision
-        total_weight = _token_weight(batch)
+        compute_batches = precision.cast_for_compute(microbatches)
+        parts.prepare(precision.cast_for_compute(params),
+                      jax.tree_util.tree_map(lambda v: v[0], compute_batches))
+        total_weight = parts.total_weight(batch)
+
+        def row(m):
+            return jax.tree_util.tree_map(lambda v: v[m], compute_batches)
 
         def embed_fn(top_params, m):
-            ids = precision.cast_for_compute(microbatches["input_ids"][m])
-            return functional(self.model, _part_key(key, m, 0),
-                              precision.cast_for_compute(top_params), (ids,), method="embed",
-                              is_training=True)[0]
+            return parts.embed(precision.cast_for_compute(top_params), row(m), m, key, True)
 
         def stage_fn(sp, x, m):
-            return self._run_stage(precision.cast_for_compute(sp), x, m, stage_index, key, True)
+            return parts.stage(precision.cast_for_compute(sp), x, m, stage_index, key, True,
+                               compute_batches)
 
         def head_fn(sp, top_params, x, m):
-            mb = precision.cast_for_compute(jax.tree_util.tree_map(lambda v: v[m], microbatches))
             decoded = stage_fn(sp, x, m)
-            (loss, aux), _ = functional(self.model, _part_key(key, m, 2),
-                                        precision.cast_for_compute(top_params), (decoded, mb),
-                                        method="head_loss", is_training=True)
-            loss = loss.astype(jnp.float32)
+            _, aux = parts.head_loss(precision.cast_for_compute(top_params), decoded, row(m),
+                                     _part_key(key, m, 2), True)
             # Token-weighted over the shard (see forward_loss), not a mean of microbatch means.
             loss = aux["loss_sum"].astype(jnp.float32) / total_weight
             objective = loss / self._copies_seen_by_autodiff(loss)
@@ -330,7 +379,7 @@ class PipelinedGradients:
             return carry, None
 
         final, _ = jax.lax.scan(tick, init, jnp.arange(table.num_ticks))
-        grads = {**final["g_top"], "decoder": final["g_stage"]}
+        grads = parts.join(final["g_top"], final["g_stage"])
         grads = {k: grads[k] for k in params}  # The params' key order.
         return LocalGradients(grads=grads, loss=final["loss"], aux=final["aux"], summaries={})
 

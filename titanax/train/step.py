@@ -74,7 +74,7 @@ class StepSetup:
                 data_axis=self.data_axis, pipe_axis=self.pipeline.axis,
                 microbatch_size=self.pipeline.microbatch_size, schedule=self.pipeline.schedule,
                 virtual_stages=self.pipeline.virtual_stages,
-                checkpoint_ratio=self.pipeline.checkpoint_ratio)
+                checkpoint_ratio=self.pipeline.checkpoint_ratio, stages=self.pipeline.stages)
         return ModelGradients(model=self.model, precision=self.precision,
                               mesh_shape=self.mesh_shape, data_axis=self.data_axis,
                               accumulate_steps=self.accumulate_steps)

@@ -108,15 +108,27 @@ class CNNClassifier(BaseLayer):
         self._add_child("head", Linear.default_config().set(input_dim=cfg.hidden_dim,
                                                             output_dim=cfg.num_classes))
 
-    def logits(self, image: jax.Array) -> jax.Array:
+    def features(self, image: jax.Array) -> jax.Array:
+        """The conv part (conv0, conv1): ``[batch, size/4, size/4, channels[1]]``."""
         size = self.config.image_size
         x = image.reshape(image.shape[0], size, size, 1)
         for conv in (self.conv0, self.conv1):
             x = jax.nn.relu(conv(x))
             x = jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1),
                                       "VALID") / 4.0
-        x = jax.nn.relu(self.dense(x.reshape(x.shape[0], -1)))
+        return x
+
+    def classify(self, features: jax.Array) -> jax.Array:
+        """The dense part (dense, head): logits from ``features``."""
+        x = jax.nn.relu(self.dense(features.reshape(features.shape[0], -1)))
         return self.head(x)
 
+    def logits(self, image: jax.Array) -> jax.Array:
+        return self.classify(self.features(image))
+
+    def loss(self, logits: jax.Array, batch):
+        """``(mean cross-entropy, aux)`` of ``logits`` (a pipeline's last stage ends here)."""
+        return _classification_loss(logits, batch)
+
     def forward(self, batch):
-        return _classification_loss(self.logits(batch["image"]), batch)
+        return self.loss(self.logits(batch["image"]), batch)
