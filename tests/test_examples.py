@@ -50,3 +50,16 @@ def test_pipeline_example_trains_both_schedules_identically(tmp_path):
     assert "pipeline: schedule 1f1b, 2 stages on axis 'pipe', 2 of 4 layers per stage" \
         in result.stdout
     assert not os.listdir(tmp_path)  # Nothing written where it ran.
+
+
+def test_pipeline_cnn_example_matches_the_unpipelined_cnn(tmp_path):
+    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples",
+                                                          "pipeline_cnn.py"), "--steps", "4"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    curves = {line.split(" losses:")[0].strip(): line.split("losses:")[1].split("...")[0].split()
+              for line in result.stdout.splitlines() if "losses:" in line}
+    assert curves["2 stages"] == curves["1 stage"] and len(curves["1 stage"]) == 4
+    assert "2 explicit stages on axis 'pipe'" in result.stdout
+    assert "stage 0 'conv': 4 params" in result.stdout

@@ -1,4 +1,4 @@
-"""The circular schedule's view of a stacked layer dimension: ``[L, ...]`` as ``[v, S, L/(vS), ...]``.
+"""The circular schedule's view of a layer stack: ``[L, ...]`` held as ``[v, S, L/(vS), ...]``.
 
 With ``v`` virtual stages, pipe device ``s`` runs the model's stages ``r S + s`` (``r < v``): its
 layers are not one contiguous block of ``[L, ...]``, so no sharding of the canonical array puts
@@ -44,7 +44,7 @@ class InterleavedStack:
     def is_stacked(self, path: str) -> bool:
         return path.startswith(self.prefix)
 
-    # --- One leaf ----------------------------------------------------------------------------------
+    # --- One leaf --------------------------------------------------------------------------------
 
     def view_shape(self, shape) -> tuple:
         return (self.virtual_stages, self.num_stages, self.layers_per_slice) + tuple(shape[1:])
@@ -62,7 +62,7 @@ class InterleavedStack:
         entries = tuple(spec) + (None,) * max(0, 3 - len(spec))
         return PartitionSpec(entries[1], *entries[3:])
 
-    # --- Trees -------------------------------------------------------------------------------------
+    # --- Trees -----------------------------------------------------------------------------------
 
     def _map(self, fn: Callable[[Any], Any], tree: Any, *, is_leaf=None) -> Any:
         return jax.tree_util.tree_map_with_path(

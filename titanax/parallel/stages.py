@@ -111,7 +111,7 @@ class ExplicitStages:
         self._owned: Optional[Dict[str, int]] = None
         self._shapes: Optional[List[jax.ShapeDtypeStruct]] = None
 
-    # --- Parts of the pipelined computer -----------------------------------------------------------
+    # --- Parts of the pipelined computer ---------------------------------------------------------
 
     def split(self, params: Any) -> Tuple[Any, Any]:
         """(params outside the stages, params the stages run on): all of them run in stages."""
@@ -165,7 +165,7 @@ class ExplicitStages:
             return jnp.float32(jax.tree_util.tree_leaves(batch)[0].shape[0])
         return jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
 
-    # --- Boundary shapes ---------------------------------------------------------------------------
+    # --- Boundary shapes -------------------------------------------------------------------------
 
     def prepare(self, params: Any, microbatch: Any) -> None:
         """Traces each stage once (shapes only) to learn the boundary activations."""

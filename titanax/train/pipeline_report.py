@@ -47,7 +47,7 @@ def describe_stages(pp_config: Any, *, num_stages: int,
              "replicated over it)"]
     for index, (name, paths, size) in enumerate(stages):
         shown = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
-        lines.append(f"  stage {index} {name!r}: {len(paths)} params, {size / 2 ** 20:.2f} MiB "
+        lines.append(f"  stage {index} {name!r}: {len(paths)} params, {size / 2 ** 10:.1f} KiB "
                      f"({shown})")
     return "\n".join(lines + _shape_and_temp(pp_config, num_stages, local_batch, temp_bytes))
 
