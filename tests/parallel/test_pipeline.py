@@ -130,3 +130,37 @@ def test_circular_matches_the_stages_run_in_sequence(rounds, count, remat):
 def test_bubble_fraction():
     assert pipeline.bubble_fraction(num_stages=4, num_microbatches=8) == 3 / 11
     assert pipeline.bubble_fraction(num_stages=4, num_microbatches=8, virtual_stages=2) == 3 / 19
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_stage_summaries_are_partial_sums_of_the_mean_over_stages_and_microbatches(rounds):
+    mesh = MeshSpec(axes=("pipe",), shape=(STAGES,), devices=list(range(STAGES))).build()
+    rng = np.random.default_rng(3)
+    total = rounds * STAGES
+    params = {"w": jnp.asarray(rng.normal(size=(total, WIDTH, WIDTH)) * 0.5, jnp.float32),
+              "b": jnp.asarray(rng.normal(size=(total, WIDTH)) * 0.1, jnp.float32)}
+    microbatches = jnp.asarray(rng.normal(size=(6, 4, WIDTH)), jnp.float32)
+
+    def stage(p, x, microbatch, index):
+        y = _stage(p, x)
+        return y, {"mean_out": jnp.mean(y), "stage": index.astype(jnp.float32)}
+
+    def local(params, microbatches):
+        slices = {k: v[:, 0] for k, v in params.items()}
+        _, summaries = pipeline.circular(stage, slices if rounds > 1 else
+                                         {k: v[0] for k, v in slices.items()}, microbatches,
+                                         axis="pipe", virtual_stages=rounds, with_summaries=True)
+        return collectives.psum(summaries, "pipe")
+
+    view = {k: v.reshape((rounds, STAGES) + v.shape[1:]) for k, v in params.items()}
+    spec = {"w": P(None, "pipe"), "b": P(None, "pipe")}
+    got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, P()), out_specs=P()))(
+        view, microbatches)
+    means = []
+    x = microbatches
+    for c in range(total):  # Every stage on every microbatch, in order.
+        x = jax.vmap(lambda m, c=c: _stage({k: v[c] for k, v in params.items()}, m))(x)
+        means.append(jnp.mean(x, axis=(1, 2)))
+    np.testing.assert_allclose(float(got["mean_out"]), float(jnp.mean(jnp.stack(means))),
+                               rtol=1e-5)
+    assert float(got["stage"]) == pytest.approx((total - 1) / 2)  # Mean stage index.

@@ -18,9 +18,10 @@ import contextlib
 import dataclasses
 import threading
 import zlib
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import jax
+import jax.numpy as jnp
 
 from titanax import errors
 
@@ -148,3 +149,19 @@ def child_context(name: str, **overrides: Any) -> InvocationContext:
                   output_collection=parent.output_collection.add_child(call_name), parent=parent)
     values.update(overrides)
     return InvocationContext(**values)
+
+
+def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries") -> Dict[str, jax.Array]:
+    """``{"summaries/<module path>/<name>": float32 scalar}`` from a nested summaries dict.
+
+    A summary of a stacked ``Repeat`` comes back with a leading layer axis: it is averaged.
+    """
+    out: Dict[str, jax.Array] = {}
+    for name, value in tree.items():
+        path = f"{prefix}/{name}"
+        if isinstance(value, Mapping):
+            out.update(flat_summaries(value, path))
+        elif value is not None:
+            value = jnp.asarray(value, jnp.float32)
+            out[path] = jnp.mean(value) if value.ndim else value
+    return out

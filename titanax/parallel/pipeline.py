@@ -34,7 +34,7 @@ from titanax.parallel.sharding import path_string
 
 
 def gpipe(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches: jax.Array, *,
-          axis: str, remat_ticks: bool = False) -> jax.Array:
+          axis: str, remat_ticks: bool = False, with_summaries: bool = False) -> Any:
     """Runs ``S`` pipeline stages over ``M`` microbatches (local view, inside shard_map).
 
     Args:
@@ -48,14 +48,16 @@ def gpipe(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches: j
       remat_ticks: rematerialise each tick in backward, saving only tick inputs.
 
     Returns:
-      ``[M, ...]`` outputs of the last stage, valid on the last stage (zeros elsewhere).
+      ``[M, ...]`` outputs of the last stage, valid on the last stage (zeros elsewhere); with
+      ``with_summaries`` also the stages' summaries (see ``circular``).
     """
     return circular(stage_fn, stage_params, microbatches, axis=axis, virtual_stages=1,
-                    remat_ticks=remat_ticks)
+                    remat_ticks=remat_ticks, with_summaries=with_summaries)
 
 
 def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches: jax.Array, *,
-             axis: str, virtual_stages: int, remat_ticks: bool = False) -> jax.Array:
+             axis: str, virtual_stages: int, remat_ticks: bool = False,
+             with_summaries: bool = False) -> Any:
     """GPipe with ``v = virtual_stages`` stage slices per device, the microbatches going round
     the ring ``v`` times (``v = 1`` is plain GPipe).
 
@@ -63,6 +65,10 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
     ``r = 0 .. v - 1`` (leaf ``r`` of ``stage_params``'s leading dimension). Microbatch ``m`` in
     round ``r`` is stream item ``i = r M + m``; device ``s`` works on item ``t - s`` at tick
     ``t``, so a schedule takes ``vM + S - 1`` ticks and the bubble is ``(S - 1) / (vM + S - 1)``.
+    With ``with_summaries``, ``stage_fn`` returns ``(y, {name: scalar})`` and the result is
+    ``(outputs, summaries)``: each summary summed over this device's ``vM`` real (not idle)
+    ticks and divided by ``vMS`` -- summed over the pipe axis, the mean over every stage and
+    microbatch.
     What the last device computes in a round that is not the last goes round the ring to device 0,
     which keeps it in a buffer of M activations until round ``r + 1`` reaches that microbatch
     (``M - S`` ticks later: M >= S is all the schedule needs). ``stage_fn`` is called with the
@@ -108,7 +114,7 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
         return jax.lax.dynamic_update_index_in_dim(buffer, jnp.where(write, value, current), i, 0)
 
     def tick(carry, t):
-        received, looped, outputs = carry
+        received, looped, outputs, summed = carry
         item = jnp.clip(t - stage, 0, items - 1)
         microbatch, round_ = item % count, item // count
         fresh = index(microbatches, microbatch)
@@ -117,6 +123,10 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
         first_valid = jnp.where(t < items, fresh, zero)
         x = jnp.where(stage == 0, first_valid, received)
         y = run_stage(stage_params, x, microbatch, round_)
+        if with_summaries:
+            y, summaries = y
+            real = (t - stage >= 0) & (t - stage < items)
+            summed = {k: v + jnp.where(real, summaries[k], 0.0) for k, v in summed.items()}
         done = t - (num_stages - 1)  # The last device's item this tick.
         last_round = (done >= 0) & (done // count == rounds - 1)
         outputs = put(outputs, jnp.clip(done, 0, items - 1) % count, y,
@@ -125,11 +135,19 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
         if rounds > 1:  # Device 0 keeps what the last device finished in a round before the last.
             looped = put(looped, jnp.clip(done, 0, items - 1) % count, sent,
                          (stage == 0) & (done >= 0) & (done // count < rounds - 1))
-        return (sent, looped, outputs), None
+        return (sent, looped, outputs, summed), None
 
     looped = jnp.zeros_like(microbatches) if rounds > 1 else jnp.zeros((0,), zero.dtype)
-    init = (zero, collectives.cast_varying(looped, axis), jnp.zeros_like(microbatches))
-    (_, _, outputs), _ = jax.lax.scan(tick, init, jnp.arange(items + num_stages - 1))
+    summed = {}
+    if with_summaries:  # Their names and shapes, from the stage itself.
+        first = jax.eval_shape(run_stage, stage_params, zero, 0, 0)[1]
+        summed = {k: collectives.cast_varying(jnp.zeros(v.shape, jnp.float32),
+                                              collectives.manual_axes())
+                  for k, v in first.items()}
+    init = (zero, collectives.cast_varying(looped, axis), jnp.zeros_like(microbatches), summed)
+    (_, _, outputs, summed), _ = jax.lax.scan(tick, init, jnp.arange(items + num_stages - 1))
+    if with_summaries:
+        return outputs, {k: v / (items * num_stages) for k, v in summed.items()}
     return outputs
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from titanax import errors
 from titanax.modules import functional
+from titanax.modules.context import flat_summaries
 from titanax.parallel import collectives
 from titanax.parallel.sharding import path_string
 
@@ -130,8 +131,9 @@ class ExplicitStages:
         return collectives.cast_varying(zeros, tuple(collectives.varying_axes(leaf)))
 
     def stage(self, params: Any, x: jax.Array, index, model_stage, key, is_training: bool,
-              microbatches: Any) -> jax.Array:
-        """Stage ``model_stage`` (this device's pipe index) on microbatch ``index``."""
+              microbatches: Any) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+        """Stage ``model_stage`` (this device's pipe index) on microbatch ``index``; a user's
+        ``fwd`` writes no summaries."""
         del key, is_training
 
         def branch(i):
@@ -142,20 +144,20 @@ class ExplicitStages:
             return run
 
         return jax.lax.switch(model_stage, [branch(i) for i in range(len(self.stages))],
-                              params, x, index)
+                              params, x, index), {}
 
     def head_loss(self, top: Any, outputs: jax.Array, rows: Any, key, is_training: bool
-                  ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+                  ) -> Tuple[jax.Array, Dict[str, jax.Array], Dict[str, jax.Array]]:
         del top
-        (loss, aux), _ = functional(self.model, key, {}, (self._unpack(outputs,
-                                                                       self._shapes[-1]), rows),
-                                    method="loss", is_training=is_training)
+        (loss, aux), collection = functional(
+            self.model, key, {}, (self._unpack(outputs, self._shapes[-1]), rows), method="loss",
+            is_training=is_training)
         if "loss_sum" not in aux:
             raise errors.PlanError(
                 f"{type(self.model).__qualname__}.loss returned aux without 'loss_sum'",
                 path="model.loss", suggestion="return aux['loss_sum'] (the loss summed over "
                 "examples): microbatch losses are combined by it")
-        return loss, aux
+        return loss, aux, flat_summaries(collection.summaries)
 
     @staticmethod
     def total_weight(batch: Dict[str, jax.Array]) -> jax.Array:

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.modules import functional
+from titanax.modules.context import flat_summaries
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
 from titanax.train.precision import Precision
@@ -125,22 +126,6 @@ class ModelGradients:
         varying = collectives.varying_axes(loss)
         return math.prod(self.mesh_shape[a] for a in self.loss_relation.copy_over
                          if a in varying)
-
-
-def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries") -> Dict[str, jax.Array]:
-    """``{"summaries/<module path>/<name>": float32 scalar}`` from a nested summaries dict.
-
-    A summary of a stacked ``Repeat`` comes back with a leading layer axis: it is averaged.
-    """
-    out: Dict[str, jax.Array] = {}
-    for name, value in tree.items():
-        path = f"{prefix}/{name}"
-        if isinstance(value, Mapping):
-            out.update(flat_summaries(value, path))
-        elif value is not None:
-            value = jnp.asarray(value, jnp.float32)
-            out[path] = jnp.mean(value) if value.ndim else value
-    return out
 
 
 def _split_microbatches(batch: Any, count: int) -> Any:

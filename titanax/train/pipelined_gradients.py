@@ -41,6 +41,7 @@ from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives, one_f_one_b, pipeline
 from titanax.parallel.stages import ExplicitStages
+from titanax.modules.context import flat_summaries
 from titanax.train.gradients import LocalGradients, LossRelation
 from titanax.train.precision import Precision
 
@@ -110,26 +111,28 @@ class StackedStages:
         del microbatches
         first_layer = model_stage * self.layers_per_stage
         key = _part_key(key, index, 1)
-        if not (self.remat_layers and is_training):
-            return functional(self.stage_layer, key, stage_params,
-                              {"x": x, "first_layer": first_layer}, is_training=is_training)[0]
-        recomputed, kept = self.stage_parts
-        split = self.remat_layers
 
         def run(part, params, x, first):
-            return functional(part, key, params, {"x": x, "first_layer": first},
-                              is_training=True)[0]
+            y, collection = functional(part, key, params, {"x": x, "first_layer": first},
+                                       is_training=is_training)
+            return y, flat_summaries(collection.summaries, "summaries/decoder")
 
+        if not (self.remat_layers and is_training):
+            return run(self.stage_layer, stage_params, x, first_layer)
+        recomputed, kept = self.stage_parts
+        split = self.remat_layers
         head = jax.tree_util.tree_map(lambda p: p[:split], stage_params)
         tail = jax.tree_util.tree_map(lambda p: p[split:], stage_params)
-        x = jax.checkpoint(lambda p, x_in: run(recomputed, p, x_in, first_layer),
-                           prevent_cse=False)(head, x)
-        return run(kept, tail, x, first_layer + split)
+        x, early = jax.checkpoint(lambda p, x_in: run(recomputed, p, x_in, first_layer),
+                                  prevent_cse=False)(head, x)
+        y, late = run(kept, tail, x, first_layer + split)
+        share = split / self.layers_per_stage  # Per-layer means, weighted by layer counts.
+        return y, {k: share * early[k] + (1 - share) * late[k] for k in late}
 
     def head_loss(self, top: Any, outputs: jax.Array, rows: Any, key, is_training: bool):
-        (loss, aux), _ = functional(self.model, key, top, (outputs, rows), method="head_loss",
-                                    is_training=is_training)
-        return loss, aux
+        (loss, aux), collection = functional(self.model, key, top, (outputs, rows),
+                                             method="head_loss", is_training=is_training)
+        return loss, aux, flat_summaries(collection.summaries)
 
     @staticmethod
     def total_weight(batch: Dict[str, jax.Array]) -> jax.Array:
@@ -187,8 +190,8 @@ class PipelinedGradients:
         if self.schedule == "1f1b":
             return self._one_f_one_b(params, batch, key, loss_scale)
         grad_fn = jax.value_and_grad(self._objective, has_aux=True)
-        (_, (loss, aux)), grads = grad_fn(params, batch, key, loss_scale)
-        return LocalGradients(grads=grads, loss=loss, aux=aux, summaries={})
+        (_, (loss, aux, summaries)), grads = grad_fn(params, batch, key, loss_scale)
+        return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries)
 
     def _microbatches(self, batch: Any) -> Tuple[int, Any]:
         count = self._microbatch_count(batch)
@@ -200,6 +203,10 @@ class PipelinedGradients:
         """``(loss, aux)`` of the pipelined model under GPipe / circular: the loss is this
         device's partial sum over the pipe axis (summed over ``pipe`` it is the mean over the
         data shard)."""
+        return self._forward(params, batch, key, is_training=is_training)[:2]
+
+    def _forward(self, params, batch, key, *, is_training):
+        """``(loss, aux, summaries)``; the summaries too are partial sums over ``pipe``."""
         parts = self.parts
         cfg_stages = self.mesh_shape[self.pipe_axis]
         local = jax.tree_util.tree_leaves(batch)[0].shape[0]
@@ -215,12 +222,14 @@ class PipelinedGradients:
 
         if self.virtual_stages > 1:  # Leaves [v, 1, L/(vS), ...]: this device's v slices.
             slices = jax.tree_util.tree_map(lambda x: x[:, 0], stage_params)
-            decoded = pipeline.circular(stage_fn, slices, embedded, axis=self.pipe_axis,
-                                        virtual_stages=self.virtual_stages,
-                                        remat_ticks=self.remat_ticks)
+            decoded, summaries = pipeline.circular(
+                stage_fn, slices, embedded, axis=self.pipe_axis,
+                virtual_stages=self.virtual_stages, remat_ticks=self.remat_ticks,
+                with_summaries=True)
         else:
-            decoded = pipeline.gpipe(stage_fn, stage_params, embedded, axis=self.pipe_axis,
-                                     remat_ticks=self.remat_ticks)
+            decoded, summaries = pipeline.gpipe(stage_fn, stage_params, embedded,
+                                                axis=self.pipe_axis, remat_ticks=self.remat_ticks,
+                                                with_summaries=True)
         head_key = _part_key(key, 0, 2)  # The head has no randomness.
         if count % cfg_stages == 0:
             # Hand each pipe rank M/S of the last stage's outputs (a reduce-scatter: the other
@@ -232,18 +241,22 @@ class PipelinedGradients:
             rows = jax.tree_util.tree_map(
                 lambda x: jax.lax.dynamic_slice_in_dim(x, stage_index * share, share).reshape(
                     (share * self.microbatch_size,) + x.shape[2:]), microbatches)
-            _, aux = parts.head_loss(
+            _, aux, head_summaries = parts.head_loss(
                 top, mine.reshape((share * self.microbatch_size,) + mine.shape[2:]), rows,
                 head_key, is_training)
             # Token-weighted: this share's loss sum over the whole shard's weight (padding rows
             # weigh 0), so the partial sums over pipe add up to the one-device loss exactly.
-            return aux["loss_sum"].astype(jnp.float32) / parts.total_weight(batch), aux
+            # Summaries: each rank's share is 1/S of the microbatches.
+            summaries.update({k: v / cfg_stages for k, v in head_summaries.items()})
+            return (aux["loss_sum"].astype(jnp.float32) / parts.total_weight(batch), aux,
+                    summaries)
         decoded = decoded.reshape((local,) + decoded.shape[2:])
-        loss, aux = parts.head_loss(top, decoded, batch, head_key, is_training)
+        loss, aux, head_summaries = parts.head_loss(top, decoded, batch, head_key, is_training)
         last = stage_index == cfg_stages - 1
         loss = jnp.where(last, loss.astype(jnp.float32), 0.0)
         aux = {k: jnp.where(last, v, jnp.zeros_like(v)) for k, v in aux.items()}
-        return loss, aux
+        summaries.update({k: jnp.where(last, v, 0.0) for k, v in head_summaries.items()})
+        return loss, aux, summaries
 
     def _microbatch_count(self, batch: Any) -> int:
         local = jax.tree_util.tree_leaves(batch)[0].shape[0]
@@ -280,20 +293,24 @@ class PipelinedGradients:
                                compute_batches)
 
         def head_fn(sp, top_params, x, m):
-            decoded = stage_fn(sp, x, m)
-            _, aux = parts.head_loss(precision.cast_for_compute(top_params), decoded, row(m),
-                                     _part_key(key, m, 2), True)
+            decoded, stage_summaries = stage_fn(sp, x, m)
+            _, aux, head_summaries = parts.head_loss(precision.cast_for_compute(top_params),
+                                                     decoded, row(m), _part_key(key, m, 2), True)
             # Token-weighted over the shard (see forward_loss), not a mean of microbatch means.
             loss = aux["loss_sum"].astype(jnp.float32) / total_weight
             objective = loss / self._copies_seen_by_autodiff(loss)
             if loss_scale is not None:
                 objective = objective * loss_scale
-            return objective, (loss, aux)
+            # Summaries as partial sums over pipe of the mean over microbatches (and stages).
+            summaries = {**{k: v / (count * stages) for k, v in stage_summaries.items()},
+                         **{k: v / count for k, v in head_summaries.items()}}
+            return objective, (loss, aux, summaries)
 
         activation = jax.eval_shape(lambda: embed_fn(top, 0))
         varying = lambda x: collectives.cast_varying(x, axes)  # noqa: E731
         zeros_act = varying(jnp.zeros(activation.shape, activation.dtype))
-        aux_shape = jax.eval_shape(lambda: head_fn(stage_params, top, zeros_act, 0)[1][1])
+        _, aux_shape, summary_shape = jax.eval_shape(
+            lambda: head_fn(stage_params, top, zeros_act, 0)[1])
         init = {
             "acts": varying(jnp.zeros((stages,) + activation.shape, activation.dtype)),
             "grads_in": varying(jnp.zeros((stages,) + activation.shape, activation.dtype)),
@@ -302,8 +319,17 @@ class PipelinedGradients:
             "loss": varying(jnp.zeros((), jnp.float32)),
             "aux": jax.tree_util.tree_map(lambda a: varying(jnp.zeros(a.shape, a.dtype)),
                                           aux_shape),
+            "summaries": {k: varying(jnp.zeros(a.shape, jnp.float32))
+                          for k, a in summary_shape.items()},
         }
         add = lambda a, b: jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
+
+        def with_stage_summaries(carry, summaries):
+            """A forward tick's stage summaries: partial sums over pipe of the mean over
+            microbatches and stages (the last stage's come with its head, in backward)."""
+            scaled = {k: v / (count * stages) for k, v in summaries.items()}
+            return dict(carry, summaries={k: v + scaled.get(k, 0.0)
+                                          for k, v in carry["summaries"].items()})
 
         def idle(carry, m):
             del m
@@ -312,10 +338,12 @@ class PipelinedGradients:
         def forward_first(carry, m):
             x = embed_fn(top, m)
             carry = dict(carry, acts=carry["acts"].at[m % stages].set(x))
-            return carry, stage_fn(stage_params, x, m), zeros_act
+            y, summaries = stage_fn(stage_params, x, m)
+            return with_stage_summaries(carry, summaries), y, zeros_act
 
         def forward_middle(carry, m):
-            return carry, stage_fn(stage_params, carry["acts"][m % stages], m), zeros_act
+            y, summaries = stage_fn(stage_params, carry["acts"][m % stages], m)
+            return with_stage_summaries(carry, summaries), y, zeros_act
 
         def forward_last(carry, m):  # The input is kept; the backward runs the stage and head.
             del m
@@ -323,17 +351,17 @@ class PipelinedGradients:
 
         def backward_last(carry, m):
             x = carry["acts"][m % stages]
-            objective, vjp, (loss, aux) = jax.vjp(lambda sp, tp, xx: head_fn(sp, tp, xx, m),
-                                                  stage_params, top, x, has_aux=True)
+            objective, vjp, (loss, aux, summaries) = jax.vjp(
+                lambda sp, tp, xx: head_fn(sp, tp, xx, m), stage_params, top, x, has_aux=True)
             d_stage, d_top, dx = vjp(jnp.ones_like(objective))
             carry = dict(carry, g_stage=add(carry["g_stage"], d_stage),
                          g_top=add(carry["g_top"], d_top), loss=carry["loss"] + loss,
-                         aux=add(carry["aux"], aux))
+                         aux=add(carry["aux"], aux), summaries=add(carry["summaries"], summaries))
             return carry, zeros_act, dx
 
         def backward_middle(carry, m, first=False):
             x = carry["acts"][m % stages]
-            _, vjp = jax.vjp(lambda sp, xx: stage_fn(sp, xx, m), stage_params, x)
+            _, vjp = jax.vjp(lambda sp, xx: stage_fn(sp, xx, m)[0], stage_params, x)
             d_stage, dx = vjp(carry["grads_in"][m % stages])
             carry = dict(carry, g_stage=add(carry["g_stage"], d_stage))
             if first:
@@ -381,16 +409,17 @@ class PipelinedGradients:
         final, _ = jax.lax.scan(tick, init, jnp.arange(table.num_ticks))
         grads = parts.join(final["g_top"], final["g_stage"])
         grads = {k: grads[k] for k in params}  # The params' key order.
-        return LocalGradients(grads=grads, loss=final["loss"], aux=final["aux"], summaries={})
+        return LocalGradients(grads=grads, loss=final["loss"], aux=final["aux"],
+                              summaries=final["summaries"])
 
     def _objective(self, params, batch, key, loss_scale):
         compute_params = self.precision.cast_for_compute(params)
         inputs = self.precision.cast_for_compute(batch)
-        loss, aux = self.forward_loss(compute_params, inputs, key, is_training=True)
+        loss, aux, summaries = self._forward(compute_params, inputs, key, is_training=True)
         objective = loss / self._copies_seen_by_autodiff(loss)
         if loss_scale is not None:
             objective = objective * loss_scale
-        return objective, (loss, aux)
+        return objective, (loss, aux, summaries)
 
     def _copies_seen_by_autodiff(self, loss: jax.Array) -> int:
         varying = collectives.varying_axes(loss)
