@@ -212,7 +212,7 @@ class Engine(StateMixin, Configurable):
             model=self.model, precision=self.precision, adapter=self.adapter, learner=self.learner,
             mesh_shape=dict(self.mesh.shape), param_specs=self.param_specs,
             data_axis=self.data_axis, accumulate_steps=self.plan.accumulate_steps,
-            use_zero=self.plan.zero is not None, nan_policy=self.config.nan_policy,
+            state_sharding=self.state_sharding, nan_policy=self.config.nan_policy,
             sync_metrics=dp.sync_metrics if dp is not None else True,
             pipeline=self.config.plan.pipeline_parallel)
 

@@ -22,7 +22,7 @@ from titanax.config import overrides
 from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.parallel import interleaved_stack, rules, sharding
-from titanax.train import learner as learner_lib
+from titanax.train import state_sharding as state_sharding_lib
 from titanax.train import prng
 from titanax.train import step as step_lib
 from titanax.train.train_state import TrainState
@@ -42,15 +42,14 @@ class StateMixin:
                                                  else s.dtype),
             self.parameter_specs, self.param_specs, is_leaf=rules.is_param_leaf)
 
+    @property
+    def state_sharding(self) -> state_sharding_lib.Replicated:
+        """How the optimizer state is laid out and updated (for the plan and mesh)."""
+        return state_sharding_lib.for_plan(self.plan, param_specs=self.param_specs,
+                                           mesh_shape=dict(self.mesh.shape))
+
     def opt_state_specs(self) -> Any:
-        local = self._local_param_shapes()
-        if self.plan.zero is not None:
-            chunks = jax.tree_util.tree_map(
-                lambda s: jax.ShapeDtypeStruct(
-                    (_zero_chunk(s.shape, self.mesh.shape[self.data_axis]),), s.dtype), local)
-            return learner_lib.zero_state_specs(self.adapter, chunks, self.param_specs,
-                                                self.data_axis)
-        return learner_lib.replicated_state_specs(self.adapter, local, self.param_specs)
+        return self.state_sharding.opt_state_specs(self.adapter, self._local_param_shapes())
 
     def state_specs(self) -> TrainState:
         return TrainState(params=self.param_specs, opt_state=self.opt_state_specs(),
@@ -196,13 +195,11 @@ class StateMixin:
 
     def _state_layout(self) -> Dict[str, Any]:
         """How the optimizer state's global arrays are laid out (saved in the metadata)."""
-        if self.plan.zero is not None:
-            layout = {"kind": "zero1_flat_chunks",
-                      "mesh": {str(k): int(v) for k, v in self.mesh.shape.items()}}
-            if self.stack_view is not None:  # The chunks are cut from the view's local slices.
-                layout["virtual_stages"] = self.stack_view.virtual_stages
-            return layout
-        return {"kind": "param_layout"}
+        layout = self.state_sharding.layout(dict(self.mesh.shape))
+        if not self.state_sharding.follows_params and self.stack_view is not None:
+            # ZeRO's chunks are cut from the view's local slices.
+            layout["virtual_stages"] = self.stack_view.virtual_stages
+        return layout
 
     # --- The circular schedule's view <-> the canonical layout of checkpoints ---------------------
 
@@ -211,7 +208,7 @@ class StateMixin:
 
     def _optimizer_state_follows_params(self) -> bool:
         """False with ZeRO-1: its flat chunks are not param-shaped (and never converted)."""
-        return self.plan.zero is None
+        return self.state_sharding.follows_params
 
     def _canonical_state(self, state: TrainState) -> TrainState:
         """``state`` (arrays, or ShapeDtypeStructs as a restore target) in the layout checkpoints
@@ -336,6 +333,3 @@ class StateMixin:
         return {"params": state.params, "opt_state": state.opt_state, "step": state.step,
                 "rngs": state.rngs, "loss_scale": state.loss_scale}
 
-
-def _zero_chunk(shape, data_size: int) -> int:
-    return -(-int(np.prod(shape)) // data_size)

@@ -2,8 +2,9 @@
 
 It wraps any optax ``GradientTransformation`` (the seed's ``OptimizerAdapter``), adds what a
 sharded run needs and optax cannot know: weight decay scaled per param from each
-``ParameterSpec.weight_decay_scale``, gradient clipping by the *global* norm (squares summed over
-the devices a param is split over, never twice over devices that hold copies), and ZeRO-1.
+``ParameterSpec.weight_decay_scale`` and gradient clipping by the *global* norm (squares summed
+over the devices a param is split over, never twice over devices that hold copies). Which part of
+the optimizer state a device updates is the state-sharding strategy's (``state_sharding.py``).
 
 Everything here runs in local view inside the engine's ``shard_map``.
 """
@@ -21,7 +22,7 @@ from jax.sharding import PartitionSpec
 from titanax import errors
 from titanax.config import Configurable, InstantiableConfig, config_for_function
 from titanax.parallel import collectives, rules
-from titanax.train import optimizers, zero
+from titanax.train import optimizers
 
 
 class OptimizerAdapter:
@@ -66,6 +67,17 @@ class Learner(Configurable):
         if target is not None and "decay_scales" in inspect.signature(target).parameters:
             extra["decay_scales"] = decay_scales
         return OptimizerAdapter(optimizer_cfg.instantiate(**extra))
+
+    def apply_update(self, adapter: OptimizerAdapter, grads: Any, norm: jax.Array,
+                     opt_state: Any, params: Any) -> Tuple[Any, Any]:
+        """``(new params, new optimizer state)``: gradients clipped to ``max_grad_norm`` by their
+        global ``norm``, then the optax update, added in each param's dtype. Runs on whatever
+        part of the params and state the state-sharding strategy hands it."""
+        clipped = clip_by_norm(grads, norm, self.config.max_grad_norm)
+        updates, new_state = adapter.update(clipped, opt_state, params)
+        new_params = jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), params,
+                                            updates)
+        return new_params, new_state
 
     def learning_rate(self, step: jax.Array) -> jax.Array:
         """The learning rate at ``step`` (for logging); NaN when the optimizer has no such field."""
@@ -154,20 +166,3 @@ def split_axes_of(param_specs: Any, extra: Sequence[str] = ()) -> Any:
                                   is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def zero_state_specs(adapter: OptimizerAdapter, local_chunks: Any, param_specs: Any,
-                     data_axis: str) -> Any:
-    """Out-specs of a ZeRO-1 optimizer state built on chunk-shaped leaves."""
-    shapes = jax.eval_shape(adapter.init, local_chunks)
-    chunk_specs = jax.tree_util.tree_map(lambda s: zero.chunk_spec(s, data_axis), param_specs,
-                                         is_leaf=lambda x: isinstance(x, PartitionSpec))
-    return optax.tree_map_params(adapter.tx, lambda _, spec: spec, shapes, chunk_specs,
-                                 transform_non_params=lambda _: PartitionSpec(),
-                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
-
-
-def replicated_state_specs(adapter: OptimizerAdapter, local_params: Any, param_specs: Any) -> Any:
-    """Out-specs of an optimizer state laid out like the params."""
-    shapes = jax.eval_shape(adapter.init, local_params)
-    return optax.tree_map_params(adapter.tx, lambda _, spec: spec, shapes, param_specs,
-                                 transform_non_params=lambda _: PartitionSpec(),
-                                 is_leaf=lambda x: isinstance(x, PartitionSpec))

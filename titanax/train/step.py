@@ -28,9 +28,9 @@ from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
 from titanax.train import learner as learner_lib
-from titanax.train import zero
 from titanax.train.gradients import ModelGradients
 from titanax.train.pipelined_gradients import PipelinedGradients
+from titanax.train.state_sharding import Replicated
 from titanax.train.precision import Precision
 from titanax.train.reducer import GradientReducer, Reduced
 from titanax.train.train_state import TrainState
@@ -52,7 +52,8 @@ class StepSetup:
     # The data-parallel axis (None: no DP).
     data_axis: Optional[str]
     accumulate_steps: int
-    use_zero: bool
+    # How the optimizer state is laid out and updated (state_sharding.py).
+    state_sharding: Replicated
     # "stop": report non-finite losses (the engine raises); "skip": also leave the state as is.
     nan_policy: str = "stop"
     # Reduce metrics over the data axis (DP.sync_metrics); False: report data shard 0's values.
@@ -82,7 +83,8 @@ class StepSetup:
     @functools.cached_property
     def reducer(self) -> GradientReducer:
         return GradientReducer.plan(param_specs=self.param_specs, mesh_shape=self.mesh_shape,
-                                    data_axis=self.data_axis, zero=self.use_zero,
+                                    data_axis=self.data_axis,
+                                    zero=not self.state_sharding.reduces_data_gradients,
                                     loss_relation=self.gradients.loss_relation)
 
 
@@ -112,27 +114,10 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
 
 
 def _apply_update(setup: StepSetup, state: TrainState, reduced: Reduced):
-    data_axis = setup.data_axis
-    grads = reduced.grads
     loss = reduced.metrics["loss"]
-    if setup.use_zero:
-        grad_chunks = jax.tree_util.tree_map(lambda g: zero.scatter_mean(g, data_axis), grads)
-        param_chunks = jax.tree_util.tree_map(lambda p: zero.local_chunk(p, data_axis),
-                                              state.params)
-        split = learner_lib.split_axes_of(setup.param_specs, extra=(data_axis,))
-        norm = learner_lib.global_norm(grad_chunks, split)
-        clipped = learner_lib.clip_by_norm(grad_chunks, norm, setup.learner.config.max_grad_norm)
-        updates, new_opt_state = setup.adapter.update(clipped, state.opt_state, param_chunks)
-        new_chunks = jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), param_chunks,
-                                            updates)
-        new_params = jax.tree_util.tree_map(lambda c, p: zero.gather(c, data_axis, p.shape),
-                                            new_chunks, state.params)
-    else:
-        norm = jnp.sqrt(reduced.norm_squared)
-        clipped = learner_lib.clip_by_norm(grads, norm, setup.learner.config.max_grad_norm)
-        updates, new_opt_state = setup.adapter.update(clipped, state.opt_state, state.params)
-        new_params = jax.tree_util.tree_map(lambda p, u: (p + u).astype(p.dtype), state.params,
-                                            updates)
+    new_params, new_opt_state, norm = setup.state_sharding.update(
+        setup.learner, setup.adapter, state.params, state.opt_state, reduced.grads,
+        reduced.norm_squared)
     # Decisions every device must take identically: reduce the evidence over all axes.
     grads_finite = jnp.isfinite(norm)
     loss_finite = _all_devices(jnp.isfinite(loss))
@@ -215,8 +200,5 @@ def pipelined_eval_local_step(setup: StepSetup, params: Any, batch: Any
 
 
 def local_init_opt_state(setup: StepSetup, params: Any) -> Any:
-    """The optimizer state in local view (chunked over the data axis with ZeRO-1)."""
-    if setup.use_zero:
-        return setup.adapter.init(jax.tree_util.tree_map(
-            lambda p: zero.local_chunk(p, setup.data_axis), params))
-    return setup.adapter.init(params)
+    """The optimizer state in local view, as the state-sharding strategy lays it out."""
+    return setup.state_sharding.init(setup.adapter, params)
