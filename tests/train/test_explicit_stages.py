@@ -83,8 +83,12 @@ def test_imperative_engine_with_the_seed_api():
                                              microbatch_size=1)),
         model=CNN, learner=helpers.sgd(0.5), loggers=[])
     losses, _ = helpers.train(engine, BATCHES)
-    want_losses, _ = helpers.train(_engine(), BATCHES)
+    reference = _engine()
+    want_losses, _ = helpers.train(reference, BATCHES)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    got, want = engine.eval(data=BATCHES[:2]), reference.eval(data=BATCHES[:2])
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    assert got["accuracy"] == want["accuracy"]
 
 
 @pytest.mark.parametrize("stages,path,text", [

@@ -140,7 +140,10 @@ class ExplicitStages:
             def run(params, x, index):
                 inputs = (jax.tree_util.tree_map(lambda v: v[index], microbatches) if i == 0
                           else self._unpack(x, self._shapes[i - 1]))
-                return self._pack(self.stages[i].fwd(subset(params, self._owned, i), inputs))
+                y = self._pack(self.stages[i].fwd(subset(params, self._owned, i), inputs))
+                # Branches must agree on where their output varies (stage 0 reads the batch,
+                # the others the pipe-varying buffer): vary everywhere.
+                return collectives.cast_varying(y, collectives.manual_axes())
             return run
 
         return jax.lax.switch(model_stage, [branch(i) for i in range(len(self.stages))],

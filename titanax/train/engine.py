@@ -47,7 +47,7 @@ from titanax.train.precision import Precision
 from titanax.train import pipeline_report, preemption
 from titanax.train.preemption import preemption_guard
 from titanax.train.train_state import TrainState
-from titanax.train.user_step import wrap_user_step
+from titanax.train.user_step import UserStep
 
 _log = logging.getLogger("titanax")
 
@@ -267,16 +267,11 @@ class Engine(StateMixin, Configurable):
                 "slice of the stacked layers", path="plan.pipeline_parallel",
                 suggestion="train the configured model (fit() without a step function), or drop "
                            "pipeline_parallel")
-        if self._user_step is not None:
-            local = wrap_user_step(self._user_step, axes=self.axes, data_axis=self.data_axis,
-                                   param_specs=self.param_specs, precision=self.precision)
-        else:
-            if self.model is None:
-                raise errors.StepError("no model and no step function", path="engine.model",
-                                       suggestion="configure a model, or pass a @step_fn to fit")
-            setup = self._setup()
-            local = lambda state, batch: step_lib.local_train_step(setup, state, batch)  # noqa: E731
-        metric_spec = self._metric_spec()
+        if self._user_step is None and self.model is None:
+            raise errors.StepError("no model and no step function", path="engine.model",
+                                   suggestion="configure a model, or pass a @step_fn to fit")
+        local_step = self._local_step(self._user_step)
+        local, metric_spec = local_step.train, local_step.metric_spec
 
         def specs_for(batch):
             return self.batch_specs(batch)
@@ -288,11 +283,12 @@ class Engine(StateMixin, Configurable):
         return CompiledStep(jax.jit(step, donate_argnums=0), name="train step",
                             policy=self.config.recompile_policy)
 
-    def _metric_spec(self):
-        dp = self.config.plan.data_parallel
-        if self._user_step is None and dp is not None and not dp.sync_metrics:
-            return PartitionSpec(self.data_axis)
-        return PartitionSpec()
+    def _local_step(self, step_fn: Optional[Callable]):
+        """The local-step protocol's implementation: the model's step, or the user's."""
+        if step_fn is None:
+            return step_lib.ModelStep(self._setup())
+        return UserStep(step_fn, axes=self.axes, data_axis=self.data_axis,
+                        param_specs=self.param_specs, precision=self.precision)
 
     # --- Running ----------------------------------------------------------------------------------
 
@@ -579,19 +575,7 @@ class Engine(StateMixin, Configurable):
     def _eval_step(self, step_fn: Optional[Callable]) -> CompiledStep:
         key = step_fn or "model"
         if key not in self._eval_steps:
-            if step_fn is None and self.plan.pp_axis is not None:
-                setup = self._setup()
-                local = lambda params, batch: step_lib.pipelined_eval_local_step(  # noqa: E731
-                    setup, params, batch)
-            elif step_fn is None:
-                model, precision, axes, data_axis = (self.model, self.precision, self.axes,
-                                                     self.data_axis)
-                local = lambda params, batch: step_lib.eval_local_step(  # noqa: E731
-                    model, precision, data_axis, axes, params, batch)
-            else:
-                local = wrap_user_step(step_fn, axes=self.axes, data_axis=self.data_axis,
-                                       param_specs=self.param_specs, precision=self.precision,
-                                       eval_only=True)
+            local = self._local_step(step_fn).eval
 
             def run(params, batch):
                 return self._shard_map(local, in_specs=(self.param_specs, self.batch_specs(batch)),

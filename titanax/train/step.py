@@ -202,3 +202,31 @@ def pipelined_eval_local_step(setup: StepSetup, params: Any, batch: Any
 def local_init_opt_state(setup: StepSetup, params: Any) -> Any:
     """The optimizer state in local view, as the state-sharding strategy lays it out."""
     return setup.state_sharding.init(setup.adapter, params)
+
+
+class ModelStep:
+    """The engine's own step for its configured model: one implementation of the local-step
+    protocol (``train(state, batch)``, ``eval(params, batch)``, ``metric_spec``) that the
+    engine runs inside its ``shard_map``; ``user_step.UserStep`` is the other."""
+
+    def __init__(self, setup: StepSetup):
+        self.setup = setup
+
+    @property
+    def metric_spec(self):
+        """How the metrics leave shard_map: replicated, or per data shard without sync."""
+        from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+        setup = self.setup
+        if setup.data_axis is not None and not setup.sync_metrics:
+            return PartitionSpec(setup.data_axis)
+        return PartitionSpec()
+
+    def train(self, state: TrainState, batch: Any) -> Tuple[TrainState, Dict[str, jax.Array]]:
+        return local_train_step(self.setup, state, batch)
+
+    def eval(self, params: Any, batch: Any) -> Dict[str, jax.Array]:
+        setup = self.setup
+        if setup.pipeline is not None:
+            return pipelined_eval_local_step(setup, params, batch)
+        return eval_local_step(setup.model, setup.precision, setup.data_axis, setup.axes, params,
+                               batch)

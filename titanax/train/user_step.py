@@ -133,3 +133,27 @@ def wrap_user_step(fn: Callable, *, axes: Sequence[str], data_axis: Optional[str
         return new_state.replace(reference_params=None), _reduce_metrics(metrics, axes)
 
     return local
+
+
+class UserStep:
+    """A hand-written ``@step_fn`` behind the engine's local-step protocol (see
+    ``step.ModelStep``): its metrics are reduced to replicated scalars."""
+
+    def __init__(self, fn: Callable, *, axes: Sequence[str], data_axis: Optional[str],
+                 param_specs: Any, precision: Precision):
+        self.fn = fn
+        self._args = dict(axes=axes, data_axis=data_axis, param_specs=param_specs,
+                          precision=precision)
+
+    @property
+    def metric_spec(self):
+        from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+        return PartitionSpec()
+
+    @property
+    def train(self) -> Callable:
+        return wrap_user_step(self.fn, **self._args)
+
+    @property
+    def eval(self) -> Callable:
+        return wrap_user_step(self.fn, eval_only=True, **self._args)
