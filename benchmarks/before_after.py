@@ -42,6 +42,7 @@ def _worker(tree: str, label: str) -> None:
     spec = importlib.util.spec_from_file_location(
         "step_speed_of_tree", os.path.join(tree, "benchmarks", "step_speed.py"))
     step_speed = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = step_speed  # Its dataclasses look their module up.
     spec.loader.exec_module(step_speed)
     from tests.train.helpers import text_batches  # pylint: disable=import-outside-toplevel
     shape, mesh, accumulate, dtype = label.split()
@@ -67,15 +68,23 @@ def _start(tree: str, label: str) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", tree,
                                 "--cells", label], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                text=True, cwd=tree, env=env)
-    ready = json.loads(process.stdout.readline())
-    process.first_loss = ready["first_loss"]
+    process.first_loss = _reply(process)["first_loss"]
     return process
+
+
+def _reply(process: subprocess.Popen) -> Dict:
+    """The worker's next JSON line (anything else it prints is passed through)."""
+    for line in process.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+        print(f"  worker: {line.rstrip()}", flush=True)
+    raise RuntimeError(f"the worker for {process.args[-1]!r} exited with {process.wait()}")
 
 
 def _time(process: subprocess.Popen, steps: int) -> float:
     process.stdin.write(f"{steps}\n")
     process.stdin.flush()
-    return json.loads(process.stdout.readline())["seconds_per_step"]
+    return _reply(process)["seconds_per_step"]
 
 
 def main() -> None:
