@@ -41,6 +41,23 @@ def text_batches(batch_size: int = 8, seq_len: int = 16, count: int = 10) -> Lis
     return out
 
 
+class SummarizingGPT(GPT):
+    """A GPT whose head also writes its loss with ``add_summary`` (tests of the summaries path:
+    GPT itself writes none -- it would only repeat the loss metric)."""
+
+    def head_loss(self, decoded, batch):
+        loss, aux = super().head_loss(decoded, batch)
+        self.add_summary("loss", loss)
+        return loss, aux
+
+
+def summarizing(engine: Engine) -> Engine:
+    """``engine`` rebuilt with SummarizingGPT as its model."""
+    cfg = engine.config.clone()
+    cfg.model.klass = SummarizingGPT
+    return cfg.instantiate()
+
+
 def sgd(learning_rate: float) -> Learner.Config:
     return Learner.default_config().set(
         optimizer=config_for_function(optimizers.sgd).set(learning_rate=learning_rate))

@@ -12,7 +12,7 @@ from tests.train import helpers
 
 
 def _model_and_params():
-    engine = helpers.gpt_engine(data=1)
+    engine = helpers.summarizing(helpers.gpt_engine(data=1))
     engine.init_state()
     return engine.model, jax.device_get(engine.state.params)
 
@@ -35,7 +35,7 @@ def test_microbatched_gradients_equal_the_plain_ones_and_jax_grad():
 
 
 def test_summaries_reach_the_step_metrics():
-    engine = helpers.gpt_engine(data=4, model_axis=2, accumulate=2)
+    engine = helpers.summarizing(helpers.gpt_engine(data=4, model_axis=2, accumulate=2))
     engine.fit(data=iter(helpers.text_batches(batch_size=16)), steps=2)
     for metrics in engine.history:
         assert abs(metrics["summaries/loss"] - metrics["loss"]) < 1e-5, metrics

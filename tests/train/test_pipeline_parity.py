@@ -351,11 +351,12 @@ def test_checkpoint_ratio_recomputes_without_changing_the_update(schedule, ratio
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_layer_summaries_reach_the_metrics(schedule):
-    """GPT's head writes add_summary("loss"): under every schedule it arrives in the metrics as
+    """A head that writes add_summary("loss"): under every schedule it arrives in the metrics as
     it does without a pipeline (the mean over microbatches, summed over the pipe ranks)."""
-    reference = _deep(helpers.gpt_engine(data=4, learner=helpers.sgd(0.5)), _layers(schedule))
+    reference = helpers.summarizing(_deep(helpers.gpt_engine(data=4, learner=helpers.sgd(0.5)),
+                                          _layers(schedule)))
     helpers.train(reference, BATCHES)
-    engine = _schedule(("data", "pipe"), (4, 2), schedule)
+    engine = helpers.summarizing(_schedule(("data", "pipe"), (4, 2), schedule))
     helpers.train(engine, BATCHES)
     want = [h["summaries/loss"] for h in reference.history]
     got = [h["summaries/loss"] for h in engine.history]

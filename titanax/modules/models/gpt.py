@@ -174,7 +174,6 @@ class GPT(BaseLayer):
         loss_sum = jnp.sum(per_token * weights)
         num_tokens = jnp.sum(weights)
         loss = loss_sum / jnp.maximum(num_tokens, 1.0)
-        self.add_summary("loss", loss)
         return loss, {"loss_sum": loss_sum, "num_tokens": num_tokens}
 
 
