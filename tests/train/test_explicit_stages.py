@@ -66,6 +66,16 @@ def test_a_two_stage_cnn_matches_one_device(shape, schedule):
     assert len(data_ops) == (1 if shape[0] > 1 else 0) and not any(op.in_loop for op in data_ops)
 
 
+def test_example_weights_give_the_weighted_loss():
+    """The model's loss_weight (weighted examples) combines the microbatches, not a count."""
+    batches = [dict(b, weights=np.array([1, 0, 1, 1, 0, 0, 1, 1], np.float32))
+               for b in BATCHES[:2]]
+    want_losses, want_params = helpers.train(_engine(), batches)
+    losses, params = helpers.train(_engine((1, 2), "gpipe", microbatch_size=2), batches)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+
+
 def test_explain_lists_the_stages():
     engine = _engine((4, 2), "gpipe")
     engine.fit(data=iter(BATCHES), steps=1)
@@ -105,3 +115,18 @@ def test_bad_stages_are_refused_naming_the_stage(stages, path, text):
     with pytest.raises(errors.PlanError) as info:
         engine.fit(data=iter(BATCHES), steps=1)
     assert info.value.path == path and text in info.value.message
+
+
+def test_a_stage_filter_must_be_a_list_of_globs():
+    with pytest.raises(errors.PlanError) as info:
+        tx.Stage(name="conv", param_filter="conv*", fwd=lambda p, x: x)
+    assert info.value.path == "plan.pipeline_parallel.stages['conv'].param_filter"
+
+
+def test_fractional_checkpoint_ratio_is_refused_for_explicit_stages():
+    engine = _engine((1, 2), "gpipe")
+    cfg = engine.config.clone()
+    cfg.plan.pipeline_parallel.checkpoint_ratio = 0.5
+    with pytest.raises(errors.PlanError) as info:
+        cfg.instantiate().build()
+    assert info.value.path == "plan.pipeline_parallel.checkpoint_ratio"

@@ -288,9 +288,9 @@ def test_padding_weights_give_the_token_weighted_loss(schedule):
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_fp16_with_loss_scaling_trains_through_the_pipeline(schedule):
-    cfg = _pipelined(("data", "pipe"), (4, 2), schedule=schedule, learner="adam").config.clone()
+    cfg = _schedule(("data", "pipe"), (4, 2), schedule, learner="adam").config.clone()
     cfg.precision = helpers.fp16_precision(loss_scaling=True)
     cfg.precision.initial_loss_scale = 2.0 ** 10
     engine = cfg.instantiate()
@@ -336,17 +336,32 @@ def test_a_circular_checkpoint_is_canonical_and_restores_anywhere(tmp_path):
                                [h["loss"] for h in ofob.history[-2:]], rtol=1e-5)
 
 
-@pytest.mark.parametrize("schedule,ratio", [("gpipe", 0.5), ("gpipe", 1.0), ("circular", 1.0)])
+@pytest.mark.parametrize("schedule,ratio", [("gpipe", 0.5), ("gpipe", 1.0), ("circular", 0.5),
+                                            ("circular", 1.0)])
 def test_checkpoint_ratio_recomputes_without_changing_the_update(schedule, ratio):
-    """0.5: the first of each stage's 2 layers under jax.checkpoint; 1: the whole tick."""
+    """gpipe 0.5: the first of each stage's 2 layers under jax.checkpoint; circular 0.5 rounds
+    up to its 1 layer per slice; 1: the whole tick. The update is the same, the compiled step's
+    temp memory lower than without remat."""
     want_losses, want_params = _reference(4)
-    engine = _deep(_pipelined(("data", "pipe"), (4, 2), schedule=schedule,
-                              virtual_stages=2 if schedule == "circular" else 1), 4)
-    cfg = engine.config.clone()
-    cfg.plan.pipeline_parallel.checkpoint_ratio = ratio
-    losses, params = helpers.train(cfg.instantiate(), BATCHES)
+
+    def engine_with(value):
+        engine = _deep(_pipelined(("data", "pipe"), (4, 2), schedule=schedule,
+                                  virtual_stages=2 if schedule == "circular" else 1), 4)
+        cfg = engine.config.clone()
+        cfg.plan.pipeline_parallel.checkpoint_ratio = value
+        return cfg.instantiate()
+
+    engine = engine_with(ratio)
+    losses, params = helpers.train(engine, BATCHES)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    plain = engine_with(0.0)
+    plain.init_state()
+
+    def temp(e):
+        return e.compile(example_batch=BATCHES[0]).latest.memory_analysis().temp_size_in_bytes
+
+    assert temp(engine) < temp(plain)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -361,3 +376,41 @@ def test_layer_summaries_reach_the_metrics(schedule):
     want = [h["summaries/loss"] for h in reference.history]
     got = [h["summaries/loss"] for h in engine.history]
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_zero1_with_circular_saves_restores_and_refuses_another_view(tmp_path):
+    """ZeRO-1's chunks are cut from the circular view's local slices: the same plan resumes
+    exactly; a 1F1B run on the same mesh is refused (naming the virtual stages) and can take the
+    params only, which land in the view intact."""
+    import jax  # pylint: disable=import-outside-toplevel
+    from titanax import errors  # pylint: disable=import-outside-toplevel
+    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
+    from titanax.parallel.plan import ZeRO  # pylint: disable=import-outside-toplevel
+    checkpoint = OrbaxCheckpoint.default_config().set(path=str(tmp_path))
+
+    def zero(schedule, mode="full"):
+        engine = _schedule(("data", "pipe"), (4, 2), schedule, learner="adam",
+                           checkpoint=checkpoint.clone(restore_mode=mode))
+        cfg = engine.config.clone()
+        cfg.plan.zero = ZeRO.default_config()
+        if schedule != "circular":
+            cfg.model.num_layers = 4
+        return cfg.instantiate()
+
+    first = zero("circular")
+    first.fit(data=iter(BATCHES), steps=2)
+    first.close()
+    again = zero("circular")
+    assert again.restore() and int(again.state.step) == 2
+    assert_nested_allclose(jax.device_get(again.state.opt_state),
+                           jax.device_get(first.state.opt_state), rtol=0, atol=0)
+    with pytest.raises(errors.CheckpointError) as info:
+        zero("1f1b").restore()
+    assert "2 virtual stages" in info.value.message
+    params_only = zero("circular", mode="params")
+    params_only_ofob = zero("1f1b", mode="params")
+    assert params_only.restore() and params_only_ofob.restore()
+    assert_nested_allclose(jax.device_get(params_only.canonical_params()),
+                           jax.device_get(first.canonical_params()), rtol=0, atol=0)
+    assert_nested_allclose(jax.device_get(params_only_ofob.state.params),
+                           jax.device_get(first.canonical_params()), rtol=0, atol=0)

@@ -217,7 +217,7 @@ def scan_in_context(fn: Callable[[Any, Any], Tuple[Any, Any]], *, carry: Any, xs
     With ``remat_policy`` the body is wrapped in ``jax.checkpoint`` with that policy; ``unroll``
     is ``lax.scan``'s (True: straight-line code, no loop). With ``key_offset`` (an int or traced
     int) iteration ``i``'s key is ``fold_in(key, key_offset + i)`` instead of the ``i``-th split,
-    so a slice of a stack run on its own draws the same keys as inside the whole stack.
+    so every slice of a stack run with its offset draws the keys of its layers' places.
     """
     context = current_context()
     if context is None:

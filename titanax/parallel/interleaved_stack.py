@@ -19,7 +19,6 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from titanax import errors
 from titanax.parallel import rules
 from titanax.parallel.sharding import path_string
 
@@ -29,12 +28,8 @@ class InterleavedStack:
 
     def __init__(self, *, stacked_layers: str, num_layers: int, num_stages: int,
                  virtual_stages: int, pipe_axis: str):
-        if num_layers % (num_stages * virtual_stages):
-            raise errors.PlanError(
-                f"{num_layers} layers do not split into {num_stages} stages x "
-                f"{virtual_stages} virtual stages", path="plan.pipeline_parallel.virtual_stages",
-                suggestion=f"use a number of layers divisible by {num_stages * virtual_stages}, "
-                           "or fewer virtual stages")
+        """``num_layers`` must split into ``num_stages * virtual_stages`` (the pipelined
+        gradient computer checks it first, naming the config field)."""
         self.prefix = stacked_layers.strip("/") + "/"
         self.num_stages = num_stages
         self.virtual_stages = virtual_stages

@@ -71,7 +71,7 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
     microbatch.
     What the last device computes in a round that is not the last goes round the ring to device 0,
     which keeps it in a buffer of M activations until round ``r + 1`` reaches that microbatch
-    (``M - S`` ticks later: M >= S is all the schedule needs). ``stage_fn`` is called with the
+    (``M - S + 1`` ticks after it arrives: M >= S is all the schedule needs). ``stage_fn`` is called with the
     model stage index ``c`` as its last argument.
     """
     num_stages = collectives.axis_size(axis)

@@ -4,7 +4,9 @@ Where the stacked path cuts one ``Repeat`` stack into equal slices, explicit sta
 everything -- a conv stage feeding a dense stage, say. Each stage owns the params whose paths match
 its ``param_filter`` globs and runs ``fwd(params_subset, x) -> y``: stage 0 gets the microbatch
 (the batch dict's rows), stage ``i > 0`` the previous stage's output, and the last stage's output
-goes to the model's ``loss(outputs, batch) -> (loss, aux with "loss_sum")``.
+goes to the model's ``loss(outputs, batch) -> (loss, aux with "loss_sum")``, and the model's
+``loss_weight(batch)`` says what the loss is a mean over (examples, tokens, weights), so
+microbatches combine into exactly the unpipelined loss.
 
 How it runs inside the one ``shard_map`` step: every pipe device holds all stages' params
 (replicated over ``pipe``; the stacked path splits them 1/S) and picks its stage with
@@ -42,8 +44,28 @@ class Stage:
     # whose filter matches, and every param must belong to a stage.
     param_filter: Sequence[str]
     # (params_subset, x) -> y: params_subset keeps the param tree's nesting, pruned to this
-    # stage's leaves; x is the microbatch (stage 0) or the previous stage's output.
+    # stage's leaves; x is the microbatch (stage 0) or the previous stage's output. It gets no
+    # PRNG key and no is_training: explicit stages run deterministic layers (no dropout), the
+    # same in training and in evaluation.
     fwd: Callable[[Any, Any], Any]
+
+    def __post_init__(self):
+        where = f"plan.pipeline_parallel.stages[{self.name!r}]"
+        if isinstance(self.param_filter, str) or not self.param_filter or not all(
+                isinstance(p, str) for p in self.param_filter):
+            raise errors.PlanError(
+                f"param_filter must be a non-empty list of glob strings, got "
+                f"{self.param_filter!r}", path=f"{where}.param_filter",
+                suggestion="e.g. param_filter=['conv0/*', 'conv1/*']")
+        if not callable(self.fwd):
+            raise errors.PlanError(f"fwd must be callable, got {self.fwd!r}",
+                                   path=f"{where}.fwd",
+                                   suggestion="pass a function (params_subset, x) -> y")
+
+    def __repr__(self) -> str:  # Shown in config dumps and resume diffs.
+        name = getattr(self.fwd, "__qualname__", type(self.fwd).__name__)
+        return (f"Stage(name={self.name!r}, param_filter={list(self.param_filter)!r}, "
+                f"fwd={getattr(self.fwd, '__module__', '?')}.{name})")
 
 
 def owners(params: Any, stages: Sequence[Stage]) -> Dict[str, int]:
@@ -100,12 +122,18 @@ class ExplicitStages:
                 path="plan.pipeline_parallel.stages",
                 suggestion=f"declare one Stage per device of {pipe_axis!r} ({num_stages}), or "
                            "resize the axis")
-        if not callable(getattr(model, "loss", None)):
-            raise errors.PlanError(
-                f"{type(model).__qualname__} has no loss(outputs, batch): the last stage's "
-                "output needs one", path="model",
-                suggestion="give the model a loss(outputs, batch) -> (loss, aux) method (see "
-                           "CNNClassifier.loss)")
+        for method, signature in (("loss", "loss(outputs, batch) -> (loss, aux)"),
+                                  ("loss_weight", "loss_weight(batch) -> the loss's denominator")):
+            if not callable(getattr(model, method, None)):
+                raise errors.PlanError(
+                    f"{type(model).__qualname__} has no {signature}: explicit stages need it",
+                    path="model", suggestion=f"give the model a {method} method (see "
+                                             f"CNNClassifier.{method})")
+        names = [stage.name for stage in stages]
+        if len(set(names)) != len(names):
+            raise errors.PlanError(f"stage names repeat: {names}",
+                                   path="plan.pipeline_parallel.stages",
+                                   suggestion="give every stage its own name")
         self.model = model
         self.stages = list(stages)
         self.pipe_axis = pipe_axis
@@ -162,13 +190,11 @@ class ExplicitStages:
                 "examples): microbatch losses are combined by it")
         return loss, aux, flat_summaries(collection.summaries)
 
-    @staticmethod
-    def total_weight(batch: Dict[str, jax.Array]) -> jax.Array:
-        """Examples of the shard (weighted by ``batch['weights']`` when given)."""
-        weights = batch.get("weights")
-        if weights is None:
-            return jnp.float32(jax.tree_util.tree_leaves(batch)[0].shape[0])
-        return jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)
+    def total_weight(self, batch: Dict[str, jax.Array]) -> jax.Array:
+        """What the shard's loss is a mean over: the model's ``loss_weight(batch)``."""
+        weight = functional(self.model, None, {}, (batch,), method="loss_weight",
+                            is_training=False)[0]
+        return jnp.maximum(jnp.asarray(weight, jnp.float32), 1e-12)
 
     # --- Boundary shapes -------------------------------------------------------------------------
 
@@ -214,13 +240,3 @@ class ExplicitStages:
         rows = buffer.shape[0]
         size = int(np.prod(shape.shape[1:]))
         return buffer[:, :size].reshape((rows,) + tuple(shape.shape[1:])).astype(shape.dtype)
-
-    def describe(self) -> List[str]:
-        lines = []
-        for i, stage in enumerate(self.stages):
-            owned = sorted(p for p, s in (self._owned or {}).items() if s == i)
-            out = self._shapes[i].shape if self._shapes else "?"
-            lines.append(f"  stage {i} {stage.name!r}: {len(owned)} params "
-                         f"({', '.join(owned[:4])}{', ...' if len(owned) > 4 else ''}) -> {out}")
-        return lines
-

@@ -190,7 +190,7 @@ class Engine(StateMixin, Configurable):
                            mesh_shape=dict(self.mesh.shape), data_axis=self.plan.dp_axis,
                            pipe_axis=pp.axis, microbatch_size=pp.microbatch_size,
                            schedule=pp.schedule, virtual_stages=pp.virtual_stages,
-                           stages=pp.stages)
+                           checkpoint_ratio=pp.checkpoint_ratio, stages=pp.stages)
 
     def _make_adapter(self, decay_scales: Any) -> None:
         if self.config.optimizer is not None:

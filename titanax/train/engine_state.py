@@ -206,10 +206,6 @@ class StateMixin:
     def _as_view(self, params: Any) -> Any:
         return params if self.stack_view is None else self.stack_view.view(params)
 
-    def _optimizer_state_follows_params(self) -> bool:
-        """False with ZeRO-1: its flat chunks are not param-shaped (and never converted)."""
-        return self.state_sharding.follows_params
-
     def _canonical_state(self, state: TrainState) -> TrainState:
         """``state`` (arrays, or ShapeDtypeStructs as a restore target) in the layout checkpoints
         use: the circular schedule's view of the stacked layers reshaped back to ``[L, ...]``."""
@@ -217,51 +213,65 @@ class StateMixin:
         if view is None:
             return state
         paths = interleaved_stack.param_paths(self.parameter_specs)
-        follows = self._optimizer_state_follows_params()
+        follows = self.state_sharding.follows_params
         if isinstance(jax.tree_util.tree_leaves(state.params)[0], jax.ShapeDtypeStruct):
             opt_state = (view.map_optimizer_state(state.tx or self.adapter.tx, state.opt_state,
                                                   paths, view.canonical_struct)
                          if follows else state.opt_state)
             return state.replace(params=view.canonical_targets(state.params),
                                  opt_state=opt_state)
-        tx = self.adapter.tx
-        param_shardings = sharding.named_shardings(
-            self.mesh, view.canonical_partition_specs(self.param_specs))
-        opt_specs = self.opt_state_specs()
-        if follows:
-            opt_specs = view.map_optimizer_state(tx, opt_specs, paths, view.canonical_spec)
-
-        def canonical(params, opt_state):
-            if follows:
-                opt_state = view.map_optimizer_state(
-                    tx, opt_state, paths, lambda x: x.reshape(view.canonical_shape(x.shape)))
-            return view.canonical(params), opt_state
-
-        params, opt_state = jax.jit(canonical, out_shardings=(
-            param_shardings, sharding.named_shardings(self.mesh, opt_specs)))(
-                state.params, state.opt_state)
+        params, opt_state = self._layout_converter("to_canonical")(state.params,
+                                                                   state.opt_state)
         return state.replace(params=params, opt_state=opt_state)
+
+    def _layout_converter(self, direction: str):
+        """The jitted conversion between the view and the canonical layout (built once per
+        direction: a save must not trace and compile it again). ``params_to_canonical`` converts
+        the params alone."""
+        cache = self.__dict__.setdefault("_layout_converters", {})
+        if direction in cache:
+            return cache[direction]
+        view = self.stack_view
+        paths = interleaved_stack.param_paths(self.parameter_specs)
+        follows = self.state_sharding.follows_params
+        tx = self.adapter.tx
+        view_params = sharding.named_shardings(self.mesh, self.param_specs)
+        canonical_params = sharding.named_shardings(
+            self.mesh, view.canonical_partition_specs(self.param_specs))
+        view_opt_specs = self.opt_state_specs()
+        canonical_opt_specs = (view.map_optimizer_state(tx, view_opt_specs, paths,
+                                                        view.canonical_spec)
+                               if follows else view_opt_specs)
+
+        def convert_state(opt_state, shape_of):
+            if opt_state is None or not follows:
+                return opt_state
+            return view.map_optimizer_state(tx, opt_state, paths,
+                                            lambda x: x.reshape(shape_of(x.shape)))
+
+        if direction == "params_to_canonical":
+            fn = jax.jit(view.canonical, out_shardings=canonical_params)
+        elif direction == "to_canonical":
+            fn = jax.jit(lambda p, o: (view.canonical(p), convert_state(o, view.canonical_shape)),
+                         out_shardings=(canonical_params, sharding.named_shardings(
+                             self.mesh, canonical_opt_specs)))
+        elif direction == "params_to_view":  # A params-only restore.
+            fn = jax.jit(view.view, out_shardings=view_params)
+        else:
+            fn = jax.jit(lambda p, o: (view.view(p), convert_state(o, view.view_shape)),
+                         out_shardings=(view_params, sharding.named_shardings(
+                             self.mesh, view_opt_specs)))
+        cache[direction] = fn
+        return fn
 
     def _viewed_state(self, params: Any, opt_state: Any) -> Any:
         """Restored canonical ``(params, opt_state)`` (opt_state may be None) in this run's
         layout."""
-        view = self.stack_view
-        if view is None:
+        if self.stack_view is None:
             return params, opt_state
-        paths = interleaved_stack.param_paths(self.parameter_specs)
-        tx = self.adapter.tx
-        follows = self._optimizer_state_follows_params()
-
-        def viewed(params, opt_state):
-            if opt_state is not None and follows:
-                opt_state = view.map_optimizer_state(
-                    tx, opt_state, paths, lambda x: x.reshape(view.view_shape(x.shape)))
-            return view.view(params), opt_state
-
-        out_shardings = (sharding.named_shardings(self.mesh, self.param_specs),
-                         None if opt_state is None
-                         else sharding.named_shardings(self.mesh, self.opt_state_specs()))
-        return jax.jit(viewed, out_shardings=out_shardings)(params, opt_state)
+        if opt_state is None:
+            return self._layout_converter("params_to_view")(params), None
+        return self._layout_converter("to_view")(params, opt_state)
 
     def _check_state_layout(self, metadata: Dict[str, Any], where: str) -> None:
         """Refuses a full restore whose optimizer state would load without error but mean other
@@ -278,6 +288,8 @@ class StateMixin:
 
         def describe(layout):
             mesh = " x ".join(f"{k}={v}" for k, v in layout.get("mesh", {}).items())
+            if layout.get("virtual_stages"):
+                mesh += f" from the circular view with {layout['virtual_stages']} virtual stages"
             return {"zero1_flat_chunks": f"ZeRO-1 flat chunks cut for mesh {mesh}",
                     "param_layout": "laid out like the params",
                     "unknown": f"of unrecorded layout, saved on mesh {mesh}"}[layout["kind"]]
@@ -325,10 +337,14 @@ class StateMixin:
         """The params in the layout checkpoints hold and every mesh shares: ``engine.state.params``
         except under the circular schedule, whose stacked layers the state keeps as the view
         ``[v, S, L/(vS), ...]`` (these come back as ``[L, ...]``)."""
-        return self._canonical_state(self.state).params
+        if self.stack_view is None:
+            return self.state.params
+        return self._layout_converter("params_to_canonical")(self.state.params)
 
     def state_dict(self) -> Dict[str, Any]:
-        """The train state as a plain dict of (global) arrays."""
+        """The train state as a plain dict of (global) arrays, in the run's own layout (under
+        the circular schedule the stacked layers are the view; ``canonical_params()`` and
+        checkpoints hold ``[L, ...]``)."""
         state = self.state
         return {"params": state.params, "opt_state": state.opt_state, "step": state.step,
                 "rngs": state.rngs, "loss_scale": state.loss_scale}

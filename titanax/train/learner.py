@@ -68,7 +68,7 @@ class Learner(Configurable):
             extra["decay_scales"] = decay_scales
         return OptimizerAdapter(optimizer_cfg.instantiate(**extra))
 
-    def apply_update(self, adapter: OptimizerAdapter, grads: Any, norm: jax.Array,
+    def apply_update(self, *, adapter: OptimizerAdapter, grads: Any, norm: jax.Array,
                      opt_state: Any, params: Any) -> Tuple[Any, Any]:
         """``(new params, new optimizer state)``: gradients clipped to ``max_grad_norm`` by their
         global ``norm``, then the optax update, added in each param's dtype. Runs on whatever

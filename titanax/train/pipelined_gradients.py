@@ -2,9 +2,11 @@
 
 The third gradient computer of DESIGN section 7 (after the plain and the microbatched one). The
 ``Repeat`` stack named by ``PP.stacked_layers`` keeps its canonical global layout ``[L, ...]``
-with the pipe axis on the layer dimension, so pipe rank ``s`` holds layers
-``s L/S .. (s+1) L/S - 1`` and a checkpoint restores with or without pipelining. Per step, on
-every data shard:
+with the pipe axis on the layer dimension (GPipe, 1F1B: pipe rank ``s`` holds layers
+``s L/S .. (s+1) L/S - 1``) or is held as the circular schedule's view (below); either way a
+checkpoint holds ``[L, ...]`` and restores with or without pipelining. The seed's explicit
+``Stage`` list runs through the same schedules (``parallel/stages.py``). Per step, on every data
+shard:
 
 1. the batch is cut into M = local batch / microbatch_size microbatches and embedded (the
    embedding is replicated over ``pipe``; only stage 0's result enters the pipeline);
@@ -30,6 +32,7 @@ data-axis reduction stays once per step, after it).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -51,7 +54,7 @@ class StackedStages:
     stage ``c`` runs layers ``c L/(vS) .. (c+1) L/(vS) - 1`` of the stack."""
 
     def __init__(self, *, model: BaseLayer, num_stages: int, virtual_stages: int,
-                 checkpoint_ratio: float):
+                 checkpoint_ratio: float, schedule: str):
         missing = [name for name in ("embed", "head_loss", "decoder") if not hasattr(model, name)]
         if missing:
             raise errors.PlanError(
@@ -78,9 +81,12 @@ class StackedStages:
         self.stage_layer = model.decoder.config.clone(
             name="decoder", num_layers=self.layers_per_stage).instantiate()
         # checkpoint_ratio: all of a stage's layers -> the whole tick is rematerialised (only its
-        # input saved); a fraction -> that many leading layers of each stage run under
-        # jax.checkpoint (their insides recomputed in backward), the rest keep activations.
-        remat_layers = int(round(checkpoint_ratio * self.layers_per_stage))
+        # input saved); a fraction -> that many leading layers of each stage (rounded up) run
+        # under jax.checkpoint (their insides recomputed in backward), the rest keep
+        # activations. 1F1B recomputes each stage's forward in its backward anyway: nothing.
+        if schedule == "1f1b":
+            checkpoint_ratio = 0.0
+        remat_layers = math.ceil(checkpoint_ratio * self.layers_per_stage - 1e-9)
         self.remat_ticks = remat_layers == self.layers_per_stage and checkpoint_ratio > 0
         self.remat_layers = 0 if self.remat_ticks else remat_layers
         if self.remat_layers:
@@ -172,13 +178,18 @@ class PipelinedGradients:
                     "path", path="plan.pipeline_parallel.virtual_stages",
                     suggestion="set virtual_stages=1 (schedule gpipe or 1f1b), or pipeline a "
                                "Repeat stack (stages=[])")
+            if 0.0 < checkpoint_ratio < 1.0:
+                raise errors.PlanError(
+                    f"checkpoint_ratio {checkpoint_ratio}: explicit stages are rematerialised "
+                    "whole or not at all", path="plan.pipeline_parallel.checkpoint_ratio",
+                    suggestion="use 0 or 1 (1: each tick recomputed from its input)")
             self.parts = ExplicitStages(model=model, stages=stages, num_stages=num_stages,
                                         pipe_axis=pipe_axis)
-            self.remat_ticks = checkpoint_ratio > 0
+            self.remat_ticks = checkpoint_ratio > 0 and schedule != "1f1b"
         else:
             self.parts = StackedStages(model=model, num_stages=num_stages,
                                        virtual_stages=self.virtual_stages,
-                                       checkpoint_ratio=checkpoint_ratio)
+                                       checkpoint_ratio=checkpoint_ratio, schedule=schedule)
             self.remat_ticks = self.parts.remat_ticks
         self.loss_relation = LossRelation(
             mean_over=(data_axis,) if data_axis else (),

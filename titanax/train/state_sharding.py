@@ -51,12 +51,13 @@ class Replicated:
         """The state in local view (inside shard_map)."""
         return adapter.init(params)
 
-    def update(self, learner: learner_lib.Learner, adapter: learner_lib.OptimizerAdapter,
+    def update(self, *, learner: learner_lib.Learner, adapter: learner_lib.OptimizerAdapter,
                params: Any, opt_state: Any, grads: Any, norm_squared: jax.Array
                ) -> Tuple[Any, Any, jax.Array]:
         """``(new params, new state, global grad norm)`` from the reduced gradients."""
         norm = jax.numpy.sqrt(norm_squared)
-        new_params, new_state = learner.apply_update(adapter, grads, norm, opt_state, params)
+        new_params, new_state = learner.apply_update(adapter=adapter, grads=grads, norm=norm,
+                                                     opt_state=opt_state, params=params)
         return new_params, new_state, norm
 
     def layout(self, mesh_shape: Mapping[str, int]) -> Dict[str, Any]:
@@ -90,15 +91,16 @@ class ZeroFlatChunks(Replicated):
         return adapter.init(jax.tree_util.tree_map(
             lambda p: zero.local_chunk(p, self.data_axis), params))
 
-    def update(self, learner, adapter, params, opt_state, grads, norm_squared):
+    def update(self, *, learner, adapter, params, opt_state, grads, norm_squared):
         del norm_squared  # The chunks' norm is summed over the data axis here.
         data_axis = self.data_axis
         grad_chunks = jax.tree_util.tree_map(lambda g: zero.scatter_mean(g, data_axis), grads)
         param_chunks = jax.tree_util.tree_map(lambda p: zero.local_chunk(p, data_axis), params)
         split = learner_lib.split_axes_of(self.param_specs, extra=(data_axis,))
         norm = learner_lib.global_norm(grad_chunks, split)
-        new_chunks, new_state = learner.apply_update(adapter, grad_chunks, norm, opt_state,
-                                                     param_chunks)
+        new_chunks, new_state = learner.apply_update(adapter=adapter, grads=grad_chunks,
+                                                     norm=norm, opt_state=opt_state,
+                                                     params=param_chunks)
         new_params = jax.tree_util.tree_map(lambda c, p: zero.gather(c, data_axis, p.shape),
                                             new_chunks, params)
         return new_params, new_state, norm

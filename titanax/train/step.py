@@ -12,7 +12,9 @@ collective in it is written here, in the reducer or in a layer:
    gradient once, after the loop, over exactly the axes its param is replicated on, in one
    data-axis all-reduce that also carries the metrics (with ZeRO-1: a reduce-scatter into the
    optimizer's chunk) and one all-reduce per other set of axes.
-4. Loss scaling (float16), NaN/Inf handling, clipping by the global norm, and the optax update.
+4. The state-sharding strategy (``state_sharding.py``) runs the Learner's update (clipping by the
+   global norm, the optax update) on its part of the optimizer state; then loss scaling
+   (float16) and NaN/Inf handling decide whether it is kept.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
@@ -116,8 +119,8 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
 def _apply_update(setup: StepSetup, state: TrainState, reduced: Reduced):
     loss = reduced.metrics["loss"]
     new_params, new_opt_state, norm = setup.state_sharding.update(
-        setup.learner, setup.adapter, state.params, state.opt_state, reduced.grads,
-        reduced.norm_squared)
+        learner=setup.learner, adapter=setup.adapter, params=state.params,
+        opt_state=state.opt_state, grads=reduced.grads, norm_squared=reduced.norm_squared)
     # Decisions every device must take identically: reduce the evidence over all axes.
     grads_finite = jnp.isfinite(norm)
     loss_finite = _all_devices(jnp.isfinite(loss))
@@ -215,7 +218,6 @@ class ModelStep:
     @property
     def metric_spec(self):
         """How the metrics leave shard_map: replicated, or per data shard without sync."""
-        from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
         setup = self.setup
         if setup.data_axis is not None and not setup.sync_metrics:
             return PartitionSpec(setup.data_axis)

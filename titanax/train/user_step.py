@@ -147,8 +147,7 @@ class UserStep:
 
     @property
     def metric_spec(self):
-        from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
-        return PartitionSpec()
+        return jax.sharding.PartitionSpec()
 
     @property
     def train(self) -> Callable:

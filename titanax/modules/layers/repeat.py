@@ -77,8 +77,10 @@ class Repeat(BaseLayer):
 
     def forward(self, x, *, first_layer=None):
         """``first_layer``: this stack's place in a longer one (pipeline stages run slices of a
-        model's stack): layer ``i`` then draws its key as layer ``first_layer + i`` of the whole
-        stack would, so dropout does not depend on how the stack was cut."""
+        model's stack): layer ``i`` then draws ``fold_in(key, first_layer + i)``, the same key
+        whichever slice of the stack it runs in, so the pipeline schedules and stage counts
+        drop out the same units. (Without it the layers split the key: an unpipelined model
+        draws other masks than a pipelined one.)"""
         policy = remat_policy(self.config.layer_remat_policy) if self.is_training else None
 
         def body(carry, _):
