@@ -150,6 +150,18 @@ def test_a_pipelined_checkpoint_restores_without_the_pipeline(tmp_path):
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
+def test_zero1_with_a_pipeline_sgd_update_matches_one_device(schedule):
+    """ZeRO-1's path (reduce-scatter into chunks, chunk update, all-gather) under a pipeline."""
+    from titanax.parallel.plan import ZeRO  # pylint: disable=import-outside-toplevel
+    want_losses, want_params = _reference(_layers(schedule))
+    cfg = _schedule(("data", "pipe"), (4, 2), schedule).config.clone()
+    cfg.plan.zero = ZeRO.default_config()
+    losses, params = helpers.train(cfg.instantiate(), BATCHES)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_zero1_with_a_pipeline_matches_replicated_adam(schedule):
     from titanax.parallel.plan import ZeRO  # pylint: disable=import-outside-toplevel
     plain = _schedule(("data", "pipe"), (4, 2), schedule, learner=None)

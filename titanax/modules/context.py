@@ -165,3 +165,24 @@ def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries") -> Dict[s
             value = jnp.asarray(value, jnp.float32)
             out[path] = jnp.mean(value) if value.ndim else value
     return out
+
+
+def refuse_state_updates(collection: "OutputCollection", *, where: str) -> None:
+    """Raises if a training forward wrote ``add_state_update``s: the train state has no place
+    for non-trained variables yet, and dropping the updates would train silently wrong (running
+    statistics that never move)."""
+    def names(tree, prefix):
+        for key, value in tree.items():
+            if isinstance(value, Mapping):
+                yield from names(value, f"{prefix}{key}/")
+            else:
+                yield f"{prefix}{key}"
+
+    written = sorted(names(collection.state_updates, ""))
+    if written:
+        names = ", ".join(written[:6])
+        raise errors.ModuleError(
+            f"the model wrote state updates ({names}) while training; Titanax does not keep "
+            "non-trained state in the train state yet, so they would be dropped",
+            path=where, suggestion="compute the statistic as a summary (add_summary) instead, "
+                                   "or keep the layer out of training")

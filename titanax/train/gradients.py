@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.modules import functional
-from titanax.modules.context import flat_summaries
+from titanax.modules.context import flat_summaries, refuse_state_updates
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
 from titanax.train.precision import Precision
@@ -119,6 +119,7 @@ class ModelGradients:
         objective = loss / self._copies_seen_by_autodiff(loss)
         if loss_scale is not None:
             objective = objective * loss_scale
+        refuse_state_updates(collection, where=f"{type(self.model).__qualname__}.forward")
         return objective, (loss, aux, flat_summaries(collection.summaries))
 
     def _copies_seen_by_autodiff(self, loss: jax.Array) -> int:

@@ -44,7 +44,7 @@ from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives, one_f_one_b, pipeline
 from titanax.parallel.stages import ExplicitStages
-from titanax.modules.context import flat_summaries
+from titanax.modules.context import flat_summaries, refuse_state_updates
 from titanax.train.gradients import LocalGradients, LossRelation
 from titanax.train.precision import Precision
 
@@ -121,6 +121,8 @@ class StackedStages:
         def run(part, params, x, first):
             y, collection = functional(part, key, params, {"x": x, "first_layer": first},
                                        is_training=is_training)
+            if is_training:
+                refuse_state_updates(collection, where="decoder")
             return y, flat_summaries(collection.summaries, "summaries/decoder")
 
         if not (self.remat_layers and is_training):
@@ -138,6 +140,8 @@ class StackedStages:
     def head_loss(self, top: Any, outputs: jax.Array, rows: Any, key, is_training: bool):
         (loss, aux), collection = functional(self.model, key, top, (outputs, rows),
                                              method="head_loss", is_training=is_training)
+        if is_training:
+            refuse_state_updates(collection, where=f"{type(self.model).__qualname__}.head_loss")
         return loss, aux, flat_summaries(collection.summaries)
 
     @staticmethod
