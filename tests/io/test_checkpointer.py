@@ -108,6 +108,7 @@ def test_resume_is_bit_identical_and_reads_the_same_batches(tmp_path):
 def test_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog):
     engine = _mnist(tmp_path)
     engine.fit(steps=20)
+    engine.close()
     newest = tmp_path / "20" / "params"
     for root, _, files in os.walk(newest):
         for name in files:
@@ -120,8 +121,11 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog):
     assert restarted.restored_from.endswith("/10")
     assert any("skipping damaged checkpoint" in r.message and str(tmp_path / "20") in r.message
                for r in caplog.records)
+    restarted.close()
+    again = _mnist(tmp_path)
     with pytest.raises(errors.CheckpointError) as info:
-        _mnist(tmp_path).restore(step=20)
+        again.restore(step=20)
+    again.close()
     assert info.value.path.endswith("/20")
 
 

@@ -41,7 +41,7 @@ from titanax.runtime.mesh import MeshSpec, describe_mesh
 from titanax.train import learner as learner_lib
 from titanax.train import step as step_lib
 from titanax.train.compiled_step import CompiledStep
-from titanax.train.engine_state import StateMixin
+from titanax.train.state_manager import StateManager
 from titanax.train.evaler import Evaler, summarize
 from titanax.train.precision import Precision
 from titanax.train import pipeline_report, preemption
@@ -52,7 +52,7 @@ from titanax.train.user_step import UserStep
 _log = logging.getLogger("titanax")
 
 
-class Engine(StateMixin, Configurable):
+class Engine(Configurable):
     """A training run: mesh, plan, model or step, learner, precision, data, loggers, evalers."""
 
     class Config(Configurable.Config):
@@ -117,7 +117,8 @@ class Engine(StateMixin, Configurable):
         self._user_step: Optional[Callable] = None
         self._eval_steps: Dict[Any, CompiledStep] = {}
         self._loggers: Optional[List[Logger]] = None
-        self._checkpointer: Optional[OrbaxCheckpoint] = None
+        # Builds, restores and saves self.state, and owns the checkpointer.
+        self.states = StateManager(self)
         self.history: List[Dict[str, float]] = []
         # Where the current state came from: None (fresh) or the restored checkpoint's path.
         self.restored_from: Optional[str] = None
@@ -220,6 +221,50 @@ class Engine(StateMixin, Configurable):
 
     def _shard_map(self, fn, in_specs, out_specs):
         return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+
+    # --- The train state (kept by self.states) -------------------------------------------------
+
+    def init_state(self, params: Any = None) -> TrainState:
+        """A fresh state: params initialised (or ``params`` placed) in their shards."""
+        return self.states.init_state(params)
+
+    def init_or_restore(self, *, params: Any = None) -> TrainState:
+        """Resumes from the newest good checkpoint (when configured to), else starts fresh."""
+        return self.states.init_or_restore(params=params)
+
+    def restore(self, *, params: Any = None, step: Optional[int] = None,
+                mode: Optional[str] = None) -> bool:
+        """Loads the newest good checkpoint (or ``step``); False when there is none."""
+        return self.states.restore(params=params, step=step, mode=mode)
+
+    def save(self, *, data_iterator: Any = None, force: bool = False) -> bool:
+        """Starts saving the current state (async when configured); False if it exists already."""
+        return self.states.save(data_iterator=data_iterator, force=force)
+
+    def checkpointer(self) -> Optional[OrbaxCheckpoint]:
+        return self.states.checkpointer()
+
+    def canonical_params(self) -> Any:
+        """The params in the layout checkpoints hold (see StateManager.canonical_params)."""
+        return self.states.canonical_params()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.states.state_dict()
+
+    def state_template(self, params: Any = None) -> TrainState:
+        """The train state as ShapeDtypeStructs with this run's shardings (restore targets)."""
+        return self.states.state_template(params)
+
+    def state_specs(self) -> TrainState:
+        return self.states.state_specs()
+
+    def opt_state_specs(self) -> Any:
+        return self.states.opt_state_specs()
+
+    @property
+    def state_sharding(self):
+        """How the optimizer state is laid out and updated (train/state_sharding.py)."""
+        return self.states.state_sharding
 
     # --- Batches ----------------------------------------------------------------------------------
 
@@ -719,8 +764,7 @@ class Engine(StateMixin, Configurable):
 
     def close(self) -> None:
         """Waits for checkpoint writes and closes the checkpointer and loggers."""
-        if self._checkpointer is not None:
-            self._checkpointer.close()
+        self.states.close()
         for logger in self._loggers or []:
             logger.close()
 

@@ -1,4 +1,4 @@
-"""Building, restoring and saving an Engine's train state (a mixin of ``Engine``).
+"""Building, restoring and saving an Engine's train state: the state manager an Engine composes.
 
 A state is built in its shards: params initialised under ``jit`` with the plan's shardings (or the
 user's params placed), the optimizer state initialised in local view inside ``shard_map`` (chunked
@@ -30,8 +30,31 @@ from titanax.train.train_state import TrainState
 _log = logging.getLogger("titanax")
 
 
-class StateMixin:
-    """Train-state construction and checkpoint I/O; expects the attributes Engine.build sets."""
+class StateManager:
+    """Builds, restores, converts and saves an Engine's train state (the engine composes one).
+
+    It reads what ``Engine.build`` made -- mesh, plan, param layouts (and the circular view),
+    precision, the optimizer adapter, the model -- and keeps ``engine.state`` (the one place the
+    state lives) current. It owns the checkpointer and the layout conversions.
+    """
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+        self._checkpointer: Optional[OrbaxCheckpoint] = None
+        # The jitted view <-> canonical conversions, built once each (see _layout_converter).
+        self._converters: Dict[str, Any] = {}
+
+    # --- What Engine.build made (read here; the engine owns it) --------------------------------
+
+    mesh = property(lambda self: self._engine.mesh)
+    plan = property(lambda self: self._engine.plan)
+    precision = property(lambda self: self._engine.precision)
+    adapter = property(lambda self: self._engine.adapter)
+    model = property(lambda self: self._engine.model)
+    stack_view = property(lambda self: self._engine.stack_view)
+    config = property(lambda self: self._engine.config)
+    param_specs = property(lambda self: self._engine.param_specs)
+    parameter_specs = property(lambda self: self._engine.parameter_specs)
 
     def _local_param_shapes(self) -> Any:
         mesh_shape = dict(self.mesh.shape)
@@ -62,20 +85,21 @@ class StateMixin:
     def _declare_user_params(self, params: Any) -> None:
         """Layouts for params given by the user (hand-written steps): plan rules only."""
         if self.param_specs is None:
-            self.parameter_specs = jax.tree_util.tree_map(
+            self._engine.parameter_specs = jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
-            self.param_specs = self.plan.param_partition_specs(self.parameter_specs, self.mesh)
-            self._make_adapter(None)
+            self._engine.param_specs = self.plan.param_partition_specs(self.parameter_specs,
+                                                                       self.mesh)
+            self._engine._make_adapter(None)
 
     def _init_opt_fn(self):
-        setup = self._setup()
-        return jax.jit(self._shard_map(
+        setup = self._engine._setup()
+        return jax.jit(self._engine._shard_map(
             lambda p: step_lib.local_init_opt_state(setup, p), in_specs=(self.param_specs,),
             out_specs=self.opt_state_specs()))
 
     def init_state(self, params: Any = None) -> TrainState:
         """A fresh state: params initialised (or ``params`` placed) in their shards."""
-        self.build()
+        self._engine.build()
         if params is None:
             if self.model is None:
                 raise errors.StepError("there is no model to initialise params from",
@@ -90,8 +114,8 @@ class StateMixin:
             params = sharding.apply_named_sharding(
                 self._as_view(self.precision.cast_params_for_storage(params)), self.mesh,
                 self.param_specs)
-        self.state = self._state_around(params, self._init_opt_fn()(params))
-        return self.state
+        self._engine.state = self._state_around(params, self._init_opt_fn()(params))
+        return self._engine.state
 
     def _state_around(self, params: Any, opt_state: Any, step: Any = None, rngs: Any = None,
                       loss_scale: Any = None) -> TrainState:
@@ -109,7 +133,7 @@ class StateMixin:
 
     def state_template(self, params: Any = None) -> TrainState:
         """The train state as ShapeDtypeStructs with this run's shardings (restore targets)."""
-        self.build()
+        self._engine.build()
         if params is not None:
             self._declare_user_params(params)
         mesh_dtype = self.precision.param_dtype
@@ -139,9 +163,15 @@ class StateMixin:
                 for k, v in scale.items()},
             tx=self.adapter.tx)
 
+    def close(self) -> None:
+        """Waits for checkpoint writes and closes the checkpointer."""
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+
     def checkpointer(self) -> Optional[OrbaxCheckpoint]:
         if self._checkpointer is None and self.config.checkpoint is not None:
-            self._checkpointer = self.config.checkpoint.instantiate(trainer_dir=self.trainer_dir)
+            self._checkpointer = self.config.checkpoint.instantiate(
+                trainer_dir=self._engine.trainer_dir)
         return self._checkpointer
 
     def restore(self, *, params: Any = None, step: Optional[int] = None,
@@ -163,17 +193,17 @@ class StateMixin:
             return False
         if mode == "params" or restored.train_state is None:
             restored_params = self._viewed_state(restored.params, None)[0]
-            self.state = self._state_around(restored_params,
+            self._engine.state = self._state_around(restored_params,
                                             self._init_opt_fn()(restored_params))
         else:
             train = restored.train_state
             restored_params, opt_state = self._viewed_state(restored.params, train["opt_state"])
-            self.state = self._state_around(restored_params, opt_state,
+            self._engine.state = self._state_around(restored_params, opt_state,
                                             step=train["step"], rngs=train["rngs"],
                                             loss_scale=train.get("loss_scale"))
-            self._restored_data_state = restored.data_state
-            self._resumed = True
-        self.restored_from = restored.path
+            self._engine._restored_data_state = restored.data_state
+            self._engine._resumed = True
+        self._engine.restored_from = restored.path
         message = f"restored {'params' if mode == 'params' else 'the run'} from {restored.path}"
         _log.info(message)
         print(f"titanax: {message}", flush=True)
@@ -228,7 +258,7 @@ class StateMixin:
         """The jitted conversion between the view and the canonical layout (built once per
         direction: a save must not trace and compile it again). ``params_to_canonical`` converts
         the params alone."""
-        cache = self.__dict__.setdefault("_layout_converters", {})
+        cache = self._converters
         if direction in cache:
             return cache[direction]
         view = self.stack_view
@@ -311,7 +341,7 @@ class StateMixin:
         ckpt = self.checkpointer()
         if not (ckpt is not None and ckpt.config.resume == "auto" and self.restore(params=params)):
             self.init_state(params)
-        return self.state
+        return self._engine.state
 
     def save(self, *, data_iterator: Any = None, force: bool = False) -> bool:
         """Starts saving the current state (async when configured); False if it exists already."""
@@ -319,10 +349,10 @@ class StateMixin:
         if ckpt is None:
             raise errors.CheckpointError("no checkpoint is configured", path="engine.checkpoint",
                                          suggestion="set checkpoint=OrbaxCheckpoint.Config(...)")
-        self._claim_checkpoint_dir()
-        step = int(jax.device_get(self.state.step))
+        self._engine._claim_checkpoint_dir()
+        step = int(jax.device_get(self._engine.state.step))
         data_state = data_iterator.get_state() if hasattr(data_iterator, "get_state") else None
-        state = self._canonical_state(self.state)
+        state = self._canonical_state(self._engine.state)
         param_specs = (self.param_specs if self.stack_view is None
                        else self.stack_view.canonical_partition_specs(self.param_specs))
         metadata = checkpoint_lib.run_metadata(
@@ -338,14 +368,14 @@ class StateMixin:
         except under the circular schedule, whose stacked layers the state keeps as the view
         ``[v, S, L/(vS), ...]`` (these come back as ``[L, ...]``)."""
         if self.stack_view is None:
-            return self.state.params
-        return self._layout_converter("params_to_canonical")(self.state.params)
+            return self._engine.state.params
+        return self._layout_converter("params_to_canonical")(self._engine.state.params)
 
     def state_dict(self) -> Dict[str, Any]:
         """The train state as a plain dict of (global) arrays, in the run's own layout (under
         the circular schedule the stacked layers are the view; ``canonical_params()`` and
         checkpoints hold ``[L, ...]``)."""
-        state = self.state
+        state = self._engine.state
         return {"params": state.params, "opt_state": state.opt_state, "step": state.step,
                 "rngs": state.rngs, "loss_scale": state.loss_scale}
 
