@@ -44,6 +44,12 @@ class LossRelation:
     # Each device holds a part of a sum (a pipeline stage's microbatches): sum over these.
     sum_over: Tuple[str, ...] = ()
 
+    def copies_seen_by_autodiff(self, loss: jax.Array, mesh_shape: Mapping[str, int]) -> int:
+        """The declared copies that jax types as varying (each would be differentiated): the
+        objective is divided by this so the copies count once."""
+        varying = collectives.varying_axes(loss)
+        return math.prod(mesh_shape[a] for a in self.copy_over if a in varying)
+
 
 @dataclasses.dataclass
 class LocalGradients:
@@ -116,17 +122,12 @@ class ModelGradients:
         (loss, aux), collection = functional(self.model, key, compute_params, (inputs,),
                                              is_training=True)
         loss = loss.astype(jnp.float32)
-        objective = loss / self._copies_seen_by_autodiff(loss)
+        objective = loss / self.loss_relation.copies_seen_by_autodiff(loss, self.mesh_shape)
         if loss_scale is not None:
             objective = objective * loss_scale
         refuse_state_updates(collection, where=f"{type(self.model).__qualname__}.forward")
         return objective, (loss, aux, flat_summaries(collection.summaries))
 
-    def _copies_seen_by_autodiff(self, loss: jax.Array) -> int:
-        """The declared copies that jax types as varying (each would be differentiated)."""
-        varying = collectives.varying_axes(loss)
-        return math.prod(self.mesh_shape[a] for a in self.loss_relation.copy_over
-                         if a in varying)
 
 
 def _split_microbatches(batch: Any, count: int) -> Any:

@@ -313,7 +313,7 @@ class PipelinedGradients:
                                                      decoded, row(m), _part_key(key, m, 2), True)
             # Token-weighted over the shard (see forward_loss), not a mean of microbatch means.
             loss = aux["loss_sum"].astype(jnp.float32) / total_weight
-            objective = loss / self._copies_seen_by_autodiff(loss)
+            objective = loss / self.loss_relation.copies_seen_by_autodiff(loss, self.mesh_shape)
             if loss_scale is not None:
                 objective = objective * loss_scale
             # Summaries as partial sums over pipe of the mean over microbatches (and stages).
@@ -431,17 +431,11 @@ class PipelinedGradients:
         compute_params = self.precision.cast_for_compute(params)
         inputs = self.precision.cast_for_compute(batch)
         loss, aux, summaries = self._forward(compute_params, inputs, key, is_training=True)
-        objective = loss / self._copies_seen_by_autodiff(loss)
+        objective = loss / self.loss_relation.copies_seen_by_autodiff(loss, self.mesh_shape)
         if loss_scale is not None:
             objective = objective * loss_scale
         return objective, (loss, aux, summaries)
 
-    def _copies_seen_by_autodiff(self, loss: jax.Array) -> int:
-        varying = collectives.varying_axes(loss)
-        copies = 1
-        for axis in self.loss_relation.copy_over:
-            copies *= self.mesh_shape[axis] if axis in varying else 1
-        return copies
 
 
 def _token_weight(batch: Dict[str, jax.Array]) -> jax.Array:

@@ -42,10 +42,8 @@ class Replicated:
 
     def opt_state_specs(self, adapter: learner_lib.OptimizerAdapter, local_params: Any) -> Any:
         """Out-specs of the state built on ``local_params`` (ShapeDtypeStructs, local view)."""
-        shapes = jax.eval_shape(adapter.init, local_params)
-        return optax.tree_map_params(adapter.tx, lambda _, spec: spec, shapes, self.param_specs,
-                                     transform_non_params=lambda _: PartitionSpec(),
-                                     is_leaf=lambda x: isinstance(x, PartitionSpec))
+        return _state_specs(adapter, jax.eval_shape(adapter.init, local_params),
+                            self.param_specs)
 
     def init(self, adapter: learner_lib.OptimizerAdapter, params: Any) -> Any:
         """The state in local view (inside shard_map)."""
@@ -83,9 +81,7 @@ class ZeroFlatChunks(Replicated):
         chunk_specs = jax.tree_util.tree_map(lambda s: zero.chunk_spec(s, self.data_axis),
                                              self.param_specs,
                                              is_leaf=lambda x: isinstance(x, PartitionSpec))
-        return optax.tree_map_params(adapter.tx, lambda _, spec: spec, shapes, chunk_specs,
-                                     transform_non_params=lambda _: PartitionSpec(),
-                                     is_leaf=lambda x: isinstance(x, PartitionSpec))
+        return _state_specs(adapter, shapes, chunk_specs)
 
     def init(self, adapter: learner_lib.OptimizerAdapter, params: Any) -> Any:
         return adapter.init(jax.tree_util.tree_map(
@@ -108,6 +104,14 @@ class ZeroFlatChunks(Replicated):
     def layout(self, mesh_shape: Mapping[str, int]) -> Dict[str, Any]:
         return {"kind": "zero1_flat_chunks",
                 "mesh": {str(k): int(v) for k, v in mesh_shape.items()}}
+
+
+def _state_specs(adapter: learner_lib.OptimizerAdapter, state_shapes: Any, leaf_specs: Any) -> Any:
+    """Specs of an optimizer state: each param-like leaf gets its param's entry of
+    ``leaf_specs``; counters and other scalars are replicated."""
+    return optax.tree_map_params(adapter.tx, lambda _, spec: spec, state_shapes, leaf_specs,
+                                 transform_non_params=lambda _: PartitionSpec(),
+                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def for_plan(plan: Any, *, param_specs: Any, mesh_shape: Mapping[str, int]) -> Replicated:
