@@ -46,25 +46,3 @@ def test_flat_summaries_names_paths_and_averages_stacked_layers():
     flat = flat_summaries(tree)
     assert set(flat) == {"summaries/loss", "summaries/decoder/layer/norm"}
     assert float(flat["summaries/decoder/layer/norm"]) == 1.5
-
-
-def test_state_updates_in_training_are_refused_not_dropped():
-    """A layer's add_state_update (running statistics) has no place in the train state yet:
-    the step says so instead of training with statistics that never move."""
-    from titanax import errors  # pylint: disable=import-outside-toplevel
-
-    class CountingGPT(helpers.GPT):
-        def head_loss(self, decoded, batch):
-            self.add_state_update("seen", jnp.float32(1.0))
-            return super().head_loss(decoded, batch)
-
-    engine = helpers.gpt_engine(data=1)
-    cfg = engine.config.clone()
-    cfg.model.klass = CountingGPT
-    engine = cfg.instantiate()
-    try:
-        engine.fit(data=iter(helpers.text_batches(batch_size=8)), steps=1)
-    except errors.ModuleError as e:
-        assert e.path.endswith("CountingGPT.forward") and "(seen)" in e.message
-    else:
-        raise AssertionError("state updates were dropped silently")

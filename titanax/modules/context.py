@@ -168,9 +168,9 @@ def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries") -> Dict[s
 
 
 def refuse_state_updates(collection: "OutputCollection", *, where: str) -> None:
-    """Raises if a training forward wrote ``add_state_update``s: the train state has no place
-    for non-trained variables yet, and dropping the updates would train silently wrong (running
-    statistics that never move)."""
+    """Raises if a pipelined training forward wrote ``add_state_update``s: a pipeline does not
+    carry them to the train state (the plain and microbatched steps do, train/state_updates.py),
+    and dropping them would train silently wrong (running statistics that never move)."""
     def names(tree, prefix):
         for key, value in tree.items():
             if isinstance(value, Mapping):
@@ -182,7 +182,8 @@ def refuse_state_updates(collection: "OutputCollection", *, where: str) -> None:
     if written:
         names = ", ".join(written[:6])
         raise errors.ModuleError(
-            f"the model wrote state updates ({names}) while training; Titanax does not keep "
-            "non-trained state in the train state yet, so they would be dropped",
-            path=where, suggestion="compute the statistic as a summary (add_summary) instead, "
-                                   "or keep the layer out of training")
+            f"the model wrote state updates ({names}) while training under a pipeline; "
+            "pipelined steps do not carry state updates to the train state, so they would be "
+            "dropped", path=where,
+            suggestion="train this model without pipeline_parallel (DP, TP, ZeRO and "
+                       "accumulation carry them), or compute the statistic as a summary")

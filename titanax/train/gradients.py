@@ -2,8 +2,8 @@
 
 First of the train step's three seams (DESIGN section 7): a computer turns params and a batch into
 *local* gradients -- nothing reduced over the data axis yet -- plus the loss, the model's aux
-counts and the summaries its layers wrote with ``add_summary``. The reducer then reduces them
-once; the learner applies them.
+counts, the summaries its layers wrote with ``add_summary`` and the new values of their non-trained
+params (``add_state_update``). The reducer then reduces them once; the learner applies them.
 
 ``ModelGradients`` is the plain computer (one forward/backward) and, with ``accumulate_steps > 1``,
 the microbatched one: a ``lax.scan`` over microbatches that sums gradients locally, so no
@@ -27,9 +27,10 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.modules import functional
-from titanax.modules.context import flat_summaries, refuse_state_updates
+from titanax.modules.context import flat_summaries
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
+from titanax.train import state_updates
 from titanax.train.precision import Precision
 
 
@@ -63,6 +64,9 @@ class LocalGradients:
     # Scalar summaries the layers wrote, "summaries/<module path>/<name>", averaged over
     # microbatches (per-layer summaries of a stacked Repeat averaged over its layers).
     summaries: Dict[str, jax.Array]
+    # New values the layers wrote for their non-trained params (``add_state_update``),
+    # ``{param path: value}`` in local view, averaged over microbatches (state_updates.py).
+    state_updates: Dict[str, jax.Array] = dataclasses.field(default_factory=dict)
 
 
 class ModelGradients:
@@ -90,8 +94,9 @@ class ModelGradients:
         grad_fn = jax.value_and_grad(self._objective, has_aux=True)
         count = self.accumulate_steps
         if count == 1:
-            (_, (loss, aux, summaries)), grads = grad_fn(params, batch, key, loss_scale)
-            return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries)
+            (_, (loss, aux, summaries, updates)), grads = grad_fn(params, batch, key, loss_scale)
+            return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries,
+                                  state_updates=updates)
         microbatches = _split_microbatches(batch, count)
 
         def accumulate(carry, inputs):
@@ -105,11 +110,11 @@ class ModelGradients:
         zeros = jax.tree_util.tree_map(lambda s: self._varying(jnp.zeros(s.shape, s.dtype)),
                                        shapes)
         init = (jax.tree_util.tree_map(jnp.zeros_like, params),) + zeros
-        (grads, loss, aux, summaries), _ = jax.lax.scan(
+        (grads, loss, aux, summaries, updates), _ = jax.lax.scan(
             accumulate, init, (microbatches, jnp.arange(count)))
         average = lambda tree: jax.tree_util.tree_map(lambda x: x / count, tree)  # noqa: E731
         return LocalGradients(grads=average(grads), loss=loss / count, aux=aux,
-                              summaries=average(summaries))
+                              summaries=average(summaries), state_updates=average(updates))
 
     def _varying(self, value: jax.Array) -> jax.Array:
         """A scan carry the loop body makes varying must start varying (outside shard_map,
@@ -125,8 +130,10 @@ class ModelGradients:
         objective = loss / self.loss_relation.copies_seen_by_autodiff(loss, self.mesh_shape)
         if loss_scale is not None:
             objective = objective * loss_scale
-        refuse_state_updates(collection, where=f"{type(self.model).__qualname__}.forward")
-        return objective, (loss, aux, flat_summaries(collection.summaries))
+        updates = state_updates.collect(collection.state_updates, params,
+                                        where=f"{type(self.model).__qualname__}.forward")
+        return objective, (loss, aux, flat_summaries(collection.summaries),
+                           jax.lax.stop_gradient(updates))
 
 
 

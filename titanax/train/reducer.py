@@ -29,6 +29,7 @@ the learner computes the norm of the chunks itself.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -49,6 +50,9 @@ class Reduced:
     # The squared global L2 norm of the reduced gradients (None with ZeRO-1: the learner
     # computes the norm of its gradient chunks).
     norm_squared: Optional[jax.Array]
+    # State updates averaged over the axes their param is replicated on, by flattened param
+    # index (empty when the model wrote none).
+    state_updates: Dict[int, jax.Array] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,46 +93,61 @@ class GradientReducer:
         return dict(self.mesh_shape)[self.data_axis] if self.data_axis else 1
 
     def reduce(self, grads: Any, *, mean_metrics: Dict[str, jax.Array],
-               sum_metrics: Dict[str, jax.Array], sync_data: bool = True) -> Reduced:
+               sum_metrics: Dict[str, jax.Array], sync_data: bool = True,
+               state_updates: Optional[Mapping[int, jax.Array]] = None) -> Reduced:
         """Reduces ``grads`` and the step's metrics (see the module docstring).
 
         ``mean_metrics`` are averaged over the data axis (the loss), ``sum_metrics`` summed
         (token counts). With ``sync_data=False`` metrics do not cross the data axis.
+        ``state_updates`` (``{flattened param index: new value}``, state_updates.py) are averaged
+        over every axis their param is replicated on -- always, whatever ``sync_data`` says,
+        since every copy of a param must stay equal -- riding in the same collectives.
         """
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         metric_names = list(mean_metrics) + list(sum_metrics)
         metrics = [mean_metrics[k] for k in mean_metrics] + [sum_metrics[k] for k in sum_metrics]
+        updates = dict(state_updates or {})
         data = self.data_axis
-        if data is not None and (sync_data or not self.zero):
+        if data is not None:
             # Params split over the data axis already hold their own part of the gradient; with
             # ZeRO-1 the gradients are reduce-scattered later and only the metrics cross here.
             summed = [] if self.zero else [i for i, axes in enumerate(self.split_axes)
                                            if data not in axes]
             carried = metrics if sync_data else []
-            reduced = collectives.psum([leaves[i] for i in summed] + carried, data)
-            size = self.data_size
-            leaves = list(leaves)
-            for position, index in enumerate(summed):
-                leaves[index] = reduced[position] / size
-            if sync_data:
-                averaged = data in self.loss_relation.mean_over
-                metrics = [m / size if averaged and i < len(mean_metrics) else m
-                           for i, m in enumerate(reduced[len(summed):])]
-        leaves, metrics, norm_squared = self._reduce_other_axes(leaves, metrics)
+            averaged_updates = [i for i in sorted(updates) if data not in self.split_axes[i]]
+            if summed or carried or averaged_updates:
+                reduced = collectives.psum([leaves[i] for i in summed] + carried
+                                           + [updates[i] for i in averaged_updates], data)
+                size = self.data_size
+                leaves = list(leaves)
+                for position, index in enumerate(summed):
+                    leaves[index] = reduced[position] / size
+                offset = len(summed) + len(carried)
+                for position, index in enumerate(averaged_updates):
+                    updates[index] = reduced[offset + position] / size
+                if sync_data:
+                    averaged = data in self.loss_relation.mean_over
+                    metrics = [m / size if averaged and i < len(mean_metrics) else m
+                               for i, m in enumerate(reduced[len(summed):offset])]
+        leaves, metrics, updates, norm_squared = self._reduce_other_axes(leaves, metrics, updates)
         return Reduced(grads=jax.tree_util.tree_unflatten(treedef, leaves),
-                       metrics=dict(zip(metric_names, metrics)), norm_squared=norm_squared)
+                       metrics=dict(zip(metric_names, metrics)), norm_squared=norm_squared,
+                       state_updates=updates)
 
-    def _reduce_other_axes(self, leaves: List[jax.Array], metrics: List[jax.Array]):
+    def _reduce_other_axes(self, leaves: List[jax.Array], metrics: List[jax.Array],
+                           updates: Dict[int, jax.Array]):
         """One all-reduce per set of non-data axes; the norm's squares ride along.
 
         A gradient replicated over axes R is summed over R. A gradient split over axes S (and
         replicated over none) has its squared norm summed over S -- in the same collective as
         the gradients replicated over S, when there are any. Metrics that are identical copies
-        over some axes are averaged there, also in that collective.
+        over some axes are averaged there, also in that collective, and so are state updates over
+        the axes their param is replicated on (copies there: the average leaves them unchanged,
+        and makes them invariant).
         """
         data = self.data_axis
         squares_needed = not self.zero
-        out, out_metrics = list(leaves), list(metrics)
+        out, out_metrics, out_updates = list(leaves), list(metrics), dict(updates)
         grad_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, axes in enumerate(self.replicated_axes):
             if axes:
@@ -139,6 +158,12 @@ class GradientReducer:
             key = tuple(a for a, _ in self.mesh_shape if a in varying and a != data)
             if key:
                 metric_groups.setdefault(key, []).append(index)
+        update_groups: Dict[Tuple[str, ...], List[int]] = {}
+        for index, value in sorted(updates.items()):
+            varying = collectives.varying_axes(value)
+            key = tuple(a for a in self.replicated_axes[index] if a in varying)
+            if key:
+                update_groups.setdefault(key, []).append(index)
         # Gradients only split (not replicated) can have their squares summed before any
         # reduction of theirs; the rest need their own reduction first.
         early_squares: Dict[Tuple[str, ...], List[int]] = {}
@@ -154,10 +179,14 @@ class GradientReducer:
             else:
                 late_squares.setdefault(split, []).append(index)
         norm_parts: List[jax.Array] = []
-        for key in sorted(set(grad_groups) | set(metric_groups) | set(early_squares)):
+        sizes = dict(self.mesh_shape)
+        for key in sorted(set(grad_groups) | set(metric_groups) | set(early_squares)
+                          | set(update_groups)):
             grad_indices = grad_groups.get(key, [])
             metric_indices = metric_groups.get(key, [])
-            payload = [out[i] for i in grad_indices] + [out_metrics[i] for i in metric_indices]
+            update_indices = update_groups.get(key, [])
+            payload = ([out[i] for i in grad_indices] + [out_metrics[i] for i in metric_indices]
+                       + [out_updates[i] for i in update_indices])
             if key in early_squares:
                 payload.append(_square_sum([out[i] for i in early_squares[key]]))
             reduced = collectives.psum(payload, key)
@@ -168,6 +197,9 @@ class GradientReducer:
                 out[index] = reduced[position]
             for position, index in enumerate(metric_indices):
                 out_metrics[index] = reduced[len(grad_indices) + position] / copies
+            offset = len(grad_indices) + len(metric_indices)
+            for position, index in enumerate(update_indices):
+                out_updates[index] = reduced[offset + position] / math.prod(sizes[a] for a in key)
             if key in early_squares:
                 norm_parts.append(reduced[-1])
         for key, indices in sorted(late_squares.items()):
@@ -177,7 +209,7 @@ class GradientReducer:
         norm_squared = sum(norm_parts) if squares_needed else None
         if squares_needed and not norm_parts:
             norm_squared = jnp.float32(0.0)
-        return out, out_metrics, norm_squared
+        return out, out_metrics, out_updates, norm_squared
 
 
 def _square_sum(values: Sequence[jax.Array]) -> jax.Array:

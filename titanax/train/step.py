@@ -13,8 +13,9 @@ collective in it is written here, in the reducer or in a layer:
    data-axis all-reduce that also carries the metrics (with ZeRO-1: a reduce-scatter into the
    optimizer's chunk) and one all-reduce per other set of axes.
 4. The state-sharding strategy (``state_sharding.py``) runs the Learner's update (clipping by the
-   global norm, the optax update) on its part of the optimizer state; then loss scaling
-   (float16) and NaN/Inf handling decide whether it is kept.
+   global norm, the optax update) on its part of the optimizer state; the state updates the
+   layers wrote (``state_updates.py``, averaged like the loss) replace their params' values; then
+   loss scaling (float16) and NaN/Inf handling decide whether it is kept.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
 from titanax.train import learner as learner_lib
+from titanax.train import state_updates
 from titanax.train.gradients import ModelGradients
 from titanax.train.pipelined_gradients import PipelinedGradients
 from titanax.train.state_sharding import Replicated
@@ -108,9 +110,12 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
             lambda g: (g.astype(jnp.float32) / scale).astype(g.dtype), grads)
     check_scalar_metrics({"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}},
                          where=f"{type(setup.model).__qualname__}.forward")
+    index = state_updates.param_index(state.params)
     reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss, **local.summaries},
                                    sum_metrics={f"aux/{k}": v for k, v in aux.items()},
-                                   sync_data=setup.sync_metrics)
+                                   sync_data=setup.sync_metrics,
+                                   state_updates={index[path]: value for path, value
+                                                  in local.state_updates.items()})
     new_state, update_stats = _apply_update(setup, state, reduced)
     metrics = _metrics(setup, state, reduced.metrics, update_stats)
     return new_state, metrics
@@ -121,6 +126,9 @@ def _apply_update(setup: StepSetup, state: TrainState, reduced: Reduced):
     new_params, new_opt_state, norm = setup.state_sharding.update(
         learner=setup.learner, adapter=setup.adapter, params=state.params,
         opt_state=state.opt_state, grads=reduced.grads, norm_squared=reduced.norm_squared)
+    if reduced.state_updates:
+        # Non-trained state: the layers' new values replace whatever the optimizer made of it.
+        new_params = state_updates.write(new_params, reduced.state_updates)
     # Decisions every device must take identically: reduce the evidence over all axes.
     grads_finite = jnp.isfinite(norm)
     loss_finite = _all_devices(jnp.isfinite(loss))

@@ -1,0 +1,74 @@
+"""State updates: new values that layers write for params the optimizer does not train.
+
+A layer that keeps a statistic -- a running mean, a batch-norm variance, a step counter -- stores
+it as a param and writes its next value with ``add_state_update(name, value)`` during a training
+forward. The gradient computer collects those values (``collect``), averages them over its
+microbatches, the reducer averages them over the data axis in the step's one data-axis
+all-reduce, and the step writes them over the optimizer's result for that param (``write``).
+
+Averaging is what the one-device run does when the statistic is a mean over the batch: with
+microbatches and data shards of equal size, the mean of each shard's ``m * old + (1 - m) * mean``
+is ``m * old + (1 - m) * mean of the whole batch``. Every device ends the step with the same value,
+so a param replicated over the data axis stays replicated.
+
+A state update must name a param: the same path (``<module>/<child>/.../<name>``) and the same
+local shape. Anything else is refused with the path, never dropped or attached somewhere new.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Mapping, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from titanax import errors
+from titanax.parallel.sharding import path_string
+
+
+def _written(tree: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _written(value, f"{prefix}{key}/")
+        elif value is not None:
+            yield f"{prefix}{key}", value
+
+
+def param_index(params: Any) -> Dict[str, int]:
+    """``{param path: position among the flattened params}``."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {path_string(path): index for index, (path, _) in enumerate(flat)}
+
+
+def collect(state_updates: Mapping[str, Any], params: Any, *, where: str
+            ) -> Dict[str, jax.Array]:
+    """``{param path: new value}`` from an OutputCollection's nested ``state_updates``, each
+    checked against the (local-view) param it replaces."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    by_path = {path_string(path): leaf for path, leaf in flat}
+    out: Dict[str, jax.Array] = {}
+    for path, value in _written(state_updates):
+        if path not in by_path:
+            raise errors.ModuleError(
+                f"a state update was written for {path!r}, which is not a param of the model",
+                path=where, suggestion="declare the state as a ParameterSpec of the layer that "
+                "updates it and write add_state_update(<its name>, value) once per call (a "
+                "second call of the same child writes under '<child>_1')")
+        param = by_path[path]
+        value = jnp.asarray(value)
+        if value.shape != param.shape:
+            raise errors.ModuleError(
+                f"the state update for {path!r} has shape {value.shape}, the param's local "
+                f"shape is {param.shape}", path=where,
+                suggestion="write a value of the param's own (local, per-device) shape")
+        out[path] = value.astype(jnp.float32)
+    return out
+
+
+def write(params: Any, updates: Mapping[int, jax.Array]) -> Any:
+    """``params`` with the leaves at the flattened positions in ``updates`` replaced (cast to
+    their dtype)."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    for index, value in updates.items():
+        leaves[index] = value.astype(leaves[index].dtype)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
