@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from titanax import errors
+from titanax.modules import gather_on_use
 from titanax.modules.context import OutputCollection, current_context, name_key, set_current_context
 from titanax.modules.initializers import Constant, FanAxes, Initializer, Normal
 from titanax.modules.module import Module, nowrap
@@ -51,6 +52,9 @@ class ParameterSpec:
     fan_axes: Optional[FanAxes] = None
     # Multiplier of the optimizer's weight decay (0 for biases and norm params).
     weight_decay_scale: float = 1.0
+    # Leading dims that stack copies of a layer (Repeat adds one): a layer scan slices them, so
+    # FSDP/ZeRO never put their axis there (parallel/state_dims.py).
+    stacked_dims: int = 0
 
     @property
     def ndim(self) -> int:
@@ -186,6 +190,8 @@ class BaseLayer(Module):
         context = current_context()
         if policy is None or not context.is_training or method.__name__ != "forward":
             return method(self, *args, **kwargs)
+        if gather_on_use.holds_gather_on_use(context.state):
+            policy = gather_on_use.never_saving_gathered(policy)
 
         def pure(state, key, call_args):
             inner = context.clone(state=state, prng_key=key, output_collection=OutputCollection())

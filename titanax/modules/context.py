@@ -76,6 +76,8 @@ class InvocationContext:
     parent: Optional["InvocationContext"] = None
     # Calls made so far to each child name, so a repeated call gets its own key and outputs.
     child_calls: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # ``state`` with FSDP-sharded params gathered, made on the first ``parameters`` read.
+    gathered_state: Optional[Any] = None
 
     @property
     def path(self) -> str:
@@ -84,6 +86,7 @@ class InvocationContext:
     def clone(self, **changes: Any) -> "InvocationContext":
         """A copy with fields replaced (e.g. ``is_training=False`` for a teacher model)."""
         changes.setdefault("child_calls", {})
+        changes.setdefault("gathered_state", None)
         return dataclasses.replace(self, **changes)
 
 

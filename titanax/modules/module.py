@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import Configurable
+from titanax.modules import gather_on_use
 from titanax.modules.context import (InvocationContext, OutputCollection, child_context,
                                      current_context, set_current_context)
 
@@ -149,8 +150,12 @@ class Module(Configurable):
 
     @property
     def parameters(self) -> Dict[str, Any]:
-        """This call's params and state (local view inside shard_map)."""
-        return self._own_context().state
+        """This call's params and state (local view inside shard_map). Params stored sharded by
+        FSDP come back whole, gathered on this first read of the call (gather_on_use.py)."""
+        context = self._own_context()
+        if context.gathered_state is None:
+            context.gathered_state = gather_on_use.gathered(context.state)
+        return context.gathered_state
 
     @property
     def state(self) -> Dict[str, Any]:
@@ -241,6 +246,9 @@ def scan_in_context(fn: Callable[[Any, Any], Tuple[Any, Any]], *, carry: Any, xs
         collection = iteration_context.output_collection
         return carry_out, (y, _child_outputs(collection, child_name))
 
+    if context.is_training and gather_on_use.holds_gather_on_use(stacked_state):
+        # FSDP: each layer's gathered params are recomputed for backward, never saved.
+        remat_policy = gather_on_use.never_saving_gathered(remat_policy)
     if remat_policy is not None:
         body = jax.checkpoint(body, policy=remat_policy, prevent_cse=False)
     keys_xs = keys if base_key is not None else None

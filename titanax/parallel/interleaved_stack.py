@@ -74,7 +74,8 @@ class InterleavedStack:
     def view_parameter_specs(self, parameter_specs: Any) -> Any:
         """The model's ParameterSpecs with the stacked leaves' shapes viewed (init, fan axes and
         the rest keep describing the canonical param, which is what initialisation runs on)."""
-        return self._map(lambda s: dataclasses.replace(s, shape=self.view_shape(s.shape)),
+        return self._map(lambda s: dataclasses.replace(s, shape=self.view_shape(s.shape),
+                                                       stacked_dims=s.stacked_dims + 2),
                          parameter_specs, is_leaf=rules.is_param_leaf)
 
     def view_partition_specs(self, specs: Any) -> Any:

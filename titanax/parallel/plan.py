@@ -118,13 +118,38 @@ class PP(Configurable):
 
 
 class ZeRO(Configurable):
-    """ZeRO optimizer-state sharding over the data axis (stage 1: optimizer state only)."""
+    """Sharded state over one mesh axis, along real param dimensions (parallel/state_dims.py).
+
+    Stage 1 shards the optimizer state (gradients all-reduced, each device updates its part,
+    params all-gathered back); stage 2 also reduce-scatters the gradients into that layout;
+    stage 3 (FSDP) stores the params sharded too and gathers them where they are used.
+    """
 
     class Config(Configurable.Config):
-        # ZeRO stage. Stage 1 shards the optimizer state; params and gradients stay replicated.
-        stage: Literal[1] = 1
-        # Axis the state is sharded over; None means the data-parallel axis.
+        # 1: optimizer state; 2: + gradients reduce-scattered; 3: + params (FSDP).
+        stage: Literal[1, 2, 3] = 1
+        # Mesh axis the state is split over; None: the data-parallel axis.
         axis: Optional[str] = None
+        # Stage 3 only. "per_microbatch" (true ZeRO-3): each layer's params are gathered where
+        # the layer runs, inside the layer and microbatch loops, and the gradients
+        # reduce-scattered there (lowest memory). "per_step": gathered once before the
+        # microbatch loop and reduce-scattered once after it (no collective in any loop, the
+        # whole model gathered while the step runs).
+        grad_sync: Literal["per_step", "per_microbatch"] = "per_microbatch"
+        # Params with fewer elements stay whole on every device (norm scales, small biases).
+        min_shard_size: int = 1024
+        # {param path pattern: dimension (negative counts from the end) or None (keep whole)};
+        # first match wins, before the default (the largest divisible dimension).
+        dim_overrides: Dict[str, Optional[int]] = {}
+
+        def _validate_values(self):
+            if isinstance(self.min_shard_size, int) and self.min_shard_size < 0:
+                yield "min_shard_size", f"must be >= 0, got {self.min_shard_size}"
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether the params themselves are sharded (stage 3)."""
+        return self.config.stage == 3
 
 
 class Plan(Configurable):
@@ -149,8 +174,16 @@ class Plan(Configurable):
                                            f"{seen[axis]}; one axis, one role")
                 seen.setdefault(axis, role)
             if self.zero is not None and self.data_parallel is None:
-                yield "zero", "ZeRO shards the optimizer state over the data axis: add " \
-                              "data_parallel"
+                yield "zero", "ZeRO shards the state over the data axis: add data_parallel"
+            pp = self.pipeline_parallel
+            if self.zero is not None and self.zero.stage == 3 and pp is not None:
+                if pp.stages:
+                    yield "zero.stage", ("explicit pipeline stages hold every param on every pipe "
+                                         "device; FSDP (stage 3) runs the stacked path only: use "
+                                         "stage 1 or 2 with explicit stages")
+                elif self.zero.grad_sync == "per_microbatch":
+                    yield "zero.grad_sync", ("FSDP under a pipeline gathers the params once per "
+                                             "step: set it to 'per_step'")
             if self.zero is not None and self.data_parallel is not None and \
                     self.zero.axis not in (None, self.data_parallel.axis):
                 yield "zero.axis", (f"must be the data-parallel axis "

@@ -33,7 +33,7 @@ from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo, memory, throughput
 from titanax.observe.profiler import Profile
 from titanax.observe.loggers import Basic, Logger
-from titanax.parallel import rules, sharding
+from titanax.parallel import rules, sharding, state_dims
 from titanax.parallel import stages as stages_lib
 from titanax.parallel.interleaved_stack import InterleavedStack
 from titanax.parallel.plan import DP, Plan
@@ -164,6 +164,8 @@ class Engine(Configurable):
         self.model: Optional[BaseLayer] = cfg.model.instantiate() if cfg.model else None
         self.parameter_specs = None
         self.param_specs = None
+        # ZeRO / FSDP: per param, the dimension split over the ZeRO axis (None: kept whole).
+        self.zero_dims = None
         # The circular schedule's view of the stacked layers (None: params in canonical layout).
         self.stack_view: Optional[InterleavedStack] = None
         if self.model is not None:
@@ -181,9 +183,25 @@ class Engine(Configurable):
                     pipe_axis=pp.axis)
                 self.parameter_specs = self.stack_view.view_parameter_specs(self.parameter_specs)
                 self.param_specs = self.stack_view.view_partition_specs(self.param_specs)
+            self._shard_state_dims()
             self._make_adapter(learner_lib.decay_scales_from_specs(self.parameter_specs))
         self._built = True
         return self
+
+    def _shard_state_dims(self) -> None:
+        """ZeRO / FSDP: the real dimension of each param that carries the ZeRO axis (last of
+        the spec transforms, after TP and the pipeline); FSDP adds it to the params' specs."""
+        self.zero_dims = None
+        zero = self.plan.zero
+        if zero is None:
+            return
+        axis = zero.config.axis or self.plan.dp_axis
+        self.zero_dims = state_dims.choose_dims(
+            self.parameter_specs, self.param_specs, axis=axis,
+            axis_size=int(self.mesh.shape[axis]), min_shard_size=zero.config.min_shard_size,
+            dim_overrides=tuple(zero.config.dim_overrides.items()))
+        if zero.fsdp:
+            self.param_specs = state_dims.add_axis(self.param_specs, self.zero_dims, axis)
 
     def _setup_pipeline_check(self, pp) -> None:
         from titanax.train.pipelined_gradients import PipelinedGradients  # pylint: disable=import-outside-toplevel
@@ -332,6 +350,12 @@ class Engine(Configurable):
         """The local-step protocol's implementation: the model's step, or the user's."""
         if step_fn is None:
             return step_lib.ModelStep(self._setup())
+        if self.plan.zero is not None:
+            raise errors.PlanError(
+                "ZeRO / FSDP lay out and update the state inside the engine's model step; a "
+                "hand-written @step_fn applies its gradients to the whole state itself",
+                path="plan.zero", suggestion="drop plan.zero for this step, or configure a "
+                "model and let the engine run its step")
         return UserStep(step_fn, axes=self.axes, data_axis=self.data_axis,
                         param_specs=self.param_specs, precision=self.precision)
 

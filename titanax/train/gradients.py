@@ -19,6 +19,7 @@ declaration says which axes hold copies, the type says whether autodiff will see
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -26,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from titanax import errors
-from titanax.modules import functional
+from titanax.modules import functional, gather_on_use
 from titanax.modules.context import flat_summaries
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
@@ -69,12 +70,45 @@ class LocalGradients:
     state_updates: Dict[str, jax.Array] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class ParamGathering:
+    """How a computer sees FSDP's sharded params whole (state_sharding.FullySharded).
+
+    ``per_microbatch``: the params are wrapped in ``GatherOnUse`` and each layer gathers its own
+    where it runs; the transpose of each gather reduce-scatters (sums) that layer's gradient, so
+    the unwrapped gradients are divided by the axis size (a mean, as over the data axis).
+    Otherwise (``per_step``) everything is gathered once, before the microbatch loop, and the
+    whole gradients are left to the reducer's reduce-scatter.
+    """
+
+    axis: str
+    axis_size: int
+    # Per param, the dimension split over ``axis`` (None: stored whole).
+    dims: Any
+    per_microbatch: bool
+
+    def gather_all(self, params: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda p, d: p if d is None else collectives.all_gather(p, self.axis, axis_index=d),
+            params, self.dims)
+
+    def wrap(self, params: Any) -> Any:
+        return gather_on_use.wrap(params, self.dims, axis=self.axis)
+
+    def unwrap_gradients(self, grads: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda g: g.shard / self.axis_size if gather_on_use.is_gather_on_use(g) else g,
+            grads, is_leaf=gather_on_use.is_gather_on_use)
+
+
 class ModelGradients:
     """Gradients of ``model.forward(batch) -> (loss, aux)``, with optional microbatches."""
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
-                 data_axis: Optional[str], accumulate_steps: int = 1):
+                 data_axis: Optional[str], accumulate_steps: int = 1,
+                 gathering: Optional[ParamGathering] = None):
         self.model = model
+        self.gathering = gathering
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
         self.data_axis = data_axis
@@ -90,8 +124,22 @@ class ModelGradients:
     def __call__(self, params: Any, batch: Any, key: jax.Array, *,
                  loss_scale: Optional[jax.Array] = None) -> LocalGradients:
         """``params`` already cast to varying over every axis (see step.py); ``key`` this
-        step's dropout key on this data shard."""
-        grad_fn = jax.value_and_grad(self._objective, has_aux=True)
+        step's dropout key on this data shard. Under FSDP ``params`` are this device's shards
+        and so are the gradients returned (with ``grad_sync="per_step"`` whole, for the
+        reducer's reduce-scatter)."""
+        stored = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
+        gathering = self.gathering
+        if gathering is not None:
+            params = (gathering.wrap(params) if gathering.per_microbatch
+                      else gathering.gather_all(params))
+        local = self._gradients(params, batch, key, loss_scale, stored)
+        if gathering is not None and gathering.per_microbatch:
+            local.grads = gathering.unwrap_gradients(local.grads)
+        return local
+
+    def _gradients(self, params, batch, key, loss_scale, stored) -> LocalGradients:
+        grad_fn = jax.value_and_grad(functools.partial(self._objective, stored=stored),
+                                     has_aux=True)
         count = self.accumulate_steps
         if count == 1:
             (_, (loss, aux, summaries, updates)), grads = grad_fn(params, batch, key, loss_scale)
@@ -121,7 +169,7 @@ class ModelGradients:
         with no mesh axes, there is nothing to cast)."""
         return collectives.cast_varying(value, self.axes) if self.axes else value
 
-    def _objective(self, params, batch, key, loss_scale):
+    def _objective(self, params, batch, key, loss_scale, *, stored):
         compute_params = self.precision.cast_for_compute(params)
         inputs = self.precision.cast_for_compute(batch)
         (loss, aux), collection = functional(self.model, key, compute_params, (inputs,),
@@ -130,7 +178,7 @@ class ModelGradients:
         objective = loss / self.loss_relation.copies_seen_by_autodiff(loss, self.mesh_shape)
         if loss_scale is not None:
             objective = objective * loss_scale
-        updates = state_updates.collect(collection.state_updates, params,
+        updates = state_updates.collect(collection.state_updates, stored,
                                         where=f"{type(self.model).__qualname__}.forward")
         return objective, (loss, aux, flat_summaries(collection.summaries),
                            jax.lax.stop_gradient(updates))

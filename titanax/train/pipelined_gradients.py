@@ -156,7 +156,10 @@ class PipelinedGradients:
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  data_axis: Optional[str], pipe_axis: str, microbatch_size: int,
                  schedule: str = "1f1b", virtual_stages: int = 1,
-                 checkpoint_ratio: float = 0.0, stages: Sequence[Any] = ()):
+                 checkpoint_ratio: float = 0.0, stages: Sequence[Any] = (),
+                 gathering: Optional[Any] = None):
+        # FSDP (per_step): the stored shards, gathered once before the schedule runs.
+        self.gathering = gathering
         self.model = model
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
@@ -202,6 +205,8 @@ class PipelinedGradients:
 
     def __call__(self, params: Any, batch: Any, key: jax.Array, *,
                  loss_scale: Optional[jax.Array] = None) -> LocalGradients:
+        if self.gathering is not None:
+            params = self.gathering.gather_all(params)
         if self.schedule == "1f1b":
             return self._one_f_one_b(params, batch, key, loss_scale)
         grad_fn = jax.value_and_grad(self._objective, has_aux=True)

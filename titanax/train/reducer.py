@@ -16,14 +16,14 @@ check: six small collectives where two suffice. The reducer issues
 The global gradient norm then needs no collective of its own, and neither does the finite check:
 after these two reductions the loss and the norm are the same on every device.
 
-A param split over the data axis (its spec names it) is not summed there: each device already
-holds its own part; its squared norm is summed over the data axis with its other split axes.
-How the metrics are reduced follows the gradient computer's declared ``LossRelation``: averaged
-over ``mean_over`` axes, summed over ``sum_over`` axes, and copies elsewhere counted once.
-
-ZeRO-1 replaces step 1's gradients by a reduce-scatter per gradient (``zero.scatter_mean``, in
-the step; the metrics still cross the data axis here); the optimizer then works on chunks, and
-the learner computes the norm of the chunks itself.
+With ZeRO-2 and FSDP ``grad_sync="per_step"`` the state is split along a real dimension of each
+param over the ZeRO axis, and those gradients are reduce-scattered into that layout first (one
+reduce-scatter each, instead of their part of step 1). A gradient split over the data axis (its
+layout names it: scattered, or an FSDP gradient whose gather's transpose already reduced it) is
+not summed there: each device holds its own part; its squared norm is summed over the data axis
+with its other split axes. How the metrics are reduced follows the gradient computer's declared
+``LossRelation``: averaged over ``mean_over`` axes, summed over ``sum_over`` axes, and copies
+elsewhere counted once.
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ class Reduced:
     grads: Any
     # Metrics reduced over the data axis (averaged or summed) and made identical elsewhere.
     metrics: Dict[str, jax.Array]
-    # The squared global L2 norm of the reduced gradients (None with ZeRO-1: the learner
-    # computes the norm of its gradient chunks).
-    norm_squared: Optional[jax.Array]
+    # The squared global L2 norm of the reduced gradients.
+    norm_squared: jax.Array
     # State updates averaged over the axes their param is replicated on, by flattened param
     # index (empty when the model wrote none).
     state_updates: Dict[int, jax.Array] = dataclasses.field(default_factory=dict)
@@ -66,17 +65,26 @@ class GradientReducer:
     replicated_axes: Tuple[Tuple[str, ...], ...]
     # Per leaf: the axes its param is split over.
     split_axes: Tuple[Tuple[str, ...], ...]
-    # The data axis is left to ZeRO-1's reduce-scatter.
-    zero: bool = False
+    # Per leaf: the dimension its gradient is reduce-scattered along over ``shard_axis`` (the
+    # ZeRO-2 / FSDP layout; the leaf's spec then names the axis) or None. Empty: no scatter.
+    scatter_dims: Tuple[Optional[int], ...] = ()
+    shard_axis: Optional[str] = None
     # How the loss (and the other mean metrics) relate to the one-device loss, per axis.
     loss_relation: LossRelation = LossRelation()
 
     @classmethod
     def plan(cls, *, param_specs: Any, mesh_shape: Mapping[str, int],
-             data_axis: Optional[str], zero: bool = False,
-             loss_relation: Optional[LossRelation] = None) -> "GradientReducer":
-        specs = jax.tree_util.tree_leaves(param_specs,
-                                          is_leaf=lambda x: isinstance(x, PartitionSpec))
+             data_axis: Optional[str], loss_relation: Optional[LossRelation] = None,
+             scatter_dims: Any = None, shard_axis: Optional[str] = None) -> "GradientReducer":
+        """``param_specs``: the layout of the *reduced* gradients (with ZeRO-2 / FSDP the shard
+        axis on the scattered dimension); ``scatter_dims``: a tree like them (None leaves: no
+        scatter)."""
+        is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+        specs = jax.tree_util.tree_leaves(param_specs, is_leaf=is_spec)
+        scatter = ()
+        if scatter_dims is not None:
+            scatter = tuple(jax.tree_util.tree_structure(param_specs, is_leaf=is_spec)
+                            .flatten_up_to(scatter_dims))
         axes = tuple(mesh_shape)
         replicated, split = [], []
         for spec in specs:
@@ -85,8 +93,8 @@ class GradientReducer:
             replicated.append(tuple(a for a in axes if a not in used and a != data_axis))
         relation = loss_relation or LossRelation(mean_over=(data_axis,) if data_axis else ())
         return cls(mesh_shape=tuple(mesh_shape.items()), data_axis=data_axis,
-                   replicated_axes=tuple(replicated), split_axes=tuple(split), zero=zero,
-                   loss_relation=relation)
+                   replicated_axes=tuple(replicated), split_axes=tuple(split),
+                   loss_relation=relation, scatter_dims=scatter, shard_axis=shard_axis)
 
     @property
     def data_size(self) -> int:
@@ -107,12 +115,16 @@ class GradientReducer:
         metric_names = list(mean_metrics) + list(sum_metrics)
         metrics = [mean_metrics[k] for k in mean_metrics] + [sum_metrics[k] for k in sum_metrics]
         updates = dict(state_updates or {})
+        leaves = list(leaves)
+        for index, dim in enumerate(self.scatter_dims):
+            if dim is not None:  # Each device keeps the mean of its part.
+                leaves[index] = collectives.reduce_scatter(leaves[index], self.shard_axis, "mean",
+                                                           scatter_dimension=dim)
         data = self.data_axis
         if data is not None:
-            # Params split over the data axis already hold their own part of the gradient; with
-            # ZeRO-1 the gradients are reduce-scattered later and only the metrics cross here.
-            summed = [] if self.zero else [i for i, axes in enumerate(self.split_axes)
-                                           if data not in axes]
+            # Gradients split over the data axis (scattered above, or FSDP's, whose gather's
+            # transpose reduced them) already hold their own part: only the others cross here.
+            summed = [i for i, axes in enumerate(self.split_axes) if data not in axes]
             carried = metrics if sync_data else []
             averaged_updates = [i for i in sorted(updates) if data not in self.split_axes[i]]
             if summed or carried or averaged_updates:
@@ -146,7 +158,6 @@ class GradientReducer:
         and makes them invariant).
         """
         data = self.data_axis
-        squares_needed = not self.zero
         out, out_metrics, out_updates = list(leaves), list(metrics), dict(updates)
         grad_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, axes in enumerate(self.replicated_axes):
@@ -170,8 +181,6 @@ class GradientReducer:
         late_squares: Dict[Tuple[str, ...], List[int]] = {}
         local_squares: List[int] = []
         for index, split in enumerate(self.split_axes):
-            if not squares_needed:
-                continue
             if not split:
                 local_squares.append(index)
             elif not self.replicated_axes[index]:
@@ -206,9 +215,7 @@ class GradientReducer:
             norm_parts.append(collectives.psum(_square_sum([out[i] for i in indices]), key))
         if local_squares:
             norm_parts.append(_square_sum([out[i] for i in local_squares]))
-        norm_squared = sum(norm_parts) if squares_needed else None
-        if squares_needed and not norm_parts:
-            norm_squared = jnp.float32(0.0)
+        norm_squared = sum(norm_parts) if norm_parts else jnp.float32(0.0)
         return out, out_metrics, out_updates, norm_squared
 
 

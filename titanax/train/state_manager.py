@@ -69,7 +69,8 @@ class StateManager:
     def state_sharding(self) -> state_sharding_lib.Replicated:
         """How the optimizer state is laid out and updated (for the plan and mesh)."""
         return state_sharding_lib.for_plan(self.plan, param_specs=self.param_specs,
-                                           mesh_shape=dict(self.mesh.shape))
+                                           mesh_shape=dict(self.mesh.shape),
+                                           zero_dims=self._engine.zero_dims)
 
     def opt_state_specs(self) -> Any:
         return self.state_sharding.opt_state_specs(self.adapter, self._local_param_shapes())
@@ -89,6 +90,7 @@ class StateManager:
                 lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype), params)
             self._engine.param_specs = self.plan.param_partition_specs(self.parameter_specs,
                                                                        self.mesh)
+            self._engine._shard_state_dims()
             self._engine._make_adapter(None)
 
     def _init_opt_fn(self):

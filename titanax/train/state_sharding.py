@@ -1,18 +1,26 @@
-"""State sharding: how the optimizer state is laid out over the devices, and how an update runs.
+"""State sharding: how params and optimizer state are laid out over the devices, and how an
+update runs on them.
 
 The step's third collaborator (DESIGN section 7): the gradient computer returns local gradients,
-the reducer reduces them once, and a state-sharding strategy owns everything about the optimizer
-state's layout -- its specs, its initialisation, the update on this device's part of it, and the
-description written into checkpoints so that a restore can tell whether the saved arrays mean the
-same thing here. The Learner owns the arithmetic of the update (clipping, optax); the strategy
-decides on which slice of the state it runs.
+the reducer reduces them once, and a state-sharding strategy owns everything about the state's
+layout -- the optimizer state's specs, its initialisation, the update on this device's part of it.
+The Learner owns the arithmetic of the update (clipping, optax); the strategy decides on which
+slice of the state it runs.
+
+Every strategy lays the optimizer state out like the params *in global view*: each leaf has its
+param's global shape, and where it is split over the ZeRO axis, it is split along a real
+dimension (``parallel/state_dims.py``). So a checkpoint's arrays mean the same numbers on every
+mesh and under every strategy, and restore anywhere.
 
 - ``Replicated``: every device holds the whole (TP/PP-local) state; the reducer all-reduces the
   gradients over the data axis.
-- ``ZeroFlatChunks`` (ZeRO-1): each param's local gradient is flattened, padded and
-  reduce-scattered over the data axis; each device updates its chunk and the params are
-  all-gathered back (``zero.py``). The chunks depend on the mesh they were cut for, which
-  ``layout()`` records.
+- ``ShardedOptimizerState`` (ZeRO-1 / ZeRO-2): params replicated over the ZeRO axis, optimizer
+  state split over it on each param's chosen dimension. ZeRO-1 keeps the reducer's all-reduce and
+  slices each device's part of the gradient; ZeRO-2 has the reducer reduce-scatter the gradients
+  into that part. Each device updates its part; the params are all-gathered back.
+- ``FullySharded`` (ZeRO-3 / FSDP): the params carry the axis too (the engine added it to their
+  specs), so params, gradients and optimizer state are all local shards and the update is the
+  replicated one on them; the gradient computer gathers the params where they are used.
 """
 
 from __future__ import annotations
@@ -23,22 +31,33 @@ import jax
 import optax
 from jax.sharding import PartitionSpec
 
+from titanax.parallel import collectives, state_dims
 from titanax.train import learner as learner_lib
-from titanax.train import zero
 
 
 class Replicated:
     """The optimizer state laid out like the params (no sharding over the data axis)."""
 
-    # Whether the reducer all-reduces the gradients over the data axis (ZeRO scatters them).
-    reduces_data_gradients = True
     # Whether the state's leaves are shaped like the params (they convert with the params'
-    # layout, e.g. the circular schedule's view).
+    # layout, e.g. the circular schedule's view). True for every strategy here.
     follows_params = True
 
     def __init__(self, *, param_specs: Any, data_axis: Optional[str]):
         self.param_specs = param_specs
         self.data_axis = data_axis
+
+    @property
+    def grad_specs(self) -> Any:
+        """The layout of the reduced gradients (what the reducer plans from)."""
+        return self.param_specs
+
+    @property
+    def scatter_dims(self) -> Optional[Any]:
+        """Per param, the dimension the reducer reduce-scatters its gradient along over
+        ``shard_axis`` (None: no scatter anywhere)."""
+        return None
+
+    shard_axis: Optional[str] = None
 
     def opt_state_specs(self, adapter: learner_lib.OptimizerAdapter, local_params: Any) -> Any:
         """Out-specs of the state built on ``local_params`` (ShapeDtypeStructs, local view)."""
@@ -59,51 +78,91 @@ class Replicated:
         return new_params, new_state, norm
 
     def layout(self, mesh_shape: Mapping[str, int]) -> Dict[str, Any]:
+        """Saved with checkpoints: every strategy's arrays are laid out like the params."""
         del mesh_shape
         return {"kind": "param_layout"}
 
 
-class ZeroFlatChunks(Replicated):
-    """ZeRO-1 over ``data_axis``: flat, padded chunks of each TP-local param's state."""
+class ShardedOptimizerState(Replicated):
+    """ZeRO-1 (``scatter_gradients=False``) or ZeRO-2 over ``axis``, on the dims ``dims``."""
 
-    reduces_data_gradients = False
-    follows_params = False
-
-    def __init__(self, *, param_specs: Any, data_axis: str, data_size: int):
+    def __init__(self, *, param_specs: Any, data_axis: Optional[str], axis: str, axis_size: int,
+                 dims: Any, scatter_gradients: bool):
         super().__init__(param_specs=param_specs, data_axis=data_axis)
-        self.data_size = data_size
+        self.shard_axis = axis
+        self.axis_size = axis_size
+        self.dims = dims
+        self.scatter_gradients = scatter_gradients
+        self.state_leaf_specs = state_dims.add_axis(param_specs, dims, axis)
 
-    def opt_state_specs(self, adapter: learner_lib.OptimizerAdapter, local_params: Any) -> Any:
-        def chunk(s):
-            return jax.ShapeDtypeStruct((zero.chunk_size(s.shape, self.data_size),), s.dtype)
+    @property
+    def grad_specs(self) -> Any:
+        return self.state_leaf_specs if self.scatter_gradients else self.param_specs
 
-        shapes = jax.eval_shape(adapter.init, jax.tree_util.tree_map(chunk, local_params))
-        chunk_specs = jax.tree_util.tree_map(lambda s: zero.chunk_spec(s, self.data_axis),
-                                             self.param_specs,
-                                             is_leaf=lambda x: isinstance(x, PartitionSpec))
-        return _state_specs(adapter, shapes, chunk_specs)
+    @property
+    def scatter_dims(self) -> Optional[Any]:
+        return self.dims if self.scatter_gradients else None
 
-    def init(self, adapter: learner_lib.OptimizerAdapter, params: Any) -> Any:
-        return adapter.init(jax.tree_util.tree_map(
-            lambda p: zero.local_chunk(p, self.data_axis), params))
+    def opt_state_specs(self, adapter, local_params):
+        return _state_specs(adapter, jax.eval_shape(adapter.init, self._part_shapes(local_params)),
+                            self.state_leaf_specs)
+
+    def _part_shapes(self, local_params: Any) -> Any:
+        def part(s, dim):
+            if dim is None:
+                return s
+            shape = list(s.shape)
+            shape[dim] //= self.axis_size
+            return jax.ShapeDtypeStruct(tuple(shape), s.dtype)
+
+        return jax.tree_util.tree_map(part, local_params, self.dims)
+
+    def init(self, adapter, params):
+        return adapter.init(self._local_part(params))
+
+    def _local_part(self, tree: Any) -> Any:
+        """This device's part of values identical over the axis (params, ZeRO-1 gradients)."""
+        axis = self.shard_axis
+
+        def part(x, dim):
+            if dim is None:
+                return x
+            size = x.shape[dim] // collectives.axis_size(axis)
+            return jax.lax.dynamic_slice_in_dim(x, collectives.axis_index(axis) * size, size,
+                                                axis=dim)
+
+        return jax.tree_util.tree_map(part, tree, self.dims)
 
     def update(self, *, learner, adapter, params, opt_state, grads, norm_squared):
-        del norm_squared  # The chunks' norm is summed over the data axis here.
-        data_axis = self.data_axis
-        grad_chunks = jax.tree_util.tree_map(lambda g: zero.scatter_mean(g, data_axis), grads)
-        param_chunks = jax.tree_util.tree_map(lambda p: zero.local_chunk(p, data_axis), params)
-        split = learner_lib.split_axes_of(self.param_specs, extra=(data_axis,))
-        norm = learner_lib.global_norm(grad_chunks, split)
-        new_chunks, new_state = learner.apply_update(adapter=adapter, grads=grad_chunks,
-                                                     norm=norm, opt_state=opt_state,
-                                                     params=param_chunks)
-        new_params = jax.tree_util.tree_map(lambda c, p: zero.gather(c, data_axis, p.shape),
-                                            new_chunks, params)
+        norm = jax.numpy.sqrt(norm_squared)
+        grad_parts = grads if self.scatter_gradients else self._local_part(grads)
+        new_parts, new_state = learner.apply_update(adapter=adapter, grads=grad_parts, norm=norm,
+                                                    opt_state=opt_state,
+                                                    params=self._local_part(params))
+        axis = self.shard_axis
+        new_params = jax.tree_util.tree_map(
+            lambda new, dim: new if dim is None else collectives.all_gather(
+                new, axis, axis_index=dim, invariant=True), new_parts, self.dims)
         return new_params, new_state, norm
 
-    def layout(self, mesh_shape: Mapping[str, int]) -> Dict[str, Any]:
-        return {"kind": "zero1_flat_chunks",
-                "mesh": {str(k): int(v) for k, v in mesh_shape.items()}}
+
+class FullySharded(Replicated):
+    """ZeRO-3 / FSDP over ``axis``: the params' specs carry it; everything is a local shard.
+
+    ``grad_sync="per_step"`` gathers the params once before the step's microbatch loop, so the
+    gradients come back whole and the reducer reduce-scatters them (``scatter_dims``);
+    ``"per_microbatch"`` gathers each layer where it runs and autodiff reduce-scatters."""
+
+    def __init__(self, *, param_specs: Any, data_axis: Optional[str], axis: str, dims: Any,
+                 grad_sync: str):
+        super().__init__(param_specs=param_specs, data_axis=data_axis)
+        self.shard_axis = axis
+        self.dims = dims
+        self.grad_sync = grad_sync
+
+    @property
+    def scatter_dims(self) -> Optional[Any]:
+        return self.dims if self.grad_sync == "per_step" else None
 
 
 def _state_specs(adapter: learner_lib.OptimizerAdapter, state_shapes: Any, leaf_specs: Any) -> Any:
@@ -114,9 +173,16 @@ def _state_specs(adapter: learner_lib.OptimizerAdapter, state_shapes: Any, leaf_
                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def for_plan(plan: Any, *, param_specs: Any, mesh_shape: Mapping[str, int]) -> Replicated:
-    """The strategy the plan asks for."""
-    if plan.zero is not None:
-        return ZeroFlatChunks(param_specs=param_specs, data_axis=plan.dp_axis,
-                              data_size=int(mesh_shape[plan.dp_axis]))
-    return Replicated(param_specs=param_specs, data_axis=plan.dp_axis)
+def for_plan(plan: Any, *, param_specs: Any, mesh_shape: Mapping[str, int],
+             zero_dims: Any = None) -> Replicated:
+    """The strategy the plan asks for (``zero_dims``: the engine's choice of dimensions)."""
+    zero = plan.zero
+    if zero is None:
+        return Replicated(param_specs=param_specs, data_axis=plan.dp_axis)
+    axis = zero.config.axis or plan.dp_axis
+    if zero.fsdp:
+        return FullySharded(param_specs=param_specs, data_axis=plan.dp_axis, axis=axis,
+                            dims=zero_dims, grad_sync=zero.config.grad_sync)
+    return ShardedOptimizerState(
+        param_specs=param_specs, data_axis=plan.dp_axis, axis=axis,
+        axis_size=int(mesh_shape[axis]), dims=zero_dims, scatter_gradients=zero.config.stage == 2)

@@ -10,8 +10,8 @@ collective in it is written here, in the reducer or in a layer:
    locally, nothing reduced inside the loop except what layers need (TP psums).
 3. The gradient reducer (``reducer.py``, planned once from the param specs) reduces every
    gradient once, after the loop, over exactly the axes its param is replicated on, in one
-   data-axis all-reduce that also carries the metrics (with ZeRO-1: a reduce-scatter into the
-   optimizer's chunk) and one all-reduce per other set of axes.
+   data-axis all-reduce that also carries the metrics (with ZeRO-2 / FSDP: a reduce-scatter
+   into the state's layout for the sharded ones) and one all-reduce per other set of axes.
 4. The state-sharding strategy (``state_sharding.py``) runs the Learner's update (clipping by the
    global norm, the optax update) on its part of the optimizer state; the state updates the
    layers wrote (``state_updates.py``, averaged like the loss) replace their params' values; then
@@ -33,9 +33,9 @@ from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
 from titanax.train import learner as learner_lib
 from titanax.train import state_updates
-from titanax.train.gradients import ModelGradients
+from titanax.train.gradients import ModelGradients, ParamGathering
 from titanax.train.pipelined_gradients import PipelinedGradients
-from titanax.train.state_sharding import Replicated
+from titanax.train.state_sharding import FullySharded, Replicated
 from titanax.train.precision import Precision
 from titanax.train.reducer import GradientReducer, Reduced
 from titanax.train.train_state import TrainState
@@ -57,7 +57,7 @@ class StepSetup:
     # The data-parallel axis (None: no DP).
     data_axis: Optional[str]
     accumulate_steps: int
-    # How the optimizer state is laid out and updated (state_sharding.py).
+    # How params and optimizer state are laid out and updated (state_sharding.py).
     state_sharding: Replicated
     # "stop": report non-finite losses (the engine raises); "skip": also leave the state as is.
     nan_policy: str = "stop"
@@ -76,6 +76,7 @@ class StepSetup:
         microbatched."""
         if self.pipeline is not None:
             return PipelinedGradients(
+                gathering=self.gathering,
                 model=self.model, precision=self.precision, mesh_shape=self.mesh_shape,
                 data_axis=self.data_axis, pipe_axis=self.pipeline.axis,
                 microbatch_size=self.pipeline.microbatch_size, schedule=self.pipeline.schedule,
@@ -83,14 +84,26 @@ class StepSetup:
                 checkpoint_ratio=self.pipeline.checkpoint_ratio, stages=self.pipeline.stages)
         return ModelGradients(model=self.model, precision=self.precision,
                               mesh_shape=self.mesh_shape, data_axis=self.data_axis,
-                              accumulate_steps=self.accumulate_steps)
+                              accumulate_steps=self.accumulate_steps, gathering=self.gathering)
+
+    @property
+    def gathering(self) -> Optional[ParamGathering]:
+        """How the gradient computer sees FSDP's sharded params whole (None: no FSDP)."""
+        strategy = self.state_sharding
+        if not isinstance(strategy, FullySharded):
+            return None
+        return ParamGathering(axis=strategy.shard_axis,
+                              axis_size=self.mesh_shape[strategy.shard_axis], dims=strategy.dims,
+                              per_microbatch=strategy.grad_sync == "per_microbatch")
 
     @functools.cached_property
     def reducer(self) -> GradientReducer:
-        return GradientReducer.plan(param_specs=self.param_specs, mesh_shape=self.mesh_shape,
+        strategy = self.state_sharding
+        return GradientReducer.plan(param_specs=strategy.grad_specs, mesh_shape=self.mesh_shape,
                                     data_axis=self.data_axis,
-                                    zero=not self.state_sharding.reduces_data_gradients,
-                                    loss_relation=self.gradients.loss_relation)
+                                    loss_relation=self.gradients.loss_relation,
+                                    scatter_dims=strategy.scatter_dims,
+                                    shard_axis=strategy.shard_axis)
 
 
 def local_train_step(setup: StepSetup, state: TrainState, batch: Any
@@ -236,6 +249,10 @@ class ModelStep:
 
     def eval(self, params: Any, batch: Any) -> Dict[str, jax.Array]:
         setup = self.setup
+        gathering = setup.gathering
+        if gathering is not None:  # FSDP: layer by layer where the step does so, else at once.
+            params = (gathering.wrap(params) if gathering.per_microbatch
+                      else gathering.gather_all(params))
         if setup.pipeline is not None:
             return pipelined_eval_local_step(setup, params, batch)
         return eval_local_step(setup.model, setup.precision, setup.data_axis, setup.axes, params,

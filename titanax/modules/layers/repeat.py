@@ -57,7 +57,7 @@ class Repeat(BaseLayer):
                                            out_axes=(len(spec.shape) - 1,))
             return dataclasses.replace(
                 spec, shape=(num_layers,) + tuple(spec.shape),
-                mesh_axes=(None,) + tuple(spec.mesh_axes),
+                mesh_axes=(None,) + tuple(spec.mesh_axes), stacked_dims=spec.stacked_dims + 1,
                 fan_axes=FanAxes(in_axes=[a + 1 for a in fan.in_axes],
                                  out_axes=[a + 1 for a in fan.out_axes]))
 

@@ -1,0 +1,101 @@
+"""GatherOnUse: a param shard that a layer sees whole, gathered where the layer reads it.
+
+Under FSDP (ZeRO-3) every device stores one slice of a param, along one real dimension, over the
+FSDP axis. The gradient computer hands the model its params wrapped in ``GatherOnUse``; a layer
+reading ``self.parameters`` gets the whole (TP-local) param, all-gathered at that moment. Inside
+a ``Repeat`` scan that is one layer at a time, and autodiff turns each gather into the
+reduce-scatter of that layer's gradient -- the ZeRO-3 schedule, written by nobody.
+
+The gathered value must not outlive its layer: a rematerialisation policy that saved it would
+keep every layer's full weights for the backward pass and FSDP would save nothing (DESIGN 7.2).
+Every gathered value is named ``GATHERED``, and ``never_saving_gathered`` turns any policy into
+one that recomputes the gather instead (the scan and the layers' own remat use it whenever the
+state holds a ``GatherOnUse``).
+
+The wrapper is a pytree node whose one leaf is the shard, so casts, ``tree_map``, ``scan``
+slicing of stacked layers and ``grad`` all see the shard; the dimension is counted from the end,
+so slicing leading (stacked-layer) dimensions keeps it right.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+from jax.ad_checkpoint import checkpoint_name
+
+from titanax.parallel import collectives
+
+# The name every gathered param carries in the jaxpr (for remat policies).
+GATHERED = "titanax_fsdp_gathered"
+
+
+@jax.tree_util.register_pytree_node_class
+class GatherOnUse:
+    """One param's shard over ``axis``, split on dimension ``ndim - dim_from_end``."""
+
+    def __init__(self, shard: Any, *, axis: str, dim_from_end: int):
+        self.shard = shard
+        self.axis = axis
+        self.dim_from_end = dim_from_end
+
+    def gather(self) -> jax.Array:
+        """The whole param (concatenated over ``axis``), named ``GATHERED``."""
+        whole = collectives.all_gather(self.shard, self.axis,
+                                       axis_index=self.shard.ndim - self.dim_from_end)
+        return checkpoint_name(whole, GATHERED)
+
+    def tree_flatten(self):
+        return (self.shard,), (self.axis, self.dim_from_end)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        axis, dim_from_end = aux
+        return cls(children[0], axis=axis, dim_from_end=dim_from_end)
+
+    def __repr__(self) -> str:
+        shape = getattr(self.shard, "shape", None)
+        return f"GatherOnUse(shard={shape}, axis={self.axis!r}, dim=-{self.dim_from_end})"
+
+
+def is_gather_on_use(x: Any) -> bool:
+    return isinstance(x, GatherOnUse)
+
+
+def holds_gather_on_use(tree: Any) -> bool:
+    """Whether any leaf of ``tree`` is wrapped (FSDP's gather on use is on)."""
+    return any(is_gather_on_use(x)
+               for x in jax.tree_util.tree_leaves(tree, is_leaf=is_gather_on_use))
+
+
+def gathered(state: Any) -> Any:
+    """``state`` (a layer's dict) with its own wrapped params gathered; child dicts untouched."""
+    if not isinstance(state, dict) or not any(is_gather_on_use(v) for v in state.values()):
+        return state
+    return {k: v.gather() if is_gather_on_use(v) else v for k, v in state.items()}
+
+
+def wrap(params: Any, dims: Any, *, axis: str) -> Any:
+    """``params`` (local shards) with each sharded leaf wrapped; ``dims`` from
+    ``parallel.state_dims.choose_dims`` (None: a whole param, left as it is)."""
+    return jax.tree_util.tree_map(
+        lambda p, d: p if d is None else GatherOnUse(p, axis=axis, dim_from_end=p.ndim - d),
+        params, dims)
+
+
+def unwrap(tree: Any) -> Any:
+    """The shards of a tree that holds ``GatherOnUse`` nodes (e.g. the gradients)."""
+    return jax.tree_util.tree_map(lambda x: x.shard if is_gather_on_use(x) else x, tree,
+                                  is_leaf=is_gather_on_use)
+
+
+def never_saving_gathered(policy: Optional[Callable]) -> Callable:
+    """``policy`` (None: save everything) that never saves a gathered param."""
+    exclude = jax.checkpoint_policies.save_anything_except_these_names(GATHERED)
+    if policy is None:
+        return exclude
+
+    def combined(prim, *args, **params):
+        return exclude(prim, *args, **params) and policy(prim, *args, **params)
+
+    return combined

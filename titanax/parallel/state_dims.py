@@ -1,0 +1,110 @@
+"""Which real dimension of each param carries the ZeRO / FSDP axis.
+
+ZeRO-1/2 split the optimizer state, and FSDP (ZeRO-3) the params themselves, over one mesh axis
+(the data axis, or a dedicated ``fsdp`` axis). Wave 1 flattened and padded each param's local
+part into chunks: the saved arrays then meant different numbers on every mesh. Here the axis goes
+on one *real* dimension of the param, added to the spec the earlier transforms (layer layout, TP
+rules, pipeline) produced, so a global array means the same thing on every mesh and strategy, and
+a checkpoint restores anywhere.
+
+The dimension is chosen per param, on the host, once:
+
+1. a path override (``ZeRO.Config.dim_overrides``, first match wins; ``None`` keeps it whole);
+2. params with fewer than ``min_shard_size`` elements stay whole (norm scales, biases: the bytes
+   saved would not pay for the collectives);
+3. otherwise the largest dimension that is not split already, not a stacked-layer dimension
+   (``ParameterSpec.stacked_dims``: the layer scan slices those), and divisible by the axis size;
+   the first such on ties. None fits: the param stays whole (``describe`` shows it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+import jax
+from jax.sharding import PartitionSpec
+
+from titanax import errors
+from titanax.parallel import rules, sharding
+
+
+def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size: int,
+                min_shard_size: int, dim_overrides: Sequence[Tuple[str, Optional[int]]] = ()
+                ) -> Any:
+    """A tree like the params: the dimension (>= 0) the axis goes on, or None (kept whole)."""
+    compiled = [(pattern, rules.compile_pattern(pattern), dim) for pattern, dim in dim_overrides]
+
+    def choose(path, spec, partition):
+        path = sharding.path_string(path)
+        shape = tuple(spec.shape)
+        entries = tuple(partition) + (None,) * (len(shape) - len(partition))
+        if axis in rules.spec_axes(partition):
+            raise errors.PlanError(
+                f"param {path} is already split over mesh axis {axis!r} (spec {partition}); "
+                "ZeRO/FSDP adds that axis itself", path="plan.zero.axis",
+                suggestion="give ZeRO its own axis, or drop the axis from the param's layout")
+        for pattern, regex, dim in compiled:
+            if regex.fullmatch(path):
+                return _checked_override(path, pattern, dim, shape, entries, axis, axis_size,
+                                         getattr(spec, "stacked_dims", 0))
+        if _size(shape) < min_shard_size:
+            return None
+        stacked = getattr(spec, "stacked_dims", 0)
+        best = None
+        for dim in range(stacked, len(shape)):
+            if entries[dim] is None and shape[dim] % axis_size == 0 and shape[dim] >= axis_size:
+                if best is None or shape[dim] > shape[best]:
+                    best = dim
+        return best
+
+    return jax.tree_util.tree_map_with_path(
+        choose, parameter_specs, param_specs, is_leaf=rules.is_param_leaf)
+
+
+def _checked_override(path, pattern, dim, shape, entries, axis, axis_size, stacked):
+    if dim is None:
+        return None
+    where = "plan.zero.dim_overrides"
+    resolved = dim + len(shape) if dim < 0 else dim
+    problem = None
+    if not 0 <= resolved < len(shape):
+        problem = f"dimension {dim} does not exist (shape {shape})"
+    elif resolved < stacked:
+        problem = f"dimension {dim} stacks the layers (the layer scan slices it)"
+    elif entries[resolved] is not None:
+        problem = f"dimension {dim} is already split over {entries[resolved]!r}"
+    elif shape[resolved] % axis_size:
+        problem = (f"dimension {dim} has size {shape[resolved]}, not divisible by mesh axis "
+                   f"{axis!r} of size {axis_size}")
+    if problem:
+        raise errors.PlanError(f"override {pattern!r} for param {path}: {problem}", path=where,
+                               suggestion="pick another dimension, or None to keep it whole")
+    return resolved
+
+
+def add_axis(param_specs: Any, dims: Any, axis: str) -> Any:
+    """``param_specs`` with ``axis`` on each param's chosen dimension (``dims`` from
+    ``choose_dims``; None leaves the spec as it is)."""
+    def add(partition: PartitionSpec, dim: Optional[int]) -> PartitionSpec:
+        if dim is None:
+            return partition
+        entries = list(tuple(partition))
+        entries += [None] * (dim + 1 - len(entries))
+        entries[dim] = axis
+        return PartitionSpec(*entries)
+
+    return jax.tree_util.tree_map(add, param_specs, dims,
+                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _size(shape: Sequence[int]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def dims_mapping(dims: Any) -> Mapping[str, Optional[int]]:
+    """``{param path: dim}`` (for describe and errors)."""
+    flat = jax.tree_util.tree_flatten_with_path(dims, is_leaf=lambda x: x is None)[0]
+    return {sharding.path_string(p): d for p, d in flat}
