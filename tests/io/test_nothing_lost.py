@@ -1,8 +1,8 @@
 """Nothing the user saved is lost, overwritten or mixed with another run (DESIGN section 8).
 
 Each test is one way a run used to lose data silently: a fresh run saving into another run's
-directory, a damaged step directory blocking every later save, a ZeRO-1 optimizer state restored
-onto another mesh, and Orbax refusing a save that nobody checked.
+directory, a damaged step directory blocking every later save, an old ZeRO-1 optimizer state of flat
+chunks restored onto today's layout, and Orbax refusing a save that nobody checked.
 """
 
 import glob
@@ -117,18 +117,21 @@ def _gpt(path, data, model_axis, **changes):
         **changes)
 
 
-def test_zero1_state_restore_onto_another_mesh_is_refused(tmp_path):
-    _gpt(tmp_path, 4, 2).fit(steps=5)
-    for data, model_axis in [(2, 4), (8, 1)]:
-        moved = _gpt(tmp_path, data, model_axis)
-        with pytest.raises(errors.CheckpointError) as info:
-            moved.restore()
-        assert info.value.path.endswith("/5/train_state")
-        assert "data=4 x model=2" in info.value.message
-        assert "restore_mode=params" in info.value.suggestion
-        assert moved.restore(mode="params") and int(moved.state.step) == 0
-    same = _gpt(tmp_path, 4, 2)
-    assert same.restore() and int(same.state.step) == 5
+def test_zero1_flat_chunks_of_an_older_checkpoint_are_refused_naming_the_mesh(tmp_path):
+    """Checkpoints written before ZeRO sharded along real dimensions hold flattened, padded
+    chunks cut for their mesh: restored into today's layout they would load and mean other
+    numbers, so a full restore refuses them (params-only restores still work)."""
+    engine = _gpt(tmp_path, 4, 2)
+    engine.build()
+    saved = {"optimizer_state_layout": {"kind": "zero1_flat_chunks",
+                                        "mesh": {"data": 4, "model": 2}}}
+    with pytest.raises(errors.CheckpointError) as info:
+        engine.states._check_state_layout(saved, where=f"{tmp_path}/5")
+    assert info.value.path.endswith("/5/train_state")
+    assert "data=4 x model=2" in info.value.message
+    assert "restore_mode=params" in info.value.suggestion
+    engine.states._check_state_layout({"optimizer_state_layout": {"kind": "param_layout"}},
+                                      where=f"{tmp_path}/5")
 
 
 def test_resume_states_how_the_config_differs_from_the_checkpoints(tmp_path, capsys):

@@ -76,11 +76,18 @@ def mesh(shape: Sequence[Optional[int]], axes: Sequence[str] = ("data",),
     return cfg
 
 
-def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero: bool = False,
-                 hooks=(), **changes) -> Engine:
+def zero_config(zero, **options) -> Optional[ZeRO.Config]:
+    """``zero``: False (none), True (stage 1) or the stage; ``options``: other ZeRO fields."""
+    if not zero:
+        return None
+    return ZeRO.default_config().set(stage=int(zero), **options)
+
+
+def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero=False,
+                 zero_options=None, hooks=(), **changes) -> Engine:
     plan = Plan.default_config().set(
         data_parallel=DP.default_config().set(accumulate_steps=accumulate),
-        zero=ZeRO.default_config() if zero else None)
+        zero=zero_config(zero, **(zero_options or {})))
     cfg = Engine.default_config().set(
         mesh=mesh((data,), devices=list(range(data))), plan=plan,
         model=MLPClassifier.default_config().set(name="mlp", hidden_dims=(64,)),
@@ -89,14 +96,14 @@ def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero: bool
 
 
 def gpt_engine(*, data: int, model_axis: int = 1, accumulate: int = 1, learner=None,
-               zero: bool = False, **changes) -> Engine:
+               zero=False, zero_options=None, **changes) -> Engine:
     tp = model_axis > 1
     axes = ("data", "model") if tp else ("data",)
     shape = (data, model_axis) if tp else (data,)
     plan = Plan.default_config().set(
         data_parallel=DP.default_config().set(accumulate_steps=accumulate),
         tensor_parallel=TP.default_config() if tp else None,
-        zero=ZeRO.default_config() if zero else None)
+        zero=zero_config(zero, **(zero_options or {})))
     model = GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
                                      model_dim=32, num_heads=4, tp_axis="model" if tp else None)
     cfg = Engine.default_config().set(

@@ -227,11 +227,7 @@ class StateManager:
 
     def _state_layout(self) -> Dict[str, Any]:
         """How the optimizer state's global arrays are laid out (saved in the metadata)."""
-        layout = self.state_sharding.layout(dict(self.mesh.shape))
-        if not self.state_sharding.follows_params and self.stack_view is not None:
-            # ZeRO's chunks are cut from the view's local slices.
-            layout["virtual_stages"] = self.stack_view.virtual_stages
-        return layout
+        return self.state_sharding.layout(dict(self.mesh.shape))
 
     # --- The circular schedule's view <-> the canonical layout of checkpoints ---------------------
 
@@ -245,11 +241,9 @@ class StateManager:
         if view is None:
             return state
         paths = interleaved_stack.param_paths(self.parameter_specs)
-        follows = self.state_sharding.follows_params
         if isinstance(jax.tree_util.tree_leaves(state.params)[0], jax.ShapeDtypeStruct):
-            opt_state = (view.map_optimizer_state(state.tx or self.adapter.tx, state.opt_state,
-                                                  paths, view.canonical_struct)
-                         if follows else state.opt_state)
+            opt_state = view.map_optimizer_state(state.tx or self.adapter.tx, state.opt_state,
+                                                 paths, view.canonical_struct)
             return state.replace(params=view.canonical_targets(state.params),
                                  opt_state=opt_state)
         params, opt_state = self._layout_converter("to_canonical")(state.params,
@@ -265,18 +259,16 @@ class StateManager:
             return cache[direction]
         view = self.stack_view
         paths = interleaved_stack.param_paths(self.parameter_specs)
-        follows = self.state_sharding.follows_params
         tx = self.adapter.tx
         view_params = sharding.named_shardings(self.mesh, self.param_specs)
         canonical_params = sharding.named_shardings(
             self.mesh, view.canonical_partition_specs(self.param_specs))
         view_opt_specs = self.opt_state_specs()
-        canonical_opt_specs = (view.map_optimizer_state(tx, view_opt_specs, paths,
-                                                        view.canonical_spec)
-                               if follows else view_opt_specs)
+        canonical_opt_specs = view.map_optimizer_state(tx, view_opt_specs, paths,
+                                                       view.canonical_spec)
 
         def convert_state(opt_state, shape_of):
-            if opt_state is None or not follows:
+            if opt_state is None:
                 return opt_state
             return view.map_optimizer_state(tx, opt_state, paths,
                                             lambda x: x.reshape(shape_of(x.shape)))
@@ -307,33 +299,22 @@ class StateManager:
 
     def _check_state_layout(self, metadata: Dict[str, Any], where: str) -> None:
         """Refuses a full restore whose optimizer state would load without error but mean other
-        numbers here: ZeRO-1's flat chunks depend on the mesh they were cut for."""
-        here = self._state_layout()
+        numbers here. Every layout written now is the params' own (ZeRO and FSDP split real
+        dimensions), which restores onto any mesh and strategy; checkpoints written before that
+        may hold ZeRO-1's flattened, padded chunks, cut for the mesh they were saved on."""
         saved = metadata.get("optimizer_state_layout")
-        if saved is None:  # Written before layouts were recorded: infer from the mesh.
-            saved_mesh = dict(zip(metadata.get("mesh_axes", []), metadata.get("mesh_shape", [])))
-            if here["kind"] != "zero1_flat_chunks" or saved_mesh == here["mesh"]:
-                return
-            saved = {"kind": "unknown", "mesh": saved_mesh}
-        if saved == here or "zero1_flat_chunks" not in (saved.get("kind"), here["kind"]):
+        if saved is None or saved.get("kind") != "zero1_flat_chunks":
             return
-
-        def describe(layout):
-            mesh = " x ".join(f"{k}={v}" for k, v in layout.get("mesh", {}).items())
-            if layout.get("virtual_stages"):
-                mesh += f" from the circular view with {layout['virtual_stages']} virtual stages"
-            return {"zero1_flat_chunks": f"ZeRO-1 flat chunks cut for mesh {mesh}",
-                    "param_layout": "laid out like the params",
-                    "unknown": f"of unrecorded layout, saved on mesh {mesh}"}[layout["kind"]]
-
+        mesh = " x ".join(f"{k}={v}" for k, v in saved.get("mesh", {}).items())
+        if saved.get("virtual_stages"):
+            mesh += f" from the circular view with {saved['virtual_stages']} virtual stages"
         raise errors.CheckpointError(
-            f"the optimizer state was saved {describe(saved)}; this run needs it "
-            f"{describe(here)}. ZeRO-1 stores each param's state as flattened, padded chunks "
-            "of its TP-local part, so on another mesh (or without ZeRO) the same arrays would "
-            "load without error and hold other params' moments", path=f"{where}/train_state",
-            suggestion="resume with the mesh and plan it was saved with, or restore the params "
-                       "only (--config.checkpoint.restore_mode=params: the optimizer starts "
-                       "fresh)")
+            f"the optimizer state was saved as ZeRO-1 flat chunks cut for mesh {mesh} (the "
+            "layout of checkpoints written before ZeRO split real dimensions); loaded into "
+            "this run's layout the same arrays would hold other params' moments",
+            path=f"{where}/train_state",
+            suggestion="restore the params only (--config.checkpoint.restore_mode=params: the "
+                       "optimizer starts fresh)")
 
     def init_or_restore(self, *, params: Any = None) -> TrainState:
         """Resumes from the newest good checkpoint (when configured to), else starts fresh.

@@ -38,10 +38,6 @@ from titanax.train import learner as learner_lib
 class Replicated:
     """The optimizer state laid out like the params (no sharding over the data axis)."""
 
-    # Whether the state's leaves are shaped like the params (they convert with the params'
-    # layout, e.g. the circular schedule's view). True for every strategy here.
-    follows_params = True
-
     def __init__(self, *, param_specs: Any, data_axis: Optional[str]):
         self.param_specs = param_specs
         self.data_axis = data_axis
