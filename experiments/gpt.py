@@ -9,6 +9,9 @@ held out); ``--config.train_input.source.files='["my/*.txt"]'`` trains on your o
 * ``gpt_tiny_pp`` / ``gpt_tiny_pp_tp``: ``gpt_tiny_dp`` with the decoder in 2 pipeline stages
   (1F1B), without and with tensor parallelism inside the stages; ``gpt_small_pp``: GPT-2 small
   in 2 stages.
+* ``gpt_tiny_fsdp``: ``gpt_tiny_dp`` with params, gradients and optimizer state sharded over the
+  data axis (ZeRO-3 / FSDP); ``gpt_medium_fsdp`` (350M) and ``gpt_xl_fsdp`` (1.5B): FSDP sized
+  for one accelerator node.
 """
 
 from typing import Optional
@@ -19,7 +22,7 @@ from titanax.data.sources import TextWindows
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.models.gpt import GPT, gpt2_config
 from titanax.observe.loggers import CSV, Basic, TensorBoard
-from titanax.parallel.plan import DP, PP, TP, Plan
+from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import optimizers
 from titanax.train.engine import Engine
@@ -121,3 +124,34 @@ def gpt_small_pp():
     cfg = _pipelined(cfg, axes=("data", "pipe"), shape=(None, 2))
     cfg.plan.pipeline_parallel.microbatch_size = 4
     return cfg
+
+
+@register_experiment
+def gpt_tiny_fsdp():
+    """gpt_tiny_dp with FSDP (ZeRO-3) over the data axis: each device stores 1/8 of the params,
+    gradients and optimizer state and gathers each layer where it runs."""
+    cfg = gpt_tiny_dp()
+    cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
+    return cfg
+
+
+def _fsdp_run(size: str, *, batch_size: int, steps: int, peak_lr: float) -> Engine.Config:
+    model = gpt2_config(size, vocab_pad_multiple=128, dropout_rate=0.0,
+                        layer_remat_policy="dots_with_no_batch_dims_saveable")
+    cfg = _gpt_run(model=model, tp_axis=None, seq_len=1024, batch_size=batch_size, steps=steps,
+                   peak_lr=peak_lr, eval_batches=20)
+    cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
+    return cfg
+
+
+@register_experiment
+def gpt_medium_fsdp():
+    """GPT-2 medium (350M) with FSDP over every device of the node; for accelerators."""
+    return _fsdp_run("medium", batch_size=32, steps=5000, peak_lr=3e-4)
+
+
+@register_experiment
+def gpt_xl_fsdp():
+    """GPT-2 XL (1.5B) with FSDP over every device of the node (params + Adam state 18 GiB in
+    float32, split over the devices); for accelerators."""
+    return _fsdp_run("xl", batch_size=32, steps=5000, peak_lr=2e-4)

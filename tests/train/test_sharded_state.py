@@ -14,6 +14,7 @@ import pytest
 from titanax import errors
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.testing import assert_nested_allclose
+from titanax.observe import hlo
 from titanax.parallel.plan import DP, PP, Plan, ZeRO
 from tests.train import helpers
 
@@ -165,3 +166,52 @@ def test_a_bad_dimension_override_is_refused_naming_the_param():
     assert "decoder/layer/mlp/wi/weight" in info.value.message and "stacks the layers" in \
         info.value.message
     assert info.value.path == "plan.zero.dim_overrides"
+
+
+# --- What the compiled step communicates ---------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _collectives(stage, grad_sync="per_microbatch"):
+    cfg = helpers.gpt_engine(data=8, accumulate=2, zero=stage,
+                             zero_options={**SMALL, "grad_sync": grad_sync}).config.clone()
+    cfg.model.unroll_layers = False  # The layer loop the gathers must stay in.
+    engine = cfg.instantiate()
+    engine.init_state()
+    engine.compile(example_batch=BATCHES[0])
+    return engine.collectives()
+
+
+def test_fsdp_per_microbatch_gathers_each_layer_inside_the_layer_loop():
+    ops = _collectives(3)
+    layer_gathers = [op for op in ops if op.op == "all-gather" and "/layer/" in op.source]
+    assert len(layer_gathers) >= 4, hlo.format_report(ops)
+    assert all(op.in_loop and "decoder/while" in op.source for op in layer_gathers), \
+        hlo.format_report(ops)
+    assert any(op.op == "reduce-scatter" and op.in_loop for op in ops), hlo.format_report(ops)
+    assert not any(op.op == "all-reduce" and op.in_loop for op in ops), hlo.format_report(ops)
+
+
+@pytest.mark.parametrize("stage,grad_sync", [(3, "per_step"), (2, "per_microbatch"),
+                                             (1, "per_microbatch")])
+def test_no_collective_inside_any_loop_without_per_microbatch_gathers(stage, grad_sync):
+    ops = _collectives(stage, grad_sync)
+    assert not any(op.in_loop for op in ops), hlo.format_report(ops)
+    data_all_reduces = [op for op in ops if op.op == "all-reduce" and op.axes == ("data",)]
+    assert len(data_all_reduces) == 1, hlo.format_report(ops)
+
+
+def test_gpt_tiny_fsdp_holds_an_eighth_of_gpt_tiny_dp_state_per_device():
+    """The experiments themselves (Interface of the issue): live params + optimizer state on
+    one device, from engine.state's addressable shards."""
+    from experiments import gpt  # pylint: disable=import-outside-toplevel
+
+    def state_bytes(make):
+        cfg = make()
+        cfg.loggers, cfg.checkpoint = [], None
+        engine = cfg.instantiate()
+        engine.init_state()
+        return _device0_bytes((engine.state.params, engine.state.opt_state))
+
+    full, split = state_bytes(gpt.gpt_tiny_dp), state_bytes(gpt.gpt_tiny_fsdp)
+    assert split <= full / 8 * 1.02, (split, full, split / full)

@@ -195,3 +195,20 @@ def format_report(ops: Sequence[CollectiveOp]) -> str:
     lines.append(f"total: {len(ops)} collectives, {total} bytes per device per call "
                  f"({sum(op.in_loop for op in ops)} inside loops)")
     return "\n".join(lines)
+
+
+def format_totals_by_axis(ops: Sequence[CollectiveOp]) -> str:
+    """Bytes per device per step by mesh axes and op (what each axis carries)."""
+    totals: Dict[Tuple[Tuple[str, ...], str], List[int]] = {}
+    for op in ops:
+        entry = totals.setdefault((op.axes, op.op), [0, 0, 0])
+        entry[0] += 1
+        entry[1] += op.bytes
+        entry[2] += op.in_loop
+    if not totals:
+        return "communication by axis: none"
+    lines = ["communication by axis (per device, per call of each op; loop bodies run more):"]
+    for (axes, op), (count, size, looped) in sorted(totals.items()):
+        lines.append(f"  {','.join(axes) or '?'}: {count} x {op}, {size} bytes"
+                     + (f" ({looped} inside loops)" if looped else ""))
+    return "\n".join(lines)

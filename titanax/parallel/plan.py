@@ -137,7 +137,7 @@ class ZeRO(Configurable):
         # whole model gathered while the step runs).
         grad_sync: Literal["per_step", "per_microbatch"] = "per_microbatch"
         # Params with fewer elements stay whole on every device (norm scales, small biases).
-        min_shard_size: int = 1024
+        min_shard_size: int = 256
         # {param path pattern: dimension (negative counts from the end) or None (keep whole)};
         # first match wins, before the default (the largest divisible dimension).
         dim_overrides: Dict[str, Optional[int]] = {}

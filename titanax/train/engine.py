@@ -30,7 +30,7 @@ from titanax.config import Configurable
 from titanax.data.pipeline import Input
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.base_layer import BaseLayer
-from titanax.observe import hlo, memory, throughput
+from titanax.observe import hlo, state_report, memory, throughput
 from titanax.observe.profiler import Profile
 from titanax.observe.loggers import Basic, Logger
 from titanax.parallel import rules, sharding, state_dims
@@ -671,9 +671,23 @@ class Engine(Configurable):
                                             specs=self.param_specs))
         if self.plan.pp_axis is not None and self.model is not None:
             parts.append(self._describe_pipeline())
+        if self.parameter_specs is not None and self.model is not None:
+            parts.append(self._describe_state())
         if self._train_step is not None and self._train_step.latest is not None:
-            parts.append("collectives of the train step:\n" + hlo.format_report(self.collectives()))
+            ops = self.collectives()
+            parts.append("collectives of the train step:\n" + hlo.format_report(ops) + "\n"
+                         + hlo.format_totals_by_axis(ops))
         return "\n\n".join(parts)
+
+    def _describe_state(self) -> str:
+        zero = self.plan.zero
+        strategy = self.state_sharding
+        return state_report.describe(
+            parameter_specs=self.parameter_specs, param_specs=self.param_specs,
+            grad_specs=strategy.grad_specs, opt_state=self.state_template().opt_state,
+            mesh_shape=dict(self.mesh.shape), itemsize=np.dtype(self.precision.param_dtype).itemsize,
+            stage=zero.config.stage if zero else None, axis=strategy.shard_axis,
+            dims=self.zero_dims, grad_sync=zero.config.grad_sync if zero else None)
 
     def _describe_pipeline(self) -> str:
         pp = self.config.plan.pipeline_parallel

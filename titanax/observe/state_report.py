@@ -1,0 +1,92 @@
+"""Per-device bytes of the train state under ZeRO / FSDP, for ``Plan.describe`` / ``--explain``.
+
+What a user choosing between replicated state, ZeRO-1/2 and FSDP wants to see before launching:
+how many bytes of params, gradients and optimizer state each device holds, and -- for FSDP -- how
+much it gathers while the step runs (one layer at a time with ``per_microbatch``, the whole model
+with ``per_step``). Computed from the layouts alone (no arrays, no compile).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from titanax.parallel import rules
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, PartitionSpec)
+
+
+def _local_bytes(shape, spec, mesh_shape, itemsize) -> int:
+    return int(math.prod(rules.local_shape(tuple(shape), spec, mesh_shape))) * itemsize
+
+
+def _tree_bytes(parameter_specs, specs, mesh_shape, itemsize) -> int:
+    leaves = jax.tree_util.tree_leaves(parameter_specs, is_leaf=rules.is_param_leaf)
+    spec_leaves = jax.tree_util.tree_leaves(specs, is_leaf=_is_spec)
+    return sum(_local_bytes(p.shape, s, mesh_shape, itemsize) for p, s in zip(leaves, spec_leaves))
+
+
+def bytes_text(count: float) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if count >= scale:
+            return f"{count / scale:.2f} {unit}"
+    return f"{int(count)} B"
+
+
+def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_state: Any,
+             mesh_shape: Mapping[str, int], itemsize: int, stage: Optional[int],
+             axis: Optional[str], dims: Any, grad_sync: Optional[str]) -> str:
+    """The table: params / gradients / optimizer state per device, and the gathered working set.
+
+    ``opt_state``: the optimizer state as ShapeDtypeStructs with shardings (a restore target);
+    ``dims``: per param, the dimension split over ``axis`` (None: whole)."""
+    params = _tree_bytes(parameter_specs, param_specs, mesh_shape, itemsize)
+    grads = _tree_bytes(parameter_specs, grad_specs, mesh_shape, itemsize)
+    state = 0
+    for leaf in jax.tree_util.tree_leaves(opt_state):
+        spec = leaf.sharding.spec if getattr(leaf, "sharding", None) is not None else PartitionSpec()
+        state += _local_bytes(leaf.shape, spec, mesh_shape, np.dtype(leaf.dtype).itemsize)
+    title = "replicated state" if stage is None else (
+        f"ZeRO-{stage} over {axis!r}" + (f", grad_sync={grad_sync}" if stage == 3 else ""))
+    lines = [f"train state per device ({title}):",
+             f"  params           {bytes_text(params)}",
+             f"  gradients        {bytes_text(grads)}",
+             f"  optimizer state  {bytes_text(state)}",
+             f"  total            {bytes_text(params + grads + state)}"]
+    if stage == 3:
+        whole, layer = _gathered(parameter_specs, param_specs, dims, mesh_shape, axis, itemsize)
+        if grad_sync == "per_step":
+            lines.append(f"  gathered while the step runs: {bytes_text(whole)} (every param, "
+                         "gathered once before the microbatch loop)")
+        else:
+            unstacked = whole - layer["stacked_total"]
+            lines.append(f"  gathered while a layer runs: {bytes_text(layer['one_layer'])} per "
+                         f"stacked layer (at most two live: {bytes_text(2 * layer['one_layer'])})"
+                         f" + {bytes_text(unstacked)} of unstacked params at their use")
+    return "\n".join(lines)
+
+
+def _gathered(parameter_specs, param_specs, dims, mesh_shape, axis, itemsize):
+    """Bytes of every sharded param gathered (TP-local), and of one stacked layer's."""
+    leaves = jax.tree_util.tree_leaves(parameter_specs, is_leaf=rules.is_param_leaf)
+    spec_leaves = jax.tree_util.tree_leaves(param_specs, is_leaf=_is_spec)
+    dim_leaves = jax.tree_util.tree_structure(param_specs, is_leaf=_is_spec).flatten_up_to(dims)
+    size = mesh_shape[axis]
+    whole = stacked_total = one_layer = 0
+    for leaf, spec, dim in zip(leaves, spec_leaves, dim_leaves):
+        if dim is None:
+            continue
+        gathered = _local_bytes(leaf.shape, spec, mesh_shape, itemsize) * size
+        whole += gathered
+        stacked = getattr(leaf, "stacked_dims", 0)
+        if stacked:
+            local = rules.local_shape(tuple(leaf.shape), spec, mesh_shape)
+            stacked_total += gathered
+            one_layer += gathered // int(math.prod(local[:stacked]))
+    return whole, {"stacked_total": stacked_total, "one_layer": one_layer}
