@@ -215,3 +215,24 @@ def test_gpt_tiny_fsdp_holds_an_eighth_of_gpt_tiny_dp_state_per_device():
 
     full, split = state_bytes(gpt.gpt_tiny_dp), state_bytes(gpt.gpt_tiny_fsdp)
     assert split <= full / 8 * 1.02, (split, full, split / full)
+
+
+def _compiled_temp_bytes(grad_sync: str, layers: int = 6, width: int = 128) -> int:
+    cfg = helpers.gpt_engine(data=8, zero=3, zero_options={"grad_sync": grad_sync}).config.clone()
+    cfg.model.num_layers, cfg.model.model_dim = layers, width  # Unrolled by default (<= 12).
+    engine = cfg.instantiate()
+    engine.init_state()
+    engine.compile(example_batch=helpers.text_batches(batch_size=8)[0])
+    return engine._train_step.latest.memory_analysis().temp_size_in_bytes  # pylint: disable=protected-access
+
+
+def test_fsdp_per_microbatch_holds_about_two_layers_of_gathered_weights_not_the_stack():
+    """From the compiled step's memory analysis, in units of one layer's float32 weights: the
+    per-step gather holds all 6 layers; per-layer gathers (the stack kept a loop, the gathered
+    weights never saved for backward) stay within about two plus activations."""
+    width = 128
+    one_layer = 4 * (12 * width * width + 13 * width)
+    per_step = _compiled_temp_bytes("per_step") / one_layer
+    per_microbatch = _compiled_temp_bytes("per_microbatch") / one_layer
+    assert per_step >= 6, per_step
+    assert per_microbatch <= 3.5, per_microbatch

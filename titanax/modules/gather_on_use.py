@@ -9,8 +9,8 @@ reduce-scatter of that layer's gradient -- the ZeRO-3 schedule, written by nobod
 The gathered value must not outlive its layer: a rematerialisation policy that saved it would
 keep every layer's full weights for the backward pass and FSDP would save nothing (DESIGN 7.2).
 Every gathered value is named ``GATHERED``, and ``never_saving_gathered`` turns any policy into
-one that recomputes the gather instead (the scan and the layers' own remat use it whenever the
-state holds a ``GatherOnUse``).
+one that recomputes the gather in the backward pass instead (the scan and the layers' own remat
+use it whenever the state holds a ``GatherOnUse``).
 
 The wrapper is a pytree node whose one leaf is the shard, so casts, ``tree_map``, ``scan``
 slicing of stacked layers and ``grad`` all see the shard; the dimension is counted from the end,
@@ -90,12 +90,20 @@ def unwrap(tree: Any) -> Any:
 
 
 def never_saving_gathered(policy: Optional[Callable]) -> Callable:
-    """``policy`` (None: save everything) that never saves a gathered param."""
-    exclude = jax.checkpoint_policies.save_anything_except_these_names(GATHERED)
-    if policy is None:
-        return exclude
+    """``policy`` restricted so that no gathered param is ever saved for the backward pass.
+
+    A policy sees primitives, not where their inputs came from: "save anything except the
+    gathered values" would still save the all-gather's own output, and any reshape of a gathered
+    weight. So the all-gather (and the named value) are never saved, and with no policy of the
+    layer's own the base is ``dots_with_no_batch_dims_saveable`` (keep the matmul outputs,
+    recompute the elementwise rest), which saves nothing derived from the weights alone."""
+    base = policy or jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
     def combined(prim, *args, **params):
-        return exclude(prim, *args, **params) and policy(prim, *args, **params)
+        if prim.name.startswith("all_gather"):
+            return False
+        if prim.name == "name" and params.get("name") == GATHERED:
+            return False
+        return base(prim, *args, **params)
 
     return combined

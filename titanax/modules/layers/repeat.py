@@ -13,6 +13,7 @@ from typing import Optional
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, remat_policy
+from titanax.modules.gather_on_use import holds_gather_on_use
 from titanax.modules.initializers import FanAxes
 from titanax.modules.module import scan_in_context
 
@@ -37,7 +38,8 @@ class Repeat(BaseLayer):
         # traced one after another (no loop; compile time grows with depth). None: unroll up to
         # UNROLL_UP_TO layers. Measured by benchmarks/scan_vs_unroll.py (GPT, 4x2 CPU mesh):
         # unrolled step / scanned step 0.80 at 4 layers, 0.90 at 8, 0.93 at 12, 1.35 at 24;
-        # compile 3.2 vs 2.9 s at 4 layers, 7.7 vs 3.1 s at 12, 20 vs 3.3 s at 24.
+        # compile 3.2 vs 2.9 s at 4 layers, 7.7 vs 3.1 s at 12, 20 vs 3.3 s at 24. Under FSDP
+        # with per-layer gathers the stack always runs as a loop (see forward).
         unroll: Optional[bool] = None
 
         def _validate_values(self):
@@ -86,9 +88,13 @@ class Repeat(BaseLayer):
         def body(carry, _):
             return self.layer(carry), None
 
+        # FSDP gathers each layer's params inside the loop; unrolled, XLA is free to schedule
+        # every gather up front and hold all layers' weights at once (measured: 10.9 layers'
+        # worth of temp memory, 2.9 as a loop; benchmarks/fsdp_memory.py), so it stays a loop.
+        unroll = self.unrolled and not holds_gather_on_use(self.state.get("layer", {}))
         x, _ = scan_in_context(body, carry=x, xs=None, child_name="layer",
                                num_iterations=self.config.num_layers, remat_policy=policy,
-                               unroll=self.unrolled, key_offset=first_layer)
+                               unroll=unroll, key_offset=first_layer)
         return x
 
 
