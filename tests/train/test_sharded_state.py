@@ -204,16 +204,17 @@ def test_no_collective_inside_any_loop_without_per_microbatch_gathers(stage, gra
 def test_gpt_tiny_fsdp_holds_an_eighth_of_gpt_tiny_dp_state_per_device():
     """The experiments themselves (Interface of the issue): live params + optimizer state on
     one device, from engine.state's addressable shards."""
-    from experiments import gpt  # pylint: disable=import-outside-toplevel
+    from titanax.config import registry  # pylint: disable=import-outside-toplevel
+    registry.load_config_modules(registry.DEFAULT_CONFIG_MODULES)
 
-    def state_bytes(make):
-        cfg = make()
+    def state_bytes(name):
+        cfg = registry.get_config(name)
         cfg.loggers, cfg.checkpoint = [], None
         engine = cfg.instantiate()
         engine.init_state()
         return _device0_bytes((engine.state.params, engine.state.opt_state))
 
-    full, split = state_bytes(gpt.gpt_tiny_dp), state_bytes(gpt.gpt_tiny_fsdp)
+    full, split = state_bytes("gpt_tiny_dp"), state_bytes("gpt_tiny_fsdp")
     assert split <= full / 8 * 1.02, (split, full, split / full)
 
 

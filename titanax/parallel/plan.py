@@ -187,7 +187,8 @@ class Plan(Configurable):
             if self.zero is not None and self.data_parallel is not None and \
                     self.zero.axis not in (None, self.data_parallel.axis):
                 yield "zero.axis", (f"must be the data-parallel axis "
-                                    f"{self.data_parallel.axis!r} (or None)")
+                                    f"{self.data_parallel.axis!r} (or None): HSDP (a separate "
+                                    "fsdp axis next to data) is not built yet")
 
         def _roles(self) -> Dict[str, str]:
             roles = {}
