@@ -131,7 +131,7 @@ def test_a_state_update_of_the_wrong_shape_is_refused():
     assert "'forwards'" in caught.value.message and "(2,)" in caught.value.message
 
 
-def test_state_updates_ride_the_step_s_two_reductions():
+def test_state_updates_ride_the_steps_two_reductions():
     """No collective of their own: the statistics cross the data axis in the one data
     all-reduce of the step, and the model axis in the reducer's one model all-reduce."""
     engine = _engine(data=4, model_axis=2, accumulate=2)

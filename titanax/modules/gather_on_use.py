@@ -83,12 +83,6 @@ def wrap(params: Any, dims: Any, *, axis: str) -> Any:
         params, dims)
 
 
-def unwrap(tree: Any) -> Any:
-    """The shards of a tree that holds ``GatherOnUse`` nodes (e.g. the gradients)."""
-    return jax.tree_util.tree_map(lambda x: x.shard if is_gather_on_use(x) else x, tree,
-                                  is_leaf=is_gather_on_use)
-
-
 def never_saving_gathered(policy: Optional[Callable]) -> Callable:
     """``policy`` restricted so that no gathered param is ever saved for the backward pass.
 

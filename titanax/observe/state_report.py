@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from titanax.parallel import rules
+from titanax.parallel.plan import bytes_text
 
 
 def _is_spec(x: Any) -> bool:
@@ -32,13 +33,6 @@ def _tree_bytes(parameter_specs, specs, mesh_shape, itemsize) -> int:
     return sum(_local_bytes(p.shape, s, mesh_shape, itemsize) for p, s in zip(leaves, spec_leaves))
 
 
-def bytes_text(count: float) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if count >= scale:
-            return f"{count / scale:.2f} {unit}"
-    return f"{int(count)} B"
-
-
 def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_state: Any,
              mesh_shape: Mapping[str, int], itemsize: int, stage: Optional[int],
              axis: Optional[str], dims: Any, grad_sync: Optional[str]) -> str:
@@ -50,7 +44,8 @@ def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_sta
     grads = _tree_bytes(parameter_specs, grad_specs, mesh_shape, itemsize)
     state = 0
     for leaf in jax.tree_util.tree_leaves(opt_state):
-        spec = leaf.sharding.spec if getattr(leaf, "sharding", None) is not None else PartitionSpec()
+        sharded = getattr(leaf, "sharding", None) is not None
+        spec = leaf.sharding.spec if sharded else PartitionSpec()
         state += _local_bytes(leaf.shape, spec, mesh_shape, np.dtype(leaf.dtype).itemsize)
     title = "replicated state" if stage is None else (
         f"ZeRO-{stage} over {axis!r}" + (f", grad_sync={grad_sync}" if stage == 3 else ""))

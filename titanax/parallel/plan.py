@@ -1,7 +1,7 @@
 """Parallel plans: which mesh axis does what, and how every param is laid out.
 
 A ``Plan`` composes the roles a mesh axis can play -- data parallel (``DP``), tensor parallel
-(``TP``), pipeline parallel (``PP``) -- and ZeRO-1 optimizer-state sharding. They are all
+(``TP``), pipeline parallel (``PP``) -- and ZeRO / FSDP state sharding (``ZeRO``). They are all
 Configurables, so a plan lives in the run's config tree and every field overrides from the command
 line (``--config.plan.data_parallel.accumulate_steps=4``).
 
@@ -340,7 +340,7 @@ class Plan(Configurable):
             local_bytes = _prod(local) * itemsize
             total_global += global_bytes
             total_local += local_bytes
-            rows.append((path, str(shape), _spec_text(spec), str(local), _bytes_text(local_bytes)))
+            rows.append((path, str(shape), _spec_text(spec), str(local), bytes_text(local_bytes)))
         header = ("param", "global shape", "spec", "local shape", "bytes/device")
         widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
         roles = self.roles()
@@ -350,8 +350,8 @@ class Plan(Configurable):
                  + (f"; ZeRO-{self.config.zero.stage}" if self.config.zero else ""),
                  "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-        lines.append(f"total: {len(rows)} params, {_bytes_text(total_global)} global, "
-                     f"{_bytes_text(total_local)} per device")
+        lines.append(f"total: {len(rows)} params, {bytes_text(total_global)} global, "
+                     f"{bytes_text(total_local)} per device")
         return "\n".join(lines)
 
 
@@ -370,8 +370,9 @@ def _spec_text(spec: PartitionSpec) -> str:
     return "P(" + ", ".join(repr(e) for e in spec) + ")"
 
 
-def _bytes_text(count: int) -> str:
+def bytes_text(count: float) -> str:
+    """``1.5 MiB``: a byte count for tables."""
     for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if count >= scale:
             return f"{count / scale:.1f} {unit}"
-    return f"{count} B"
+    return f"{int(count)} B"

@@ -19,7 +19,8 @@ The dimension is chosen per param, on the host, once:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence, Tuple
+import math
+from typing import Any, Optional, Sequence, Tuple
 
 import jax
 from jax.sharding import PartitionSpec
@@ -43,13 +44,13 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
                 f"param {path} is already split over mesh axis {axis!r} (spec {partition}); "
                 "ZeRO/FSDP adds that axis itself", path="plan.zero.axis",
                 suggestion="give ZeRO its own axis, or drop the axis from the param's layout")
+        stacked = getattr(spec, "stacked_dims", 0)  # (Hand-written steps' shapes have none.)
         for pattern, regex, dim in compiled:
             if regex.fullmatch(path):
                 return _checked_override(path, pattern, dim, shape, entries, axis, axis_size,
-                                         getattr(spec, "stacked_dims", 0))
-        if _size(shape) < min_shard_size:
+                                         stacked)
+        if math.prod(shape) < min_shard_size:
             return None
-        stacked = getattr(spec, "stacked_dims", 0)
         best = None
         for dim in range(stacked, len(shape)):
             if entries[dim] is None and shape[dim] % axis_size == 0 and shape[dim] >= axis_size:
@@ -95,16 +96,3 @@ def add_axis(param_specs: Any, dims: Any, axis: str) -> Any:
 
     return jax.tree_util.tree_map(add, param_specs, dims,
                                   is_leaf=lambda x: isinstance(x, PartitionSpec))
-
-
-def _size(shape: Sequence[int]) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
-
-
-def dims_mapping(dims: Any) -> Mapping[str, Optional[int]]:
-    """``{param path: dim}`` (for describe and errors)."""
-    flat = jax.tree_util.tree_flatten_with_path(dims, is_leaf=lambda x: x is None)[0]
-    return {sharding.path_string(p): d for p, d in flat}

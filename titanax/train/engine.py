@@ -685,7 +685,8 @@ class Engine(Configurable):
         return state_report.describe(
             parameter_specs=self.parameter_specs, param_specs=self.param_specs,
             grad_specs=strategy.grad_specs, opt_state=self.state_template().opt_state,
-            mesh_shape=dict(self.mesh.shape), itemsize=np.dtype(self.precision.param_dtype).itemsize,
+            mesh_shape=dict(self.mesh.shape),
+            itemsize=np.dtype(self.precision.param_dtype).itemsize,
             stage=zero.config.stage if zero else None, axis=strategy.shard_axis,
             dims=self.zero_dims, grad_sync=zero.config.grad_sync if zero else None)
 

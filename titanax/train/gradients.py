@@ -66,8 +66,9 @@ class LocalGradients:
     # microbatches (per-layer summaries of a stacked Repeat averaged over its layers).
     summaries: Dict[str, jax.Array]
     # New values the layers wrote for their non-trained params (``add_state_update``),
-    # ``{param path: value}`` in local view, averaged over microbatches (state_updates.py).
-    state_updates: Dict[str, jax.Array] = dataclasses.field(default_factory=dict)
+    # ``{flattened param index: value}`` in local view, averaged over microbatches
+    # (state_updates.py).
+    state_updates: Dict[int, jax.Array] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,7 +39,8 @@ class OptimizerAdapter:
 
 
 class Learner(Configurable):
-    """Optimizer + clipping + per-param weight decay (+ ZeRO-1 when the plan asks)."""
+    """Optimizer + clipping + per-param weight decay (on whatever part of the state the
+    state-sharding strategy hands it)."""
 
     class Config(Configurable.Config):
         # An optax factory config; titanax.train.optimizers' factories also take per-param decay

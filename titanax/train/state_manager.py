@@ -1,8 +1,8 @@
 """Building, restoring and saving an Engine's train state: the state manager an Engine composes.
 
 A state is built in its shards: params initialised under ``jit`` with the plan's shardings (or the
-user's params placed), the optimizer state initialised in local view inside ``shard_map`` (chunked
-over the data axis with ZeRO-1). The same description, as ``ShapeDtypeStruct``s with shardings,
+user's params placed), the optimizer state initialised in local view inside ``shard_map`` (split
+along real param dimensions with ZeRO / FSDP). The same description, as ``ShapeDtypeStruct``s with shardings,
 is the restore target -- which is why a checkpoint resumes on whatever mesh the run has now.
 """
 
@@ -225,10 +225,6 @@ class StateManager:
               f"{restored.step} ({len(changes)} change{'s' if len(changes) != 1 else ''}):\n"
               + "\n".join(f"  {line}" for line in shown), flush=True)
 
-    def _state_layout(self) -> Dict[str, Any]:
-        """How the optimizer state's global arrays are laid out (saved in the metadata)."""
-        return self.state_sharding.layout(dict(self.mesh.shape))
-
     # --- The circular schedule's view <-> the canonical layout of checkpoints ---------------------
 
     def _as_view(self, params: Any) -> Any:
@@ -343,7 +339,7 @@ class StateManager:
             optimizer_text=self.config.learner.debug_string()
             + repr(type(self.config.optimizer)), config_text=self.config.debug_string(),
             process_count=jax.process_count())
-        metadata["optimizer_state_layout"] = self._state_layout()
+        metadata["optimizer_state_layout"] = dict(state_sharding_lib.CHECKPOINT_LAYOUT)
         return ckpt.save(state, step, data_state=data_state, metadata=metadata, force=force)
 
     def canonical_params(self) -> Any:

@@ -25,7 +25,7 @@ mesh and under every strategy, and restore anywhere.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import jax
 import optax
@@ -34,9 +34,16 @@ from jax.sharding import PartitionSpec
 from titanax.parallel import collectives, state_dims
 from titanax.train import learner as learner_lib
 
+# Saved in checkpoint metadata: under every strategy the optimizer state's global arrays are laid
+# out like the params (older checkpoints may say "zero1_flat_chunks", see StateManager).
+CHECKPOINT_LAYOUT = {"kind": "param_layout"}
+
 
 class Replicated:
     """The optimizer state laid out like the params (no sharding over the data axis)."""
+
+    # The mesh axis ZeRO / FSDP split the state over (None: not split).
+    shard_axis: Optional[str] = None
 
     def __init__(self, *, param_specs: Any, data_axis: Optional[str]):
         self.param_specs = param_specs
@@ -52,8 +59,6 @@ class Replicated:
         """Per param, the dimension the reducer reduce-scatters its gradient along over
         ``shard_axis`` (None: no scatter anywhere)."""
         return None
-
-    shard_axis: Optional[str] = None
 
     def opt_state_specs(self, adapter: learner_lib.OptimizerAdapter, local_params: Any) -> Any:
         """Out-specs of the state built on ``local_params`` (ShapeDtypeStructs, local view)."""
@@ -72,11 +77,6 @@ class Replicated:
         new_params, new_state = learner.apply_update(adapter=adapter, grads=grads, norm=norm,
                                                      opt_state=opt_state, params=params)
         return new_params, new_state, norm
-
-    def layout(self, mesh_shape: Mapping[str, int]) -> Dict[str, Any]:
-        """Saved with checkpoints: every strategy's arrays are laid out like the params."""
-        del mesh_shape
-        return {"kind": "param_layout"}
 
 
 class ShardedOptimizerState(Replicated):

@@ -34,19 +34,13 @@ def _written(tree: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, A
             yield f"{prefix}{key}", value
 
 
-def param_index(params: Any) -> Dict[str, int]:
-    """``{param path: position among the flattened params}``."""
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {path_string(path): index for index, (path, _) in enumerate(flat)}
-
-
 def collect(state_updates: Mapping[str, Any], params: Any, *, where: str
-            ) -> Dict[str, jax.Array]:
-    """``{param path: new value}`` from an OutputCollection's nested ``state_updates``, each
-    checked against the (local-view) param it replaces."""
+            ) -> Dict[int, jax.Array]:
+    """``{position among the flattened params: new value}`` from an OutputCollection's nested
+    ``state_updates``, each checked against the (local-view) param it replaces."""
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    by_path = {path_string(path): leaf for path, leaf in flat}
-    out: Dict[str, jax.Array] = {}
+    by_path = {path_string(path): (index, leaf) for index, (path, leaf) in enumerate(flat)}
+    out: Dict[int, jax.Array] = {}
     for path, value in _written(state_updates):
         if path not in by_path:
             raise errors.ModuleError(
@@ -54,14 +48,14 @@ def collect(state_updates: Mapping[str, Any], params: Any, *, where: str
                 path=where, suggestion="declare the state as a ParameterSpec of the layer that "
                 "updates it and write add_state_update(<its name>, value) once per call (a "
                 "second call of the same child writes under '<child>_1')")
-        param = by_path[path]
+        index, param = by_path[path]
         value = jnp.asarray(value)
         if value.shape != param.shape:
             raise errors.ModuleError(
                 f"the state update for {path!r} has shape {value.shape}, the param's local "
                 f"shape is {param.shape}", path=where,
                 suggestion="write a value of the param's own (local, per-device) shape")
-        out[path] = value.astype(jnp.float32)
+        out[index] = value.astype(jnp.float32)
     return out
 
 

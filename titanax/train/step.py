@@ -123,12 +123,10 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
             lambda g: (g.astype(jnp.float32) / scale).astype(g.dtype), grads)
     check_scalar_metrics({"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}},
                          where=f"{type(setup.model).__qualname__}.forward")
-    index = state_updates.param_index(state.params)
     reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss, **local.summaries},
                                    sum_metrics={f"aux/{k}": v for k, v in aux.items()},
                                    sync_data=setup.sync_metrics,
-                                   state_updates={index[path]: value for path, value
-                                                  in local.state_updates.items()})
+                                   state_updates=local.state_updates)
     new_state, update_stats = _apply_update(setup, state, reduced)
     metrics = _metrics(setup, state, reduced.metrics, update_stats)
     return new_state, metrics
