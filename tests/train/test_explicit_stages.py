@@ -4,6 +4,7 @@ Compared with the same CNN trained on one device: per-step losses and an SGD upd
 param, for GPipe and 1F1B, with and without data parallelism.
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -130,3 +131,16 @@ def test_fractional_checkpoint_ratio_is_refused_for_explicit_stages():
     with pytest.raises(errors.PlanError) as info:
         cfg.instantiate().build()
     assert info.value.path == "plan.pipeline_parallel.checkpoint_ratio"
+
+
+def test_state_updates_in_the_loss_are_refused_not_dropped():
+    class CountingCNN(CNNClassifier):
+        def loss(self, outputs, batch):
+            self.add_state_update("seen", jnp.float32(1.0))
+            return super().loss(outputs, batch)
+
+    cfg = _engine((1, 2)).config.clone()
+    cfg.model.klass = CountingCNN
+    with pytest.raises(errors.ModuleError) as info:
+        cfg.instantiate().fit(data=iter(BATCHES), steps=1)
+    assert "(seen)" in info.value.message and info.value.path.endswith("CountingCNN.loss")

@@ -80,7 +80,8 @@ def _one_device_reference(model, params, batches):
 
 
 @pytest.mark.parametrize("data,model_axis,accumulate,zero",
-                         [(4, 1, 1, False), (4, 2, 2, False), (2, 2, 1, True)])
+                         [(4, 1, 1, False), (4, 2, 2, False), (2, 2, 1, 1), (4, 1, 1, 2)],
+                         ids=["dp4", "dp4xtp2-acc2", "zero1-2x2", "zero2-dp4"])
 def test_running_statistics_match_the_one_device_run(data, model_axis, accumulate, zero):
     batches = helpers.text_batches(batch_size=8)[:2]
     engine = _engine(data=data, model_axis=model_axis, accumulate=accumulate, zero=zero)
@@ -129,6 +130,28 @@ def test_a_state_update_of_the_wrong_shape_is_refused():
     with pytest.raises(errors.ModuleError) as caught:
         cfg.instantiate().fit(data=iter(helpers.text_batches(batch_size=8)), steps=1)
     assert "'forwards'" in caught.value.message and "(2,)" in caught.value.message
+
+
+def test_a_zero2_scattered_gradient_leaves_the_state_update_averaged_over_data():
+    """ZeRO-2 splits logit_mean's optimizer state (and gradient) over the data axis, not the
+    param: its state update is still the mean over every data shard (checked in the parity case
+    zero2-dp4 above); here the layout that makes that case meaningful."""
+    engine = _engine(data=4, zero=2)
+    engine.build()
+    assert engine.zero_dims["logit_mean"] == 0
+    assert "data" not in tuple(engine.param_specs["logit_mean"])
+
+
+def test_under_fsdp_a_sharded_state_update_is_refused_saying_how_to_keep_it_whole():
+    engine = _engine(data=4, zero=3)
+    with pytest.raises(errors.ModuleError) as caught:
+        engine.fit(data=iter(helpers.text_batches(batch_size=8)), steps=1)
+    assert "'logit_mean'" in caught.value.message
+    assert "dim_overrides" in caught.value.suggestion and "'logit_mean': None" in \
+        caught.value.suggestion
+    cfg = engine.config.clone()
+    cfg.plan.zero.dim_overrides = {"logit_mean": None}
+    cfg.instantiate().fit(data=iter(helpers.text_batches(batch_size=8)), steps=1)
 
 
 def test_state_updates_ride_the_steps_two_reductions():

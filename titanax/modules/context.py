@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import threading
 import zlib
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -170,23 +170,24 @@ def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries") -> Dict[s
     return out
 
 
+def flat_state_updates(tree: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """``(<module path>/<name>, value)`` for every state update in a nested ``state_updates``."""
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from flat_state_updates(value, f"{prefix}{key}/")
+        elif value is not None:
+            yield f"{prefix}{key}", value
+
+
 def refuse_state_updates(collection: "OutputCollection", *, where: str) -> None:
     """Raises if a pipelined training forward wrote ``add_state_update``s: a pipeline does not
     carry them to the train state (the plain and microbatched steps do, train/state_updates.py),
     and dropping them would train silently wrong (running statistics that never move)."""
-    def names(tree, prefix):
-        for key, value in tree.items():
-            if isinstance(value, Mapping):
-                yield from names(value, f"{prefix}{key}/")
-            else:
-                yield f"{prefix}{key}"
-
-    written = sorted(names(collection.state_updates, ""))
+    written = sorted(path for path, _ in flat_state_updates(collection.state_updates))
     if written:
-        names = ", ".join(written[:6])
         raise errors.ModuleError(
-            f"the model wrote state updates ({names}) while training under a pipeline; "
-            "pipelined steps do not carry state updates to the train state, so they would be "
-            "dropped", path=where,
+            f"the model wrote state updates ({', '.join(written[:6])}) while training under a "
+            "pipeline; pipelined steps do not carry state updates to the train state, so they "
+            "would be dropped", path=where,
             suggestion="train this model without pipeline_parallel (DP, TP, ZeRO and "
                        "accumulation carry them), or compute the statistic as a summary")

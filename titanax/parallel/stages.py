@@ -29,7 +29,7 @@ import numpy as np
 
 from titanax import errors
 from titanax.modules import functional
-from titanax.modules.context import flat_summaries
+from titanax.modules.context import flat_summaries, refuse_state_updates
 from titanax.parallel import collectives
 from titanax.parallel.sharding import path_string
 
@@ -183,6 +183,8 @@ class ExplicitStages:
         (loss, aux), collection = functional(
             self.model, key, {}, (self._unpack(outputs, self._shapes[-1]), rows), method="loss",
             is_training=is_training)
+        if is_training:
+            refuse_state_updates(collection, where=f"{type(self.model).__qualname__}.loss")
         if "loss_sum" not in aux:
             raise errors.PlanError(
                 f"{type(self.model).__qualname__}.loss returned aux without 'loss_sum'",

@@ -69,16 +69,21 @@ class GradientReducer:
     # ZeRO-2 / FSDP layout; the leaf's spec then names the axis) or None. Empty: no scatter.
     scatter_dims: Tuple[Optional[int], ...] = ()
     shard_axis: Optional[str] = None
+    # Per leaf: whether the *param* (not its gradient) is split over the data axis. A state
+    # update of a param that is not is averaged over the data axis, even when ZeRO-2 scatters
+    # the param's gradient there.
+    param_split_over_data: Tuple[bool, ...] = ()
     # How the loss (and the other mean metrics) relate to the one-device loss, per axis.
     loss_relation: LossRelation = LossRelation()
 
     @classmethod
     def plan(cls, *, param_specs: Any, mesh_shape: Mapping[str, int],
              data_axis: Optional[str], loss_relation: Optional[LossRelation] = None,
-             scatter_dims: Any = None, shard_axis: Optional[str] = None) -> "GradientReducer":
+             scatter_dims: Any = None, shard_axis: Optional[str] = None,
+             param_layout: Any = None) -> "GradientReducer":
         """``param_specs``: the layout of the *reduced* gradients (with ZeRO-2 / FSDP the shard
         axis on the scattered dimension); ``scatter_dims``: a tree like them (None leaves: no
-        scatter)."""
+        scatter); ``param_layout``: the params' own specs, when they differ (ZeRO-2)."""
         is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
         specs = jax.tree_util.tree_leaves(param_specs, is_leaf=is_spec)
         scatter = ()
@@ -91,10 +96,14 @@ class GradientReducer:
             used = tuple(a for a in axes if a in set(rules.spec_axes(spec)))
             split.append(used)
             replicated.append(tuple(a for a in axes if a not in used and a != data_axis))
+        layout = jax.tree_util.tree_leaves(param_layout if param_layout is not None
+                                           else param_specs, is_leaf=is_spec)
         relation = loss_relation or LossRelation(mean_over=(data_axis,) if data_axis else ())
         return cls(mesh_shape=tuple(mesh_shape.items()), data_axis=data_axis,
                    replicated_axes=tuple(replicated), split_axes=tuple(split),
-                   loss_relation=relation, scatter_dims=scatter, shard_axis=shard_axis)
+                   loss_relation=relation, scatter_dims=scatter, shard_axis=shard_axis,
+                   param_split_over_data=tuple(data_axis in rules.spec_axes(spec)
+                                               for spec in layout))
 
     @property
     def data_size(self) -> int:
@@ -126,12 +135,12 @@ class GradientReducer:
             # transpose reduced them) already hold their own part: only the others cross here.
             summed = [i for i, axes in enumerate(self.split_axes) if data not in axes]
             carried = metrics if sync_data else []
-            averaged_updates = [i for i in sorted(updates) if data not in self.split_axes[i]]
+            averaged_updates = [i for i in sorted(updates)
+                                if not self.param_split_over_data[i]]
             if summed or carried or averaged_updates:
                 reduced = collectives.psum([leaves[i] for i in summed] + carried
                                            + [updates[i] for i in averaged_updates], data)
                 size = self.data_size
-                leaves = list(leaves)
                 for position, index in enumerate(summed):
                     leaves[index] = reduced[position] / size
                 offset = len(summed) + len(carried)

@@ -17,21 +17,14 @@ local shape. Anything else is refused with the path, never dropped or attached s
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Mapping, Tuple
+from typing import Any, Dict, Mapping
 
 import jax
 import jax.numpy as jnp
 
 from titanax import errors
+from titanax.modules.context import flat_state_updates
 from titanax.parallel.sharding import path_string
-
-
-def _written(tree: Mapping[str, Any], prefix: str = "") -> Iterator[Tuple[str, Any]]:
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            yield from _written(value, f"{prefix}{key}/")
-        elif value is not None:
-            yield f"{prefix}{key}", value
 
 
 def collect(state_updates: Mapping[str, Any], params: Any, *, where: str
@@ -41,7 +34,7 @@ def collect(state_updates: Mapping[str, Any], params: Any, *, where: str
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     by_path = {path_string(path): (index, leaf) for index, (path, leaf) in enumerate(flat)}
     out: Dict[int, jax.Array] = {}
-    for path, value in _written(state_updates):
+    for path, value in flat_state_updates(state_updates):
         if path not in by_path:
             raise errors.ModuleError(
                 f"a state update was written for {path!r}, which is not a param of the model",
@@ -54,7 +47,9 @@ def collect(state_updates: Mapping[str, Any], params: Any, *, where: str
             raise errors.ModuleError(
                 f"the state update for {path!r} has shape {value.shape}, the param's local "
                 f"shape is {param.shape}", path=where,
-                suggestion="write a value of the param's own (local, per-device) shape")
+                suggestion="write a value of the param's own (local, per-device) shape; under "
+                "FSDP (ZeRO stage 3) a param a layer updates must be stored whole: "
+                f"--config.plan.zero.dim_overrides=\"{{'{path}': None}}\"")
         out[index] = value.astype(jnp.float32)
     return out
 

@@ -103,7 +103,8 @@ class StepSetup:
                                     data_axis=self.data_axis,
                                     loss_relation=self.gradients.loss_relation,
                                     scatter_dims=strategy.scatter_dims,
-                                    shard_axis=strategy.shard_axis)
+                                    shard_axis=strategy.shard_axis,
+                                    param_layout=strategy.param_specs)
 
 
 def local_train_step(setup: StepSetup, state: TrainState, batch: Any
