@@ -5,10 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
 
 from titanax.config import config_for_function
-from titanax.runtime.mesh import MeshSpec
 from titanax.train import learner as learner_lib
 from titanax.train import optimizers, prng
 from titanax.train.precision import Precision
@@ -69,20 +67,11 @@ def test_learner_passes_decay_scales_only_to_factories_that_take_them():
     assert isinstance(adapter.tx, optax.GradientTransformation)
 
 
-def test_global_norm_counts_sharded_leaves_once_per_shard_and_replicated_once():
-    mesh = MeshSpec(axes=("data", "model"), shape=(4, 2)).build()
-    tree = {"sharded": np.arange(8.0).reshape(2, 4), "replicated": np.array([3.0, 4.0])}
-    want = float(np.sqrt(np.sum(tree["sharded"] ** 2) + 25.0))
-    specs = {"sharded": P(None, "model"), "replicated": P()}
-
-    def local(t):
-        split = learner_lib.split_axes_of(specs)
-        return learner_lib.global_norm(t, split)
-
-    got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs,), out_specs=P()))(tree)
-    assert float(got) == pytest.approx(want, rel=1e-6)
+def test_clip_by_norm_scales_to_the_max_norm():
+    """(The global norm itself is the reducer's: tests/train/test_reducer.py.)"""
     clipped = learner_lib.clip_by_norm({"x": jnp.array([3.0, 4.0])}, jnp.float32(5.0), 1.0)
     np.testing.assert_allclose(clipped["x"], [0.6, 0.8], rtol=1e-6)
+    assert learner_lib.clip_by_norm({"x": 1.0}, jnp.float32(5.0), None) == {"x": 1.0}
 
 
 def test_precision_dtypes_and_loss_scale_updates():

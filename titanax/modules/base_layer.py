@@ -190,8 +190,9 @@ class BaseLayer(Module):
         context = current_context()
         if policy is None or not context.is_training or method.__name__ != "forward":
             return method(self, *args, **kwargs)
-        if gather_on_use.holds_gather_on_use(context.state):
-            policy = gather_on_use.never_saving_gathered(policy)
+        fsdp_axes = gather_on_use.gathered_axes(context.state)
+        if fsdp_axes:
+            policy = gather_on_use.never_saving_gathered(policy, fsdp_axes)
 
         def pure(state, key, call_args):
             inner = context.clone(state=state, prng_key=key, output_collection=OutputCollection())

@@ -19,7 +19,7 @@ so slicing leading (stacked-layer) dimensions keeps it right.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, FrozenSet, Optional
 
 import jax
 from jax.ad_checkpoint import checkpoint_name
@@ -62,10 +62,11 @@ def is_gather_on_use(x: Any) -> bool:
     return isinstance(x, GatherOnUse)
 
 
-def holds_gather_on_use(tree: Any) -> bool:
-    """Whether any leaf of ``tree`` is wrapped (FSDP's gather on use is on)."""
-    return any(is_gather_on_use(x)
-               for x in jax.tree_util.tree_leaves(tree, is_leaf=is_gather_on_use))
+def gathered_axes(tree: Any) -> FrozenSet[str]:
+    """The mesh axes the wrapped leaves of ``tree`` gather over (empty: FSDP's gather on use is
+    off here)."""
+    return frozenset(x.axis for x in jax.tree_util.tree_leaves(tree, is_leaf=is_gather_on_use)
+                     if is_gather_on_use(x))
 
 
 def gathered(state: Any) -> Any:
@@ -83,19 +84,24 @@ def wrap(params: Any, dims: Any, *, axis: str) -> Any:
         params, dims)
 
 
-def never_saving_gathered(policy: Optional[Callable]) -> Callable:
-    """``policy`` restricted so that no gathered param is ever saved for the backward pass.
+def never_saving_gathered(policy: Optional[Callable], axes: FrozenSet[str]) -> Callable:
+    """``policy`` restricted so that no param gathered over ``axes`` is saved for backward.
 
     A policy sees primitives, not where their inputs came from: "save anything except the
     gathered values" would still save the all-gather's own output, and any reshape of a gathered
-    weight. So the all-gather (and the named value) are never saved, and with no policy of the
-    layer's own the base is ``dots_with_no_batch_dims_saveable`` (keep the matmul outputs,
-    recompute the elementwise rest), which saves nothing derived from the weights alone."""
+    weight. So all-gathers over ``axes`` (and the named value) are never saved -- other gathers,
+    e.g. sequence-parallel activations over the TP axis, are the policy's to decide -- and with
+    no policy of the layer's own the base is ``dots_with_no_batch_dims_saveable`` (keep the
+    matmul outputs, recompute the elementwise rest), which saves nothing derived from the
+    weights alone."""
     base = policy or jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
     def combined(prim, *args, **params):
         if prim.name.startswith("all_gather"):
-            return False
+            names = params.get("axis_name", ())
+            names = names if isinstance(names, (tuple, list)) else (names,)
+            if axes.intersection(names):
+                return False
         if prim.name == "name" and params.get("name") == GATHERED:
             return False
         return base(prim, *args, **params)

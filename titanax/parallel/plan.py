@@ -221,6 +221,13 @@ class Plan(Configurable):
         return self.config.pipeline_parallel.axis if self.config.pipeline_parallel else None
 
     @property
+    def zero_axis(self) -> Optional[str]:
+        """The axis ZeRO / FSDP split the state over (None: no ZeRO)."""
+        if self.config.zero is None:
+            return None
+        return self.config.zero.axis or self.dp_axis
+
+    @property
     def accumulate_steps(self) -> int:
         return self.config.data_parallel.accumulate_steps if self.config.data_parallel else 1
 

@@ -1,7 +1,7 @@
 """Which real dimension of each param carries the ZeRO / FSDP axis.
 
 ZeRO-1/2 split the optimizer state, and FSDP (ZeRO-3) the params themselves, over one mesh axis
-(the data axis, or a dedicated ``fsdp`` axis). Wave 1 flattened and padded each param's local
+(today the data axis). Wave 1 flattened and padded each param's local
 part into chunks: the saved arrays then meant different numbers on every mesh. Here the axis goes
 on one *real* dimension of the param, added to the spec the earlier transforms (layer layout, TP
 rules, pipeline) produced, so a global array means the same thing on every mesh and strategy, and
@@ -43,7 +43,8 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
             raise errors.PlanError(
                 f"param {path} is already split over mesh axis {axis!r} (spec {partition}); "
                 "ZeRO/FSDP adds that axis itself", path="plan.zero.axis",
-                suggestion="give ZeRO its own axis, or drop the axis from the param's layout")
+                suggestion="drop the data axis from the param's layout (TP rules or the "
+                           "layer's declaration): ZeRO adds it where it fits")
         stacked = getattr(spec, "stacked_dims", 0)  # (Hand-written steps' shapes have none.)
         for pattern, regex, dim in compiled:
             if regex.fullmatch(path):

@@ -195,7 +195,7 @@ class Engine(Configurable):
         zero = self.plan.zero
         if zero is None:
             return
-        axis = zero.config.axis or self.plan.dp_axis
+        axis = self.plan.zero_axis
         self.zero_dims = state_dims.choose_dims(
             self.parameter_specs, self.param_specs, axis=axis,
             axis_size=int(self.mesh.shape[axis]), min_shard_size=zero.config.min_shard_size,
@@ -229,8 +229,7 @@ class Engine(Configurable):
         dp = self.config.plan.data_parallel
         return step_lib.StepSetup(
             model=self.model, precision=self.precision, adapter=self.adapter, learner=self.learner,
-            mesh_shape=dict(self.mesh.shape), param_specs=self.param_specs,
-            data_axis=self.data_axis, accumulate_steps=self.plan.accumulate_steps,
+            mesh_shape=dict(self.mesh.shape), data_axis=self.data_axis, accumulate_steps=self.plan.accumulate_steps,
             state_sharding=self.state_sharding, nan_policy=self.config.nan_policy,
             sync_metrics=dp.sync_metrics if dp is not None else True,
             pipeline=self.config.plan.pipeline_parallel)

@@ -88,6 +88,10 @@ class ParamGathering:
     dims: Any
     per_microbatch: bool
 
+    def for_use(self, params: Any) -> Any:
+        """The params as the model sees them: wrapped (``per_microbatch``) or all gathered."""
+        return self.wrap(params) if self.per_microbatch else self.gather_all(params)
+
     def gather_all(self, params: Any) -> Any:
         return jax.tree_util.tree_map(
             lambda p, d: p if d is None else collectives.all_gather(p, self.axis, axis_index=d),
@@ -131,8 +135,7 @@ class ModelGradients:
         stored = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
         gathering = self.gathering
         if gathering is not None:
-            params = (gathering.wrap(params) if gathering.per_microbatch
-                      else gathering.gather_all(params))
+            params = gathering.for_use(params)
         local = self._gradients(params, batch, key, loss_scale, stored)
         if gathering is not None and gathering.per_microbatch:
             local.grads = gathering.unwrap_gradients(local.grads)

@@ -12,16 +12,15 @@ Everything here runs in local view inside the engine's ``shard_map``.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import PartitionSpec
 
 from titanax import errors
 from titanax.config import Configurable, InstantiableConfig, config_for_function
-from titanax.parallel import collectives, rules
+from titanax.parallel import rules
 from titanax.train import optimizers
 
 
@@ -140,30 +139,8 @@ def decay_scales_from_specs(parameter_specs: Any) -> Any:
                                   parameter_specs, is_leaf=rules.is_param_leaf)
 
 
-def global_norm(tree: Any, split_axes: Any) -> jax.Array:
-    """L2 norm of a sharded tree: each leaf's squares summed over the axes it is split over."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    axes_list = jax.tree_util.tree_leaves(split_axes, is_leaf=lambda x: isinstance(x, tuple))
-    groups: Dict[Tuple[str, ...], jax.Array] = {}
-    for leaf, axes in zip(leaves, axes_list):
-        square = jnp.sum(jnp.square(leaf.astype(jnp.float32)))
-        groups[axes] = groups.get(axes, 0.0) + square
-    total = 0.0
-    for axes, value in groups.items():
-        total = total + (collectives.psum(value, axes) if axes else value)
-    return jnp.sqrt(total)
-
-
 def clip_by_norm(tree: Any, norm: jax.Array, max_norm: Optional[float]) -> Any:
     if max_norm is None:
         return tree
     factor = jnp.minimum(1.0, max_norm / jnp.maximum(norm, 1e-12))
     return jax.tree_util.tree_map(lambda g: g * factor.astype(g.dtype), tree)
-
-
-def split_axes_of(param_specs: Any, extra: Sequence[str] = ()) -> Any:
-    """Per leaf, the tuple of mesh axes its local value is split over (plus ``extra``)."""
-    return jax.tree_util.tree_map(lambda s: tuple(rules.spec_axes(s)) + tuple(extra), param_specs,
-                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
-
-

@@ -43,6 +43,8 @@ class StateManager:
         self._checkpointer: Optional[OrbaxCheckpoint] = None
         # The jitted view <-> canonical conversions, built once each (see _layout_converter).
         self._converters: Dict[str, Any] = {}
+        # The state-sharding strategy (see state_sharding), made on first use.
+        self._strategy: Optional[state_sharding_lib.Replicated] = None
 
     # --- What Engine.build made (read here; the engine owns it) --------------------------------
 
@@ -67,10 +69,13 @@ class StateManager:
 
     @property
     def state_sharding(self) -> state_sharding_lib.Replicated:
-        """How the optimizer state is laid out and updated (for the plan and mesh)."""
-        return state_sharding_lib.for_plan(self.plan, param_specs=self.param_specs,
-                                           mesh_shape=dict(self.mesh.shape),
-                                           zero_dims=self._engine.zero_dims)
+        """How the optimizer state is laid out and updated (for the plan and mesh; built once
+        the param layouts are known)."""
+        if self._strategy is None or self._strategy.param_specs is not self.param_specs:
+            self._strategy = state_sharding_lib.for_plan(
+                self.plan, param_specs=self.param_specs, mesh_shape=dict(self.mesh.shape),
+                zero_dims=self._engine.zero_dims)
+        return self._strategy
 
     def opt_state_specs(self) -> Any:
         return self.state_sharding.opt_state_specs(self.adapter, self._local_param_shapes())

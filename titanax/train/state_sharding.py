@@ -45,9 +45,8 @@ class Replicated:
     # The mesh axis ZeRO / FSDP split the state over (None: not split).
     shard_axis: Optional[str] = None
 
-    def __init__(self, *, param_specs: Any, data_axis: Optional[str]):
+    def __init__(self, *, param_specs: Any):
         self.param_specs = param_specs
-        self.data_axis = data_axis
 
     @property
     def grad_specs(self) -> Any:
@@ -82,9 +81,9 @@ class Replicated:
 class ShardedOptimizerState(Replicated):
     """ZeRO-1 (``scatter_gradients=False``) or ZeRO-2 over ``axis``, on the dims ``dims``."""
 
-    def __init__(self, *, param_specs: Any, data_axis: Optional[str], axis: str, axis_size: int,
-                 dims: Any, scatter_gradients: bool):
-        super().__init__(param_specs=param_specs, data_axis=data_axis)
+    def __init__(self, *, param_specs: Any, axis: str, axis_size: int, dims: Any,
+                 scatter_gradients: bool):
+        super().__init__(param_specs=param_specs)
         self.shard_axis = axis
         self.axis_size = axis_size
         self.dims = dims
@@ -149,9 +148,8 @@ class FullySharded(Replicated):
     gradients come back whole and the reducer reduce-scatters them (``scatter_dims``);
     ``"per_microbatch"`` gathers each layer where it runs and autodiff reduce-scatters."""
 
-    def __init__(self, *, param_specs: Any, data_axis: Optional[str], axis: str, dims: Any,
-                 grad_sync: str):
-        super().__init__(param_specs=param_specs, data_axis=data_axis)
+    def __init__(self, *, param_specs: Any, axis: str, dims: Any, grad_sync: str):
+        super().__init__(param_specs=param_specs)
         self.shard_axis = axis
         self.dims = dims
         self.grad_sync = grad_sync
@@ -174,11 +172,11 @@ def for_plan(plan: Any, *, param_specs: Any, mesh_shape: Mapping[str, int],
     """The strategy the plan asks for (``zero_dims``: the engine's choice of dimensions)."""
     zero = plan.zero
     if zero is None:
-        return Replicated(param_specs=param_specs, data_axis=plan.dp_axis)
-    axis = zero.config.axis or plan.dp_axis
+        return Replicated(param_specs=param_specs)
+    axis = plan.zero_axis
     if zero.fsdp:
-        return FullySharded(param_specs=param_specs, data_axis=plan.dp_axis, axis=axis,
-                            dims=zero_dims, grad_sync=zero.config.grad_sync)
-    return ShardedOptimizerState(
-        param_specs=param_specs, data_axis=plan.dp_axis, axis=axis,
-        axis_size=int(mesh_shape[axis]), dims=zero_dims, scatter_gradients=zero.config.stage == 2)
+        return FullySharded(param_specs=param_specs, axis=axis, dims=zero_dims,
+                            grad_sync=zero.config.grad_sync)
+    return ShardedOptimizerState(param_specs=param_specs, axis=axis,
+                                 axis_size=int(mesh_shape[axis]), dims=zero_dims,
+                                 scatter_gradients=zero.config.stage == 2)

@@ -52,8 +52,6 @@ class StepSetup:
     learner: learner_lib.Learner
     # Mesh axis names and sizes.
     mesh_shape: Dict[str, int]
-    # PartitionSpec of every param (same structure as the params).
-    param_specs: Any
     # The data-parallel axis (None: no DP).
     data_axis: Optional[str]
     accumulate_steps: int
@@ -86,7 +84,7 @@ class StepSetup:
                               mesh_shape=self.mesh_shape, data_axis=self.data_axis,
                               accumulate_steps=self.accumulate_steps, gathering=self.gathering)
 
-    @property
+    @functools.cached_property
     def gathering(self) -> Optional[ParamGathering]:
         """How the gradient computer sees FSDP's sharded params whole (None: no FSDP)."""
         strategy = self.state_sharding
@@ -250,8 +248,7 @@ class ModelStep:
         setup = self.setup
         gathering = setup.gathering
         if gathering is not None:  # FSDP: layer by layer where the step does so, else at once.
-            params = (gathering.wrap(params) if gathering.per_microbatch
-                      else gathering.gather_all(params))
+            params = gathering.for_use(params)
         if setup.pipeline is not None:
             return pipelined_eval_local_step(setup, params, batch)
         return eval_local_step(setup.model, setup.precision, setup.data_axis, setup.axes, params,

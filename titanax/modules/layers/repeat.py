@@ -13,7 +13,6 @@ from typing import Optional
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, remat_policy
-from titanax.modules.gather_on_use import holds_gather_on_use
 from titanax.modules.initializers import FanAxes
 from titanax.modules.module import scan_in_context
 
@@ -39,7 +38,7 @@ class Repeat(BaseLayer):
         # UNROLL_UP_TO layers. Measured by benchmarks/scan_vs_unroll.py (GPT, 4x2 CPU mesh):
         # unrolled step / scanned step 0.80 at 4 layers, 0.90 at 8, 0.93 at 12, 1.35 at 24;
         # compile 3.2 vs 2.9 s at 4 layers, 7.7 vs 3.1 s at 12, 20 vs 3.3 s at 24. Under FSDP
-        # with per-layer gathers the stack always runs as a loop (see forward).
+        # with per-layer gathers the stack always runs as a loop (see scan_in_context).
         unroll: Optional[bool] = None
 
         def _validate_values(self):
@@ -88,13 +87,9 @@ class Repeat(BaseLayer):
         def body(carry, _):
             return self.layer(carry), None
 
-        # FSDP gathers each layer's params inside the loop; unrolled, XLA is free to schedule
-        # every gather up front and hold all layers' weights at once (measured: 10.9 layers'
-        # worth of temp memory, 2.9 as a loop; benchmarks/fsdp_memory.py), so it stays a loop.
-        unroll = self.unrolled and not holds_gather_on_use(self.state.get("layer", {}))
         x, _ = scan_in_context(body, carry=x, xs=None, child_name="layer",
                                num_iterations=self.config.num_layers, remat_policy=policy,
-                               unroll=unroll, key_offset=first_layer)
+                               unroll=self.unrolled, key_offset=first_layer)
         return x
 
 
