@@ -9,6 +9,9 @@ CPU devices, each strategy's compiled step reports
   gathered weights, so it is shown in units of one layer's gathered weights: ``per_microbatch``
   (true ZeRO-3) must stay near two layers whatever the depth, ``per_step`` holds them all.
 
+Each strategy is compiled with the model's ``unroll_layers`` False and True. FSDP with per-layer
+gathers runs the stack as a loop either way (``scan_in_context``), so its two rows must agree.
+
     python benchmarks/fsdp_memory.py [--layers 8] [--width 256]
 """
 
@@ -26,6 +29,7 @@ import numpy as np  # noqa: E402
 
 from titanax.config import config_for_function  # noqa: E402
 from titanax.modules.models.gpt import GPT  # noqa: E402
+from titanax.observe import state_report  # noqa: E402
 from titanax.parallel.plan import DP, Plan, ZeRO  # noqa: E402
 from titanax.runtime.mesh import MeshSpec  # noqa: E402
 from titanax.train import optimizers  # noqa: E402
@@ -68,24 +72,25 @@ def main() -> None:
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(0, 256, (8, 16)).astype(np.int32),
              "target_ids": rng.integers(0, 256, (8, 16)).astype(np.int32)}
-    # One layer's weights (float32): qkv, out, mlp in/out, biases and norms.
     d = args.width
-    one_layer = 4 * (3 * d * d + d * d + 8 * d * d + 3 * d + d + 4 * d + d + 4 * d)
-    print(f"GPT {args.layers} layers x {d} wide on 8 devices; one layer's weights "
-          f"{one_layer / 2 ** 20:.2f} MiB")
-    print(f"{'strategy':<22}{'loop':<10}{'state MiB':>10}{'/replicated':>12}{'temp MiB':>10}"
-          f"{'temp/layer':>11}")
+    one_layer = None
     replicated_state = None
     for unroll in (False, True):
         for name, zero in STRATEGIES.items():
             engine = _engine(zero, layers=args.layers, width=d, unroll=unroll)
+            if one_layer is None:
+                one_layer = state_report.one_layer_bytes(engine.build().parameter_specs, 4)
+                print(f"GPT {args.layers} layers x {d} wide on 8 devices; one layer's weights "
+                      f"{one_layer / 2 ** 20:.2f} MiB")
+                print(f"{'strategy':<22}{'unroll_layers':<15}{'state MiB':>10}{'/replicated':>12}"
+                      f"{'temp MiB':>10}{'temp/layer':>11}")
             engine.init_state()
             engine.compile(example_batch=batch)
             state = _device0_bytes((engine.state.params, engine.state.opt_state))
             if zero is None:
                 replicated_state = state
             temp = engine._train_step.latest.memory_analysis().temp_size_in_bytes  # pylint: disable=protected-access
-            print(f"{name:<22}{'unrolled' if unroll else 'scan':<10}{state / 2 ** 20:>10.2f}"
+            print(f"{name:<22}{str(unroll):<15}{state / 2 ** 20:>10.2f}"
                   f"{state / replicated_state:>12.3f}{temp / 2 ** 20:>10.2f}"
                   f"{temp / one_layer:>11.2f}", flush=True)
 

@@ -151,7 +151,8 @@ def test_a_pipelined_checkpoint_restores_without_the_pipeline(tmp_path):
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_zero1_with_a_pipeline_sgd_update_matches_one_device(schedule):
-    """ZeRO-1's path (reduce-scatter into chunks, chunk update, all-gather) under a pipeline."""
+    """ZeRO-1's path (each device updates its slice of every param's state, params all-gathered
+    back) under a pipeline."""
     from titanax.parallel.plan import ZeRO  # pylint: disable=import-outside-toplevel
     want_losses, want_params = _reference(_layers(schedule))
     cfg = _schedule(("data", "pipe"), (4, 2), schedule).config.clone()

@@ -198,7 +198,8 @@ def format_report(ops: Sequence[CollectiveOp]) -> str:
 
 
 def format_totals_by_axis(ops: Sequence[CollectiveOp]) -> str:
-    """Bytes per device per step by mesh axes and op (what each axis carries)."""
+    """Bytes per device by mesh axes and op, each op counted once (an op inside a loop runs once
+    per iteration): what each axis carries."""
     totals: Dict[Tuple[Tuple[str, ...], str], List[int]] = {}
     for op in ops:
         entry = totals.setdefault((op.axes, op.op), [0, 0, 0])

@@ -1,4 +1,4 @@
-"""Per-device bytes of the train state under ZeRO / FSDP, for ``Plan.describe`` / ``--explain``.
+"""Per-device bytes of the train state under ZeRO / FSDP, for ``Engine.explain`` / ``--explain``.
 
 What a user choosing between replicated state, ZeRO-1/2 and FSDP wants to see before launching:
 how many bytes of params, gradients and optimizer state each device holds, and -- for FSDP -- how
@@ -51,7 +51,7 @@ def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_sta
         f"ZeRO-{stage} over {axis!r}" + (f", grad_sync={grad_sync}" if stage == 3 else ""))
     lines = [f"train state per device ({title}):",
              f"  params           {bytes_text(params)}",
-             f"  gradients        {bytes_text(grads)}",
+             f"  gradients        {bytes_text(grads)} (reduced)",
              f"  optimizer state  {bytes_text(state)}",
              f"  total            {bytes_text(params + grads + state)}"]
     if stage == 3:
@@ -62,8 +62,9 @@ def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_sta
         else:
             unstacked = whole - layer["stacked_total"]
             lines.append(f"  gathered while a layer runs: {bytes_text(layer['one_layer'])} per "
-                         f"stacked layer (at most two live: {bytes_text(2 * layer['one_layer'])})"
-                         f" + {bytes_text(unstacked)} of unstacked params at their use")
+                         f"stacked layer (the layer loop holds about two at a time: "
+                         f"{bytes_text(2 * layer['one_layer'])}) + {bytes_text(unstacked)} of "
+                         "unstacked params at their use")
     return "\n".join(lines)
 
 
@@ -85,3 +86,14 @@ def _gathered(parameter_specs, param_specs, dims, mesh_shape, axis, itemsize):
             stacked_total += gathered
             one_layer += gathered // int(math.prod(local[:stacked]))
     return whole, {"stacked_total": stacked_total, "one_layer": one_layer}
+
+
+def one_layer_bytes(parameter_specs: Any, itemsize: int) -> int:
+    """Bytes of one layer of every stacked param (global shapes): the unit FSDP's per-layer
+    gathers are measured in."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(parameter_specs, is_leaf=rules.is_param_leaf):
+        stacked = getattr(leaf, "stacked_dims", 0)
+        if stacked:
+            total += int(math.prod(leaf.shape[stacked:])) * itemsize
+    return total

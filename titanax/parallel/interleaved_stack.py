@@ -102,9 +102,3 @@ class InterleavedStack:
 
     def canonical_targets(self, params: Any) -> Any:
         return self._map(self.canonical_struct, params)
-
-
-def param_paths(params: Any) -> Any:
-    """The params' tree with every leaf replaced by its path string."""
-    return jax.tree_util.tree_map_with_path(lambda path, _: path_string(path), params,
-                                            is_leaf=rules.is_param_leaf)

@@ -21,7 +21,7 @@ from titanax import errors
 from titanax.config import overrides
 from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.parallel import interleaved_stack, rules, sharding
+from titanax.parallel import rules, sharding
 from titanax.train import state_sharding as state_sharding_lib
 from titanax.train import prng
 from titanax.train import step as step_lib
@@ -241,7 +241,7 @@ class StateManager:
         view = self.stack_view
         if view is None:
             return state
-        paths = interleaved_stack.param_paths(self.parameter_specs)
+        paths = sharding.tree_paths(self.parameter_specs, is_leaf=rules.is_param_leaf)
         if isinstance(jax.tree_util.tree_leaves(state.params)[0], jax.ShapeDtypeStruct):
             opt_state = view.map_optimizer_state(state.tx or self.adapter.tx, state.opt_state,
                                                  paths, view.canonical_struct)
@@ -259,7 +259,7 @@ class StateManager:
         if direction in cache:
             return cache[direction]
         view = self.stack_view
-        paths = interleaved_stack.param_paths(self.parameter_specs)
+        paths = sharding.tree_paths(self.parameter_specs, is_leaf=rules.is_param_leaf)
         tx = self.adapter.tx
         view_params = sharding.named_shardings(self.mesh, self.param_specs)
         canonical_params = sharding.named_shardings(
