@@ -132,6 +132,12 @@ def test_zero1_flat_chunks_of_an_older_checkpoint_are_refused_naming_the_mesh(tm
     assert "restore_mode=params" in info.value.suggestion
     engine.states._check_state_layout({"optimizer_state_layout": {"kind": "param_layout"}},
                                       where=f"{tmp_path}/5")
+    unrecorded = {"config": "mesh.axes: ('data', 'model')\nplan.zero.stage: 1\n",
+                  "mesh_axes": ["data", "model"], "mesh_shape": [4, 2]}  # Wave 1's metadata.
+    with pytest.raises(errors.CheckpointError) as info:
+        engine.states._check_state_layout(unrecorded, where=f"{tmp_path}/5")
+    assert "data=4 x model=2" in info.value.message
+    engine.states._check_state_layout({"config": "plan.zero: None\n"}, where=f"{tmp_path}/5")
 
 
 def test_resume_states_how_the_config_differs_from_the_checkpoints(tmp_path, capsys):

@@ -304,6 +304,11 @@ class StateManager:
         dimensions), which restores onto any mesh and strategy; checkpoints written before that
         may hold ZeRO-1's flattened, padded chunks, cut for the mesh they were saved on."""
         saved = metadata.get("optimizer_state_layout")
+        if saved is None and "\nplan.zero.stage:" in f"\n{metadata.get('config', '')}":
+            # Written before layouts were recorded, by a ZeRO run: wave 1's flat chunks.
+            saved = {"kind": "zero1_flat_chunks",
+                     "mesh": dict(zip(metadata.get("mesh_axes", []),
+                                      metadata.get("mesh_shape", [])))}
         if saved is None or saved.get("kind") != "zero1_flat_chunks":
             return
         mesh = " x ".join(f"{k}={v}" for k, v in saved.get("mesh", {}).items())
