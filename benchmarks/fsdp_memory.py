@@ -42,6 +42,8 @@ STRATEGIES = {
     "zero2": dict(stage=2),
     "fsdp per_step": dict(stage=3, grad_sync="per_step"),
     "fsdp per_microbatch": dict(stage=3, grad_sync="per_microbatch"),
+    # HSDP: FSDP over an fsdp axis of 4 next to data = 2 (state 1/4, not 1/8, per device).
+    "hsdp 2x4 per_microbatch": dict(stage=3, grad_sync="per_microbatch", axis="fsdp"),
 }
 
 
@@ -51,8 +53,11 @@ def _engine(zero, *, layers: int, width: int, unroll: bool) -> Engine:
                                      unroll_layers=unroll)
     plan = Plan.default_config().set(data_parallel=DP.default_config(),
                                      zero=ZeRO.default_config().set(**zero) if zero else None)
+    hsdp = bool(zero) and zero.get("axis") == "fsdp"
+    mesh = MeshSpec.default_config().set(axes=("data", "fsdp") if hsdp else ("data",),
+                                         shape=(2, 4) if hsdp else (8,))
     return Engine.default_config().set(
-        mesh=MeshSpec.default_config().set(axes=("data",), shape=(8,)), plan=plan, model=model,
+        mesh=mesh, plan=plan, model=model,
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.adamw).set(learning_rate=1e-3)),
         loggers=[], log_every=1000).instantiate()
@@ -82,7 +87,7 @@ def main() -> None:
                 one_layer = state_report.one_layer_bytes(engine.build().parameter_specs, 4)
                 print(f"GPT {args.layers} layers x {d} wide on 8 devices; one layer's weights "
                       f"{one_layer / 2 ** 20:.2f} MiB")
-                print(f"{'strategy':<22}{'unroll_layers':<15}{'state MiB':>10}{'/replicated':>12}"
+                print(f"{'strategy':<25}{'unroll_layers':<15}{'state MiB':>10}{'/replicated':>12}"
                       f"{'temp MiB':>10}{'temp/layer':>11}")
             engine.init_state()
             engine.compile(example_batch=batch)
@@ -90,7 +95,7 @@ def main() -> None:
             if zero is None:
                 replicated_state = state
             temp = engine._train_step.latest.memory_analysis().temp_size_in_bytes  # pylint: disable=protected-access
-            print(f"{name:<22}{str(unroll):<15}{state / 2 ** 20:>10.2f}"
+            print(f"{name:<25}{str(unroll):<15}{state / 2 ** 20:>10.2f}"
                   f"{state / replicated_state:>12.3f}{temp / 2 ** 20:>10.2f}"
                   f"{temp / one_layer:>11.2f}", flush=True)
 

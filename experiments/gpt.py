@@ -12,6 +12,8 @@ held out); ``--config.train_input.source.files='["my/*.txt"]'`` trains on your o
 * ``gpt_tiny_fsdp``: ``gpt_tiny_dp`` with params, gradients and optimizer state sharded over the
   data axis (ZeRO-3 / FSDP); ``gpt_medium_fsdp`` (350M) and ``gpt_xl_fsdp`` (1.5B): FSDP sized
   for one accelerator node.
+* ``gpt_tiny_hsdp``: the same FSDP over an ``fsdp`` axis of 4, replicated over ``data`` (2):
+  hybrid sharding (HSDP), the batch split over both axes.
 """
 
 from typing import Optional
@@ -132,6 +134,17 @@ def gpt_tiny_fsdp():
     gradients and optimizer state and gathers each layer where it runs."""
     cfg = gpt_tiny_dp()
     cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
+    return cfg
+
+
+@register_experiment
+def gpt_tiny_hsdp():
+    """gpt_tiny_fsdp as HSDP on a data x fsdp = 2 x 4 mesh: the state sharded over ``fsdp``
+    (1/4 per device), replicated over ``data``; the batch split over both; the gradients cross
+    ``data`` in one all-reduce per step (of the 1/4 parts)."""
+    cfg = gpt_tiny_fsdp()
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "fsdp"), shape=(2, 4))
+    cfg.plan.zero.axis = "fsdp"
     return cfg
 
 

@@ -23,6 +23,20 @@ def test_composition_from_components_and_from_config():
     assert isinstance(plan.data_parallel, DP) and plan.zero is None
 
 
+def test_hsdp_splits_the_batch_over_data_and_the_zero_axis():
+    mesh = MeshSpec(axes=("data", "fsdp"), shape=(2, 4)).build()
+    plan = Plan(data_parallel=DP(), zero=ZeRO(stage=3, axis="fsdp")).validate(
+        mesh, global_batch_size=8)
+    assert plan.hsdp and plan.batch_axes == ("data", "fsdp") and plan.batch_axis == ("data", "fsdp")
+    assert plan.roles() == {"data": "data_parallel", "fsdp": "zero"}
+    assert plan.batch_shards(mesh) == 8
+    with pytest.raises(errors.PlanError) as info:  # 2 x 4 batch shards, not 2.
+        plan.check_batch_size(4, mesh)
+    assert "'data' x 'fsdp'" in info.value.message
+    plain = Plan(data_parallel=DP(), zero=ZeRO(stage=3, axis="data"))
+    assert not plain.hsdp and plain.batch_axis == "data"
+
+
 def test_valid_plans_pass():
     Plan(data_parallel=DP(), tensor_parallel=TP()).validate(MESH, global_batch_size=16)
     Plan(data_parallel=DP(), pipeline_parallel=PP(microbatch_size=2)).validate(
@@ -40,6 +54,8 @@ def test_valid_plans_pass():
      "mesh axis 'model'", "has no role in the plan"),
     (lambda: Plan(data_parallel=DP(), tensor_parallel=TP(), pipeline_parallel=PP(axis="pipe")),
      "plan.pipeline_parallel.axis", "'pipe'"),
+    (lambda: Plan(data_parallel=DP(), tensor_parallel=TP(), zero=ZeRO(axis="fsdp")),
+     "plan.zero.axis", "mesh axis 'fsdp', which the mesh does not have"),
 ])
 def test_plan_errors_against_the_mesh(make, path, text):
     with pytest.raises(errors.PlanError) as info:
@@ -84,8 +100,9 @@ def test_batch_divisibility_names_the_numbers():
           tensor_parallel=TP.default_config().set(axis="x")),
      "tensor_parallel.axis", "already serves data_parallel"),
     (dict(zero=ZeRO.default_config()), "zero", "add data_parallel"),
-    (dict(data_parallel=DP.default_config(), zero=ZeRO.default_config().set(axis="model")),
-     "zero.axis", "must be the data-parallel axis"),
+    (dict(data_parallel=DP.default_config(), tensor_parallel=TP.default_config(),
+          zero=ZeRO.default_config().set(axis="model")),
+     "zero.axis", "already serves tensor_parallel"),
     (dict(pipeline_parallel=PP.default_config().set(microbatch_size=0)),
      "pipeline_parallel.microbatch_size", "must be >= 1"),
     (dict(pipeline_parallel=PP.default_config().set(schedule="gpipe", virtual_stages=2)),

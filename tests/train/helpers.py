@@ -96,18 +96,25 @@ def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero=False
 
 
 def gpt_engine(*, data: int, model_axis: int = 1, accumulate: int = 1, learner=None,
-               zero=False, zero_options=None, **changes) -> Engine:
+               zero=False, zero_options=None, fsdp: int = 1, **changes) -> Engine:
+    """A tiny GPT engine on a data (x fsdp) (x model) mesh; ``fsdp > 1`` puts ZeRO on an axis
+    of its own next to data (HSDP)."""
     tp = model_axis > 1
-    axes = ("data", "model") if tp else ("data",)
-    shape = (data, model_axis) if tp else (data,)
+    sizes = {"data": data, "fsdp": fsdp, "model": model_axis}
+    axes = tuple(a for a in sizes if a == "data" or sizes[a] > 1)
+    shape = tuple(sizes[a] for a in axes)
+    zero_options = dict(zero_options or {})
+    if fsdp > 1:
+        zero_options["axis"] = "fsdp"
     plan = Plan.default_config().set(
         data_parallel=DP.default_config().set(accumulate_steps=accumulate),
         tensor_parallel=TP.default_config() if tp else None,
-        zero=zero_config(zero, **(zero_options or {})))
+        zero=zero_config(zero, **zero_options))
     model = GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
                                      model_dim=32, num_heads=4, tp_axis="model" if tp else None)
     cfg = Engine.default_config().set(
-        mesh=mesh(shape, axes, devices=list(range(data * model_axis))), plan=plan, model=model,
+        mesh=mesh(shape, axes, devices=list(range(data * fsdp * model_axis))), plan=plan,
+        model=model,
         learner=learner or adam(), loggers=[], log_every=1000, **changes)
     return cfg.instantiate()
 

@@ -21,8 +21,8 @@ def test_microbatched_gradients_equal_the_plain_ones_and_jax_grad():
     model, params = _model_and_params()
     batch = helpers.text_batches(batch_size=8)[0]
     precision = Precision.default_config().instantiate()
-    plain = ModelGradients(model=model, precision=precision, mesh_shape={}, data_axis=None)
-    split = ModelGradients(model=model, precision=precision, mesh_shape={}, data_axis=None,
+    plain = ModelGradients(model=model, precision=precision, mesh_shape={})
+    split = ModelGradients(model=model, precision=precision, mesh_shape={},
                            accumulate_steps=4)
     key = jax.random.PRNGKey(0)
     one, four = plain(params, batch, key), split(params, batch, key)

@@ -31,60 +31,86 @@ def _momentum_sgd():
 
 
 @functools.lru_cache(maxsize=None)
+def _one_device_run():
+    engine = helpers.gpt_engine(data=1, learner=_momentum_sgd())
+    return helpers.train(engine, BATCHES), engine.history
+
+
 def _one_device():
-    return helpers.train(helpers.gpt_engine(data=1, learner=_momentum_sgd()), BATCHES)
+    return _one_device_run()[0]
 
 
-def _sharded(*, data=8, model_axis=1, accumulate=1, stage=1, **options):
-    return helpers.gpt_engine(data=data, model_axis=model_axis, accumulate=accumulate,
-                              learner=_momentum_sgd(), zero=stage,
+def _counts_and_norms(history):
+    return [(h["aux/num_tokens"], h["aux/loss_sum"], h["grad_norm"]) for h in history]
+
+
+def _sharded(*, data=8, fsdp=1, model_axis=1, accumulate=1, stage=1, **options):
+    return helpers.gpt_engine(data=data, fsdp=fsdp, model_axis=model_axis,
+                              accumulate=accumulate, learner=_momentum_sgd(), zero=stage,
                               zero_options={**SMALL, **options})
 
 
-@pytest.mark.parametrize("data,model_axis,accumulate,stage,options", [
-    (8, 1, 1, 1, {}),
-    (8, 1, 2, 2, {}),
-    (8, 1, 1, 3, {"grad_sync": "per_step"}),
-    (8, 1, 2, 3, {"grad_sync": "per_step"}),
-    (8, 1, 2, 3, {"grad_sync": "per_microbatch"}),
-    (4, 2, 1, 2, {}),
-    (4, 2, 2, 3, {"grad_sync": "per_microbatch"}),
+@pytest.mark.parametrize("data,fsdp,model_axis,accumulate,stage,options", [
+    (8, 1, 1, 1, 1, {}),
+    (8, 1, 1, 2, 2, {}),
+    (8, 1, 1, 1, 3, {"grad_sync": "per_step"}),
+    (8, 1, 1, 2, 3, {"grad_sync": "per_step"}),
+    (8, 1, 1, 2, 3, {"grad_sync": "per_microbatch"}),
+    (4, 1, 2, 1, 2, {}),
+    (4, 1, 2, 2, 3, {"grad_sync": "per_microbatch"}),
+    (2, 4, 1, 2, 3, {"grad_sync": "per_microbatch"}),
+    (2, 4, 1, 2, 3, {"grad_sync": "per_step"}),
+    (2, 4, 1, 2, 2, {}),
+    (2, 2, 2, 2, 3, {"grad_sync": "per_microbatch"}),
 ], ids=["zero1", "zero2-acc2", "fsdp-step", "fsdp-step-acc2", "fsdp-microbatch-acc2",
-        "zero2xtp", "fsdp-microbatch-x-tp-acc2"])
-def test_sgd_update_matches_one_device(data, model_axis, accumulate, stage, options):
+        "zero2xtp", "fsdp-microbatch-x-tp-acc2", "hsdp-microbatch-acc2", "hsdp-step-acc2",
+        "hsdp-zero2-acc2", "hsdp-microbatch-x-tp-acc2"])
+def test_sgd_update_matches_one_device(data, fsdp, model_axis, accumulate, stage, options):
     want_losses, want_params = _one_device()
-    engine = _sharded(data=data, model_axis=model_axis, accumulate=accumulate, stage=stage,
-                      **options)
+    engine = _sharded(data=data, fsdp=fsdp, model_axis=model_axis, accumulate=accumulate,
+                      stage=stage, **options)
     losses, params = helpers.train(engine, BATCHES)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    # Token counts summed (not averaged) over every batch axis; the global gradient norm.
+    np.testing.assert_allclose(_counts_and_norms(engine.history),
+                               _counts_and_norms(_one_device_run()[1]), rtol=1e-5)
     wi = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
-    # [L, D, 4D]: the data axis on the largest dimension not split already (4D is TP's).
-    want = (None, None, "data") if model_axis == 1 else (None, "data", "model")
-    # FSDP splits the param; ZeRO-1/2 keep it whole over the data axis. Its momentum is split.
+    # [L, D, 4D]: the ZeRO axis (data; fsdp under HSDP) on the largest dimension not split
+    # already (4D is TP's).
+    axis = "fsdp" if fsdp > 1 else "data"
+    want = (None, None, axis) if model_axis == 1 else (None, axis, "model")
+    # FSDP splits the param; ZeRO-1/2 keep it whole over the ZeRO axis. Its momentum is split.
     if stage == 3:
         assert tuple(wi.sharding.spec) == want
     else:
-        assert "data" not in tuple(wi.sharding.spec)
+        assert axis not in tuple(wi.sharding.spec)
     momenta = [tuple(x.sharding.spec) for x in jax.tree_util.tree_leaves(engine.state.opt_state)
                if x.shape == wi.shape]
     assert momenta and all(spec == want for spec in momenta), momenta
 
 
-def test_fsdp_under_a_pipeline_matches_one_device():
+@pytest.mark.parametrize("hsdp", [False, True], ids=["fsdp", "hsdp"])
+def test_fsdp_under_a_pipeline_matches_one_device(hsdp):
     want_losses, want_params = _one_device()
     cfg = helpers.gpt_engine(data=1, learner=_momentum_sgd()).config.clone()
-    cfg.mesh = helpers.mesh((4, 2), ("data", "pipe"), devices=list(range(8)))
+    if hsdp:  # data x fsdp x pipe = 2 x 2 x 2.
+        cfg.mesh = helpers.mesh((2, 2, 2), ("data", "fsdp", "pipe"), devices=list(range(8)))
+    else:
+        cfg.mesh = helpers.mesh((4, 2), ("data", "pipe"), devices=list(range(8)))
+    axis = "fsdp" if hsdp else "data"
     cfg.plan = Plan.default_config().set(
         data_parallel=DP.default_config(),
         pipeline_parallel=PP.default_config().set(schedule="1f1b", microbatch_size=2),
-        zero=ZeRO.default_config().set(stage=3, grad_sync="per_step", **SMALL))
+        zero=ZeRO.default_config().set(stage=3, grad_sync="per_step", axis=axis, **SMALL))
     engine = cfg.instantiate()
     losses, params = helpers.train(engine, BATCHES)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
     assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_counts_and_norms(engine.history),
+                               _counts_and_norms(_one_device_run()[1]), rtol=1e-5)
     wi = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
-    assert tuple(wi.sharding.spec)[:3] == ("pipe", None, "data")
+    assert tuple(wi.sharding.spec)[:3] == ("pipe", None, axis)
 
 
 def _device0_bytes(tree) -> int:
@@ -106,9 +132,9 @@ def test_fsdp_keeps_an_eighth_of_params_and_optimizer_state_per_device():
 # --- Checkpoints move between meshes and strategies ------------------------------------------
 
 
-def _run(path, *, data, model_axis=1, stage=None, steps, **options):
+def _run(path, *, data, fsdp=1, model_axis=1, stage=None, steps, **options):
     cfg = helpers.gpt_engine(
-        data=data, model_axis=model_axis, learner=helpers.adam(1e-2), zero=stage or False,
+        data=data, fsdp=fsdp, model_axis=model_axis, learner=helpers.adam(1e-2), zero=stage or False,
         zero_options={**SMALL, **options} if stage else None,
         checkpoint=OrbaxCheckpoint.default_config().set(path=str(path), save_every_n_steps=2),
     ).config.clone()
@@ -130,8 +156,10 @@ def _adam_on_one_device():
     (dict(data=4, model_axis=2, stage=1), dict(data=8, stage=3)),
     (dict(data=8, stage=3), dict(data=4, model_axis=2)),
     (dict(data=4, model_axis=2), dict(data=8, stage=2)),
+    (dict(data=2, fsdp=4, stage=3), dict(data=4, model_axis=2)),
+    (dict(data=8, stage=1), dict(data=4, fsdp=2, stage=3)),
 ], ids=["zero1-4x2-to-2x4", "zero1-4x2-to-8x1", "zero1-to-fsdp", "fsdp-to-replicated-tp",
-        "replicated-to-zero2"])
+        "replicated-to-zero2", "hsdp-to-replicated-tp", "zero1-to-hsdp"])
 def test_a_checkpoint_resumes_on_another_mesh_and_strategy(tmp_path, saved, restored):
     """Two Adam steps on one layout, saved; the third on another continues the run that never
     moved (its moments mean the same numbers on every mesh)."""
@@ -181,8 +209,8 @@ def test_a_bad_dimension_override_is_refused_naming_the_param():
 
 
 @functools.lru_cache(maxsize=None)
-def _collectives(stage, grad_sync="per_microbatch"):
-    cfg = helpers.gpt_engine(data=8, accumulate=2, zero=stage,
+def _collectives(stage, grad_sync="per_microbatch", fsdp=1):
+    cfg = helpers.gpt_engine(data=8 // fsdp, fsdp=fsdp, accumulate=2, zero=stage,
                              zero_options={**SMALL, "grad_sync": grad_sync}).config.clone()
     cfg.model.unroll_layers = False  # The layer loop the gathers must stay in.
     engine = cfg.instantiate()
@@ -191,23 +219,33 @@ def _collectives(stage, grad_sync="per_microbatch"):
     return engine.collectives()
 
 
-def test_fsdp_per_microbatch_gathers_each_layer_inside_the_layer_loop():
-    ops = _collectives(3)
+def _data_all_reduces(ops):
+    """All-reduces that cross the data axis (alone or with others)."""
+    return [op for op in ops if op.op == "all-reduce" and "data" in op.axes]
+
+
+@pytest.mark.parametrize("fsdp", [1, 4], ids=["fsdp", "hsdp"])
+def test_fsdp_per_microbatch_gathers_each_layer_inside_the_layer_loop(fsdp):
+    ops = _collectives(3, fsdp=fsdp)
+    axis = ("fsdp",) if fsdp > 1 else ("data",)
     layer_gathers = [op for op in ops if op.op == "all-gather" and "/layer/" in op.source]
     assert len(layer_gathers) >= 4, hlo.format_report(ops)
-    assert all(op.in_loop and "decoder/while" in op.source for op in layer_gathers), \
-        hlo.format_report(ops)
+    assert all(op.in_loop and "decoder/while" in op.source and op.axes == axis
+               for op in layer_gathers), hlo.format_report(ops)
     assert any(op.op == "reduce-scatter" and op.in_loop for op in ops), hlo.format_report(ops)
     assert not any(op.op == "all-reduce" and op.in_loop for op in ops), hlo.format_report(ops)
+    # HSDP: the gradients cross the data axis once per step, after the loops.
+    assert len(_data_all_reduces(ops)) == 1, hlo.format_report(ops)
 
 
-@pytest.mark.parametrize("stage,grad_sync", [(3, "per_step"), (2, "per_microbatch"),
-                                             (1, "per_microbatch")])
-def test_no_collective_inside_any_loop_without_per_microbatch_gathers(stage, grad_sync):
-    ops = _collectives(stage, grad_sync)
+@pytest.mark.parametrize("stage,grad_sync,fsdp", [
+    (3, "per_step", 1), (2, "per_microbatch", 1), (1, "per_microbatch", 1),
+    (3, "per_step", 4), (1, "per_microbatch", 4)],
+    ids=["fsdp-step", "zero2", "zero1", "hsdp-step", "hsdp-zero1"])
+def test_no_collective_inside_any_loop_without_per_microbatch_gathers(stage, grad_sync, fsdp):
+    ops = _collectives(stage, grad_sync, fsdp)
     assert not any(op.in_loop for op in ops), hlo.format_report(ops)
-    data_all_reduces = [op for op in ops if op.op == "all-reduce" and op.axes == ("data",)]
-    assert len(data_all_reduces) == 1, hlo.format_report(ops)
+    assert len(_data_all_reduces(ops)) == 1, hlo.format_report(ops)
 
 
 def test_gpt_tiny_fsdp_holds_an_eighth_of_gpt_tiny_dp_state_per_device():
@@ -225,6 +263,8 @@ def test_gpt_tiny_fsdp_holds_an_eighth_of_gpt_tiny_dp_state_per_device():
 
     full, split = state_bytes("gpt_tiny_dp"), state_bytes("gpt_tiny_fsdp")
     assert split <= full / 8 * 1.02, (split, full, split / full)
+    hybrid = state_bytes("gpt_tiny_hsdp")  # Split over fsdp = 4, replicated over data = 2.
+    assert full / 4 * 0.98 <= hybrid <= full / 4 * 1.02, (hybrid, full, hybrid / full)
 
 
 def _compiled_temp_in_layers(grad_sync: str, layers: int = 6, width: int = 128) -> float:

@@ -128,7 +128,9 @@ class ZeRO(Configurable):
     class Config(Configurable.Config):
         # 1: optimizer state; 2: + gradients reduce-scattered; 3: + params (FSDP).
         stage: Literal[1, 2, 3] = 1
-        # Mesh axis the state is split over; None: the data-parallel axis.
+        # Mesh axis the state is split over; None: the data-parallel axis. Another axis (e.g.
+        # "fsdp" next to "data") gives HSDP: the batch is split over both axes, the state over
+        # this one only, and the data-axis all-reduce still happens once per step.
         axis: Optional[str] = None
         # Stage 3 only. "per_microbatch" (true ZeRO-3): each layer's params are gathered where
         # the layer runs, inside the layer and microbatch loops, and the gradients
@@ -184,11 +186,6 @@ class Plan(Configurable):
                 elif self.zero.grad_sync == "per_microbatch":
                     yield "zero.grad_sync", ("FSDP under a pipeline gathers the params once per "
                                              "step: set it to 'per_step'")
-            if self.zero is not None and self.data_parallel is not None and \
-                    self.zero.axis not in (None, self.data_parallel.axis):
-                yield "zero.axis", (f"must be the data-parallel axis "
-                                    f"{self.data_parallel.axis!r} (or None): HSDP (a separate "
-                                    "fsdp axis next to data) is not built yet")
 
         def _roles(self) -> Dict[str, str]:
             roles = {}
@@ -196,6 +193,9 @@ class Plan(Configurable):
                 part = getattr(self, role)
                 if part is not None:
                     roles[role] = part.axis
+            if self.zero is not None and self.zero.axis is not None and (
+                    self.data_parallel is None or self.zero.axis != self.data_parallel.axis):
+                roles["zero"] = self.zero.axis  # HSDP: an axis of its own.
             return roles
 
     def __init__(self, cfg=None, **fields):
@@ -228,6 +228,29 @@ class Plan(Configurable):
         return self.config.zero.axis or self.dp_axis
 
     @property
+    def hsdp(self) -> bool:
+        """Whether ZeRO / FSDP has an axis of its own next to the data axis (HSDP)."""
+        return self.zero_axis is not None and self.zero_axis != self.dp_axis
+
+    @property
+    def batch_axes(self) -> Tuple[str, ...]:
+        """The mesh axes the batch is split over: the data axis, and under HSDP the ZeRO axis
+        too (each device of a ZeRO group runs its own rows)."""
+        if self.dp_axis is None:
+            return ()
+        return (self.dp_axis, self.zero_axis) if self.hsdp else (self.dp_axis,)
+
+    @property
+    def batch_axis(self) -> sharding.AxisEntry:
+        """``batch_axes`` as one spec entry / collective axis argument: None, the data axis, or
+        (under HSDP) the tuple of both."""
+        return sharding.axis_entry(self.batch_axes)
+
+    def batch_shards(self, mesh: Mesh) -> int:
+        """How many parts the batch is split into (the product of the batch axes' sizes)."""
+        return sharding.axes_size(dict(mesh.shape), self.batch_axes)
+
+    @property
     def accumulate_steps(self) -> int:
         return self.config.data_parallel.accumulate_steps if self.config.data_parallel else 1
 
@@ -257,8 +280,8 @@ class Plan(Configurable):
             raise errors.PlanError(
                 f"mesh axis {idle[0]!r} (size {mesh_shape[idle[0]]}) has no role in the plan: "
                 "every device along it would repeat the same work", path=f"mesh axis {idle[0]!r}",
-                suggestion="give it a role (data_parallel, tensor_parallel, pipeline_parallel) "
-                           "or set its size to 1")
+                suggestion="give it a role (data_parallel, tensor_parallel, pipeline_parallel, "
+                           "or zero.axis for HSDP) or set its size to 1")
         if global_batch_size is not None:
             self.check_batch_size(global_batch_size, mesh)
         return self
@@ -269,16 +292,17 @@ class Plan(Configurable):
 
         ``path`` names the config field that set the batch size, for the error.
         """
-        data = mesh.shape[self.dp_axis] if self.dp_axis else 1
+        data = self.batch_shards(mesh)
         steps = self.accumulate_steps if microbatched else 1
         parts = data * steps
+        axes = " x ".join(repr(a) for a in self.batch_axes)
         if global_batch_size % parts or global_batch_size < parts:
             split = (f"data-axis size {data} x accumulate_steps {steps} = {parts}" if steps > 1
-                     else f"data-axis size {data} (mesh axis {self.dp_axis!r})")
+                     else f"data-axis size {data} (mesh axis {axes})")
             raise errors.PlanError(
                 f"global batch size {global_batch_size} is not divisible by {split}",
                 path=path or ("plan.data_parallel.accumulate_steps" if steps > 1
-                              else f"mesh axis {self.dp_axis!r}"),
+                              else f"mesh axis {axes}"),
                 suggestion=f"use a batch size that is a multiple of {parts}, e.g. "
                            f"{max(parts, global_batch_size - global_batch_size % parts)}")
         if self.pipeline_parallel is not None:  # Eval batches go through the pipeline too.

@@ -9,7 +9,8 @@ the leaf's path and says what to do.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+import math
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -116,10 +117,32 @@ def apply_named_sharding(tree: Any, mesh: Mesh, spec_tree: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, placed)
 
 
-def shard_batch_specs(batch_example: Any, dp_axis: Optional[str]) -> Any:
+# One entry of a PartitionSpec / the axis argument of a collective: no axis, one, or several.
+AxisEntry = Optional[Union[str, Tuple[str, ...]]]
+
+
+def axis_entry(axes: Sequence[str]) -> AxisEntry:
+    """``axes`` as one spec entry: None when empty, the name when one, else the tuple."""
+    axes = tuple(axes)
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else axes
+
+
+def axes_size(mesh_shape: Mapping[str, int], axes: AxisEntry) -> int:
+    """The number of devices along ``axes`` (a name, a tuple of names or None: 1)."""
+    if axes is None:
+        return 1
+    if isinstance(axes, str):
+        axes = (axes,)
+    return math.prod(int(mesh_shape[a]) for a in axes)
+
+
+def shard_batch_specs(batch_example: Any, dp_axis: AxisEntry) -> Any:
     """Data-parallel default specs for a batch: ``P(dp_axis, None, ...)`` per array leaf.
 
-    Scalars (rank 0) and non-array leaves get ``P()`` (replicated). ``dp_axis=None`` replicates
+    ``dp_axis`` may be a tuple of axes (HSDP splits the batch over data x fsdp). Scalars
+    (rank 0) and non-array leaves get ``P()`` (replicated). ``dp_axis=None`` replicates
     everything. Shape-only leaves (``jax.ShapeDtypeStruct``) work too: only ``ndim`` is read.
     """
     def spec(leaf):

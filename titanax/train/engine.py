@@ -206,7 +206,7 @@ class Engine(Configurable):
     def _setup_pipeline_check(self, pp) -> None:
         from titanax.train.pipelined_gradients import PipelinedGradients  # pylint: disable=import-outside-toplevel
         PipelinedGradients(model=self.model, precision=self.precision,
-                           mesh_shape=dict(self.mesh.shape), data_axis=self.plan.dp_axis,
+                           mesh_shape=dict(self.mesh.shape), batch_axes=self.plan.batch_axes,
                            pipe_axis=pp.axis, microbatch_size=pp.microbatch_size,
                            schedule=pp.schedule, virtual_stages=pp.virtual_stages,
                            checkpoint_ratio=pp.checkpoint_ratio, stages=pp.stages)
@@ -229,7 +229,8 @@ class Engine(Configurable):
         dp = self.config.plan.data_parallel
         return step_lib.StepSetup(
             model=self.model, precision=self.precision, adapter=self.adapter, learner=self.learner,
-            mesh_shape=dict(self.mesh.shape), data_axis=self.data_axis, accumulate_steps=self.plan.accumulate_steps,
+            mesh_shape=dict(self.mesh.shape), data_axis=self.data_axis,
+            batch_axes=self.plan.batch_axes, accumulate_steps=self.plan.accumulate_steps,
             state_sharding=self.state_sharding, nan_policy=self.config.nan_policy,
             sync_metrics=dp.sync_metrics if dp is not None else True,
             pipeline=self.config.plan.pipeline_parallel)
@@ -286,7 +287,7 @@ class Engine(Configurable):
     # --- Batches ----------------------------------------------------------------------------------
 
     def batch_specs(self, batch: Any) -> Any:
-        return sharding.shard_batch_specs(batch, self.data_axis)
+        return sharding.shard_batch_specs(batch, self.plan.batch_axis)
 
     def global_batch(self, host_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
         """Global arrays from this process's rows (checked against the plan first)."""
@@ -364,7 +365,7 @@ class Engine(Configurable):
         """One step on a host batch; updates ``self.state``; returns the device metrics."""
         batch = self.global_batch(host_batch) if _is_host(host_batch) else host_batch
         rows = jax.tree_util.tree_leaves(batch)[0].shape[0]
-        self._local_batch_rows = rows // (self.mesh.shape[self.data_axis] if self.data_axis else 1)
+        self._local_batch_rows = rows // self.plan.batch_shards(self.mesh)
         self.state, metrics = self.compile()(self.state, batch)
         return metrics
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -110,17 +110,18 @@ class ModelGradients:
     """Gradients of ``model.forward(batch) -> (loss, aux)``, with optional microbatches."""
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
-                 data_axis: Optional[str], accumulate_steps: int = 1,
+                 batch_axes: Sequence[str] = (), accumulate_steps: int = 1,
                  gathering: Optional[ParamGathering] = None):
         self.model = model
         self.gathering = gathering
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
-        self.data_axis = data_axis
+        # The axes the batch is split over (data; under HSDP data and the FSDP axis).
+        self.batch_axes = tuple(batch_axes)
         self.accumulate_steps = accumulate_steps
         self.loss_relation = LossRelation(
-            mean_over=(data_axis,) if data_axis else (),
-            copy_over=tuple(a for a in self.mesh_shape if a != data_axis))
+            mean_over=self.batch_axes,
+            copy_over=tuple(a for a in self.mesh_shape if a not in self.batch_axes))
 
     @property
     def axes(self) -> Tuple[str, ...]:

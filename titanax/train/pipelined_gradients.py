@@ -154,7 +154,7 @@ class PipelinedGradients:
     equal stages) or the seed's explicit ``Stage`` list (``parallel/stages.py``)."""
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
-                 data_axis: Optional[str], pipe_axis: str, microbatch_size: int,
+                 batch_axes: Sequence[str], pipe_axis: str, microbatch_size: int,
                  schedule: str = "1f1b", virtual_stages: int = 1,
                  checkpoint_ratio: float = 0.0, stages: Sequence[Any] = (),
                  gathering: Optional[Any] = None):
@@ -163,7 +163,8 @@ class PipelinedGradients:
         self.model = model
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
-        self.data_axis = data_axis
+        # The axes the batch is split over (data; under HSDP data and the ZeRO axis).
+        self.batch_axes = tuple(batch_axes)
         self.pipe_axis = pipe_axis
         if schedule not in ("gpipe", "circular", "1f1b"):
             raise errors.PlanError(f"unknown schedule {schedule!r}",
@@ -199,8 +200,9 @@ class PipelinedGradients:
                                        checkpoint_ratio=checkpoint_ratio, schedule=schedule)
             self.remat_ticks = self.parts.remat_ticks
         self.loss_relation = LossRelation(
-            mean_over=(data_axis,) if data_axis else (),
-            copy_over=tuple(a for a in self.mesh_shape if a not in (data_axis, pipe_axis)),
+            mean_over=self.batch_axes,
+            copy_over=tuple(a for a in self.mesh_shape
+                            if a not in self.batch_axes and a != pipe_axis),
             sum_over=(pipe_axis,))
 
     def __call__(self, params: Any, batch: Any, key: jax.Array, *,

@@ -24,6 +24,12 @@ not summed there: each device holds its own part; its squared norm is summed ove
 with its other split axes. How the metrics are reduced follows the gradient computer's declared
 ``LossRelation``: averaged over ``mean_over`` axes, summed over ``sum_over`` axes, and copies
 elsewhere counted once.
+
+Under HSDP the batch is split over ``data`` *and* the ZeRO axis (``fsdp``), but only ``data`` is
+the reducer's data axis: the gradients sharded over ``fsdp`` (reduce-scattered there, or by the
+gathers' transposes) cross ``data`` in step 1 as their ``fsdp`` parts, and the few left whole are
+averaged over ``fsdp`` in step 2's collective, like any other axis they are replicated on -- so
+``data`` is still crossed once per step.
 """
 
 from __future__ import annotations
@@ -150,16 +156,20 @@ class GradientReducer:
                     averaged = data in self.loss_relation.mean_over
                     metrics = [m / size if averaged and i < len(mean_metrics) else m
                                for i, m in enumerate(reduced[len(summed):offset])]
-        leaves, metrics, updates, norm_squared = self._reduce_other_axes(leaves, metrics, updates)
+        leaves, metrics, updates, norm_squared = self._reduce_other_axes(
+            leaves, metrics, updates, mean_metric_count=len(mean_metrics), sync_data=sync_data)
         return Reduced(grads=jax.tree_util.tree_unflatten(treedef, leaves),
                        metrics=dict(zip(metric_names, metrics)), norm_squared=norm_squared,
                        state_updates=updates)
 
     def _reduce_other_axes(self, leaves: List[jax.Array], metrics: List[jax.Array],
-                           updates: Dict[int, jax.Array]):
+                           updates: Dict[int, jax.Array], *, mean_metric_count: int,
+                           sync_data: bool):
         """One all-reduce per set of non-data axes; the norm's squares ride along.
 
-        A gradient replicated over axes R is summed over R. A gradient split over axes S (and
+        A gradient replicated over axes R is summed over R, and averaged over those of R the
+        batch is split over (HSDP's FSDP axis: each device there saw its own rows; the mean
+        metrics are averaged there too, the sum metrics summed). A gradient split over axes S (and
         replicated over none) has its squared norm summed over S -- in the same collective as
         the gradients replicated over S, when there are any. Metrics that are identical copies
         over some axes are averaged there, also in that collective, and so are state updates over
@@ -167,6 +177,9 @@ class GradientReducer:
         and makes them invariant).
         """
         data = self.data_axis
+        relation = self.loss_relation
+        # Without sync_data, metrics stay per batch shard: they cross no batch axis.
+        metric_excluded = {data} | (set() if sync_data else set(relation.mean_over))
         out, out_metrics, out_updates = list(leaves), list(metrics), dict(updates)
         grad_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, axes in enumerate(self.replicated_axes):
@@ -175,7 +188,7 @@ class GradientReducer:
         metric_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, value in enumerate(metrics):
             varying = collectives.varying_axes(value)
-            key = tuple(a for a, _ in self.mesh_shape if a in varying and a != data)
+            key = tuple(a for a, _ in self.mesh_shape if a in varying and a not in metric_excluded)
             if key:
                 metric_groups.setdefault(key, []).append(index)
         update_groups: Dict[Tuple[str, ...], List[int]] = {}
@@ -208,13 +221,17 @@ class GradientReducer:
             if key in early_squares:
                 payload.append(_square_sum([out[i] for i in early_squares[key]]))
             reduced = collectives.psum(payload, key)
-            copies = 1  # Partial sums (sum_over) add up; copies count once.
-            for axis, size in self.mesh_shape:
-                copies *= size if axis in key and axis not in self.loss_relation.sum_over else 1
+            # Partial sums (sum_over) add up; copies count once; over batch axes (mean_over)
+            # means are averaged and counts summed.
+            batch_split = math.prod(sizes[a] for a in key if a in relation.mean_over)
+            copies = math.prod(sizes[a] for a in key
+                               if a not in relation.sum_over and a not in relation.mean_over)
             for position, index in enumerate(grad_indices):
-                out[index] = reduced[position]
+                out[index] = reduced[position] / batch_split if batch_split > 1 \
+                    else reduced[position]
             for position, index in enumerate(metric_indices):
-                out_metrics[index] = reduced[len(grad_indices) + position] / copies
+                divisor = copies * (batch_split if index < mean_metric_count else 1)
+                out_metrics[index] = reduced[len(grad_indices) + position] / divisor
             offset = len(grad_indices) + len(metric_indices)
             for position, index in enumerate(update_indices):
                 out_updates[index] = reduced[offset + position] / math.prod(sizes[a] for a in key)

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec
 
 from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
-from titanax.parallel import collectives
+from titanax.parallel import collectives, sharding
 from titanax.train import learner as learner_lib
 from titanax.train import state_updates
 from titanax.train.gradients import ModelGradients, ParamGathering
@@ -52,8 +52,10 @@ class StepSetup:
     learner: learner_lib.Learner
     # Mesh axis names and sizes.
     mesh_shape: Dict[str, int]
-    # The data-parallel axis (None: no DP).
+    # The data-parallel axis (None: no DP): the one all-reduce of the step crosses it.
     data_axis: Optional[str]
+    # The axes the batch is split over: (data,), or (data, fsdp) under HSDP; () without DP.
+    batch_axes: Tuple[str, ...]
     accumulate_steps: int
     # How params and optimizer state are laid out and updated (state_sharding.py).
     state_sharding: Replicated
@@ -68,6 +70,11 @@ class StepSetup:
     def axes(self) -> Tuple[str, ...]:
         return tuple(self.mesh_shape)
 
+    @property
+    def batch_axis(self) -> sharding.AxisEntry:
+        """``batch_axes`` as one collective / spec argument (None without DP)."""
+        return sharding.axis_entry(self.batch_axes)
+
     @functools.cached_property
     def gradients(self):
         """The gradient computer: pipelined when the plan has a pipeline, else plain or
@@ -76,12 +83,12 @@ class StepSetup:
             return PipelinedGradients(
                 gathering=self.gathering,
                 model=self.model, precision=self.precision, mesh_shape=self.mesh_shape,
-                data_axis=self.data_axis, pipe_axis=self.pipeline.axis,
+                batch_axes=self.batch_axes, pipe_axis=self.pipeline.axis,
                 microbatch_size=self.pipeline.microbatch_size, schedule=self.pipeline.schedule,
                 virtual_stages=self.pipeline.virtual_stages,
                 checkpoint_ratio=self.pipeline.checkpoint_ratio, stages=self.pipeline.stages)
         return ModelGradients(model=self.model, precision=self.precision,
-                              mesh_shape=self.mesh_shape, data_axis=self.data_axis,
+                              mesh_shape=self.mesh_shape, batch_axes=self.batch_axes,
                               accumulate_steps=self.accumulate_steps, gathering=self.gathering)
 
     @functools.cached_property
@@ -110,9 +117,9 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
     """One optimizer step in local view: gradient computer, reducer, learner update."""
     varying_params = collectives.cast_varying(state.params, setup.axes)
     step_key = jax.random.fold_in(state.rngs["dropout"], state.step)
-    if setup.data_axis is not None:
+    if setup.batch_axes:
         # Different dropout masks per data shard; the same on every model rank of a shard.
-        step_key = jax.random.fold_in(step_key, collectives.axis_index(setup.data_axis))
+        step_key = jax.random.fold_in(step_key, collectives.axis_index(setup.batch_axis))
     scale = state.loss_scale["scale"] if state.loss_scale is not None else None
     local = setup.gradients(varying_params, batch, step_key, loss_scale=scale)
     grads, loss, aux = local.grads, local.loss, local.aux
@@ -167,45 +174,46 @@ def _all_devices(flag: jax.Array) -> jax.Array:
     return collectives.psum((~flag).astype(jnp.int32), axes) == 0
 
 
-def reduce_metrics(loss: jax.Array, aux: Dict[str, jax.Array], data_axis: Optional[str],
+def reduce_metrics(loss: jax.Array, aux: Dict[str, jax.Array], batch_axes: Sequence[str],
                    axes: Sequence[str]) -> Dict[str, jax.Array]:
-    """Eval metrics: the loss averaged and the aux counts summed over the data axis; identical
+    """Eval metrics: the loss averaged and the aux counts summed over the batch axes; identical
     copies on the other axes (typed varying) averaged, which leaves their value unchanged."""
     metrics = {"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}}
-    others = tuple(a for a in axes if a != data_axis
+    others = tuple(a for a in axes if a not in batch_axes
                    and any(a in collectives.varying_axes(v) for v in metrics.values()))
     if others:
         metrics = collectives.pmean(metrics, others)
-    if data_axis is not None:
+    if batch_axes:
+        batch = sharding.axis_entry(batch_axes)
         summed = {k: v for k, v in metrics.items() if k.startswith("aux/")}
-        metrics = {"loss": collectives.pmean(metrics["loss"], data_axis),
-                   **collectives.psum(summed, data_axis)}
+        metrics = {"loss": collectives.pmean(metrics["loss"], batch),
+                   **collectives.psum(summed, batch)}
     return metrics
 
 
 def _metrics(setup: StepSetup, state: TrainState, reduced_metrics: Dict[str, jax.Array],
              stats) -> Dict[str, jax.Array]:
     metrics = dict(reduced_metrics)
-    if setup.data_axis is not None and not setup.sync_metrics:
+    if setup.batch_axes and not setup.sync_metrics:
         metrics = {k: v[None] for k, v in metrics.items()}
         stats = {k: v[None] for k, v in stats.items()}
     metrics.update(stats)
     extra = {"learning_rate": setup.learner.learning_rate(state.step)}
     if state.loss_scale is not None:
         extra["loss_scale"] = state.loss_scale["scale"]
-    if setup.data_axis is not None and not setup.sync_metrics:
-        extra = {k: collectives.cast_varying(v, setup.data_axis)[None] for k, v in extra.items()}
+    if setup.batch_axes and not setup.sync_metrics:
+        extra = {k: collectives.cast_varying(v, setup.batch_axes)[None] for k, v in extra.items()}
     metrics.update(extra)
     return metrics
 
 
-def eval_local_step(model: BaseLayer, precision: Precision, data_axis: Optional[str],
+def eval_local_step(model: BaseLayer, precision: Precision, batch_axes: Sequence[str],
                     axes: Sequence[str], params: Any, batch: Any) -> Dict[str, jax.Array]:
-    """Forward pass only (is_training=False); metrics summed or averaged over the data axis."""
+    """Forward pass only (is_training=False); metrics summed or averaged over the batch axes."""
     inputs = precision.cast_for_compute(batch)
     (loss, aux), _ = functional(model, None, precision.cast_for_compute(params), (inputs,),
                                 is_training=False)
-    return reduce_metrics(loss.astype(jnp.float32), aux, data_axis, axes)
+    return reduce_metrics(loss.astype(jnp.float32), aux, batch_axes, axes)
 
 
 def pipelined_eval_local_step(setup: StepSetup, params: Any, batch: Any
@@ -217,7 +225,7 @@ def pipelined_eval_local_step(setup: StepSetup, params: Any, batch: Any
         setup.precision.cast_for_compute(params), setup.precision.cast_for_compute(batch), None,
         is_training=False)
     loss, aux = collectives.psum((loss, aux), pipe)
-    return reduce_metrics(loss, aux, setup.data_axis, setup.axes)
+    return reduce_metrics(loss, aux, setup.batch_axes, setup.axes)
 
 
 def local_init_opt_state(setup: StepSetup, params: Any) -> Any:
@@ -237,8 +245,8 @@ class ModelStep:
     def metric_spec(self):
         """How the metrics leave shard_map: replicated, or per data shard without sync."""
         setup = self.setup
-        if setup.data_axis is not None and not setup.sync_metrics:
-            return PartitionSpec(setup.data_axis)
+        if setup.batch_axes and not setup.sync_metrics:
+            return PartitionSpec(setup.batch_axis)
         return PartitionSpec()
 
     def train(self, state: TrainState, batch: Any) -> Tuple[TrainState, Dict[str, jax.Array]]:
@@ -251,5 +259,5 @@ class ModelStep:
             params = gathering.for_use(params)
         if setup.pipeline is not None:
             return pipelined_eval_local_step(setup, params, batch)
-        return eval_local_step(setup.model, setup.precision, setup.data_axis, setup.axes, params,
+        return eval_local_step(setup.model, setup.precision, setup.batch_axes, setup.axes, params,
                                batch)
