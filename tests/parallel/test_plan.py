@@ -32,7 +32,7 @@ def test_hsdp_splits_the_batch_over_data_and_the_zero_axis():
     assert plan.batch_shards(mesh) == 8
     with pytest.raises(errors.PlanError) as info:  # 2 x 4 batch shards, not 2.
         plan.check_batch_size(4, mesh)
-    assert "'data' x 'fsdp'" in info.value.message
+    assert "8 batch shards (mesh axes 'data' x 'fsdp')" in info.value.message
     plain = Plan(data_parallel=DP(), zero=ZeRO(stage=3, axis="data"))
     assert not plain.hsdp and plain.batch_axis == "data"
 

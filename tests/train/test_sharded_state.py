@@ -61,10 +61,12 @@ def _sharded(*, data=8, fsdp=1, model_axis=1, accumulate=1, stage=1, **options):
     (2, 4, 1, 2, 3, {"grad_sync": "per_microbatch"}),
     (2, 4, 1, 2, 3, {"grad_sync": "per_step"}),
     (2, 4, 1, 2, 2, {}),
+    (2, 4, 1, 1, 1, {}),
+    (2, 4, 1, 1, 3, {"grad_sync": "per_microbatch"}),
     (2, 2, 2, 2, 3, {"grad_sync": "per_microbatch"}),
 ], ids=["zero1", "zero2-acc2", "fsdp-step", "fsdp-step-acc2", "fsdp-microbatch-acc2",
         "zero2xtp", "fsdp-microbatch-x-tp-acc2", "hsdp-microbatch-acc2", "hsdp-step-acc2",
-        "hsdp-zero2-acc2", "hsdp-microbatch-x-tp-acc2"])
+        "hsdp-zero2-acc2", "hsdp-zero1", "hsdp-microbatch", "hsdp-microbatch-x-tp-acc2"])
 def test_sgd_update_matches_one_device(data, fsdp, model_axis, accumulate, stage, options):
     want_losses, want_params = _one_device()
     engine = _sharded(data=data, fsdp=fsdp, model_axis=model_axis, accumulate=accumulate,

@@ -79,12 +79,14 @@ def _one_device_reference(model, params, batches):
     return params
 
 
-@pytest.mark.parametrize("data,model_axis,accumulate,zero",
-                         [(4, 1, 1, False), (4, 2, 2, False), (2, 2, 1, 1), (4, 1, 1, 2)],
-                         ids=["dp4", "dp4xtp2-acc2", "zero1-2x2", "zero2-dp4"])
-def test_running_statistics_match_the_one_device_run(data, model_axis, accumulate, zero):
+@pytest.mark.parametrize("data,model_axis,accumulate,zero,fsdp",
+                         [(4, 1, 1, False, 1), (4, 2, 2, False, 1), (2, 2, 1, 1, 1),
+                          (4, 1, 1, 2, 1), (2, 1, 1, 2, 2)],
+                         ids=["dp4", "dp4xtp2-acc2", "zero1-2x2", "zero2-dp4", "hsdp-zero2-2x2"])
+def test_running_statistics_match_the_one_device_run(data, model_axis, accumulate, zero, fsdp):
     batches = helpers.text_batches(batch_size=8)[:2]
-    engine = _engine(data=data, model_axis=model_axis, accumulate=accumulate, zero=zero)
+    engine = _engine(data=data, model_axis=model_axis, accumulate=accumulate, zero=zero,
+                     fsdp=fsdp)
     engine.init_state()
     start = jax.tree_util.tree_map(np.asarray, jax.device_get(engine.state.params))
     _, params = helpers.train(engine, batches)

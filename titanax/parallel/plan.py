@@ -297,8 +297,11 @@ class Plan(Configurable):
         parts = data * steps
         axes = " x ".join(repr(a) for a in self.batch_axes)
         if global_batch_size % parts or global_batch_size < parts:
-            split = (f"data-axis size {data} x accumulate_steps {steps} = {parts}" if steps > 1
-                     else f"data-axis size {data} (mesh axis {axes})")
+            if len(self.batch_axes) > 1:
+                shards = f"{data} batch shards (mesh axes {axes})"
+            else:
+                shards = f"data-axis size {data}" + ("" if steps > 1 else f" (mesh axis {axes})")
+            split = f"{shards} x accumulate_steps {steps} = {parts}" if steps > 1 else shards
             raise errors.PlanError(
                 f"global batch size {global_batch_size} is not divisible by {split}",
                 path=path or ("plan.data_parallel.accumulate_steps" if steps > 1

@@ -43,7 +43,7 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
             raise errors.PlanError(
                 f"param {path} is already split over mesh axis {axis!r} (spec {partition}); "
                 "ZeRO/FSDP adds that axis itself", path="plan.zero.axis",
-                suggestion="drop the data axis from the param's layout (TP rules or the "
+                suggestion=f"drop mesh axis {axis!r} from the param's layout (TP rules or the "
                            "layer's declaration): ZeRO adds it where it fits")
         stacked = getattr(spec, "stacked_dims", 0)  # (Hand-written steps' shapes have none.)
         for pattern, regex, dim in compiled:

@@ -196,6 +196,7 @@ def _split_microbatches(batch: Any, count: int) -> Any:
             raise errors.PlanError(
                 f"the per-device batch of {x.shape[0]} does not split into {count} microbatches",
                 path="plan.data_parallel.accumulate_steps",
-                suggestion="make the global batch a multiple of data size x accumulate_steps")
+                suggestion="make the global batch a multiple of (batch shards: the data size, x "
+                           "the fsdp size under HSDP) x accumulate_steps")
         return x.reshape((count, x.shape[0] // count) + x.shape[1:])
     return jax.tree_util.tree_map(split, batch)

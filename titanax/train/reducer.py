@@ -2,8 +2,8 @@
 
 Planned once on the host from the final param specs (DESIGN section 7), run once per step in
 local view after the gradient computer. Each gradient must be summed over every mesh axis its
-param is replicated on: averaged over the data axis, summed over the others (a TP-replicated param
-collects its gradient from every model rank). Written naively that is one all-reduce per group of
+param is replicated on: averaged over the axes the batch is split over (data; under HSDP also
+fsdp), summed over the others (a TP-replicated param collects its gradient from every model rank). Written naively that is one all-reduce per group of
 leaves, plus one for each metric, plus one for the global norm's squares and one for the finite
 check: six small collectives where two suffice. The reducer issues
 
@@ -75,10 +75,11 @@ class GradientReducer:
     # ZeRO-2 / FSDP layout; the leaf's spec then names the axis) or None. Empty: no scatter.
     scatter_dims: Tuple[Optional[int], ...] = ()
     shard_axis: Optional[str] = None
-    # Per leaf: whether the *param* (not its gradient) is split over the data axis. A state
-    # update of a param that is not is averaged over the data axis, even when ZeRO-2 scatters
-    # the param's gradient there.
+    # Per leaf: whether the *param* (not its gradient) is split over the data axis, and the
+    # non-data axes the param is replicated on. A state update is averaged over the axes its
+    # param is replicated on, even where ZeRO-2 scatters the param's gradient.
     param_split_over_data: Tuple[bool, ...] = ()
+    param_replicated_axes: Tuple[Tuple[str, ...], ...] = ()
     # How the loss (and the other mean metrics) relate to the one-device loss, per axis.
     loss_relation: LossRelation = LossRelation()
 
@@ -109,7 +110,10 @@ class GradientReducer:
                    replicated_axes=tuple(replicated), split_axes=tuple(split),
                    loss_relation=relation, scatter_dims=scatter, shard_axis=shard_axis,
                    param_split_over_data=tuple(data_axis in rules.spec_axes(spec)
-                                               for spec in layout))
+                                               for spec in layout),
+                   param_replicated_axes=tuple(
+                       tuple(a for a in axes if a not in rules.spec_axes(spec) and a != data_axis)
+                       for spec in layout))
 
     @property
     def data_size(self) -> int:
@@ -187,14 +191,16 @@ class GradientReducer:
                 grad_groups.setdefault(axes, []).append(index)
         metric_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, value in enumerate(metrics):
-            varying = collectives.varying_axes(value)
+            # Over a batch axis every shard's value is its own, varying-typed or not (a token
+            # count of sum(ones) is not): psum counts it once per shard.
+            varying = set(collectives.varying_axes(value)) | set(relation.mean_over)
             key = tuple(a for a, _ in self.mesh_shape if a in varying and a not in metric_excluded)
             if key:
                 metric_groups.setdefault(key, []).append(index)
         update_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, value in sorted(updates.items()):
             varying = collectives.varying_axes(value)
-            key = tuple(a for a in self.replicated_axes[index] if a in varying)
+            key = tuple(a for a in self.param_replicated_axes[index] if a in varying)
             if key:
                 update_groups.setdefault(key, []).append(index)
         # Gradients only split (not replicated) can have their squares summed before any
