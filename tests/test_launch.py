@@ -157,3 +157,46 @@ def test_decay_steps_follow_max_steps():
     assert learner.learning_rate(200) < learner.learning_rate(150) < learner.learning_rate(100)
     peak = cfg.learner.optimizer.learning_rate.peak_value
     assert abs(float(learner.learning_rate(200)) - peak / 10) < 1e-7  # end_value at max_steps.
+
+
+def test_a_config_file_applies_before_the_command_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("decoder:\n  num_heads: 8\n")
+    both = _launch("--config=fixture_model", FIXTURES, f"--config_file={path}", "--print_config")
+    assert both.returncode == 0, both.stderr
+    assert "decoder.num_heads: 4 -> 8" in both.stdout
+    wins = _launch("--config=fixture_model", FIXTURES, f"--config_file={path}",
+                   "--config.decoder.num_heads=16", "--print_config")
+    assert "decoder.num_heads: 4 -> 16" in wins.stdout, wins.stdout + wins.stderr
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--local_processes=0"], "must be >= 1"),
+    (["--local_processes=2", "--num_processes=2", "--process_id=0",
+      "--coordinator_address=127.0.0.1:1234"], "already in one"),
+])
+def test_bad_local_process_flags_are_refused_before_anything_starts(args, text):
+    result = _launch("--config=gpt_tiny_dp", *args)
+    assert result.returncode == 2 and "--local_processes" in result.stderr and \
+        text in result.stderr, result.stderr
+
+
+def test_local_processes_without_devices_names_cpu_devices():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "-m", "titanax.launch", "--config=gpt_tiny_dp",
+                             "--local_processes=2"], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=120, check=False, env=env)
+    assert result.returncode == 2 and "--cpu_devices=K" in result.stderr, result.stderr
+
+
+def test_the_first_failing_process_stops_the_job_and_is_named():
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, "-m", "titanax.run",
+                             "--module=tests.runtime.user_main:fail_in_one",
+                             "--local_processes=2", "--cpu_devices=1"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=180, check=False, env=env)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "process 1 of 2 failed with exit status 1; stopped the other processes" in \
+        result.stderr
+    assert "[1] RuntimeError: a user error in process 1" in result.stdout

@@ -4,10 +4,17 @@
     python -m titanax.launch --config=gpt_tiny_dp_tp --cpu_devices=8
     python -m titanax.launch --config=gpt_tiny_dp_tp --config.learner.optimizer.learning_rate=1e-3
     python -m titanax.launch --config=gpt_tiny_dp --config.plan.zero.stage=1 --print_config
+    python -m titanax.launch --config=gpt_tiny_dp_tp --local_processes=2 --cpu_devices=4
+    python -m titanax.launch --config=gpt_tiny_dp --config_file=run.yaml
+    python -m titanax.launch --module=my_script:main --config=gpt_tiny_dp --local_processes=2 --cpu_devices=4
 
 Order of events, and why: flags are parsed and checked, the experiment's config tree is built,
-overrides are applied and the whole tree is validated -- all before jax starts, so every mistake
-costs a second, not a compile. Only then is the device count fixed and the experiment run.
+overrides are applied (a --config_file first, then the --config.* flags) and the whole tree is
+validated -- all before jax starts, so every mistake costs a second, not a compile. Only then is
+the device count fixed, the process joins its job (several processes: --local_processes spawns
+them here; on a cluster each is started by the scheduler and finds the others, see
+runtime/cluster.py), and the experiment runs -- or, with --module, the user's ``main(config)``.
+Only process 0 prints to stdout; every process prints warnings and errors to stderr.
 
 A ``TitanaxError`` prints as a short message (path, problem, suggestion) and exits with status 2;
 ``--show_traceback`` shows the Python traceback too.
@@ -26,6 +33,7 @@ from titanax.train import preemption
 if __name__ == "__main__" or sys.argv and sys.argv[0].endswith("titanax-launch"):
     preemption.install_early()
 
+import importlib
 import inspect
 import json
 import logging
@@ -39,7 +47,8 @@ from absl import logging as absl_logging
 from titanax import errors
 from titanax.config import overrides as overrides_lib
 from titanax.config import registry
-from titanax.runtime import cluster, cpu_devices
+from titanax.config import config_file
+from titanax.runtime import cluster, cpu_devices, distributed, local_processes
 from titanax.utils.files import atomic_write_text
 
 _CONFIG = flags.DEFINE_string("config", None, "Name of a registered experiment (see --list).")
@@ -61,6 +70,17 @@ _COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None, "host:port of process 0, for multi-process jobs.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0..N-1.")
+_LOCAL_PROCESSES = flags.DEFINE_integer(
+    "local_processes", None, "Run the job as this many processes on this machine (loopback): "
+    "each gets --cpu_devices simulated CPU devices, or a slice of the visible GPUs; output "
+    "lines are prefixed with the process index; the first failure stops the job.")
+_CONFIG_FILE = flags.DEFINE_string(
+    "config_file", None, "A YAML or JSON file of `path: value` overrides (nested or dotted), "
+    "applied like --config.<path>=<value> before the command line's.")
+_MODULE = flags.DEFINE_string(
+    "module", None, "Run your own `module:function` in every process instead of the "
+    "experiment's run(): it is called with the resolved config (None without --config), after "
+    "the process joined the job.")
 _EXPLAIN = flags.DEFINE_bool(
     "explain", False, "Build the run, compile its train step on the first batch, print the mesh, "
     "every param's layout and the compiled step's collectives, then exit.")
@@ -177,6 +197,7 @@ def launch(argv: Sequence[str]) -> int:
     cluster_spec = cluster.resolve_cluster(coordinator_address=_COORDINATOR_ADDRESS.value,
                                            num_processes=_NUM_PROCESSES.value,
                                            process_id=_PROCESS_ID.value)
+    spawn = _check_local_processes(cluster_spec)
     if _CPU_DEVICES.value is not None:
         if _CPU_DEVICES.value > _MAX_CPU_DEVICES:
             raise errors.LaunchFlagError(
@@ -189,20 +210,21 @@ def launch(argv: Sequence[str]) -> int:
     if _LIST.value:
         print(_format_experiment_list())
         return 0
-    if not _CONFIG.value:
+    if not _CONFIG.value and not _MODULE.value:
         raise errors.LaunchFlagError(
             "no experiment given", path="--config",
             suggestion="pass --config=NAME; `python -m titanax.launch --list` shows the names")
-    named = registry.get_config(_CONFIG.value)
-    cfg = overrides_lib.apply_overrides(named.clone(), _OVERRIDES)
-    cfg.validate()
-    diff = overrides_lib.config_diff(named, cfg)
-    trainer_dir = _TRAINER_DIR.value or os.path.join("runs", _CONFIG.value)
+    entry = _user_entry_point() if _MODULE.value else None
+    cfg, diff = _resolved_config() if _CONFIG.value else (None, [])
+    trainer_dir = _TRAINER_DIR.value or os.path.join("runs", _CONFIG.value or "user_module")
     # The run record is written only for a run that really starts (or where asked for).
-    record = _TRAINER_DIR.value is not None or not (_PRINT_CONFIG.value or _EXPLAIN.value)
+    record = cfg is not None and (_TRAINER_DIR.value is not None
+                                  or not (_PRINT_CONFIG.value or _EXPLAIN.value))
     if record:
         check_trainer_dir(trainer_dir)
     if _PRINT_CONFIG.value:
+        if cfg is None:
+            raise errors.LaunchFlagError("nothing to print without --config", path="--print_config")
         if record:
             save_run_record(trainer_dir, cfg, diff)
         print(f"# experiment {_CONFIG.value}, resolved")
@@ -210,7 +232,13 @@ def launch(argv: Sequence[str]) -> int:
         print(f"# diff from {_CONFIG.value} ({len(diff)} change{'s' if len(diff) != 1 else ''})")
         print("\n".join(diff) if diff else "(none)")
         return 0
+    if spawn:
+        return _run_local_job()
     preemption.exit_if_requested("while the config was built")
+    _join_job(cluster_spec, quiet=entry is None)
+    if entry is not None:
+        result = entry(cfg)
+        return result if isinstance(result, int) else 0
     component = cfg.instantiate()
     run = getattr(component, "run", None)
     if not callable(run):
@@ -233,6 +261,86 @@ def launch(argv: Sequence[str]) -> int:
     return result if isinstance(result, int) else 0
 
 
+def _resolved_config():
+    """The experiment's config with the file's and the command line's overrides, validated;
+    and its diff from the named experiment."""
+    named = registry.get_config(_CONFIG.value)
+    cfg = named.clone()
+    if _CONFIG_FILE.value:
+        cfg = overrides_lib.apply_overrides(
+            cfg, config_file.read_overrides(_CONFIG_FILE.value, cfg), prefix="config")
+    cfg = overrides_lib.apply_overrides(cfg, _OVERRIDES)
+    cfg.validate()
+    return cfg, overrides_lib.config_diff(named, cfg)
+
+
+def _user_entry_point():
+    """``--module=package.module:function``, imported (the current folder is searched)."""
+    text = _MODULE.value
+    module_name, _, function_name = text.partition(":")
+    if not module_name or not function_name:
+        raise errors.LaunchFlagError(f"must be module:function, got {text!r}", path="--module",
+                                     suggestion="e.g. --module=my_script:main")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise errors.LaunchFlagError(f"cannot import {module_name!r}: {e}", path="--module",
+                                     suggestion="run from the folder that holds it, or put it "
+                                                "on PYTHONPATH") from e
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise errors.LaunchFlagError(f"{module_name} has no function {function_name!r}",
+                                     path="--module", suggestion="name a function main(config)")
+    return function
+
+
+def _check_local_processes(cluster_spec: cluster.ClusterSpec) -> bool:
+    """Whether this launch spawns a local job (--local_processes > 1)."""
+    count = _LOCAL_PROCESSES.value
+    if count is None:
+        return False
+    local_processes.check_count(count)
+    if cluster_spec.source != "single-process" and count > 1:
+        raise errors.LaunchFlagError(
+            f"--local_processes starts its own job, but this process is already in one "
+            f"({cluster_spec.describe()})", path="--local_processes",
+            suggestion="drop --local_processes, or the cluster flags / TITANAX_* variables")
+    return count > 1
+
+
+def _run_local_job() -> int:
+    count = _LOCAL_PROCESSES.value
+    gpus_per_process = 0
+    if _CPU_DEVICES.value is None:
+        gpus = local_processes.visible_gpus()
+        if not gpus or gpus % count:
+            raise errors.LaunchFlagError(
+                f"{count} local processes need devices: {gpus} GPU(s) are visible"
+                + (f", which do not split evenly over {count} processes" if gpus else ""),
+                path="--local_processes",
+                suggestion=f"add --cpu_devices=K for K simulated CPU devices per process, "
+                           f"e.g. --local_processes={count} --cpu_devices=4")
+        gpus_per_process = gpus // count
+    commands = local_processes.child_commands(
+        sys.argv[1:], module="titanax.launch", count=count, port=local_processes.free_port(),
+        cpu_devices=_CPU_DEVICES.value)
+    return local_processes.run_local_job(commands, gpus_per_process=gpus_per_process)
+
+
+def _join_job(cluster_spec: cluster.ClusterSpec, *, quiet: bool) -> None:
+    """Joins the job before anything touches devices; with ``quiet`` only process 0 keeps
+    stdout (a user's --module decides itself what each process prints)."""
+    if not cluster_spec.is_multi_process:
+        return
+    distributed.initialize(spec=cluster_spec)
+    import jax  # pylint: disable=import-outside-toplevel
+    if quiet and jax.process_index() != 0:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+    preemption.hand_over_to_job()
+
+
 def main(argv: Sequence[str]) -> None:
     # jax reports at INFO level every backend it could not find (TPU on a GPU host...), and Orbax
     # logs every save step at INFO through absl: keep stderr for warnings unless --verbosity asks.
@@ -247,6 +355,16 @@ def main(argv: Sequence[str]) -> None:
         print(f"titanax.launch: error: {e.format()}", file=sys.stderr)
         print("(run with --show_traceback for the Python traceback)", file=sys.stderr)
         sys.exit(2)
+    except SystemExit as e:
+        if not e.code:  # A clean stop (preemption): every process reaches it, then leaves.
+            distributed.finish()
+        raise
+    except Exception as e:  # A peer's death often surfaces as this process's failed collective.
+        watch = distributed.watch()
+        if watch is not None and type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
+            watch.explain_failure()  # Ends the process naming the lost peer, if there is one.
+        raise
+    distributed.finish()
     sys.exit(status)
 
 
@@ -259,8 +377,8 @@ def run_main() -> None:
     if main_module is not None and not getattr(main_module, "__doc__", None):
         main_module.__doc__ = __doc__
     for name in ("config", "list", "config_module", "print_config", "trainer_dir", "cpu_devices",
-                 "coordinator_address", "num_processes", "process_id", "explain",
-                 "show_traceback"):
+                 "coordinator_address", "num_processes", "process_id", "local_processes",
+                 "config_file", "module", "explain", "show_traceback"):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     app.run(main, flags_parser=_parse_flags)
 

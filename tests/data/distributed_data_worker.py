@@ -58,6 +58,7 @@ def main():
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"local": local_labels, "global": global_labels,
                    "read": sorted(set(source.read))}, f)
+    distributed.finish()
     jax.distributed.shutdown()
 
 

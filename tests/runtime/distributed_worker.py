@@ -33,6 +33,7 @@ def main():
                                   in_specs=P("data"), out_specs=P("data")))(x)
     values = sorted(float(np.asarray(s.data)[0]) for s in total.addressable_shards)
     print(f"RESULT process={jax.process_index()} ranks={list(ranks)} psum={values}", flush=True)
+    distributed.finish()
     jax.distributed.shutdown()
 
 

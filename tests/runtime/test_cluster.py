@@ -31,6 +31,29 @@ def test_slurm_is_left_to_jax_detection():
     assert spec.source == "slurm" and spec.is_multi_process
 
 
+def test_jax_coordinator_address_comes_after_titanax_variables():
+    full = resolve_cluster(environ={"JAX_COORDINATOR_ADDRESS": "h:9", "JAX_NUM_PROCESSES": "2",
+                                    "JAX_PROCESS_ID": "1"})
+    assert (full.coordinator_address, full.num_processes, full.process_id, full.source) == \
+        ("h:9", 2, 1, "jax-environment") and full.is_multi_process
+    partial = resolve_cluster(environ={"JAX_COORDINATOR_ADDRESS": "h:9"})
+    assert partial.num_processes is None and partial.is_multi_process
+    ours = resolve_cluster(environ={"JAX_COORDINATOR_ADDRESS": "h:9", "TITANAX_NUM_PROCESSES": "1"})
+    assert ours.source == "environment" and not ours.is_multi_process
+
+
+@pytest.mark.parametrize("environ,source", [
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_MCA_orte_hnp_uri": "x"}, "open-mpi"),
+    ({"TPU_WORKER_HOSTNAMES": "a,b"}, "cloud-tpu"),
+    ({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, "single-process"),
+    ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "single-process"),  # Any pod has it.
+])
+def test_clusters_jax_detects(environ, source):
+    spec = resolve_cluster(environ=environ)
+    assert spec.source == source and spec.is_multi_process == (source != "single-process")
+    assert spec.describe()
+
+
 def test_one_process_needs_no_coordinator():
     assert resolve_cluster(num_processes=1, environ={}).num_processes == 1
 

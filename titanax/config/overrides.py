@@ -109,6 +109,21 @@ def apply_override(cfg: ConfigBase, override: Override) -> None:
     cfg.set_recursively(tokens, value)
 
 
+def holds_config(cfg: ConfigBase, path: str) -> bool:
+    """Whether the field at ``path`` is (or may be switched on as) a nested config, so that a
+    mapping for it means its fields rather than a value (``--config_file`` entries)."""
+    try:
+        tokens = paths.parse_path(path)
+        if isinstance(cfg.get_recursively(tokens), ConfigBase):
+            return True
+        annotation = typecheck.strip_annotated(_annotation_at(cfg, tokens))
+    except (errors.TitanaxError, AttributeError, KeyError, IndexError, TypeError):
+        return False
+    members = typecheck.union_members(annotation) if typecheck.is_union(annotation) \
+        else (annotation,)
+    return any(_is_config_type(m) for m in members)
+
+
 def _is_bare_none(text: str) -> bool:
     return text.strip().lower() in _NONE
 

@@ -20,7 +20,11 @@ class ShardedDataLoader:
 
     def __init__(self, dataset: Any, dp_axis_size: int, prefetch: int = 2,
                  global_shuffle: bool = True, seed: Optional[int] = None, *, batch_size: int,
-                 last_batch: str = "drop", num_epochs: Optional[int] = None):
+                 last_batch: str = "drop", num_epochs: Optional[int] = None,
+                 engine: Any = None):
+        """``engine``: read the batch shards its mesh gives this process
+        (``Engine.process_batch_shards``); without one, shard ``process_index`` of
+        ``process_count`` (right when each process holds its own data-parallel shards)."""
         if batch_size % dp_axis_size:
             raise errors.DataError(
                 f"batch size {batch_size} is not divisible by the data-parallel size "
@@ -29,8 +33,12 @@ class ShardedDataLoader:
         cfg = Input.default_config().set(global_batch_size=batch_size, shuffle=global_shuffle,
                                          seed=seed or 0, prefetch=prefetch, last_batch=last_batch,
                                          num_epochs=num_epochs)
-        self.input = cfg.instantiate(source=dataset, process_index=jax.process_index(),
-                                     process_count=jax.process_count())
+        if engine is not None:
+            shards, num_shards = engine.build().process_batch_shards()
+            self.input = cfg.instantiate(source=dataset, shards=shards, num_shards=num_shards)
+        else:
+            self.input = cfg.instantiate(source=dataset, process_index=jax.process_index(),
+                                         process_count=jax.process_count())
 
     def __iter__(self):
         return iter(self.input)

@@ -2,7 +2,12 @@
 
 The pipeline works on *indices* first -- shuffle (deterministic from (seed, epoch): a new
 permutation each epoch), repeat, batch into global batches, keep this process's rows -- and only
-then reads records, so each process reads only its own share of every global batch. Background
+then reads records, so each process reads only its own share of every global batch.
+
+Which rows are "its own" is the mesh's decision, not the process index's: the global batch is cut
+into ``num_shards`` equal shards along the batch axes, and a process reads the shards its devices
+hold (``shards``, from ``Engine.process_batch_shards``), in shard order. When the model or pipe
+axis spans processes, several processes hold the same shards and read the same rows. Background
 threads prepare ``prefetch`` batches ahead of the training loop. The result is a grain iterator
 whose state (the index of the next global batch) is saved with each checkpoint; because every
 element is a whole global batch, the same state resumes on every process.
@@ -14,7 +19,7 @@ honour (every batch then carries ``weights``, so shapes never change).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Dict, Literal, Optional, Sequence
 
 import grain
 import numpy as np
@@ -24,7 +29,7 @@ from titanax.config import Configurable, InstantiableConfig, Required, REQUIRED
 
 
 class Input(Configurable):
-    """Host-local batches ``{name: [global_batch_size / num_processes, ...]}``."""
+    """Host-local batches ``{name: [rows of this process's batch shards, ...]}``."""
 
     class Config(Configurable.Config):
         # The data source: a config of a Configurable with __len__ and __getitem__ (None when a
@@ -52,21 +57,30 @@ class Input(Configurable):
                 yield "prefetch", "must be >= 0"
 
     def __init__(self, cfg=None, *, source: Any = None, process_index: int = 0,
-                 process_count: int = 1, **fields):
+                 process_count: int = 1, shards: Optional[Sequence[int]] = None,
+                 num_shards: Optional[int] = None, **fields):
+        """``shards`` of ``num_shards``: the batch shards this process feeds (default: shard
+        ``process_index`` of ``process_count``)."""
         super().__init__(cfg, **fields)
         cfg = self.config
-        if cfg.global_batch_size % process_count:
+        if shards is None:
+            shards, num_shards = (process_index,), process_count
+        if cfg.global_batch_size % num_shards:
             raise errors.DataError(
-                f"global batch {cfg.global_batch_size} does not split over {process_count} "
-                "processes", path="global_batch_size",
-                suggestion=f"use a multiple of {process_count}")
+                f"global batch {cfg.global_batch_size} does not split into {num_shards} "
+                "equal shards (one per data-parallel position on the mesh)",
+                path="global_batch_size", suggestion=f"use a multiple of {num_shards}")
         if source is None and cfg.source is None:
             raise errors.DataError("no data source", path="source",
                                    suggestion="set source to a source config, or pass source=")
         self.source = source if source is not None else cfg.source.instantiate()
-        self.process_index = process_index
-        self.process_count = process_count
-        self.local_batch_size = cfg.global_batch_size // process_count
+        self.shards = tuple(int(s) for s in shards)
+        self.num_shards = int(num_shards)
+        rows = cfg.global_batch_size // self.num_shards
+        # Positions in the global batch of this process's rows, in shard order.
+        self.positions = np.concatenate([np.arange(s * rows, (s + 1) * rows)
+                                         for s in self.shards])
+        self.local_batch_size = len(self.positions)
 
     def dataset(self) -> grain.MapDataset:
         cfg = self.config
@@ -84,17 +98,14 @@ class Input(Configurable):
         return batches.map(self._own_rows).map(self._read)
 
     def _own_rows(self, rows: np.ndarray):
-        """This process's rows of a global batch (padded to full size in "pad" mode)."""
-        start = self.process_index * self.local_batch_size
-        own = rows[start:start + self.local_batch_size]
+        """This process's rows of a global batch (in "pad" mode positions past a short last
+        batch repeat a real example and get weight 0)."""
         if self.config.last_batch != "pad":
-            return own, None
-        weights = np.zeros(self.local_batch_size, np.float32)
-        weights[:len(own)] = 1.0
-        filler = own[0] if len(own) else rows[0]
-        padded = np.concatenate([own, np.full(self.local_batch_size - len(own), filler,
-                                              own.dtype if len(own) else rows.dtype)])
-        return padded, weights
+            return rows[self.positions], None
+        real = self.positions < len(rows)
+        # A padding row repeats this process's first real row, or the batch's first.
+        filler = self.positions[real][0] if real.any() else 0
+        return rows[np.where(real, self.positions, filler)], real.astype(np.float32)
 
     def _read(self, rows_and_weights) -> Dict[str, np.ndarray]:
         rows, weights = rows_and_weights

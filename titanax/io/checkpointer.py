@@ -104,7 +104,8 @@ class OrbaxCheckpoint(Configurable):
             cfg, fields = None, {**fields, "path": os.fspath(cfg)}
         super().__init__(cfg, **fields)
         path = self.config.path or os.path.join(trainer_dir or ".", "checkpoints")
-        self.directory = os.path.abspath(path)
+        # A remote URL (gs://, s3://...) is kept as given; a local path made absolute.
+        self.directory = path if is_url(path) else os.path.abspath(path)
         self._manager = None
         # Steps this run saved or restored: saving one of them again is a harmless no-op, while
         # an existing step of any other origin is another run's and must never be taken as ours.
@@ -156,7 +157,7 @@ class OrbaxCheckpoint(Configurable):
                 return False
             raise errors.CheckpointError(
                 f"step {step} already exists here and was not written by this run",
-                path=os.path.join(self.directory, str(step)),
+                path=str(_path(self.directory, str(step))),
                 suggestion="use another --trainer_dir (or checkpoint.path), or restart with "
                            "checkpoint.overwrite=true to move the old checkpoints aside")
         newer = [s for s in existing if s > step]
@@ -206,7 +207,7 @@ class OrbaxCheckpoint(Configurable):
             committed = set(self._manager.all_steps())
             newest = max(committed, default=None)
             for step in pending:
-                if step in committed and os.path.isdir(os.path.join(self.directory, str(step))):
+                if step in committed and _path(self.directory, str(step)).is_dir():
                     continue
                 # Retention (keep_last_n) may already have removed an older step it superseded.
                 if step not in committed and newest is not None and newest > step and \
@@ -214,7 +215,7 @@ class OrbaxCheckpoint(Configurable):
                     continue
                 raise errors.CheckpointError(
                     f"step {step} was saved but is not in the directory afterwards",
-                    path=os.path.join(self.directory, str(step)),
+                    path=str(_path(self.directory, str(step))),
                     suggestion="check the disk and whether another process writes here")
         return pending
 
@@ -244,7 +245,7 @@ class OrbaxCheckpoint(Configurable):
                            "aside (they are kept)")
         self.close()
         aside = unused_path(f"{self.directory}.superseded-{_timestamp()}")
-        os.rename(self.directory, aside)
+        _on_process_zero(lambda: _path(self.directory).rename(aside), "titanax-fresh-start")
         _log.info("moved the checkpoints of the previous run aside: %s", aside)
         print(f"titanax: moved the previous run's checkpoints (steps {steps}) aside to {aside}",
               flush=True)
@@ -252,9 +253,9 @@ class OrbaxCheckpoint(Configurable):
     def move_aside(self, step: int, reason: str) -> str:
         """Renames a damaged step directory to ``<step>.damaged-<time>`` (kept for inspection),
         so it no longer blocks later saves; returns the new path."""
-        where = os.path.join(self.directory, str(step))
+        where = str(_path(self.directory, str(step)))
         aside = unused_path(f"{where}.damaged-{_timestamp()}")
-        os.rename(where, aside)
+        _on_process_zero(lambda: _path(where).rename(aside), f"titanax-move-aside-{step}")
         if self._manager is not None:
             self._manager.reload()
         _log.info("moved damaged checkpoint %s aside to %s (%s)", where, aside, reason)
@@ -266,7 +267,7 @@ class OrbaxCheckpoint(Configurable):
 
     def all_steps(self) -> List[int]:
         """Complete checkpoints, oldest first (temporary, half-written directories excluded)."""
-        if not os.path.isdir(self.directory):
+        if not _path(self.directory).is_dir():
             return []
         self.manager.reload()
         return sorted(self.manager.all_steps())
@@ -304,7 +305,7 @@ class OrbaxCheckpoint(Configurable):
             except errors.CheckpointError:
                 raise
             except Exception as e:  # pylint: disable=broad-except
-                where = os.path.join(self.directory, str(candidate))
+                where = str(_path(self.directory, str(candidate)))
                 if step is not None:
                     raise errors.CheckpointError(
                         f"cannot read checkpoint step {candidate}: {type(e).__name__}: {e}",
@@ -333,7 +334,7 @@ class OrbaxCheckpoint(Configurable):
     def _restore_step(self, step: int, params_target, train_state_target, mode,
                       check_metadata) -> Restored:
         import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-        where = os.path.join(self.directory, str(step))
+        where = str(_path(self.directory, str(step)))
         metadata = self.read_metadata(step)
         saved = self.manager.item_metadata(step)
         _check_matches(saved["params"], params_target, where=f"{where}/params")
@@ -452,3 +453,23 @@ def run_metadata(*, mesh, param_specs: Any, params: Any, optimizer_text: str, co
                      "orbax": getattr(ocp, "__version__", "unknown")},
         "config": config_text,
     }
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` names a remote location (``gs://bucket/run``), not a local file."""
+    return "://" in str(path)
+
+
+def _path(*parts: str):
+    """An ``etils.epath`` path (local or remote alike)."""
+    from etils import epath  # pylint: disable=import-outside-toplevel
+    return epath.Path(parts[0]).joinpath(*parts[1:])
+
+
+def _on_process_zero(action, barrier: str) -> None:
+    """Runs a file-system change once per job (on process 0), the others waiting for it."""
+    if jax.process_index() == 0:
+        action()
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+        multihost_utils.sync_global_devices(barrier)

@@ -1,10 +1,14 @@
 """Starting jax's multi-controller runtime: one process per host (or per group of devices).
 
-``initialize()`` resolves who is in the job (flags, ``TITANAX_*`` variables, SLURM, or one process;
-see ``titanax.runtime.cluster``), calls ``jax.distributed.initialize`` when there is more than one
-process, turns a failed or timed-out rendezvous into a ``DistributedError`` that says what to check,
-and logs one line per process so a job's stderr shows at a glance who came up with which devices.
-It must run before anything else touches jax devices.
+``initialize()`` resolves who is in the job (flags, ``TITANAX_*`` / ``JAX_COORDINATOR_ADDRESS``
+variables, a cluster jax detects, or one process; see ``titanax.runtime.cluster``), calls
+``jax.distributed.initialize`` when there is more than one process, turns a failed or timed-out
+rendezvous into a ``DistributedError`` that says what to check, and logs one line per process so a
+job's stderr shows at a glance who came up with which devices and from where. It must run before
+anything else touches jax devices; the launcher calls it right after the config validated.
+
+A multi-process job gets a short heartbeat and a ``PeerWatch`` (peer_watch.py): a dead peer ends
+the job within seconds, named, instead of hanging it. ``finish()`` is the job's last barrier.
 """
 
 from __future__ import annotations
@@ -16,29 +20,46 @@ from typing import Optional
 
 from titanax import errors
 from titanax.runtime.cluster import ClusterSpec, resolve_cluster
+from titanax.runtime.peer_watch import PeerWatch
 
 _log = logging.getLogger("titanax")
 
+# Seconds without a heartbeat after which a process counts as dead.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 10
+
+# The running job's watch (None: one process, or not started by Titanax).
+_WATCH: Optional[PeerWatch] = None
+
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-               process_id: Optional[int] = None, *, timeout_s: int = 300) -> ClusterSpec:
-    """Joins the job (or runs single-process when there is none) and returns its layout."""
-    spec = resolve_cluster(coordinator_address=coordinator_address, num_processes=num_processes,
-                           process_id=process_id)
+               process_id: Optional[int] = None, *, timeout_s: int = 300,
+               heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S,
+               spec: Optional[ClusterSpec] = None) -> ClusterSpec:
+    """Joins the job (or runs single-process when there is none) and returns its layout.
+
+    ``spec``: an already resolved layout (the launcher's); otherwise resolved from the
+    arguments and the environment. Joining twice is a no-op."""
+    global _WATCH  # pylint: disable=global-statement
+    spec = spec or resolve_cluster(coordinator_address=coordinator_address,
+                                   num_processes=num_processes, process_id=process_id)
     import jax  # pylint: disable=import-outside-toplevel
+    from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+    if spec.is_multi_process and jax_distributed.global_state.client is not None:
+        return spec  # Joined already (the launcher did, before the experiment's run()).
     if spec.is_multi_process:
-        if spec.coordinator_address is not None:
+        if spec.coordinator_address is not None and spec.process_id is not None:
             # jax's client aborts the whole process (a C++ fatal error, no Python exception) when
             # the rendezvous times out, so check reachability first and fail with a message.
             _check_coordinator(spec, timeout_s)
+        # Recoverable tasks: a dead peer is marked dead by the service (and named by our
+        # watch) instead of aborting every survivor from C++.
+        jax.config.update("jax_enable_recoverability", True)
         try:
-            if spec.source == "slurm":
-                jax.distributed.initialize(initialization_timeout=timeout_s)
-            else:
-                jax.distributed.initialize(coordinator_address=spec.coordinator_address,
-                                           num_processes=spec.num_processes,
-                                           process_id=spec.process_id,
-                                           initialization_timeout=timeout_s)
+            jax.distributed.initialize(coordinator_address=spec.coordinator_address,
+                                       num_processes=spec.num_processes,
+                                       process_id=spec.process_id,
+                                       initialization_timeout=timeout_s,
+                                       heartbeat_timeout_seconds=heartbeat_timeout_s)
         except Exception as e:  # pylint: disable=broad-except
             raise errors.DistributedError(
                 f"joining the job failed ({type(e).__name__}: {str(e).splitlines()[0]})",
@@ -47,12 +68,53 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
                            f"all {spec.num_processes or 'N'} processes started with the same "
                            f"--num_processes and distinct --process_id, and that nothing else "
                            f"uses the port (timeout {timeout_s}s)") from e
+        _WATCH = PeerWatch(client=jax_distributed.global_state.client,
+                           num_processes=jax.process_count(), process_id=jax.process_index(),
+                           heartbeat_timeout_s=heartbeat_timeout_s).start()
     devices = jax.devices()
     message = (f"titanax process {jax.process_index()}/{jax.process_count()}: "
                f"{jax.local_device_count()} local / {jax.device_count()} global "
                f"{devices[0].platform} device(s) [{spec.source}]")
     _log.warning(message)
     return spec
+
+
+def watch() -> Optional[PeerWatch]:
+    """The job's peer watch (None for one process)."""
+    return _WATCH
+
+
+def finish(timeout_s: int = 600) -> None:
+    """The job's orderly end: a barrier every process reaches (so none that finishes first is
+    taken for dead), the watch stopped, then the runtime shut down -- the other processes first,
+    process 0 (which hosts the coordination service) last, once they have left. A no-op for
+    one process."""
+    global _WATCH  # pylint: disable=global-statement
+    if _WATCH is None:
+        return
+    import jax  # pylint: disable=import-outside-toplevel
+    from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+    client = jax_distributed.global_state.client
+    watch, _WATCH = _WATCH, None
+    if client is None:
+        watch.stop()
+        return
+    client.wait_at_barrier("titanax_finish", timeout_s * 1000)
+    watch.stop()
+    if jax.process_index() != 0:
+        jax.distributed.shutdown()
+        return
+    # Process 0 hosts the service: it leaves once the others have (they need it to leave).
+    deadline = time.monotonic() + 30
+    everyone = list(range(jax.process_count()))
+    while time.monotonic() < deadline:
+        try:
+            if set(client.get_live_nodes(everyone)) <= {0}:
+                break
+        except Exception:  # pylint: disable=broad-except
+            break
+        time.sleep(0.05)
+    jax.distributed.shutdown()
 
 
 def _check_coordinator(spec: ClusterSpec, timeout_s: float) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optio
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from titanax import errors
 from titanax.config import Configurable
@@ -33,7 +33,7 @@ from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo, state_report, memory, throughput
 from titanax.observe.profiler import Profile
 from titanax.observe.loggers import Basic, Logger
-from titanax.parallel import rules, sharding, state_dims
+from titanax.parallel import batch_shards, rules, sharding, state_dims
 from titanax.parallel import stages as stages_lib
 from titanax.parallel.interleaved_stack import InterleavedStack
 from titanax.parallel.plan import DP, Plan
@@ -289,19 +289,24 @@ class Engine(Configurable):
     def batch_specs(self, batch: Any) -> Any:
         return sharding.shard_batch_specs(batch, self.plan.batch_axis)
 
+    def process_batch_shards(self):
+        """``(shards, num_shards)``: the batch shards this process's devices hold, in order.
+
+        A process feeds exactly these rows of every global batch (``batch_shards.py``): with
+        one process, all of them; with the model or pipe axis spanning processes, the same
+        shards as its peers on that axis."""
+        return batch_shards.process_shards(self.mesh, self.plan.batch_axis)
+
     def global_batch(self, host_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
-        """Global arrays from this process's rows (checked against the plan first)."""
-        specs = self.batch_specs(host_batch)
+        """Global arrays from this process's rows -- the rows of ``process_batch_shards()``, in
+        shard order (checked against the plan first)."""
+        shards, num_shards = self.process_batch_shards()
         leaves = jax.tree_util.tree_leaves(host_batch)
-        if leaves:
-            global_rows = np.shape(leaves[0])[0] * jax.process_count()
+        if leaves and np.ndim(leaves[0]):
+            global_rows = np.shape(leaves[0])[0] // len(shards) * num_shards
             self.plan.check_batch_size(global_rows, self.mesh)
-
-        def place(x, spec):
-            x = np.asarray(x)
-            return jax.make_array_from_process_local_data(NamedSharding(self.mesh, spec), x)
-
-        return jax.tree_util.tree_map(place, host_batch, specs)
+        return batch_shards.place_batch(self.mesh, self.plan.batch_axis, host_batch, shards,
+                                        num_shards)
 
     # --- Compiling --------------------------------------------------------------------------------
 
@@ -480,9 +485,10 @@ class Engine(Configurable):
                 self.run_evalers(done, only_due=not (eval_every and done % eval_every == 0))
                 self._last_eval_step = done
             saving = ckpt is not None and cfg.save_on_preemption
-            if ckpt is not None and (ckpt.should_save(done) or guard.requested and saving):
+            stop = guard.should_stop(done)  # (Every process asks at every step.)
+            if ckpt is not None and (ckpt.should_save(done) or stop and saving):
                 self.save(data_iterator=iterator)
-            if guard.requested:
+            if stop:
                 self._stop_on_signal(guard, done, saved=saving)
         jax.block_until_ready(inflight)
         if pending:
@@ -510,7 +516,7 @@ class Engine(Configurable):
                else "save_on_preemption is off")
         print(f"titanax: {guard.signal_name}: stopped after step {done}; {why}, so nothing was "
               "saved", flush=True)
-        raise SystemExit(128 + int(getattr(signal, guard.signal_name)))
+        raise SystemExit(128 + int(getattr(signal, guard.signal_name.split()[0])))
 
     def _inflight_limit(self) -> Optional[int]:
         limit = self.config.max_inflight_steps
@@ -526,8 +532,7 @@ class Engine(Configurable):
             logger.log_dict({"compile_time_s": seconds}, step)
 
     def _flush(self, pending, step, elapsed, window_steps, total, loggers) -> None:
-        values = jax.device_get(pending)
-        values = [{k: float(np.asarray(v).reshape(-1)[0]) for k, v in m.items()} for m in values]
+        values = [{k: _first_value(v) for k, v in m.items()} for m in pending]
         first_step = step - len(values) + 1
         for offset, m in enumerate(values):
             if not math.isfinite(m["loss"]) and self.config.nan_policy == "stop":
@@ -738,8 +743,8 @@ class Engine(Configurable):
             raise errors.DataError("no training data", path="engine.train_input",
                                    suggestion="set train_input, or pass data= to fit()")
         try:
-            return input_cfg.instantiate(process_index=jax.process_index(),
-                                         process_count=jax.process_count())
+            shards, num_shards = self.process_batch_shards()
+            return input_cfg.instantiate(shards=shards, num_shards=num_shards)
         except errors.DataError as e:
             in_source = input_cfg.source is not None and e.path in input_cfg.source.keys()
             inner = (f"{where}.source.{e.path}" if e.path and in_source
@@ -756,9 +761,8 @@ class Engine(Configurable):
         config record there.
         """
         from titanax.runtime import distributed  # pylint: disable=import-outside-toplevel
-        if cluster is not None and cluster.is_multi_process:
-            distributed.initialize(cluster.coordinator_address, cluster.num_processes,
-                                   cluster.process_id)
+        if cluster is not None and cluster.is_multi_process:  # (The launcher has joined.)
+            distributed.initialize(spec=cluster)
         self.trainer_dir = trainer_dir or self.trainer_dir
         self.build()
         if self.model is None:
@@ -806,6 +810,14 @@ class Engine(Configurable):
         self.states.close()
         for logger in self._loggers or []:
             logger.close()
+
+
+def _first_value(value: Any) -> float:
+    """A metric as a Python float: its value, or -- per data shard (``sync_metrics=False``) --
+    the first shard this process holds (another process's shards are not addressable here)."""
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        value = value.addressable_shards[0].data
+    return float(np.asarray(jax.device_get(value)).reshape(-1)[0])
 
 
 def _is_host(batch: Any) -> bool:

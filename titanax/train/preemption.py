@@ -10,6 +10,14 @@ first seconds -- while jax starts, the config is built, the step compiles -- nev
 ``KeyboardInterrupt`` unwinding through jax's and Orbax's threads (which ended in a segfault).
 Such a request is honoured at the next safe point: before the first step there is nothing to
 save, so the run says so and exits 0; once training runs, the training loop's guard takes it over.
+
+Several processes must stop at the *same* step -- the save is a collective, and a process that
+stops alone leaves the others blocked in the next step. Once jax's runtime joined a multi-process
+job, SIGTERM belongs to jax's preemption notifier, which agrees with every process on a step (the
+largest any of them reached, plus one); the guard then asks ``reached_preemption_sync_point`` at
+every step instead of looking at a local flag, and turns Ctrl-C into a SIGTERM to itself so it
+is agreed on the same way. A request recorded before the job was joined is handed over likewise
+(``hand_over_to_job``).
 """
 
 from __future__ import annotations
@@ -27,20 +35,36 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class PreemptionGuard:
-    """Records termination signals while installed."""
+    """Records termination signals while installed; ``agreed``: in a multi-process job, where
+    the stop is decided together (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self, agreed: bool = False):
         self.requested = False
         self.signal_name = ""
+        self.agreed = agreed
 
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         name = signal.Signals(signum).name
+        if self.agreed:  # Ctrl-C: let jax's notifier agree on the step with the other processes.
+            print(f"titanax: {name} received: asking every process to stop at the same step",
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         if self.requested:
             _log.warning("second %s: exiting now (the last complete checkpoint is intact)", name)
             os._exit(128 + signum)  # pylint: disable=protected-access
         self.requested = True
         self.signal_name = name
         self.announce()
+
+    def should_stop(self, step: int) -> bool:
+        """Whether to save and stop after ``step``. In an agreed guard every process must ask
+        at every step: all of them get True at the same step."""
+        if self.agreed and not self.requested:
+            from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+            if multihost_utils.reached_preemption_sync_point(step):
+                self.requested, self.signal_name = True, "SIGTERM (agreed by every process)"
+        return self.requested
 
     def announce(self) -> None:
         print(f"titanax: {self.signal_name} received: finishing this step, saving a checkpoint, "
@@ -72,6 +96,23 @@ def early_request() -> Optional[str]:
     return _EARLY.signal_name if _EARLY is not None and _EARLY.requested else None
 
 
+def in_multi_process_job() -> bool:
+    """Whether jax's runtime joined a job of several processes (without starting jax)."""
+    import sys  # pylint: disable=import-outside-toplevel
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import distributed  # pylint: disable=import-outside-toplevel
+    return distributed.global_state.client is not None
+
+
+def hand_over_to_job() -> None:
+    """After joining a multi-process job: a signal recorded before is re-raised as SIGTERM, for
+    jax's notifier to agree on a step with the other processes (training then stops there)."""
+    if _EARLY is not None and _EARLY.requested and in_multi_process_job():
+        _EARLY.requested, _EARLY.signal_name = False, ""
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def exit_if_requested(where: str) -> None:
     """Exits with status 0 when a signal arrived and nothing has been trained yet."""
     name = early_request()
@@ -96,13 +137,16 @@ def preemption_guard(enabled: bool = True) -> Iterator[PreemptionGuard]:
 
     A request recorded earlier (``install_early``) carries over into the guard.
     """
-    guard = PreemptionGuard()
+    agreed = in_multi_process_job()
+    guard = PreemptionGuard(agreed=agreed)
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield guard
         return
     if early_request() is not None:
         guard.requested, guard.signal_name = True, early_request()
-    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    # In a job, SIGTERM stays jax's (its notifier agrees on the step); only Ctrl-C is ours.
+    signals = (signal.SIGINT,) if agreed else _SIGNALS
+    previous = {sig: signal.getsignal(sig) for sig in signals}
     for sig in previous:
         signal.signal(sig, guard._handle)  # pylint: disable=protected-access
     try:

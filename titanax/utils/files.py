@@ -42,8 +42,9 @@ def atomic_write_text(path: str, text: str) -> None:
 def unused_path(path: str) -> str:
     """``path``, or ``path-2``, ``path-3``... whichever does not exist yet (for moving a file or
     directory aside without replacing an earlier one)."""
+    from etils import epath  # pylint: disable=import-outside-toplevel
     candidate, index = path, 1
-    while os.path.exists(candidate):
+    while epath.Path(candidate).exists():
         index += 1
         candidate = f"{path}-{index}"
     return candidate

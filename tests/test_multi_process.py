@@ -1,0 +1,205 @@
+"""Several real processes on loopback, started by the launcher's --local_processes (or by hand):
+the same numbers as one process, checkpoints that move between process layouts, an agreed
+preemption, a dead peer that ends the job instead of hanging it, and the user-script entry point.
+
+Each job runs in subprocesses with its own simulated CPU devices; the pytest process only reads
+their metrics.csv and checkpoints.
+"""
+
+import csv
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from titanax.config import registry
+from titanax.modules.testing import assert_nested_allclose
+from titanax.runtime import local_processes
+from titanax.runtime.peer_watch import EXIT_LOST_PEER
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 6
+# The model (pipe) axis outermost: each process holds one model (pipe) rank of every data shard,
+# so both processes feed the same rows -- the layout "rows by process index" gets wrong.
+MODEL_SPANS = ["--config.mesh.axes=('model','data')", "--config.mesh.shape=(2,None)"]
+PIPE_SPANS = ["--config.mesh.axes=('pipe','data')", "--config.mesh.shape=(2,None)"]
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _launch(*args, timeout=300, module="titanax.launch"):
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=_env(),
+                            capture_output=True, text=True, timeout=timeout, check=False)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
+def _run(name, trainer_dir, *extra, processes=1, steps=STEPS):
+    devices = ["--cpu_devices=8"] if processes == 1 else [
+        f"--local_processes={processes}", f"--cpu_devices={8 // processes}"]
+    return _launch(f"--config={name}", f"--trainer_dir={trainer_dir}", *devices,
+                   f"--config.max_steps={steps}", "--config.log_every=1", *extra)
+
+
+def _losses(trainer_dir):
+    with open(os.path.join(trainer_dir, "metrics.csv"), encoding="utf-8") as f:
+        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r.get("loss")}
+
+
+def _params(name, trainer_dir):
+    """The params of the newest checkpoint in ``trainer_dir``, restored in this process."""
+    registry.load_config_modules(registry.DEFAULT_CONFIG_MODULES)
+    cfg = registry.get_config(name)
+    cfg.loggers = []
+    cfg.checkpoint.path = os.path.join(trainer_dir, "checkpoints")
+    engine = cfg.instantiate()
+    assert engine.restore()
+    params = jax.tree_util.tree_map(np.asarray, jax.device_get(engine.canonical_params()))
+    engine.close()
+    return params
+
+
+@functools.lru_cache(maxsize=None)
+def _one_process(name, root):
+    trainer_dir = os.path.join(root, f"{name}-1p")
+    _run(name, trainer_dir)
+    return trainer_dir
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("multi_process"))
+
+
+@pytest.mark.parametrize("name,layout", [("gpt_tiny_dp_tp", MODEL_SPANS),
+                                         ("gpt_tiny_pp", PIPE_SPANS)],
+                         ids=["dp-x-tp-model-spans-processes", "dp-x-pp-pipe-spans-processes"])
+def test_two_processes_train_like_one(root, name, layout):
+    """2 processes x 4 devices with the model (pipe) axis across them: the per-step losses and
+    the final params of 1 process x 8 devices."""
+    single = _one_process(name, root)
+    double = os.path.join(root, f"{name}-2p")
+    result = _run(name, double, *layout, processes=2)
+    want, got = _losses(single), _losses(double)
+    assert sorted(got) == list(range(1, STEPS + 1)) and sorted(want) == sorted(got)
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)],
+                               rtol=0, atol=1e-4)
+    assert_nested_allclose(_params(name, double), _params(name, single), rtol=1e-5, atol=1e-6)
+    # Only process 0 writes to stdout (the progress lines); both report their devices.
+    assert "[0] step" in result.stdout and "[1] step" not in result.stdout
+    assert "[1] " in result.stdout and "titanax process 1/2" in result.stdout
+
+
+def test_checkpoints_move_between_one_and_two_processes(root):
+    """A 2-process checkpoint resumes in 1 process and a 1-process one in 2: both continue like
+    the run that never moved."""
+    name = "gpt_tiny_dp_tp"
+    single = _one_process(name, root)
+    double = os.path.join(root, f"{name}-2p-resume")
+    _run(name, double, *MODEL_SPANS, processes=2)
+    reference = os.path.join(root, "reference")
+    moved_in = os.path.join(root, "one-to-two")
+    shutil.copytree(single, reference)
+    shutil.copytree(single, moved_in)
+    _run(name, reference, steps=STEPS + 2)
+    _run(name, double, steps=STEPS + 2)  # Written by 2 processes, resumed by 1.
+    _run(name, moved_in, *MODEL_SPANS, processes=2, steps=STEPS + 2)
+    want = _losses(reference)
+    for trainer_dir in (double, moved_in):
+        got = _losses(trainer_dir)
+        for step in (STEPS + 1, STEPS + 2):
+            assert abs(got[step] - want[step]) <= 1e-4, (trainer_dir, step, got, want)
+
+
+def _start(*args):
+    return subprocess.Popen([sys.executable, "-m", "titanax.launch", *args], cwd=REPO_ROOT,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def _wait_for(process, text, lines, timeout=240):
+    deadline = time.monotonic() + timeout
+    for line in process.stdout:
+        lines.append(line)
+        if text in line:
+            return
+        assert time.monotonic() < deadline, "".join(lines[-50:])
+    raise AssertionError(f"the job ended before printing {text!r}:\n" + "".join(lines[-50:]))
+
+
+def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root):
+    name = "gpt_tiny_dp_tp"
+    trainer_dir = os.path.join(root, "preempted")
+    job = _start(f"--config={name}", f"--trainer_dir={trainer_dir}", "--local_processes=2",
+                 "--cpu_devices=4", "--config.max_steps=100000", "--config.log_every=1",
+                 *MODEL_SPANS)
+    lines = []
+    try:
+        _wait_for(job, "[0] step      3/", lines)
+        pids = {int(line.split()[-1]) for line in lines if "process 1 of 2 is pid" in line}
+        os.kill(pids.pop(), signal.SIGTERM)  # Process 1 only.
+        rest, _ = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    output = "".join(lines) + rest
+    assert job.returncode == 0, output[-4000:]
+    saved = [line for line in output.splitlines() if "saved step" in line]
+    assert len(saved) == 1 and saved[0].startswith("[0] titanax: SIGTERM"), output[-4000:]
+    step = int(saved[0].split("saved step ")[1].split()[0])
+    steps = sorted(int(d) for d in os.listdir(os.path.join(trainer_dir, "checkpoints"))
+                   if d.isdigit())
+    assert steps[-1] == step, (steps, step)
+    # The resumed run continues exactly like one that never stopped.
+    _run(name, trainer_dir, *MODEL_SPANS, processes=2, steps=step + 2)
+    reference = os.path.join(root, "not-preempted")
+    _run(name, reference, steps=step + 2)
+    got, want = _losses(trainer_dir), _losses(reference)
+    for s in range(1, step + 3):
+        assert abs(got[s] - want[s]) <= 1e-4, (s, got[s], want[s])
+
+
+def test_a_killed_process_ends_its_peer_within_seconds_naming_it(tmp_path):
+    """kill -9 of one process mid-run: the other exits with EXIT_LOST_PEER and a message naming
+    the lost process (no hang: the test's timeout is the backstop)."""
+    port = local_processes.free_port()
+    args = ["--config=gpt_tiny_dp", f"--trainer_dir={tmp_path}", "--config.max_steps=100000",
+            "--config.log_every=1", "--cpu_devices=2", f"--coordinator_address=127.0.0.1:{port}",
+            "--num_processes=2"]
+    first = _start(*args, "--process_id=0")
+    second = _start(*args, "--process_id=1")
+    lines = []
+    try:
+        _wait_for(first, "step      3/", lines)
+        os.killpg(second.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        rest, _ = first.communicate(timeout=60)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        first.kill()
+        second.kill()
+    output = "".join(lines) + rest
+    assert first.returncode == EXIT_LOST_PEER, output[-4000:]
+    assert elapsed < 30, elapsed
+    assert "lost process 1" in output and "process 0 stops" in output, output[-4000:]
+
+
+def test_the_user_script_entry_point_runs_in_every_process(tmp_path):
+    result = _launch("--module=tests.runtime.user_main:main", "--config=gpt_tiny_dp",
+                     "--local_processes=2", "--cpu_devices=2",
+                     f"--config.checkpoint.path={tmp_path}/checkpoints", "--config.max_steps=2",
+                     module="titanax.run")
+    for index in (0, 1):
+        assert f"[{index}] user main: process {index} of 2, step 2, loss" in result.stdout, \
+            result.stdout[-4000:] + result.stderr[-4000:]

@@ -1,0 +1,63 @@
+"""Which batch shards a process feeds, and the global batch built from its rows.
+
+A batch is split along its first dimension over the batch axes (``data``; under HSDP ``data x
+fsdp``) into ``num_shards`` equal shards; every other mesh axis holds copies. Which devices hold
+shard k is the mesh's arrangement, not the process index: with the model (or pipe) axis inside a
+process, each process holds different shards; with it spanning processes, several processes hold
+the same shards and must feed the same rows. So a process reads exactly the shards its devices
+hold, in shard order (``process_shards``), and ``place_batch`` hands every device its shard's rows
+-- an explicit placement that never guesses how a process's rows map onto the global array.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Tuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from titanax import errors
+from titanax.parallel import sharding
+
+
+def process_shards(mesh: Mesh, batch_axis: sharding.AxisEntry) -> Tuple[Tuple[int, ...], int]:
+    """``(this process's shard indices in increasing order, number of shards)``."""
+    num_shards = sharding.axes_size(dict(mesh.shape), batch_axis)
+    if batch_axis is None:
+        return (0,), 1
+    layout = NamedSharding(mesh, PartitionSpec(batch_axis))
+    held = {index[0].start or 0 for index in
+            layout.addressable_devices_indices_map((num_shards,)).values()}
+    return tuple(sorted(held)), num_shards
+
+
+def place_batch(mesh: Mesh, batch_axis: sharding.AxisEntry, host_batch: Any,
+                shards: Sequence[int], num_shards: int) -> Any:
+    """Global arrays from this process's rows: ``shards`` (of ``num_shards``) stacked in order
+    along the first dimension of every leaf; scalars are the same on every device."""
+    shards = tuple(shards)
+    position = {shard: i for i, shard in enumerate(shards)}
+    specs = sharding.shard_batch_specs(host_batch, batch_axis)
+
+    def place(x, spec):
+        x = np.asarray(x)
+        layout = NamedSharding(mesh, spec)
+        if not x.ndim or not len(spec):
+            return jax.make_array_from_single_device_arrays(
+                x.shape, layout, [jax.device_put(x, d) for d in layout.addressable_devices])
+        if x.shape[0] % len(shards):
+            raise errors.DataError(
+                f"a batch leaf of {x.shape[0]} rows does not split into this process's "
+                f"{len(shards)} batch shard(s)", path="batch",
+                suggestion="feed whole shards: rows = shards held x global batch / "
+                           f"{num_shards} (engine.process_batch_shards())")
+        rows = x.shape[0] // len(shards)
+        global_shape = (rows * num_shards,) + x.shape[1:]
+        arrays = []
+        for device, index in layout.addressable_devices_indices_map(global_shape).items():
+            local = position[(index[0].start or 0) // rows]
+            arrays.append(jax.device_put(x[local * rows:(local + 1) * rows], device))
+        return jax.make_array_from_single_device_arrays(global_shape, layout, arrays)
+
+    return jax.tree_util.tree_map(place, host_batch, specs)

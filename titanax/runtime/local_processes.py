@@ -1,0 +1,160 @@
+"""``--local_processes=N``: one command runs an N-process job on this machine, over loopback.
+
+The parent picks a free port, starts N copies of the same command line, each told its place in
+the job (``--coordinator_address=127.0.0.1:PORT --num_processes=N --process_id=i``) and given its
+devices (``--cpu_devices=K``: K simulated CPU devices each; without it, a slice of the visible
+GPUs through ``JAX_LOCAL_DEVICE_IDS``). Every line a child prints comes out prefixed with its index
+(``[1] step 10 ...``). The parent forwards SIGTERM / SIGINT to every child (the job then agrees on
+a step to save, like a preempted multi-host job) and, on the first child that fails, stops the
+others and exits with that child's status, naming it. It never imports jax.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import List, Optional, Sequence
+
+from titanax import errors
+
+# Seconds a child gets to exit after SIGTERM before it is killed (when a peer failed).
+_GRACE_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def visible_gpus() -> int:
+    """The number of NVIDIA GPUs this machine shows (0 when none or no driver)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return len([d for d in listed.split(",") if d.strip()])
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def child_commands(args: Sequence[str], *, module: str, count: int, port: int,
+                   cpu_devices: Optional[int]) -> List[List[str]]:
+    """The command line of each child: ``python -m module`` with ``args`` (the parent's flags)
+    minus ``--local_processes``, plus its place in the job."""
+    kept, skip_value = [], False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--local_processes", "-local_processes"):
+            skip_value = "=" not in arg
+            continue
+        if name in ("--cpu_devices", "--coordinator_address", "--num_processes",
+                    "--process_id"):
+            skip_value = "=" not in arg
+            continue
+        kept.append(arg)
+    commands = []
+    for index in range(count):
+        place = [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={count}",
+                 f"--process_id={index}"]
+        if cpu_devices is not None:
+            place.append(f"--cpu_devices={cpu_devices}")
+        commands.append([sys.executable, "-u", "-m", module] + kept + place)
+    return commands
+
+
+def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 0,
+                  stdout=None) -> int:
+    """Runs the children, prefixing their output; returns the job's exit status."""
+    stdout = stdout or sys.stdout
+    lock = threading.Lock()
+    children: List[subprocess.Popen] = []
+    for index, command in enumerate(commands):
+        env = dict(os.environ)
+        env.pop("XLA_FLAGS", None)  # Each child sets its own device count.
+        for name in ("TITANAX_COORDINATOR_ADDRESS", "TITANAX_NUM_PROCESSES", "TITANAX_PROCESS_ID",
+                     "JAX_COORDINATOR_ADDRESS"):
+            env.pop(name, None)
+        env["PYTHONUNBUFFERED"] = "1"
+        if gpus_per_process:
+            env["JAX_LOCAL_DEVICE_IDS"] = ",".join(
+                str(index * gpus_per_process + i) for i in range(gpus_per_process))
+        children.append(subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                         start_new_session=True))
+    for index, child in enumerate(children):
+        print(f"titanax.launch: process {index} of {len(children)} is pid {child.pid}",
+              file=stdout, flush=True)
+    readers = [threading.Thread(target=_relay, args=(child, index, stdout, lock), daemon=True)
+               for index, child in enumerate(children)]
+    for reader in readers:
+        reader.start()
+
+    def forward(signum, frame):  # pylint: disable=unused-argument
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        status = _wait(children, stdout, lock)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for reader in readers:
+            reader.join(timeout=5)
+    return status
+
+
+def _relay(child: subprocess.Popen, index: int, stdout, lock: threading.Lock) -> None:
+    for line in child.stdout:
+        with lock:
+            stdout.write(f"[{index}] {line}" if line.endswith("\n") else f"[{index}] {line}\n")
+            stdout.flush()
+
+
+def _wait(children: List[subprocess.Popen], stdout, lock: threading.Lock) -> int:
+    while True:
+        for index, child in enumerate(children):
+            code = child.poll()
+            if code is not None and code != 0:
+                _stop_the_rest(children, index)
+                what = (f"was killed by signal {-code}" if code < 0
+                        else f"failed with exit status {code}")
+                with lock:
+                    stdout.flush()
+                print(f"titanax.launch: process {index} of {len(children)} {what}; stopped the "
+                      "other processes", file=sys.stderr, flush=True)
+                return code if code > 0 else 128 - code
+        if all(child.poll() == 0 for child in children):
+            return 0
+        time.sleep(0.1)
+
+
+def _stop_the_rest(children: List[subprocess.Popen], failed: int) -> None:
+    for index, child in enumerate(children):
+        if index != failed and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + _GRACE_S
+    for child in children:
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def check_count(count: int) -> None:
+    if count < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {count}", path="--local_processes",
+                                     suggestion="e.g. --local_processes=2")
