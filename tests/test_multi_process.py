@@ -140,15 +140,23 @@ def _wait_for(process, text, lines, timeout=240):
     raise AssertionError(f"the job ended before printing {text!r}:\n" + "".join(lines[-50:]))
 
 
-def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root):
+@pytest.mark.parametrize("when", ["mid-run", "resumed-before-the-first-step"])
+def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root, when):
+    """SIGTERM to process 1 only: both stop after the same step, saved, and exit 0; the resumed
+    run continues exactly. Sent before a resumed run's first step, it must still be honoured
+    (jax counts its sync points from the job's start, not from the resumed step)."""
     name = "gpt_tiny_dp_tp"
-    trainer_dir = os.path.join(root, "preempted")
+    trainer_dir = os.path.join(root, f"preempted-{when}")
+    resumed_from = 0
+    if when != "mid-run":
+        resumed_from = 2
+        _run(name, trainer_dir, *MODEL_SPANS, processes=2, steps=resumed_from)
     job = _start(f"--config={name}", f"--trainer_dir={trainer_dir}", "--local_processes=2",
                  "--cpu_devices=4", "--config.max_steps=100000", "--config.log_every=1",
                  *MODEL_SPANS)
     lines = []
     try:
-        _wait_for(job, "[0] step      3/", lines)
+        _wait_for(job, "[0] step      3/" if when == "mid-run" else "[1] W", lines)
         pids = {int(line.split()[-1]) for line in lines if "process 1 of 2 is pid" in line}
         os.kill(pids.pop(), signal.SIGTERM)  # Process 1 only.
         rest, _ = job.communicate(timeout=240)
@@ -159,12 +167,13 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root)
     saved = [line for line in output.splitlines() if "saved step" in line]
     assert len(saved) == 1 and saved[0].startswith("[0] titanax: SIGTERM"), output[-4000:]
     step = int(saved[0].split("saved step ")[1].split()[0])
+    assert step > resumed_from
     steps = sorted(int(d) for d in os.listdir(os.path.join(trainer_dir, "checkpoints"))
                    if d.isdigit())
     assert steps[-1] == step, (steps, step)
     # The resumed run continues exactly like one that never stopped.
     _run(name, trainer_dir, *MODEL_SPANS, processes=2, steps=step + 2)
-    reference = os.path.join(root, "not-preempted")
+    reference = os.path.join(root, f"not-preempted-{when}")
     _run(name, reference, steps=step + 2)
     got, want = _losses(trainer_dir), _losses(reference)
     for s in range(1, step + 3):

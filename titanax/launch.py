@@ -38,6 +38,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import tempfile
 from typing import Dict, List, Sequence
 
@@ -214,7 +215,12 @@ def launch(argv: Sequence[str]) -> int:
         raise errors.LaunchFlagError(
             "no experiment given", path="--config",
             suggestion="pass --config=NAME; `python -m titanax.launch --list` shows the names")
-    entry = _user_entry_point() if _MODULE.value else None
+    if _MODULE.value:
+        _check_entry_point_text()
+    if not _CONFIG.value and (_CONFIG_FILE.value or _OVERRIDES):
+        raise errors.LaunchFlagError(
+            "config overrides without an experiment to apply them to", path="--config",
+            suggestion="name the experiment with --config=NAME (see --list)")
     cfg, diff = _resolved_config() if _CONFIG.value else (None, [])
     trainer_dir = _TRAINER_DIR.value or os.path.join("runs", _CONFIG.value or "user_module")
     # The run record is written only for a run that really starts (or where asked for).
@@ -232,12 +238,12 @@ def launch(argv: Sequence[str]) -> int:
         print(f"# diff from {_CONFIG.value} ({len(diff)} change{'s' if len(diff) != 1 else ''})")
         print("\n".join(diff) if diff else "(none)")
         return 0
+    preemption.exit_if_requested("while the config was built")
     if spawn:
         return _run_local_job()
-    preemption.exit_if_requested("while the config was built")
-    _join_job(cluster_spec, quiet=entry is None)
-    if entry is not None:
-        result = entry(cfg)
+    _join_job(cluster_spec, quiet=not _MODULE.value)
+    if _MODULE.value:  # Imported only now: its import may touch devices.
+        result = _user_entry_point()(cfg)
         return result if isinstance(result, int) else 0
     component = cfg.instantiate()
     run = getattr(component, "run", None)
@@ -274,13 +280,15 @@ def _resolved_config():
     return cfg, overrides_lib.config_diff(named, cfg)
 
 
+def _check_entry_point_text() -> None:
+    if not all(_MODULE.value.partition(":")[::2]):
+        raise errors.LaunchFlagError(f"must be module:function, got {_MODULE.value!r}",
+                                     path="--module", suggestion="e.g. --module=my_script:main")
+
+
 def _user_entry_point():
     """``--module=package.module:function``, imported (the current folder is searched)."""
-    text = _MODULE.value
-    module_name, _, function_name = text.partition(":")
-    if not module_name or not function_name:
-        raise errors.LaunchFlagError(f"must be module:function, got {text!r}", path="--module",
-                                     suggestion="e.g. --module=my_script:main")
+    module_name, _, function_name = _MODULE.value.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -341,6 +349,14 @@ def _join_job(cluster_spec: cluster.ClusterSpec, *, quiet: bool) -> None:
     preemption.hand_over_to_job()
 
 
+def _explain_peer_loss(error) -> None:
+    """A peer's death often surfaces as this process's failed collective (gloo: "connection
+    closed by peer"): in a job, let the peer watch name the lost process (it ends this one)."""
+    watch = distributed.watch()
+    if watch is not None and type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
+        watch.explain_failure()
+
+
 def main(argv: Sequence[str]) -> None:
     # jax reports at INFO level every backend it could not find (TPU on a GPU host...), and Orbax
     # logs every save step at INFO through absl: keep stderr for warnings unless --verbosity asks.
@@ -350,19 +366,20 @@ def main(argv: Sequence[str]) -> None:
     try:
         status = launch(argv)
     except errors.TitanaxError as e:
+        _explain_peer_loss(e.__cause__)
         if _SHOW_TRACEBACK.value:
             raise
         print(f"titanax.launch: error: {e.format()}", file=sys.stderr)
         print("(run with --show_traceback for the Python traceback)", file=sys.stderr)
         sys.exit(2)
     except SystemExit as e:
-        if not e.code:  # A clean stop (preemption): every process reaches it, then leaves.
+        # A clean stop, or an agreed preemption without a checkpoint (128 + SIGTERM): every
+        # process of the job reaches it after the same step, then they leave together.
+        if not e.code or e.code == 128 + signal.SIGTERM:
             distributed.finish()
         raise
-    except Exception as e:  # A peer's death often surfaces as this process's failed collective.
-        watch = distributed.watch()
-        if watch is not None and type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
-            watch.explain_failure()  # Ends the process naming the lost peer, if there is one.
+    except Exception as e:  # pylint: disable=broad-except
+        _explain_peer_loss(e)
         raise
     distributed.finish()
     sys.exit(status)

@@ -54,3 +54,19 @@ def test_a_missing_file_is_refused(tmp_path):
     with pytest.raises(errors.LaunchFlagError) as info:
         config_file.read_overrides(str(tmp_path / "nope.yaml"), _gpt_tiny_dp())
     assert "no such file" in info.value.message
+
+
+def test_dicts_of_configs_and_optional_parts_are_descended(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("evalers: {heldout: {every_n_steps: 5}}\n"
+                    "plan: {pipeline_parallel: {microbatch_size: 4}}\n"
+                    "checkpoint: {path: 'None'}\n")
+    cfg = _gpt_tiny_dp()
+    found = config_file.read_overrides(str(path), cfg)
+    assert [o.path for o in found] == ["evalers['heldout'].every_n_steps",
+                                       "plan.pipeline_parallel.microbatch_size",
+                                       "checkpoint.path"]
+    cfg = overrides.apply_overrides(cfg, found)
+    assert cfg.evalers["heldout"].every_n_steps == 5
+    assert cfg.plan.pipeline_parallel.microbatch_size == 4
+    assert cfg.checkpoint.path == "None"  # Quoted in YAML: the text, not None.

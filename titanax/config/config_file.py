@@ -16,7 +16,7 @@ from typing import Any, List
 
 from titanax import errors
 from titanax.config.base import ConfigBase
-from titanax.config.overrides import Override, holds_config
+from titanax.config.overrides import Override, config_dict_at, holds_config
 
 _FLAG = "--config_file"
 
@@ -59,7 +59,10 @@ def _flatten(entries: dict, *, prefix: str, node: ConfigBase, out: List[Override
         if not prefix and key.startswith("config."):
             key = key[len("config."):]
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and holds_config(node, path):
+        if isinstance(value, dict) and value and config_dict_at(node, path):
+            for entry, fields in value.items():  # evalers: {heldout: {every_n_steps: 5}}
+                _flatten({f"[{str(entry)!r}]": fields}, prefix=path, node=node, out=out)
+        elif isinstance(value, dict) and value and holds_config(node, path):
             _flatten(value, prefix=f"{path}.", node=node, out=out)
         else:
             out.append(Override(path=path, text=_as_text(value)))
@@ -73,4 +76,16 @@ def _as_text(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple, dict)):
         return repr(value)
+    if isinstance(value, str) and _ambiguous(value):
+        return repr(value)  # The text "None" or "1e-3" stays a string, as YAML quoted it.
     return str(value)
+
+
+def _ambiguous(text: str) -> bool:
+    if text.strip().lower() in ("none", "null", "true", "false", "yes", "no", "on", "off"):
+        return True
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return text[:1] in "([{'\""

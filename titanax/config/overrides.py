@@ -114,6 +114,7 @@ def holds_config(cfg: ConfigBase, path: str) -> bool:
     mapping for it means its fields rather than a value (``--config_file`` entries)."""
     try:
         tokens = paths.parse_path(path)
+        _create_optional_parents(cfg, tokens)  # (The caller's copy: optional parts switched on.)
         if isinstance(cfg.get_recursively(tokens), ConfigBase):
             return True
         annotation = typecheck.strip_annotated(_annotation_at(cfg, tokens))
@@ -122,6 +123,17 @@ def holds_config(cfg: ConfigBase, path: str) -> bool:
     members = typecheck.union_members(annotation) if typecheck.is_union(annotation) \
         else (annotation,)
     return any(_is_config_type(m) for m in members)
+
+
+def config_dict_at(cfg: ConfigBase, path: str) -> bool:
+    """Whether the field at ``path`` is a dict of configs (e.g. ``evalers``): a mapping for it
+    names its entries, each a config (``evalers['heldout'].every_n_steps``)."""
+    try:
+        value = cfg.get_recursively(paths.parse_path(path))
+    except (errors.TitanaxError, AttributeError, KeyError, IndexError, TypeError):
+        return False
+    return isinstance(value, dict) and bool(value) and all(
+        isinstance(v, ConfigBase) for v in value.values())
 
 
 def _is_bare_none(text: str) -> bool:

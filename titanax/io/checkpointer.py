@@ -232,6 +232,8 @@ class OrbaxCheckpoint(Configurable):
         out), or with ``overwrite`` move the whole directory aside -- kept, not deleted.
         """
         steps = self.all_steps()
+        # Every process has looked before process 0 may move the directory (below).
+        _barrier("titanax-fresh-start-looked")
         if not steps:
             return
         if not self.config.overwrite:
@@ -306,6 +308,15 @@ class OrbaxCheckpoint(Configurable):
                 raise
             except Exception as e:  # pylint: disable=broad-except
                 where = str(_path(self.directory, str(candidate)))
+                if jax.process_count() > 1 and step is None:
+                    # Skipping it is a decision the processes would take apart (one read
+                    # error, or a peer lost mid-read): never restore different steps.
+                    raise errors.CheckpointError(
+                        f"process {jax.process_index()} cannot read checkpoint step "
+                        f"{candidate}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                        path=where, suggestion="if the step is damaged, move it aside (e.g. "
+                        f"mv {where} {where}.damaged) and start the job again: it resumes from "
+                        "the step before") from e
                 if step is not None:
                     raise errors.CheckpointError(
                         f"cannot read checkpoint step {candidate}: {type(e).__name__}: {e}",
@@ -470,6 +481,11 @@ def _on_process_zero(action, barrier: str) -> None:
     """Runs a file-system change once per job (on process 0), the others waiting for it."""
     if jax.process_index() == 0:
         action()
+    _barrier(barrier)
+
+
+def _barrier(name: str) -> None:
+    """Every process of a job reaches this point before any goes on (no-op for one)."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-        multihost_utils.sync_global_devices(barrier)
+        multihost_utils.sync_global_devices(name)

@@ -12,6 +12,7 @@ others and exits with that child's status, naming it. It never imports jax.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,9 +22,12 @@ import time
 from typing import List, Optional, Sequence
 
 from titanax import errors
+from titanax.runtime.peer_watch import EXIT_LOST_PEER
 
 # Seconds a child gets to exit after SIGTERM before it is killed (when a peer failed).
 _GRACE_S = 20.0
+# Seconds the others get to end by themselves after a child failed (before being stopped).
+_SETTLE_S = 3.0
 
 
 def free_port() -> int:
@@ -79,41 +83,66 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
     stdout = stdout or sys.stdout
     lock = threading.Lock()
     children: List[subprocess.Popen] = []
-    for index, command in enumerate(commands):
-        env = dict(os.environ)
-        env.pop("XLA_FLAGS", None)  # Each child sets its own device count.
-        for name in ("TITANAX_COORDINATOR_ADDRESS", "TITANAX_NUM_PROCESSES", "TITANAX_PROCESS_ID",
-                     "JAX_COORDINATOR_ADDRESS"):
-            env.pop(name, None)
-        env["PYTHONUNBUFFERED"] = "1"
-        if gpus_per_process:
-            env["JAX_LOCAL_DEVICE_IDS"] = ",".join(
-                str(index * gpus_per_process + i) for i in range(gpus_per_process))
-        children.append(subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                         start_new_session=True))
-    for index, child in enumerate(children):
-        print(f"titanax.launch: process {index} of {len(children)} is pid {child.pid}",
-              file=stdout, flush=True)
-    readers = [threading.Thread(target=_relay, args=(child, index, stdout, lock), daemon=True)
-               for index, child in enumerate(children)]
-    for reader in readers:
-        reader.start()
+    signals_seen = []
 
     def forward(signum, frame):  # pylint: disable=unused-argument
+        signals_seen.append(signum)
+        for child in children:
+            if child.poll() is None:  # A second signal: the job is stuck, kill it.
+                child.send_signal(signum if len(signals_seen) == 1 else signal.SIGKILL)
+
+    previous = {sig: signal.signal(sig, forward)
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    readers = []
+    try:
+        for index, command in enumerate(commands):
+            children.append(subprocess.Popen(
+                list(command), env=_child_env(index, gpus_per_process), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                start_new_session=True, preexec_fn=_die_with_parent))
+            print(f"titanax.launch: process {index} of {len(commands)} is pid "
+                  f"{children[-1].pid}", file=stdout, flush=True)
+        readers = [threading.Thread(target=_relay, args=(child, index, stdout, lock), daemon=True)
+                   for index, child in enumerate(children)]
+        for reader in readers:
+            reader.start()
+        return _wait(children)
+    finally:
         for child in children:
             if child.poll() is None:
-                child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        status = _wait(children, stdout, lock)
-    finally:
+                child.kill()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for reader in readers:
             reader.join(timeout=5)
-    return status
+
+
+def _child_env(index: int, gpus_per_process: int) -> dict:
+    env = dict(os.environ)
+    # Each child sets its own device count; the user's other XLA flags stay.
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                   env.get("XLA_FLAGS", "")).strip()
+    if flags:
+        env["XLA_FLAGS"] = flags
+    else:
+        env.pop("XLA_FLAGS", None)
+    for name in ("TITANAX_COORDINATOR_ADDRESS", "TITANAX_NUM_PROCESSES", "TITANAX_PROCESS_ID",
+                 "JAX_COORDINATOR_ADDRESS"):
+        env.pop(name, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    if gpus_per_process:
+        env["JAX_LOCAL_DEVICE_IDS"] = ",".join(
+            str(index * gpus_per_process + i) for i in range(gpus_per_process))
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the launcher dies (Linux), so no orphan trains on."""
+    try:
+        import ctypes  # pylint: disable=import-outside-toplevel
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _relay(child: subprocess.Popen, index: int, stdout, lock: threading.Lock) -> None:
@@ -123,22 +152,35 @@ def _relay(child: subprocess.Popen, index: int, stdout, lock: threading.Lock) ->
             stdout.flush()
 
 
-def _wait(children: List[subprocess.Popen], stdout, lock: threading.Lock) -> int:
-    while True:
-        for index, child in enumerate(children):
-            code = child.poll()
-            if code is not None and code != 0:
-                _stop_the_rest(children, index)
-                what = (f"was killed by signal {-code}" if code < 0
-                        else f"failed with exit status {code}")
-                with lock:
-                    stdout.flush()
-                print(f"titanax.launch: process {index} of {len(children)} {what}; stopped the "
-                      "other processes", file=sys.stderr, flush=True)
-                return code if code > 0 else 128 - code
+def _wait(children: List[subprocess.Popen]) -> int:
+    """The job's status: 0 when every child succeeded; else the first real failure's, named.
+    A child that stopped because its peer was lost (peer_watch.EXIT_LOST_PEER) is not the cause
+    when another child failed otherwise; all children stopping with the same status (e.g. an
+    agreed preemption without a checkpoint: 143) is reported as such, not as one's failure."""
+    while all(child.poll() in (None, 0) for child in children):
         if all(child.poll() == 0 for child in children):
             return 0
         time.sleep(0.1)
+    first = next(i for i, child in enumerate(children) if child.poll() not in (None, 0))
+    deadline = time.monotonic() + _SETTLE_S  # Let the others end on their own first.
+    while time.monotonic() < deadline and any(child.poll() is None for child in children):
+        time.sleep(0.1)
+    codes = [child.poll() for child in children]
+    causes = [i for i, code in enumerate(codes) if code not in (None, 0, EXIT_LOST_PEER)]
+    failed = causes[0] if causes and codes[first] == EXIT_LOST_PEER else first
+    _stop_the_rest(children, failed)
+    code = children[failed].returncode
+    if all(child.returncode == code for child in children):
+        print(f"titanax.launch: every process {_status_text(code)}", file=sys.stderr,
+              flush=True)
+    else:
+        print(f"titanax.launch: process {failed} of {len(children)} {_status_text(code)}; "
+              "stopped the other processes", file=sys.stderr, flush=True)
+    return code if code > 0 else 128 - code
+
+
+def _status_text(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"failed with exit status {code}"
 
 
 def _stop_the_rest(children: List[subprocess.Popen], failed: int) -> None:

@@ -816,7 +816,9 @@ def _first_value(value: Any) -> float:
     """A metric as a Python float: its value, or -- per data shard (``sync_metrics=False``) --
     the first shard this process holds (another process's shards are not addressable here)."""
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
-        value = value.addressable_shards[0].data
+        first = min(value.addressable_shards,
+                    key=lambda shard: tuple(s.start or 0 for s in shard.index))
+        value = first.data
     return float(np.asarray(jax.device_get(value)).reshape(-1)[0])
 
 

@@ -15,9 +15,11 @@ Several processes must stop at the *same* step -- the save is a collective, and 
 stops alone leaves the others blocked in the next step. Once jax's runtime joined a multi-process
 job, SIGTERM belongs to jax's preemption notifier, which agrees with every process on a step (the
 largest any of them reached, plus one); the guard then asks ``reached_preemption_sync_point`` at
-every step instead of looking at a local flag, and turns Ctrl-C into a SIGTERM to itself so it
-is agreed on the same way. A request recorded before the job was joined is handed over likewise
-(``hand_over_to_job``).
+every step instead of looking at a local flag. From the moment the job is joined
+(``hand_over_to_job``) no process acts on a signal alone: a request recorded before is re-raised
+as a SIGTERM to itself, and so is Ctrl-C (a second Ctrl-C exits at once), so every stop goes
+through the agreement; the checks before and after training (``exit_if_requested``,
+``stop_if_requested``) then find nothing to act on.
 """
 
 from __future__ import annotations
@@ -45,11 +47,6 @@ class PreemptionGuard:
 
     def _handle(self, signum, frame):  # pylint: disable=unused-argument
         name = signal.Signals(signum).name
-        if self.agreed:  # Ctrl-C: let jax's notifier agree on the step with the other processes.
-            print(f"titanax: {name} received: asking every process to stop at the same step",
-                  flush=True)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
         if self.requested:
             _log.warning("second %s: exiting now (the last complete checkpoint is intact)", name)
             os._exit(128 + signum)  # pylint: disable=protected-access
@@ -57,12 +54,16 @@ class PreemptionGuard:
         self.signal_name = name
         self.announce()
 
-    def should_stop(self, step: int) -> bool:
+    def should_stop(self, step: int) -> bool:  # pylint: disable=unused-argument
         """Whether to save and stop after ``step``. In an agreed guard every process must ask
-        at every step: all of them get True at the same step."""
+        after every step: all of them get True after the same one."""
+        global _SYNC_CALLS  # pylint: disable=global-statement
         if self.agreed and not self.requested:
             from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-            if multihost_utils.reached_preemption_sync_point(step):
+            # jax's counter is the number of calls since the job started (a notice before the
+            # first call stops at call 1), not the train step a resumed run starts from.
+            _SYNC_CALLS += 1
+            if multihost_utils.reached_preemption_sync_point(_SYNC_CALLS):
                 self.requested, self.signal_name = True, "SIGTERM (agreed by every process)"
         return self.requested
 
@@ -79,6 +80,10 @@ class _EarlyGuard(PreemptionGuard):
 
 # The process-wide request recorded before training started (None: handlers not installed).
 _EARLY: Optional[_EarlyGuard] = None
+# Calls of reached_preemption_sync_point in this job (its step counter).
+_SYNC_CALLS = 0
+# In a multi-process job: Ctrl-Cs received since the job was joined.
+_JOB_INTERRUPTS = 0
 
 
 def install_early() -> None:
@@ -106,11 +111,27 @@ def in_multi_process_job() -> bool:
 
 
 def hand_over_to_job() -> None:
-    """After joining a multi-process job: a signal recorded before is re-raised as SIGTERM, for
-    jax's notifier to agree on a step with the other processes (training then stops there)."""
-    if _EARLY is not None and _EARLY.requested and in_multi_process_job():
+    """After joining a multi-process job: every stop request goes to jax's notifier from now on
+    (see the module docstring) -- one recorded before is re-raised as SIGTERM, Ctrl-C becomes a
+    SIGTERM, a second Ctrl-C exits at once."""
+    if not in_multi_process_job():
+        return
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupt_in_job)
+    if _EARLY is not None and _EARLY.requested:
         _EARLY.requested, _EARLY.signal_name = False, ""
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _interrupt_in_job(signum, frame):  # pylint: disable=unused-argument
+    global _JOB_INTERRUPTS  # pylint: disable=global-statement
+    _JOB_INTERRUPTS += 1
+    if _JOB_INTERRUPTS > 1:
+        _log.warning("second SIGINT: exiting now (the last complete checkpoint is intact)")
+        os._exit(128 + signum)  # pylint: disable=protected-access
+    print("titanax: SIGINT received: asking every process to stop after the same step",
+          flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def exit_if_requested(where: str) -> None:
@@ -139,14 +160,16 @@ def preemption_guard(enabled: bool = True) -> Iterator[PreemptionGuard]:
     """
     agreed = in_multi_process_job()
     guard = PreemptionGuard(agreed=agreed)
-    if not enabled or threading.current_thread() is not threading.main_thread():
+    # In a job SIGTERM stays jax's (its notifier agrees on the step) and Ctrl-C is forwarded to
+    # it (hand_over_to_job): the guard installs nothing and only asks at every step.
+    if agreed:
+        hand_over_to_job()
+    if not enabled or agreed or threading.current_thread() is not threading.main_thread():
         yield guard
         return
     if early_request() is not None:
         guard.requested, guard.signal_name = True, early_request()
-    # In a job, SIGTERM stays jax's (its notifier agrees on the step); only Ctrl-C is ours.
-    signals = (signal.SIGINT,) if agreed else _SIGNALS
-    previous = {sig: signal.getsignal(sig) for sig in signals}
+    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     for sig in previous:
         signal.signal(sig, guard._handle)  # pylint: disable=protected-access
     try:
