@@ -208,3 +208,9 @@ def test_padded_last_batch_is_masked():
     assert float(aux["num_examples"]) == 100.0
     np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
     assert float(aux["num_correct"]) == float(want_aux["num_correct"])
+
+
+def test_a_remote_checkpoint_path_is_kept_as_a_url():
+    """gs://, s3://... go to Orbax as given (through etils.epath), never made a local path."""
+    assert OrbaxCheckpoint(path="gs://bucket/runs/a").directory == "gs://bucket/runs/a"
+    assert OrbaxCheckpoint(path="rel/dir").directory == os.path.abspath("rel/dir")
