@@ -39,9 +39,8 @@ def _env():
     return env
 
 
-def _launch(*args, timeout=300, module="titanax.launch", env=None):
-    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT,
-                            env={**_env(), **(env or {})},
+def _launch(*args, timeout=300, module="titanax.launch"):
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=_env(),
                             capture_output=True, text=True, timeout=timeout, check=False)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result
@@ -208,7 +207,7 @@ def test_a_killed_process_ends_its_peer_within_seconds_naming_it(tmp_path):
 def test_the_user_script_entry_point_runs_in_every_process(tmp_path):
     result = _launch("--module=tests.runtime.user_main:main", "--config=gpt_tiny_dp",
                      "--local_processes=2", "--cpu_devices=2", "--config.max_steps=2",
-                     module="titanax.run", env={"USER_MAIN_TRAINER_DIR": str(tmp_path)})
+                     f"--trainer_dir={tmp_path}", module="titanax.run")
     assert (tmp_path / "checkpoints" / "2").is_dir() and (tmp_path / "metrics.csv").is_file()
     for index in (0, 1):
         assert f"[{index}] user main: process {index} of 2, step 2, loss" in result.stdout, \

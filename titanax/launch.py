@@ -81,7 +81,7 @@ _CONFIG_FILE = flags.DEFINE_string(
 _MODULE = flags.DEFINE_string(
     "module", None, "Run your own `module:function` in every process instead of the "
     "experiment's run(): it is called with the resolved config (None without --config), after "
-    "the process joined the job.")
+    "the process joined the job, and with trainer_dir= when it takes that argument.")
 _EXPLAIN = flags.DEFINE_bool(
     "explain", False, "Build the run, compile its train step on the first batch, print the mesh, "
     "every param's layout and the compiled step's collectives, then exit.")
@@ -243,7 +243,9 @@ def launch(argv: Sequence[str]) -> int:
         return _run_local_job()
     _join_job(cluster_spec, quiet=not _MODULE.value)
     if _MODULE.value:  # Imported only now: its import may touch devices.
-        result = _user_entry_point()(cfg)
+        entry = _user_entry_point()
+        takes_dir = "trainer_dir" in inspect.signature(entry).parameters
+        result = entry(cfg, trainer_dir=trainer_dir) if takes_dir else entry(cfg)
         return result if isinstance(result, int) else 0
     component = cfg.instantiate()
     run = getattr(component, "run", None)

@@ -2,13 +2,11 @@
 (run by tests/test_multi_process.py, not by pytest): builds the engine from the config it is
 handed and trains, in every process of the job."""
 
-import os
-
 import jax
 
 
-def main(config):
-    engine = config.instantiate(trainer_dir=os.environ["USER_MAIN_TRAINER_DIR"])
+def main(config, trainer_dir):
+    engine = config.instantiate(trainer_dir=trainer_dir)
     engine.fit()
     loss = engine.history[-1]["loss"]
     print(f"user main: process {jax.process_index()} of {jax.process_count()}, "

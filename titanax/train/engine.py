@@ -535,9 +535,14 @@ class Engine(Configurable):
         values = [{k: _first_value(v) for k, v in m.items()} for m in pending]
         first_step = step - len(values) + 1
         for offset, m in enumerate(values):
-            if not math.isfinite(m["loss"]) and self.config.nan_policy == "stop":
+            # The step's own verdict covers every device (with sync_metrics=False "loss" is
+            # only this process's first shard): every process stops alike.
+            finite = m["loss_finite"] > 0 if "loss_finite" in m else math.isfinite(m["loss"])
+            if not finite and self.config.nan_policy == "stop":
+                shown = (f"the loss is {m['loss']}" if not math.isfinite(m["loss"])
+                         else "the loss is not finite on another data shard")
                 raise errors.NonFiniteError(
-                    f"the loss is {m['loss']} at step {first_step + offset}",
+                    f"{shown} at step {first_step + offset}",
                     path=f"step {first_step + offset}",
                     suggestion="lower the learning rate, enable clipping (learner.max_grad_norm) "
                                "or loss scaling, or set nan_policy='skip'")
