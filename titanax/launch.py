@@ -238,9 +238,10 @@ def launch(argv: Sequence[str]) -> int:
         print(f"# diff from {_CONFIG.value} ({len(diff)} change{'s' if len(diff) != 1 else ''})")
         print("\n".join(diff) if diff else "(none)")
         return 0
-    preemption.exit_if_requested("while the config was built")
     if spawn:
         return _run_local_job()
+    if not cluster_spec.is_multi_process:  # (In a job the request is agreed on after joining.)
+        preemption.exit_if_requested("while the config was built")
     _join_job(cluster_spec, quiet=not _MODULE.value)
     if _MODULE.value:  # Imported only now: its import may touch devices.
         entry = _user_entry_point()
@@ -336,6 +337,7 @@ def _run_local_job() -> int:
     commands = local_processes.child_commands(
         sys.argv[1:], module="titanax.launch", count=count, port=local_processes.free_port(),
         cpu_devices=_CPU_DEVICES.value)
+    preemption.exit_if_requested("before the processes started")
     return local_processes.run_local_job(commands, gpus_per_process=gpus_per_process)
 
 

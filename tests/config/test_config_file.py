@@ -70,3 +70,19 @@ def test_dicts_of_configs_and_optional_parts_are_descended(tmp_path):
     assert cfg.evalers["heldout"].every_n_steps == 5
     assert cfg.plan.pipeline_parallel.microbatch_size == 4
     assert cfg.checkpoint.path == "None"  # Quoted in YAML: the text, not None.
+
+
+def test_unquoted_yaml_numbers_are_numbers_and_quoted_json_strings_text(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learner.optimizer.learning_rate.peak_value: 1e-3\nmax_steps: 20\n"
+                    "plan: {pipeline_parallel: {schedule: gpipe}}\n")
+    cfg = _gpt_tiny_dp()
+    cfg = overrides.apply_overrides(cfg, config_file.read_overrides(str(path), cfg))
+    assert cfg.learner.optimizer.learning_rate.peak_value == 1e-3 and cfg.max_steps == 20
+    assert cfg.plan.pipeline_parallel.schedule == "gpipe"
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"checkpoint": {"path": "1e-3"},
+                                "plan": {"pipeline_parallel": {"schedule": "circular"}}}))
+    cfg = _gpt_tiny_dp()
+    cfg = overrides.apply_overrides(cfg, config_file.read_overrides(str(path), cfg))
+    assert cfg.checkpoint.path == "1e-3" and cfg.plan.pipeline_parallel.schedule == "circular"

@@ -36,11 +36,11 @@ def _load(path: str) -> Any:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
-        if path.endswith(".json"):
-            entries = json.loads(text)
+        if path.endswith(".json"):  # Every JSON string is written as a string.
+            entries = json.loads(text, object_hook=lambda d: {
+                k: _Quoted(v) if isinstance(v, str) else v for k, v in d.items()})
         else:
-            import yaml  # pylint: disable=import-outside-toplevel
-            entries = yaml.safe_load(text)
+            entries = _load_yaml(text)
     except Exception as e:  # pylint: disable=broad-except
         raise errors.LaunchFlagError(f"cannot read {path}: {str(e).splitlines()[0]}",
                                      path=_FLAG, suggestion="fix the file's syntax") from None
@@ -51,6 +51,27 @@ def _load(path: str) -> Any:
             f"{path} holds a {type(entries).__name__}, not a mapping of path: value entries",
             path=_FLAG, suggestion="write e.g. `max_steps: 100` or `plan: {zero: {stage: 3}}`")
     return entries
+
+
+class _Quoted(str):
+    """A string the file wrote as a string (quoted): it stays text, whatever it looks like."""
+
+
+def _load_yaml(text: str) -> Any:
+    """YAML, with quoted scalars marked: ``path: '1e-3'`` is text, ``lr: 1e-3`` a number (YAML
+    1.1 reads that unquoted as a string; the command-line parser then makes it a float, as
+    ``--config.lr=1e-3`` would), ``x: None`` is None as on the command line."""
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    class Loader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
+        pass
+
+    def construct_str(loader, node):
+        value = loader.construct_scalar(node)
+        return _Quoted(value) if node.style in ("'", '"') else value
+
+    Loader.add_constructor("tag:yaml.org,2002:str", construct_str)
+    return yaml.load(text, Loader=Loader)  # nosec: a SafeLoader subclass
 
 
 def _flatten(entries: dict, *, prefix: str, node: ConfigBase, out: List[Override]) -> None:
@@ -76,16 +97,6 @@ def _as_text(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple, dict)):
         return repr(value)
-    if isinstance(value, str) and _ambiguous(value):
-        return repr(value)  # The text "None" or "1e-3" stays a string, as YAML quoted it.
+    if isinstance(value, _Quoted):
+        return repr(str(value))  # "None" or "1e-3" written quoted stays that text.
     return str(value)
-
-
-def _ambiguous(text: str) -> bool:
-    if text.strip().lower() in ("none", "null", "true", "false", "yes", "no", "on", "off"):
-        return True
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return text[:1] in "([{'\""

@@ -86,10 +86,12 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
     signals_seen = []
 
     def forward(signum, frame):  # pylint: disable=unused-argument
-        signals_seen.append(signum)
+        # SIGHUP (the terminal went away) asks for a clean stop like SIGTERM; the children
+        # have no handler of their own for it.
+        signals_seen.append(signal.SIGTERM if signum == signal.SIGHUP else signum)
         for child in children:
             if child.poll() is None:  # A second signal: the job is stuck, kill it.
-                child.send_signal(signum if len(signals_seen) == 1 else signal.SIGKILL)
+                child.send_signal(signals_seen[0] if len(signals_seen) == 1 else signal.SIGKILL)
 
     previous = {sig: signal.signal(sig, forward)
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -99,7 +101,9 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
             children.append(subprocess.Popen(
                 list(command), env=_child_env(index, gpus_per_process), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-                start_new_session=True, preexec_fn=_die_with_parent))
+                start_new_session=True, preexec_fn=_die_with_parent(os.getpid())))
+            if signals_seen:  # A signal that came while the job was starting.
+                children[-1].send_signal(signals_seen[0])
             print(f"titanax.launch: process {index} of {len(commands)} is pid "
                   f"{children[-1].pid}", file=stdout, flush=True)
         readers = [threading.Thread(target=_relay, args=(child, index, stdout, lock), daemon=True)
@@ -136,13 +140,21 @@ def _child_env(index: int, gpus_per_process: int) -> dict:
     return env
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the launcher dies (Linux), so no orphan trains on."""
+def _die_with_parent(parent: int):
+    """A child's pre-exec step: SIGKILL when the launcher dies (Linux PR_SET_PDEATHSIG), so no
+    orphan trains on. ``prctl`` is looked up here, in the parent: between fork and exec the
+    child only calls it (no import, no dlopen)."""
     try:
         import ctypes  # pylint: disable=import-outside-toplevel
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+    def in_child() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # The launcher died before that: do not start.
+            os._exit(1)  # pylint: disable=protected-access
+    return in_child
 
 
 def _relay(child: subprocess.Popen, index: int, stdout, lock: threading.Lock) -> None:
@@ -167,7 +179,10 @@ def _wait(children: List[subprocess.Popen]) -> int:
         time.sleep(0.1)
     codes = [child.poll() for child in children]
     causes = [i for i, code in enumerate(codes) if code not in (None, 0, EXIT_LOST_PEER)]
-    failed = causes[0] if causes and codes[first] == EXIT_LOST_PEER else first
+    if codes[0] is not None and codes[0] < 0 and codes[0] != -signal.SIGABRT:
+        failed = 0  # Process 0 (jax's service) was killed: the others' aborts followed it.
+    else:
+        failed = causes[0] if causes and codes[first] == EXIT_LOST_PEER else first
     _stop_the_rest(children, failed)
     code = children[failed].returncode
     if all(child.returncode == code for child in children):

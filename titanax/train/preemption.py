@@ -129,8 +129,8 @@ def _interrupt_in_job(signum, frame):  # pylint: disable=unused-argument
     if _JOB_INTERRUPTS > 1:
         _log.warning("second SIGINT: exiting now (the last complete checkpoint is intact)")
         os._exit(128 + signum)  # pylint: disable=protected-access
-    print("titanax: SIGINT received: asking every process to stop after the same step",
-          flush=True)
+    print("titanax: SIGINT received: asking every process to stop after the same step (again "
+          "to exit at once)", flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
