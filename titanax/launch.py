@@ -392,6 +392,7 @@ def main(argv: Sequence[str]) -> None:
 def run_main() -> None:
     """Entry point of ``python -m titanax.launch`` and the ``titanax-launch`` script."""
     preemption.install_early()
+    local_processes.die_with_launcher()
     # absl's --help lists the flags of the main module and prints its docstring; for the
     # installed script the main module is a generated stub, so name ours as the main one.
     main_module = sys.modules.get("__main__")

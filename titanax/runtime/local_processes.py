@@ -26,6 +26,8 @@ from titanax.runtime.peer_watch import EXIT_LOST_PEER
 
 # Seconds a child gets to exit after SIGTERM before it is killed (when a peer failed).
 _GRACE_S = 20.0
+# Set in every child: the launcher's pid (die_with_launcher).
+ENV_LAUNCHER_PID = "TITANAX_LAUNCHER_PID"
 # Seconds the others get to end by themselves after a child failed (before being stopped).
 _SETTLE_S = 3.0
 
@@ -101,7 +103,7 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
             children.append(subprocess.Popen(
                 list(command), env=_child_env(index, gpus_per_process), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-                start_new_session=True, preexec_fn=_die_with_parent(os.getpid())))
+                start_new_session=True))
             if signals_seen:  # A signal that came while the job was starting.
                 children[-1].send_signal(signals_seen[0])
             print(f"titanax.launch: process {index} of {len(commands)} is pid "
@@ -134,27 +136,28 @@ def _child_env(index: int, gpus_per_process: int) -> dict:
                  "JAX_COORDINATOR_ADDRESS"):
         env.pop(name, None)
     env["PYTHONUNBUFFERED"] = "1"
+    env[ENV_LAUNCHER_PID] = str(os.getpid())
     if gpus_per_process:
         env["JAX_LOCAL_DEVICE_IDS"] = ",".join(
             str(index * gpus_per_process + i) for i in range(gpus_per_process))
     return env
 
 
-def _die_with_parent(parent: int):
-    """A child's pre-exec step: SIGKILL when the launcher dies (Linux PR_SET_PDEATHSIG), so no
-    orphan trains on. ``prctl`` is looked up here, in the parent: between fork and exec the
-    child only calls it (no import, no dlopen)."""
+def die_with_launcher() -> None:
+    """In a child, first thing: be SIGKILLed when the launcher dies (Linux PR_SET_PDEATHSIG), so
+    no orphan trains on; exit if it is gone already. The child does this itself (the launcher
+    names itself in ``TITANAX_LAUNCHER_PID``) rather than in a pre-exec hook, which would make
+    subprocess fork a possibly multithreaded parent."""
+    launcher = os.environ.get(ENV_LAUNCHER_PID)
+    if not launcher:
+        return
     try:
         import ctypes  # pylint: disable=import-outside-toplevel
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        return None
-
-    def in_child() -> None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # The launcher died before that: do not start.
-            os._exit(1)  # pylint: disable=protected-access
-    return in_child
+        return
+    if os.getppid() != int(launcher):
+        os._exit(1)  # pylint: disable=protected-access
 
 
 def _relay(child: subprocess.Popen, index: int, stdout, lock: threading.Lock) -> None:
