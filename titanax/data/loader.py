@@ -7,12 +7,15 @@ rows of each global batch, shuffled from the seed, with a checkpointable iterato
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import jax
 
 from titanax import errors
 from titanax.data.pipeline import Input
+
+_log = logging.getLogger("titanax")
 
 
 class ShardedDataLoader:
@@ -37,6 +40,11 @@ class ShardedDataLoader:
             shards, num_shards = engine.build().process_batch_shards()
             self.input = cfg.instantiate(source=dataset, shards=shards, num_shards=num_shards)
         else:
+            if jax.process_count() > 1:
+                _log.warning("ShardedDataLoader without engine=: process %d reads rows by its "
+                             "index; when the model or pipe axis spans processes the mesh needs "
+                             "other rows -- pass engine= to follow the mesh",
+                             jax.process_index())
             self.input = cfg.instantiate(source=dataset, process_index=jax.process_index(),
                                          process_count=jax.process_count())
 
