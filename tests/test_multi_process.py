@@ -139,23 +139,27 @@ def _wait_for(process, text, lines, timeout=240):
     raise AssertionError(f"the job ended before printing {text!r}:\n" + "".join(lines[-50:]))
 
 
-@pytest.mark.parametrize("when", ["mid-run", "resumed-before-the-first-step"])
+@pytest.mark.parametrize("when", ["mid-run", "resumed-before-the-first-step",
+                                  "resumed-after-periodic-saves"])
 def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root, when):
     """SIGTERM to process 1 only: both stop after the same step, saved, and exit 0; the resumed
-    run continues exactly. Sent before a resumed run's first step, it must still be honoured
-    (jax counts its sync points from the job's start, not from the resumed step)."""
+    run continues exactly. Sent before a resumed run's first step, or after periodic saves of a
+    resumed run, it must still be honoured (jax's sync points are counted from the job's start,
+    and only Titanax asks for them -- not Orbax's saves with the global step)."""
     name = "gpt_tiny_dp_tp"
     trainer_dir = os.path.join(root, f"preempted-{when}")
     resumed_from = 0
     if when != "mid-run":
         resumed_from = 2
         _run(name, trainer_dir, *MODEL_SPANS, processes=2, steps=resumed_from)
+    saves = ["--config.checkpoint.save_every_n_steps=2"] if "saves" in when else []
     job = _start(f"--config={name}", f"--trainer_dir={trainer_dir}", "--local_processes=2",
                  "--cpu_devices=4", "--config.max_steps=100000", "--config.log_every=1",
-                 *MODEL_SPANS)
+                 *MODEL_SPANS, *saves)
     lines = []
     try:
-        _wait_for(job, "[0] step      3/" if when == "mid-run" else "[1] W", lines)
+        _wait_for(job, {"mid-run": "[0] step      3/", "resumed-before-the-first-step": "[1] W",
+                        "resumed-after-periodic-saves": "[0] step      7/"}[when], lines)
         pids = {int(line.split()[-1]) for line in lines if "process 1 of 2 is pid" in line}
         os.kill(pids.pop(), signal.SIGTERM)  # Process 1 only.
         rest, _ = job.communicate(timeout=240)

@@ -132,6 +132,11 @@ class OrbaxCheckpoint(Configurable):
                         "metadata": ocp.JsonCheckpointHandler()}
             self._manager = ocp.CheckpointManager(self.directory, options=options,
                                                   item_handlers=handlers)
+            # Titanax agrees on preemption itself (train/preemption.py: jax's sync point, counted
+            # in calls since the job started) and forces that save. Orbax would also ask jax's
+            # sync point, with the global step, on every save: two counters in one sync manager
+            # (a call that lands on the agreed point first takes it from the other).
+            self._manager.reached_preemption = lambda step: False
         return self._manager
 
     def should_save(self, step: int) -> bool:
