@@ -1,17 +1,15 @@
 """Two real processes on loopback, joined by titanax.runtime.distributed.initialize."""
 
 import os
-import socket
 import subprocess
 import sys
+
+from titanax.runtime import local_processes
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_free_port = local_processes.free_port
 
 
 def test_psum_across_two_processes():

@@ -36,10 +36,6 @@ def _one_device_run():
     return helpers.train(engine, BATCHES), engine.history
 
 
-def _one_device():
-    return _one_device_run()[0]
-
-
 def _counts_and_norms(history):
     return [(h["aux/num_tokens"], h["aux/loss_sum"], h["grad_norm"]) for h in history]
 
@@ -48,6 +44,17 @@ def _sharded(*, data=8, fsdp=1, model_axis=1, accumulate=1, stage=1, **options):
     return helpers.gpt_engine(data=data, fsdp=fsdp, model_axis=model_axis,
                               accumulate=accumulate, learner=_momentum_sgd(), zero=stage,
                               zero_options={**SMALL, **options})
+
+
+def _assert_trains_like_one_device(engine) -> None:
+    """Per-step losses, every param, the token counts (summed, not averaged, over every batch
+    axis) and the global gradient norm of the one-device run."""
+    (want_losses, want_params), want_history = _one_device_run()
+    losses, params = helpers.train(engine, BATCHES)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_counts_and_norms(engine.history),
+                               _counts_and_norms(want_history), rtol=1e-5)
 
 
 @pytest.mark.parametrize("data,fsdp,model_axis,accumulate,stage,options", [
@@ -68,15 +75,9 @@ def _sharded(*, data=8, fsdp=1, model_axis=1, accumulate=1, stage=1, **options):
         "zero2xtp", "fsdp-microbatch-x-tp-acc2", "hsdp-microbatch-acc2", "hsdp-step-acc2",
         "hsdp-zero2-acc2", "hsdp-zero1", "hsdp-microbatch", "hsdp-microbatch-x-tp-acc2"])
 def test_sgd_update_matches_one_device(data, fsdp, model_axis, accumulate, stage, options):
-    want_losses, want_params = _one_device()
     engine = _sharded(data=data, fsdp=fsdp, model_axis=model_axis, accumulate=accumulate,
                       stage=stage, **options)
-    losses, params = helpers.train(engine, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
-    # Token counts summed (not averaged) over every batch axis; the global gradient norm.
-    np.testing.assert_allclose(_counts_and_norms(engine.history),
-                               _counts_and_norms(_one_device_run()[1]), rtol=1e-5)
+    _assert_trains_like_one_device(engine)
     wi = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
     # [L, D, 4D]: the ZeRO axis (data; fsdp under HSDP) on the largest dimension not split
     # already (4D is TP's).
@@ -94,7 +95,6 @@ def test_sgd_update_matches_one_device(data, fsdp, model_axis, accumulate, stage
 
 @pytest.mark.parametrize("hsdp", [False, True], ids=["fsdp", "hsdp"])
 def test_fsdp_under_a_pipeline_matches_one_device(hsdp):
-    want_losses, want_params = _one_device()
     cfg = helpers.gpt_engine(data=1, learner=_momentum_sgd()).config.clone()
     if hsdp:  # data x fsdp x pipe = 2 x 2 x 2.
         cfg.mesh = helpers.mesh((2, 2, 2), ("data", "fsdp", "pipe"), devices=list(range(8)))
@@ -106,11 +106,7 @@ def test_fsdp_under_a_pipeline_matches_one_device(hsdp):
         pipeline_parallel=PP.default_config().set(schedule="1f1b", microbatch_size=2),
         zero=ZeRO.default_config().set(stage=3, grad_sync="per_step", axis=axis, **SMALL))
     engine = cfg.instantiate()
-    losses, params = helpers.train(engine, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(_counts_and_norms(engine.history),
-                               _counts_and_norms(_one_device_run()[1]), rtol=1e-5)
+    _assert_trains_like_one_device(engine)
     wi = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
     assert tuple(wi.sharding.spec)[:3] == ("pipe", None, axis)
 
