@@ -42,7 +42,7 @@ setup(
         # Peer implementations of the GPT (benchmarks/peers/) and the benchmark plots.
         "benchmarks": BENCHMARK_EXTRAS,
         # CI installs '.[dev]': it runs tests/benchmarks, which needs the peers' extras.
-        "dev": ["pytest>=8"] + BENCHMARK_EXTRAS,
+        "dev": ["pytest>=8", "pytest-xdist>=3.5"] + BENCHMARK_EXTRAS,
     },
     entry_points={"console_scripts": ["titanax-launch=titanax.launch:run_main"]},
 )

@@ -7,13 +7,17 @@ import sys
 
 import pytest
 
+from tests.environment import child_environment
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Launches without --cpu_devices get the session's 8 devices; see tests/environment.py.
+ENV = child_environment(keep_device_count=True)
 FIXTURES = "--config_module=tests.config.fixture_experiments"
 
 
 def _launch(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "titanax.launch", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_list_shows_registered_experiments_with_summaries():
@@ -190,8 +194,7 @@ def test_local_processes_without_devices_names_cpu_devices():
 
 
 def test_the_first_failing_process_stops_the_job_and_is_named():
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = child_environment()
     result = subprocess.run([sys.executable, "-m", "titanax.run",
                              "--module=tests.runtime.user_main:fail_in_one",
                              "--local_processes=2", "--cpu_devices=1"], cwd=REPO_ROOT,

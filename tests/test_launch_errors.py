@@ -13,12 +13,16 @@ import time
 
 import pytest
 
+from tests.environment import child_environment
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Launches without --cpu_devices get the session's 8 devices; see tests/environment.py.
+ENV = child_environment(keep_device_count=True)
 LAUNCH = [sys.executable, "-m", "titanax.launch"]
 
 
 def _launch(*args, timeout=180, cwd=REPO_ROOT):
-    return subprocess.run([*LAUNCH, *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([*LAUNCH, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 
@@ -178,7 +182,8 @@ def _wait_for_signal_handlers(pid: int, timeout: float = 30.0) -> None:
 @pytest.mark.parametrize("delay", [0.0, 0.2, 1.0, 2.5])
 def test_ctrl_c_in_the_first_seconds_exits_0_without_a_traceback(tmp_path, delay):
     process = subprocess.Popen([*LAUNCH, *_quick_mnist(tmp_path, "--config.max_steps=100000")],
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE,
                                text=True)
     _wait_for_signal_handlers(process.pid)
     time.sleep(delay)
@@ -193,7 +198,8 @@ def test_sigterm_without_checkpoints_stops_the_run_and_says_nothing_was_saved(tm
     process = subprocess.Popen(
         [*LAUNCH, "--config=mnist_dp", f"--trainer_dir={tmp_path}", "--config.checkpoint=None",
          "--config.evalers={}", "--config.log_every=1", "--config.max_steps=100000"],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     for line in process.stdout:  # Wait until training really runs.
         if line.startswith("step ") and "loss" in line:
             break

@@ -1,20 +1,19 @@
 """Two processes on loopback each read a disjoint half of every global batch."""
 
 import json
-import os
 import subprocess
 import sys
 
 
 from titanax.data.pipeline import Input
 from titanax.data.sources import MNIST
+from tests.environment import child_environment
 from tests.runtime.test_distributed import REPO_ROOT, _free_port
 
 
 def test_two_processes_read_disjoint_halves_whose_union_is_the_single_process_batch(tmp_path):
     port = _free_port()
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = child_environment()
     outs = [tmp_path / f"process{i}.json" for i in range(2)]
     workers = [subprocess.Popen([sys.executable, "-m", "tests.data.distributed_data_worker",
                                  str(i), str(port), str(outs[i])], cwd=REPO_ROOT, env=env,

@@ -12,8 +12,11 @@ import time
 import numpy as np
 
 from titanax.io.checkpointer import OrbaxCheckpoint
+from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Launches without --cpu_devices get the session's 8 devices; see tests/environment.py.
+ENV = child_environment(keep_device_count=True)
 STEPS = 240
 
 
@@ -36,8 +39,8 @@ def _tmp_dirs(path):
 
 def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_result(tmp_path):
     reference_dir = tmp_path / "reference"
-    done = subprocess.run(_command(reference_dir), cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = subprocess.run(_command(reference_dir), cwd=REPO_ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     want = _final_params(str(reference_dir), STEPS)
 
@@ -47,8 +50,8 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_result(tm
     killed_mid_save = 0
     restored_from = []
     for attempt in range(6):
-        process = subprocess.Popen(_command(run_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(_command(run_dir), cwd=REPO_ROOT, env=ENV,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if attempt % 2 == 0:
             # Kill while the k-th save of this attempt is still being written.
             target, seen = rng.randint(1, 3), set()
@@ -67,8 +70,8 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_result(tm
             process.send_signal(signal.SIGKILL)
         output = process.communicate(timeout=60)[0]
         restored_from += re.findall(r"restored the run from (\S+)", output)
-    final = subprocess.run(_command(run_dir), cwd=REPO_ROOT, capture_output=True, text=True,
-                           timeout=300, check=False)
+    final = subprocess.run(_command(run_dir), cwd=REPO_ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=300, check=False)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     restored_from += re.findall(r"restored the run from (\S+)", final.stdout)
     assert killed_mid_save >= 1, "no kill landed during an async save"
@@ -84,7 +87,8 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_result(tm
 def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
     process = subprocess.Popen(_command(tmp_path, steps=100000, save_every=100000, log_every=20,
                                         quiet=False),
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT,
                                text=True)
     lines = []
     for line in process.stdout:  # Ends (and the asserts below fail) if the process dies first.
@@ -111,7 +115,8 @@ def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
 def test_a_second_signal_exits_at_once_leaving_only_complete_checkpoints(tmp_path):
     process = subprocess.Popen(_command(tmp_path, steps=100000, save_every=20, log_every=20,
                                         quiet=False),
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT,
                                text=True)
     for line in process.stdout:
         if re.match(r"step\s+60\b", line):

@@ -9,6 +9,7 @@ from jax.sharding import PartitionSpec as P
 from titanax import errors
 from titanax.parallel import collectives, pipeline
 from titanax.runtime.mesh import MeshSpec
+from tests.numerics import assert_close, float64_reference
 
 STAGES, WIDTH = 4, 8
 
@@ -29,6 +30,17 @@ def _sequential_loss(params, microbatches):
     for s in range(STAGES):
         x = _stage({k: v[s] for k, v in params.items()}, x)
     return jnp.sum(x ** 2), x
+
+
+def _float64_value_and_grad(fn, params, microbatches):
+    """The reference: ``fn``'s loss, output and gradients in float64 (no float32 error of
+    its own, so a comparison sees only the pipeline's)."""
+    with float64_reference():
+        wide = lambda tree: jax.tree_util.tree_map(  # noqa: E731
+            lambda x: jnp.asarray(np.asarray(x, np.float64)), tree)
+        (loss, out), grads = jax.value_and_grad(fn, has_aux=True)(wide(params),
+                                                                  wide(microbatches))
+        return jax.device_get((loss, out, grads))
 
 
 def _pipelined(remat: bool):
@@ -57,14 +69,12 @@ def _pipelined(remat: bool):
 def test_gpipe_matches_the_stages_run_in_sequence(remat):
     params = _params()
     microbatches = jnp.asarray(np.random.default_rng(1).normal(size=(6, 4, WIDTH)), jnp.float32)
-    (want_loss, want_out), want_grads = jax.value_and_grad(_sequential_loss, has_aux=True)(
-        params, microbatches)
+    want_loss, want_out, want_grads = _float64_value_and_grad(_sequential_loss, params,
+                                                              microbatches)
     loss, grads, outs = _pipelined(remat)(params, microbatches)
-    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(outs[-1]), np.asarray(want_out), rtol=1e-5, atol=1e-6)
-    for name in params:
-        np.testing.assert_allclose(np.asarray(grads[name]), np.asarray(want_grads[name]),
-                                   rtol=1e-5, atol=1e-6)
+    assert_close(loss, want_loss, what="loss")
+    assert_close(outs[-1], want_out, what="last stage's outputs")
+    assert_close(dict(grads), want_grads, what="gradients")
 
 
 def test_gpipe_refuses_fewer_microbatches_than_stages():
@@ -116,15 +126,13 @@ def test_circular_matches_the_stages_run_in_sequence(rounds, count, remat):
             x = _stage({k: v[c] for k, v in p.items()}, x)
         return jnp.sum(x ** 2), x
 
-    (want_loss, want_out), want_grads = jax.value_and_grad(sequential, has_aux=True)(
-        params, microbatches)
+    want_loss, want_out, want_grads = _float64_value_and_grad(sequential, params, microbatches)
     view = {k: v.reshape((rounds, STAGES) + v.shape[1:]) for k, v in params.items()}
     loss, grads, outs = _circular(rounds, remat)(view, microbatches)
-    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(outs[-1]), np.asarray(want_out), rtol=1e-5, atol=1e-6)
-    for name in params:
-        np.testing.assert_allclose(np.asarray(grads[name]).reshape(params[name].shape),
-                                   np.asarray(want_grads[name]), rtol=1e-5, atol=1e-6)
+    assert_close(loss, want_loss, what="loss")
+    assert_close(outs[-1], want_out, what="last stage's outputs")
+    assert_close({k: np.asarray(v).reshape(params[k].shape) for k, v in grads.items()},
+                 want_grads, what="gradients")
 
 
 def test_bubble_fraction():
@@ -161,6 +169,5 @@ def test_stage_summaries_are_partial_sums_of_the_mean_over_stages_and_microbatch
     for c in range(total):  # Every stage on every microbatch, in order.
         x = jax.vmap(lambda m, c=c: _stage({k: v[c] for k, v in params.items()}, m))(x)
         means.append(jnp.mean(x, axis=(1, 2)))
-    np.testing.assert_allclose(float(got["mean_out"]), float(jnp.mean(jnp.stack(means))),
-                               rtol=1e-5)
+    assert_close(got["mean_out"], jnp.mean(jnp.stack(means)), what="mean of the stage outputs")
     assert float(got["stage"]) == pytest.approx((total - 1) / 2)  # Mean stage index.

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from titanax.runtime import local_processes
+from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -14,8 +15,7 @@ _free_port = local_processes.free_port
 
 def test_psum_across_two_processes():
     port = _free_port()
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = child_environment()
     workers = [subprocess.Popen([sys.executable, "-m", "tests.runtime.distributed_worker", str(i),
                                  str(port)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for i in range(2)]

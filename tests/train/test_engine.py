@@ -16,6 +16,7 @@ from titanax.parallel.plan import DP, TP, Plan
 from titanax.runtime.mesh import MeshSpec
 from titanax.train.engine import Engine
 from titanax.train.user_step import step_fn
+from tests.numerics import assert_close
 from tests.train import helpers
 
 
@@ -144,13 +145,12 @@ def _seed_style_run(data: int):
 def test_hand_written_step_matches_one_device_and_plain_jax():
     losses_8, params_8 = _seed_style_run(8)
     losses_1, params_1 = _seed_style_run(1)
-    np.testing.assert_allclose(losses_8, losses_1, rtol=1e-5)
+    assert_close(losses_8, losses_1, what="losses")
     params = _linear_params()
     for batch in _linear_batches():  # The same SGD in plain jax.
         grads = jax.grad(_loss)(params, batch)
         params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
-    for key in params:
-        np.testing.assert_allclose(params_8[key], params[key], rtol=1e-5, atol=1e-6)
+    assert_close(dict(params_8), params, what="params")
 
 
 def test_eval_loggers_and_explain(tmp_path):
@@ -199,7 +199,7 @@ def test_unsynced_metrics_report_data_shard_0():
     shard_0 = {k: v[:8] for k, v in batch.items()}  # The rows of data-axis position 0.
     (want, _), _ = functional(unsynced.model, None, initial, (shard_0,), is_training=False)
     assert unsynced.history[0]["aux/num_examples"] == 8.0  # One shard's examples, not 64.
-    assert abs(unsynced.history[0]["loss"] - float(want)) < 1e-5
+    assert_close(unsynced.history[0]["loss"], want, what="data shard 0's loss")
 
 
 def test_dropout_masks_differ_across_data_shards():

@@ -12,9 +12,9 @@ import titanax as tx
 from titanax import errors
 from titanax.modules import functional
 from titanax.modules.models.classifier import CNNClassifier
-from titanax.modules.testing import assert_nested_allclose
 from titanax.parallel.plan import DP, PP, Plan
 from titanax.train.engine import Engine
+from tests.numerics import assert_close
 from tests.train import helpers
 
 CNN = CNNClassifier.default_config().set(name="cnn", image_size=8, channels=(4, 8),
@@ -58,8 +58,8 @@ def test_a_two_stage_cnn_matches_one_device(shape, schedule):
     want_losses, want_params = helpers.train(_engine(), BATCHES)
     engine = _engine(shape, schedule)
     losses, params = helpers.train(engine, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
     # One data reduction, outside any loop; inside loops only pipe permutes.
     ops = engine.collectives()
     assert all(op.axes == ("pipe",) for op in ops if op.in_loop)
@@ -73,8 +73,8 @@ def test_example_weights_give_the_weighted_loss():
                for b in BATCHES[:2]]
     want_losses, want_params = helpers.train(_engine(), batches)
     losses, params = helpers.train(_engine((1, 2), "gpipe", microbatch_size=2), batches)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
 
 
 def test_explain_lists_the_stages():
@@ -96,9 +96,9 @@ def test_imperative_engine_with_the_seed_api():
     losses, _ = helpers.train(engine, BATCHES)
     reference = _engine()
     want_losses, _ = helpers.train(reference, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
     got, want = engine.eval(data=BATCHES[:2]), reference.eval(data=BATCHES[:2])
-    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    assert_close(got["loss"], want["loss"], what="eval loss")
     assert got["accuracy"] == want["accuracy"]
 
 

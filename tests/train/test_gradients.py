@@ -2,12 +2,11 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from titanax.modules import functional
-from titanax.modules.testing import assert_nested_allclose
 from titanax.train.gradients import ModelGradients, flat_summaries
 from titanax.train.precision import Precision
+from tests.numerics import assert_close
 from tests.train import helpers
 
 
@@ -27,18 +26,18 @@ def test_microbatched_gradients_equal_the_plain_ones_and_jax_grad():
     key = jax.random.PRNGKey(0)
     one, four = plain(params, batch, key), split(params, batch, key)
     want = jax.grad(lambda p: functional(model, key, p, (batch,), is_training=True)[0][0])(params)
-    assert_nested_allclose(one.grads, want, rtol=1e-5, atol=1e-7)
-    assert_nested_allclose(four.grads, want, rtol=1e-4, atol=1e-6)  # Equal-size microbatches.
-    np.testing.assert_allclose(float(four.loss), float(one.loss), rtol=1e-5)
+    assert_close(one.grads, want, what="gradients")
+    assert_close(four.grads, want, what="gradients of 4 microbatches")  # Of equal size.
+    assert_close(four.loss, one.loss, what="loss of 4 microbatches")
     assert float(four.aux["num_tokens"]) == float(one.aux["num_tokens"]) == 8 * 16
-    np.testing.assert_allclose(float(one.summaries["summaries/loss"]), float(one.loss), rtol=1e-6)
+    assert_close(one.summaries["summaries/loss"], one.loss, what="summarised loss")
 
 
 def test_summaries_reach_the_step_metrics():
     engine = helpers.summarizing(helpers.gpt_engine(data=4, model_axis=2, accumulate=2))
     engine.fit(data=iter(helpers.text_batches(batch_size=16)), steps=2)
-    for metrics in engine.history:
-        assert abs(metrics["summaries/loss"] - metrics["loss"]) < 1e-5, metrics
+    assert_close([m["summaries/loss"] for m in engine.history],
+                 [m["loss"] for m in engine.history], what="summarised losses")
 
 
 def test_flat_summaries_names_paths_and_averages_stacked_layers():

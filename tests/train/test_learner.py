@@ -10,6 +10,7 @@ from titanax.config import config_for_function
 from titanax.train import learner as learner_lib
 from titanax.train import optimizers, prng
 from titanax.train.precision import Precision
+from tests.numerics import assert_close
 
 
 def test_optimizer_adapter_matches_plain_optax():
@@ -19,7 +20,7 @@ def test_optimizer_adapter_matches_plain_optax():
     adapter = learner_lib.OptimizerAdapter(tx)
     ours = adapter.update(grads, adapter.init(params), params)[0]
     theirs = tx.update(grads, tx.init(params), params)[0]
-    jax.tree_util.tree_map(np.testing.assert_allclose, ours, theirs)
+    assert_close(ours, theirs, what="updates")
 
 
 def test_adamw_decay_is_scaled_per_param_and_matches_optax_where_full():
@@ -29,23 +30,22 @@ def test_adamw_decay_is_scaled_per_param_and_matches_optax_where_full():
     reference = optax.adamw(0.1, weight_decay=0.5, mask={"w": True, "b": False})
     got = ours.update(grads, ours.init(params), params)[0]
     want = reference.update(grads, reference.init(params), params)[0]
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, want)
+    assert_close(got, want, what="updates")
     half = optimizers.adamw(0.1, weight_decay=0.5, decay_scales={"w": 0.5, "b": 0.0})
     got_half = half.update(grads, half.init(params), params)[0]
-    np.testing.assert_allclose(got_half["w"] - got["w"], 0.1 * 0.25 * params["w"], rtol=1e-5)
+    assert_close(got_half["w"] - got["w"], 0.1 * 0.25 * params["w"], what="half the decay")
 
 
 def test_lion_and_sgd_momentum():
     params = {"w": jnp.zeros(3)}
     grads = {"w": jnp.array([1.0, -2.0, 0.0])}
     lion = optimizers.lion(0.1)
-    np.testing.assert_allclose(lion.update(grads, lion.init(params), params)[0]["w"],
-                               [-0.1, 0.1, 0.0])
+    assert_close(lion.update(grads, lion.init(params), params)[0]["w"], [-0.1, 0.1, 0.0])
     sgd = optimizers.sgd(0.1, momentum=0.9)
     state = sgd.init(params)
     first, state = sgd.update(grads, state, params)
     second, _ = sgd.update(grads, state, params)
-    np.testing.assert_allclose(second["w"], 1.9 * first["w"], rtol=1e-6)
+    assert_close(second["w"], 1.9 * first["w"], what="second momentum step")
 
 
 def test_warmup_cosine_schedule():
@@ -70,7 +70,7 @@ def test_learner_passes_decay_scales_only_to_factories_that_take_them():
 def test_clip_by_norm_scales_to_the_max_norm():
     """(The global norm itself is the reducer's: tests/train/test_reducer.py.)"""
     clipped = learner_lib.clip_by_norm({"x": jnp.array([3.0, 4.0])}, jnp.float32(5.0), 1.0)
-    np.testing.assert_allclose(clipped["x"], [0.6, 0.8], rtol=1e-6)
+    assert_close(clipped["x"], [0.6, 0.8], what="clipped")
     assert learner_lib.clip_by_norm({"x": 1.0}, jnp.float32(5.0), None) == {"x": 1.0}
 
 

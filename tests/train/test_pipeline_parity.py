@@ -10,8 +10,8 @@ import functools
 import numpy as np
 import pytest
 
-from titanax.modules.testing import assert_nested_allclose
 from titanax.parallel.plan import DP, PP, TP, Plan
+from tests.numerics import ADAM, assert_close, assert_identical
 from tests.train import helpers
 
 BATCHES = helpers.text_batches(batch_size=8, count=3)
@@ -64,8 +64,8 @@ def test_sgd_update_matches_one_device(axes, shape, schedule):
     want_losses, want_params = _reference(_layers(schedule))
     engine = _schedule(axes, shape, schedule)
     losses, params = helpers.train(engine, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
     stacked = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
     if schedule == "circular":  # The view [v, S, L/(vS), ...]: device s holds stages s, S + s.
         assert stacked.shape[:3] == (2, 2, 1) and stacked.sharding.spec[1] == "pipe"
@@ -80,7 +80,7 @@ def test_pipelined_eval_matches_one_device():
     engine.init_state()
     want = reference.eval(data=BATCHES[:2])
     got = engine.eval(data=BATCHES[:2])
-    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    assert_close(got["loss"], want["loss"], what="eval loss")
     assert got["count"] == want["count"]
 
 
@@ -104,8 +104,8 @@ def test_accumulation_folds_into_the_microbatches(schedule):
     cfg.plan.data_parallel.accumulate_steps = 2
     engine = cfg.instantiate()
     losses, params = helpers.train(engine, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
     data_ops = [op for op in engine.collectives() if "data" in op.axes]
     assert len(data_ops) == 1 and not data_ops[0].in_loop
 
@@ -145,8 +145,7 @@ def test_a_pipelined_checkpoint_restores_without_the_pipeline(tmp_path):
     engine.close()
     plain = helpers.gpt_engine(data=8, learner=helpers.sgd(0.5), checkpoint=checkpoint)
     assert plain.restore() and int(plain.state.step) == 2
-    assert_nested_allclose(jax.device_get(plain.state.params), jax.device_get(engine.state.params),
-                           rtol=0, atol=0)
+    assert_identical(jax.device_get(plain.state.params), jax.device_get(engine.state.params))
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -158,8 +157,8 @@ def test_zero1_with_a_pipeline_sgd_update_matches_one_device(schedule):
     cfg = _schedule(("data", "pipe"), (4, 2), schedule).config.clone()
     cfg.plan.zero = ZeRO.default_config()
     losses, params = helpers.train(cfg.instantiate(), BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -171,8 +170,8 @@ def test_zero1_with_a_pipeline_matches_replicated_adam(schedule):
     zero = cfg.instantiate()
     want_losses, want_params = helpers.train(plain, BATCHES)
     losses, params = helpers.train(zero, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
-    assert_nested_allclose(params, want_params, rtol=1e-4, atol=1e-5)  # Adam steps are ~1e-2.
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, bound=ADAM, what="params after Adam")
 
 
 def test_dropout_masks_do_not_depend_on_the_schedule_or_the_stage_count():
@@ -188,8 +187,8 @@ def test_dropout_masks_do_not_depend_on_the_schedule_or_the_stage_count():
         runs.append(helpers.train(cfg.instantiate(), BATCHES))
     (gpipe_losses, gpipe_params) = runs[0]
     for losses, params in runs[1:]:
-        np.testing.assert_allclose(losses, gpipe_losses, rtol=1e-5)
-        assert_nested_allclose(params, gpipe_params, rtol=1e-5, atol=1e-6)
+        assert_close(losses, gpipe_losses, what="losses")
+        assert_close(params, gpipe_params, what="params")
     _, no_dropout = _reference(4)
     assert not np.allclose(gpipe_params["token_emb"]["weight"], no_dropout["token_emb"]["weight"],
                            atol=1e-5)  # Dropout did act.
@@ -212,8 +211,7 @@ def test_a_checkpoint_of_4_stages_restores_onto_2(tmp_path):
     two = four_layers(_pipelined(("data", "pipe"), (4, 2), schedule="1f1b",
                                  checkpoint=checkpoint))
     assert two.restore() and int(two.state.step) == 2
-    assert_nested_allclose(jax.device_get(two.state.params), jax.device_get(four.state.params),
-                           rtol=0, atol=0)
+    assert_identical(jax.device_get(two.state.params), jax.device_get(four.state.params))
     assert two.state.params["decoder"]["layer"]["ln1"]["scale"].sharding.spec[0] == "pipe"
 
 
@@ -233,8 +231,8 @@ def test_a_pipelined_run_resumes_bit_identically(tmp_path):
     second = engine(tmp_path / "resumed")
     second.fit(data=iter(BATCHES[2:]), steps=3)
     assert second.restored_from.endswith("/2")
-    assert_nested_allclose(jax.device_get(second.state.params),
-                           jax.device_get(straight.state.params), rtol=0, atol=0)
+    assert_identical(jax.device_get(second.state.params),
+                     jax.device_get(straight.state.params))
 
 
 def test_explain_and_metrics_show_the_pipeline():
@@ -264,8 +262,8 @@ def test_gpipe_when_the_stages_do_not_divide_the_microbatches():
                                              batches)
     losses, params = helpers.train(_pipelined(("data", "pipe"), (1, 2), microbatch_size=2),
                                    batches)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
 
 
 def _deep(engine_or_cfg, layers=8):
@@ -286,8 +284,8 @@ def test_four_stages_of_two_layers_match_one_device(schedule, batch_size):
     engine = _deep(_pipelined(("data", "pipe"), (2, 4), schedule=schedule,
                               virtual_stages=2 if schedule == "circular" else 1))
     losses, params = helpers.train(engine, batches)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -297,8 +295,8 @@ def test_padding_weights_give_the_token_weighted_loss(schedule):
     want_losses, want_params = helpers.train(_deep(helpers.gpt_engine(
         data=1, learner=helpers.sgd(0.5)), _layers(schedule)), batches)
     losses, params = helpers.train(_schedule(("data", "pipe"), (1, 2), schedule), batches)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -328,11 +326,11 @@ def test_a_circular_checkpoint_is_canonical_and_restores_anywhere(tmp_path):
     plain = _deep(helpers.gpt_engine(data=8, learner=helpers.adam(1e-2),
                                      checkpoint=checkpoint("circular")), 4)
     assert plain.restore() and int(plain.state.step) == 2
-    assert_nested_allclose(jax.device_get(plain.state.params), want, rtol=0, atol=0)
+    assert_identical(jax.device_get(plain.state.params), want)
     ofob = _deep(_pipelined(("data", "pipe"), (2, 4), schedule="1f1b", learner="adam",
                             checkpoint=checkpoint("circular")), 4)
     assert ofob.restore()
-    assert_nested_allclose(jax.device_get(ofob.state.params), want, rtol=0, atol=0)
+    assert_identical(jax.device_get(ofob.state.params), want)
     # And back: a 1F1B run's checkpoint continues under circular exactly like under 1F1B.
     ofob.fit(data=iter(BATCHES), steps=3)
     ofob.save(force=True)
@@ -340,13 +338,12 @@ def test_a_circular_checkpoint_is_canonical_and_restores_anywhere(tmp_path):
     back = _schedule(("data", "pipe"), (4, 2), "circular", learner="adam",
                      checkpoint=checkpoint("circular"))
     assert back.restore() and int(back.state.step) == 3
-    assert_nested_allclose(jax.device_get(back.canonical_params()),
-                           jax.device_get(ofob.state.params), rtol=0, atol=0)
+    assert_identical(jax.device_get(back.canonical_params()), jax.device_get(ofob.state.params))
     steps = [dict(b) for b in BATCHES]
     ofob.fit(data=iter(steps), steps=5)
     back.fit(data=iter(steps), steps=5)
-    np.testing.assert_allclose([h["loss"] for h in back.history[-2:]],
-                               [h["loss"] for h in ofob.history[-2:]], rtol=1e-5)
+    assert_close([h["loss"] for h in back.history[-2:]], [h["loss"] for h in ofob.history[-2:]],
+                 what="losses after the restore")
 
 
 @pytest.mark.parametrize("schedule,ratio", [("gpipe", 0.5), ("gpipe", 1.0), ("circular", 0.5),
@@ -366,8 +363,8 @@ def test_checkpoint_ratio_recomputes_without_changing_the_update(schedule, ratio
 
     engine = engine_with(ratio)
     losses, params = helpers.train(engine, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
     plain = engine_with(0.0)
     plain.init_state()
 
@@ -388,7 +385,7 @@ def test_layer_summaries_reach_the_metrics(schedule):
     helpers.train(engine, BATCHES)
     want = [h["summaries/loss"] for h in reference.history]
     got = [h["summaries/loss"] for h in engine.history]
-    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert_close(got, want, what="summarised losses")
 
 
 def test_zero1_with_circular_resumes_exactly_under_either_schedule(tmp_path):
@@ -415,11 +412,11 @@ def test_zero1_with_circular_resumes_exactly_under_either_schedule(tmp_path):
     canonical = first.states._canonical_state(first.state)  # pylint: disable=protected-access
     again = zero("circular")
     assert again.restore() and int(again.state.step) == 2
-    assert_nested_allclose(jax.device_get(again.state.opt_state),
-                           jax.device_get(first.state.opt_state), rtol=0, atol=0)
+    assert_identical(jax.device_get(again.state.opt_state),
+                     jax.device_get(first.state.opt_state))
     other = zero("1f1b")
     assert other.restore() and int(other.state.step) == 2
-    assert_nested_allclose(jax.device_get(other.state.opt_state),
-                           jax.device_get(canonical.opt_state), rtol=0, atol=0)
-    assert_nested_allclose(jax.device_get(other.state.params),
-                           jax.device_get(first.canonical_params()), rtol=0, atol=0)
+    assert_identical(jax.device_get(other.state.opt_state),
+                     jax.device_get(canonical.opt_state))
+    assert_identical(jax.device_get(other.state.params),
+                     jax.device_get(first.canonical_params()))

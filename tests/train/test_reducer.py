@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 from titanax.runtime.mesh import MeshSpec
 from titanax.train.gradients import LossRelation
 from titanax.train.reducer import GradientReducer
+from tests.numerics import assert_close
 
 AXES = ("data", "model", "pipe")
 SPECS = {"replicated": P(), "by_model": P("model"), "by_pipe": P(None, "pipe"),
@@ -79,15 +80,14 @@ def test_reducer_matches_numpy_on_a_three_axis_mesh(sync):
     total = 0.0
     for name in SPECS:
         want = _expected(name, local[name])
-        np.testing.assert_allclose(np.asarray(grads[name]), want, rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+        assert_close(grads[name], want, what=name)
         total += float(np.sum(want.astype(np.float64) ** 2))
-    np.testing.assert_allclose(float(norm_squared), total, rtol=1e-5)
+    assert_close(norm_squared, total, what="squared norm")
     if sync:
-        np.testing.assert_allclose(float(metrics["loss"]), losses.mean(), rtol=1e-6)
+        assert_close(metrics["loss"], losses.mean(), what="loss")
         assert float(metrics["count"]) == 6.0  # Summed over the 2 data shards.
     else:
-        np.testing.assert_allclose(np.asarray(metrics["loss"]), losses.reshape(-1), rtol=1e-6)
+        assert_close(metrics["loss"], losses.reshape(-1), what="loss per data shard")
 
 
 def test_partial_sums_are_summed_not_averaged():
@@ -103,4 +103,4 @@ def test_partial_sums_are_summed_not_averaged():
 
     parts = np.arange(8, dtype=np.float32).reshape(4, 2)  # [data, pipe] partial losses
     got = jax.jit(jax.shard_map(run, mesh=mesh, in_specs=P("data", "pipe"), out_specs=P()))(parts)
-    np.testing.assert_allclose(float(got), parts.sum(axis=1).mean(), rtol=1e-6)
+    assert_close(got, parts.sum(axis=1).mean(), what="loss")

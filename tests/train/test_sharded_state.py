@@ -14,9 +14,9 @@ import pytest
 
 from titanax import errors
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.modules.testing import assert_nested_allclose
 from titanax.observe import hlo, state_report
 from titanax.parallel.plan import DP, PP, Plan, ZeRO
+from tests.numerics import assert_close, assert_identical
 from tests.train import helpers
 
 BATCHES = helpers.text_batches(batch_size=16, count=3)
@@ -37,7 +37,8 @@ def _one_device_run():
 
 
 def _counts_and_norms(history):
-    return [(h["aux/num_tokens"], h["aux/loss_sum"], h["grad_norm"]) for h in history]
+    return {key: np.asarray([h[key] for h in history])
+            for key in ("aux/num_tokens", "aux/loss_sum", "grad_norm")}
 
 
 def _sharded(*, data=8, fsdp=1, model_axis=1, accumulate=1, stage=1, **options):
@@ -51,10 +52,10 @@ def _assert_trains_like_one_device(engine) -> None:
     axis) and the global gradient norm of the one-device run."""
     (want_losses, want_params), want_history = _one_device_run()
     losses, params = helpers.train(engine, BATCHES)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
-    assert_nested_allclose(params, want_params, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(_counts_and_norms(engine.history),
-                               _counts_and_norms(want_history), rtol=1e-5)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
+    assert_close(_counts_and_norms(engine.history), _counts_and_norms(want_history),
+                 what="token counts, loss sums and gradient norms")
 
 
 @pytest.mark.parametrize("data,fsdp,model_axis,accumulate,stage,options", [
@@ -165,8 +166,8 @@ def test_a_checkpoint_resumes_on_another_mesh_and_strategy(tmp_path, saved, rest
     second = _run(tmp_path, steps=3, **restored)
     assert int(second.state.step) == 3 and len(second.history) == 1
     losses = _adam_on_one_device()
-    np.testing.assert_allclose([h["loss"] for h in first.history], losses[:2], rtol=1e-5)
-    np.testing.assert_allclose(second.history[0]["loss"], losses[2], rtol=1e-5)
+    assert_close([h["loss"] for h in first.history] + [second.history[0]["loss"]], losses[:3],
+                 what="losses before and after the move")
 
 
 def test_restored_optimizer_state_equals_the_saved_one_on_another_mesh(tmp_path):
@@ -175,10 +176,10 @@ def test_restored_optimizer_state_equals_the_saved_one_on_another_mesh(tmp_path)
         data=2, model_axis=4, learner=helpers.adam(1e-2), zero=3, zero_options=SMALL,
         checkpoint=OrbaxCheckpoint.default_config().set(path=str(tmp_path)))
     assert moved.restore()
-    assert_nested_allclose(jax.device_get(moved.state.opt_state),
-                           jax.device_get(first.state.opt_state), rtol=0, atol=0)
-    assert_nested_allclose(jax.device_get(moved.state.params),
-                           jax.device_get(first.state.params), rtol=0, atol=0)
+    assert_identical(jax.device_get(moved.state.opt_state),
+                     jax.device_get(first.state.opt_state))
+    assert_identical(jax.device_get(moved.state.params),
+                     jax.device_get(first.state.params))
 
 
 # --- Plan checks ---------------------------------------------------------------------------------
