@@ -37,7 +37,7 @@ def main():
                                                           keep_last_n=2)
     engine = cfg.instantiate()
     engine.init_state()
-    data = iter(engine._make_input(cfg.train_input, where="train_input"))  # pylint: disable=protected-access
+    data = iter(engine.make_input(cfg.train_input, where="train_input"))
     batches = [engine.global_batch(next(data)) for _ in range(2)]
 
     def timed_steps(count):

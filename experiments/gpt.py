@@ -49,7 +49,7 @@ def _gpt_run(*, model: GPT.Config, tp_axis: Optional[str], seq_len: int, batch_s
     return Engine.default_config().set(
         mesh=MeshSpec.default_config().set(axes=axes, shape=shape),
         plan=plan,
-        model=model.set(tp_axis=tp_axis),
+        model=model,
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.adamw).set(
                 learning_rate=config_for_function(optimizers.warmup_cosine).set(
@@ -90,9 +90,8 @@ def _pipelined(cfg: Engine.Config, *, axes, shape, tp: bool = False) -> Engine.C
     cfg.mesh = MeshSpec.default_config().set(axes=axes, shape=shape)
     cfg.plan.pipeline_parallel = PP.default_config().set(axis="pipe", schedule="1f1b",
                                                          microbatch_size=1)
-    if tp:
+    if tp:  # The layers follow the plan's TP axis.
         cfg.plan.tensor_parallel = TP.default_config().set(axis="model")
-        cfg.model.tp_axis = "model"
     return cfg
 
 
@@ -121,7 +120,6 @@ def gpt_small_pp():
     """GPT-2 small in 2 pipeline stages (the seed's recipe), data x pipe; for accelerators."""
     cfg = gpt_small_dp_tp()
     cfg.plan.tensor_parallel = None
-    cfg.model.tp_axis = None
     cfg.plan.data_parallel.accumulate_steps = 1  # The pipeline's microbatches accumulate.
     cfg = _pipelined(cfg, axes=("data", "pipe"), shape=(None, 2))
     cfg.plan.pipeline_parallel.microbatch_size = 4

@@ -16,6 +16,7 @@ from titanax import errors
 from titanax.data.pipeline import Input
 from titanax.data.sources import MNIST, TextWindows
 from titanax.io.checkpointer import OrbaxCheckpoint
+from titanax.train.state_manager import check_state_layout
 from tests.train import helpers
 
 
@@ -121,23 +122,21 @@ def test_zero1_flat_chunks_of_an_older_checkpoint_are_refused_naming_the_mesh(tm
     """Checkpoints written before ZeRO sharded along real dimensions hold flattened, padded
     chunks cut for their mesh: restored into today's layout they would load and mean other
     numbers, so a full restore refuses them (params-only restores still work)."""
-    engine = _gpt(tmp_path, 4, 2)
-    engine.build()
     saved = {"optimizer_state_layout": {"kind": "zero1_flat_chunks",
                                         "mesh": {"data": 4, "model": 2}}}
     with pytest.raises(errors.CheckpointError) as info:
-        engine.states._check_state_layout(saved, where=f"{tmp_path}/5")
+        check_state_layout(saved, where=f"{tmp_path}/5")
     assert info.value.path.endswith("/5/train_state")
     assert "data=4 x model=2" in info.value.message
     assert "restore_mode=params" in info.value.suggestion
-    engine.states._check_state_layout({"optimizer_state_layout": {"kind": "param_layout"}},
-                                      where=f"{tmp_path}/5")
+    check_state_layout({"optimizer_state_layout": {"kind": "param_layout"}},
+                       where=f"{tmp_path}/5")
     unrecorded = {"config": "mesh.axes: ('data', 'model')\nplan.zero.stage: 1\n",
                   "mesh_axes": ["data", "model"], "mesh_shape": [4, 2]}  # Wave 1's metadata.
     with pytest.raises(errors.CheckpointError) as info:
-        engine.states._check_state_layout(unrecorded, where=f"{tmp_path}/5")
+        check_state_layout(unrecorded, where=f"{tmp_path}/5")
     assert "data=4 x model=2" in info.value.message
-    engine.states._check_state_layout({"config": "plan.zero: None\n"}, where=f"{tmp_path}/5")
+    check_state_layout({"config": "plan.zero: None\n"}, where=f"{tmp_path}/5")
 
 
 def test_resume_states_how_the_config_differs_from_the_checkpoints(tmp_path, capsys):

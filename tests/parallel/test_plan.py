@@ -76,10 +76,13 @@ def test_pipeline_checks(pp, batch, text):
     assert text in info.value.message
 
 
-def test_pipeline_bubble():
-    pp = PP(schedule="circular", virtual_stages=2)
-    assert pp.num_microbatches(8) == 8
-    assert pp.bubble(num_stages=4, num_microbatches=8) == 3 / 19
+def test_pipeline_bubble_per_schedule():
+    """(M, ticks, bubble): GPipe / circular by formula, 1F1B from its table."""
+    assert PP(schedule="circular", virtual_stages=2).schedule_numbers(
+        num_stages=4, local_batch=8) == (8, 19, 3 / 19)
+    assert PP(schedule="gpipe").schedule_numbers(num_stages=4, local_batch=8) == (8, 11, 3 / 11)
+    count, ticks, bubble = PP(schedule="1f1b").schedule_numbers(num_stages=4, local_batch=8)
+    assert (count, ticks) == (8, 22) and abs(bubble - 3 / 11) < 1e-9
 
 
 def test_batch_divisibility_names_the_numbers():
@@ -133,3 +136,31 @@ def test_describe_table_for_dp_tp():
     assert "P(None, 'model')" in row["mlp/wi/weight"] and "(32, 64)" in row["mlp/wi/weight"]
     assert "8.0 KiB" in row["mlp/wi/weight"] and "4.0 KiB" in row["mlp/wo/weight"]
     assert lines[-1] == "total: 3 params, 32.0 KiB global, 16.0 KiB per device"
+
+
+def _tp_plan(axis="model"):
+    return Plan(data_parallel=DP.default_config(),
+                tensor_parallel=TP.default_config().set(axis=axis) if axis else None)
+
+
+def _tp_axes(model_cfg):
+    """Every ``tp_axis`` field of a GPT config tree, by path."""
+    from titanax.parallel.plan import _configs_with_field  # pylint: disable=import-outside-toplevel
+    return {path: cfg.tp_axis for path, cfg in _configs_with_field(model_cfg, "tp_axis",
+                                                                   prefix="model")}
+
+
+def test_tensor_parallelism_is_declared_once_in_the_plan():
+    """Unset tp_axis fields follow plan.tensor_parallel.axis; no TP in the plan switches every
+    one off (even one set by hand); a tp_axis naming another axis is refused."""
+    from titanax.modules.models.gpt import GPT  # pylint: disable=import-outside-toplevel
+    model = GPT.default_config().set(name="gpt", vocab_size=64, max_seq_len=8, num_layers=2,
+                                     model_dim=16, num_heads=2)
+    followed = _tp_axes(_tp_plan("model").configure_model(model))
+    assert followed == {"model": "model"}, followed  # (GPT hands its tp_axis to its layers.)
+    assert _tp_axes(model) == {"model": None}  # The input is unchanged.
+    by_hand = model.clone().set(tp_axis="model")
+    assert set(_tp_axes(_tp_plan(None).configure_model(by_hand)).values()) == {None}
+    with pytest.raises(errors.PlanError) as info:
+        _tp_plan("tensor").configure_model(by_hand)
+    assert info.value.path.startswith("model") and "tensor" in info.value.message

@@ -7,9 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from titanax.modules.models.gpt import GPT
 from titanax.observe import hlo
 from titanax.parallel import collectives
+from titanax.parallel.plan import DP, TP, Plan
 from titanax.runtime.mesh import MeshSpec
+from titanax.train.engine import Engine
+from tests.numerics import assert_close
 from tests.train import helpers
 
 
@@ -90,3 +94,60 @@ def test_iota_and_mesh_replica_group_formats():
     ops = hlo.collectives_report(text, mesh)
     assert [op.axes for op in ops] == [("model",), ("data",), ("data",), ("data",)]
     assert all(op.bytes == 32 and not op.in_loop for op in ops)
+
+
+def _tp_engine(*, data: int, model: int, rules=None):
+    """The tiny GPT of helpers.gpt_engine with TP declared in the plan only (no model.tp_axis)."""
+    cfg = Engine.default_config().set(
+        mesh=helpers.mesh((data, model), ("data", "model")),
+        plan=Plan.default_config().set(
+            data_parallel=DP.default_config(),
+            tensor_parallel=TP.default_config().set(rules=rules or {})),
+        model=GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
+                                       model_dim=32, num_heads=4),
+        learner=helpers.sgd(0.1), loggers=[], log_every=1000)
+    engine = cfg.instantiate()
+    engine.init_state()
+    engine.compile(example_batch=helpers.text_batches(batch_size=16)[0])
+    return engine
+
+
+def test_a_size_1_model_axis_compiles_to_the_data_parallel_step():
+    """TP declared on data=8 x model=1: no collective over the size-1 axis, and exactly the
+    collectives of the same model without TP."""
+    with_tp = _tp_engine(data=8, model=1).collectives()
+    assert with_tp and not any("model" in op.axes for op in with_tp), hlo.format_report(with_tp)
+    plain = helpers.gpt_engine(data=8)
+    plain.init_state()
+    plain.compile(example_batch=helpers.text_batches(batch_size=16)[0])
+    assert sorted((op.op, op.axes) for op in with_tp) == \
+        sorted((op.op, op.axes) for op in plain.collectives())
+
+
+def test_a_replicated_embedding_and_head_by_rule_move_nothing_for_the_vocabulary():
+    """A rule keeping the (tied) embedding / head whole on every device removes the vocab-
+    parallel collectives; the step still trains like one device."""
+    split = _tp_engine(data=4, model=2)
+    whole = _tp_engine(data=4, model=2, rules={"**/token_emb/weight": (None, None)})
+    assert tuple(whole.param_specs["token_emb"]["weight"]) in ((), (None, None))
+    vocab_ops = [op for op in split.collectives() if "token_emb" in op.layer]
+    assert vocab_ops, hlo.format_report(split.collectives())
+    assert not [op for op in whole.collectives() if "token_emb" in op.layer], \
+        hlo.format_report(whole.collectives())
+    model_ops = lambda e: [op for op in e.collectives() if op.axes == ("model",)]  # noqa: E731
+    assert len(model_ops(whole)) < len(model_ops(split))
+    batch = helpers.text_batches(batch_size=16)[0]
+    losses = [float(engine.train_step(batch)["loss"]) for engine in (split, whole)]
+    assert_close(losses[1], losses[0], what="loss with the head split and whole")
+
+
+def test_every_collective_names_its_layer_and_pass():
+    _, ops, _ = _compiled("dp4_tp2_acc4")
+    assert all(op.pass_name in ("forward", "backward", "step") for op in ops)
+    assert all(op.layer for op in ops), hlo.format_report(ops)
+    passes = {(op.pass_name, "/".join(op.layer.split("/")[:2])) for op in ops}
+    assert {("forward", "gpt/decoder"), ("backward", "gpt/decoder"),
+            ("forward", "gpt/token_emb")} <= passes, passes
+    reductions = [op for op in ops if "data" in op.axes]
+    assert [op.layer for op in reductions] == ["gradient_reduction"], hlo.format_report(ops)
+    assert "gradient_reduction" in hlo.format_report(ops)

@@ -409,7 +409,7 @@ def test_zero1_with_circular_resumes_exactly_under_either_schedule(tmp_path):
     first = zero("circular")
     first.fit(data=iter(BATCHES), steps=2)
     first.close()
-    canonical = first.states._canonical_state(first.state)  # pylint: disable=protected-access
+    canonical = first.states.canonical_state(first.state)
     again = zero("circular")
     assert again.restore() and int(again.state.step) == 2
     assert_identical(jax.device_get(again.state.opt_state),

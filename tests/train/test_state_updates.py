@@ -138,7 +138,7 @@ def test_a_zero2_scattered_gradient_leaves_the_state_update_averaged_over_data()
     zero2-dp4 above); here the layout that makes that case meaningful."""
     engine = _engine(data=4, zero=2)
     engine.build()
-    assert engine.zero_dims["logit_mean"] == 0
+    assert engine.layout.state_dims["logit_mean"] == 0
     assert "data" not in tuple(engine.param_specs["logit_mean"])
 
 

@@ -51,6 +51,48 @@ class CollectiveOp:
     computation: str
     source: str
 
+    @property
+    def layer(self) -> str:
+        """The module path (or step part: ``gradient_reduction``, ``optimizer_update``) whose
+        code emitted it, from the named scopes in ``source``; "" when none."""
+        return source_scopes(self.source)[0]
+
+    @property
+    def pass_name(self) -> str:
+        """``forward``, ``backward`` (the transpose of a forward collective) or ``step`` (outside
+        the model's differentiated code: reduction, update)."""
+        return source_scopes(self.source)[1]
+
+
+# Names jax gives the levels of a program (not module scopes).
+_JAX_LEVELS = {"main", "shard_map", "while", "body", "cond", "scan", "checkpoint", "remat",
+               "rematted_computation", "closed_call", "core_call", "custom_jvp_call",
+               "custom_vjp_call", "pjit", "vmap"}
+_WRAPPED = re.compile(r"^(?P<outer>[\w.]+)\((?P<inner>.*)\)$")
+
+
+def source_scopes(source: str) -> Tuple[str, str]:
+    """``(layer, pass)`` of a collective from its ``op_name`` metadata, e.g.
+    ``jit(step)/jit(main)/shard_map/transpose(jvp(decoder))/layer/mlp/wo/psum`` ->
+    ``("decoder/layer/mlp/wo", "backward")``: the named scopes (a module's path), with jax's own
+    levels (``jit(...)``, ``shard_map``, ``while/body``, ...) and the primitive left out."""
+    if not source:
+        return "", ""
+    # XLA names an op merged from two as ".../(name_a:name_b)": the first one's.
+    source = source.split(":")[0]
+    pass_name = ("backward" if "transpose(" in source
+                 else "forward" if "jvp(" in source or "vjp(" in source else "step")
+    scopes = []
+    for part in source.split("/")[:-1]:  # The last part is the primitive.
+        if part.startswith(("jit(", "pjit(")):
+            continue
+        part = part.lstrip("(")
+        while (match := _WRAPPED.match(part)) is not None:
+            part = match.group("inner")
+        if part and part not in _JAX_LEVELS and not part.startswith(("branch_", "checkpoint")):
+            scopes.append(part)
+    return "/".join(scopes), pass_name
+
 
 def _shape_bytes(shape_text: str) -> int:
     total = 0
@@ -185,9 +227,10 @@ def format_report(ops: Sequence[CollectiveOp]) -> str:
     """A table of collectives with totals per (op, axes, in loop)."""
     if not ops:
         return "no collectives"
-    rows = [("op", "axes", "bytes", "in loop", "from")]
+    rows = [("op", "axes", "bytes", "in loop", "pass", "layer", "from")]
     for op in ops:
         rows.append((op.op, ",".join(op.axes) or "?", str(op.bytes), "yes" if op.in_loop else "no",
+                     op.pass_name or "?", op.layer or "-",
                      re.sub(r"[()]", "", op.source.split("/")[-1]) if op.source else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]

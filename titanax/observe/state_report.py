@@ -34,12 +34,14 @@ def _tree_bytes(parameter_specs, specs, mesh_shape, itemsize) -> int:
 
 
 def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_state: Any,
-             mesh_shape: Mapping[str, int], itemsize: int, stage: Optional[int],
-             axis: Optional[str], dims: Any, grad_sync: Optional[str]) -> str:
+             mesh_shape: Mapping[str, int], itemsize: int, title: str,
+             axis: Optional[str], dims: Any, gathers: Optional[str]) -> str:
     """The table: params / gradients / optimizer state per device, and the gathered working set.
 
     ``opt_state``: the optimizer state as ShapeDtypeStructs with shardings (a restore target);
-    ``dims``: per param, the dimension split over ``axis`` (None: whole)."""
+    ``title``: the strategy's name for the layout; ``dims``: per param, the dimension split over
+    ``axis`` (None: whole); ``gathers``: when params are gathered while the step runs
+    ("per_step" / "per_microbatch"), None when they are stored whole."""
     params = _tree_bytes(parameter_specs, param_specs, mesh_shape, itemsize)
     grads = _tree_bytes(parameter_specs, grad_specs, mesh_shape, itemsize)
     state = 0
@@ -47,16 +49,14 @@ def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_sta
         sharded = getattr(leaf, "sharding", None) is not None
         spec = leaf.sharding.spec if sharded else PartitionSpec()
         state += _local_bytes(leaf.shape, spec, mesh_shape, np.dtype(leaf.dtype).itemsize)
-    title = "replicated state" if stage is None else (
-        f"ZeRO-{stage} over {axis!r}" + (f", grad_sync={grad_sync}" if stage == 3 else ""))
     lines = [f"train state per device ({title}):",
              f"  params           {bytes_text(params)}",
              f"  gradients        {bytes_text(grads)} (reduced)",
              f"  optimizer state  {bytes_text(state)}",
              f"  total            {bytes_text(params + grads + state)}"]
-    if stage == 3:
+    if gathers is not None:
         whole, layer = _gathered(parameter_specs, param_specs, dims, mesh_shape, axis, itemsize)
-        if grad_sync == "per_step":
+        if gathers == "per_step":
             lines.append(f"  gathered while the step runs: {bytes_text(whole)} (every param, "
                          "gathered once before the microbatch loop)")
         else:

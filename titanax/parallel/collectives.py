@@ -8,6 +8,12 @@ communicates, the compiled step's collectives are exactly the calls made here, w
 ``titanax.observe`` reports and tests assert on.
 
 All functions take pytrees unless noted, and ``axis`` may be one axis name or a tuple of names.
+
+A mesh axis of size 1 moves nothing, so no collective is emitted over it: values are never cast
+to varying over it, reductions skip it (unless a value already varies over it, which only a
+``shard_map`` of the user's own can make happen), and a gather, scatter, permutation or
+all-to-all over it alone returns its input. A plan with ``model=1`` therefore compiles to the
+step without that axis.
 """
 
 from __future__ import annotations
@@ -80,13 +86,28 @@ def axis_size(axis: AxisNames) -> int:
 
 
 def axis_index(axis: AxisNames) -> jax.Array:
-    """This device's position along ``axis`` (row-major over a tuple of axes)."""
-    return jax.lax.axis_index(_axis_arg(check_axis("axis_index", axis)))
+    """This device's position along ``axis`` (row-major over a tuple of axes); over axes of size
+    1 alone, the constant 0 (the same on every device)."""
+    axes = _moving(check_axis("axis_index", axis))
+    return jax.lax.axis_index(_axis_arg(axes)) if axes else jnp.int32(0)
+
+
+def _moving(axes: Tuple[str, ...], tree: Any = None) -> Tuple[str, ...]:
+    """``axes`` without those of size 1 -- except where a leaf of ``tree`` already varies over
+    one (its type must change, so the collective must run)."""
+    varying = set()
+    if tree is not None:
+        for leaf in jax.tree_util.tree_leaves(tree):
+            varying |= varying_axes(leaf)
+    return tuple(a for a in axes if jax.lax.axis_size(a) > 1 or a in varying)
 
 
 def _reduce(name: str, reduction, tree: Any, axis: AxisNames) -> Any:
     axes = check_axis(name, axis)
     _check_leaves(name, tree)
+    axes = _moving(axes, tree)
+    if not axes:  # Over size-1 axes a reduction is the identity.
+        return jax.tree_util.tree_map(jnp.asarray, tree)
     return reduction(_varying(tree, axes), _axis_arg(axes))
 
 
@@ -121,6 +142,10 @@ def all_gather(tree: Any, axis: AxisNames, axis_index: Optional[int] = None, *,
     """
     axes = check_axis("all_gather", axis)
     _check_leaves("all_gather", tree)
+    axes = _moving(axes, tree)
+    if not axes:  # One device: its own value (stacked on a new leading dimension if asked).
+        return jax.tree_util.tree_map(
+            lambda x: jnp.asarray(x)[None] if axis_index is None else jnp.asarray(x), tree)
     tree = _varying(tree, axes)
     to = "invarying" if invariant else "varying"
 
@@ -146,6 +171,9 @@ def reduce_scatter(tree: Any, axis: AxisNames, op: str = "add", *,
         raise errors.CollectiveError(f"reduce_scatter op must be 'add' or 'mean', got {op!r}",
                                      path="collectives.reduce_scatter",
                                      suggestion="use op='add' or op='mean'")
+    axes = _moving(axes, tree)
+    if not axes:  # One device keeps all of it: the sum (and the mean) of one value.
+        return jax.tree_util.tree_map(jnp.asarray, tree)
     size = _size(axes)
     tree = _varying(tree, axes)
 
@@ -176,6 +204,8 @@ def broadcast(tree: Any, axis: AxisNames, src_index: int = 0) -> Any:
         raise errors.CollectiveError(f"broadcast src_index={src_index} is outside axis {axis!r} "
                                      f"of size {size}", path=f"mesh axis {axis!r}",
                                      suggestion=f"use 0..{size - 1}")
+    if not _moving(axes, tree):
+        return jax.tree_util.tree_map(jnp.asarray, tree)
     is_source = jax.lax.axis_index(_axis_arg(axes)) == src_index
     tree = _varying(tree, axes)
 
@@ -206,6 +236,10 @@ def ppermute(tree: Any, axis: str, perm: Sequence[Tuple[int, int]]) -> Any:
             f"ppermute perm {perm} is not a partial permutation of 0..{size - 1}",
             path=f"mesh axis {axis!r}",
             suggestion="give (source, dest) pairs with each source and each dest at most once")
+    if not _moving(axes, tree):  # One device: it keeps its value, or receives nothing.
+        keep = perm == [(0, 0)]
+        return jax.tree_util.tree_map(
+            lambda x: jnp.asarray(x) if keep else jnp.zeros_like(jnp.asarray(x)), tree)
     return jax.lax.ppermute(_varying(tree, axes), _axis_arg(axes), perm)
 
 
@@ -220,6 +254,8 @@ def all_to_all(x: jax.Array, axis: str, *, split_dimension: int,
     """Splits ``split_dimension`` over ``axis``; received chunks are joined on ``concat_dimension``."""
     axes = check_axis("all_to_all", axis)
     _check_leaves("all_to_all", x)
+    if not _moving(axes, x):
+        return jnp.asarray(x)
     return jax.lax.all_to_all(_varying(x, axes), _axis_arg(axes), split_dimension,
                               concat_dimension, tiled=True)
 
@@ -251,7 +287,8 @@ def _varying(tree: Any, axes: Tuple[str, ...]) -> Any:
     """
     def cast(x):
         x = jnp.asarray(x)
-        missing = tuple(a for a in axes if a not in varying_axes(x))
+        missing = tuple(a for a in axes
+                        if a not in varying_axes(x) and jax.lax.axis_size(a) > 1)
         return jax.lax.pcast(x, missing, to="varying") if missing else x
     return jax.tree_util.tree_map(cast, tree)
 

@@ -19,7 +19,8 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from titanax.parallel import rules
+from titanax import errors
+from titanax.parallel import pipeline, rules
 from titanax.parallel.sharding import path_string
 
 
@@ -28,8 +29,8 @@ class InterleavedStack:
 
     def __init__(self, *, stacked_layers: str, num_layers: int, num_stages: int,
                  virtual_stages: int, pipe_axis: str):
-        """``num_layers`` must split into ``num_stages * virtual_stages`` (the pipelined
-        gradient computer checks it first, naming the config field)."""
+        """``num_layers`` must split into ``num_stages * virtual_stages`` (``CircularView``
+        checks it first, naming the config field)."""
         self.prefix = stacked_layers.strip("/") + "/"
         self.num_stages = num_stages
         self.virtual_stages = virtual_stages
@@ -102,3 +103,32 @@ class InterleavedStack:
 
     def canonical_targets(self, params: Any) -> Any:
         return self._map(self.canonical_struct, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class CircularView:
+    """The circular schedule's transform of the layout pipeline (parallel/layout.py): the
+    stacked layers' params (shapes and specs) held as the view ``[v, S, L/(vS), ...]``."""
+
+    stacked_layers: str
+    pipe_axis: str
+    virtual_stages: int
+    name: str = "PP circular view"
+
+    def apply(self, layout):
+        num_layers = pipeline.stacked_layer_count(layout.parameter_specs,
+                                                  self.stacked_layers.strip("/") + "/")
+        num_stages = int(layout.mesh_shape[self.pipe_axis])
+        if num_layers % (num_stages * self.virtual_stages):
+            raise errors.PlanError(
+                f"{num_layers} layers do not split into {num_stages} stages x "
+                f"{self.virtual_stages} virtual stages",
+                path="plan.pipeline_parallel.virtual_stages",
+                suggestion=f"use a number of layers divisible by "
+                           f"{num_stages * self.virtual_stages}, or fewer virtual stages")
+        view = InterleavedStack(stacked_layers=self.stacked_layers, num_layers=num_layers,
+                                num_stages=num_stages, virtual_stages=self.virtual_stages,
+                                pipe_axis=self.pipe_axis)
+        return layout.evolve(self.name, stack_view=view,
+                             parameter_specs=view.view_parameter_specs(layout.parameter_specs),
+                             param_specs=view.view_partition_specs(layout.param_specs))

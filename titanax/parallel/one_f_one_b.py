@@ -15,16 +15,22 @@ the ticks indexes the table with the device's stage and runs the matching branch
 gradients backward; zeros when idle), so the collectives line up whatever each stage did.
 
 Backward is explicit: a stage's backward recomputes its forward from the saved input under
-``jax.vjp`` (stage-level rematerialisation, the price of the flat memory).
+``jax.vjp`` (stage-level rematerialisation, the price of the flat memory). ``one_f_one_b`` runs a
+table for a model's stage functions (``StageFunctions``); like ``pipeline.gpipe`` it knows nothing
+of the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from titanax.parallel import collectives
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
@@ -114,3 +120,168 @@ def build_schedule(num_stages: int, num_microbatches: int) -> Schedule:
                     microbatch=microbatch, forward_arrival=forward_arrival,
                     backward_arrival=backward_arrival)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class StageFunctions:
+    """What the 1F1B executor runs, in local view (every function traced by every device)."""
+
+    # (outside params, microbatch index) -> the activation entering stage 0.
+    first_input: Callable[[Any, Any], jax.Array]
+    # (staged params, x, microbatch index) -> (this device's stage output, its summaries).
+    run_stage: Callable[[Any, jax.Array, Any], Tuple[jax.Array, Dict[str, jax.Array]]]
+    # (staged, outside, x, microbatch index) -> (objective, (loss, aux, summaries)): the last
+    # stage and the head; its vjp starts the backward of that microbatch.
+    head_objective: Callable[..., Tuple[jax.Array, Tuple[Any, Any, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """Gradients and the summed loss, aux and summaries of every microbatch on this device."""
+
+    staged_grads: Any
+    outside_grads: Any
+    loss: jax.Array
+    aux: Any
+    summaries: Dict[str, jax.Array]
+
+
+def one_f_one_b(functions: StageFunctions, staged: Any, outside: Any, *, axis: str,
+                num_microbatches: int) -> Result:
+    """Forwards and backwards of ``num_microbatches`` microbatches by the 1F1B table over
+    ``axis``. Forward summaries come back as partial sums over ``axis`` of the mean over
+    microbatches and stages (the head's are ``head_objective``'s own)."""
+    return _Ticks(functions, staged, outside, axis=axis, count=num_microbatches).run()
+
+
+class _Ticks:
+    """One ``lax.scan`` over the table's ticks; per tick a ``lax.switch`` on what this stage
+    does, then the two ring ``ppermute``s every device issues."""
+
+    def __init__(self, functions: StageFunctions, staged: Any, outside: Any, *, axis: str,
+                 count: int):
+        self.f = functions
+        self.staged, self.outside = staged, outside
+        self.axis, self.count = axis, count
+        self.stages = collectives.axis_size(axis)
+        self.table = build_schedule(self.stages, count)
+        self.stage_index = collectives.axis_index(axis)
+        activation = jax.eval_shape(lambda: functions.first_input(outside, 0))
+        everywhere = collectives.manual_axes()
+        self.varying = lambda x: collectives.cast_varying(x, everywhere)  # noqa: E731
+        self.zeros_act = self.varying(jnp.zeros(activation.shape, activation.dtype))
+        self.activation = activation
+
+    def initial_carry(self) -> Dict[str, Any]:
+        _, (_, aux, summaries) = jax.eval_shape(
+            lambda: self.f.head_objective(self.staged, self.outside, self.zeros_act, 0))
+        buffer = (self.stages,) + self.activation.shape
+        zeros = lambda a, dtype=None: self.varying(jnp.zeros(a.shape, dtype or a.dtype))  # noqa: E731
+        return {
+            "acts": self.varying(jnp.zeros(buffer, self.activation.dtype)),
+            "grads_in": self.varying(jnp.zeros(buffer, self.activation.dtype)),
+            "g_stage": jax.tree_util.tree_map(jnp.zeros_like, self.staged),
+            "g_outside": jax.tree_util.tree_map(jnp.zeros_like, self.outside),
+            "loss": self.varying(jnp.zeros((), jnp.float32)),
+            "aux": jax.tree_util.tree_map(zeros, aux),
+            "summaries": {k: zeros(a, jnp.float32) for k, a in summaries.items()},
+        }
+
+    # --- What a stage does in one tick: (carry, m) -> (carry, sent forward, sent backward) ------
+
+    def idle(self, carry, m):
+        del m
+        return carry, self.zeros_act, self.zeros_act
+
+    def _with_stage_summaries(self, carry, summaries):
+        scale = 1.0 / (self.count * self.stages)
+        return dict(carry, summaries={k: v + scale * summaries.get(k, 0.0)
+                                      for k, v in carry["summaries"].items()})
+
+    def forward_first(self, carry, m):
+        x = self.f.first_input(self.outside, m)
+        carry = dict(carry, acts=carry["acts"].at[m % self.stages].set(x))
+        y, summaries = self.f.run_stage(self.staged, x, m)
+        return self._with_stage_summaries(carry, summaries), y, self.zeros_act
+
+    def forward_middle(self, carry, m):
+        y, summaries = self.f.run_stage(self.staged, carry["acts"][m % self.stages], m)
+        return self._with_stage_summaries(carry, summaries), y, self.zeros_act
+
+    def forward_last(self, carry, m):  # The input is kept; the backward runs the stage and head.
+        del m
+        return carry, self.zeros_act, self.zeros_act
+
+    def backward_last(self, carry, m):
+        x = carry["acts"][m % self.stages]
+        objective, vjp, (loss, aux, summaries) = jax.vjp(
+            lambda sp, op, xx: self.f.head_objective(sp, op, xx, m), self.staged, self.outside,
+            x, has_aux=True)
+        d_stage, d_outside, dx = vjp(jnp.ones_like(objective))
+        carry = dict(carry, g_stage=_add(carry["g_stage"], d_stage),
+                     g_outside=_add(carry["g_outside"], d_outside), loss=carry["loss"] + loss,
+                     aux=_add(carry["aux"], aux), summaries=_add(carry["summaries"], summaries))
+        return carry, self.zeros_act, dx
+
+    def backward_middle(self, carry, m, first=False):
+        x = carry["acts"][m % self.stages]
+        _, vjp = jax.vjp(lambda sp, xx: self.f.run_stage(sp, xx, m)[0], self.staged, x)
+        d_stage, dx = vjp(carry["grads_in"][m % self.stages])
+        carry = dict(carry, g_stage=_add(carry["g_stage"], d_stage))
+        if first:
+            _, input_vjp = jax.vjp(lambda op: self.f.first_input(op, m), self.outside)
+            carry = dict(carry, g_outside=_add(carry["g_outside"], input_vjp(dx)[0]))
+            return carry, self.zeros_act, self.zeros_act
+        return carry, self.zeros_act, dx
+
+    def backward_first(self, carry, m):
+        return self.backward_middle(carry, m, first=True)
+
+    # --- The loop ------------------------------------------------------------------------------
+
+    def _codes(self) -> np.ndarray:
+        """The branch index of every (tick, stage): idle, forward or backward at the first, a
+        middle or the last stage."""
+        table, stages = self.table, np.arange(self.stages)
+        position = np.where(stages == 0, 0, np.where(stages == self.stages - 1, 2, 1))
+        return np.where(table.kind == IDLE, 0,
+                        np.where(table.kind == FORWARD, 1 + position, 4 + position)
+                        ).astype(np.int32)
+
+    def run(self) -> Result:
+        branches = [self.idle, self.forward_first, self.forward_middle, self.forward_last,
+                    self.backward_first, self.backward_middle, self.backward_last]
+        codes, microbatches = jnp.asarray(self._codes()), jnp.asarray(self.table.microbatch)
+        forward_arrival = jnp.asarray(self.table.forward_arrival)
+        backward_arrival = jnp.asarray(self.table.backward_arrival)
+        ahead = [(i, i + 1) for i in range(self.stages - 1)]
+        behind = [(i + 1, i) for i in range(self.stages - 1)]
+        stage = self.stage_index
+
+        def tick(carry, t):
+            carry, forward_out, backward_out = jax.lax.switch(
+                codes[t, stage], branches, carry, microbatches[t, stage])
+            from_before = collectives.ppermute(forward_out, self.axis, ahead)
+            from_after = collectives.ppermute(backward_out, self.axis, behind)
+            carry = dict(carry,
+                         acts=_receive(carry["acts"], from_before, forward_arrival[t, stage]),
+                         grads_in=_receive(carry["grads_in"], from_after,
+                                           backward_arrival[t, stage]))
+            return carry, None
+
+        final, _ = jax.lax.scan(tick, self.initial_carry(), jnp.arange(self.table.num_ticks))
+        return Result(staged_grads=final["g_stage"], outside_grads=final["g_outside"],
+                      loss=final["loss"], aux=final["aux"], summaries=final["summaries"])
+
+
+def _add(a: Any, b: Any) -> Any:
+    return jax.tree_util.tree_map(jnp.add, a, b)
+
+
+def _receive(buffer: jax.Array, value: jax.Array, microbatch: jax.Array) -> jax.Array:
+    """``buffer`` with ``value`` in the slot of ``microbatch`` (unchanged when it is -1)."""
+    stages = buffer.shape[0]
+    slot = jnp.maximum(microbatch, 0) % stages
+    kept = jax.lax.dynamic_index_in_dim(buffer, slot, keepdims=False)
+    return jax.lax.dynamic_update_index_in_dim(buffer, jnp.where(microbatch >= 0, value, kept),
+                                               slot, 0)

@@ -22,6 +22,7 @@ ppermutes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -76,11 +77,7 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
     """
     num_stages = collectives.axis_size(axis)
     count = microbatches.shape[0]
-    if count < num_stages:
-        raise errors.PlanError(
-            f"{count} microbatches for {num_stages} stages: the pipeline never fills",
-            path="plan.pipeline_parallel.microbatch_size",
-            suggestion=f"use at least {num_stages} microbatches per data shard")
+    check_fills(num_microbatches=count, num_stages=num_stages)
     rounds = virtual_stages
     stage = collectives.axis_index(axis)
     if rounds > 1:
@@ -151,36 +148,71 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
     return outputs
 
 
+def check_fills(*, num_microbatches: int, num_stages: int) -> None:
+    """Every schedule here runs any M >= S microbatches; fewer never fill the pipeline (the one
+    check of it: ``Plan.check_batch_size`` calls it before compiling, the schedules again)."""
+    if num_microbatches < num_stages:
+        raise errors.PlanError(
+            f"{num_microbatches} microbatches for {num_stages} stages: the pipeline never fills",
+            path="plan.pipeline_parallel.microbatch_size",
+            suggestion=f"use a smaller microbatch_size (at least {num_stages} microbatches per "
+                       "data shard; more shrinks the bubble)")
+
+
 def bubble_fraction(*, num_stages: int, num_microbatches: int, virtual_stages: int = 1) -> float:
     """Idle fraction of a GPipe / circular schedule: (S - 1) / (v M + S - 1)."""
     return (num_stages - 1) / (virtual_stages * num_microbatches + num_stages - 1)
 
 
-def stage_param_specs(param_specs: Any, *, stacked_layers: str, pipe_axis: str) -> Any:
-    """The PP transform of the param-spec pipeline: ``pipe_axis`` on the layer dimension of every
-    param under ``stacked_layers`` (global shape unchanged: ``[L, ...]``, so a checkpoint
-    restores with or without pipelining); every other param replicated over it."""
-    prefix = stacked_layers.strip("/") + "/"
-    found = []
+@dataclasses.dataclass(frozen=True)
+class StageSplit:
+    """The PP transform of the layout pipeline (parallel/layout.py): ``pipe_axis`` on the layer
+    dimension of every param under ``stacked_layers`` (global shape unchanged: ``[L, ...]``, so
+    a checkpoint restores with or without pipelining); every other param replicated over it."""
 
-    def transform(path, spec):
-        name = path_string(path)
-        if not name.startswith(prefix):
-            return spec
-        found.append(name)
-        entries = tuple(spec)
-        if entries and entries[0] is not None:
-            raise errors.ShardingError(
-                f"the layer dimension of {name} is already split over {entries[0]!r}",
-                path=name, suggestion="the pipeline needs the stacked layer dimension; remove "
-                "the rule that splits it")
-        return PartitionSpec(pipe_axis, *entries[1:])
+    # Param path of the stacked (Repeat) layers.
+    stacked_layers: str
+    pipe_axis: str
+    name: str = "PP stages"
 
-    specs = jax.tree_util.tree_map_with_path(transform, param_specs,
-                                             is_leaf=lambda x: isinstance(x, PartitionSpec))
-    if not found:
-        raise errors.PlanError(
-            f"no params under {stacked_layers!r} to split into pipeline stages",
-            path="plan.pipeline_parallel.stacked_layers",
-            suggestion="name the Repeat stack's param path, e.g. 'decoder/layer' for GPT")
-    return specs
+    def apply(self, layout):
+        prefix = self.stacked_layers.strip("/") + "/"
+        found = []
+
+        def transform(path, spec):
+            name = path_string(path)
+            if not name.startswith(prefix):
+                return spec
+            found.append(name)
+            entries = tuple(spec)
+            if entries and entries[0] is not None:
+                raise errors.ShardingError(
+                    f"the layer dimension of {name} is already split over {entries[0]!r}",
+                    path=name, suggestion="the pipeline needs the stacked layer dimension; "
+                    "remove the rule that splits it")
+            return PartitionSpec(self.pipe_axis, *entries[1:])
+
+        specs = jax.tree_util.tree_map_with_path(transform, layout.param_specs,
+                                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
+        if not found:
+            raise errors.PlanError(
+                f"no params under {self.stacked_layers!r} to split into pipeline stages",
+                path="plan.pipeline_parallel.stacked_layers",
+                suggestion="name the Repeat stack's param path, e.g. 'decoder/layer' for GPT")
+        layers = stacked_layer_count(layout.parameter_specs, prefix)
+        stages = int(layout.mesh_shape[self.pipe_axis])
+        if layers % stages:
+            raise errors.PlanError(
+                f"{layers} layers do not split evenly into {stages} pipeline stages",
+                path="model.num_layers", suggestion=f"use a multiple of {stages} layers, or "
+                "another size for the pipe axis")
+        return layout.evolve(self.name, param_specs=specs)
+
+
+def stacked_layer_count(parameter_specs: Any, prefix: str) -> int:
+    """L: the leading dimension of the params under ``prefix`` (0 when there are none)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(
+            parameter_specs, is_leaf=lambda x: hasattr(x, "shape"))[0]:
+        if path_string(path).startswith(prefix):
+            return int(leaf.shape[0])
+    return 0

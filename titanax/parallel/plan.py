@@ -16,10 +16,10 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
-from titanax.config import Configurable
-from titanax.parallel import pipeline
+from titanax.config import ConfigBase, Configurable
+from titanax.parallel import interleaved_stack, layout as layout_lib, one_f_one_b, pipeline
 from titanax.parallel import rules as rules_lib
-from titanax.parallel import sharding
+from titanax.parallel import sharding, state_dims
 
 SpecEntry = Optional[Union[str, Tuple[str, ...]]]
 
@@ -111,10 +111,47 @@ class PP(Configurable):
         """M for a data shard's batch of ``local_batch_size`` examples."""
         return local_batch_size // self.config.microbatch_size
 
-    def bubble(self, *, num_stages: int, num_microbatches: int) -> float:
-        """Idle fraction of the schedule: (S - 1) / (v M + S - 1)."""
-        return pipeline.bubble_fraction(num_stages=num_stages, num_microbatches=num_microbatches,
-                                        virtual_stages=self.config.virtual_stages)
+    def schedule_numbers(self, *, num_stages: int, local_batch: int) -> Tuple[int, int, float]:
+        """``(M, ticks, bubble)`` of this schedule for a data shard's batch: GPipe and circular
+        take ``vM + S - 1`` ticks, idle ``(S - 1) / (vM + S - 1)``; 1F1B's static table says."""
+        cfg = self.config
+        count = self.num_microbatches(local_batch)
+        if cfg.schedule == "1f1b":
+            table = one_f_one_b.build_schedule(num_stages, count)
+            return count, table.num_ticks, table.bubble()
+        virtual = cfg.virtual_stages if cfg.schedule == "circular" else 1
+        ticks = virtual * count + num_stages - 1
+        return count, ticks, pipeline.bubble_fraction(
+            num_stages=num_stages, num_microbatches=count, virtual_stages=virtual)
+
+    def layout_transforms(self) -> List[Any]:
+        """PP's part of the layout pipeline: the stage split of the stacked layers, and the
+        circular schedule's view of them (explicit stages keep every param replicated)."""
+        cfg = self.config
+        if cfg.stages:
+            self._check_explicit_stages()
+            return []
+        transforms = [pipeline.StageSplit(stacked_layers=cfg.stacked_layers, pipe_axis=cfg.axis)]
+        if cfg.schedule == "circular" and cfg.virtual_stages > 1:
+            transforms.append(interleaved_stack.CircularView(
+                stacked_layers=cfg.stacked_layers, pipe_axis=cfg.axis,
+                virtual_stages=cfg.virtual_stages))
+        return transforms
+
+    def _check_explicit_stages(self) -> None:
+        """What explicit stages cannot run, refused before anything is built."""
+        cfg = self.config
+        if cfg.virtual_stages > 1:
+            raise errors.PlanError(
+                "explicit stages run one stage per device: virtual stages need the stacked "
+                "path", path="plan.pipeline_parallel.virtual_stages",
+                suggestion="set virtual_stages=1 (schedule gpipe or 1f1b), or pipeline a "
+                           "Repeat stack (stages=[])")
+        if 0.0 < cfg.checkpoint_ratio < 1.0:
+            raise errors.PlanError(
+                f"checkpoint_ratio {cfg.checkpoint_ratio}: explicit stages are rematerialised "
+                "whole or not at all", path="plan.pipeline_parallel.checkpoint_ratio",
+                suggestion="use 0 or 1 (1: each tick recomputed from its input)")
 
 
 class ZeRO(Configurable):
@@ -152,6 +189,13 @@ class ZeRO(Configurable):
     def fsdp(self) -> bool:
         """Whether the params themselves are sharded (stage 3)."""
         return self.config.stage == 3
+
+    def layout_transforms(self, *, axis: str) -> List[Any]:
+        """ZeRO's part of the layout pipeline: the state split over ``axis``."""
+        cfg = self.config
+        return [state_dims.StateSplit(axis=axis, params_sharded=self.fsdp,
+                                      min_shard_size=cfg.min_shard_size,
+                                      dim_overrides=tuple(cfg.dim_overrides.items()))]
 
 
 class Plan(Configurable):
@@ -271,9 +315,7 @@ class Plan(Configurable):
                     suggestion=f"mesh axes: {', '.join(mesh_shape)}; rename the axis in the plan "
                                "or add it to the mesh, e.g. "
                                f"--config.mesh.axes=\"{tuple(mesh_shape) + (axis,)}\" "
-                               f"--config.mesh.shape=\"{(None,) + (1,) * (len(mesh_shape) - 1) + (2,)}\""
-                               + (" --config.model.tp_axis=" + axis
-                                  if role == "tensor_parallel" else ""))
+                               f"--config.mesh.shape=\"{(None,) + (1,) * (len(mesh_shape) - 1) + (2,)}\"")
         roles = self.roles()
         idle = [a for a, size in mesh_shape.items() if size > 1 and a not in roles]
         if idle:
@@ -330,12 +372,7 @@ class Plan(Configurable):
             raise errors.PlanError(
                 f"microbatches of {cfg.microbatch_size} do not divide {of}", path=where,
                 suggestion="choose a microbatch_size that divides it")
-        count = pp.num_microbatches(local_batch)
-        if count < stages:
-            raise errors.PlanError(
-                f"{count} microbatches for {stages} stages: the pipeline never fills",
-                path=where, suggestion=f"use a smaller microbatch_size (at least {stages} "
-                "microbatches per data shard; more shrinks the bubble)")
+        pipeline.check_fills(num_microbatches=pp.num_microbatches(local_batch), num_stages=stages)
 
     # --- Param layouts ---------------------------------------------------------------------------
 
@@ -343,23 +380,68 @@ class Plan(Configurable):
         tp = self.config.tensor_parallel
         return rules_lib.normalize_rules(tp.rules if tp is not None else None)
 
-    def param_partition_specs(self, params: Any, mesh: Mesh) -> Any:
-        """A PartitionSpec for every leaf of ``params``: the layers' layouts and the TP rules
-        (``rules.build_param_specs``), then the pipeline's stage split of the stacked layers."""
-        specs = rules_lib.build_param_specs(params, self, mesh)
-        pp = self.config.pipeline_parallel
-        if pp is not None and not pp.stages:  # Explicit stages keep params replicated over pipe.
-            specs = pipeline.stage_param_specs(specs, stacked_layers=pp.stacked_layers,
-                                               pipe_axis=pp.axis)
-        return specs
+    def layout_transforms(self) -> List[layout_lib.LayoutTransform]:
+        """The layout pipeline's transforms, in their fixed order (parallel/layout.py): layer
+        layouts + TP rules, then each plan part's, then size-1 axes dropped."""
+        transforms: List[layout_lib.LayoutTransform] = [rules_lib.LayerLayouts(
+            rules=tuple(self.sharding_rules()), undeclared_replicated=self.tp_axis is None)]
+        if self.pipeline_parallel is not None:
+            transforms += self.pipeline_parallel.layout_transforms()
+        if self.zero is not None:
+            transforms += self.zero.layout_transforms(axis=self.zero_axis)
+        # (Context and expert parallelism add their transforms here, in this order.)
+        transforms.append(layout_lib.DropUnitAxes())
+        return transforms
+
+    def layout(self, parameter_specs: Any, mesh: Mesh) -> layout_lib.Layout:
+        """Where every param of ``parameter_specs`` (ParameterSpecs, arrays or
+        ShapeDtypeStructs) and its optimizer state live on ``mesh`` under this plan."""
+        return layout_lib.build_layout(self.layout_transforms(), mesh_shape=dict(mesh.shape),
+                                       parameter_specs=parameter_specs)
+
+    def configure_model(self, model: Optional[ConfigBase]) -> Optional[ConfigBase]:
+        """A copy of the model config with its layers' TP axis taken from the plan (TP is
+        declared once, in the plan): every ``tp_axis`` left unset follows
+        ``tensor_parallel.axis``; without tensor parallelism every ``tp_axis`` is switched off.
+        A ``tp_axis`` naming another axis than the plan's is refused."""
+        if model is None:
+            return None
+        model = model.clone()
+        tp = self.config.tensor_parallel
+        for path, config in _configs_with_field(model, "tp_axis", prefix="model"):
+            given = config.tp_axis
+            if tp is None and getattr(config, "sequence_parallel", False):
+                raise errors.PlanError(
+                    "sequence parallelism splits the residual stream over the TP axis, and the "
+                    "plan has no tensor parallelism", path=f"{path}.sequence_parallel",
+                    suggestion="set plan.tensor_parallel (e.g. --config.plan.tensor_parallel"
+                               ".axis=model), or sequence_parallel=False")
+            if tp is None:
+                config.tp_axis = None
+            elif given is None:
+                config.tp_axis = tp.axis
+            elif given != tp.axis:
+                raise errors.PlanError(
+                    f"{path}.tp_axis is {given!r} but the plan's tensor parallelism is over "
+                    f"{tp.axis!r}", path=f"{path}.tp_axis",
+                    suggestion="TP is declared in the plan: leave the layer's tp_axis unset "
+                               f"(it follows plan.tensor_parallel.axis), or set it to {tp.axis!r}")
+            if tp is not None and not tp.prefer_reduce_scatter and \
+                    getattr(config, "sequence_parallel", False):
+                raise errors.PlanError(
+                    "the model uses sequence parallelism (reduce-scatter at the end of "
+                    "row-parallel layers) but the plan sets prefer_reduce_scatter=False",
+                    path="plan.tensor_parallel.prefer_reduce_scatter",
+                    suggestion=f"set {path}.sequence_parallel=False, or allow reduce-scatter")
+        return model
 
     def describe(self, params: Any, mesh: Mesh, *, specs: Any = None) -> str:
         """A table of every param: path, global shape, spec, local shape, bytes per device.
 
-        ``specs``: the layouts to show (default: this plan's ``param_partition_specs``; the
-        engine passes its own, which under the circular schedule are the stack's view)."""
+        ``specs``: the layouts to show (default: this plan's ``layout`` of ``params``; the
+        engine passes its layout's, whose shapes and specs are the circular schedule's view)."""
         if specs is None:
-            specs = self.param_partition_specs(params, mesh)
+            specs = self.layout(params, mesh).param_specs
         flat_params = sharding.flat_paths(params, is_leaf=rules_lib.is_param_leaf)
         flat_specs = sharding.flat_paths(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
         mesh_shape = dict(mesh.shape)
@@ -387,6 +469,21 @@ class Plan(Configurable):
         lines.append(f"total: {len(rows)} params, {bytes_text(total_global)} global, "
                      f"{bytes_text(total_local)} per device")
         return "\n".join(lines)
+
+
+def _configs_with_field(config: ConfigBase, field: str, *, prefix: str):
+    """``(path, config)`` for ``config`` and every config below it that declares ``field``."""
+    if field in config.keys():
+        yield prefix, config
+    for name, value in config.items():
+        children = (value.items() if isinstance(value, dict)
+                    else enumerate(value) if isinstance(value, (list, tuple)) else None)
+        if isinstance(value, ConfigBase):
+            yield from _configs_with_field(value, field, prefix=f"{prefix}.{name}")
+        elif children is not None:
+            for key, child in children:
+                if isinstance(child, ConfigBase):
+                    yield from _configs_with_field(child, field, prefix=f"{prefix}.{name}[{key!r}]")
 
 
 def _maybe(cfg):

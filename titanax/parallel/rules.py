@@ -206,17 +206,37 @@ def build_param_specs(params, plan, mesh):
     layer's layout is used; params with neither are replicated when the plan has no tensor
     parallelism, and an error (listing them all) when it has.
     """
-    import jax  # pylint: disable=import-outside-toplevel
-    from titanax.parallel.sharding import path_string  # pylint: disable=import-outside-toplevel
+    return LayerLayouts(rules=tuple(plan.sharding_rules()),
+                        undeclared_replicated=plan.tp_axis is None).specs(params, dict(mesh.shape))
 
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_param_leaf)
-    shapes = {}
-    defaults = {}
-    for key_path, leaf in leaves:
-        path = path_string(key_path)
-        shapes[path] = tuple(leaf.shape)
-        mesh_axes = getattr(leaf, "mesh_axes", None)
-        defaults[path] = tuple(mesh_axes) if mesh_axes is not None else None
-    resolved = resolve_specs(shapes, plan.sharding_rules(), defaults, dict(mesh.shape),
-                             undeclared_replicated=plan.tp_axis is None)
-    return jax.tree_util.tree_unflatten(treedef, [resolved[p] for p in shapes])
+
+@dataclasses.dataclass(frozen=True)
+class LayerLayouts:
+    """The first transform of the layout pipeline (parallel/layout.py): every param's spec from
+    the layout its layer declares, overridden by the first matching TP rule."""
+
+    # The plan's TP rules, in order (empty without tensor parallelism).
+    rules: Tuple[Rule, ...] = ()
+    # Params with neither a rule nor a declared layout are replicated (no TP) or an error (TP).
+    undeclared_replicated: bool = True
+    name: str = "layer layouts + TP rules"
+
+    def specs(self, params, mesh_shape: Mapping[str, int]):
+        import jax  # pylint: disable=import-outside-toplevel
+        from titanax.parallel.sharding import path_string  # pylint: disable=import-outside-toplevel
+
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_param_leaf)
+        shapes = {}
+        defaults = {}
+        for key_path, leaf in leaves:
+            path = path_string(key_path)
+            shapes[path] = tuple(leaf.shape)
+            mesh_axes = getattr(leaf, "mesh_axes", None)
+            defaults[path] = tuple(mesh_axes) if mesh_axes is not None else None
+        resolved = resolve_specs(shapes, self.rules, defaults, mesh_shape,
+                                 undeclared_replicated=self.undeclared_replicated)
+        return jax.tree_util.tree_unflatten(treedef, [resolved[p] for p in shapes])
+
+    def apply(self, layout):
+        specs = self.specs(layout.parameter_specs, layout.mesh_shape)
+        return layout.evolve(self.name, param_specs=specs, layer_specs=specs)

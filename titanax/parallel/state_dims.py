@@ -1,11 +1,10 @@
 """Which real dimension of each param carries the ZeRO / FSDP axis.
 
 ZeRO-1/2 split the optimizer state, and FSDP (ZeRO-3) the params themselves, over one mesh axis
-(today the data axis). Wave 1 flattened and padded each param's local
-part into chunks: the saved arrays then meant different numbers on every mesh. Here the axis goes
-on one *real* dimension of the param, added to the spec the earlier transforms (layer layout, TP
-rules, pipeline) produced, so a global array means the same thing on every mesh and strategy, and
-a checkpoint restores anywhere.
+(the data axis, or an axis of its own under HSDP). The axis goes on one *real* dimension of the
+param, added to the spec the earlier transforms (layer layout, TP rules, pipeline) produced, so a
+global array means the same thing on every mesh and strategy, and a checkpoint restores
+anywhere. (A flattened, padded chunk per device would mean other numbers on another mesh.)
 
 The dimension is chosen per param, on the host, once:
 
@@ -19,6 +18,7 @@ The dimension is chosen per param, on the host, once:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Optional, Sequence, Tuple
 
@@ -97,3 +97,30 @@ def add_axis(param_specs: Any, dims: Any, axis: str) -> Any:
 
     return jax.tree_util.tree_map(add, param_specs, dims,
                                   is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSplit:
+    """The ZeRO / FSDP transform of the layout pipeline (parallel/layout.py): the dimension of
+    every param that carries ``axis``, and -- FSDP -- the axis added to the params' specs."""
+
+    axis: str
+    # Stage 3: the params themselves are split (else only the optimizer state).
+    params_sharded: bool
+    min_shard_size: int
+    dim_overrides: Tuple[Tuple[str, Optional[int]], ...] = ()
+    name: str = "ZeRO / FSDP state split"
+
+    def apply(self, layout):
+        size = int(layout.mesh_shape[self.axis])
+        if size == 1:  # Nothing to split over: every param (and its state) stays whole.
+            dims = jax.tree_util.tree_map(lambda _: None, layout.param_specs,
+                                          is_leaf=lambda x: isinstance(x, PartitionSpec))
+        else:
+            dims = choose_dims(layout.parameter_specs, layout.param_specs, axis=self.axis,
+                               axis_size=size, min_shard_size=self.min_shard_size,
+                               dim_overrides=self.dim_overrides)
+        specs = add_axis(layout.param_specs, dims, self.axis) if self.params_sharded \
+            else layout.param_specs
+        return layout.evolve(self.name, param_specs=specs, state_axis=self.axis,
+                             state_dims=dims, params_sharded=self.params_sharded)

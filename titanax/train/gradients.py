@@ -26,12 +26,12 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from titanax import errors
-from titanax.modules import functional, gather_on_use
+from titanax.modules import functional
 from titanax.modules.context import flat_summaries
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
 from titanax.train import state_updates
+from titanax.train.param_gathering import ParamGathering
 from titanax.train.precision import Precision
 
 
@@ -52,6 +52,13 @@ class LossRelation:
         varying = collectives.varying_axes(loss)
         return math.prod(mesh_shape[a] for a in self.copy_over if a in varying)
 
+    def objective(self, loss: jax.Array, mesh_shape: Mapping[str, int],
+                  loss_scale: Optional[jax.Array] = None) -> jax.Array:
+        """What a computer differentiates: the loss with its copies counted once (see the
+        module docstring), times the loss scale (float16 loss scaling) when there is one."""
+        objective = loss / self.copies_seen_by_autodiff(loss, mesh_shape)
+        return objective if loss_scale is None else objective * loss_scale
+
 
 @dataclasses.dataclass
 class LocalGradients:
@@ -69,41 +76,6 @@ class LocalGradients:
     # ``{flattened param index: value}`` in local view, averaged over microbatches
     # (state_updates.py).
     state_updates: Dict[int, jax.Array] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamGathering:
-    """How a computer sees FSDP's sharded params whole (state_sharding.FullySharded).
-
-    ``per_microbatch``: the params are wrapped in ``GatherOnUse`` and each layer gathers its own
-    where it runs; the transpose of each gather reduce-scatters (sums) that layer's gradient, so
-    the unwrapped gradients are divided by the axis size (a mean, as over the data axis).
-    Otherwise (``per_step``) everything is gathered once, before the microbatch loop, and the
-    whole gradients are left to the reducer's reduce-scatter.
-    """
-
-    axis: str
-    axis_size: int
-    # Per param, the dimension split over ``axis`` (None: stored whole).
-    dims: Any
-    per_microbatch: bool
-
-    def for_use(self, params: Any) -> Any:
-        """The params as the model sees them: wrapped (``per_microbatch``) or all gathered."""
-        return self.wrap(params) if self.per_microbatch else self.gather_all(params)
-
-    def gather_all(self, params: Any) -> Any:
-        return jax.tree_util.tree_map(
-            lambda p, d: p if d is None else collectives.all_gather(p, self.axis, axis_index=d),
-            params, self.dims)
-
-    def wrap(self, params: Any) -> Any:
-        return gather_on_use.wrap(params, self.dims, axis=self.axis)
-
-    def unwrap_gradients(self, grads: Any) -> Any:
-        return jax.tree_util.tree_map(
-            lambda g: g.shard / self.axis_size if gather_on_use.is_gather_on_use(g) else g,
-            grads, is_leaf=gather_on_use.is_gather_on_use)
 
 
 class ModelGradients:
@@ -126,6 +98,25 @@ class ModelGradients:
     @property
     def axes(self) -> Tuple[str, ...]:
         return tuple(self.mesh_shape)
+
+    def eval_loss(self, params: Any, batch: Any) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+        """``(loss, aux)`` of a forward pass in evaluation mode, on this device's rows."""
+        inputs = self.precision.cast_for_compute(batch)
+        (loss, aux), _ = functional(self.model, None, self.precision.cast_for_compute(params),
+                                    (inputs,), is_training=False)
+        return loss.astype(jnp.float32), aux
+
+    @staticmethod
+    def schedule_metrics(local_rows: int) -> Dict[str, float]:
+        """Metrics its schedule fixes (a pipeline's bubble): none here."""
+        del local_rows
+        return {}
+
+    @staticmethod
+    def describe(**unused) -> Optional[str]:
+        """--explain's part for the schedule: nothing beyond the plan's table here."""
+        del unused
+        return None
 
     def __call__(self, params: Any, batch: Any, key: jax.Array, *,
                  loss_scale: Optional[jax.Array] = None) -> LocalGradients:
@@ -180,9 +171,7 @@ class ModelGradients:
         (loss, aux), collection = functional(self.model, key, compute_params, (inputs,),
                                              is_training=True)
         loss = loss.astype(jnp.float32)
-        objective = loss / self.loss_relation.copies_seen_by_autodiff(loss, self.mesh_shape)
-        if loss_scale is not None:
-            objective = objective * loss_scale
+        objective = self.loss_relation.objective(loss, self.mesh_shape, loss_scale)
         updates = state_updates.collect(collection.state_updates, stored,
                                         where=f"{type(self.model).__qualname__}.forward")
         return objective, (loss, aux, flat_summaries(collection.summaries),
@@ -191,12 +180,7 @@ class ModelGradients:
 
 
 def _split_microbatches(batch: Any, count: int) -> Any:
-    def split(x):
-        if x.shape[0] % count:
-            raise errors.PlanError(
-                f"the per-device batch of {x.shape[0]} does not split into {count} microbatches",
-                path="plan.data_parallel.accumulate_steps",
-                suggestion="make the global batch a multiple of (batch shards: the data size, x "
-                           "the fsdp size under HSDP) x accumulate_steps")
-        return x.reshape((count, x.shape[0] // count) + x.shape[1:])
-    return jax.tree_util.tree_map(split, batch)
+    """``[rows, ...]`` -> ``[count, rows / count, ...]`` (``Plan.check_batch_size`` checked that
+    every batch shard splits into ``accumulate_steps`` microbatches before compiling)."""
+    return jax.tree_util.tree_map(
+        lambda x: x.reshape((count, x.shape[0] // count) + x.shape[1:]), batch)

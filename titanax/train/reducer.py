@@ -180,41 +180,11 @@ class GradientReducer:
         the axes their param is replicated on (copies there: the average leaves them unchanged,
         and makes them invariant).
         """
-        data = self.data_axis
         relation = self.loss_relation
-        # Without sync_data, metrics stay per batch shard: they cross no batch axis.
-        metric_excluded = {data} | (set() if sync_data else set(relation.mean_over))
         out, out_metrics, out_updates = list(leaves), list(metrics), dict(updates)
-        grad_groups: Dict[Tuple[str, ...], List[int]] = {}
-        for index, axes in enumerate(self.replicated_axes):
-            if axes:
-                grad_groups.setdefault(axes, []).append(index)
-        metric_groups: Dict[Tuple[str, ...], List[int]] = {}
-        for index, value in enumerate(metrics):
-            # Over a batch axis every shard's value is its own, varying-typed or not (a token
-            # count of sum(ones) is not): psum counts it once per shard.
-            varying = set(collectives.varying_axes(value)) | set(relation.mean_over)
-            key = tuple(a for a, _ in self.mesh_shape if a in varying and a not in metric_excluded)
-            if key:
-                metric_groups.setdefault(key, []).append(index)
-        update_groups: Dict[Tuple[str, ...], List[int]] = {}
-        for index, value in sorted(updates.items()):
-            varying = collectives.varying_axes(value)
-            key = tuple(a for a in self.param_replicated_axes[index] if a in varying)
-            if key:
-                update_groups.setdefault(key, []).append(index)
-        # Gradients only split (not replicated) can have their squares summed before any
-        # reduction of theirs; the rest need their own reduction first.
-        early_squares: Dict[Tuple[str, ...], List[int]] = {}
-        late_squares: Dict[Tuple[str, ...], List[int]] = {}
-        local_squares: List[int] = []
-        for index, split in enumerate(self.split_axes):
-            if not split:
-                local_squares.append(index)
-            elif not self.replicated_axes[index]:
-                early_squares.setdefault(split, []).append(index)
-            else:
-                late_squares.setdefault(split, []).append(index)
+        grad_groups, metric_groups, update_groups = self._groups(metrics, updates,
+                                                                 sync_data=sync_data)
+        early_squares, late_squares, local_squares = self._square_groups()
         norm_parts: List[jax.Array] = []
         sizes = dict(self.mesh_shape)
         for key in sorted(set(grad_groups) | set(metric_groups) | set(early_squares)
@@ -249,6 +219,50 @@ class GradientReducer:
             norm_parts.append(_square_sum([out[i] for i in local_squares]))
         norm_squared = sum(norm_parts) if norm_parts else jnp.float32(0.0)
         return out, out_metrics, out_updates, norm_squared
+
+
+    def _groups(self, metrics: List[jax.Array], updates: Dict[int, jax.Array], *,
+                sync_data: bool) -> Tuple[Dict[Tuple[str, ...], List[int]], ...]:
+        """Indices of the gradients, metrics and state updates, by the axes each is reduced
+        over outside the data axis."""
+        relation = self.loss_relation
+        # Without sync_data, metrics stay per batch shard: they cross no batch axis.
+        metric_excluded = {self.data_axis} | (set() if sync_data else set(relation.mean_over))
+        grad_groups: Dict[Tuple[str, ...], List[int]] = {}
+        for index, axes in enumerate(self.replicated_axes):
+            if axes:
+                grad_groups.setdefault(axes, []).append(index)
+        metric_groups: Dict[Tuple[str, ...], List[int]] = {}
+        for index, value in enumerate(metrics):
+            # Over a batch axis every shard's value is its own, varying-typed or not (a token
+            # count of sum(ones) is not): psum counts it once per shard.
+            varying = set(collectives.varying_axes(value)) | set(relation.mean_over)
+            key = tuple(a for a, _ in self.mesh_shape if a in varying and a not in metric_excluded)
+            if key:
+                metric_groups.setdefault(key, []).append(index)
+        update_groups: Dict[Tuple[str, ...], List[int]] = {}
+        for index, value in sorted(updates.items()):
+            varying = collectives.varying_axes(value)
+            key = tuple(a for a in self.param_replicated_axes[index] if a in varying)
+            if key:
+                update_groups.setdefault(key, []).append(index)
+        return grad_groups, metric_groups, update_groups
+
+    def _square_groups(self):
+        """``(early, late, local)``: gradients only split (not replicated) can have their
+        squares summed before any reduction of theirs (``early``, by split axes); the rest need
+        their own reduction first (``late``); unsplit ones need none (``local``)."""
+        early: Dict[Tuple[str, ...], List[int]] = {}
+        late: Dict[Tuple[str, ...], List[int]] = {}
+        local: List[int] = []
+        for index, split in enumerate(self.split_axes):
+            if not split:
+                local.append(index)
+            elif not self.replicated_axes[index]:
+                early.setdefault(split, []).append(index)
+            else:
+                late.setdefault(split, []).append(index)
+        return early, late, local
 
 
 def _square_sum(values: Sequence[jax.Array]) -> jax.Array:

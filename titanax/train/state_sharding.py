@@ -12,6 +12,10 @@ param's global shape, and where it is split over the ZeRO axis, it is split alon
 dimension (``parallel/state_dims.py``). So a checkpoint's arrays mean the same numbers on every
 mesh and under every strategy, and restore anywhere.
 
+Strategies are siblings behind one interface (``StateSharding``); the step asks a strategy for
+its gradients' layout, its reduce-scatter dimensions and how the computer sees the params
+(``param_gathering``), never which kind it is:
+
 - ``Replicated``: every device holds the whole (TP/PP-local) state; the reducer all-reduces the
   gradients over the data axis.
 - ``ShardedOptimizerState`` (ZeRO-1 / ZeRO-2): params replicated over the ZeRO axis, optimizer
@@ -25,25 +29,30 @@ mesh and under every strategy, and restore anywhere.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+import abc
+from typing import Any, Optional, Tuple
 
 import jax
 import optax
 from jax.sharding import PartitionSpec
 
 from titanax.parallel import collectives, state_dims
+from titanax.parallel.layout import Layout
 from titanax.train import learner as learner_lib
+from titanax.train.param_gathering import ParamGathering
 
 # Saved in checkpoint metadata: under every strategy the optimizer state's global arrays are laid
 # out like the params (older checkpoints may say "zero1_flat_chunks", see StateManager).
 CHECKPOINT_LAYOUT = {"kind": "param_layout"}
 
 
-class Replicated:
-    """The optimizer state laid out like the params (no sharding over the data axis)."""
+class StateSharding(abc.ABC):
+    """How the params and the optimizer state are laid out over the devices, and updated."""
 
-    # The mesh axis ZeRO / FSDP split the state over (None: not split).
+    # The mesh axis the state is split over (None: not split).
     shard_axis: Optional[str] = None
+    # Per param, the dimension split over ``shard_axis`` (None: not split anywhere).
+    dims: Any = None
 
     def __init__(self, *, param_specs: Any):
         self.param_specs = param_specs
@@ -59,6 +68,21 @@ class Replicated:
         ``shard_axis`` (None: no scatter anywhere)."""
         return None
 
+    def param_gathering(self) -> Optional[ParamGathering]:
+        """How the gradient computer sees the params whole (None: they are stored whole)."""
+        return None
+
+    @property
+    def title(self) -> str:
+        """What --explain calls this layout of the state."""
+        return "replicated state"
+
+    @property
+    def gathers(self) -> Optional[str]:
+        """When the params are gathered while the step runs ("per_step" / "per_microbatch"),
+        None when they are stored whole."""
+        return None
+
     def opt_state_specs(self, adapter: learner_lib.OptimizerAdapter, local_params: Any) -> Any:
         """Out-specs of the state built on ``local_params`` (ShapeDtypeStructs, local view)."""
         return _state_specs(adapter, jax.eval_shape(adapter.init, local_params),
@@ -68,17 +92,21 @@ class Replicated:
         """The state in local view (inside shard_map)."""
         return adapter.init(params)
 
+    @abc.abstractmethod
     def update(self, *, learner: learner_lib.Learner, adapter: learner_lib.OptimizerAdapter,
                params: Any, opt_state: Any, grads: Any, norm_squared: jax.Array
                ) -> Tuple[Any, Any, jax.Array]:
         """``(new params, new state, global grad norm)`` from the reduced gradients."""
-        norm = jax.numpy.sqrt(norm_squared)
-        new_params, new_state = learner.apply_update(adapter=adapter, grads=grads, norm=norm,
-                                                     opt_state=opt_state, params=params)
-        return new_params, new_state, norm
 
 
-class ShardedOptimizerState(Replicated):
+class Replicated(StateSharding):
+    """The optimizer state laid out like the params (no sharding over the data axis)."""
+
+    def update(self, *, learner, adapter, params, opt_state, grads, norm_squared):
+        return _update_as_stored(learner, adapter, params, opt_state, grads, norm_squared)
+
+
+class ShardedOptimizerState(StateSharding):
     """ZeRO-1 (``scatter_gradients=False``) or ZeRO-2 over ``axis``, on the dims ``dims``."""
 
     def __init__(self, *, param_specs: Any, axis: str, axis_size: int, dims: Any,
@@ -89,6 +117,10 @@ class ShardedOptimizerState(Replicated):
         self.dims = dims
         self.scatter_gradients = scatter_gradients
         self.state_leaf_specs = state_dims.add_axis(param_specs, dims, axis)
+
+    @property
+    def title(self) -> str:
+        return f"ZeRO-{2 if self.scatter_gradients else 1} over {self.shard_axis!r}"
 
     @property
     def grad_specs(self) -> Any:
@@ -141,22 +173,49 @@ class ShardedOptimizerState(Replicated):
         return new_params, new_state, norm
 
 
-class FullySharded(Replicated):
-    """ZeRO-3 / FSDP over ``axis``: the params' specs carry it; everything is a local shard.
+class FullySharded(StateSharding):
+    """ZeRO-3 / FSDP over ``axis``: the params' specs carry it; everything is a local shard, and
+    the update is the replicated one on the shards.
 
     ``grad_sync="per_step"`` gathers the params once before the step's microbatch loop, so the
     gradients come back whole and the reducer reduce-scatters them (``scatter_dims``);
     ``"per_microbatch"`` gathers each layer where it runs and autodiff reduce-scatters."""
 
-    def __init__(self, *, param_specs: Any, axis: str, dims: Any, grad_sync: str):
+    def __init__(self, *, param_specs: Any, axis: str, axis_size: int, dims: Any,
+                 grad_sync: str):
         super().__init__(param_specs=param_specs)
         self.shard_axis = axis
+        self.axis_size = axis_size
         self.dims = dims
         self.grad_sync = grad_sync
 
     @property
+    def title(self) -> str:
+        return f"ZeRO-3 over {self.shard_axis!r}, grad_sync={self.grad_sync}"
+
+    @property
+    def gathers(self) -> Optional[str]:
+        return self.grad_sync
+
+    @property
     def scatter_dims(self) -> Optional[Any]:
         return self.dims if self.grad_sync == "per_step" else None
+
+    def param_gathering(self) -> Optional[ParamGathering]:
+        return ParamGathering(axis=self.shard_axis, axis_size=self.axis_size, dims=self.dims,
+                              per_microbatch=self.grad_sync == "per_microbatch")
+
+    def update(self, *, learner, adapter, params, opt_state, grads, norm_squared):
+        return _update_as_stored(learner, adapter, params, opt_state, grads, norm_squared)
+
+
+def _update_as_stored(learner, adapter, params, opt_state, grads, norm_squared):
+    """The update on the state exactly as each device stores it: the whole (TP/PP-local) state,
+    or FSDP's shards (their gradients are reduced into the same shards)."""
+    norm = jax.numpy.sqrt(norm_squared)
+    new_params, new_state = learner.apply_update(adapter=adapter, grads=grads, norm=norm,
+                                                 opt_state=opt_state, params=params)
+    return new_params, new_state, norm
 
 
 def _state_specs(adapter: learner_lib.OptimizerAdapter, state_shapes: Any, leaf_specs: Any) -> Any:
@@ -167,16 +226,15 @@ def _state_specs(adapter: learner_lib.OptimizerAdapter, state_shapes: Any, leaf_
                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def for_plan(plan: Any, *, param_specs: Any, mesh_shape: Mapping[str, int],
-             zero_dims: Any = None) -> Replicated:
-    """The strategy the plan asks for (``zero_dims``: the engine's choice of dimensions)."""
-    zero = plan.zero
-    if zero is None:
-        return Replicated(param_specs=param_specs)
-    axis = plan.zero_axis
-    if zero.fsdp:
-        return FullySharded(param_specs=param_specs, axis=axis, dims=zero_dims,
-                            grad_sync=zero.config.grad_sync)
-    return ShardedOptimizerState(param_specs=param_specs, axis=axis,
-                                 axis_size=int(mesh_shape[axis]), dims=zero_dims,
-                                 scatter_gradients=zero.config.stage == 2)
+def for_layout(layout: Layout, *, zero: Any) -> StateSharding:
+    """The strategy for ``layout`` (the state split its ``StateSplit`` transform chose) and the
+    plan's ZeRO part (``zero``: its config; None: replicated)."""
+    if zero is None or layout.state_axis is None:
+        return Replicated(param_specs=layout.param_specs)
+    size = int(layout.mesh_shape[layout.state_axis])
+    if layout.params_sharded:
+        return FullySharded(param_specs=layout.param_specs, axis=layout.state_axis,
+                            axis_size=size, dims=layout.state_dims, grad_sync=zero.grad_sync)
+    return ShardedOptimizerState(param_specs=layout.param_specs, axis=layout.state_axis,
+                                 axis_size=size, dims=layout.state_dims,
+                                 scatter_gradients=zero.stage == 2)

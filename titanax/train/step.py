@@ -22,20 +22,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from titanax.modules import functional
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives, sharding
 from titanax.train import learner as learner_lib
 from titanax.train import state_updates
-from titanax.train.gradients import ModelGradients, ParamGathering
+from titanax.train.gradients import ModelGradients
+from titanax.train.metric_reduction import reduce_metrics
+from titanax.train.param_gathering import ParamGathering
 from titanax.train.pipelined_gradients import PipelinedGradients
-from titanax.train.state_sharding import FullySharded, Replicated
+from titanax.train.state_sharding import StateSharding
 from titanax.train.precision import Precision
 from titanax.train.reducer import GradientReducer, Reduced
 from titanax.train.train_state import TrainState
@@ -58,7 +59,7 @@ class StepSetup:
     batch_axes: Tuple[str, ...]
     accumulate_steps: int
     # How params and optimizer state are laid out and updated (state_sharding.py).
-    state_sharding: Replicated
+    state_sharding: StateSharding
     # "stop": report non-finite losses (the engine raises); "skip": also leave the state as is.
     nan_policy: str = "stop"
     # Reduce metrics over the data axis (DP.sync_metrics); False: report data shard 0's values.
@@ -81,25 +82,17 @@ class StepSetup:
         microbatched."""
         if self.pipeline is not None:
             return PipelinedGradients(
-                gathering=self.gathering,
                 model=self.model, precision=self.precision, mesh_shape=self.mesh_shape,
-                batch_axes=self.batch_axes, pipe_axis=self.pipeline.axis,
-                microbatch_size=self.pipeline.microbatch_size, schedule=self.pipeline.schedule,
-                virtual_stages=self.pipeline.virtual_stages,
-                checkpoint_ratio=self.pipeline.checkpoint_ratio, stages=self.pipeline.stages)
+                batch_axes=self.batch_axes, pipeline=self.pipeline.instantiate(),
+                gathering=self.gathering)
         return ModelGradients(model=self.model, precision=self.precision,
                               mesh_shape=self.mesh_shape, batch_axes=self.batch_axes,
                               accumulate_steps=self.accumulate_steps, gathering=self.gathering)
 
     @functools.cached_property
     def gathering(self) -> Optional[ParamGathering]:
-        """How the gradient computer sees FSDP's sharded params whole (None: no FSDP)."""
-        strategy = self.state_sharding
-        if not isinstance(strategy, FullySharded):
-            return None
-        return ParamGathering(axis=strategy.shard_axis,
-                              axis_size=self.mesh_shape[strategy.shard_axis], dims=strategy.dims,
-                              per_microbatch=strategy.grad_sync == "per_microbatch")
+        """How the gradient computer sees the params whole (None: they are stored whole)."""
+        return self.state_sharding.param_gathering()
 
     @functools.cached_property
     def reducer(self) -> GradientReducer:
@@ -129,11 +122,14 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
             lambda g: (g.astype(jnp.float32) / scale).astype(g.dtype), grads)
     check_scalar_metrics({"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}},
                          where=f"{type(setup.model).__qualname__}.forward")
-    reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss, **local.summaries},
-                                   sum_metrics={f"aux/{k}": v for k, v in aux.items()},
-                                   sync_data=setup.sync_metrics,
-                                   state_updates=local.state_updates)
-    new_state, update_stats = _apply_update(setup, state, reduced)
+    # The scopes name the collectives of the reduction and the update in --explain.
+    with jax.named_scope("gradient_reduction"):
+        reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss, **local.summaries},
+                                       sum_metrics={f"aux/{k}": v for k, v in aux.items()},
+                                       sync_data=setup.sync_metrics,
+                                       state_updates=local.state_updates)
+    with jax.named_scope("optimizer_update"):
+        new_state, update_stats = _apply_update(setup, state, reduced)
     metrics = _metrics(setup, state, reduced.metrics, update_stats)
     return new_state, metrics
 
@@ -174,23 +170,6 @@ def _all_devices(flag: jax.Array) -> jax.Array:
     return collectives.psum((~flag).astype(jnp.int32), axes) == 0
 
 
-def reduce_metrics(loss: jax.Array, aux: Dict[str, jax.Array], batch_axes: Sequence[str],
-                   axes: Sequence[str]) -> Dict[str, jax.Array]:
-    """Eval metrics: the loss averaged and the aux counts summed over the batch axes; identical
-    copies on the other axes (typed varying) averaged, which leaves their value unchanged."""
-    metrics = {"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}}
-    others = tuple(a for a in axes if a not in batch_axes
-                   and any(a in collectives.varying_axes(v) for v in metrics.values()))
-    if others:
-        metrics = collectives.pmean(metrics, others)
-    if batch_axes:
-        batch = sharding.axis_entry(batch_axes)
-        summed = {k: v for k, v in metrics.items() if k.startswith("aux/")}
-        metrics = {"loss": collectives.pmean(metrics["loss"], batch),
-                   **collectives.psum(summed, batch)}
-    return metrics
-
-
 def _metrics(setup: StepSetup, state: TrainState, reduced_metrics: Dict[str, jax.Array],
              stats) -> Dict[str, jax.Array]:
     metrics = dict(reduced_metrics)
@@ -205,32 +184,6 @@ def _metrics(setup: StepSetup, state: TrainState, reduced_metrics: Dict[str, jax
         extra = {k: collectives.cast_varying(v, setup.batch_axes)[None] for k, v in extra.items()}
     metrics.update(extra)
     return metrics
-
-
-def eval_local_step(model: BaseLayer, precision: Precision, batch_axes: Sequence[str],
-                    axes: Sequence[str], params: Any, batch: Any) -> Dict[str, jax.Array]:
-    """Forward pass only (is_training=False); metrics summed or averaged over the batch axes."""
-    inputs = precision.cast_for_compute(batch)
-    (loss, aux), _ = functional(model, None, precision.cast_for_compute(params), (inputs,),
-                                is_training=False)
-    return reduce_metrics(loss.astype(jnp.float32), aux, batch_axes, axes)
-
-
-def pipelined_eval_local_step(setup: StepSetup, params: Any, batch: Any
-                              ) -> Dict[str, jax.Array]:
-    """Forward-only metrics of a pipelined model: the last stage's loss and counts summed over
-    the pipe axis, then reduced like any eval step."""
-    pipe = setup.pipeline.axis
-    loss, aux = setup.gradients.forward_loss(
-        setup.precision.cast_for_compute(params), setup.precision.cast_for_compute(batch), None,
-        is_training=False)
-    loss, aux = collectives.psum((loss, aux), pipe)
-    return reduce_metrics(loss, aux, setup.batch_axes, setup.axes)
-
-
-def local_init_opt_state(setup: StepSetup, params: Any) -> Any:
-    """The optimizer state in local view, as the state-sharding strategy lays it out."""
-    return setup.state_sharding.init(setup.adapter, params)
 
 
 class ModelStep:
@@ -253,11 +206,13 @@ class ModelStep:
         return local_train_step(self.setup, state, batch)
 
     def eval(self, params: Any, batch: Any) -> Dict[str, jax.Array]:
+        """Forward only (is_training=False): the loss averaged and the aux counts summed over
+        the batch axes."""
         setup = self.setup
         gathering = setup.gathering
         if gathering is not None:  # FSDP: layer by layer where the step does so, else at once.
             params = gathering.for_use(params)
-        if setup.pipeline is not None:
-            return pipelined_eval_local_step(setup, params, batch)
-        return eval_local_step(setup.model, setup.precision, setup.batch_axes, setup.axes, params,
-                               batch)
+        loss, aux = setup.gradients.eval_loss(params, batch)
+        aux = {f"aux/{k}": v for k, v in aux.items()}
+        return reduce_metrics({"loss": loss, **aux}, batch_axes=setup.batch_axes,
+                              axes=setup.axes, summed=aux)

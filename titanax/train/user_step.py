@@ -22,6 +22,7 @@ import jax
 
 from titanax import errors
 from titanax.parallel import collectives, rules
+from titanax.train.metric_reduction import reduce_metrics
 from titanax.train.precision import Precision
 from titanax.train.train_state import TrainState
 
@@ -37,14 +38,6 @@ def step_fn(fn: Callable) -> Callable:
     """
     setattr(fn, _STEP_ATTR, True)
     return fn
-
-
-def _reduce_metrics(metrics: Dict[str, jax.Array], axes: Sequence[str]) -> Dict[str, jax.Array]:
-    out = {}
-    for name, value in metrics.items():
-        varying = tuple(a for a in axes if a in collectives.varying_axes(value))
-        out[name] = collectives.pmean(value, varying) if varying else value
-    return out
 
 
 def _check_reduced(params: Any, param_specs: Any, data_axis: Optional[str]) -> None:
@@ -122,7 +115,7 @@ def wrap_user_step(fn: Callable, *, axes: Sequence[str], data_axis: Optional[str
                     "metrics (or (state, metrics))", path=getattr(fn, "__qualname__", "step"),
                     suggestion="return {'loss': loss}")
             check_scalar_metrics(metrics, where=getattr(fn, "__qualname__", "step"))
-            return _reduce_metrics(metrics, axes)
+            return reduce_metrics(metrics, batch_axes=(), axes=axes)
         return local_eval
 
     def local(state: TrainState, batch: Any) -> Tuple[TrainState, Dict[str, jax.Array]]:
@@ -130,7 +123,7 @@ def wrap_user_step(fn: Callable, *, axes: Sequence[str], data_axis: Optional[str
                                 reference_params=state.params)
         new_state, metrics = _unpack_step_output(fn, fn(working, precision.cast_for_compute(batch)))
         _check_reduced(new_state.params, param_specs, data_axis)
-        return new_state.replace(reference_params=None), _reduce_metrics(metrics, axes)
+        return new_state.replace(reference_params=None), reduce_metrics(metrics, batch_axes=(), axes=axes)
 
     return local
 

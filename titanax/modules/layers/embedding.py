@@ -5,12 +5,17 @@ this device holds, zeroes the ids it does not hold, and sums over the axis -- on
 ``[batch, seq, model_dim]`` (or a reduce-scatter over the sequence under sequence parallelism).
 ``attend()`` multiplies by the transposed table to produce this device's *slice* of the logits,
 which ``vocab_parallel_cross_entropy`` consumes without ever gathering the full vocabulary.
+
+A plan rule may keep the table whole (``{'token_emb/weight': (None, None)}``: a small vocabulary
+costs more in collectives than it saves in memory). The layer sees that from its own shard --
+every row is here -- and then looks up, attends and lets the loss run without any collective.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
@@ -59,10 +64,20 @@ class VocabParallelEmbedding(BaseLayer):
                                         mesh_axes=(cfg.tp_axis, None),
                                         fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))}
 
+    def is_split(self) -> bool:
+        """Whether this device holds only a slice of the vocabulary (the layout may keep the
+        table whole on every device, or the TP axis may be absent or of size 1)."""
+        cfg = self.config
+        return tp_active(cfg.tp_axis) and \
+            self.parameters["weight"].shape[0] < cfg.num_embeddings
+
     def forward(self, ids):
         cfg = self.config
         table = self.parameters["weight"]
-        if not tp_active(cfg.tp_axis):
+        if not self.is_split():
+            if cfg.sequence_parallel and tp_active(cfg.tp_axis):  # Keep this device's part.
+                return _sequence_shard(jnp.take(table, ids, axis=0), cfg.tp_axis,
+                                       cfg.sequence_dim)
             return jnp.take(table, ids, axis=0)
         rows = table.shape[0]
         local_ids = ids - tp_rank(cfg.tp_axis) * rows
@@ -81,6 +96,11 @@ class VocabParallelEmbedding(BaseLayer):
 
     def vocab_offset(self):
         """Index of this device's first vocabulary row."""
-        cfg = self.config
-        return tp_rank(cfg.tp_axis) * self.parameters["weight"].shape[0] \
-            if tp_active(cfg.tp_axis) else 0
+        return tp_rank(self.config.tp_axis) * self.parameters["weight"].shape[0] \
+            if self.is_split() else 0
+
+
+def _sequence_shard(x, axis: str, dim: int):
+    """This TP rank's slice of ``x`` along ``dim`` (the sequence-parallel residual stream)."""
+    size = x.shape[dim] // collectives.axis_size(axis)
+    return jax.lax.dynamic_slice_in_dim(x, tp_rank(axis) * size, size, axis=dim)

@@ -15,8 +15,10 @@ from titanax.parallel import collectives
 
 
 def tp_active(axis: Optional[str]) -> bool:
-    """True when ``axis`` names a manual mesh axis here."""
-    return axis is not None and axis in collectives.manual_axes()
+    """True when ``axis`` names a manual mesh axis here of more than one device (over one device
+    a layer has nothing to split, and runs the unsplit code)."""
+    return (axis is not None and axis in collectives.manual_axes()
+            and collectives.axis_size(axis) > 1)
 
 
 def tp_rank(axis: Optional[str]) -> Union[int, jax.Array]:

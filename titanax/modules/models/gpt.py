@@ -28,6 +28,8 @@ from titanax.modules.layers.norm import LayerNorm
 from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.tensor_parallel import tp_active, tp_rank
 from titanax.modules.layers.transformer import TransformerBlock
+from titanax.modules.module import nowrap
+from titanax.modules.pipeline_parts import StackedStages
 from titanax.parallel import collectives
 
 
@@ -56,7 +58,8 @@ class GPT(BaseLayer):
         attention_dropout_rate: float = 0.0
         # LayerNorm epsilon.
         norm_eps: float = 1e-5
-        # Tensor-parallel mesh axis; None: unsplit.
+        # Tensor-parallel mesh axis. In an Engine it is the plan's (plan.tensor_parallel.axis;
+        # None here follows it); used alone, None runs the model unsplit.
         tp_axis: Optional[str] = None
         # Split the residual stream over the sequence on the TP axis between blocks.
         sequence_parallel: bool = False
@@ -82,8 +85,6 @@ class GPT(BaseLayer):
             if isinstance(self.model_dim, int) and isinstance(self.num_heads, int) \
                     and self.num_heads > 0 and self.model_dim > 0 and self.model_dim % self.num_heads:
                 yield "num_heads", f"must divide model_dim={self.model_dim}"
-            if self.sequence_parallel and self.tp_axis is None:
-                yield "sequence_parallel", "needs tp_axis"
             if self.vocab_pad_multiple < 1:
                 yield "vocab_pad_multiple", "must be >= 1"
 
@@ -141,7 +142,7 @@ class GPT(BaseLayer):
     def logits(self, input_ids: jax.Array) -> jax.Array:
         """Full logits ``[batch, seq, vocab_size]`` (gathered over TP: for eval and tests)."""
         logits = self._local_logits(input_ids)
-        if tp_active(self.config.tp_axis):
+        if self.token_emb.is_split():
             logits = collectives.all_gather(logits, self.config.tp_axis,
                                             axis_index=logits.ndim - 1)
         return logits[..., :self.config.vocab_size]
@@ -162,19 +163,42 @@ class GPT(BaseLayer):
         runs); returns ``(loss, aux)`` as ``forward`` does."""
         logits = self._logits_of(self.final_norm(decoded))
         per_token = vocab_parallel_cross_entropy(
-            logits, batch["target_ids"], tp_axis=self.config.tp_axis,
+            logits, batch["target_ids"],
+            tp_axis=self.config.tp_axis if self.token_emb.is_split() else None,
             vocab_offset=self.token_emb.vocab_offset(), vocab_size=self.config.vocab_size)
-        weights = batch.get("weights")
-        if weights is None:
-            weights = jnp.ones(per_token.shape, jnp.float32)
-        # Per-example weights (a padded last batch) apply to every token of the example.
-        weights = jnp.broadcast_to(
-            weights.reshape(weights.shape + (1,) * (per_token.ndim - weights.ndim)),
-            per_token.shape).astype(jnp.float32)
+        weights = _token_weights(batch, per_token.shape)
         loss_sum = jnp.sum(per_token * weights)
         num_tokens = jnp.sum(weights)
         loss = loss_sum / jnp.maximum(num_tokens, 1.0)
         return loss, {"loss_sum": loss_sum, "num_tokens": num_tokens}
+
+    # --- Pipeline parallelism: how GPT splits into stages (modules/pipeline_parts.py) -------------
+
+    @nowrap
+    def pipeline_parts(self, *, num_stages: int, virtual_stages: int, checkpoint_ratio: float,
+                       schedule: str) -> StackedStages:
+        """Embedding -> the decoder stack cut into equal stages -> final norm, head and loss."""
+        return StackedStages(model=self, num_stages=num_stages, virtual_stages=virtual_stages,
+                             checkpoint_ratio=checkpoint_ratio, schedule=schedule)
+
+    def embed_batch(self, batch: Dict[str, jax.Array]) -> jax.Array:
+        """What enters the first stage: ``embed`` of the batch's ``input_ids``."""
+        return self.embed(batch["input_ids"])
+
+    def loss_weight(self, batch: Dict[str, jax.Array]) -> jax.Array:
+        """What ``forward``'s loss is a mean over: the (weighted) number of target tokens."""
+        return jnp.maximum(jnp.sum(_token_weights(batch, batch["target_ids"].shape)), 1.0)
+
+
+def _token_weights(batch: Dict[str, jax.Array], shape) -> jax.Array:
+    """Per target token, its weight: ``batch["weights"]`` per token or per example (a padded last
+    batch: every token of the example), 1 without weights."""
+    weights = batch.get("weights")
+    if weights is None:
+        return jnp.ones(shape, jnp.float32)
+    weights = weights.astype(jnp.float32)
+    return jnp.broadcast_to(weights.reshape(weights.shape + (1,) * (len(shape) - weights.ndim)),
+                            shape)
 
 
 def gpt2_config(size: str, **overrides) -> GPT.Config:

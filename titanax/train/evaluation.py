@@ -1,0 +1,79 @@
+"""Evaluation: forward-only metrics over held-out data, by the configured evalers or on demand.
+
+``Evaluation.run_due(step)`` runs the evalers due at a step (``Evaler.every_n_steps``) and logs
+``<name>/<metric>``; ``Evaluation.evaluate(compiled, params, data, steps)`` is the loop behind
+``Engine.eval``: each batch through the compiled eval step, per-batch sums turned into the
+token-weighted loss and accuracy by ``evaler.summarize``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+
+from titanax import errors
+from titanax.train import preemption
+from titanax.train.evaler import Evaler, summarize
+
+
+class Evaluation:
+    """The run's evalers and the last results they gave."""
+
+    def __init__(self, configs: Mapping[str, Evaler.Config]):
+        self._configs = dict(configs)
+        self._evalers: Optional[Dict[str, Evaler]] = None
+        # The step of the latest evaluation and what it gave (the end of a run reuses them).
+        self.last_step: Optional[int] = None
+        self.last_results: Dict[str, Dict[str, float]] = {}
+
+    @property
+    def evalers(self) -> Dict[str, Evaler]:
+        """The evalers by name (built on first use)."""
+        if self._evalers is None:
+            self._evalers = {name: cfg.clone(name=name).instantiate()
+                             for name, cfg in self._configs.items()}
+        return self._evalers
+
+    def due(self, step: int) -> bool:
+        return any(e.due(step) for e in self.evalers.values())
+
+    def run(self, step: int, *, evaluate: Callable[[Any, Optional[int]], Dict[str, float]],
+            make_input: Callable[[Any, str], Iterable], loggers: Sequence[Any],
+            only_due: bool = True) -> Dict[str, Dict[str, float]]:
+        """Runs the evalers (those due at ``step``, or all) and logs their metrics.
+
+        ``evaluate(data, num_batches)``: metrics over the data; ``make_input(config, where)``:
+        an evaler's input, errors naming ``where`` (its config path)."""
+        results = {}
+        for name, evaler in self.evalers.items():
+            if only_due and not evaler.due(step):
+                continue
+            data = make_input(evaler.config.input, f"evalers[{name!r}].input")
+            metrics = evaluate(data, evaler.config.num_batches)
+            results[name] = metrics
+            for logger in loggers:
+                logger.log_dict({f"{name}/{k}": v for k, v in metrics.items()}, step)
+        self.last_step, self.last_results = step, results
+        return results
+
+
+def evaluate(compiled: Callable[[Any, Any], Dict[str, Any]], params: Any, data: Iterable, *,
+             steps: Optional[int], place: Callable[[Any], Any]) -> Dict[str, float]:
+    """Forward-only metrics over ``steps`` batches of ``data`` (all of it when None);
+    ``place(batch)``: a host batch as global arrays."""
+    totals: Dict[str, float] = {}
+    count = 0
+    for index, batch in enumerate(data):
+        if steps is not None and index >= steps:
+            break
+        preemption.stop_if_requested("the evaluation is cut short (checkpoints are saved)")
+        metrics = jax.device_get(compiled(params, place(batch)))
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + float(np.asarray(value).reshape(-1)[0])
+        count += 1
+    if count == 0:
+        raise errors.DataError("the eval data produced no batch", path="eval data",
+                               suggestion="check the eval input and num_batches")
+    return summarize(totals, count)

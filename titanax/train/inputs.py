@@ -1,0 +1,75 @@
+"""The run's data on the mesh: which rows this process feeds, batches placed as global arrays,
+and every configured input checked against the plan before the first step is spent.
+
+A batch is cut into equal shards along the plan's batch axes; a process feeds exactly the shards
+its devices hold (``parallel/batch_shards.py``) -- with the model or pipe axis across processes,
+several processes feed the same rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from titanax import errors
+from titanax.data.pipeline import Input
+from titanax.parallel import batch_shards
+from titanax.parallel.plan import Plan
+
+
+class RunInputs:
+    """Inputs and batches of one run (its mesh and plan)."""
+
+    def __init__(self, *, mesh: Mesh, plan: Plan):
+        self.mesh, self.plan = mesh, plan
+
+    def process_batch_shards(self):
+        """``(shards, num_shards)``: the batch shards this process's devices hold, in order."""
+        return batch_shards.process_shards(self.mesh, self.plan.batch_axis)
+
+    def global_batch(self, host_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
+        """Global arrays from this process's rows (checked against the plan first)."""
+        shards, num_shards = self.process_batch_shards()
+        leaves = jax.tree_util.tree_leaves(host_batch)
+        if leaves and np.ndim(leaves[0]):
+            self.plan.check_batch_size(np.shape(leaves[0])[0] // len(shards) * num_shards,
+                                       self.mesh)
+        return batch_shards.place_batch(self.mesh, self.plan.batch_axis, host_batch, shards,
+                                        num_shards)
+
+    def placed(self, batch: Any) -> Any:
+        """A host batch as global arrays; global arrays as they are."""
+        leaves = jax.tree_util.tree_leaves(batch)
+        is_host = bool(leaves) and not isinstance(leaves[0], jax.Array)
+        return self.global_batch(batch) if is_host else batch
+
+    def check(self, config: Any) -> None:
+        """The train input's and every evaler's batch size against the plan (``config``: the
+        Engine's)."""
+        if config.train_input is not None and isinstance(config.train_input.global_batch_size,
+                                                         int):
+            self.plan.check_batch_size(config.train_input.global_batch_size, self.mesh,
+                                       path="train_input.global_batch_size")
+        for name, evaler_cfg in config.evalers.items():
+            batch = evaler_cfg.input.global_batch_size
+            if isinstance(batch, int):
+                self.plan.check_batch_size(batch, self.mesh, microbatched=False,
+                                           path=f"evalers[{name!r}].input.global_batch_size")
+
+    def make(self, input_cfg: Optional[Input.Config], *, where: str) -> Input:
+        """The input of ``input_cfg`` for this process's batch shards; errors name ``where``
+        (its config path)."""
+        if input_cfg is None:
+            raise errors.DataError("no training data", path="engine.train_input",
+                                   suggestion="set train_input, or pass data= to fit()")
+        try:
+            shards, num_shards = self.process_batch_shards()
+            return input_cfg.instantiate(shards=shards, num_shards=num_shards)
+        except errors.DataError as e:
+            in_source = input_cfg.source is not None and e.path in input_cfg.source.keys()
+            inner = (f"{where}.source.{e.path}" if e.path and in_source
+                     else f"{where}.{e.path}" if e.path else where)
+            raise errors.DataError(e.message, path=inner, suggestion=e.suggestion) from None

@@ -1,0 +1,46 @@
+"""How a gradient computer sees FSDP's sharded params whole (``state_sharding.FullySharded``).
+
+``per_microbatch``: the params are wrapped in ``GatherOnUse`` and each layer gathers its own where
+it runs; the transpose of each gather reduce-scatters (sums) that layer's gradient, so the
+unwrapped gradients are divided by the axis size (a mean, as over the data axis). Otherwise
+(``per_step``) everything is gathered once, before the microbatch loop, and the whole gradients
+are left to the reducer's reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from titanax.modules import gather_on_use
+from titanax.parallel import collectives
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamGathering:
+    """Gathers params stored split over ``axis`` (on the dimensions ``dims``) for their use."""
+
+    axis: str
+    axis_size: int
+    # Per param, the dimension split over ``axis`` (None: stored whole).
+    dims: Any
+    per_microbatch: bool
+
+    def for_use(self, params: Any) -> Any:
+        """The params as the model sees them: wrapped (``per_microbatch``) or all gathered."""
+        return self.wrap(params) if self.per_microbatch else self.gather_all(params)
+
+    def gather_all(self, params: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda p, d: p if d is None else collectives.all_gather(p, self.axis, axis_index=d),
+            params, self.dims)
+
+    def wrap(self, params: Any) -> Any:
+        return gather_on_use.wrap(params, self.dims, axis=self.axis)
+
+    def unwrap_gradients(self, grads: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda g: g.shard / self.axis_size if gather_on_use.is_gather_on_use(g) else g,
+            grads, is_leaf=gather_on_use.is_gather_on_use)

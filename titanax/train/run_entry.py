@@ -1,0 +1,73 @@
+"""What ``python -m titanax.launch`` runs for an Engine: train, evaluate, report -- or explain.
+
+The launcher has joined the job (several processes) and validated the config; here the run is
+built, its inputs checked against the plan, and then either the train step is compiled on the
+first batch and ``explain()`` printed (``--explain``), or the run trains to ``max_steps``, runs
+every evaler once more at the end and says where it stands.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+import jax
+
+from titanax import errors
+from titanax.runtime.mesh import describe_mesh
+from titanax.train import preemption
+
+
+def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain: bool = False,
+        on_start: Optional[Callable[[], None]] = None) -> int:
+    """``on_start`` is called (on process 0) once everything was checked and the run really
+    starts: the launcher writes the run's config record there."""
+    from titanax.runtime import distributed  # pylint: disable=import-outside-toplevel
+    if cluster is not None and cluster.is_multi_process:  # (The launcher has joined.)
+        distributed.initialize(spec=cluster)
+    engine.trainer_dir = trainer_dir or engine.trainer_dir
+    engine.build()
+    if engine.model is None:
+        raise errors.StepError(
+            "this experiment has no model, so the launcher has nothing to train", path="model",
+            suggestion="set model in the experiment's Engine config (e.g. GPT.default_config() "
+                       "or MLPClassifier.default_config()); to train a hand-written @step_fn, "
+                       "call engine.fit(step_fn, data=...) from a script")
+    engine.check_inputs()
+    preemption.exit_if_requested("while the run was built")
+    if explain:  # Shapes are all it needs: fresh params, no checkpoint read.
+        engine.init_state()
+        engine.compile(example_batch=next(iter(engine.make_input(engine.config.train_input,
+                                                                 where="train_input"))))
+        if on_start is not None and jax.process_index() == 0:
+            on_start()
+        print(engine.explain(), flush=True)
+        return 0
+    print(describe_mesh(engine.mesh).splitlines()[0], flush=True)
+    started = time.perf_counter()
+    engine.train_to_the_end(on_start)
+    _report_end(engine, time.perf_counter() - started)
+    engine.close()
+    return 0
+
+
+def _report_end(engine: Any, seconds: float) -> None:
+    step = int(jax.device_get(engine.state.step))
+    evaluation = engine.evaluation
+    results = (evaluation.last_results if evaluation.last_step == step
+               else engine.run_evalers(step, only_due=False))
+    for name, metrics in results.items():
+        text = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
+        print(f"final {name}: {text}", flush=True)
+    compiled = engine.compiled_train_step()
+    if compiled is None:
+        ckpt = engine.checkpointer()
+        where = ckpt.directory if ckpt else "this run"
+        print(f"nothing to train: the run in {where} is already at step {step} (max_steps "
+              f"{engine.config.max_steps}). To train it further raise --config.max_steps; to "
+              "start a new run use another --trainer_dir (or --config.checkpoint.resume=never "
+              "--config.checkpoint.overwrite=true, which moves the old checkpoints aside)",
+              flush=True)
+    else:
+        print(f"trained to step {step} of {engine.config.max_steps} in {seconds:.1f}s "
+              f"(train-step compile {sum(compiled.compile_seconds):.1f}s)", flush=True)

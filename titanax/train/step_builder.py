@@ -1,0 +1,136 @@
+"""The compiled steps: ``jit(shard_map(local step, mesh, in_specs, out_specs))``, from the layout.
+
+The whole step runs inside one ``shard_map`` over every mesh axis with the state donated, so XLA
+partitions nothing by itself and the collectives in the compiled step are exactly the ones
+written (``Engine.collectives()`` lists them). The local step is the engine's own for its model
+(``step.ModelStep``: gradient computer, reducer, state-sharding strategy) or a hand-written
+``@step_fn`` (``user_step.UserStep``). Specs come from the layout and the plan's batch axes,
+without the mesh axes of size 1 (nothing moves over those; parallel/layout.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, Optional
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from titanax import errors
+from titanax.parallel import layout as layout_lib
+from titanax.parallel import sharding
+from titanax.parallel.layout import Layout
+from titanax.parallel.plan import Plan
+from titanax.train import learner as learner_lib
+from titanax.train import step as step_lib
+from titanax.train.compiled_step import CompiledStep
+from titanax.train.precision import Precision
+from titanax.train.state_sharding import StateSharding
+from titanax.train.user_step import UserStep
+
+
+class StepBuilder:
+    """Makes the train and eval steps of one run (its mesh, plan, layout and model)."""
+
+    def __init__(self, *, mesh: Mesh, plan: Plan, layout: Layout, strategy: StateSharding,
+                 model: Any, precision: Precision, adapter: learner_lib.OptimizerAdapter,
+                 learner: learner_lib.Learner, nan_policy: str = "stop",
+                 recompile_policy: str = "error"):
+        self.mesh, self.plan, self.layout, self.strategy = mesh, plan, layout, strategy
+        self.model, self.precision = model, precision
+        self.adapter, self.learner = adapter, learner
+        self.nan_policy, self.recompile_policy = nan_policy, recompile_policy
+        self._unit_axes = layout_lib.unit_axes(dict(mesh.shape))
+
+    @property
+    def axes(self):
+        return tuple(self.mesh.axis_names)
+
+    @functools.cached_property
+    def setup(self) -> step_lib.StepSetup:
+        """What the model's local step needs, fixed at compile time."""
+        dp = self.plan.config.data_parallel
+        batch_axes = tuple(a for a in self.plan.batch_axes if a not in self._unit_axes)
+        data_axis = self.plan.dp_axis if self.plan.dp_axis in batch_axes else None
+        return step_lib.StepSetup(
+            model=self.model, precision=self.precision, adapter=self.adapter,
+            learner=self.learner, mesh_shape=dict(self.mesh.shape), data_axis=data_axis,
+            batch_axes=batch_axes, accumulate_steps=self.plan.accumulate_steps,
+            state_sharding=self.strategy, nan_policy=self.nan_policy,
+            sync_metrics=dp.sync_metrics if dp is not None else True,
+            pipeline=self.plan.config.pipeline_parallel)
+
+    # --- Batches -------------------------------------------------------------------------------
+
+    def batch_specs(self, batch: Any) -> Any:
+        """The batch split over the batch axes on its leading dimension."""
+        return layout_lib.map_specs(
+            lambda spec: layout_lib.without_axes(spec, self._unit_axes),
+            sharding.shard_batch_specs(batch, self.plan.batch_axis))
+
+    def check_batch(self, batch: Any) -> None:
+        """A batch of global arrays must split into the plan's shards and microbatches (host
+        batches are checked where they are placed)."""
+        leaves = jax.tree_util.tree_leaves(batch)
+        if leaves and np.ndim(leaves[0]):
+            self.plan.check_batch_size(int(np.shape(leaves[0])[0]), self.mesh)
+
+    # --- Steps ---------------------------------------------------------------------------------
+
+    def local_step(self, step_fn: Optional[Callable]):
+        """The local-step protocol's implementation: the model's step, or the user's."""
+        if step_fn is None:
+            if self.model is None:
+                raise errors.StepError("no model and no step function", path="engine.model",
+                                       suggestion="configure a model, or pass a @step_fn to fit")
+            return step_lib.ModelStep(self.setup)
+        if self.plan.pp_axis is not None:
+            raise errors.PlanError(
+                "a hand-written @step_fn cannot run a pipeline yet: it would see each stage's "
+                "slice of the stacked layers", path="plan.pipeline_parallel",
+                suggestion="train the configured model (fit() without a step function), or drop "
+                           "pipeline_parallel")
+        if self.strategy.shard_axis is not None:
+            raise errors.PlanError(
+                "ZeRO / FSDP lay out and update the state inside the engine's model step; a "
+                "hand-written @step_fn applies its gradients to the whole state itself",
+                path="plan.zero", suggestion="drop plan.zero for this step, or configure a "
+                "model and let the engine run its step")
+        return UserStep(step_fn, axes=self.axes, data_axis=self.plan.dp_axis,
+                        param_specs=self.layout.param_specs, precision=self.precision)
+
+    def _shard_map(self, fn, in_specs, out_specs):
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+
+    def train_step(self, step_fn: Optional[Callable], state_specs: Any) -> CompiledStep:
+        """The jitted train step ``(state, batch) -> (state, metrics)``, the state donated."""
+        local = self.local_step(step_fn)
+        metric_spec = layout_lib.without_axes(local.metric_spec, self._unit_axes)
+
+        def step(state, batch):
+            return self._shard_map(local.train, in_specs=(state_specs, self.batch_specs(batch)),
+                                   out_specs=(state_specs, metric_spec))(state, batch)
+
+        return CompiledStep(jax.jit(step, donate_argnums=0), name="train step",
+                            policy=self.recompile_policy)
+
+    def eval_step(self, step_fn: Optional[Callable]) -> CompiledStep:
+        """The jitted forward-only step ``(params, batch) -> metrics``."""
+        local = self.local_step(step_fn).eval
+
+        def run(params, batch):
+            return self._shard_map(local, in_specs=(self.layout.param_specs,
+                                                    self.batch_specs(batch)),
+                                   out_specs=PartitionSpec())(params, batch)
+
+        return CompiledStep(jax.jit(run), name="eval step", policy="allow")
+
+    # --- What the model's step reports ---------------------------------------------------------
+
+    def schedule_metrics(self, local_rows: int) -> Dict[str, float]:
+        """Metrics fixed by the schedule (a pipeline's bubble) for batch shards of
+        ``local_rows`` rows; empty for hand-written steps."""
+        if self.model is None:
+            return {}
+        return self.setup.gradients.schedule_metrics(local_rows)

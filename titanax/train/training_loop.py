@@ -1,0 +1,124 @@
+"""The training loop: batches in, steps dispatched, metrics, evaluations, checkpoints, signals.
+
+Per step, in order: the hooks' ``before_step``, the next host batch (prepared while the previous
+step still runs), ``on_batch``, at most ``max_inflight_steps`` steps executing at once, the step
+itself (inside a profiler window when one is configured), its metrics into the window (flushed
+every ``log_every`` steps), ``after_step``, the evalers that are due, a checkpoint when the policy
+says so -- or when a SIGTERM / Ctrl-C arrived, after which the loop stops once the save is
+verified on disk. The loop knows nothing of how the step is parallel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import jax
+
+from titanax.io.checkpointer import OrbaxCheckpoint
+from titanax.observe.profiler import Profile
+from titanax.train.metrics_window import MetricsWindow
+
+
+@dataclasses.dataclass
+class TrainingLoop:
+    """Runs steps from ``start`` to ``total`` (see the module docstring)."""
+
+    # One step on a host batch: updates the train state, returns the device metrics.
+    train_step: Callable[[Any], Dict[str, jax.Array]]
+    # The train state's step counter.
+    current_step: Callable[[], int]
+    # Objects with any of before_step(step), on_batch(step, host_batch), after_step(step, m).
+    hooks: Sequence[Any]
+    window: MetricsWindow
+    log_every: int
+    # Steps allowed to execute at once (None: unbounded).
+    inflight_limit: Optional[int]
+    # Runs the evalers due at a step: run_evals(step, only_due).
+    evals_due: Callable[[int], bool]
+    run_evals: Callable[[int, bool], Any]
+    checkpointer: Optional[OrbaxCheckpoint] = None
+    # Starts a save of the current state and the data iterator's position.
+    save: Callable[[Any], Any] = lambda iterator: None
+    # SIGTERM / SIGINT save a checkpoint before stopping (needs a checkpointer).
+    save_on_preemption: bool = True
+    profiler: Optional[Profile] = None
+
+    def run(self, iterator: Iterator, *, start: int, total: int, eval_every: Optional[int],
+            guard: Any) -> None:
+        try:
+            self._steps(iterator, start, total, eval_every, guard)
+        finally:
+            if self.profiler is not None:
+                self.profiler.stop()
+
+    def _call_hooks(self, method: str, *args) -> None:
+        for hook in self.hooks:
+            if hasattr(hook, method):
+                getattr(hook, method)(*args)
+
+    def _steps(self, iterator, start, total, eval_every, guard) -> None:
+        ckpt, profiler = self.checkpointer, self.profiler
+        inflight: List[Any] = []
+        for index in range(start, total):
+            self._call_hooks("before_step", index)
+            try:
+                host_batch = next(iterator)  # Prepared while the previous step still runs.
+            except StopIteration:
+                print(f"titanax: the training data ran out after step {index}", flush=True)
+                break
+            self._call_hooks("on_batch", index, host_batch)
+            while self.inflight_limit is not None and len(inflight) >= self.inflight_limit:
+                jax.block_until_ready(inflight.pop(0))
+            if profiler is not None:
+                profiler.before_step(index + 1, in_flight=inflight)
+            metrics = self.train_step(host_batch)
+            inflight.append(metrics)
+            if profiler is not None:
+                profiler.after_step(index + 1, metrics)
+            self.window.add(metrics, step_index=index)
+            done = index + 1
+            if done % self.log_every == 0 or done == total:
+                self.window.flush(done)
+            self._call_hooks("after_step", done, metrics)
+            asked = bool(eval_every) and done % eval_every == 0
+            if asked or self.evals_due(done):
+                jax.block_until_ready(inflight)
+                inflight.clear()
+                self.run_evals(done, not asked)
+            saving = ckpt is not None and self.save_on_preemption
+            stop = guard.should_stop(done)  # (Every process asks at every step.)
+            if ckpt is not None and (ckpt.should_save(done) or stop and saving):
+                self.save(iterator)
+            if stop:
+                self._stop_on_signal(guard, done, saved=saving)
+        jax.block_until_ready(inflight)
+        self.window.flush(self.current_step())
+        self._final_save(iterator)
+
+    def _final_save(self, iterator) -> None:
+        ckpt = self.checkpointer
+        if ckpt is None:
+            return
+        if ckpt.config.save_at_end:
+            self.save(iterator)  # A no-op when this step is saved already.
+        verified = ckpt.wait_until_finished()  # Raises unless every save is committed.
+        if verified and jax.process_index() == 0:
+            print(f"titanax: saved and verified step(s) {verified} in {ckpt.directory}",
+                  flush=True)
+
+    def _stop_on_signal(self, guard, done: int, *, saved: bool) -> None:
+        """After a SIGTERM / SIGINT: exit 0 once this step is verified on disk; without a
+        checkpoint to save to, stop anyway (status 128 + signal: the steps since the start or
+        the last save are lost, and the scheduler should know)."""
+        ckpt = self.checkpointer
+        if saved:
+            ckpt.wait_until_finished()  # Raises unless every save in flight is committed.
+            print(f"titanax: {guard.signal_name}: saved step {done} to {ckpt.directory}; "
+                  "exiting", flush=True)
+            raise SystemExit(0)
+        why = "no checkpoint is configured" if ckpt is None else "save_on_preemption is off"
+        print(f"titanax: {guard.signal_name}: stopped after step {done}; {why}, so nothing was "
+              "saved", flush=True)
+        raise SystemExit(128 + int(getattr(signal, guard.signal_name.split()[0])))
