@@ -134,11 +134,13 @@ class Engine(Configurable):
         self.mesh = cfg.mesh.instantiate().build()
         self.plan: Plan = cfg.plan.instantiate()
         self.plan.validate(self.mesh)
-        self.inputs = RunInputs(mesh=self.mesh, plan=self.plan)
         self.precision: Precision = cfg.precision.instantiate()
         self.learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
         model_cfg = self.plan.configure_model(cfg.model)  # TP declared once, in the plan.
         self.model: Optional[BaseLayer] = model_cfg.instantiate() if model_cfg else None
+        limits = getattr(self.model, "input_limits", None)
+        self.inputs = RunInputs(mesh=self.mesh, plan=self.plan,
+                                limits=limits() if limits is not None else None)
         if self.model is not None:
             self._set_layout(self.model.create_parameter_specs_recursively())
         self._built = True

@@ -8,7 +8,7 @@ several processes feed the same rows.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import jax
 import numpy as np
@@ -16,6 +16,8 @@ from jax.sharding import Mesh
 
 from titanax import errors
 from titanax.data.pipeline import Input
+from titanax.modules import input_limits
+from titanax.modules.input_limits import InputLimit
 from titanax.parallel import batch_shards
 from titanax.parallel.plan import Plan
 
@@ -23,8 +25,12 @@ from titanax.parallel.plan import Plan
 class RunInputs:
     """Inputs and batches of one run (its mesh and plan)."""
 
-    def __init__(self, *, mesh: Mesh, plan: Plan):
+    def __init__(self, *, mesh: Mesh, plan: Plan,
+                 limits: Optional[Mapping[str, InputLimit]] = None):
+        """``limits``: what the model's inputs may hold (``model.input_limits()``); every host
+        batch is checked against them before it is placed."""
         self.mesh, self.plan = mesh, plan
+        self.limits = dict(limits or {})
 
     def process_batch_shards(self):
         """``(shards, num_shards)``: the batch shards this process's devices hold, in order."""
@@ -44,7 +50,10 @@ class RunInputs:
         """A host batch as global arrays; global arrays as they are."""
         leaves = jax.tree_util.tree_leaves(batch)
         is_host = bool(leaves) and not isinstance(leaves[0], jax.Array)
-        return self.global_batch(batch) if is_host else batch
+        if not is_host:
+            return batch
+        input_limits.check_batch(batch, self.limits, model_path="model")
+        return self.global_batch(batch)
 
     def check(self, config: Any) -> None:
         """The train input's and every evaler's batch size against the plan (``config``: the
@@ -67,9 +76,22 @@ class RunInputs:
                                    suggestion="set train_input, or pass data= to fit()")
         try:
             shards, num_shards = self.process_batch_shards()
-            return input_cfg.instantiate(shards=shards, num_shards=num_shards)
+            made = input_cfg.instantiate(shards=shards, num_shards=num_shards)
         except errors.DataError as e:
             in_source = input_cfg.source is not None and e.path in input_cfg.source.keys()
             inner = (f"{where}.source.{e.path}" if e.path and in_source
                      else f"{where}.{e.path}" if e.path else where)
             raise errors.DataError(e.message, path=inner, suggestion=e.suggestion) from None
+        self._check_first_example(made)
+        return made
+
+    def _check_first_example(self, made: Input) -> None:
+        """The source's first example against the model's limits, before the run leaves any
+        trace (later batches are checked as they are placed)."""
+        source = getattr(made, "source", None)
+        if not self.limits or source is None or not len(source):
+            return
+        example = source[0]
+        if isinstance(example, Mapping):
+            input_limits.check_batch({k: np.asarray(v)[None] for k, v in example.items()},
+                                     self.limits, model_path="model")

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.initializers import Normal
+from titanax.modules.input_limits import InputLimit
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.embedding import Embedding, VocabParallelEmbedding
@@ -171,6 +172,14 @@ class GPT(BaseLayer):
         num_tokens = jnp.sum(weights)
         loss = loss_sum / jnp.maximum(num_tokens, 1.0)
         return loss, {"loss_sum": loss_sum, "num_tokens": num_tokens}
+
+    @nowrap
+    def input_limits(self) -> Dict[str, InputLimit]:
+        """Ids below vocab_size, at most max_seq_len positions (checked on the host)."""
+        cfg = self.config
+        limit = InputLimit(num_ids=cfg.vocab_size, num_ids_field="vocab_size",
+                           max_length=cfg.max_seq_len, max_length_field="max_seq_len")
+        return {"input_ids": limit, "target_ids": limit}
 
     # --- Pipeline parallelism: how GPT splits into stages (modules/pipeline_parts.py) -------------
 
