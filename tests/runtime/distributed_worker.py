@@ -1,9 +1,13 @@
 """One process of the two-process loopback test (run by test_distributed.py, not by pytest).
 
-Usage: python -m tests.runtime.distributed_worker PROCESS_ID PORT
+Usage: python -m tests.runtime.distributed_worker PROCESS_ID PORT [late_stop]
+
+``late_stop``: process 0 stops its peer watch 3 s after the job's last barrier, as a thread
+scheduled late on a loaded machine does -- the peer that left by then must not be taken for dead.
 """
 
 import sys
+import time
 
 import numpy as np
 
@@ -33,6 +37,14 @@ def main():
                                   in_specs=P("data"), out_specs=P("data")))(x)
     values = sorted(float(np.asarray(s.data)[0]) for s in total.addressable_shards)
     print(f"RESULT process={jax.process_index()} ranks={list(ranks)} psum={values}", flush=True)
+    if sys.argv[3:] == ["late_stop"] and process_id == 0:
+        watch = distributed.watch()
+        stop = watch.stop
+
+        def late_stop():
+            time.sleep(3)
+            stop()
+        watch.stop = late_stop
     distributed.finish()
     jax.distributed.shutdown()
 

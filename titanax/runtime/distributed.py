@@ -20,7 +20,7 @@ from typing import Optional
 
 from titanax import errors
 from titanax.runtime.cluster import ClusterSpec, resolve_cluster
-from titanax.runtime.peer_watch import PeerWatch
+from titanax.runtime.peer_watch import LEFT_KEY, PeerWatch
 
 _log = logging.getLogger("titanax")
 
@@ -102,6 +102,8 @@ def finish(timeout_s: int = 600) -> None:
     client.wait_at_barrier("titanax_finish", timeout_s * 1000)
     watch.stop()
     if jax.process_index() != 0:
+        # Said before leaving: process 0's watch may look before it sees the barrier return.
+        client.key_value_set(LEFT_KEY.format(process=jax.process_index()), "1")
         jax.distributed.shutdown()
         return
     # Process 0 hosts the service: it leaves once the others have (they need it to leave).

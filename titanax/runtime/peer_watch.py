@@ -11,7 +11,10 @@ step fails because a peer vanished (gloo: "connection closed by peer") asks the 
 (``explain_failure``), so the error names the lost peer rather than a socket.
 
 A job that ends well passes ``finish()`` -- a barrier every process reaches -- and stops the
-watch there, so a peer that finished first is never mistaken for a dead one.
+watch there. A peer leaves the job only after that barrier, and first records that it left in the
+service's key-value store (``LEFT_KEY``): the watch of a process that has not yet seen its own
+barrier return (threads are scheduled late on a loaded machine) may already find that peer gone,
+and must take it for finished, not dead.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from titanax import errors
 
 # Exit status of a process whose peer was lost (EX_TEMPFAIL: the job may be retried).
 EXIT_LOST_PEER = 75
+
+# Key a process sets in the coordination service's store, after the job's last barrier and
+# before it disconnects: "I left in order".
+LEFT_KEY = "titanax_left/{process}"
 
 
 class PeerWatch:
@@ -56,7 +63,15 @@ class PeerWatch:
             live = self.client.get_live_nodes(list(range(self.num_processes)))
         except Exception:  # pylint: disable=broad-except
             return None if self.process_id == 0 else [0]
-        return sorted(set(range(self.num_processes)) - set(live))
+        gone = set(range(self.num_processes)) - set(live)
+        return sorted(p for p in gone if not self._left_in_order(p))
+
+    def _left_in_order(self, process: int) -> bool:
+        """Whether ``process`` passed the job's last barrier and said it leaves."""
+        try:
+            return self.client.key_value_try_get(LEFT_KEY.format(process=process)) == "1"
+        except Exception:  # pylint: disable=broad-except  (not found, or no service to ask)
+            return False
 
     def _watch(self) -> None:
         while not self._stopping.wait(self.poll_s):
