@@ -132,3 +132,10 @@ class DataError(TitanaxError):
 
 class CheckpointError(TitanaxError):
     """A checkpoint cannot be written or read, or does not match the run restoring it."""
+
+
+# --- Hugging Face model directories --------------------------------------------------------------
+
+class HFError(TitanaxError):
+    """A Hugging Face model directory (config.json, safetensors, tokenizer) cannot be read into
+    Titanax, or a Titanax model cannot be written as one."""

@@ -55,6 +55,10 @@ class ParameterSpec:
     # Leading dims that stack copies of a layer (Repeat adds one): a layer scan slices them, so
     # FSDP/ZeRO never put their axis there (parallel/state_dims.py).
     stacked_dims: int = 0
+    # The layer runs this param whole as well as split: where a mesh axis of ``mesh_axes``
+    # does not divide its dimension (e.g. 2 kv heads on TP=4), the layout keeps that dimension
+    # whole instead of refusing (parallel/rules.py). The layer tells which from its shard.
+    replicated_if_indivisible: bool = False
 
     @property
     def ndim(self) -> int:

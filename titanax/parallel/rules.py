@@ -166,6 +166,17 @@ def resolve_specs(shapes: Mapping[str, Sequence[int]], rules: Sequence[Rule],
     return resolved
 
 
+def divisible_part(spec: SpecTuple, shape: Sequence[int],
+                   mesh_shape: Mapping[str, int]) -> SpecTuple:
+    """``spec`` with every entry whose mesh axes do not divide its dimension made whole."""
+    out = []
+    for dimension, entry in enumerate(spec):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        parts = math.prod(mesh_shape.get(a, 1) for a in axes)
+        out.append(entry if shape[dimension] % parts == 0 else None)
+    return tuple(out)
+
+
 def spec_axes(spec: PartitionSpec) -> Tuple[str, ...]:
     """Mesh axes a spec shards over."""
     out: List[str] = []
@@ -233,6 +244,8 @@ class LayerLayouts:
             shapes[path] = tuple(leaf.shape)
             mesh_axes = getattr(leaf, "mesh_axes", None)
             defaults[path] = tuple(mesh_axes) if mesh_axes is not None else None
+            if defaults[path] is not None and getattr(leaf, "replicated_if_indivisible", False):
+                defaults[path] = divisible_part(defaults[path], leaf.shape, mesh_shape)
         resolved = resolve_specs(shapes, self.rules, defaults, mesh_shape,
                                  undeclared_replicated=self.undeclared_replicated)
         return jax.tree_util.tree_unflatten(treedef, [resolved[p] for p in shapes])

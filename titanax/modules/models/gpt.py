@@ -14,30 +14,25 @@ over the axis; the loss is a vocab-parallel cross-entropy that never gathers the
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from titanax.modules.base_layer import BaseLayer
 from titanax.modules.initializers import Normal
-from titanax.modules.input_limits import InputLimit
-from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.embedding import Embedding, VocabParallelEmbedding
 from titanax.modules.layers.norm import LayerNorm
 from titanax.modules.layers.repeat import Repeat
-from titanax.modules.layers.tensor_parallel import tp_active, tp_rank
+from titanax.modules.layers.tensor_parallel import tp_rank
 from titanax.modules.layers.transformer import TransformerBlock
-from titanax.modules.module import nowrap
-from titanax.modules.pipeline_parts import StackedStages
-from titanax.parallel import collectives
+from titanax.modules.models.language_model import CausalLanguageModel
 
 
-class GPT(BaseLayer):
+class GPT(CausalLanguageModel):
     """A GPT-2 language model. ``forward(batch)`` returns ``(loss, aux)``."""
 
-    class Config(BaseLayer.Config):
+    class Config(CausalLanguageModel.Config):
         # Real vocabulary size (GPT-2: 50257; bytes: 256).
         vocab_size: int = 50257
         # The embedding table is padded to a multiple of this (e.g. 128 for fast matmuls; it
@@ -112,13 +107,9 @@ class GPT(BaseLayer):
         self._add_child("final_norm", LayerNorm.default_config().set(
             input_dim=cfg.model_dim, eps=cfg.norm_eps))
 
-    @property
-    def padded_vocab_size(self) -> int:
-        multiple = self.config.vocab_pad_multiple
-        return -(-self.config.vocab_size // multiple) * multiple
-
-    def _split_sequence(self) -> bool:
-        return self.config.sequence_parallel and tp_active(self.config.tp_axis)
+    def head(self) -> VocabParallelEmbedding:
+        """GPT-2's LM head is its token embedding (tied)."""
+        return self.token_emb
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
         """Token + position embeddings (and dropout): the decoder's input ``[batch, seq, D]``."""
@@ -127,87 +118,6 @@ class GPT(BaseLayer):
         start = tp_rank(self.config.tp_axis) * length if self._split_sequence() else 0
         x = x + self.pos_emb(start + jnp.arange(length))
         return self.emb_dropout(x)
-
-    def hidden_states(self, input_ids: jax.Array) -> jax.Array:
-        """The final-normed residual stream ``[batch, seq, model_dim]`` (seq-split under SP)."""
-        return self.final_norm(self.decoder(self.embed(input_ids)))
-
-    def _local_logits(self, input_ids: jax.Array) -> jax.Array:
-        return self._logits_of(self.hidden_states(input_ids))
-
-    def _logits_of(self, hidden: jax.Array) -> jax.Array:
-        if self._split_sequence():
-            hidden = collectives.all_gather(hidden, self.config.tp_axis, axis_index=1)
-        return self.token_emb.attend(hidden)
-
-    def logits(self, input_ids: jax.Array) -> jax.Array:
-        """Full logits ``[batch, seq, vocab_size]`` (gathered over TP: for eval and tests)."""
-        logits = self._local_logits(input_ids)
-        if self.token_emb.is_split():
-            logits = collectives.all_gather(logits, self.config.tp_axis,
-                                            axis_index=logits.ndim - 1)
-        return logits[..., :self.config.vocab_size]
-
-    def forward(self, batch: Dict[str, jax.Array]) -> Tuple[jax.Array, Dict[str, Any]]:
-        """Mean next-token cross-entropy over ``batch["target_ids"]``.
-
-        ``batch["weights"]`` (optional, ``[batch, seq]`` or ``[batch]``) weights each token or
-        example (0 for padding).
-        Returns ``(loss, aux)`` with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` so a caller can
-        average exactly over several shards.
-        """
-        return self.head_loss(self.decoder(self.embed(batch["input_ids"])), batch)
-
-    def head_loss(self, decoded: jax.Array, batch: Dict[str, jax.Array]
-                  ) -> Tuple[jax.Array, Dict[str, Any]]:
-        """Final norm, LM head and loss of the decoder's output (what a pipeline's last stage
-        runs); returns ``(loss, aux)`` as ``forward`` does."""
-        logits = self._logits_of(self.final_norm(decoded))
-        per_token = vocab_parallel_cross_entropy(
-            logits, batch["target_ids"],
-            tp_axis=self.config.tp_axis if self.token_emb.is_split() else None,
-            vocab_offset=self.token_emb.vocab_offset(), vocab_size=self.config.vocab_size)
-        weights = _token_weights(batch, per_token.shape)
-        loss_sum = jnp.sum(per_token * weights)
-        num_tokens = jnp.sum(weights)
-        loss = loss_sum / jnp.maximum(num_tokens, 1.0)
-        return loss, {"loss_sum": loss_sum, "num_tokens": num_tokens}
-
-    @nowrap
-    def input_limits(self) -> Dict[str, InputLimit]:
-        """Ids below vocab_size, at most max_seq_len positions (checked on the host)."""
-        cfg = self.config
-        limit = InputLimit(num_ids=cfg.vocab_size, num_ids_field="vocab_size",
-                           max_length=cfg.max_seq_len, max_length_field="max_seq_len")
-        return {"input_ids": limit, "target_ids": limit}
-
-    # --- Pipeline parallelism: how GPT splits into stages (modules/pipeline_parts.py) -------------
-
-    @nowrap
-    def pipeline_parts(self, *, num_stages: int, virtual_stages: int, checkpoint_ratio: float,
-                       schedule: str) -> StackedStages:
-        """Embedding -> the decoder stack cut into equal stages -> final norm, head and loss."""
-        return StackedStages(model=self, num_stages=num_stages, virtual_stages=virtual_stages,
-                             checkpoint_ratio=checkpoint_ratio, schedule=schedule)
-
-    def embed_batch(self, batch: Dict[str, jax.Array]) -> jax.Array:
-        """What enters the first stage: ``embed`` of the batch's ``input_ids``."""
-        return self.embed(batch["input_ids"])
-
-    def loss_weight(self, batch: Dict[str, jax.Array]) -> jax.Array:
-        """What ``forward``'s loss is a mean over: the (weighted) number of target tokens."""
-        return jnp.maximum(jnp.sum(_token_weights(batch, batch["target_ids"].shape)), 1.0)
-
-
-def _token_weights(batch: Dict[str, jax.Array], shape) -> jax.Array:
-    """Per target token, its weight: ``batch["weights"]`` per token or per example (a padded last
-    batch: every token of the example), 1 without weights."""
-    weights = batch.get("weights")
-    if weights is None:
-        return jnp.ones(shape, jnp.float32)
-    weights = weights.astype(jnp.float32)
-    return jnp.broadcast_to(weights.reshape(weights.shape + (1,) * (len(shape) - weights.ndim)),
-                            shape)
 
 
 def gpt2_config(size: str, **overrides) -> GPT.Config:

@@ -1,0 +1,144 @@
+"""Hugging Face weights -> Titanax params, streamed straight into their shards.
+
+Each param is built with ``jax.make_array_from_callback``: for every device shard the callback
+reads only that shard's part of the HF tensor(s) -- one layer at a time for the stacked decoder,
+from memory-mapped safetensors -- converts it (``param_map``) and casts it to the param dtype.
+No step holds the whole model on the host; the peak is about one layer's tensor and the shards
+being filled. Every HF tensor is accounted for: one that is missing, has another shape than
+``config.json`` implies, or is left over (a part Titanax's model does not have) is an
+``HFError`` naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from titanax import errors
+from titanax.config import ConfigBase
+from titanax.hf import param_map
+from titanax.hf.model_configs import model_config_from_hf
+from titanax.hf.model_dir import CONFIG, ModelDir
+from titanax.parallel import rules
+from titanax.parallel.sharding import path_string
+
+_log = logging.getLogger("titanax")
+
+# HF tensors that are buffers, not weights (recomputed by the model).
+BUFFER_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+
+
+def model_config(directory: str) -> ConfigBase:
+    """The Titanax model config of an HF model directory."""
+    return model_config_from_hf(ModelDir(directory).config,
+                                where=f"{directory.rstrip('/')}/{CONFIG}")
+
+
+def import_params(directory: str, *, model_cfg: ConfigBase, parameter_specs: Any, mesh: Mesh,
+                  partition_specs: Any, dtype: Any) -> Any:
+    """The params of ``model_cfg`` from the HF directory, as global arrays placed with
+    ``partition_specs`` on ``mesh`` (the canonical layout: stacks ``[L, ...]``), floating params
+    cast to ``dtype``."""
+    source = ModelDir(directory)
+    maps = {m.path: m for m in param_map.tensor_maps(model_cfg)}
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(parameter_specs,
+                                                           is_leaf=rules.is_param_leaf)
+    spec_leaves = jax.tree_util.tree_leaves(partition_specs,
+                                            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    paths = [path_string(p) for p, _ in leaves]
+    missing = sorted(set(paths) - set(maps))
+    if missing:
+        raise errors.HFError(f"no Hugging Face tensor is known for param(s) {', '.join(missing)}",
+                             path=missing[0], suggestion="import a model of the supported "
+                                                         "families as configured from its "
+                                                         "config.json")
+    out: List[jax.Array] = []
+    used: set = set()
+    for path, (_, leaf), spec in zip(paths, leaves, spec_leaves):
+        tensor_map = maps[path]
+        target_dtype = dtype if np.issubdtype(np.dtype(leaf.dtype), np.floating) else leaf.dtype
+        reader = _ParamReader(source, tensor_map, tuple(leaf.shape), np.dtype(target_dtype))
+        out.append(jax.make_array_from_callback(tuple(leaf.shape), NamedSharding(mesh, spec),
+                                                reader.block))
+        used.update(reader.names())
+    _check_all_used(source, used, model_cfg)
+    _log.info("imported %d params from %s", len(out), directory)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _check_all_used(source: ModelDir, used: set, model_cfg: ConfigBase) -> None:
+    tied = getattr(model_cfg, "tie_embeddings", False)
+    left = sorted(n for n in source.names()
+                  if n not in used and not n.endswith(BUFFER_SUFFIXES)
+                  and not (tied and n == "lm_head.weight"))
+    if left:
+        raise errors.HFError(
+            f"{len(left)} tensor(s) of the checkpoint have no place in the model config.json "
+            f"describes: {', '.join(left[:6])}" + (" ..." if len(left) > 6 else ""),
+            path=source.directory, suggestion="the config.json and the weights disagree, or the "
+                                              "model has parts Titanax does not implement")
+
+
+class _ParamReader:
+    """Fills one param's device shards from its HF tensors."""
+
+    def __init__(self, source: ModelDir, tensor_map: param_map.TensorMap,
+                 shape: Tuple[int, ...], dtype: np.dtype):
+        self.source, self.map, self.shape, self.dtype = source, tensor_map, shape, dtype
+        self._cache: Dict[int, np.ndarray] = {}
+
+    def names(self) -> List[str]:
+        layers = range(self.map.layers) if self.map.layers else [0]
+        return [n for i in layers for n in self.map.names_for(i)]
+
+    def _layer(self, layer: int) -> np.ndarray:
+        """The Titanax array of one layer (or of an unstacked param), a view where it can be.
+        The last one is kept: a device's neighbours usually ask for the same layer."""
+        if layer in self._cache:
+            return self._cache[layer]
+        names = self.map.names_for(layer)
+        tensors = [self.source.tensor(n, needed_by=self.map.path) for n in names]
+        expected = self.shape[1:] if self.map.layers else self.shape
+        try:
+            array = self.map.form.to_titanax(tensors)
+        except ValueError as e:
+            array = None
+            reason = str(e)
+        else:
+            reason = ""
+        if array is None or tuple(array.shape) != tuple(expected):
+            shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names, tensors))
+            raise errors.HFError(
+                f"{shapes} cannot make Titanax param {self.map.path} of shape "
+                f"{tuple(expected)}" + (f" ({reason})" if reason else ""),
+                path=self.source.directory,
+                suggestion="the config.json and the weights disagree: check that both come "
+                           "from the same model")
+        self._cache = {layer: array}
+        return array
+
+    def block(self, index: Tuple[slice, ...]) -> np.ndarray:
+        if not self.map.layers:
+            return np.asarray(self._layer(0)[index], dtype=self.dtype)
+        layers = range(self.map.layers)[index[0]]
+        return np.stack([np.asarray(self._layer(i)[index[1:]], dtype=self.dtype)
+                         for i in layers])
+
+
+def params_as_numpy(directory: str, model_cfg: Optional[ConfigBase] = None) -> Dict[str, Any]:
+    """Every param as a float32 numpy array on the host (tests and small models only)."""
+    cfg = model_cfg or model_config(directory)
+    model = cfg.clone(tp_axis=None).instantiate() if hasattr(cfg, "tp_axis") else cfg.instantiate()
+    specs = model.create_parameter_specs_recursively()
+    mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
+    params = import_params(directory, model_cfg=cfg, parameter_specs=specs, mesh=mesh,
+                           partition_specs=jax.tree_util.tree_map(
+                               lambda _: jax.sharding.PartitionSpec(), specs,
+                               is_leaf=rules.is_param_leaf), dtype=np.float32)
+    return jax.tree_util.tree_map(np.asarray, params)
+
+

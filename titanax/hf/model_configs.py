@@ -1,0 +1,286 @@
+"""Hugging Face ``config.json`` <-> Titanax model configs (GPT-2, Llama, Qwen 2/3, Mistral).
+
+Every key of an HF config is either mapped onto a Titanax field, checked to hold the one value
+Titanax implements (``hidden_act: silu``, no sliding window on Qwen, ...), or known not to change
+the model's numbers (token ids, ``use_cache``, ``transformers_version``...). Anything else is
+refused with its name: a field silently ignored is how a converted model runs and is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from titanax import errors
+from titanax.config import ConfigBase
+from titanax.modules.layers.rotary import Llama3RopeScaling
+from titanax.modules.models.decoder import Decoder
+from titanax.modules.models.gpt import GPT
+
+# Keys of any HF config that do not change the model's numbers.
+NEUTRAL_KEYS = frozenset({
+    "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "initializer_range", "use_cache", "_name_or_path", "name_or_path", "return_dict",
+    "output_hidden_states", "output_attentions", "id2label", "label2id", "problem_type",
+    "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder", "torchscript",
+    "_attn_implementation_autoset", "tokenizer_class", "prefix", "task_specific_params",
+    "finetuning_task", "max_length", "num_labels", "quantization_config_unused",
+})
+
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES = ("gpt2",) + DECODER_TYPES
+
+
+def _refuse(key: str, value: Any, why: str, *, where: str) -> errors.HFError:
+    return errors.HFError(f"{key}={value!r}: {why}", path=f"{where}: {key}",
+                          suggestion="Titanax imports GPT-2, Llama, Qwen 2/3 and Mistral "
+                                     "checkpoints as published; this one differs where named")
+
+
+class _Reader:
+    """Reads an HF config, remembering which keys were looked at."""
+
+    def __init__(self, hf: Mapping[str, Any], where: str):
+        self.hf, self.where, self.seen = dict(hf), where, set(NEUTRAL_KEYS)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.seen.add(key)
+        return self.hf.get(key, default)
+
+    def required(self, key: str) -> Any:
+        self.seen.add(key)
+        if self.hf.get(key) is None:
+            raise errors.HFError(f"the config has no {key!r}", path=f"{self.where}: {key}",
+                                 suggestion="a model directory written by transformers "
+                                            "(save_pretrained) has it")
+        return self.hf[key]
+
+    def expect(self, key: str, allowed: Callable[[Any], bool], why: str,
+               default: Any = None) -> Any:
+        value = self.get(key, default)
+        if not allowed(value):
+            raise _refuse(key, value, why, where=self.where)
+        return value
+
+    def check_all_read(self) -> None:
+        unknown = sorted(k for k in self.hf if k not in self.seen)
+        if unknown:
+            raise errors.HFError(
+                f"the config has field(s) Titanax does not know: {', '.join(unknown)}",
+                path=f"{self.where}: {unknown[0]}",
+                suggestion="they may change the model's numbers, so they are not ignored; if "
+                           "one does not (metadata), remove it from config.json")
+
+
+def model_type_of(hf: Mapping[str, Any], *, where: str) -> str:
+    model_type = hf.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise errors.HFError(f"model_type {model_type!r} is not supported",
+                             path=f"{where}: model_type",
+                             suggestion=f"supported: {', '.join(MODEL_TYPES)}")
+    return model_type
+
+
+def model_config_from_hf(hf: Mapping[str, Any], *, where: str = "config.json") -> ConfigBase:
+    """The Titanax model config of an HF ``config.json`` (a ``GPT.Config`` or
+    ``Decoder.Config``); refuses what it cannot reproduce exactly."""
+    model_type = model_type_of(hf, where=where)
+    reader = _Reader(hf, where)
+    cfg = _gpt2(reader) if model_type == "gpt2" else _decoder(reader, model_type)
+    reader.check_all_read()
+    return cfg
+
+
+def _gpt2(r: _Reader) -> GPT.Config:
+    r.expect("activation_function", lambda v: v in ("gelu_new", "gelu_pytorch_tanh"),
+             "Titanax's GPT uses GELU with the tanh approximation (gelu_new)", "gelu_new")
+    r.expect("scale_attn_by_inverse_layer_idx", lambda v: not v, "not implemented", False)
+    r.expect("add_cross_attention", lambda v: not v, "a decoder-only model has none", False)
+    r.expect("scale_attn_weights", lambda v: v in (True, None), "not implemented", True)
+    r.expect("tie_word_embeddings", lambda v: v in (True, None),
+             "GPT-2's head is its embedding", True)
+    r.get("reorder_and_upcast_attn")  # Numerics only: Titanax's softmax runs in float32.
+    r.get("n_ctx")
+    for key in ("summary_type", "summary_use_proj", "summary_activation",
+                "summary_proj_to_labels", "summary_first_dropout"):
+        r.get(key)  # The sequence-classification head: not part of the LM.
+    dropout = r.get("resid_pdrop", 0.1)
+    r.expect("embd_pdrop", lambda v: v == dropout,
+             f"Titanax's GPT uses one dropout rate for embeddings and residuals "
+             f"(resid_pdrop={dropout})", dropout)
+    return GPT.default_config().set(
+        name="gpt", vocab_size=r.required("vocab_size"), max_seq_len=r.required("n_positions"),
+        num_layers=r.required("n_layer"), model_dim=r.required("n_embd"),
+        num_heads=r.required("n_head"), hidden_dim=r.get("n_inner"),
+        norm_eps=float(r.get("layer_norm_epsilon", 1e-5)), dropout_rate=float(dropout),
+        attention_dropout_rate=float(r.get("attn_pdrop", 0.1)))
+
+
+def _rope(r: _Reader) -> Dict[str, Any]:
+    """``rope_theta`` and ``rope_scaling`` from either spelling: transformers 5's
+    ``rope_parameters`` or the older ``rope_theta`` + ``rope_scaling``."""
+    params = dict(r.get("rope_parameters") or {})
+    scaling = r.get("rope_scaling")
+    if scaling:
+        params.update(scaling)
+    theta = params.pop("rope_theta", None) or r.get("rope_theta") or 10000.0
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if "partial_rotary_factor" in params or r.get("partial_rotary_factor") not in (None, 1, 1.0):
+        factor = params.get("partial_rotary_factor", r.get("partial_rotary_factor"))
+        if factor not in (None, 1, 1.0):
+            raise _refuse("partial_rotary_factor", factor, "Titanax rotates whole heads",
+                          where=r.where)
+        params.pop("partial_rotary_factor", None)
+    out: Dict[str, Any] = {"rope_theta": float(theta), "rope_scaling": None}
+    if rope_type == "default":
+        if params:
+            raise _refuse("rope_parameters", params, "fields without a rope_type that uses "
+                          "them", where=r.where)
+        return out
+    if rope_type != "llama3":
+        raise _refuse("rope_type", rope_type, "Titanax implements the default RoPE and Llama "
+                      "3's 'llama3' scaling", where=r.where)
+    known = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    extra = set(params) - known
+    if extra:
+        raise _refuse("rope_parameters", sorted(extra), "unknown llama3 scaling fields",
+                      where=r.where)
+    scaling_cfg = Llama3RopeScaling.default_config()
+    for key in known:
+        if key in params:
+            setattr(scaling_cfg, key, type(getattr(scaling_cfg, key))(params[key]))
+    out["rope_scaling"] = scaling_cfg
+    return out
+
+
+def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
+    r.expect("hidden_act", lambda v: v == "silu", "the family's MLP is SwiGLU (silu)", "silu")
+    r.expect("pretraining_tp", lambda v: v in (None, 1), "a Meta-only split of the matmuls", 1)
+    r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
+             0.0)
+    heads = r.required("num_attention_heads")
+    width = r.required("hidden_size")
+    window: Optional[int] = None
+    qkv_bias = output_bias = False
+    if model_type == "mistral":
+        window = r.get("sliding_window")
+    if model_type in ("qwen2", "qwen3"):
+        r.expect("use_sliding_window", lambda v: not v, "Qwen's per-layer sliding window is not "
+                 "implemented", False)
+        r.get("sliding_window")  # Unused while use_sliding_window is false.
+        r.get("max_window_layers")
+        layer_types = r.get("layer_types")
+        if layer_types is not None and any(t != "full_attention" for t in layer_types):
+            raise _refuse("layer_types", sorted(set(layer_types)),
+                          "only full attention in every layer is implemented", where=r.where)
+    if model_type == "qwen2":
+        qkv_bias = True
+    else:
+        bias = bool(r.get("attention_bias", False))
+        qkv_bias = output_bias = bias
+    mlp_bias = bool(r.get("mlp_bias", False)) if model_type == "llama" else False
+    kv = r.get("num_key_value_heads") or heads
+    head_dim = r.get("head_dim")
+    return Decoder.default_config().set(
+        name=model_type, vocab_size=r.required("vocab_size"),
+        max_seq_len=r.required("max_position_embeddings"),
+        num_layers=r.required("num_hidden_layers"), model_dim=width, num_heads=heads,
+        num_kv_heads=kv, head_dim=head_dim if head_dim not in (None, width // heads) else None,
+        hidden_dim=r.required("intermediate_size"), norm_eps=float(r.get("rms_norm_eps", 1e-6)),
+        qkv_bias=qkv_bias, attention_output_bias=output_bias, mlp_bias=mlp_bias,
+        qk_norm=model_type == "qwen3", sliding_window=window,
+        tie_embeddings=bool(r.get("tie_word_embeddings", False)), **_rope(r))
+
+
+# --- Titanax -> HF -----------------------------------------------------------------------------
+
+def hf_config_from_model(cfg: ConfigBase, *, model_type: Optional[str] = None,
+                         extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """An HF ``config.json`` dict for a Titanax model config. ``model_type`` picks the HF family
+    of a ``Decoder`` (default: the one its options need -- qwen3 with QK-norm, qwen2 with q/k/v
+    biases only, mistral with a sliding window, llama otherwise); ``extra`` adds keys (token
+    ids of the imported model)."""
+    if isinstance(cfg, GPT.Config):
+        out = _gpt2_to_hf(cfg)
+    elif isinstance(cfg, Decoder.Config):
+        out = _decoder_to_hf(cfg, model_type or default_model_type(cfg))
+    else:
+        raise errors.HFError(f"no Hugging Face form for a {type(cfg).__qualname__}",
+                             path="model", suggestion="export a GPT or Decoder model")
+    out.update(dict(extra or {}))
+    return out
+
+
+def default_model_type(cfg: Decoder.Config) -> str:
+    if cfg.qk_norm:
+        return "qwen3"
+    if cfg.qkv_bias and not cfg.attention_output_bias:
+        return "qwen2"
+    if cfg.sliding_window is not None:
+        return "mistral"
+    return "llama"
+
+
+def _gpt2_to_hf(cfg: GPT.Config) -> Dict[str, Any]:
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "vocab_size": cfg.vocab_size, "n_positions": cfg.max_seq_len,
+            "n_embd": cfg.model_dim, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
+            "n_inner": cfg.hidden_dim, "layer_norm_epsilon": cfg.norm_eps,
+            "activation_function": "gelu_new", "resid_pdrop": cfg.dropout_rate,
+            "embd_pdrop": cfg.dropout_rate, "attn_pdrop": cfg.attention_dropout_rate,
+            "tie_word_embeddings": True, "scale_attn_weights": True}
+
+
+def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
+    problems: List[str] = []
+    if cfg.qk_norm and model_type != "qwen3":
+        problems.append("qk_norm needs qwen3")
+    if model_type == "qwen2" and (not cfg.qkv_bias or cfg.attention_output_bias):
+        problems.append("qwen2 has q/k/v biases and no output bias")
+    if model_type in ("qwen2", "qwen3") and cfg.sliding_window is not None:
+        problems.append("the sliding window needs mistral")
+    if model_type == "llama" and cfg.qkv_bias != cfg.attention_output_bias:
+        problems.append("llama's attention_bias sets q/k/v and output biases together")
+    if model_type == "mistral" and (cfg.qkv_bias or cfg.attention_output_bias or cfg.mlp_bias):
+        problems.append("mistral has no biases")
+    if cfg.mlp_bias and model_type != "llama":
+        problems.append("mlp_bias needs llama")
+    if cfg.rope_scaling is not None and model_type not in ("llama",):
+        problems.append("llama3 rope scaling needs llama")
+    if problems:
+        raise errors.HFError(f"the model does not fit HF model_type {model_type!r}: "
+                             + "; ".join(problems), path="model",
+                             suggestion=f"export as {default_model_type(cfg)!r}")
+    architectures = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads
+    rope: Dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
+    if cfg.rope_scaling is not None:
+        s = cfg.rope_scaling
+        rope = {"rope_theta": cfg.rope_theta, "rope_type": "llama3", "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings}
+    out: Dict[str, Any] = {
+        "architectures": [architectures[model_type]], "model_type": model_type,
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len,
+        "num_hidden_layers": cfg.num_layers, "hidden_size": cfg.model_dim,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads or cfg.num_heads, "head_dim": head_dim,
+        "intermediate_size": cfg.hidden_dim, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_dropout": 0.0,
+        "rope_parameters": rope,
+        # The older spelling too, for transformers 4.x readers.
+        "rope_theta": cfg.rope_theta,
+    }
+    if cfg.rope_scaling is not None:
+        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if model_type == "llama":
+        out.update(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
+    if model_type == "qwen3":
+        out.update(attention_bias=cfg.qkv_bias, use_sliding_window=False, sliding_window=None)
+    if model_type == "qwen2":
+        out.update(use_sliding_window=False, sliding_window=None)
+    if model_type == "mistral":
+        out.update(sliding_window=cfg.sliding_window)
+    return out

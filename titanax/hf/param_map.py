@@ -1,0 +1,174 @@
+"""Which Hugging Face tensors make each Titanax param, and how (both ways).
+
+A ``TensorMap`` ties one Titanax param path to the HF tensor(s) it is made of, per layer for the
+stacked decoder (``{i}`` in the HF name), with a ``Form`` that turns the HF tensors of one layer
+into the Titanax array and back. The forms are plain reshapes and transposes -- HF stores
+``nn.Linear`` weights ``[out, in]``, Titanax ``[in, out]`` with heads as their own dimension --
+so they are exact: import then export gives the same bytes. RoPE needs no permutation: Titanax
+rotates in HF's rotate-half pairing (``modules/layers/rotary.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Sequence, Tuple
+
+import numpy as np
+
+from titanax.config import ConfigBase
+from titanax.modules.models.decoder import Decoder
+from titanax.modules.models.gpt import GPT
+
+
+@dataclasses.dataclass(frozen=True)
+class Form:
+    """HF tensors of one layer <-> the Titanax array (shapes without the layer dimension)."""
+
+    # HF tensors -> Titanax array (views where numpy can).
+    to_titanax: Callable[[Sequence[np.ndarray]], np.ndarray]
+    # Titanax array -> HF tensors, in the order of TensorMap.hf_names.
+    to_hf: Callable[[np.ndarray], List[np.ndarray]]
+
+
+def same() -> Form:
+    return Form(lambda ts: ts[0], lambda a: [a])
+
+
+def reshaped(shape: Tuple[int, ...], hf_shape: Tuple[int, ...]) -> Form:
+    return Form(lambda ts: ts[0].reshape(shape), lambda a: [a.reshape(hf_shape)])
+
+
+def transposed(shape: Tuple[int, ...]) -> Form:
+    """HF ``[out, in]`` (``nn.Linear``) <-> Titanax ``[in, *out]``."""
+    def to_hf(a):
+        return [a.reshape(a.shape[0], -1).T]
+    return Form(lambda ts: ts[0].T.reshape(shape), to_hf)
+
+
+def stacked_transposed(count: int, shape: Tuple[int, ...]) -> Form:
+    """Several HF ``[out, in]`` weights <-> one Titanax ``[in, count, out]`` (gate and up)."""
+    def to_titanax(ts):
+        return np.stack([t.T for t in ts], axis=1).reshape(shape)
+
+    def to_hf(a):
+        return [a[:, k].T for k in range(count)]
+    return Form(to_titanax, to_hf)
+
+
+def stacked(count: int) -> Form:
+    """Several HF vectors <-> one Titanax ``[count, n]`` (gate and up biases)."""
+    return Form(lambda ts: np.stack(list(ts)), lambda a: [a[k] for k in range(count)])
+
+
+def padded_rows(rows: int, vocab: int) -> Form:
+    """The ``[vocab, D]`` table <-> Titanax's, padded to ``rows`` (padding rows are zeros and are
+    dropped on export)."""
+    def to_titanax(ts):
+        table = ts[0]
+        if table.shape[0] == rows:
+            return table
+        out = np.zeros((rows,) + table.shape[1:], table.dtype)
+        out[:table.shape[0]] = table
+        return out
+
+    return Form(to_titanax, lambda a: [a[:vocab]])
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """One Titanax param and the HF tensors it is made of."""
+
+    # Titanax param path ("decoder/layer/attn/q_weight").
+    path: str
+    # HF tensor names; "{i}" stands for the layer of a stacked param.
+    hf_names: Tuple[str, ...]
+    # How they become the param (per layer) and back.
+    form: Form
+    # Number of stacked layers (0: not stacked).
+    layers: int = 0
+
+    def names_for(self, layer: int) -> Tuple[str, ...]:
+        return tuple(n.format(i=layer) for n in self.hf_names)
+
+
+def tensor_maps(cfg: ConfigBase) -> List[TensorMap]:
+    """Every param of a GPT or Decoder config, with its HF tensors."""
+    if isinstance(cfg, GPT.Config):
+        return _gpt2(cfg)
+    return _decoder(cfg)
+
+
+def _padded(cfg) -> int:
+    return -(-cfg.vocab_size // cfg.vocab_pad_multiple) * cfg.vocab_pad_multiple
+
+
+def _gpt2(cfg: GPT.Config) -> List[TensorMap]:
+    d, heads, layers = cfg.model_dim, cfg.num_heads, cfg.num_layers
+    head_dim = d // heads
+    pre = "transformer.h.{i}."
+
+    def layer(path, name, form=None):
+        return TensorMap(f"decoder/layer/{path}", (pre + name,), form or same(), layers=layers)
+
+    return [
+        TensorMap("token_emb/weight", ("transformer.wte.weight",),
+                  padded_rows(_padded(cfg), cfg.vocab_size)),
+        TensorMap("pos_emb/weight", ("transformer.wpe.weight",), same()),
+        layer("ln1/scale", "ln_1.weight"), layer("ln1/bias", "ln_1.bias"),
+        layer("attn/qkv_weight", "attn.c_attn.weight",
+              reshaped((d, 3, heads, head_dim), (d, 3 * d))),
+        layer("attn/qkv_bias", "attn.c_attn.bias", reshaped((3, heads, head_dim), (3 * d,))),
+        layer("attn/out/weight", "attn.c_proj.weight"), layer("attn/out/bias", "attn.c_proj.bias"),
+        layer("ln2/scale", "ln_2.weight"), layer("ln2/bias", "ln_2.bias"),
+        layer("mlp/wi/weight", "mlp.c_fc.weight"), layer("mlp/wi/bias", "mlp.c_fc.bias"),
+        layer("mlp/wo/weight", "mlp.c_proj.weight"), layer("mlp/wo/bias", "mlp.c_proj.bias"),
+        TensorMap("final_norm/scale", ("transformer.ln_f.weight",), same()),
+        TensorMap("final_norm/bias", ("transformer.ln_f.bias",), same()),
+    ]
+
+
+def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
+    d, heads, layers = cfg.model_dim, cfg.num_heads, cfg.num_layers
+    kv = cfg.num_kv_heads or heads
+    head_dim = cfg.head_dim or d // heads
+    hidden = cfg.hidden_dim
+    pre = "model.layers.{i}."
+
+    def layer(path, names, form):
+        names = (names,) if isinstance(names, str) else names
+        return TensorMap(f"decoder/layer/{path}", tuple(pre + n for n in names), form,
+                         layers=layers)
+
+    maps = [TensorMap("token_emb/weight", ("model.embed_tokens.weight",),
+                      padded_rows(_padded(cfg), cfg.vocab_size))]
+    if not cfg.tie_embeddings:
+        maps.append(TensorMap("lm_head/weight", ("lm_head.weight",),
+                              padded_rows(_padded(cfg), cfg.vocab_size)))
+    maps += [
+        layer("input_norm/scale", "input_layernorm.weight", same()),
+        layer("attn/q_weight", "self_attn.q_proj.weight", transposed((d, heads, head_dim))),
+        layer("attn/k_weight", "self_attn.k_proj.weight", transposed((d, kv, head_dim))),
+        layer("attn/v_weight", "self_attn.v_proj.weight", transposed((d, kv, head_dim))),
+        layer("attn/o/weight", "self_attn.o_proj.weight", transposed((heads * head_dim, d))),
+        layer("post_attention_norm/scale", "post_attention_layernorm.weight", same()),
+        layer("mlp/gate_up_weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+              stacked_transposed(2, (d, 2, hidden))),
+        layer("mlp/down/weight", "mlp.down_proj.weight", transposed((hidden, d))),
+    ]
+    if cfg.qkv_bias:
+        maps += [layer("attn/q_bias", "self_attn.q_proj.bias",
+                       reshaped((heads, head_dim), (heads * head_dim,))),
+                 layer("attn/k_bias", "self_attn.k_proj.bias",
+                       reshaped((kv, head_dim), (kv * head_dim,))),
+                 layer("attn/v_bias", "self_attn.v_proj.bias",
+                       reshaped((kv, head_dim), (kv * head_dim,)))]
+    if cfg.attention_output_bias:
+        maps.append(layer("attn/o/bias", "self_attn.o_proj.bias", same()))
+    if cfg.qk_norm:
+        maps += [layer("attn/q_norm/scale", "self_attn.q_norm.weight", same()),
+                 layer("attn/k_norm/scale", "self_attn.k_norm.weight", same())]
+    if cfg.mlp_bias:
+        maps += [layer("mlp/gate_up_bias", ("mlp.gate_proj.bias", "mlp.up_proj.bias"), stacked(2)),
+                 layer("mlp/down/bias", "mlp.down_proj.bias", same())]
+    maps.append(TensorMap("final_norm/scale", ("model.norm.weight",), same()))
+    return maps

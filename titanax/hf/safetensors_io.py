@@ -1,0 +1,114 @@
+"""The safetensors format, read through memory maps and written tensor by tensor.
+
+A ``.safetensors`` file is 8 bytes of little-endian header length, a JSON header
+(``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``) and the raw
+little-endian bytes. Reading maps the file and hands out numpy *views*: slicing a view reads only
+the bytes of the slice, which is how an importer fills each device's shard without ever holding a
+whole model. bfloat16 (most HF checkpoints) comes through ``ml_dtypes`` (a jax dependency), so
+neither torch nor the ``safetensors`` package is needed at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+import ml_dtypes
+import numpy as np
+
+from titanax import errors
+
+DTYPES = {
+    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+# Header bigger than this is not a safetensors file (the format caps it at 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def read_header(path: str) -> Tuple[Dict[str, Any], int]:
+    """``(header without __metadata__, offset of the data)``; a damaged file is a
+    ``CheckpointError`` naming it."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise ValueError("shorter than its 8-byte header length")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > MAX_HEADER_BYTES:
+                raise ValueError(f"header length {length} is not plausible")
+            header = json.loads(f.read(length))
+    except (OSError, ValueError) as e:
+        raise errors.HFError(f"cannot read the safetensors header: {e}", path=path,
+                                     suggestion="check that the file is a complete .safetensors "
+                                                "file (re-download or re-export it)") from e
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+class SafetensorsFile:
+    """One file's tensors as read-only numpy views of a memory map."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.header, self._data_offset = read_header(path)
+        self._map: Optional[np.memmap] = None
+
+    def names(self) -> Iterable[str]:
+        return self.header.keys()
+
+    def info(self, name: str) -> Tuple[Tuple[int, ...], np.dtype]:
+        entry = self.header[name]
+        if entry["dtype"] not in DTYPES:
+            raise errors.HFError(
+                f"tensor {name!r} has dtype {entry['dtype']}, which Titanax does not read",
+                path=self.path, suggestion=f"supported: {', '.join(DTYPES)}")
+        return tuple(entry["shape"]), DTYPES[entry["dtype"]]
+
+    def view(self, name: str) -> np.ndarray:
+        """The tensor as a view of the file (nothing read until it is indexed or copied)."""
+        shape, dtype = self.info(name)
+        begin, end = self.header[name]["data_offsets"]
+        if self._map is None:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        start = self._data_offset + begin
+        count = int(np.prod(shape, dtype=np.int64))
+        if end - begin != count * dtype.itemsize or start + end - begin > self._map.size:
+            raise errors.HFError(
+                f"tensor {name!r} ({shape}, {NAMES[dtype]}) does not fit its byte range",
+                path=self.path, suggestion="the file is truncated or damaged: re-export it")
+        return np.ndarray(shape, dtype=dtype, buffer=self._map, offset=start)
+
+
+def write_file(path: str, tensors: Iterable[Tuple[str, np.ndarray]], *,
+               metadata: Optional[Mapping[str, str]] = None) -> None:
+    """Writes ``tensors`` (name, array) to ``path``; the arrays are asked for one at a time, so
+    a generator that gathers each tensor when asked keeps one tensor on the host."""
+    tensors = list(tensors)  # (names and shapes first: the header precedes the data)
+    header: Dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
+    offset = 0
+    for name, array in tensors:
+        dtype = np.dtype(array.dtype)
+        if dtype not in NAMES:
+            raise errors.HFError(f"cannot write dtype {dtype} of tensor {name!r}",
+                                         path=path, suggestion="cast it to float32 or bfloat16")
+        size = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
+        header[name] = {"dtype": NAMES[dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # Data aligned to 8 bytes, as the reference writer does.
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for _, array in tensors:
+            f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"),
+                                                       copy=False).tobytes())
+    os.replace(tmp, path)

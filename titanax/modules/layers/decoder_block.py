@@ -1,0 +1,49 @@
+"""One layer of today's decoders (Llama, Qwen, Mistral): pre-RMSNorm attention and SwiGLU MLP.
+
+``x + attn(input_norm(x))``, then ``x + mlp(post_attention_norm(x))``: Hugging Face's
+``input_layernorm`` / ``self_attn`` / ``post_attention_layernorm`` / ``mlp``. No dropout (none of
+these models uses it).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from titanax.config import REQUIRED, Required
+from titanax.modules.base_layer import BaseLayer
+from titanax.modules.layers.gated_mlp import GatedMLP
+from titanax.modules.layers.grouped_query_attention import GroupedQueryAttention
+from titanax.modules.layers.norm import RMSNorm
+
+
+class DecoderBlock(BaseLayer):
+    """One decoder layer."""
+
+    class Config(BaseLayer.Config):
+        # Residual-stream width.
+        model_dim: Required[int] = REQUIRED
+        # The attention (its model_dim and TP fields follow the block's).
+        attention: GroupedQueryAttention.Config = GroupedQueryAttention.default_config()
+        # The feed-forward block (its model_dim and TP fields follow the block's).
+        mlp: GatedMLP.Config = GatedMLP.default_config()
+        # RMSNorm epsilon.
+        norm_eps: float = 1e-6
+        # Tensor-parallel axis; None: unsplit.
+        tp_axis: Optional[str] = None
+        # Residual stream split over the sequence on the TP axis (Megatron sequence parallelism).
+        sequence_parallel: bool = False
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        cfg = self.config
+        tp = dict(tp_axis=cfg.tp_axis, sequence_parallel=cfg.sequence_parallel)
+        self._add_child("input_norm", RMSNorm.default_config().set(input_dim=cfg.model_dim,
+                                                                   eps=cfg.norm_eps))
+        self._add_child("attn", cfg.attention.clone(model_dim=cfg.model_dim, **tp))
+        self._add_child("post_attention_norm", RMSNorm.default_config().set(
+            input_dim=cfg.model_dim, eps=cfg.norm_eps))
+        self._add_child("mlp", cfg.mlp.clone(model_dim=cfg.model_dim, **tp))
+
+    def forward(self, x):
+        x = x + self.attn(self.input_norm(x))
+        return x + self.mlp(self.post_attention_norm(x))

@@ -1,0 +1,82 @@
+"""Rotary position embeddings (RoPE), in Hugging Face's rotate-half pairing.
+
+A head vector of width ``d`` is rotated as ``d/2`` planes: with the *rotate-half* pairing used by
+every Hugging Face Llama / Qwen / Mistral checkpoint, plane ``i`` holds features ``i`` and
+``i + d/2`` (``x * cos + rotate_half(x) * sin``, ``rotate_half(x) = [-x2, x1]``). Meta's original
+Llama code pairs *adjacent* features (``2i``, ``2i + 1``) instead, and HF's conversion script
+permutes the q/k projection rows to move between the two. A converter that copies weights between
+the two pairings without that permutation produces a model that runs and is wrong (MaxText's Llama 3
+export did); Titanax uses HF's pairing, so HF weights are copied as they are.
+
+Frequencies: ``theta ** (-2i / d)``, optionally rescaled for long context with Llama 3.1's
+"llama3" rule (wavelengths above ``original_max_position_embeddings / low_freq_factor`` divided by
+``factor``, below ``/ high_freq_factor`` kept, a smooth blend between).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titanax.config import Configurable
+
+
+class Llama3RopeScaling(Configurable):
+    """Llama 3.1's frequency rescaling (HF ``rope_type: "llama3"``)."""
+
+    class Config(Configurable.Config):
+        # Divides the frequencies of long wavelengths (Llama 3.1: 8; 3.2: 32).
+        factor: float = 8.0
+        # Wavelengths above original_max_position_embeddings / low_freq_factor are rescaled.
+        low_freq_factor: float = 1.0
+        # Wavelengths below original_max_position_embeddings / high_freq_factor are kept.
+        high_freq_factor: float = 4.0
+        # The context length the model was pretrained with (Llama 3: 8192).
+        original_max_position_embeddings: int = 8192
+
+        def _validate_values(self):
+            if self.factor <= 0:
+                yield "factor", f"must be > 0, got {self.factor}"
+            if not 0 < self.low_freq_factor < self.high_freq_factor:
+                yield "high_freq_factor", (f"must exceed low_freq_factor={self.low_freq_factor} "
+                                           f"(> 0), got {self.high_freq_factor}")
+            if self.original_max_position_embeddings < 1:
+                yield "original_max_position_embeddings", "must be >= 1"
+
+    def rescale(self, inv_freq: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        context = cfg.original_max_position_embeddings
+        low_wavelength = context / cfg.low_freq_factor
+        high_wavelength = context / cfg.high_freq_factor
+        wavelength = 2 * math.pi / inv_freq
+        scaled = np.where(wavelength > low_wavelength, inv_freq / cfg.factor, inv_freq)
+        smooth = (context / wavelength - cfg.low_freq_factor) / (
+            cfg.high_freq_factor - cfg.low_freq_factor)
+        blended = (1 - smooth) * scaled / cfg.factor + smooth * scaled
+        medium = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
+        return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def inverse_frequencies(head_dim: int, theta: float,
+                        scaling: "Llama3RopeScaling | None" = None) -> np.ndarray:
+    """``[head_dim / 2]`` float32 inverse frequencies (computed as HF does, in float32)."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
+    inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    return scaling.rescale(inv_freq) if scaling is not None else inv_freq
+
+
+def rotate(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """``x`` ``[batch, seq, heads, head_dim]`` rotated by ``positions`` (``[seq]`` or
+    ``[batch, seq]``), angles and cos/sin in float32, the result in ``x``'s dtype."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [.., seq, d/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    if angles.ndim == 2:
+        angles = angles[None]
+    cos = jnp.cos(angles)[:, :, None, :].astype(x.dtype)
+    sin = jnp.sin(angles)[:, :, None, :].astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,190 @@
+"""Today's dense decoders -- Llama 2/3, Qwen 2/3, Mistral -- top to bottom.
+
+One model covers the family, as Hugging Face's modeling files differ only in switches:
+
+    token embedding (no position table: RoPE rotates q and k inside attention)
+    -> num_layers x DecoderBlock: x + attn(rmsnorm(x)); x + swiglu_mlp(rmsnorm(x))
+         attention: grouped-query (num_kv_heads), RoPE (theta, Llama 3 scaling), optional
+         q/k/v biases (Qwen 2), QK-norm (Qwen 3), sliding window (Mistral)
+    -> final RMSNorm -> LM head (tied to the embedding, or its own table)
+
+Tensor parallelism splits the vocabulary (embedding rows and head rows), the query heads (and
+the kv heads when their count divides the TP size; otherwise each rank keeps them whole), and the
+MLP's hidden features; the loss never gathers the logits. ``sequence_parallel`` splits the
+residual stream over the sequence between blocks. Pipelines cut the ``decoder`` stack like
+GPT's (``CausalLanguageModel.pipeline_parts``); FSDP and ZeRO come from the plan's layout.
+
+``titanax.hf`` maps a Hugging Face ``config.json`` onto ``Decoder.Config`` and the weights onto
+its params, both ways (``llama_config`` / ``qwen3_config`` here give the published sizes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import jax
+
+from titanax.modules.initializers import Normal
+from titanax.modules.layers.decoder_block import DecoderBlock
+from titanax.modules.layers.embedding import VocabParallelEmbedding
+from titanax.modules.layers.gated_mlp import GatedMLP
+from titanax.modules.layers.grouped_query_attention import GroupedQueryAttention
+from titanax.modules.layers.norm import RMSNorm
+from titanax.modules.layers.repeat import Repeat
+from titanax.modules.layers.rotary import Llama3RopeScaling
+from titanax.modules.models.language_model import CausalLanguageModel
+
+
+class Decoder(CausalLanguageModel):
+    """A Llama / Qwen / Mistral language model. ``forward(batch)`` returns ``(loss, aux)``."""
+
+    class Config(CausalLanguageModel.Config):
+        # Real vocabulary size (Llama 3: 128256; Qwen 3: 151936; bytes: 256).
+        vocab_size: int = 32000
+        # The embedding / head tables are padded to a multiple of this (fast matmuls; the
+        # table must be divisible by the TP size to be split). Padding ids never get probability.
+        vocab_pad_multiple: int = 1
+        # Longest sequence the model is meant for (HF max_position_embeddings): inputs longer
+        # than this are refused before the first step.
+        max_seq_len: int = 4096
+        # Decoder layers.
+        num_layers: int = 32
+        # Residual-stream width (HF hidden_size).
+        model_dim: int = 4096
+        # Query heads.
+        num_heads: int = 32
+        # Key/value heads (grouped-query attention); None: num_heads.
+        num_kv_heads: Optional[int] = None
+        # Width of each head; None: model_dim / num_heads.
+        head_dim: Optional[int] = None
+        # MLP hidden width (HF intermediate_size).
+        hidden_dim: int = 11008
+        # RMSNorm epsilon (HF rms_norm_eps).
+        norm_eps: float = 1e-6
+        # Rotary base (HF rope_theta).
+        rope_theta: float = 10000.0
+        # Llama 3.1 frequency rescaling (HF rope_type "llama3"); None: plain RoPE.
+        rope_scaling: Optional[Llama3RopeScaling.Config] = None
+        # Biases on q, k, v (Qwen 2; Llama's attention_bias sets this and output_bias).
+        qkv_bias: bool = False
+        # Bias on the attention output projection.
+        attention_output_bias: bool = False
+        # Biases on the MLP projections (HF mlp_bias).
+        mlp_bias: bool = False
+        # RMSNorm of every q and k head before RoPE (Qwen 3).
+        qk_norm: bool = False
+        # Mistral's sliding-window attention (positions attended, itself included); None: full.
+        sliding_window: Optional[int] = None
+        # The LM head is the token embedding (HF tie_word_embeddings).
+        tie_embeddings: bool = False
+        # Tensor-parallel mesh axis. In an Engine it is the plan's (plan.tensor_parallel.axis;
+        # None here follows it); used alone, None runs the model unsplit.
+        tp_axis: Optional[str] = None
+        # Split the residual stream over the sequence on the TP axis between blocks.
+        sequence_parallel: bool = False
+        # jax.checkpoint policy per block in training (None: keep activations).
+        layer_remat_policy: Optional[str] = None
+        # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
+        # to 12 layers, scanned beyond (see Repeat.Config.unroll).
+        unroll_layers: Optional[bool] = None
+
+        def _validate_values(self):
+            for name in ("vocab_size", "max_seq_len", "num_layers", "model_dim", "num_heads",
+                         "hidden_dim", "vocab_pad_multiple"):
+                value = getattr(self, name)
+                if isinstance(value, int) and value < 1:
+                    yield name, f"must be >= 1, got {value}"
+            for name in ("num_kv_heads", "head_dim"):
+                value = getattr(self, name)
+                if value is not None and value < 1:
+                    yield name, f"must be >= 1 (or None), got {value}"
+            heads, kv = self.num_heads, self.num_kv_heads
+            if kv is not None and heads >= 1 and kv >= 1 and heads % kv:
+                yield "num_kv_heads", f"must divide num_heads={heads}"
+            if self.head_dim is None and heads >= 1 and self.model_dim % heads:
+                yield "num_heads", (f"must divide model_dim={self.model_dim}, or set head_dim")
+            if self.norm_eps <= 0:
+                yield "norm_eps", f"must be > 0, got {self.norm_eps}"
+            if self.rope_theta <= 0:
+                yield "rope_theta", f"must be > 0, got {self.rope_theta}"
+            if self.sliding_window is not None and self.sliding_window < 1:
+                yield "sliding_window", f"must be >= 1 (or None), got {self.sliding_window}"
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        cfg = self.config
+        tp = dict(tp_axis=cfg.tp_axis, sequence_parallel=cfg.sequence_parallel)
+        table = VocabParallelEmbedding.default_config().set(
+            num_embeddings=self.padded_vocab_size, dim=cfg.model_dim, **tp)
+        self._add_child("token_emb", table)
+        if not cfg.tie_embeddings:
+            self._add_child("lm_head", table.clone())
+        output_init = Normal.default_config().set(stddev=0.02 / math.sqrt(2 * cfg.num_layers))
+        attention = GroupedQueryAttention.default_config().set(
+            model_dim=cfg.model_dim, num_heads=cfg.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
+            output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+            sliding_window=cfg.sliding_window, output_param_init=output_init)
+        mlp = GatedMLP.default_config().set(model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim, bias=cfg.mlp_bias,
+                                            output_param_init=output_init)
+        block = DecoderBlock.default_config().set(model_dim=cfg.model_dim, attention=attention,
+                                                  mlp=mlp, norm_eps=cfg.norm_eps, **tp)
+        self._add_child("decoder", Repeat.default_config().set(
+            layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy,
+            unroll=cfg.unroll_layers))
+        self._add_child("final_norm", RMSNorm.default_config().set(input_dim=cfg.model_dim,
+                                                                   eps=cfg.norm_eps))
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_kv_heads or self.config.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim or self.config.model_dim // self.config.num_heads
+
+    def head(self) -> VocabParallelEmbedding:
+        return self.token_emb if self.config.tie_embeddings else self.lm_head
+
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        """The token embeddings ``[batch, seq, model_dim]`` (this rank's part of the sequence
+        under sequence parallelism)."""
+        return self.token_emb(input_ids)
+
+
+def llama_config(size: str, **overrides) -> Decoder.Config:
+    """Published Llama 3 sizes: "3.2-1b", "3.2-3b", "3.1-8b", "3.1-70b"."""
+    scaling = Llama3RopeScaling.default_config()
+    shapes = {
+        # layers, width, heads, kv heads, hidden, tied, rope factor
+        "3.2-1b": (16, 2048, 32, 8, 8192, True, 32.0),
+        "3.2-3b": (28, 3072, 24, 8, 8192, True, 32.0),
+        "3.1-8b": (32, 4096, 32, 8, 14336, False, 8.0),
+        "3.1-70b": (80, 8192, 64, 8, 28672, False, 8.0),
+    }
+    if size not in shapes:
+        raise ValueError(f"unknown Llama size {size!r}; one of {', '.join(shapes)}")
+    layers, width, heads, kv, hidden, tied, factor = shapes[size]
+    return Decoder.default_config().set(
+        name="llama", vocab_size=128256, max_seq_len=131072, num_layers=layers, model_dim=width,
+        num_heads=heads, num_kv_heads=kv, hidden_dim=hidden, norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=scaling.set(factor=factor), tie_embeddings=tied).set(**overrides)
+
+
+def qwen3_config(size: str, **overrides) -> Decoder.Config:
+    """Published Qwen 3 dense sizes: "0.6b", "1.7b", "4b", "8b"."""
+    shapes = {
+        # layers, width, heads, kv heads, hidden, tied
+        "0.6b": (28, 1024, 16, 8, 3072, True),
+        "1.7b": (28, 2048, 16, 8, 6144, True),
+        "4b": (36, 2560, 32, 8, 9728, True),
+        "8b": (36, 4096, 32, 8, 12288, False),
+    }
+    if size not in shapes:
+        raise ValueError(f"unknown Qwen 3 size {size!r}; one of {', '.join(shapes)}")
+    layers, width, heads, kv, hidden, tied = shapes[size]
+    return Decoder.default_config().set(
+        name="qwen3", vocab_size=151936, max_seq_len=40960, num_layers=layers, model_dim=width,
+        num_heads=heads, num_kv_heads=kv, head_dim=128, hidden_dim=hidden, norm_eps=1e-6,
+        rope_theta=1000000.0, qk_norm=True, tie_embeddings=tied).set(**overrides)

@@ -1,0 +1,127 @@
+"""What every causal language model here shares: logits, the loss, input limits, pipeline parts.
+
+A model built as *embed -> a ``Repeat`` stack (child ``decoder``) -> ``final_norm`` -> an LM head*
+(GPT-2, and the Llama / Qwen / Mistral ``Decoder``) subclasses ``CausalLanguageModel`` and
+supplies ``embed(input_ids)`` and ``head()``: the vocab-parallel table whose ``attend`` gives this
+device's slice of the logits (the token embedding when tied, a separate head otherwise). The loss
+is a vocab-parallel cross-entropy that never gathers the logits; ``batch["weights"]`` weights
+tokens or examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from titanax.modules.base_layer import BaseLayer
+from titanax.modules.input_limits import InputLimit
+from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
+from titanax.modules.layers.embedding import VocabParallelEmbedding
+from titanax.modules.layers.tensor_parallel import tp_active
+from titanax.modules.module import nowrap
+from titanax.modules.pipeline_parts import StackedStages
+from titanax.parallel import collectives
+
+
+class CausalLanguageModel(BaseLayer):
+    """``forward(batch)`` returns ``(mean next-token cross-entropy, aux)``."""
+
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        """What enters the decoder stack, ``[batch, seq, model_dim]`` (seq-split under SP)."""
+        raise NotImplementedError
+
+    def head(self) -> VocabParallelEmbedding:
+        """The table the logits are read from (``attend``)."""
+        raise NotImplementedError
+
+    @property
+    def padded_vocab_size(self) -> int:
+        multiple = self.config.vocab_pad_multiple
+        return -(-self.config.vocab_size // multiple) * multiple
+
+    def _split_sequence(self) -> bool:
+        return self.config.sequence_parallel and tp_active(self.config.tp_axis)
+
+    def hidden_states(self, input_ids: jax.Array) -> jax.Array:
+        """The final-normed residual stream ``[batch, seq, model_dim]`` (seq-split under SP)."""
+        return self.final_norm(self.decoder(self.embed(input_ids)))
+
+    def _logits_of(self, hidden: jax.Array) -> jax.Array:
+        if self._split_sequence():
+            hidden = collectives.all_gather(hidden, self.config.tp_axis, axis_index=1)
+        return self.head().attend(hidden)
+
+    def logits(self, input_ids: jax.Array) -> jax.Array:
+        """Full logits ``[batch, seq, vocab_size]`` (gathered over TP: for eval and tests)."""
+        return self.full_logits(self._logits_of(self.hidden_states(input_ids)))
+
+    def full_logits(self, local_logits: jax.Array) -> jax.Array:
+        """This device's slice of the (padded) vocabulary -> the whole real vocabulary."""
+        if self.head().is_split():
+            local_logits = collectives.all_gather(local_logits, self.config.tp_axis,
+                                                  axis_index=local_logits.ndim - 1)
+        return local_logits[..., :self.config.vocab_size]
+
+    def forward(self, batch: Dict[str, jax.Array]) -> Tuple[jax.Array, Dict[str, Any]]:
+        """Mean next-token cross-entropy over ``batch["target_ids"]``.
+
+        ``batch["weights"]`` (optional, ``[batch, seq]`` or ``[batch]``) weights each token or
+        example (0 for padding).
+        Returns ``(loss, aux)`` with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` so a caller can
+        average exactly over several shards.
+        """
+        return self.head_loss(self.decoder(self.embed(batch["input_ids"])), batch)
+
+    def head_loss(self, decoded: jax.Array, batch: Dict[str, jax.Array]
+                  ) -> Tuple[jax.Array, Dict[str, Any]]:
+        """Final norm, LM head and loss of the decoder's output (what a pipeline's last stage
+        runs); returns ``(loss, aux)`` as ``forward`` does."""
+        head = self.head()
+        logits = self._logits_of(self.final_norm(decoded))
+        per_token = vocab_parallel_cross_entropy(
+            logits, batch["target_ids"],
+            tp_axis=self.config.tp_axis if head.is_split() else None,
+            vocab_offset=head.vocab_offset(), vocab_size=self.config.vocab_size)
+        weights = token_weights(batch, per_token.shape)
+        loss_sum = jnp.sum(per_token * weights)
+        num_tokens = jnp.sum(weights)
+        loss = loss_sum / jnp.maximum(num_tokens, 1.0)
+        return loss, {"loss_sum": loss_sum, "num_tokens": num_tokens}
+
+    @nowrap
+    def input_limits(self) -> Dict[str, InputLimit]:
+        """Ids below vocab_size, at most max_seq_len positions (checked on the host)."""
+        cfg = self.config
+        limit = InputLimit(num_ids=cfg.vocab_size, num_ids_field="vocab_size",
+                           max_length=cfg.max_seq_len, max_length_field="max_seq_len")
+        return {"input_ids": limit, "target_ids": limit}
+
+    # --- Pipeline parallelism: how the model splits into stages (modules/pipeline_parts.py) -----
+
+    @nowrap
+    def pipeline_parts(self, *, num_stages: int, virtual_stages: int, checkpoint_ratio: float,
+                       schedule: str) -> StackedStages:
+        """Embedding -> the decoder stack cut into equal stages -> final norm, head and loss."""
+        return StackedStages(model=self, num_stages=num_stages, virtual_stages=virtual_stages,
+                             checkpoint_ratio=checkpoint_ratio, schedule=schedule)
+
+    def embed_batch(self, batch: Dict[str, jax.Array]) -> jax.Array:
+        """What enters the first stage: ``embed`` of the batch's ``input_ids``."""
+        return self.embed(batch["input_ids"])
+
+    def loss_weight(self, batch: Dict[str, jax.Array]) -> jax.Array:
+        """What ``forward``'s loss is a mean over: the (weighted) number of target tokens."""
+        return jnp.maximum(jnp.sum(token_weights(batch, batch["target_ids"].shape)), 1.0)
+
+
+def token_weights(batch: Dict[str, jax.Array], shape) -> jax.Array:
+    """Per target token, its weight: ``batch["weights"]`` per token or per example (a padded last
+    batch: every token of the example), 1 without weights."""
+    weights = batch.get("weights")
+    if weights is None:
+        return jnp.ones(shape, jnp.float32)
+    weights = weights.astype(jnp.float32)
+    return jnp.broadcast_to(weights.reshape(weights.shape + (1,) * (len(shape) - weights.ndim)),
+                            shape)
