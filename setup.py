@@ -9,6 +9,10 @@ with open("titanax/__init__.py", encoding="utf-8") as f:
 
 # flax 0.12.x is the line that supports jax 0.10 (0.12.8 verified with jax 0.10.2).
 BENCHMARK_EXTRAS = ["flax>=0.12.8,<0.13", "matplotlib>=3.8"]
+# Reference implementations for the Hugging Face parity tests (tiny random models built in the
+# test). torch is pinned to the CPU build this machine kind keeps on disk: a looser range pulls a
+# CUDA build of several GB from PyPI.
+HF_REFERENCE_EXTRAS = ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.4"]
 
 setup(
     name="titanax",
@@ -41,8 +45,9 @@ setup(
     extras_require={
         # Peer implementations of the GPT (benchmarks/peers/) and the benchmark plots.
         "benchmarks": BENCHMARK_EXTRAS,
-        # CI installs '.[dev]': it runs tests/benchmarks, which needs the peers' extras.
-        "dev": ["pytest>=8", "pytest-xdist>=3.5"] + BENCHMARK_EXTRAS,
+        # CI installs '.[dev]': it runs tests/benchmarks (the peers' extras) and tests/hf
+        # (transformers as the reference).
+        "dev": ["pytest>=8", "pytest-xdist>=3.5"] + BENCHMARK_EXTRAS + HF_REFERENCE_EXTRAS,
     },
     entry_points={"console_scripts": ["titanax-launch=titanax.launch:run_main"]},
 )

@@ -142,3 +142,15 @@ def params_as_numpy(directory: str, model_cfg: Optional[ConfigBase] = None) -> D
     return jax.tree_util.tree_map(np.asarray, params)
 
 
+
+
+def params_for_engine(engine: Any, directory: str) -> Any:
+    """The params of the HF directory in ``engine``'s canonical layout (restorable into any
+    layout of that engine: ``engine.init_state(params=...)`` takes them). The engine's model
+    config must be the one the directory describes (``model_config``)."""
+    engine.build()
+    model_cfg = engine.model.config
+    return import_params(directory, model_cfg=model_cfg,
+                         parameter_specs=engine.model.create_parameter_specs_recursively(),
+                         mesh=engine.mesh, partition_specs=engine.layout.canonical_param_specs,
+                         dtype=engine.precision.param_dtype)

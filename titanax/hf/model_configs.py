@@ -123,7 +123,8 @@ def _rope(r: _Reader) -> Dict[str, Any]:
     scaling = r.get("rope_scaling")
     if scaling:
         params.update(scaling)
-    theta = params.pop("rope_theta", None) or r.get("rope_theta") or 10000.0
+    top_level_theta = r.get("rope_theta")
+    theta = params.pop("rope_theta", None) or top_level_theta or 10000.0
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     if "partial_rotary_factor" in params or r.get("partial_rotary_factor") not in (None, 1, 1.0):

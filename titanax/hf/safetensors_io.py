@@ -10,10 +10,11 @@ neither torch nor the ``safetensors`` package is needed at run time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import ml_dtypes
 import numpy as np
@@ -86,29 +87,60 @@ class SafetensorsFile:
         return np.ndarray(shape, dtype=dtype, buffer=self._map, offset=start)
 
 
-def write_file(path: str, tensors: Iterable[Tuple[str, np.ndarray]], *,
+@dataclasses.dataclass(frozen=True)
+class PlannedTensor:
+    """A tensor to be written: known by name, shape and dtype before its bytes exist."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+    # Returns the array when the writer reaches it (gathered from devices just then).
+    produce: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def write_file(path: str, tensors: Sequence[PlannedTensor], *, write: bool = True,
                metadata: Optional[Mapping[str, str]] = None) -> None:
-    """Writes ``tensors`` (name, array) to ``path``; the arrays are asked for one at a time, so
-    a generator that gathers each tensor when asked keeps one tensor on the host."""
-    tensors = list(tensors)  # (names and shapes first: the header precedes the data)
+    """Writes ``tensors`` to ``path``, asking each for its array only when its bytes are due:
+    the host holds one tensor at a time. With ``write=False`` the arrays are still produced (in
+    a multi-process job every process takes part in each gather) and nothing is written."""
     header: Dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
     offset = 0
-    for name, array in tensors:
-        dtype = np.dtype(array.dtype)
-        if dtype not in NAMES:
-            raise errors.HFError(f"cannot write dtype {dtype} of tensor {name!r}",
-                                         path=path, suggestion="cast it to float32 or bfloat16")
-        size = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
-        header[name] = {"dtype": NAMES[dtype], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
+    for tensor in tensors:
+        if tensor.dtype not in NAMES:
+            raise errors.HFError(f"cannot write dtype {tensor.dtype} of tensor {tensor.name!r}",
+                                 path=path, suggestion="cast it to float32 or bfloat16")
+        header[tensor.name] = {"dtype": NAMES[tensor.dtype], "shape": list(tensor.shape),
+                               "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # Data aligned to 8 bytes, as the reference writer does.
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with open(tmp, "wb") if write else _Discard() as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
-        for _, array in tensors:
-            f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"),
-                                                       copy=False).tobytes())
-    os.replace(tmp, path)
+        for tensor in tensors:
+            array = np.asarray(tensor.produce())
+            if tuple(array.shape) != tuple(tensor.shape):
+                raise errors.HFError(f"tensor {tensor.name!r} came out {array.shape}, planned "
+                                     f"{tensor.shape}", path=path,
+                                     suggestion="a Titanax bug: please report it")
+            f.write(np.ascontiguousarray(array, dtype=tensor.dtype.newbyteorder("<")).tobytes())
+    if write:
+        os.replace(tmp, path)
+
+
+class _Discard:
+    """A file that forgets what is written (processes other than the writer)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def write(self, data) -> None:
+        del data

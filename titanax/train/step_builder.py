@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
+from titanax.modules.module import functional
 from titanax.parallel import layout as layout_lib
 from titanax.parallel import sharding
 from titanax.parallel.layout import Layout
@@ -125,6 +126,39 @@ class StepBuilder:
                                    out_specs=PartitionSpec())(params, batch)
 
         return CompiledStep(jax.jit(run), name="eval step", policy="allow")
+
+    def model_method(self, method: str) -> Callable:
+        """``jit(shard_map(model.<method>))`` over the run's mesh: ``(params, *inputs) ->
+        outputs``, inputs and outputs split over the batch axes on their first dimension, the
+        params in the run's layout (FSDP shards gathered first) -- the model's logits (or a
+        decoding step) on the mesh it trains on. A pipelined layout is refused: the stack is
+        split over the pipe axis and only the pipeline schedule runs it."""
+        if self.model is None:
+            raise errors.StepError("there is no model", path="engine.model",
+                                   suggestion="configure a model")
+        if self.plan.pp_axis is not None and self.mesh.shape[self.plan.pp_axis] > 1:
+            raise errors.PlanError(
+                f"model.{method} cannot run on a pipelined layout (each pipe rank holds a slice "
+                "of the layer stack)", path="plan.pipeline_parallel",
+                suggestion="run it on a mesh without the pipe axis: checkpoints restore onto any "
+                           "mesh (--config.plan.pipeline_parallel=None)")
+        setup, model = self.setup, self.model
+        batch_spec = layout_lib.without_axes(
+            PartitionSpec(self.plan.batch_axis), self._unit_axes)
+
+        def local(params, *inputs):
+            if setup.gathering is not None:
+                params = setup.gathering.gather_all(params)
+            outputs, _ = functional(model, None, self.precision.cast_for_compute(params),
+                                    inputs, method=method, is_training=False)
+            return outputs
+
+        def run(params, *inputs):
+            in_specs = (self.layout.param_specs,) + (batch_spec,) * len(inputs)
+            return jax.shard_map(local, mesh=self.mesh, in_specs=in_specs, out_specs=batch_spec,
+                                 check_vma=False)(params, *inputs)
+
+        return jax.jit(run)
 
     # --- What the model's step reports ---------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""Tiny randomly initialised ``transformers`` models, saved as safetensors in a test directory.
+
+Nothing is downloaded: each model is built from its config with a fixed seed. The init is
+widened (``initializer_range``) so that logits spread over several nats -- a wrong rotation, a
+swapped kv head or a missing bias moves them by far more than float32 rounding does.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable, Dict
+
+import numpy as np
+
+VOCAB = 96
+LAYERS = 2
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=LAYERS,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-5, initializer_range=0.3, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+        rope_theta=500000.0, bos_token_id=1, eos_token_id=2))
+
+
+def _qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    return Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        initializer_range=0.3, tie_word_embeddings=True, rope_theta=1000000.0))
+
+
+def _qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    return Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+        initializer_range=0.3, tie_word_embeddings=False))
+
+
+def _mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+    return MistralForCausalLM(MistralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
+        sliding_window=5, initializer_range=0.3, tie_word_embeddings=False))
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    return GPT2LMHeadModel(GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=LAYERS, n_head=4, n_positions=64,
+        initializer_range=0.3, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=0, eos_token_id=0))
+
+
+BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwen2,
+                                 "mistral": _mistral, "gpt2": _gpt2}
+
+
+@functools.lru_cache(maxsize=None)
+def _saved(kind: str, root: str) -> str:
+    import torch
+    torch.manual_seed(0)
+    model = BUILDERS[kind]()
+    directory = os.path.join(root, kind)
+    model.save_pretrained(directory)
+    return directory
+
+
+def saved_model(kind: str, root) -> str:
+    """The directory of the tiny ``kind`` model (written once per test session root)."""
+    return _saved(kind, str(root))
+
+
+def hf_logits(directory: str, ids: np.ndarray) -> np.ndarray:
+    """Logits of the saved model, by transformers itself (float32, eval mode)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.numpy().astype(np.float64)
+
+
+def token_ids(rows: int = 8, length: int = 16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, (rows, length)).astype(np.int32)

@@ -1,0 +1,165 @@
+"""Import -> export gives the same Hugging Face directory back, and bad directories are named."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.hf import reference_models as ref
+from tests.numerics import assert_close
+from titanax import errors
+from titanax.hf import exporter, importer
+from titanax.hf.safetensors_io import SafetensorsFile
+
+KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("hf_models")
+
+
+def _tensors(directory):
+    """name -> array of every safetensors file of an HF directory (via the reference reader)."""
+    from safetensors.numpy import load_file
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(directory, name)))
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_is_bit_identical_and_loads_in_transformers(kind, root, tmp_path):
+    source = ref.saved_model(kind, root)
+    cfg = importer.model_config(source)
+    out = exporter.export_params(importer.params_as_numpy(source, cfg), model_cfg=cfg,
+                                 directory=str(tmp_path / "out"), source_dir=source)
+    before, after = _tensors(source), _tensors(out)
+    assert sorted(before) == sorted(after)
+    for name, value in before.items():
+        assert after[name].dtype == value.dtype and np.array_equal(after[name], value), name
+    ids = ref.token_ids()
+    assert_close(ref.hf_logits(out, ids), ref.hf_logits(source, ids), bound=1e-5,
+                 what=f"{kind} logits after the round trip")
+    assert importer.model_config(out).debug_string() == cfg.debug_string()
+
+
+def test_sharded_export_loads_through_its_index(root, tmp_path):
+    source = ref.saved_model("llama", root)
+    cfg = importer.model_config(source)
+    out = exporter.export_params(importer.params_as_numpy(source, cfg), model_cfg=cfg,
+                                 directory=str(tmp_path / "out"), max_shard_bytes=64 * 1024)
+    index = json.load(open(os.path.join(out, "model.safetensors.index.json")))
+    assert len(set(index["weight_map"].values())) > 2
+    ids = ref.token_ids()
+    assert_close(ref.hf_logits(out, ids), ref.hf_logits(source, ids), bound=1e-5,
+                 what="logits of the sharded export")
+    # And Titanax reads the sharded form back.
+    again = importer.params_as_numpy(out, cfg)
+    first = importer.params_as_numpy(source, cfg)
+    assert all(np.array_equal(a, b) for a, b in zip(
+        np.asarray(list(_leaves(again)), dtype=object), _leaves(first)))
+
+
+def _leaves(tree):
+    import jax
+    return jax.tree_util.tree_leaves(tree)
+
+
+def _copy(source, tmp_path, name="bad"):
+    target = tmp_path / name
+    shutil.copytree(source, target)
+    return str(target)
+
+
+def test_a_directory_without_config_json_is_named(root, tmp_path):
+    bad = _copy(ref.saved_model("llama", root), tmp_path)
+    os.remove(os.path.join(bad, "config.json"))
+    with pytest.raises(errors.HFError, match="no config.json") as e:
+        importer.model_config(bad)
+    assert e.value.path.endswith("config.json")
+
+
+def test_an_unknown_model_type_is_named(root, tmp_path):
+    bad = _copy(ref.saved_model("llama", root), tmp_path)
+    config = json.load(open(os.path.join(bad, "config.json")))
+    config["model_type"] = "falcon"
+    json.dump(config, open(os.path.join(bad, "config.json"), "w"))
+    with pytest.raises(errors.HFError, match="model_type 'falcon' is not supported") as e:
+        importer.model_config(bad)
+    assert e.value.path.endswith("config.json: model_type")
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}, "rope_type"),
+    ("hidden_act", "gelu", "hidden_act='gelu'"),
+    ("some_new_switch", True, "does not know: some_new_switch"),
+])
+def test_a_config_field_titanax_cannot_reproduce_is_named(root, tmp_path, key, value, message):
+    bad = _copy(ref.saved_model("llama", root), tmp_path)
+    config = json.load(open(os.path.join(bad, "config.json")))
+    config[key] = value
+    json.dump(config, open(os.path.join(bad, "config.json"), "w"))
+    with pytest.raises(errors.HFError, match=message):
+        importer.model_config(bad)
+
+
+def _rewrite_without(directory, drop=None, reshape=None):
+    """The directory's weights rewritten without tensor ``drop`` / with ``reshape`` truncated."""
+    from safetensors.numpy import load_file, save_file
+    path = os.path.join(directory, "model.safetensors")
+    tensors = load_file(path)
+    if drop:
+        del tensors[drop]
+    if reshape:
+        tensors[reshape] = tensors[reshape][:-1]
+    save_file(tensors, path)
+
+
+def test_a_missing_tensor_is_named_with_the_param_it_feeds(root, tmp_path):
+    bad = _copy(ref.saved_model("llama", root), tmp_path)
+    _rewrite_without(bad, drop="model.layers.1.self_attn.k_proj.weight")
+    with pytest.raises(errors.HFError, match=r"'model.layers.1.self_attn.k_proj.weight' is "
+                                             r"missing \(Titanax param decoder/layer/attn/k_w"):
+        importer.params_as_numpy(bad)
+
+
+def test_a_shape_mismatch_is_named(root, tmp_path):
+    bad = _copy(ref.saved_model("qwen3", root), tmp_path)
+    _rewrite_without(bad, reshape="model.layers.0.mlp.down_proj.weight")
+    with pytest.raises(errors.HFError, match=r"model.layers.0.mlp.down_proj.weight \(63, 96\) "
+                                             r"cannot make Titanax param decoder/layer/mlp/down"):
+        importer.params_as_numpy(bad)
+
+
+def test_a_leftover_tensor_is_named(root, tmp_path):
+    bad = _copy(ref.saved_model("qwen2", root), tmp_path)
+    config = json.load(open(os.path.join(bad, "config.json")))
+    config["num_hidden_layers"] = 1
+    json.dump(config, open(os.path.join(bad, "config.json"), "w"))
+    with pytest.raises(errors.HFError, match="have no place in the model config.json describes: "
+                                             "model.layers.1"):
+        importer.params_as_numpy(bad)
+
+
+def test_export_refuses_a_directory_that_holds_anything(root, tmp_path):
+    source = ref.saved_model("gpt2", root)
+    cfg = importer.model_config(source)
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(errors.HFError, match="not an empty directory"):
+        exporter.export_params(importer.params_as_numpy(source, cfg), model_cfg=cfg,
+                               directory=str(target))
+    assert os.listdir(target) == ["notes.txt"]
+
+
+def test_safetensors_views_read_what_the_reference_wrote(root):
+    from safetensors.numpy import load_file
+    path = os.path.join(ref.saved_model("mistral", root), "model.safetensors")
+    ours = SafetensorsFile(path)
+    for name, value in load_file(path).items():
+        assert np.array_equal(ours.view(name), value), name

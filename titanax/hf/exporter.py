@@ -1,0 +1,167 @@
+"""Titanax params -> a Hugging Face model directory that ``from_pretrained`` loads as is.
+
+The directory gets ``config.json`` (``model_configs.hf_config_from_model``), the weights as
+safetensors -- one ``model.safetensors``, or shards of at most ``max_shard_bytes`` named by
+``model.safetensors.index.json`` -- and, when the model came from an HF directory, that
+directory's tokenizer and generation files. Tensors are gathered from the devices one layer at a
+time, when the writer reaches them; in a multi-process job every process takes part in each
+gather and process 0 writes. A directory that exists and is not empty is refused: an export
+never mixes with or overwrites anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import numpy as np
+
+from titanax import errors
+from titanax.config import ConfigBase
+from titanax.hf import param_map
+from titanax.hf.model_configs import hf_config_from_model
+from titanax.hf.model_dir import CONFIG, INDEX, SINGLE
+from titanax.hf.safetensors_io import PlannedTensor, write_file
+from titanax.parallel import rules
+from titanax.parallel.sharding import path_string
+
+# Files of an HF model directory that describe its tokenizer and generation defaults.
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+# HF's default shard size.
+DEFAULT_MAX_SHARD_BYTES = 5 * 2 ** 30
+
+
+def check_target(directory: str) -> str:
+    """``directory`` as an absolute path, refused when it holds anything."""
+    directory = os.path.abspath(directory)
+    if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
+        raise errors.HFError("the export target exists and is not an empty directory",
+                             path=directory, suggestion="give a new directory (nothing is "
+                                                        "overwritten or mixed into another)")
+    return directory
+
+
+def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
+                  dtype: Optional[Any] = None, model_type: Optional[str] = None,
+                  source_dir: Optional[str] = None,
+                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> str:
+    """Writes the HF directory of ``params`` (canonical layout: stacks ``[L, ...]``; global
+    jax arrays or numpy) and returns its path. ``dtype``: of the written floats (default: the
+    params'); ``source_dir``: the HF directory the model came from (its token ids, tokenizer and
+    generation files are carried over)."""
+    directory = check_target(directory)
+    writer = jax.process_index() == 0
+    source_config = _source_config(source_dir)
+    extra = {k: source_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+             if k in source_config}
+    if not _is_gpt(model_cfg):
+        model_type = model_type or source_config.get("model_type")
+    config = hf_config_from_model(model_cfg, model_type=model_type, extra=extra)
+    planned = _plan(params, model_cfg, dtype)
+    config["dtype"] = str(np.dtype(planned[0].dtype)) if planned else "float32"
+    shards = _shards(planned, max_shard_bytes)
+    if writer:
+        os.makedirs(directory, exist_ok=True)
+    names = [SINGLE] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        write_file(os.path.join(directory, name), shard, write=writer)
+    if writer:
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(t.nbytes for t in planned)},
+                     "weight_map": {t.name: n for n, shard in zip(names, shards) for t in shard}}
+            _write_json(os.path.join(directory, INDEX), index)
+        for side in SIDE_FILES if source_dir else ():
+            if os.path.isfile(os.path.join(source_dir, side)):
+                shutil.copyfile(os.path.join(source_dir, side), os.path.join(directory, side))
+        _write_json(os.path.join(directory, CONFIG), config)  # Last: the directory is complete.
+    return directory
+
+
+def _is_gpt(cfg: ConfigBase) -> bool:
+    from titanax.modules.models.gpt import GPT  # pylint: disable=import-outside-toplevel
+    return isinstance(cfg, GPT.Config)
+
+
+def _source_config(source_dir: Optional[str]) -> Dict[str, Any]:
+    if not source_dir or not os.path.isfile(os.path.join(source_dir, CONFIG)):
+        return {}
+    with open(os.path.join(source_dir, CONFIG), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_json(path: str, value: Any) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def _plan(params: Any, model_cfg: ConfigBase, dtype: Optional[Any]) -> List[PlannedTensor]:
+    """Every HF tensor, in the order HF names sort, with the function that produces it."""
+    leaves = dict((path_string(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(
+        params, is_leaf=rules.is_param_leaf)[0])
+    planned: List[PlannedTensor] = []
+    for tensor_map in param_map.tensor_maps(model_cfg):
+        if tensor_map.path not in leaves:
+            raise errors.HFError(f"the params have no {tensor_map.path}", path=tensor_map.path,
+                                 suggestion="export params of the model the config describes")
+        leaf = leaves[tensor_map.path]
+        out_dtype = np.dtype(dtype or leaf.dtype)
+        layer_of = _LayerFetcher(leaf, tensor_map)
+        layer_shape = tuple(leaf.shape[1:]) if tensor_map.layers else tuple(leaf.shape)
+        # Shapes from a never-touched array (np.empty does not commit memory).
+        shapes = [t.shape for t in tensor_map.form.to_hf(np.empty(layer_shape, np.uint8))]
+        for layer in range(tensor_map.layers or 1):
+            for k, (name, shape) in enumerate(zip(tensor_map.names_for(layer), shapes)):
+                planned.append(PlannedTensor(name=name, shape=tuple(shape), dtype=out_dtype,
+                                             produce=_producer(layer_of, layer, k)))
+    return sorted(planned, key=lambda t: _natural_key(t.name))
+
+
+def _producer(layer_of: "_LayerFetcher", layer: int, k: int) -> Callable[[], np.ndarray]:
+    return lambda: layer_of.hf_tensors(layer)[k]
+
+
+class _LayerFetcher:
+    """One param's HF tensors, gathered to the host one layer at a time (the last one kept:
+    gate and up come from the same layer)."""
+
+    def __init__(self, leaf: Any, tensor_map: param_map.TensorMap):
+        self.leaf, self.map = leaf, tensor_map
+        self._last: Optional[tuple] = None
+
+    def hf_tensors(self, layer: int) -> List[np.ndarray]:
+        if self._last is None or self._last[0] != layer:
+            value = self.leaf[layer] if self.map.layers else self.leaf
+            self._last = (layer, self.map.form.to_hf(_to_host(value)))
+        return self._last[1]
+
+
+def _to_host(value: Any) -> np.ndarray:
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(jax.device_get(value))
+
+
+def _natural_key(name: str):
+    return [int(part) if part.isdigit() else part for part in name.split(".")]
+
+
+def _shards(planned: List[PlannedTensor], max_bytes: int) -> List[List[PlannedTensor]]:
+    shards: List[List[PlannedTensor]] = [[]]
+    size = 0
+    for tensor in planned:
+        if shards[-1] and size + tensor.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(tensor)
+        size += tensor.nbytes
+    return shards
+
