@@ -16,54 +16,13 @@ held out); ``--config.train_input.source.files='["my/*.txt"]'`` trains on your o
   hybrid sharding (HSDP), the batch split over both axes.
 """
 
-from typing import Optional
-
-from titanax.config import config_for_function, register_experiment
-from titanax.data.pipeline import Input
-from titanax.data.sources import TextWindows
-from titanax.io.checkpointer import OrbaxCheckpoint
+from titanax.config import register_experiment
 from titanax.modules.models.gpt import GPT, gpt2_config
-from titanax.observe.loggers import CSV, Basic, TensorBoard
-from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
+from titanax.parallel.plan import PP, TP, ZeRO
 from titanax.runtime.mesh import MeshSpec
-from titanax.train import optimizers
 from titanax.train.engine import Engine
-from titanax.train.evaler import Evaler
-from titanax.train.learner import Learner
 
-
-def _text(split: str, seq_len: int, batch_size: int, **changes) -> Input.Config:
-    return Input.default_config().set(
-        source=TextWindows.default_config().set(split=split, seq_len=seq_len),
-        global_batch_size=batch_size, **changes)
-
-
-def _gpt_run(*, model: GPT.Config, tp_axis: Optional[str], seq_len: int, batch_size: int,
-             steps: int, peak_lr: float, eval_batches: int, accumulate_steps: int = 1
-             ) -> Engine.Config:
-    axes, shape = (("data", "model"), (None, 2)) if tp_axis else (("data",), None)
-    plan = Plan.default_config().set(
-        data_parallel=DP.default_config().set(axis="data", accumulate_steps=accumulate_steps))
-    if tp_axis:
-        plan.tensor_parallel = TP.default_config().set(axis=tp_axis)
-    return Engine.default_config().set(
-        mesh=MeshSpec.default_config().set(axes=axes, shape=shape),
-        plan=plan,
-        model=model,
-        learner=Learner.default_config().set(
-            optimizer=config_for_function(optimizers.adamw).set(
-                learning_rate=config_for_function(optimizers.warmup_cosine).set(
-                    peak_value=peak_lr, warmup_steps=min(100, steps // 10),
-                    end_value=peak_lr / 10),
-                b2=0.99, weight_decay=0.1),
-            max_grad_norm=1.0),
-        train_input=_text("train", seq_len, batch_size),
-        evalers={"heldout": Evaler.default_config().set(
-            input=_text("test", seq_len, batch_size, seed=1), num_batches=eval_batches,
-            every_n_steps=max(steps // 4, 1))},
-        loggers=[Basic.default_config(), CSV.default_config(), TensorBoard.default_config()],
-        checkpoint=OrbaxCheckpoint.default_config().set(save_every_n_steps=500),
-        max_steps=steps, log_every=100)
+from .language_runs import language_model_run
 
 
 def _tiny_gpt() -> GPT.Config:
@@ -74,14 +33,14 @@ def _tiny_gpt() -> GPT.Config:
 @register_experiment
 def gpt_tiny_dp():
     """4-layer byte-level GPT on Shakespeare, data parallel."""
-    return _gpt_run(model=_tiny_gpt(), tp_axis=None, seq_len=64, batch_size=16, steps=2000,
+    return language_model_run(model=_tiny_gpt(), tp_axis=None, seq_len=64, batch_size=16, steps=2000,
                     peak_lr=2e-3, eval_batches=50)
 
 
 @register_experiment
 def gpt_tiny_dp_tp():
     """4-layer byte-level GPT on Shakespeare, data x tensor parallel (mesh -1 x 2)."""
-    return _gpt_run(model=_tiny_gpt(), tp_axis="model", seq_len=64, batch_size=16, steps=2000,
+    return language_model_run(model=_tiny_gpt(), tp_axis="model", seq_len=64, batch_size=16, steps=2000,
                     peak_lr=2e-3, eval_batches=50)
 
 
@@ -111,7 +70,7 @@ def gpt_tiny_pp_tp():
 def gpt_small_dp_tp():
     """GPT-2 small (124M) shapes, data x tensor parallel (mesh -1 x 2); for accelerators."""
     model = gpt2_config("small", vocab_pad_multiple=128, dropout_rate=0.0)
-    return _gpt_run(model=model, tp_axis="model", seq_len=1024, batch_size=32, steps=5000,
+    return language_model_run(model=model, tp_axis="model", seq_len=1024, batch_size=32, steps=5000,
                     peak_lr=6e-4, eval_batches=20, accumulate_steps=2)
 
 
@@ -149,7 +108,7 @@ def gpt_tiny_hsdp():
 def _fsdp_run(size: str, *, batch_size: int, steps: int, peak_lr: float) -> Engine.Config:
     model = gpt2_config(size, vocab_pad_multiple=128, dropout_rate=0.0,
                         layer_remat_policy="dots_with_no_batch_dims_saveable")
-    cfg = _gpt_run(model=model, tp_axis=None, seq_len=1024, batch_size=batch_size, steps=steps,
+    cfg = language_model_run(model=model, tp_axis=None, seq_len=1024, batch_size=batch_size, steps=steps,
                    peak_lr=peak_lr, eval_batches=20)
     cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
     return cfg

@@ -279,6 +279,12 @@ def _resolved_config():
         cfg = overrides_lib.apply_overrides(
             cfg, config_file.read_overrides(_CONFIG_FILE.value, cfg), prefix="config")
     cfg = overrides_lib.apply_overrides(cfg, _OVERRIDES)
+    if getattr(cfg, "init_from", None):
+        from titanax.hf import fine_tune  # pylint: disable=import-outside-toplevel
+        cfg, changed = fine_tune.derive_model(cfg)
+        print(f"titanax: model from {cfg.init_from}/config.json ({len(changed)} change"
+              f"{'s' if len(changed) != 1 else ''} to the experiment's):"
+              + "".join(f"\n  {line}" for line in changed), flush=True)
     cfg.validate()
     return cfg, overrides_lib.config_diff(named, cfg)
 

@@ -13,6 +13,14 @@ from typing import Callable, Dict
 
 import numpy as np
 
+from titanax.config import config_for_function
+from titanax.hf import importer
+from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
+from titanax.runtime.mesh import MeshSpec
+from titanax.train import optimizers
+from titanax.train.engine import Engine
+from titanax.train.learner import Learner
+
 VOCAB = 96
 LAYERS = 2
 
@@ -90,3 +98,25 @@ def hf_logits(directory: str, ids: np.ndarray) -> np.ndarray:
 
 def token_ids(rows: int = 8, length: int = 16, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, (rows, length)).astype(np.int32)
+
+
+def engine_for(directory, *, data, model=1, pipe=1, zero=None, **model_changes) -> Engine:
+    """An Engine of the HF model on data x model x pipe devices, its params imported."""
+    axes = tuple(a for a, n in (("data", data), ("model", model), ("pipe", pipe))
+                 if a == "data" or n > 1)
+    sizes = {"data": data, "model": model, "pipe": pipe}
+    plan = Plan.default_config().set(
+        data_parallel=DP.default_config(),
+        tensor_parallel=TP.default_config() if model > 1 else None,
+        pipeline_parallel=PP.default_config().set(microbatch_size=2) if pipe > 1 else None,
+        zero=ZeRO.default_config().set(stage=zero) if zero else None)
+    cfg = Engine.default_config().set(
+        mesh=MeshSpec.default_config().set(axes=axes, shape=tuple(sizes[a] for a in axes),
+                                           devices=list(range(data * model * pipe))),
+        plan=plan, model=importer.model_config(directory).set(**model_changes),
+        learner=Learner.default_config().set(
+            optimizer=config_for_function(optimizers.sgd).set(learning_rate=0.1)),
+        loggers=[], log_every=1000)
+    engine = cfg.instantiate()
+    engine.init_state(params=importer.params_for_engine(engine, directory))
+    return engine

@@ -5,14 +5,9 @@ import pytest
 
 from tests.hf import reference_models as ref
 from tests.numerics import PARITY, assert_close
-from titanax.config import config_for_function
+from tests.hf.reference_models import engine_for
 from titanax.hf import importer
 from titanax.modules.module import functional
-from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
-from titanax.runtime.mesh import MeshSpec
-from titanax.train import optimizers
-from titanax.train.engine import Engine
-from titanax.train.learner import Learner
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2")
@@ -21,26 +16,6 @@ KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2")
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("hf_models")
-
-
-def engine_for(directory, *, data, model=1, pipe=1, zero=None, **model_changes) -> Engine:
-    axes = tuple(a for a, n in (("data", data), ("model", model), ("pipe", pipe))
-                 if a == "data" or n > 1)
-    sizes = {"data": data, "model": model, "pipe": pipe}
-    plan = Plan.default_config().set(
-        data_parallel=DP.default_config(),
-        tensor_parallel=TP.default_config() if model > 1 else None,
-        pipeline_parallel=PP.default_config().set(microbatch_size=2) if pipe > 1 else None,
-        zero=ZeRO.default_config().set(stage=zero) if zero else None)
-    cfg = Engine.default_config().set(
-        mesh=MeshSpec.default_config().set(axes=axes, shape=tuple(sizes[a] for a in axes)),
-        plan=plan, model=importer.model_config(directory).set(**model_changes),
-        learner=Learner.default_config().set(
-            optimizer=config_for_function(optimizers.sgd).set(learning_rate=0.1)),
-        loggers=[], log_every=1000)
-    engine = cfg.instantiate()
-    engine.init_state(params=importer.params_for_engine(engine, directory))
-    return engine
 
 
 @pytest.mark.parametrize("kind", KINDS)

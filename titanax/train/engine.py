@@ -75,6 +75,11 @@ class Engine(Configurable):
         save_on_preemption: bool = True
         # Steps to train (fit's `steps` overrides).
         max_steps: Optional[int] = None
+        # A Hugging Face model directory (config.json + *.safetensors) to start from: the
+        # launcher takes the model's architecture from its config.json (titanax/hf/fine_tune.py)
+        # and a fresh run loads its weights at step 0 with a fresh optimizer; a run with
+        # checkpoints of its own resumes from those. None: params from the model's initializers.
+        init_from: Optional[str] = None
         # Global seed of every PRNG stream.
         seed: int = 0
         # Log (and check the loss for NaN/Inf) every this many steps.
@@ -214,8 +219,19 @@ class Engine(Configurable):
         """Resumes from the newest good checkpoint (when configured to), else starts fresh."""
         ckpt = self.checkpointer()
         if not (ckpt is not None and ckpt.config.resume == "auto" and self.restore(params=params)):
+            if params is None and self.config.init_from is not None:
+                params = self._params_from_hf()
             self.init_state(params)
         return self.state
+
+    def _params_from_hf(self) -> Any:
+        """The ``init_from`` checkpoint's weights, streamed into this run's shards."""
+        from titanax.hf import importer  # pylint: disable=import-outside-toplevel
+        params = importer.params_for_engine(self, self.config.init_from)
+        if jax.process_index() == 0:
+            print(f"titanax: params from Hugging Face {self.config.init_from} (step 0, fresh "
+                  "optimizer)", flush=True)
+        return params
 
     def save(self, *, data_iterator: Any = None, force: bool = False) -> bool:
         """Starts saving the current state (async when configured); False if it exists already."""

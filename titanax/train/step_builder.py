@@ -19,6 +19,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
 from titanax.modules.module import functional
+from titanax.parallel import collectives
 from titanax.parallel import layout as layout_lib
 from titanax.parallel import sharding
 from titanax.parallel.layout import Layout
@@ -130,9 +131,48 @@ class StepBuilder:
     def model_method(self, method: str) -> Callable:
         """``jit(shard_map(model.<method>))`` over the run's mesh: ``(params, *inputs) ->
         outputs``, inputs and outputs split over the batch axes on their first dimension, the
-        params in the run's layout (FSDP shards gathered first) -- the model's logits (or a
-        decoding step) on the mesh it trains on. A pipelined layout is refused: the stack is
-        split over the pipe axis and only the pipeline schedule runs it."""
+        params in the run's layout (FSDP shards gathered first) -- the model's logits on the
+        mesh it trains on."""
+        local = self._model_call(method)
+        batch_spec = self._batch_spec()
+
+        def run(params, *inputs):
+            in_specs = (self.layout.param_specs,) + (batch_spec,) * len(inputs)
+            return jax.shard_map(lambda p, *xs: local(p, xs), mesh=self.mesh, in_specs=in_specs,
+                                 out_specs=batch_spec, check_vma=False)(params, *inputs)
+
+        return jax.jit(run)
+
+    def generation(self, *, max_new_tokens: int, temperature: Optional[float] = None,
+                   top_p: float = 1.0) -> Callable:
+        """``(params, prompt_ids, key) -> new ids`` through ``model.generate`` on the run's
+        mesh (rows over the batch axes, heads over TP); each batch shard folds its place into
+        ``key``, so rows sample independently wherever they live."""
+        local = self._model_call("generate")
+        batch_spec = self._batch_spec()
+        batch_axes = self.setup.batch_axes
+
+        def shard(params, prompt_ids, key):
+            for axis in batch_axes:
+                key = jax.random.fold_in(key, collectives.axis_index(axis))
+            return local(params, {"prompt_ids": prompt_ids, "key": key,
+                                  "max_new_tokens": max_new_tokens, "temperature": temperature,
+                                  "top_p": top_p})
+
+        def run(params, prompt_ids, key):
+            return jax.shard_map(shard, mesh=self.mesh,
+                                 in_specs=(self.layout.param_specs, batch_spec, PartitionSpec()),
+                                 out_specs=batch_spec, check_vma=False)(params, prompt_ids, key)
+
+        return jax.jit(run)
+
+    def _batch_spec(self) -> PartitionSpec:
+        return layout_lib.without_axes(PartitionSpec(self.plan.batch_axis), self._unit_axes)
+
+    def _model_call(self, method: str) -> Callable:
+        """``(local params, inputs) -> model.<method>(*inputs)`` in evaluation mode, in local
+        view. A pipelined layout is refused: the stack is split over the pipe axis and only the
+        pipeline schedule runs it."""
         if self.model is None:
             raise errors.StepError("there is no model", path="engine.model",
                                    suggestion="configure a model")
@@ -143,22 +183,15 @@ class StepBuilder:
                 suggestion="run it on a mesh without the pipe axis: checkpoints restore onto any "
                            "mesh (--config.plan.pipeline_parallel=None)")
         setup, model = self.setup, self.model
-        batch_spec = layout_lib.without_axes(
-            PartitionSpec(self.plan.batch_axis), self._unit_axes)
 
-        def local(params, *inputs):
+        def local(params, inputs):
             if setup.gathering is not None:
                 params = setup.gathering.gather_all(params)
             outputs, _ = functional(model, None, self.precision.cast_for_compute(params),
                                     inputs, method=method, is_training=False)
             return outputs
 
-        def run(params, *inputs):
-            in_specs = (self.layout.param_specs,) + (batch_spec,) * len(inputs)
-            return jax.shard_map(local, mesh=self.mesh, in_specs=in_specs, out_specs=batch_spec,
-                                 check_vma=False)(params, *inputs)
-
-        return jax.jit(run)
+        return local
 
     # --- What the model's step reports ---------------------------------------------------------
 

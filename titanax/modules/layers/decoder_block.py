@@ -47,3 +47,10 @@ class DecoderBlock(BaseLayer):
     def forward(self, x):
         x = x + self.attn(self.input_norm(x))
         return x + self.mlp(self.post_attention_norm(x))
+
+    def decode(self, x, cache, *, start):
+        """``forward`` for tokens at ``start ..`` over the attention's key/value ``cache``;
+        returns ``(x, cache)`` (see ``GroupedQueryAttention.decode``)."""
+        attended, cache = self.attn.decode(self.input_norm(x), cache, start=start)
+        x = x + attended
+        return x + self.mlp(self.post_attention_norm(x)), cache

@@ -156,6 +156,31 @@ class GroupedQueryAttention(BaseLayer):
         context = attend(q, k, v, sliding_window=cfg.sliding_window)
         return self.o(context.reshape(context.shape[:2] + (-1,)))
 
+    def decode(self, x, cache, *, start):
+        """Attention of ``x`` ``[batch, t, model_dim]`` -- the tokens at positions ``start ..
+        start + t - 1`` -- over a key/value cache ``(k, v)``, each ``[batch, max_len, local kv
+        heads, head_dim]`` holding positions ``0 .. start - 1``: returns the output and the cache
+        with these tokens' keys and values written in (a prompt's prefill is ``start=0``, then
+        one token at a time). No sequence parallelism here: decoding has no sequence to split."""
+        cfg = self.config
+        q, k, v = (self._project(x, name) for name in ("q", "k", "v"))
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        positions = start + jnp.arange(x.shape[1])
+        q = rotary.rotate(q, positions, self._inv_freq)
+        k = rotary.rotate(k, positions, self._inv_freq)
+        k_cache, v_cache = cache
+        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, 1)
+        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, 1)
+        keys, values = k_cache, v_cache
+        local_heads = q.shape[2]
+        if keys.shape[2] == cfg.num_kv_heads and local_heads < cfg.num_heads:
+            keys = self._kv_for_local_queries(keys, local_heads)
+            values = self._kv_for_local_queries(values, local_heads)
+        context = attend(q, keys.astype(q.dtype), values.astype(q.dtype),
+                         sliding_window=cfg.sliding_window, kv_length=start + x.shape[1])
+        return self.o(context.reshape(context.shape[:2] + (-1,))), (k_cache, v_cache)
+
 
 def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None):
     """Causal attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g``

@@ -93,6 +93,17 @@ class Repeat(BaseLayer):
         return x
 
 
+    def decode(self, x, cache, *, start):
+        """Each layer's ``decode(x, cache_i, start=start)`` in turn, ``cache`` stacked over the
+        layers on its leading dimension; returns ``(x, cache)`` (the layer's own decode says what
+        a cache is: keys and values for attention)."""
+        def body(carry, layer_cache):
+            return self.layer.decode(carry, layer_cache, start=start)
+
+        return scan_in_context(body, carry=x, xs=cache, child_name="layer",
+                               num_iterations=self.config.num_layers, unroll=self.unrolled)
+
+
 def _map_specs(fn, tree):
     if isinstance(tree, dict):
         return {k: _map_specs(fn, v) for k, v in tree.items()}

@@ -24,7 +24,9 @@ import math
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 
+from titanax.modules import sampling
 from titanax.modules.initializers import Normal
 from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.embedding import VocabParallelEmbedding
@@ -151,6 +153,44 @@ class Decoder(CausalLanguageModel):
         """The token embeddings ``[batch, seq, model_dim]`` (this rank's part of the sequence
         under sequence parallelism)."""
         return self.token_emb(input_ids)
+
+
+    # --- Generation: a key/value cache, one token at a time --------------------------------------
+
+    def generate(self, prompt_ids: jax.Array, key: Optional[jax.Array], *, max_new_tokens: int,
+                 temperature: Optional[float] = None, top_p: float = 1.0) -> jax.Array:
+        """``[batch, max_new_tokens]`` tokens following ``prompt_ids`` ``[batch, prompt]`` (all
+        prompts of one length): the prompt runs once through the stack (prefill), filling a
+        key/value cache of ``prompt + max_new_tokens`` positions; then each new token runs
+        alone over the cache. Greedy without a temperature (``sampling.next_token``). Runs in
+        local view like ``forward``: heads split over TP, rows over the batch axes."""
+        if self._split_sequence():
+            raise NotImplementedError("decoding has no sequence to split: generate with "
+                                      "sequence_parallel=False")
+        batch, prompt = prompt_ids.shape
+        total = prompt + max_new_tokens
+        k_weight = self.parameters["decoder"]["layer"]["attn"]["k_weight"]
+        table = self.parameters["token_emb"]["weight"]
+        cache_shape = (self.config.num_layers, batch, total) + tuple(k_weight.shape[-2:])
+        cache = (jnp.zeros(cache_shape, table.dtype), jnp.zeros(cache_shape, table.dtype))
+
+        def choose(x, cache_out, step):
+            logits = self.full_logits(self._logits_of(self.final_norm(x[:, -1:])))[:, -1]
+            step_key = None if key is None else jax.random.fold_in(key, step)
+            return sampling.next_token(logits, step_key, temperature=temperature,
+                                       top_p=top_p), cache_out
+
+        x, cache = self.decoder.decode(self.embed(prompt_ids), cache, start=0)
+        first, cache = choose(x, cache, 0)
+
+        def step(carry, index):
+            token, cache_in = carry
+            x, cache_out = self.decoder.decode(self.embed(token[:, None]), cache_in,
+                                               start=prompt + index)
+            return choose(x, cache_out, index + 1), token
+
+        (last, _), tokens = jax.lax.scan(step, (first, cache), jnp.arange(max_new_tokens - 1))
+        return jnp.concatenate([tokens.T, last[:, None]], axis=1)
 
 
 def llama_config(size: str, **overrides) -> Decoder.Config:

@@ -1,0 +1,62 @@
+"""Today's decoders (Llama 3 / Qwen 3 family: RoPE, RMSNorm, SwiGLU, grouped-query attention).
+
+* ``llama_tiny_dp_tp``: a 4-layer, 128-wide Llama-style model on byte-level Shakespeare
+  (vocabulary 256), data x tensor parallel on a ``data x model = -1 x 2`` mesh; trains on a CPU in
+  minutes. With ``--config.init_from=<HF dir>`` it fine-tunes a Hugging Face Llama or Mistral
+  instead (the model then comes from the directory's config.json).
+* ``llama3_1b_fsdp``: Llama 3.2 1B's shapes with FSDP over every device; ``llama3_8b_fsdp_tp``:
+  Llama 3.1 8B with FSDP over ``data`` and TP=8 over ``model`` (a node of 8 accelerators per
+  model replica); ``qwen3_0_6b_dp``: Qwen 3 0.6B, data parallel. Sized for accelerators; the
+  text stays the bundled bytes until ``train_input`` names the user's data.
+"""
+
+from titanax.config import register_experiment
+from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
+from titanax.parallel.plan import ZeRO
+from titanax.runtime.mesh import MeshSpec
+
+from .language_runs import language_model_run
+
+
+def _tiny_llama() -> Decoder.Config:
+    return Decoder.default_config().set(
+        name="llama", vocab_size=256, max_seq_len=64, num_layers=4, model_dim=128, num_heads=4,
+        num_kv_heads=2, hidden_dim=352, norm_eps=1e-5, rope_theta=10000.0)
+
+
+@register_experiment
+def llama_tiny_dp_tp():
+    """4-layer byte-level Llama-style model on Shakespeare, data x tensor parallel (-1 x 2)."""
+    return language_model_run(model=_tiny_llama(), tp_axis="model", seq_len=64, batch_size=16,
+                              steps=2000, peak_lr=2e-3, eval_batches=50)
+
+
+def _fsdp(cfg):
+    cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
+    return cfg
+
+
+@register_experiment
+def llama3_1b_fsdp():
+    """Llama 3.2 1B (16 layers, 2048 wide, GQA 32/8, tied head) with FSDP over every device."""
+    model = llama_config("3.2-1b", layer_remat_policy="dots_with_no_batch_dims_saveable")
+    return _fsdp(language_model_run(model=model, tp_axis=None, seq_len=2048, batch_size=16,
+                                    steps=5000, peak_lr=3e-4, eval_batches=20))
+
+
+@register_experiment
+def llama3_8b_fsdp_tp():
+    """Llama 3.1 8B with FSDP over ``data`` and tensor parallelism (8) over ``model``."""
+    model = llama_config("3.1-8b", layer_remat_policy="dots_with_no_batch_dims_saveable")
+    cfg = _fsdp(language_model_run(model=model, tp_axis="model", seq_len=4096, batch_size=32,
+                                   steps=5000, peak_lr=2e-4, eval_batches=20))
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "model"), shape=(None, 8))
+    return cfg
+
+
+@register_experiment
+def qwen3_0_6b_dp():
+    """Qwen 3 0.6B (28 layers, QK-norm, head_dim 128, tied head), data parallel."""
+    model = qwen3_config("0.6b", layer_remat_policy="dots_with_no_batch_dims_saveable")
+    return language_model_run(model=model, tp_axis=None, seq_len=2048, batch_size=16,
+                              steps=5000, peak_lr=3e-4, eval_batches=20)

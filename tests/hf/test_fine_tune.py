@@ -1,0 +1,94 @@
+"""Fine-tuning from a Hugging Face directory through the launcher, exporting, generating."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.environment import child_environment
+from tests.numerics import assert_close
+from titanax.train import saved_run
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(module, *args, expect=0):
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT,
+                            env=child_environment(), capture_output=True, text=True,
+                            timeout=600, check=False)
+    assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def byte_llama(tmp_path_factory):
+    """A tiny random Llama whose vocabulary is bytes, so it trains on the bundled text."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    directory = str(tmp_path_factory.mktemp("hf") / "llama_bytes")
+    LlamaForCausalLM(LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        initializer_range=0.1, bos_token_id=1, eos_token_id=2)).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(byte_llama, tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("runs") / "ft")
+    result = _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={byte_llama}",
+                  f"--trainer_dir={run}", "--cpu_devices=8", "--config.max_steps=20",
+                  "--config.log_every=1", "--config.evalers={}")
+    return run, result.stdout
+
+
+def test_the_run_starts_from_the_checkpoint_and_says_so(fine_tuned, byte_llama):
+    run, stdout = fine_tuned
+    assert f"model from {byte_llama}/config.json" in stdout
+    assert "model.num_layers: 4 -> 2" in stdout
+    assert f"params from Hugging Face {byte_llama} (step 0, fresh optimizer)" in stdout
+    record = open(os.path.join(run, "config.txt")).read()
+    assert f"init_from: '{byte_llama}'" in record and "model.model_dim: 64" in record
+    losses = [float(line.split("loss ")[1].split()[0]) for line in stdout.splitlines()
+              if line.startswith("step ") and " loss " in line]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 0.5, losses
+
+
+def test_exported_run_loads_in_transformers_with_titanax_logits(fine_tuned, tmp_path):
+    run, _ = fine_tuned
+    target = str(tmp_path / "export")
+    _run("titanax.export", f"--trainer_dir={run}", f"--to={target}", "--cpu_devices=8")
+    ids = np.random.default_rng(0).integers(0, 256, (8, 24)).astype(np.int32)
+    engine = saved_run.restored_engine(run)
+    ours = np.asarray(engine.steps.model_method("logits")(engine.state.params, ids))
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor(ids)).logits.numpy()
+    assert_close(theirs, ours, bound=1e-4, what="transformers' logits of the exported run")
+    # A second export to the same place is refused, and the first is left as it was.
+    before = sorted(os.listdir(target))
+    refused = _run("titanax.export", f"--trainer_dir={run}", f"--to={target}",
+                   "--cpu_devices=8", expect=2)
+    assert "not an empty directory" in refused.stderr and sorted(os.listdir(target)) == before
+    # The run and its export generate the same greedy tokens.
+    prompt = "--prompt_ids=82,79,77,69,79,58"
+    from_run = _run("titanax.generate", f"--trainer_dir={run}", prompt, "--max_new_tokens=16",
+                    "--cpu_devices=8")
+    from_hf = _run("titanax.generate", f"--hf={target}", prompt, "--max_new_tokens=16",
+                   "--cpu_devices=8", "--model_parallel=2")
+    ids_line = [line for line in from_run.stdout.splitlines() if line.startswith("ids: ")]
+    assert len(ids_line) == 1 and len(ids_line[0].split()) >= 2, from_run.stdout
+    assert ids_line[0] in from_hf.stdout.splitlines(), (from_run.stdout, from_hf.stdout)
+
+
+def test_bad_hf_directories_exit_2_naming_the_file(tmp_path):
+    empty = tmp_path / "no_config"
+    empty.mkdir()
+    result = _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={empty}",
+                  "--print_config", expect=2)
+    assert "config.json" in result.stderr and "no config.json" in result.stderr

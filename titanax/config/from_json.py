@@ -1,0 +1,71 @@
+"""Config trees back from their JSON record (``Config.to_json()``; a run's ``config.json``).
+
+A record names the class of every config (``klass``) and the function of every function config
+(``fn``) by import path, so the tree it describes can be rebuilt: each config starts from its
+class's defaults and every recorded field is assigned through the usual type-checked setattr
+(JSON lists become tuples where the field is a tuple). A field the class no longer has, or a path
+that no longer imports, is a ``ConfigError`` naming it. Used by commands that act on a finished
+run (``python -m titanax.export``, ``python -m titanax.generate``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import typing
+from typing import Any, Dict
+
+from titanax import errors
+from titanax.config.base import ConfigBase
+from titanax.config.configurable import config_for_function
+
+
+def config_from_json(data: Dict[str, Any], *, path: str = "config") -> ConfigBase:
+    """The config tree of ``data`` (a dict with a ``klass`` or ``fn`` entry)."""
+    if "klass" in data:
+        cfg = _imported(data["klass"], path=f"{path}.klass").default_config()
+        skip = "klass"
+    elif "fn" in data:
+        cfg = config_for_function(_imported(data["fn"], path=f"{path}.fn"))
+        skip = "fn"
+    else:
+        raise errors.ConfigError("a recorded config names neither its klass nor its fn",
+                                 path=path, suggestion="give the config.json a run wrote")
+    fields = type(cfg).__fields__
+    for name, value in data.items():
+        if name == skip:
+            continue
+        if name not in fields:
+            raise errors.ConfigError(f"{type(cfg).__qualname__} has no field {name!r}",
+                                     path=f"{path}.{name}",
+                                     suggestion="the record was written by another version of "
+                                                "the code: edit it or re-run")
+        setattr(cfg, name, _value(value, fields[name], path=f"{path}.{name}"))
+    return cfg
+
+
+def _value(value: Any, annotation: Any, *, path: str) -> Any:
+    if isinstance(value, dict) and ("klass" in value or "fn" in value):
+        return config_from_json(value, path=path)
+    if isinstance(value, dict):
+        return {k: _value(v, None, path=f"{path}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, list):
+        items = [_value(v, None, path=f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if _is_list(annotation) else tuple(items)
+    return value
+
+
+def _is_list(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        return any(_is_list(a) for a in typing.get_args(annotation) if a is not type(None))
+    return annotation is list or origin is list
+
+
+def _imported(dotted: str, *, path: str) -> Any:
+    module_name, _, name = str(dotted).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise errors.ConfigError(f"cannot import {dotted!r}: {e}", path=path,
+                                 suggestion="the record was written by another version of the "
+                                            "code, or names a module not on sys.path") from e

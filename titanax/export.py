@@ -1,0 +1,91 @@
+"""``python -m titanax.export --trainer_dir=<run> [--step=N] --to=<dir>``: a run as a Hugging Face
+model directory.
+
+The run's model (GPT-2 or the Llama / Qwen / Mistral ``Decoder``) is rebuilt from its config
+record, its params restored from the checkpoint at ``--step`` (default: the newest) onto the
+devices at hand -- split over all of them (FSDP), so no device holds the whole model -- and
+written tensor by tensor as ``config.json`` + safetensors that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads. A run fine-tuned from an HF
+directory (``init_from``) keeps that model's family, token ids and tokenizer files.
+
+    python -m titanax.export --trainer_dir=runs/llama_tiny_dp_tp --to=exported/llama_tiny
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Sequence
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+from titanax import errors
+from titanax.runtime import cpu_devices
+
+_TRAINER_DIR = flags.DEFINE_string("trainer_dir", None, "The run directory to export.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).")
+_TO = flags.DEFINE_string("to", None, "The Hugging Face directory to write (new or empty).")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
+                           "dtype of the written weights (default: the run's param dtype).")
+_MODEL_TYPE = flags.DEFINE_enum("model_type", None, ["llama", "mistral", "qwen2", "qwen3"],
+                                "HF family of a Decoder (default: its source's, or the one its "
+                                "options need).")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None,
+                                    "Simulate this many CPU devices (tests, no accelerator).")
+_SHOW_TRACEBACK = flags.DEFINE_bool("show_traceback", False, "Print Python tracebacks.")
+
+
+def export(argv: Sequence[str]) -> int:
+    if len(argv) > 1:
+        raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
+                                     suggestion="every setting is a --flag (see --help)")
+    for flag, name in ((_TRAINER_DIR, "--trainer_dir"), (_TO, "--to")):
+        if not flag.value:
+            raise errors.LaunchFlagError("missing", path=name,
+                                         suggestion="e.g. --trainer_dir=runs/llama_tiny_dp_tp "
+                                                    "--to=exported/llama_tiny")
+    if _STEP.value is not None and _STEP.value < 0:
+        raise errors.LaunchFlagError(f"must be >= 0, got {_STEP.value}", path="--step",
+                                     suggestion="give a saved step (ls <run>/checkpoints)")
+    if _CPU_DEVICES.value is not None:
+        if _CPU_DEVICES.value < 1:
+            raise errors.LaunchFlagError(f"must be >= 1, got {_CPU_DEVICES.value}",
+                                         path="--cpu_devices", suggestion="e.g. --cpu_devices=8")
+        cpu_devices.simulate_cpu_devices(_CPU_DEVICES.value)
+    from titanax.hf import exporter  # pylint: disable=import-outside-toplevel
+    target = exporter.check_target(_TO.value)  # Refused before anything is read.
+    from titanax.parallel.plan import DP, Plan, ZeRO  # pylint: disable=import-outside-toplevel
+    from titanax.runtime.mesh import MeshSpec  # pylint: disable=import-outside-toplevel
+    from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
+    plan = Plan.default_config().set(data_parallel=DP.default_config(),
+                                     zero=ZeRO.default_config().set(stage=3))
+    engine = saved_run.restored_engine(
+        os.path.abspath(_TRAINER_DIR.value), step=_STEP.value, plan=plan,
+        mesh=MeshSpec.default_config().set(axes=("data",)))
+    run_cfg = saved_run.read_run_config(os.path.abspath(_TRAINER_DIR.value))
+    source = run_cfg.init_from if run_cfg.init_from and os.path.isdir(run_cfg.init_from) else None
+    written = exporter.export_params(engine.canonical_params(), model_cfg=engine.model.config,
+                                     directory=target, dtype=_DTYPE.value,
+                                     model_type=_MODEL_TYPE.value, source_dir=source)
+    print(f"titanax: exported {engine.restored_from} to {written}", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str]) -> None:
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        status = export(argv)
+    except errors.TitanaxError as e:
+        if _SHOW_TRACEBACK.value:
+            raise
+        print(f"titanax.export: error: {e.format()}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    app.run(main)

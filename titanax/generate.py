@@ -1,0 +1,214 @@
+"""``python -m titanax.generate``: text from a run's model or a Hugging Face directory.
+
+    python -m titanax.generate --trainer_dir=runs/llama_tiny_dp_tp --prompt="ROMEO:" --max_new_tokens=64
+    python -m titanax.generate --hf=path/to/hf_dir --prompt_ids=1,2,3 --max_new_tokens=32 --temperature=0.8 --top_p=0.9
+
+The model runs with a key/value cache (the prompt once, then one token at a time) inside one
+compiled program on a mesh of the devices at hand: a run's own mesh and tensor parallelism (its
+pipe axis, if any, folded into data: checkpoints restore onto any mesh), or for ``--hf`` data x
+``--model_parallel``. Greedy unless ``--temperature`` is given. Prints one line ``ids: ...`` with
+the generated ids (the prompt excluded; up to and including an end-of-sequence id), then the text
+when a tokenizer is known: the HF directory's ``tokenizer.json`` (the ``tokenizers`` package), or
+bytes for a model with a 256-id vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import List, Optional, Sequence
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+from titanax import errors
+from titanax.runtime import cpu_devices
+
+_TRAINER_DIR = flags.DEFINE_string("trainer_dir", None, "A run directory (its newest "
+                                   "checkpoint, or --step).")
+_HF = flags.DEFINE_string("hf", None, "A Hugging Face model directory.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --trainer_dir (default: newest).")
+_PROMPT = flags.DEFINE_string("prompt", None, "The prompt as text (needs a tokenizer).")
+_PROMPT_IDS = flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids.")
+_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 32, "Tokens to generate.")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature (default: greedy).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likely tokens up to "
+                            "this probability (with --temperature).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
+_MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None,
+                                    "Simulate this many CPU devices (tests, no accelerator).")
+_SHOW_TRACEBACK = flags.DEFINE_bool("show_traceback", False, "Print Python tracebacks.")
+
+
+def _check_flags() -> None:
+    if bool(_TRAINER_DIR.value) == bool(_HF.value):
+        raise errors.LaunchFlagError("give exactly one model source", path="--trainer_dir/--hf",
+                                     suggestion="--trainer_dir=<run> or --hf=<HF directory>")
+    if (_PROMPT.value is None) == (_PROMPT_IDS.value is None):
+        raise errors.LaunchFlagError("give exactly one prompt", path="--prompt/--prompt_ids",
+                                     suggestion="--prompt='text' or --prompt_ids=1,2,3")
+    if _MAX_NEW_TOKENS.value < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {_MAX_NEW_TOKENS.value}",
+                                     path="--max_new_tokens", suggestion="e.g. 32")
+    if _TEMPERATURE.value is not None and _TEMPERATURE.value < 0:
+        raise errors.LaunchFlagError(f"must be >= 0, got {_TEMPERATURE.value}",
+                                     path="--temperature", suggestion="0 or no flag: greedy")
+    if not 0 < _TOP_P.value <= 1:
+        raise errors.LaunchFlagError(f"must be in (0, 1], got {_TOP_P.value}", path="--top_p",
+                                     suggestion="e.g. 0.9")
+    if _MODEL_PARALLEL.value < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {_MODEL_PARALLEL.value}",
+                                     path="--model_parallel", suggestion="e.g. 2")
+    if _CPU_DEVICES.value is not None and _CPU_DEVICES.value < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {_CPU_DEVICES.value}",
+                                     path="--cpu_devices", suggestion="e.g. 8")
+
+
+class _Tokens:
+    """The model's tokenizer, when one is known; and its end-of-sequence ids."""
+
+    def __init__(self, hf_dir: Optional[str], vocab_size: int):
+        self.tokenizer = None
+        self.end_ids: List[int] = []
+        if hf_dir and os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):
+            try:
+                from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+            except ImportError as e:
+                raise errors.HFError("reading tokenizer.json needs the tokenizers package",
+                                     path=os.path.join(hf_dir, "tokenizer.json"),
+                                     suggestion="pip install tokenizers") from e
+            self.tokenizer = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
+        elif vocab_size == 256:
+            from titanax.data.tokenizer import ByteTokenizer  # pylint: disable=import-outside-toplevel
+            self.tokenizer = ByteTokenizer()
+        for name in ("generation_config.json", "config.json"):
+            path = os.path.join(hf_dir, name) if hf_dir else ""
+            if path and os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    end = json.load(f).get("eos_token_id")
+                if end is not None:
+                    self.end_ids = [end] if isinstance(end, int) else list(end)
+                    break
+
+    def encode(self, text: str) -> List[int]:
+        if self.tokenizer is None:
+            raise errors.LaunchFlagError(
+                "this model has no known tokenizer (no tokenizer.json, and its vocabulary is "
+                "not bytes)", path="--prompt", suggestion="give the prompt as --prompt_ids=...")
+        encoded = self.tokenizer.encode(text)
+        return [int(i) for i in getattr(encoded, "ids", encoded)]
+
+    def decode(self, ids: Sequence[int]) -> Optional[str]:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(list(ids))
+
+
+def _engine():
+    """The model on this process's devices, with its params; and its HF source dir if any."""
+    from titanax.parallel.plan import DP, TP, Plan  # pylint: disable=import-outside-toplevel
+    from titanax.runtime.mesh import MeshSpec  # pylint: disable=import-outside-toplevel
+    if _HF.value:
+        from titanax.hf import importer  # pylint: disable=import-outside-toplevel
+        from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
+        tp = _MODEL_PARALLEL.value
+        cfg = Engine.default_config().set(
+            mesh=MeshSpec.default_config().set(axes=("data", "model"), shape=(None, tp)),
+            plan=Plan.default_config().set(data_parallel=DP.default_config(),
+                                           tensor_parallel=TP.default_config() if tp > 1
+                                           else None),
+            model=importer.model_config(_HF.value), init_from=os.path.abspath(_HF.value),
+            loggers=[])
+        engine = cfg.instantiate()
+        engine.init_or_restore()
+        return engine, _HF.value
+    from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
+    trainer_dir = os.path.abspath(_TRAINER_DIR.value)
+    run = saved_run.read_run_config(trainer_dir)
+    plan = run.plan.clone(pipeline_parallel=None, zero=None)
+    pipe = run.plan.pipeline_parallel.axis if run.plan.pipeline_parallel is not None else None
+    mesh = run.mesh.clone()
+    if pipe in tuple(mesh.axes):  # The pipe axis's devices join data.
+        keep = [i for i, a in enumerate(mesh.axes) if a != pipe]
+        shape = tuple(mesh.shape) if mesh.shape is not None else (None,) * len(mesh.axes)
+        mesh.axes = tuple(mesh.axes[i] for i in keep)
+        mesh.shape = tuple(None if mesh.axes[j] == plan.data_parallel.axis else shape[i]
+                           for j, i in enumerate(keep))
+    engine = saved_run.restored_engine(trainer_dir, step=_STEP.value, mesh=mesh, plan=plan,
+                                       sequence_parallel=False)
+    source = run.init_from if run.init_from and os.path.isdir(run.init_from) else None
+    return engine, source
+
+
+def generate(argv: Sequence[str]) -> int:
+    if len(argv) > 1:
+        raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
+                                     suggestion="every setting is a --flag (see --help)")
+    _check_flags()
+    if _CPU_DEVICES.value is not None:
+        cpu_devices.simulate_cpu_devices(_CPU_DEVICES.value)
+    import jax  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    engine, source = _engine()
+    cfg = engine.model.config
+    if not hasattr(engine.model, "generate"):
+        raise errors.LaunchFlagError(
+            f"{type(engine.model).__name__} has no key/value-cache decoding", path="model",
+            suggestion="generation runs the Llama / Qwen / Mistral Decoder family")
+    tokens = _Tokens(source, cfg.vocab_size)
+    if _PROMPT_IDS.value is not None:
+        try:
+            prompt = [int(t) for t in _PROMPT_IDS.value.split(",") if t.strip()]
+        except ValueError as e:
+            raise errors.LaunchFlagError(f"not comma-separated integers: {_PROMPT_IDS.value!r}",
+                                         path="--prompt_ids", suggestion="e.g. 1,2,3") from e
+    else:
+        prompt = tokens.encode(_PROMPT.value)
+    bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
+    if not prompt or bad:
+        raise errors.LaunchFlagError(
+            f"ids must be in [0, {cfg.vocab_size}) (model.vocab_size)" + (f"; got {bad[:5]}"
+                                                                          if bad else "; empty"),
+            path="--prompt_ids" if _PROMPT_IDS.value is not None else "--prompt",
+            suggestion="give ids of this model's vocabulary")
+    if len(prompt) + _MAX_NEW_TOKENS.value > cfg.max_seq_len:
+        raise errors.LaunchFlagError(
+            f"prompt ({len(prompt)}) + --max_new_tokens ({_MAX_NEW_TOKENS.value}) exceeds the "
+            f"model's max_seq_len {cfg.max_seq_len}", path="--max_new_tokens",
+            suggestion="generate fewer tokens or shorten the prompt")
+    rows = engine.plan.batch_shards(engine.mesh)  # One copy of the prompt per batch shard.
+    fn = engine.steps.generation(max_new_tokens=_MAX_NEW_TOKENS.value,
+                                 temperature=_TEMPERATURE.value or None, top_p=_TOP_P.value)
+    ids = fn(engine.state.params, np.asarray([prompt] * rows, np.int32),
+             jax.random.PRNGKey(_SEED.value))
+    out = [int(t) for t in np.asarray(jax.device_get(ids))[0]]
+    for index, token in enumerate(out):
+        if token in tokens.end_ids:
+            out = out[:index + 1]
+            break
+    print("ids: " + " ".join(str(t) for t in out), flush=True)
+    text = tokens.decode(out)
+    if text is not None:
+        print(f"text: {text}", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str]) -> None:
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        status = generate(argv)
+    except errors.TitanaxError as e:
+        if _SHOW_TRACEBACK.value:
+            raise
+        print(f"titanax.generate: error: {e.format()}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    app.run(main)

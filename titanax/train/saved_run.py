@@ -1,0 +1,74 @@
+"""A finished (or running) run's model, rebuilt from its directory onto this process's devices.
+
+``python -m titanax.export`` and ``python -m titanax.generate`` act on a run directory: its
+config record (``config.json``, written when the run started) says what the model is, its
+checkpoints hold the params. The model is rebuilt on a mesh of the devices at hand -- not
+necessarily the run's: checkpoints restore onto any mesh -- with the plan the command needs
+(``mesh`` / ``plan`` below), and only the params are read (``restore_mode=params``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+from titanax import errors
+from titanax.config import ConfigBase
+from titanax.config.from_json import config_from_json
+
+RECORD = "config.json"
+
+
+def read_run_config(trainer_dir: str) -> ConfigBase:
+    """The config tree a run was started with."""
+    path = os.path.join(trainer_dir, RECORD)
+    if not os.path.isfile(path):
+        raise errors.CheckpointError(
+            "no run record here" if os.path.isdir(trainer_dir) else "no such run directory",
+            path=path, suggestion="give the --trainer_dir of a run started by titanax.launch "
+                                  "(it holds config.json and checkpoints/)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise errors.CheckpointError(f"cannot read the run record: {e}", path=path,
+                                     suggestion="restore the file from the run's copy "
+                                                "(config.txt holds the same tree)") from e
+    return config_from_json(data, path="config")
+
+
+def restored_engine(trainer_dir: str, *, step: Optional[int] = None,
+                    mesh: Optional[ConfigBase] = None, plan: Optional[ConfigBase] = None,
+                    **model_changes):
+    """The run's Engine with its params restored from the checkpoint at ``step`` (default: the
+    newest); ``mesh`` / ``plan`` replace the run's (a model split for the command's needs),
+    ``model_changes`` set model fields that do not change its params (sequence_parallel)."""
+    cfg = read_run_config(trainer_dir)
+    if cfg.model is None:
+        raise errors.CheckpointError("the run has no model config", path=f"{trainer_dir}/{RECORD}",
+                                     suggestion="export and generate act on runs of a model")
+    if mesh is not None:
+        cfg.mesh = mesh
+    if plan is not None:
+        cfg.plan = plan
+        if getattr(cfg.model, "sequence_parallel", False) and plan.tensor_parallel is None:
+            cfg.model.sequence_parallel = False
+    for name, value in model_changes.items():
+        if name in type(cfg.model).__fields__:
+            setattr(cfg.model, name, value)
+    if cfg.checkpoint is None:
+        raise errors.CheckpointError("the run wrote no checkpoints (checkpoint: None)",
+                                     path=f"{trainer_dir}/{RECORD}",
+                                     suggestion="train with checkpointing on")
+    cfg.checkpoint.overwrite = False
+    cfg.init_from = None  # The params come from the run's checkpoint.
+    cfg.loggers = []
+    cfg.evalers = {}
+    cfg.train_input = None
+    engine = cfg.instantiate(trainer_dir=trainer_dir)
+    if not engine.restore(step=step, mode="params"):
+        ckpt = engine.checkpointer()
+        raise errors.CheckpointError("the run has no checkpoint to read", path=ckpt.directory,
+                                     suggestion="train the run first (a run saves at its end)")
+    return engine
