@@ -1,8 +1,10 @@
-"""Tokens/s and MFU of the Engine's GPT train step on one accelerator (GPU).
+"""Tokens/s and MFU of the Engine's train step (GPT-2, Llama 3) on one accelerator (GPU).
 
     python benchmarks/gpu_throughput.py --model gpt2_124m          # target >= 350k tok/s on H100
     python benchmarks/gpu_throughput.py --model gpt_1b             # target >= 45% MFU
+    python benchmarks/gpu_throughput.py --model llama3_1b          # Llama 3.2 1B shapes
     python benchmarks/gpu_throughput.py --model tiny --cpu         # a smoke run on the CPU
+    python benchmarks/gpu_throughput.py --model llama_tiny --cpu
 
 GPT-2 124M is ``gpt_small_dp_tp``'s model (12 layers, 768 wide, 12 heads, vocabulary padded to
 50304) at sequence length 1024, computing in bfloat16 with float32 master params and AdamW, on
@@ -10,9 +12,11 @@ one device (mesh data=1). MFU is reported two ways, side by side:
 
 * **compiled**: the FLOPs XLA's cost analysis counts for the compiled step (what really runs,
   including the optimizer and any rematerialisation) / step time / the device's dense bf16 peak;
-* **model**: the usual analytic count, ``6 N + 12 L D S`` FLOPs per token (N params including
-  the tied embedding; the attention term counts the full S x S matrices, as PaLM's appendix does)
-  x tokens per second / peak.
+* **model**: the usual analytic count, ``6 N + 12 L W S`` FLOPs per token
+  (``CausalLanguageModel.flops_per_token``: N the params each token multiplies by -- a tied
+  embedding counted once as the head, an untied one not at all, GQA's narrower k/v and SwiGLU's
+  three matrices as they are; W the attention width heads x head_dim; the full S x S scores, as
+  PaLM's appendix counts) x tokens per second / peak.
 
 XLA flags that matter on GPUs are set here before jax starts (``--xla_flags`` adds more); the
 chosen ones are printed with the result so a table in docs/performance.md can cite them.
@@ -34,6 +38,9 @@ MODELS = {
     "gpt2_124m": (12, 768, 12, 50304, 1024, 32, 1),
     "gpt_1b": (24, 2048, 16, 50304, 1024, 8, 1),
     "tiny": (4, 128, 4, 256, 64, 8, 1),
+    # Llama 3.2 1B (decoder.llama_config) and a CPU-sized Llama: seq, batch per device, accumulate.
+    "llama3_1b": ("3.2-1b", None, None, None, 2048, 4, 1),
+    "llama_tiny": ("tiny", None, None, None, 64, 8, 1),
 }
 
 # Flags for one GPU: the latency-hiding scheduler overlaps work, and command buffers (CUDA
@@ -74,9 +81,19 @@ def main() -> None:
     layers, width, heads, vocab, seq, batch, accumulate = MODELS[args.model]
     batch = args.batch or batch
     accumulate = args.accumulate or accumulate
-    model = GPT.default_config().set(name="gpt", vocab_size=vocab, max_seq_len=seq,
-                                     num_layers=layers, model_dim=width, num_heads=heads,
-                                     layer_remat_policy=args.remat)
+    if isinstance(layers, str):  # A Llama: its published shapes (or a tiny one).
+        from titanax.modules.models.decoder import Decoder, llama_config
+        model = (llama_config(layers, max_seq_len=seq) if layers != "tiny" else
+                 Decoder.default_config().set(name="llama", vocab_size=256, max_seq_len=seq,
+                                              num_layers=4, model_dim=128, num_heads=4,
+                                              num_kv_heads=2, hidden_dim=352))
+        model.layer_remat_policy = args.remat
+        layers, width, heads, vocab = (model.num_layers, model.model_dim, model.num_heads,
+                                       model.vocab_size)
+    else:
+        model = GPT.default_config().set(name="gpt", vocab_size=vocab, max_seq_len=seq,
+                                         num_layers=layers, model_dim=width, num_heads=heads,
+                                         layer_remat_policy=args.remat)
     if args.unroll != "default":
         model.unroll_layers = args.unroll == "true"
     engine = Engine.default_config().set(
@@ -111,7 +128,7 @@ def main() -> None:
     device = jax.devices()[0]
     peak = throughput.peak_flops(device)
     compiled_flops = step.latest_flops
-    model_flops = (6 * num_params + 12 * layers * width * seq) * tokens
+    model_flops = engine.model.flops_per_token(seq) * tokens
     print(f"device: {device.device_kind} ({device.platform}); XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
     print(f"model {args.model}: {num_params / 1e6:.1f}M params, {layers} layers, width {width}, "
           f"heads {heads}, vocab {vocab}, seq {seq}, batch {batch} x accumulate {accumulate}, "
@@ -127,7 +144,7 @@ def main() -> None:
     if compiled_flops:
         print(f"MFU (compiled cost analysis): {compiled_flops / step_s / peak:.1%} "
               f"({compiled_flops / 1e12:.2f} TFLOP per step)")
-    print(f"MFU (6N + 12LDS per token):    {model_flops / step_s / peak:.1%} "
+    print(f"MFU (6N + 12LWS per token):    {model_flops / step_s / peak:.1%} "
           f"({model_flops / 1e12:.2f} TFLOP per step); peak {peak / 1e12:.0f} TFLOP/s")
 
 

@@ -35,7 +35,10 @@ from titanax.modules.layers.grouped_query_attention import GroupedQueryAttention
 from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.rotary import Llama3RopeScaling
+from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.modules.models.language_model import CausalLanguageModel
+from titanax.parallel import collectives
+from titanax.modules.module import nowrap
 
 
 class Decoder(CausalLanguageModel):
@@ -146,13 +149,25 @@ class Decoder(CausalLanguageModel):
     def head_dim(self) -> int:
         return self.config.head_dim or self.config.model_dim // self.config.num_heads
 
+    @nowrap
     def head(self) -> VocabParallelEmbedding:
         return self.token_emb if self.config.tie_embeddings else self.lm_head
+
+    @nowrap
+    def attention_width(self) -> int:
+        return self.config.num_heads * self.head_dim
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
         """The token embeddings ``[batch, seq, model_dim]`` (this rank's part of the sequence
         under sequence parallelism)."""
-        return self.token_emb(input_ids)
+        x = self.token_emb(input_ids)
+        cfg = self.config
+        if (cfg.attention_output_bias or cfg.mlp_bias) and tp_active(cfg.tp_axis):
+            # A bias added after a row-parallel psum varies over the TP axis as the params do,
+            # so the residual stream does from the first block on; the layer loop's carry must
+            # have one type, so it starts so (the first block would cast it anyway).
+            x = collectives.cast_varying(x, cfg.tp_axis)
+        return x
 
 
     # --- Generation: a key/value cache, one token at a time --------------------------------------

@@ -27,6 +27,7 @@ from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.tensor_parallel import tp_rank
 from titanax.modules.layers.transformer import TransformerBlock
 from titanax.modules.models.language_model import CausalLanguageModel
+from titanax.modules.module import nowrap
 
 
 class GPT(CausalLanguageModel):
@@ -107,9 +108,14 @@ class GPT(CausalLanguageModel):
         self._add_child("final_norm", LayerNorm.default_config().set(
             input_dim=cfg.model_dim, eps=cfg.norm_eps))
 
+    @nowrap
     def head(self) -> VocabParallelEmbedding:
         """GPT-2's LM head is its token embedding (tied)."""
         return self.token_emb
+
+    @nowrap
+    def attention_width(self) -> int:
+        return self.config.model_dim
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
         """Token + position embeddings (and dropout): the decoder's input ``[batch, seq, D]``."""

@@ -10,6 +10,7 @@ tokens or examples.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Tuple
 
 import jax
@@ -32,9 +33,30 @@ class CausalLanguageModel(BaseLayer):
         """What enters the decoder stack, ``[batch, seq, model_dim]`` (seq-split under SP)."""
         raise NotImplementedError
 
+    @nowrap
     def head(self) -> VocabParallelEmbedding:
         """The table the logits are read from (``attend``)."""
         raise NotImplementedError
+
+    @nowrap
+    def attention_width(self) -> int:
+        """Heads x head width of one attention (the query / context width)."""
+        raise NotImplementedError
+
+    @nowrap
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token by the usual analytic count (PaLM, appendix B): 6 x the
+        params each token multiplies by -- every param except the embedding lookups (a tied
+        table counts once, as the head) -- plus the attention's ``12 x layers x width x seq``
+        (the full seq x seq scores and their use, forward and backward). The params are counted
+        as the model has them, so grouped-query attention's narrower k/v projections and
+        SwiGLU's three matrices are what they are, not ``12 D^2`` per layer."""
+        specs = self.create_parameter_specs_recursively()
+        lookups = {"pos_emb"} | ({"token_emb"} if self.head() is not self.token_emb else set())
+        multiplied = sum(int(math.prod(spec.shape)) for name, sub in specs.items()
+                         if name not in lookups for spec in jax.tree_util.tree_leaves(
+                             sub, is_leaf=lambda x: hasattr(x, "shape")))
+        return 6.0 * multiplied + 12.0 * self.config.num_layers * self.attention_width() * seq_len
 
     @property
     def padded_vocab_size(self) -> int:

@@ -1,0 +1,101 @@
+"""The Llama / Qwen / Mistral decoder: tensor-parallel parity of the loss and every gradient
+(kv heads split or kept whole, sequence parallelism), and its FLOP count."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from tests.numerics import assert_close
+from titanax.modules import functional
+from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
+from titanax.parallel import collectives, rules
+from titanax.runtime.mesh import MeshSpec
+
+# Two shapes of the family: Llama-like (8 heads over 2 kv heads, biases, untied head, sliding
+# window) and Qwen 3-like (QK-norm, head_dim apart from model_dim / heads, tied head).
+SHAPES = {
+    "llama": dict(num_heads=8, num_kv_heads=2, qkv_bias=True, attention_output_bias=True,
+                  mlp_bias=True, sliding_window=6, tie_embeddings=False),
+    "qwen3": dict(num_heads=4, num_kv_heads=2, head_dim=12, qk_norm=True, tie_embeddings=True),
+}
+BASE = dict(name="decoder", vocab_size=64, max_seq_len=16, num_layers=2, model_dim=32,
+            hidden_dim=48, rope_theta=10000.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(shape: str):
+    model = Decoder.default_config().set(**BASE, **SHAPES[shape]).instantiate()
+    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
+    # Biases and norm scales start at 0 / 1: move them so their gradients and uses are tested.
+    params = jax.tree_util.tree_map(
+        lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(p.size), p.shape), params)
+    ids = jax.random.randint(jax.random.PRNGKey(1), (8, 16), 0, BASE["vocab_size"])
+    batch = {"input_ids": ids, "target_ids": jnp.roll(ids, -1, axis=1)}
+
+    def loss(p, b):
+        return functional(model, None, p, (b,), is_training=False)[0][0]
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params, batch)
+    return params, batch, value, grads
+
+
+def _tp_loss_and_grads(shape: str, tp_size: int, sequence_parallel: bool):
+    params, batch, _, _ = _reference(shape)
+    model = Decoder.default_config().set(**BASE, **SHAPES[shape], tp_axis="model",
+                                         sequence_parallel=sequence_parallel).instantiate()
+    mesh = MeshSpec(axes=("data", "model"), shape=(None, tp_size)).build()
+    # The layout as the plan resolves it: kv heads kept whole where TP does not divide them.
+    specs = rules.LayerLayouts().specs(model.create_parameter_specs_recursively(),
+                                       dict(mesh.shape))
+    model.check_partition_specs(specs)
+
+    def local(p, b):
+        p = collectives.cast_varying(p, ("data", "model"))
+        loss, grads = jax.value_and_grad(
+            lambda q: functional(model, None, q, (b,), is_training=False)[0][0])(p)
+
+        def reduce(grad, spec):
+            grad = collectives.pmean(grad, "data")
+            return grad if "model" in rules.spec_axes(spec) else collectives.psum(grad, "model")
+
+        return collectives.pmean(loss, "data"), jax.tree_util.tree_map(reduce, grads, specs)
+
+    step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs, P("data")),
+                                 out_specs=(P(), specs)))
+    return step(params, batch), specs
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("tp_size,sequence_parallel", [(2, False), (4, False), (4, True)])
+def test_tensor_parallel_loss_and_every_gradient_match_one_device(shape, tp_size,
+                                                                 sequence_parallel):
+    _, _, loss, grads = _reference(shape)
+    (tp_loss, tp_grads), specs = _tp_loss_and_grads(shape, tp_size, sequence_parallel)
+    assert_close(tp_loss, loss, what="loss")
+    assert_close(tp_grads, grads, what="gradients")
+    attn = specs["decoder"]["layer"]["attn"]
+    assert attn["q_weight"] == P(None, None, "model", None)
+    kv_split = SHAPES[shape]["num_kv_heads"] % tp_size == 0
+    assert tuple(attn["k_weight"]) == ((None, None, "model", None) if kv_split
+                                       else (None,) * 4), attn["k_weight"]
+    assert specs["decoder"]["layer"]["mlp"]["gate_up_weight"] == P(None, None, None, "model")
+
+
+def test_flops_per_token_counts_what_each_token_multiplies_by():
+    """Llama 3.2 1B (tied head, GQA 32/8, SwiGLU) and 8B (untied), against the published
+    shapes written out by hand."""
+    def expected(v, d, layers, heads, kv, f, tied, seq):
+        hd = d // heads
+        per_layer = 2 * d + d * heads * hd + 2 * d * kv * hd + heads * hd * d + 3 * d * f
+        multiplied = v * d + layers * per_layer + d  # head (or tied table) + layers + final norm
+        return 6 * multiplied + 12 * layers * heads * hd * seq
+    one_b = llama_config("3.2-1b").instantiate().flops_per_token(2048)
+    eight_b = llama_config("3.1-8b").instantiate().flops_per_token(4096)
+    assert one_b == expected(128256, 2048, 16, 32, 8, 8192, True, 2048)
+    assert eight_b == expected(128256, 4096, 32, 32, 8, 14336, False, 4096)
+    # Qwen 3's attention width is heads x 128, not model_dim.
+    qwen = qwen3_config("0.6b").instantiate()
+    assert qwen.attention_width() == 16 * 128 != qwen.config.model_dim

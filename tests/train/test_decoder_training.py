@@ -1,0 +1,61 @@
+"""The Llama-style decoder trains like one device under every plan part: DP x TP (kv heads kept
+whole on TP=4), sequence parallelism, a 1F1B pipeline with TP inside, and FSDP x TP.
+
+SGD with momentum on every param and the per-step losses (Adam would hide a scale error).
+"""
+
+import functools
+
+import pytest
+
+from tests.numerics import assert_close
+from tests.train import helpers
+from titanax.modules.models.decoder import Decoder
+from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
+from titanax.train.engine import Engine
+
+BATCHES = helpers.text_batches(batch_size=16, count=3)
+MODEL = dict(name="llama", vocab_size=256, max_seq_len=16, num_layers=2, model_dim=32,
+             num_heads=8, num_kv_heads=2, hidden_dim=48, attention_output_bias=True,
+             qkv_bias=True, mlp_bias=True)
+
+
+def _learner():
+    learner = helpers.sgd(0.5)
+    learner.optimizer.momentum = 0.9
+    return learner
+
+
+def _engine(*, data, model=1, pipe=1, zero=None, sequence_parallel=False, accumulate=1):
+    sizes = {"data": data, "pipe": pipe, "model": model}
+    axes = tuple(a for a in sizes if a == "data" or sizes[a] > 1)
+    plan = Plan.default_config().set(
+        data_parallel=DP.default_config().set(accumulate_steps=accumulate),
+        tensor_parallel=TP.default_config() if model > 1 else None,
+        pipeline_parallel=(PP.default_config().set(microbatch_size=2, schedule="1f1b")
+                           if pipe > 1 else None),
+        zero=(ZeRO.default_config().set(stage=3, min_shard_size=64, grad_sync="per_step")
+              if zero else None))
+    cfg = Engine.default_config().set(
+        mesh=helpers.mesh(tuple(sizes[a] for a in axes), axes,
+                          devices=list(range(data * model * pipe))),
+        plan=plan, model=Decoder.default_config().set(**MODEL,
+                                                      sequence_parallel=sequence_parallel),
+        learner=_learner(), loggers=[], log_every=1000)
+    return cfg.instantiate()
+
+
+@functools.lru_cache(maxsize=None)
+def _one_device():
+    return helpers.train(_engine(data=1), BATCHES)
+
+
+@pytest.mark.parametrize("layout", [
+    dict(data=4, model=2), dict(data=2, model=4), dict(data=2, model=4, sequence_parallel=True),
+    dict(data=2, pipe=2, model=2), dict(data=4, model=2, zero=True, accumulate=2)],
+    ids=["dp4-tp2", "dp2-tp4-kv-whole", "dp2-tp4-sp", "dp2-pp2-tp2", "fsdp4-tp2-acc2"])
+def test_decoder_trains_like_one_device(layout):
+    want_losses, want_params = _one_device()
+    losses, params = helpers.train(_engine(**layout), BATCHES)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params after 3 SGD-momentum steps")
