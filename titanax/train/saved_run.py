@@ -66,9 +66,14 @@ def restored_engine(trainer_dir: str, *, step: Optional[int] = None,
     cfg.loggers = []
     cfg.evalers = {}
     cfg.train_input = None
-    engine = cfg.instantiate(trainer_dir=trainer_dir)
-    if not engine.restore(step=step, mode="params"):
-        ckpt = engine.checkpointer()
-        raise errors.CheckpointError("the run has no checkpoint to read", path=ckpt.directory,
+    engine = cfg.instantiate(trainer_dir=trainer_dir).build()
+    # Compared with the run's own record, not with the mesh and plan chosen here: a checkpoint
+    # of another config is said so, this command's layout is not.
+    restored = engine.states.restore(step=step, mode="params",
+                                     config_text=read_run_config(trainer_dir).debug_string())
+    if restored is None:
+        raise errors.CheckpointError("the run has no checkpoint to read",
+                                     path=engine.checkpointer().directory,
                                      suggestion="train the run first (a run saves at its end)")
+    engine.state, engine.restored_from = restored.state, restored.path
     return engine
