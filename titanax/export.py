@@ -13,15 +13,12 @@ directory (``init_from``) keeps that model's family, token ids and tokenizer fil
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from typing import Sequence
 
 from absl import app, flags
-from absl import logging as absl_logging
 
-from titanax import errors
+from titanax import command_line, errors
 from titanax.runtime import cpu_devices
 
 _TRAINER_DIR = flags.DEFINE_string("trainer_dir", None, "The run directory to export.")
@@ -34,7 +31,6 @@ _MODEL_TYPE = flags.DEFINE_enum("model_type", None, ["llama", "mistral", "qwen2"
                                 "options need).")
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None,
                                     "Simulate this many CPU devices (tests, no accelerator).")
-_SHOW_TRACEBACK = flags.DEFINE_bool("show_traceback", False, "Print Python tracebacks.")
 
 
 def export(argv: Sequence[str]) -> int:
@@ -73,19 +69,5 @@ def export(argv: Sequence[str]) -> int:
     return 0
 
 
-def main(argv: Sequence[str]) -> None:
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-    if not flags.FLAGS["verbosity"].present:
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    try:
-        status = export(argv)
-    except errors.TitanaxError as e:
-        if _SHOW_TRACEBACK.value:
-            raise
-        print(f"titanax.export: error: {e.format()}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(status)
-
-
 if __name__ == "__main__":
-    app.run(main)
+    app.run(command_line.main_of(export, name="titanax.export"))

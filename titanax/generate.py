@@ -15,15 +15,12 @@ bytes for a model with a 256-id vocabulary.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import sys
 from typing import List, Optional, Sequence
 
 from absl import app, flags
-from absl import logging as absl_logging
 
-from titanax import errors
+from titanax import command_line, errors
 from titanax.runtime import cpu_devices
 
 _TRAINER_DIR = flags.DEFINE_string("trainer_dir", None, "A run directory (its newest "
@@ -40,7 +37,6 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
 _MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None,
                                     "Simulate this many CPU devices (tests, no accelerator).")
-_SHOW_TRACEBACK = flags.DEFINE_bool("show_traceback", False, "Print Python tracebacks.")
 
 
 def _check_flags() -> None:
@@ -196,19 +192,5 @@ def generate(argv: Sequence[str]) -> int:
     return 0
 
 
-def main(argv: Sequence[str]) -> None:
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-    if not flags.FLAGS["verbosity"].present:
-        absl_logging.set_verbosity(absl_logging.WARNING)
-    try:
-        status = generate(argv)
-    except errors.TitanaxError as e:
-        if _SHOW_TRACEBACK.value:
-            raise
-        print(f"titanax.generate: error: {e.format()}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(status)
-
-
 if __name__ == "__main__":
-    app.run(main)
+    app.run(command_line.main_of(generate, name="titanax.generate"))

@@ -86,12 +86,33 @@ def test_exported_run_loads_in_transformers_with_titanax_logits(fine_tuned, tmp_
     assert ids_line[0] in from_hf.stdout.splitlines(), (from_run.stdout, from_hf.stdout)
 
 
-def test_bad_hf_directories_exit_2_naming_the_file(tmp_path):
+def test_bad_hf_directories_exit_2_naming_the_file(byte_llama, tmp_path):
+    import json
+    import shutil
     empty = tmp_path / "no_config"
     empty.mkdir()
     result = _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={empty}",
                   "--print_config", expect=2)
-    assert "config.json" in result.stderr and "no config.json" in result.stderr
+    assert f"{empty}/config.json: the directory has no config.json" in result.stderr
+    falcon = tmp_path / "falcon"
+    shutil.copytree(byte_llama, falcon)
+    config = json.loads((falcon / "config.json").read_text())
+    (falcon / "config.json").write_text(json.dumps({**config, "model_type": "falcon"}))
+    result = _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={falcon}",
+                  "--print_config", expect=2)
+    assert "config.json: model_type: model_type 'falcon' is not supported" in result.stderr
+    # A tensor missing from the weights: named, with the param it feeds, before any step.
+    from safetensors.numpy import load_file, save_file
+    weights = falcon / "model.safetensors"
+    (falcon / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(weights))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(weights))
+    result = _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={falcon}",
+                  f"--trainer_dir={tmp_path / 'run'}", "--cpu_devices=8", expect=2)
+    assert "'model.layers.1.mlp.up_proj.weight' is missing (Titanax param " \
+           "decoder/layer/mlp/gate_up_weight)" in result.stderr
+    assert "step " not in result.stdout
 
 
 def test_generate_reads_the_model_directorys_tokenizer(byte_llama, tmp_path):

@@ -12,7 +12,7 @@ being filled. Every HF tensor is accounted for: one that is missing, has another
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
@@ -86,7 +86,7 @@ def _check_all_used(source: ModelDir, used: set, model_cfg: ConfigBase) -> None:
 class _ParamReader:
     """Fills one param's device shards from its HF tensors."""
 
-    def __init__(self, source: ModelDir, tensor_map: param_map.TensorMap,
+    def __init__(self, source: Any, tensor_map: param_map.TensorMap,
                  shape: Tuple[int, ...], dtype: np.dtype):
         self.source, self.map, self.shape, self.dtype = source, tensor_map, shape, dtype
         self._cache: Dict[int, np.ndarray] = {}
@@ -127,6 +127,43 @@ class _ParamReader:
         layers = range(self.map.layers)[index[0]]
         return np.stack([np.asarray(self._layer(i)[index[1:]], dtype=self.dtype)
                          for i in layers])
+
+
+class StateDict:
+    """A state dict of numpy arrays (HF names) as a tensor source, like a ``ModelDir``."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], *, where: str = "state dict"):
+        self.tensors, self.directory = dict(tensors), where
+
+    def names(self):
+        return self.tensors.keys()
+
+    def tensor(self, name: str, *, needed_by: str = "") -> np.ndarray:
+        if name not in self.tensors:
+            raise errors.HFError(f"tensor {name!r} is missing" + (
+                f" (Titanax param {needed_by})" if needed_by else ""), path=name,
+                suggestion="the model config and the state dict disagree: check their sizes")
+        return np.asarray(self.tensors[name])
+
+
+def params_from_state_dict(tensors: Mapping[str, np.ndarray], model_cfg: ConfigBase
+                           ) -> Dict[str, Any]:
+    """Titanax params (numpy) from an HF state dict held in memory (``torch`` tensors turned
+    into numpy, or arrays from any file): the same maps and checks as a directory import.
+    GPT-2 state dicts may drop the ``transformer.`` prefix (``GPT2Model``'s names)."""
+    if not any(name.startswith(("transformer.", "model.")) for name in tensors):
+        tensors = {f"transformer.{k}": v for k, v in tensors.items()}
+    source = StateDict(tensors)
+    model = model_cfg.instantiate()
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(
+        model.create_parameter_specs_recursively(), is_leaf=rules.is_param_leaf)
+    maps = {m.path: m for m in param_map.tensor_maps(model_cfg)}
+    out = []
+    for key_path, leaf in leaves:
+        reader = _ParamReader(source, maps[path_string(key_path)], tuple(leaf.shape),
+                              np.dtype(np.float32))
+        out.append(reader.block(tuple(slice(None) for _ in leaf.shape)))
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def params_as_numpy(directory: str, model_cfg: Optional[ConfigBase] = None) -> Dict[str, Any]:

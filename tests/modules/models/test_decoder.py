@@ -3,16 +3,12 @@
 
 import functools
 
-import jax
-import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests.modules.models import tensor_parallel_parity
 from tests.numerics import assert_close
-from titanax.modules import functional
 from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
-from titanax.parallel import collectives, rules
-from titanax.runtime.mesh import MeshSpec
 
 # Two shapes of the family: Llama-like (8 heads over 2 kv heads, biases, untied head, sliding
 # window) and Qwen 3-like (QK-norm, head_dim apart from model_dim / heads, tied head).
@@ -28,44 +24,14 @@ BASE = dict(name="decoder", vocab_size=64, max_seq_len=16, num_layers=2, model_d
 @functools.lru_cache(maxsize=None)
 def _reference(shape: str):
     model = Decoder.default_config().set(**BASE, **SHAPES[shape]).instantiate()
-    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
-    # Biases and norm scales start at 0 / 1: move them so their gradients and uses are tested.
-    params = jax.tree_util.tree_map(
-        lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(p.size), p.shape), params)
-    ids = jax.random.randint(jax.random.PRNGKey(1), (8, 16), 0, BASE["vocab_size"])
-    batch = {"input_ids": ids, "target_ids": jnp.roll(ids, -1, axis=1)}
-
-    def loss(p, b):
-        return functional(model, None, p, (b,), is_training=False)[0][0]
-
-    value, grads = jax.jit(jax.value_and_grad(loss))(params, batch)
-    return params, batch, value, grads
+    return tensor_parallel_parity.one_device(model, vocab_size=BASE["vocab_size"], perturb=True)
 
 
 def _tp_loss_and_grads(shape: str, tp_size: int, sequence_parallel: bool):
     params, batch, _, _ = _reference(shape)
     model = Decoder.default_config().set(**BASE, **SHAPES[shape], tp_axis="model",
                                          sequence_parallel=sequence_parallel).instantiate()
-    mesh = MeshSpec(axes=("data", "model"), shape=(None, tp_size)).build()
-    # The layout as the plan resolves it: kv heads kept whole where TP does not divide them.
-    specs = rules.LayerLayouts().specs(model.create_parameter_specs_recursively(),
-                                       dict(mesh.shape))
-    model.check_partition_specs(specs)
-
-    def local(p, b):
-        p = collectives.cast_varying(p, ("data", "model"))
-        loss, grads = jax.value_and_grad(
-            lambda q: functional(model, None, q, (b,), is_training=False)[0][0])(p)
-
-        def reduce(grad, spec):
-            grad = collectives.pmean(grad, "data")
-            return grad if "model" in rules.spec_axes(spec) else collectives.psum(grad, "model")
-
-        return collectives.pmean(loss, "data"), jax.tree_util.tree_map(reduce, grads, specs)
-
-    step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs, P("data")),
-                                 out_specs=(P(), specs)))
-    return step(params, batch), specs
+    return tensor_parallel_parity.tensor_parallel(model, params, batch, tp_size=tp_size)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

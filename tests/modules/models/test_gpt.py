@@ -13,9 +13,10 @@ from titanax import errors
 from titanax.modules import describe_parameter_specs, functional
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.models.gpt import GPT, gpt2_config
-from titanax.modules.models.gpt2_convert import params_from_hf_gpt2
-from titanax.parallel import collectives, rules
+from titanax.hf.importer import params_from_state_dict
+from titanax.parallel import collectives
 from titanax.runtime.mesh import MeshSpec
+from tests.modules.models import tensor_parallel_parity
 from tests.numerics import assert_close
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "gpt2_tiny_hf.npz")
@@ -30,7 +31,7 @@ def test_logits_match_hugging_face_gpt2():
         num_layers=config["n_layer"], model_dim=config["n_embd"], num_heads=config["n_head"],
         vocab_pad_multiple=8)
     state = {k.split("/", 1)[1]: golden[k] for k in golden.files if k.startswith("state/")}
-    params = jax.tree_util.tree_map(jnp.asarray, params_from_hf_gpt2(state, cfg))
+    params = jax.tree_util.tree_map(jnp.asarray, params_from_state_dict(state, cfg))
     model = cfg.instantiate()
     logits, _ = jax.jit(lambda p, ids: functional(model, None, p, (ids,), method="logits",
                                                   is_training=False))(params, golden["input_ids"])
@@ -40,55 +41,32 @@ def test_logits_match_hugging_face_gpt2():
 
 
 def test_converter_errors_name_the_tensor():
+    """The golden's state dict has 2 layers of width 64: a third layer is missing, a width of
+    32 does not fit."""
     golden = np.load(GOLDEN)
     state = {k.split("/", 1)[1]: golden[k] for k in golden.files if k.startswith("state/")}
     cfg = GPT.default_config().set(name="gpt", vocab_size=101, max_seq_len=32, num_layers=3,
                                    model_dim=64, num_heads=4)
-    with pytest.raises(errors.ModuleError) as info:
-        params_from_hf_gpt2(state, cfg)
-    assert info.value.path == "transformer.h.2.ln_1.weight"
-    with pytest.raises(errors.ModuleError) as info:
-        params_from_hf_gpt2(state, cfg.clone(num_layers=2, model_dim=32))
-    assert "expected shape" in info.value.message
+    with pytest.raises(errors.HFError) as info:
+        params_from_state_dict(state, cfg)
+    assert "'transformer.h.2." in info.value.message and "is missing" in info.value.message
+    with pytest.raises(errors.HFError) as info:
+        params_from_state_dict(state, cfg.clone(num_layers=2, model_dim=32))
+    assert "transformer.h.0.attn.c_proj.bias (64,) cannot make Titanax param " \
+        "decoder/layer/attn/out/bias of shape (32,)" in info.value.message
 
 
 @functools.lru_cache(maxsize=None)
 def _reference():
-    model = GPT.default_config().set(**TINY).instantiate()
-    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
-    ids = jax.random.randint(jax.random.PRNGKey(1), (8, 16), 0, TINY["vocab_size"])
-    batch = {"input_ids": ids, "target_ids": jnp.roll(ids, -1, axis=1)}
-
-    def loss(p, b):
-        return functional(model, None, p, (b,), is_training=False)[0][0]
-
-    value, grads = jax.jit(jax.value_and_grad(loss))(params, batch)
-    return params, batch, value, grads
+    return tensor_parallel_parity.one_device(GPT.default_config().set(**TINY).instantiate(),
+                                             vocab_size=TINY["vocab_size"])
 
 
 def _tp_loss_and_grads(tp_size: int, sequence_parallel: bool):
-    """Loss and gradients computed in local view inside shard_map on a (data, model) mesh."""
     params, batch, _, _ = _reference()
     model = GPT.default_config().set(**TINY, tp_axis="model",
                                      sequence_parallel=sequence_parallel).instantiate()
-    mesh = MeshSpec(axes=("data", "model"), shape=(None, tp_size)).build()
-    specs = model.param_partition_specs()
-
-    def local(p, b):
-        p = collectives.cast_varying(p, ("data", "model"))
-        loss, grads = jax.value_and_grad(
-            lambda q: functional(model, None, q, (b,), is_training=False)[0][0])(p)
-
-        def reduce(grad, spec):
-            grad = collectives.pmean(grad, "data")
-            # Params replicated over the model axis collect their gradient from every rank.
-            return grad if "model" in rules.spec_axes(spec) else collectives.psum(grad, "model")
-
-        return collectives.pmean(loss, "data"), jax.tree_util.tree_map(reduce, grads, specs)
-
-    step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs, P("data")),
-                                 out_specs=(P(), specs)))
-    return step(params, batch), specs
+    return tensor_parallel_parity.tensor_parallel(model, params, batch, tp_size=tp_size)
 
 
 @pytest.mark.parametrize("tp_size", [2, 4])
