@@ -92,23 +92,7 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
         params = index(all_params, round_) if rounds > 1 else all_params
         return stage_fn(params, x, microbatch, round_ * num_stages + stage)
 
-    if remat_ticks:  # Only the stage's input is saved; the ring buffers are never residuals.
-        run_stage = jax.checkpoint(run_stage, prevent_cse=False)
-    elif rounds > 1:
-        # The round's params are a slice taken per tick: saved as a residual it would keep a
-        # copy of them per tick (M copies of the device's layers). Keep the matmul outputs (the
-        # activations) and recompute the rest, the slice included, in backward.
-        run_stage = jax.checkpoint(
-            run_stage, prevent_cse=False,
-            policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-
-    def index(tree, i):
-        return jax.tree_util.tree_map(
-            lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
-
-    def put(buffer, i, value, write):
-        current = jax.lax.dynamic_index_in_dim(buffer, i, keepdims=False)
-        return jax.lax.dynamic_update_index_in_dim(buffer, jnp.where(write, value, current), i, 0)
+    run_stage = _rematerialised(run_stage, remat_ticks=remat_ticks, rounds=rounds)
 
     def tick(carry, t):
         received, looped, outputs, summed = carry
@@ -146,6 +130,31 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
     if with_summaries:
         return outputs, {k: v / (items * num_stages) for k, v in summed.items()}
     return outputs
+
+
+def _rematerialised(run_stage: Callable, *, remat_ticks: bool, rounds: int) -> Callable:
+    """What a tick of the circular schedule saves for backward."""
+    if remat_ticks:  # Only the stage's input is saved; the ring buffers are never residuals.
+        return jax.checkpoint(run_stage, prevent_cse=False)
+    if rounds > 1:
+        # The round's params are a slice taken per tick: saved as a residual it would keep a
+        # copy of them per tick (M copies of the device's layers). Keep the matmul outputs (the
+        # activations) and recompute the rest, the slice included, in backward.
+        return jax.checkpoint(run_stage, prevent_cse=False,
+                              policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    return run_stage
+
+
+def index(tree: Any, i) -> Any:
+    """Entry ``i`` of every leaf's leading dimension (a traced ``i``)."""
+    return jax.tree_util.tree_map(
+        lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
+
+
+def put(buffer: jax.Array, i, value: jax.Array, write) -> jax.Array:
+    """``buffer`` with entry ``i`` set to ``value`` where ``write`` holds."""
+    current = jax.lax.dynamic_index_in_dim(buffer, i, keepdims=False)
+    return jax.lax.dynamic_update_index_in_dim(buffer, jnp.where(write, value, current), i, 0)
 
 
 def check_fills(*, num_microbatches: int, num_stages: int) -> None:
