@@ -60,8 +60,7 @@ def export(argv: Sequence[str]) -> int:
     engine = saved_run.restored_engine(
         os.path.abspath(_TRAINER_DIR.value), step=_STEP.value, plan=plan,
         mesh=MeshSpec.default_config().set(axes=("data",)))
-    run_cfg = saved_run.read_run_config(os.path.abspath(_TRAINER_DIR.value))
-    source = run_cfg.init_from if run_cfg.init_from and os.path.isdir(run_cfg.init_from) else None
+    source = saved_run.source_dir(saved_run.read_run_config(os.path.abspath(_TRAINER_DIR.value)))
     written = exporter.export_params(engine.canonical_params(), model_cfg=engine.model.config,
                                      directory=target, dtype=_DTYPE.value,
                                      model_type=_MODEL_TYPE.value, source_dir=source)

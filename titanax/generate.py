@@ -35,6 +35,9 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likel
                             "this probability (with --temperature).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
 _MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
+                           "Params and compute in this dtype (default: float32 for --hf, the "
+                           "run's precision for --trainer_dir; bfloat16 halves the memory).")
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None,
                                     "Simulate this many CPU devices (tests, no accelerator).")
 
@@ -107,6 +110,7 @@ def _engine():
     """The model on this process's devices, with its params; and its HF source dir if any."""
     from titanax.parallel.plan import DP, TP, Plan  # pylint: disable=import-outside-toplevel
     from titanax.runtime.mesh import MeshSpec  # pylint: disable=import-outside-toplevel
+    from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
     if _HF.value:
         from titanax.hf import importer  # pylint: disable=import-outside-toplevel
         from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
@@ -117,26 +121,31 @@ def _engine():
                                            tensor_parallel=TP.default_config() if tp > 1
                                            else None),
             model=importer.model_config(_HF.value), init_from=os.path.abspath(_HF.value),
-            loggers=[])
+            learner=saved_run.stateless_learner(), loggers=[])
+        if _DTYPE.value is not None:
+            cfg.precision = saved_run.precision_for(_DTYPE.value)
         engine = cfg.instantiate()
         engine.init_or_restore()
         return engine, _HF.value
-    from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
     trainer_dir = os.path.abspath(_TRAINER_DIR.value)
     run = saved_run.read_run_config(trainer_dir)
     plan = run.plan.clone(pipeline_parallel=None, zero=None)
-    pipe = run.plan.pipeline_parallel.axis if run.plan.pipeline_parallel is not None else None
-    mesh = run.mesh.clone()
-    if pipe in tuple(mesh.axes):  # The pipe axis's devices join data.
-        keep = [i for i, a in enumerate(mesh.axes) if a != pipe]
-        shape = tuple(mesh.shape) if mesh.shape is not None else (None,) * len(mesh.axes)
-        mesh.axes = tuple(mesh.axes[i] for i in keep)
-        mesh.shape = tuple(None if mesh.axes[j] == plan.data_parallel.axis else shape[i]
-                           for j, i in enumerate(keep))
-    engine = saved_run.restored_engine(trainer_dir, step=_STEP.value, mesh=mesh, plan=plan,
-                                       sequence_parallel=False)
-    source = run.init_from if run.init_from and os.path.isdir(run.init_from) else None
-    return engine, source
+    engine = saved_run.restored_engine(trainer_dir, step=_STEP.value,
+                                       mesh=_data_and_model_only(run.mesh, plan), plan=plan,
+                                       dtype=_DTYPE.value, sequence_parallel=False)
+    return engine, saved_run.source_dir(run)
+
+
+def _data_and_model_only(mesh, plan):
+    """The run's mesh with only the axes generation uses (data, and the TP axis): the devices
+    of the others (pipe, an HSDP fsdp axis) join data -- checkpoints restore onto any mesh."""
+    roles = {plan.data_parallel.axis} | ({plan.tensor_parallel.axis}
+                                         if plan.tensor_parallel is not None else set())
+    shape = tuple(mesh.shape) if mesh.shape is not None else (None,) * len(mesh.axes)
+    keep = [i for i, axis in enumerate(mesh.axes) if axis in roles]
+    return mesh.clone(axes=tuple(mesh.axes[i] for i in keep),
+                      shape=tuple(None if mesh.axes[i] == plan.data_parallel.axis else shape[i]
+                                  for i in keep))
 
 
 def generate(argv: Sequence[str]) -> int:

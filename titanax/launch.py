@@ -275,18 +275,36 @@ def _resolved_config():
     and its diff from the named experiment."""
     named = registry.get_config(_CONFIG.value)
     cfg = named.clone()
-    if _CONFIG_FILE.value:
-        cfg = overrides_lib.apply_overrides(
-            cfg, config_file.read_overrides(_CONFIG_FILE.value, cfg), prefix="config")
+    file_overrides = (config_file.read_overrides(_CONFIG_FILE.value, cfg)
+                      if _CONFIG_FILE.value else [])
+    cfg = overrides_lib.apply_overrides(cfg, file_overrides, prefix="config")
     cfg = overrides_lib.apply_overrides(cfg, _OVERRIDES)
     if getattr(cfg, "init_from", None):
-        from titanax.hf import fine_tune  # pylint: disable=import-outside-toplevel
-        cfg, changed = fine_tune.derive_model(cfg)
-        print(f"titanax: model from {cfg.init_from}/config.json ({len(changed)} change"
-              f"{'s' if len(changed) != 1 else ''} to the experiment's):"
-              + "".join(f"\n  {line}" for line in changed), flush=True)
+        cfg = _model_from_hf(cfg, file_overrides + list(_OVERRIDES))
     cfg.validate()
     return cfg, overrides_lib.config_diff(named, cfg)
+
+
+def _model_from_hf(cfg, given):
+    """``cfg`` with the model of its ``init_from`` directory, the ``model.*`` overrides
+    ``given`` applied again on top (the user's word over the checkpoint's); the changes are
+    printed."""
+    from titanax.hf import fine_tune  # pylint: disable=import-outside-toplevel
+    trainer_dir = _TRAINER_DIR.value or os.path.join("runs", _CONFIG.value)
+    recorded = os.path.join(trainer_dir, "config.json")
+    if os.path.isfile(recorded):
+        from titanax.train.saved_run import read_run_config  # pylint: disable=import-outside-toplevel
+        recorded = read_run_config(trainer_dir)
+    else:
+        recorded = None
+    derived = fine_tune.derive_model(cfg, recorded=recorded)
+    derived = overrides_lib.apply_overrides(
+        derived, [o for o in given if o.path == "model" or o.path.startswith("model.")])
+    changed = [f"model.{line}" for line in overrides_lib.config_diff(cfg.model, derived.model)]
+    print(f"titanax: model from {derived.init_from}/config.json ({len(changed)} change"
+          f"{'s' if len(changed) != 1 else ''} to the experiment's):"
+          + "".join(f"\n  {line}" for line in changed), flush=True)
+    return derived
 
 
 def _check_entry_point_text() -> None:

@@ -163,3 +163,67 @@ def test_safetensors_views_read_what_the_reference_wrote(root):
     ours = SafetensorsFile(path)
     for name, value in load_file(path).items():
         assert np.array_equal(ours.view(name), value), name
+
+
+def test_export_refuses_a_family_that_would_drop_a_part(root):
+    from titanax.hf.model_configs import hf_config_from_model
+    llama = importer.model_config(ref.saved_model("llama", root))  # llama3 scaling, no QK-norm
+    with pytest.raises(errors.HFError, match="qwen3 has QK-norm"):
+        hf_config_from_model(llama, model_type="qwen3")
+    windowed = importer.model_config(ref.saved_model("mistral", root))
+    with pytest.raises(errors.HFError, match="only mistral has a sliding window"):
+        hf_config_from_model(windowed, model_type="llama")
+    qwen3 = importer.model_config(ref.saved_model("qwen3", root)).set(attention_output_bias=True)
+    with pytest.raises(errors.HFError, match="no Hugging Face family computes"):
+        hf_config_from_model(qwen3)
+
+
+def test_published_gpt2_names_without_the_transformer_prefix_import(root, tmp_path):
+    """The hub's GPT-2 files store GPT2Model's names (h.0..., wte.weight) and legacy config
+    keys (n_special, predict_special_tokens)."""
+    from safetensors.numpy import load_file, save_file
+    bare = _copy(ref.saved_model("gpt2", root), tmp_path, "bare")
+    path = os.path.join(bare, "model.safetensors")
+    save_file({k.removeprefix("transformer."): v for k, v in load_file(path).items()}, path)
+    config = json.load(open(os.path.join(bare, "config.json")))
+    json.dump({**config, "n_special": 0, "predict_special_tokens": True},
+              open(os.path.join(bare, "config.json"), "w"))
+    ids = ref.token_ids()
+    cfg = importer.model_config(bare)
+    from titanax.modules.module import functional
+    logits, _ = functional(cfg.instantiate(), None, importer.params_as_numpy(bare, cfg), (ids,),
+                           method="logits", is_training=False)
+    assert_close(np.asarray(logits), ref.hf_logits(ref.saved_model("gpt2", root), ids),
+                 what="logits of the unprefixed GPT-2")
+
+
+def test_broken_files_and_targets_are_named_not_tracebacks(root, tmp_path):
+    source = ref.saved_model("llama", root)
+    # An index that maps a tensor to a shard that does not hold it.
+    sharded = str(tmp_path / "sharded")
+    cfg = importer.model_config(source)
+    exporter.export_params(importer.params_as_numpy(source, cfg), model_cfg=cfg,
+                           directory=sharded, max_shard_bytes=64 * 1024)
+    index_path = os.path.join(sharded, "model.safetensors.index.json")
+    index = json.load(open(index_path))
+    files = sorted(set(index["weight_map"].values()))
+    index["weight_map"]["model.norm.weight"] = next(
+        f for f in files if f != index["weight_map"]["model.norm.weight"])
+    json.dump(index, open(index_path, "w"))
+    with pytest.raises(errors.HFError, match="'model.norm.weight' is not in this file"):
+        importer.params_as_numpy(sharded, cfg)
+    # An export under a file.
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(errors.HFError, match="is not a directory"):
+        exporter.check_target(str(blocker / "sub"))
+    # A llama3 scaling field left null, or missing.
+    for scaling in ({"rope_type": "llama3", "factor": None, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+                    {"rope_type": "llama3"}):
+        bad = _copy(source, tmp_path, f"rope{len(scaling)}")
+        config = json.load(open(os.path.join(bad, "config.json")))
+        config["rope_parameters"] = {"rope_theta": 5e5, **scaling}
+        json.dump(config, open(os.path.join(bad, "config.json"), "w"))
+        with pytest.raises(errors.HFError, match="llama3 scaling needs"):
+            importer.model_config(bad)

@@ -134,3 +134,49 @@ def test_generate_reads_the_model_directorys_tokenizer(byte_llama, tmp_path):
     assert len(ids) == 1 and len(texts) == 1, result.stdout
     new_ids = [int(t) for t in ids[0].split()[1:]]
     assert 1 <= len(new_ids) <= 5 and texts[0] == "text: " + tokenizer.decode(new_ids)
+
+
+def test_the_users_model_overrides_stay_over_the_checkpoints(byte_llama, tmp_path):
+    """--config.model.* given with init_from is applied on top of the checkpoint's model; a
+    relative init_from is recorded absolute."""
+    relative = os.path.relpath(byte_llama, REPO_ROOT)
+    result = _run("titanax.launch", "--config=llama_tiny_dp_tp",
+                  f"--config.init_from={relative}", "--config.model.max_seq_len=32",
+                  "--config.model.layer_remat_policy=nothing_saveable", "--print_config")
+    assert "model.max_seq_len: 32\n" in result.stdout
+    assert "model.layer_remat_policy: 'nothing_saveable'" in result.stdout
+    assert f"init_from: '{byte_llama}'" in result.stdout
+
+
+def test_a_model_of_another_architecture_is_refused_before_loading(byte_llama):
+    """From Python, init_from with a model that is not the checkpoint's (same shapes, another
+    rope_theta) is refused, not loaded into wrong numbers."""
+    from titanax import errors
+    from titanax.hf import importer
+    from titanax.train.engine import Engine
+    model = importer.model_config(byte_llama).set(rope_theta=1234.0)
+    engine = Engine.default_config().set(model=model, init_from=byte_llama,
+                                         loggers=[]).instantiate()
+    with pytest.raises(errors.HFError, match="model.rope_theta: 10000.0 -> 1234.0"):
+        engine.init_or_restore()
+
+
+def test_commands_on_a_run_build_no_optimizer_state(fine_tuned):
+    import jax
+    run, _ = fine_tuned
+    engine = saved_run.restored_engine(run)
+    assert jax.tree_util.tree_leaves(engine.state.opt_state) == []
+    assert engine.state.params["decoder"]["layer"]["attn"]["q_weight"].dtype == np.float32
+
+
+def test_a_run_resumes_after_its_hf_directory_is_gone(byte_llama, tmp_path):
+    import shutil
+    source = tmp_path / "source"
+    shutil.copytree(byte_llama, source)
+    run = str(tmp_path / "run")
+    common = ("--config=llama_tiny_dp_tp", f"--config.init_from={source}", f"--trainer_dir={run}",
+              "--cpu_devices=8", "--config.evalers={}", "--config.log_every=1")
+    _run("titanax.launch", *common, "--config.max_steps=2")
+    shutil.rmtree(source)
+    resumed = _run("titanax.launch", *common, "--config.max_steps=3")
+    assert "restored the run from" in resumed.stdout and "step      3/3" in resumed.stdout

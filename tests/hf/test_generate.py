@@ -55,3 +55,15 @@ def test_sampling_is_seeded_and_a_tiny_top_p_is_greedy(root):
     nucleus = engine.steps.generation(max_new_tokens=12, temperature=1.0, top_p=1e-6)
     assert np.array_equal(np.asarray(nucleus(engine.state.params, prompts,
                                              jax.random.PRNGKey(1))), np.asarray(greedy))
+
+
+def test_generation_folds_pipe_and_hsdp_axes_into_data():
+    from titanax.config import registry
+    from titanax.generate import _data_and_model_only
+    registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES))
+    for name, axes, shape in (("gpt_tiny_hsdp", ("data",), (None,)),
+                              ("gpt_tiny_pp_tp", ("data", "model"), (None, 2))):
+        run = registry.get_config(name)
+        plan = run.plan.clone(pipeline_parallel=None, zero=None)
+        mesh = _data_and_model_only(run.mesh, plan)
+        assert (tuple(mesh.axes), tuple(mesh.shape)) == (axes, shape), name

@@ -48,7 +48,7 @@ def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):
         assert ("model" in tuple(kv)) == split, kv
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_pipelined_eval_loss_equals_transformers(kind, root):
     """Under PP the stack lives in stages: the eval loss (the schedule's forward) must equal
     the cross-entropy of transformers' logits."""

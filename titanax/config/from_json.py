@@ -15,7 +15,7 @@ import typing
 from typing import Any, Dict
 
 from titanax import errors
-from titanax.config.base import ConfigBase
+from titanax.config.base import ConfigBase, _resolve_annotations
 from titanax.config.configurable import config_for_function
 
 
@@ -31,6 +31,7 @@ def config_from_json(data: Dict[str, Any], *, path: str = "config") -> ConfigBas
         raise errors.ConfigError("a recorded config names neither its klass nor its fn",
                                  path=path, suggestion="give the config.json a run wrote")
     fields = type(cfg).__fields__
+    annotations = _resolve_annotations(type(cfg))
     for name, value in data.items():
         if name == skip:
             continue
@@ -39,11 +40,17 @@ def config_from_json(data: Dict[str, Any], *, path: str = "config") -> ConfigBas
                                      path=f"{path}.{name}",
                                      suggestion="the record was written by another version of "
                                                 "the code: edit it or re-run")
-        setattr(cfg, name, _value(value, fields[name], path=f"{path}.{name}"))
+        setattr(cfg, name, _value(value, annotations.get(name), path=f"{path}.{name}"))
     return cfg
 
 
+# How the record writes floats JSON has no number for (formatting.json_value).
+NON_FINITE = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+
+
 def _value(value: Any, annotation: Any, *, path: str) -> Any:
+    if isinstance(value, str) and value in NON_FINITE and _admits_float(annotation):
+        return NON_FINITE[value]
     if isinstance(value, dict) and ("klass" in value or "fn" in value):
         return config_from_json(value, path=path)
     if isinstance(value, dict):
@@ -52,6 +59,14 @@ def _value(value: Any, annotation: Any, *, path: str) -> Any:
         items = [_value(v, None, path=f"{path}[{i}]") for i, v in enumerate(value)]
         return items if _is_list(annotation) else tuple(items)
     return value
+
+
+def _admits_float(annotation: Any) -> bool:
+    if annotation is float:
+        return True
+    if typing.get_origin(annotation) is typing.Union:
+        return any(_admits_float(a) for a in typing.get_args(annotation))
+    return False
 
 
 def _is_list(annotation: Any) -> bool:

@@ -30,7 +30,8 @@ from titanax.parallel.sharding import path_string
 
 # Files of an HF model directory that describe its tokenizer and generation defaults.
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-              "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model")
+              "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+              "added_tokens.json", "chat_template.jinja", "chat_template.json")
 
 # HF's default shard size.
 DEFAULT_MAX_SHARD_BYTES = 5 * 2 ** 30
@@ -43,6 +44,14 @@ def check_target(directory: str) -> str:
         raise errors.HFError("the export target exists and is not an empty directory",
                              path=directory, suggestion="give a new directory (nothing is "
                                                         "overwritten or mixed into another)")
+    ancestor = directory
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise errors.HFError(f"cannot create it: {ancestor} is "
+                             + ("not a directory" if not os.path.isdir(ancestor)
+                                else "not writable"), path=directory,
+                             suggestion="give a directory under one you can write to")
     return directory
 
 
@@ -54,8 +63,9 @@ def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
     jax arrays or numpy) and returns its path. ``dtype``: of the written floats (default: the
     params'); ``source_dir``: the HF directory the model came from (its token ids, tokenizer and
     generation files are carried over)."""
-    directory = check_target(directory)
     writer = jax.process_index() == 0
+    # Checked by the writer only: another process may look after it created the files.
+    directory = check_target(directory) if writer else os.path.abspath(directory)
     source_config = _source_config(source_dir)
     extra = {k: source_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
              if k in source_config}
@@ -64,6 +74,7 @@ def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
     config = hf_config_from_model(model_cfg, model_type=model_type, extra=extra)
     planned = _plan(params, model_cfg, dtype)
     config["dtype"] = str(np.dtype(planned[0].dtype)) if planned else "float32"
+    config["torch_dtype"] = config["dtype"]  # The name transformers 4.x reads.
     shards = _shards(planned, max_shard_bytes)
     if writer:
         os.makedirs(directory, exist_ok=True)

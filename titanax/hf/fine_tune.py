@@ -3,39 +3,85 @@
 The model's *architecture* comes from the directory's ``config.json`` and replaces the
 experiment's; how the experiment *runs* the model stays (the TP axis and sequence parallelism,
 remat and unrolling, the param dtype, the vocabulary padding: choices of the plan, not of the
-checkpoint). The launcher prints what changed and saves the resolved tree in the run record,
-so the record says where the params came from (``init_from``) and what they are. The Engine
-loads the weights into their shards when the run starts fresh (step 0, a fresh optimizer); a run
-that already has checkpoints resumes from them instead.
+checkpoint), and so do the user's own ``--config.model.*`` overrides (the launcher applies them
+again on top: the user's word over the checkpoint's; a shape they change is refused when the
+weights load). The launcher prints what changed and saves the resolved tree in the run record,
+so the record says where the params came from (``init_from``, an absolute path) and what they
+are. The Engine loads the weights into their shards when the run starts fresh (step 0, a fresh
+optimizer) and checks first that its model is the one the directory describes; a run that
+already has checkpoints resumes from them -- also once the HF directory is gone: the model then
+comes from the run's own record.
 """
 
 from __future__ import annotations
 
-from typing import List, Tuple
+import logging
+import os
+from typing import List, Optional
 
 from titanax import errors
 from titanax.config import ConfigBase
 from titanax.config import overrides as overrides_lib
 from titanax.hf.importer import model_config
 
+_log = logging.getLogger("titanax")
+
 # Fields of the experiment's model that say how it runs, kept over the checkpoint's.
-RUNTIME_FIELDS = ("name", "dtype", "remat_policy", "tp_axis", "sequence_parallel",
+RUNTIME_FIELDS = ("name", "dtype", "param_init", "remat_policy", "tp_axis", "sequence_parallel",
                   "layer_remat_policy", "unroll_layers", "vocab_pad_multiple")
+# Fields a user may set apart from the checkpoint's without changing what its weights compute
+# (a shorter sequence limit -- a position table's shape is checked when the weights load --
+# and training-time dropout).
+FREE_FIELDS = RUNTIME_FIELDS + ("max_seq_len", "dropout_rate", "attention_dropout_rate")
 
 
-def derive_model(cfg: ConfigBase) -> Tuple[ConfigBase, List[str]]:
+def derive_model(cfg: ConfigBase, *, recorded: Optional[ConfigBase] = None) -> ConfigBase:
     """``cfg`` (an Engine config with ``init_from`` set) with its model replaced by the
-    checkpoint's architecture; and the model's changed leaves (``model.path: old -> new``)."""
-    directory = cfg.init_from
+    checkpoint's architecture and ``init_from`` made absolute. ``recorded``: the config of this
+    run's record, if any -- its model is used when the HF directory can no longer be read and
+    the record names the same directory (resuming after the source was moved away)."""
+    directory = os.path.abspath(cfg.init_from)
     if cfg.model is None:
         raise errors.HFError("init_from needs a model in the experiment to fine-tune",
                              path="init_from", suggestion="use a language-model experiment, "
                                                           "e.g. --config=llama_tiny_dp_tp")
-    derived = model_config(directory)
+    try:
+        derived = model_config(directory)
+    except errors.HFError:
+        if recorded is None or getattr(recorded, "init_from", None) != directory:
+            raise
+        _log.warning("init_from %s cannot be read; the model comes from this run's record",
+                     directory)
+        derived = recorded.model.clone()
     for field in RUNTIME_FIELDS:
         if field in type(derived).__fields__ and field in type(cfg.model).__fields__:
             setattr(derived, field, getattr(cfg.model, field))
-    changed = overrides_lib.config_diff(cfg.model, derived)
     out = cfg.clone()
     out.model = derived
-    return out, [f"model.{line}" for line in changed]
+    out.init_from = directory
+    return out
+
+
+def architecture_differences(model: ConfigBase, directory: str) -> List[str]:
+    """How ``model`` differs from the model the HF directory describes (fields that say how
+    the model runs aside): empty when the checkpoint's weights mean what they meant there."""
+    derived = model_config(directory)
+    if type(derived) is not type(model):
+        return [f"model.klass: {type(model).__qualname__} -> {type(derived).__qualname__}"]
+    for field in FREE_FIELDS:
+        if field in type(derived).__fields__:
+            setattr(derived, field, getattr(model, field))
+    return [f"model.{line}" for line in overrides_lib.config_diff(derived, model)]
+
+
+def check_model_matches(model: ConfigBase, directory: str) -> None:
+    """Refuses to load the directory's weights into a model of another architecture (same
+    shapes, other numbers: another rope_theta, eps, scaling...)."""
+    differences = architecture_differences(model, directory)
+    if differences:
+        raise errors.HFError(
+            "the model differs from the one the checkpoint describes: "
+            + "; ".join(differences[:6]) + (" ..." if len(differences) > 6 else ""),
+            path=f"{directory}/config.json", suggestion="derive the model from the directory "
+            "(the launcher does with --config.init_from; in code: "
+            "titanax.hf.importer.model_config(dir)), keeping only how it runs")

@@ -71,7 +71,7 @@ def import_params(directory: str, *, model_cfg: ConfigBase, parameter_specs: Any
 
 
 def _check_all_used(source: ModelDir, used: set, model_cfg: ConfigBase) -> None:
-    tied = getattr(model_cfg, "tie_embeddings", False)
+    tied = getattr(model_cfg, "tie_embeddings", True)  # (GPT-2 has no field: always tied.)
     left = sorted(n for n in source.names()
                   if n not in used and not n.endswith(BUFFER_SUFFIXES)
                   and not (tied and n == "lm_head.weight"))

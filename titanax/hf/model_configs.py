@@ -24,7 +24,7 @@ NEUTRAL_KEYS = frozenset({
     "output_hidden_states", "output_attentions", "id2label", "label2id", "problem_type",
     "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder", "torchscript",
     "_attn_implementation_autoset", "tokenizer_class", "prefix", "task_specific_params",
-    "finetuning_task", "max_length", "num_labels", "quantization_config_unused",
+    "finetuning_task", "max_length", "num_labels", "_num_labels", "gradient_checkpointing",
 })
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -101,6 +101,10 @@ def _gpt2(r: _Reader) -> GPT.Config:
              "GPT-2's head is its embedding", True)
     r.get("reorder_and_upcast_attn")  # Numerics only: Titanax's softmax runs in float32.
     r.get("n_ctx")
+    # Legacy fields of the published gpt2-medium/large/xl and distilgpt2 configs (unused by
+    # transformers' GPT-2).
+    r.expect("n_special", lambda v: not v, "extra special-token rows are not implemented", 0)
+    r.get("predict_special_tokens")
     for key in ("summary_type", "summary_use_proj", "summary_activation",
                 "summary_proj_to_labels", "summary_first_dropout"):
         r.get(key)  # The sequence-classification head: not part of the LM.
@@ -147,10 +151,17 @@ def _rope(r: _Reader) -> Dict[str, Any]:
     if extra:
         raise _refuse("rope_parameters", sorted(extra), "unknown llama3 scaling fields",
                       where=r.where)
+    absent = sorted(k for k in known if params.get(k) is None)
+    if absent:
+        raise _refuse("rope_parameters", params, f"llama3 scaling needs {', '.join(absent)} "
+                      "(transformers requires all four)", where=r.where)
     scaling_cfg = Llama3RopeScaling.default_config()
     for key in known:
-        if key in params:
+        try:
             setattr(scaling_cfg, key, type(getattr(scaling_cfg, key))(params[key]))
+        except (TypeError, ValueError) as e:
+            raise _refuse(f"rope_parameters.{key}", params[key], "not a number",
+                          where=r.where) from e
     out["rope_scaling"] = scaling_cfg
     return out
 
@@ -214,6 +225,8 @@ def hf_config_from_model(cfg: ConfigBase, *, model_type: Optional[str] = None,
 
 
 def default_model_type(cfg: Decoder.Config) -> str:
+    """The HF family whose modeling code computes what ``cfg`` does (checked by
+    ``hf_config_from_model``: a model no family fits is refused there)."""
     if cfg.qk_norm:
         return "qwen3"
     if cfg.qkv_bias and not cfg.attention_output_bias:
@@ -221,6 +234,27 @@ def default_model_type(cfg: Decoder.Config) -> str:
     if cfg.sliding_window is not None:
         return "mistral"
     return "llama"
+
+
+def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
+    """What of ``cfg`` the HF family ``model_type`` would not compute (its loader would drop
+    or ignore it: a model that loads and is wrong)."""
+    problems: List[str] = []
+    if cfg.qk_norm != (model_type == "qwen3"):
+        problems.append("qwen3 has QK-norm and no other family does")
+    if model_type == "qwen2" and (not cfg.qkv_bias or cfg.attention_output_bias):
+        problems.append("qwen2 has q/k/v biases and no output bias")
+    if model_type in ("llama", "qwen3") and cfg.qkv_bias != cfg.attention_output_bias:
+        problems.append(f"{model_type}'s attention_bias sets q/k/v and output biases together")
+    if model_type == "mistral" and (cfg.qkv_bias or cfg.attention_output_bias):
+        problems.append("mistral has no attention biases")
+    if cfg.sliding_window is not None and model_type != "mistral":
+        problems.append("only mistral has a sliding window")
+    if cfg.mlp_bias and model_type != "llama":
+        problems.append("only llama has MLP biases (mlp_bias)")
+    if cfg.rope_scaling is not None and model_type != "llama":
+        problems.append("llama3 rope scaling is written for llama only")
+    return problems
 
 
 def _gpt2_to_hf(cfg: GPT.Config) -> Dict[str, Any]:
@@ -234,25 +268,14 @@ def _gpt2_to_hf(cfg: GPT.Config) -> Dict[str, Any]:
 
 
 def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
-    problems: List[str] = []
-    if cfg.qk_norm and model_type != "qwen3":
-        problems.append("qk_norm needs qwen3")
-    if model_type == "qwen2" and (not cfg.qkv_bias or cfg.attention_output_bias):
-        problems.append("qwen2 has q/k/v biases and no output bias")
-    if model_type in ("qwen2", "qwen3") and cfg.sliding_window is not None:
-        problems.append("the sliding window needs mistral")
-    if model_type == "llama" and cfg.qkv_bias != cfg.attention_output_bias:
-        problems.append("llama's attention_bias sets q/k/v and output biases together")
-    if model_type == "mistral" and (cfg.qkv_bias or cfg.attention_output_bias or cfg.mlp_bias):
-        problems.append("mistral has no biases")
-    if cfg.mlp_bias and model_type != "llama":
-        problems.append("mlp_bias needs llama")
-    if cfg.rope_scaling is not None and model_type not in ("llama",):
-        problems.append("llama3 rope scaling needs llama")
+    problems = _misfits(cfg, model_type)
     if problems:
+        fits = [t for t in DECODER_TYPES if not _misfits(cfg, t)]
         raise errors.HFError(f"the model does not fit HF model_type {model_type!r}: "
                              + "; ".join(problems), path="model",
-                             suggestion=f"export as {default_model_type(cfg)!r}")
+                             suggestion=f"export as {fits[0]!r}" if fits else
+                             "no Hugging Face family computes this combination: change the "
+                             "model's options (see docs/huggingface.md)")
     architectures = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                      "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
     head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads

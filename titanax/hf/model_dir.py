@@ -52,7 +52,10 @@ class ModelDir:
         self.directory = os.path.abspath(directory)
         self.config = read_config(self.directory)
         self._files: Dict[str, SafetensorsFile] = {}
-        self._where: Dict[str, str] = self._weight_map()
+        # Tensor name -> (file, the name stored in it).
+        self._where: Dict[str, Tuple[str, str]] = {
+            _canonical_name(name, self.config): (file, name)
+            for name, file in self._weight_map().items()}
 
     def _weight_map(self) -> Dict[str, str]:
         index = os.path.join(self.directory, INDEX)
@@ -98,12 +101,12 @@ class ModelDir:
             raise errors.HFError(
                 f"tensor {name!r} is missing" + (f" (Titanax param {needed_by})"
                                                  if needed_by else ""),
-                path=os.path.join(self.directory, self._where and next(iter(
-                    set(self._where.values()))) or SINGLE),
+                path=self.directory,
                 suggestion="the config.json and the weights disagree: check that both come "
                            "from the same model")
-        file = self._file(self._where[name])
-        view = file.view(name)
+        file_name, stored = self._where[name]
+        file = self._file(file_name)
+        view = file.view(stored)
         if expected_shape is not None and tuple(view.shape) != tuple(expected_shape):
             raise errors.HFError(
                 f"tensor {name!r} has shape {tuple(view.shape)}; config.json implies "
@@ -116,3 +119,11 @@ class ModelDir:
     def tokenizer_path(self) -> Optional[str]:
         path = os.path.join(self.directory, TOKENIZER)
         return path if os.path.isfile(path) else None
+
+
+def _canonical_name(name: str, config: Dict[str, Any]) -> str:
+    """The published GPT-2 checkpoints store ``GPT2Model``'s names (``h.0.attn...``,
+    ``wte.weight``); ``GPT2LMHeadModel`` saves them under ``transformer.``: both read alike."""
+    if config.get("model_type") == "gpt2" and not name.startswith(("transformer.", "lm_head")):
+        return f"transformer.{name}"
+    return name

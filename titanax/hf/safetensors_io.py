@@ -65,6 +65,10 @@ class SafetensorsFile:
         return self.header.keys()
 
     def info(self, name: str) -> Tuple[Tuple[int, ...], np.dtype]:
+        if name not in self.header:
+            raise errors.HFError(f"tensor {name!r} is not in this file", path=self.path,
+                                 suggestion="the directory's model.safetensors.index.json maps "
+                                            "it here: fix the index or the shard")
         entry = self.header[name]
         if entry["dtype"] not in DTYPES:
             raise errors.HFError(

@@ -125,7 +125,10 @@ def check_spec_fits(path: str, spec: Sequence[SpecEntry], shape: Sequence[int],
                 f"dimension {dimension} (size {shape[dimension]}) of shape {tuple(shape)} is not "
                 f"divisible by {parts}, the size of mesh axis {'x'.join(axes)}, as spec "
                 f"{spec}{where} asks", path=path,
-                suggestion="change the model size, the mesh shape, or the rule")
+                suggestion="change the model size, the mesh shape, or the rule"
+                + ("; a vocabulary table is padded to a multiple of "
+                   "model.vocab_pad_multiple (e.g. --config.model.vocab_pad_multiple=128)"
+                   if dimension == 0 and path.split("/")[0] in ("token_emb", "lm_head") else ""))
     return PartitionSpec(*spec)
 
 

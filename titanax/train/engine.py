@@ -226,7 +226,9 @@ class Engine(Configurable):
 
     def _params_from_hf(self) -> Any:
         """The ``init_from`` checkpoint's weights, streamed into this run's shards."""
-        from titanax.hf import importer  # pylint: disable=import-outside-toplevel
+        from titanax.hf import fine_tune, importer  # pylint: disable=import-outside-toplevel
+        self.build()
+        fine_tune.check_model_matches(self.model.config, self.config.init_from)
         params = importer.params_for_engine(self, self.config.init_from)
         if jax.process_index() == 0:
             print(f"titanax: params from Hugging Face {self.config.init_from} (step 0, fresh "

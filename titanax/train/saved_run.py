@@ -14,8 +14,11 @@ import os
 from typing import Optional
 
 from titanax import errors
-from titanax.config import ConfigBase
+from titanax.config import ConfigBase, config_for_function
 from titanax.config.from_json import config_from_json
+from titanax.train import optimizers
+from titanax.train.learner import Learner
+from titanax.train.precision import Precision
 
 RECORD = "config.json"
 
@@ -38,13 +41,32 @@ def read_run_config(trainer_dir: str) -> ConfigBase:
     return config_from_json(data, path="config")
 
 
+def stateless_learner() -> Learner.Config:
+    """A learner with no optimizer state (plain SGD): commands that only read the params do not
+    allocate Adam's two copies of them."""
+    return Learner.default_config().set(  # (Its rate is never used: no step is taken.)
+        optimizer=config_for_function(optimizers.sgd).set(learning_rate=1.0))
+
+
+def precision_for(dtype: Optional[str]) -> Optional[Precision.Config]:
+    """Params stored and computed in ``dtype`` ("float32" / "bfloat16"); None keeps the run's."""
+    if dtype is None:
+        return None
+    return Precision.default_config().set(bfloat16=dtype == "bfloat16")
+
+
 def restored_engine(trainer_dir: str, *, step: Optional[int] = None,
                     mesh: Optional[ConfigBase] = None, plan: Optional[ConfigBase] = None,
-                    **model_changes):
+                    dtype: Optional[str] = None, **model_changes):
     """The run's Engine with its params restored from the checkpoint at ``step`` (default: the
-    newest); ``mesh`` / ``plan`` replace the run's (a model split for the command's needs),
-    ``model_changes`` set model fields that do not change its params (sequence_parallel)."""
+    newest) and no optimizer state; ``mesh`` / ``plan`` replace the run's (a model split for the
+    command's needs), ``dtype`` its precision, ``model_changes`` set model fields that do not
+    change its params (sequence_parallel)."""
     cfg = read_run_config(trainer_dir)
+    cfg.learner = stateless_learner()
+    cfg.optimizer = None
+    if dtype is not None:
+        cfg.precision = precision_for(dtype)
     if cfg.model is None:
         raise errors.CheckpointError("the run has no model config", path=f"{trainer_dir}/{RECORD}",
                                      suggestion="export and generate act on runs of a model")
@@ -77,3 +99,15 @@ def restored_engine(trainer_dir: str, *, step: Optional[int] = None,
                                      suggestion="train the run first (a run saves at its end)")
     engine.state, engine.restored_from = restored.state, restored.path
     return engine
+
+
+def source_dir(run: ConfigBase) -> Optional[str]:
+    """The Hugging Face directory a run was fine-tuned from (its tokenizer, token ids and
+    family), or None; a recorded directory that is gone is said so (the command goes on
+    without it)."""
+    source = getattr(run, "init_from", None)
+    if source and not os.path.isdir(source):
+        print(f"titanax: warning: the run was fine-tuned from {source}, which is gone: its "
+              "tokenizer, token ids and model family are not carried over", flush=True)
+        return None
+    return source
