@@ -70,19 +70,13 @@ class _Tokens:
     """The model's tokenizer, when one is known; and its end-of-sequence ids."""
 
     def __init__(self, hf_dir: Optional[str], vocab_size: int):
+        from titanax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
         self.tokenizer = None
         self.end_ids: List[int] = []
         if hf_dir and os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):
-            try:
-                from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
-            except ImportError as e:
-                raise errors.HFError("reading tokenizer.json needs the tokenizers package",
-                                     path=os.path.join(hf_dir, "tokenizer.json"),
-                                     suggestion="pip install tokenizers") from e
-            self.tokenizer = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
+            self.tokenizer = Tokenizer.default_config().set(path=hf_dir).instantiate()
         elif vocab_size == 256:
-            from titanax.data.tokenizer import ByteTokenizer  # pylint: disable=import-outside-toplevel
-            self.tokenizer = ByteTokenizer()
+            self.tokenizer = Tokenizer.default_config().instantiate()  # Bytes.
         for name in ("generation_config.json", "config.json"):
             path = os.path.join(hf_dir, name) if hf_dir else ""
             if path and os.path.isfile(path):
@@ -97,8 +91,7 @@ class _Tokens:
             raise errors.LaunchFlagError(
                 "this model has no known tokenizer (no tokenizer.json, and its vocabulary is "
                 "not bytes)", path="--prompt", suggestion="give the prompt as --prompt_ids=...")
-        encoded = self.tokenizer.encode(text)
-        return [int(i) for i in getattr(encoded, "ids", encoded)]
+        return [int(i) for i in self.tokenizer.encode(text)]
 
     def decode(self, ids: Sequence[int]) -> Optional[str]:
         if self.tokenizer is None:

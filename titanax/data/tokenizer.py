@@ -1,17 +1,127 @@
-"""Byte-level tokenizer: every UTF-8 byte is a token (vocabulary 256), so any text round-trips."""
+"""Tokenizers: bytes (the default for the bundled corpus), or a Hugging Face ``tokenizer.json``.
+
+``ByteTokenizer``: every UTF-8 byte is a token (vocabulary 256), so any text round-trips and no
+file is needed. ``Tokenizer`` (a config) loads a ``tokenizer.json`` -- written by
+``python -m titanax.data.train_tokenizer`` or shipped with a Hugging Face model -- through the
+``tokenizers`` package, with the BOS / EOS ids the model expects (from the JSON's special tokens
+or the directory's ``tokenizer_config.json``). Its ``path`` left unset gives the byte tokenizer.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from typing import List, Optional, Sequence
+
 import numpy as np
+
+from titanax import errors
+from titanax.config import Configurable
+
+TOKENIZER_FILE = "tokenizer.json"
 
 
 class ByteTokenizer:
     """Text <-> uint8 ids."""
 
     vocab_size = 256
+    bos_id: Optional[int] = None
+    eos_id: Optional[int] = None
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
     def decode(self, ids) -> str:
         return bytes(np.asarray(ids, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+class Tokenizer(Configurable):
+    """A ``tokenizer.json`` (HF ``tokenizers`` format), or bytes when no path is given."""
+
+    class Config(Configurable.Config):
+        # tokenizer.json, or the directory holding it (a Hugging Face model directory); None:
+        # the byte tokenizer (vocabulary 256).
+        path: Optional[str] = None
+        # Token that starts every document (None: the tokenizer's bos_token, if it has one).
+        bos_token: Optional[str] = None
+        # Token that ends every document (None: the tokenizer's eos_token, if it has one).
+        eos_token: Optional[str] = None
+
+    def __init__(self, cfg=None, **fields):
+        super().__init__(cfg, **fields)
+        cfg = self.config
+        self._bytes = cfg.path is None
+        if self._bytes:
+            self._impl = ByteTokenizer()
+            self.vocab_size = ByteTokenizer.vocab_size
+            self.bos_id = self.eos_id = None
+            return
+        self.file = tokenizer_file(cfg.path, where="tokenizer.path")
+        try:
+            from tokenizers import Tokenizer as HFTokenizer  # pylint: disable=import-outside-toplevel
+            self._impl = HFTokenizer.from_file(self.file)
+        except Exception as e:  # pylint: disable=broad-except  (the package's own errors)
+            raise errors.DataError(f"cannot load the tokenizer: {e}", path="tokenizer.path",
+                                   suggestion=f"give a tokenizer.json written by the tokenizers "
+                                              f"package ({self.file})") from e
+        self.vocab_size = self._impl.get_vocab_size(with_added_tokens=True)
+        special = _special_tokens(os.path.dirname(self.file))
+        self.bos_id = self._id(cfg.bos_token or special.get("bos_token"), "bos_token")
+        self.eos_id = self._id(cfg.eos_token or special.get("eos_token"), "eos_token")
+
+    def _id(self, token: Optional[str], field: str) -> Optional[int]:
+        if token is None:
+            return None
+        token_id = self._impl.token_to_id(token)
+        if token_id is None:
+            raise errors.DataError(f"{token!r} is not in the tokenizer's vocabulary",
+                                   path=f"tokenizer.{field}",
+                                   suggestion="name one of its special tokens (or leave it unset)")
+        return token_id
+
+    def encode(self, text: str) -> np.ndarray:
+        """The ids of ``text`` (no BOS / EOS added: documents get those where they are cut)."""
+        if self._bytes:
+            return self._impl.encode(text)
+        return np.asarray(self._impl.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> List[np.ndarray]:
+        if self._bytes:
+            return [self._impl.encode(t) for t in texts]
+        return [np.asarray(e.ids, np.int32)
+                for e in self._impl.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        if self._bytes:
+            return self._impl.decode(ids)
+        return self._impl.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def tokenizer_file(path: str, *, where: str) -> str:
+    """``path`` itself, or ``path/tokenizer.json``; a missing one is a ``DataError``."""
+    candidate = os.path.join(path, TOKENIZER_FILE) if os.path.isdir(path) else path
+    if not os.path.isfile(candidate):
+        raise errors.DataError(
+            "no such file" if not os.path.isdir(path) else f"the directory has no {TOKENIZER_FILE}",
+            path=f"{where}: {candidate}",
+            suggestion="give a tokenizer.json (python -m titanax.data.train_tokenizer writes "
+                       "one) or the Hugging Face model directory that holds it")
+    return os.path.abspath(candidate)
+
+
+def _special_tokens(directory: str) -> dict:
+    """bos_token / eos_token from the directory's tokenizer_config.json (strings or
+    {"content": ...} entries), when there is one."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    out = {}
+    for key in ("bos_token", "eos_token"):
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
