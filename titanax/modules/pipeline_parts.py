@@ -115,13 +115,19 @@ class StackedStages:
 
     def run_stage(self, staged, x, index, model_stage, key, is_training, microbatches=None):
         """Each layer's dropout key depends on the microbatch and its place in the whole stack
-        (``first_layer``), so the schedules and stage counts drop out the same units."""
-        del microbatches
+        (``first_layer``), so the schedules and stage counts drop out the same units. The
+        layers also read what the model's ``stack_inputs`` takes from this microbatch (packed
+        rows' segment ids and positions)."""
         first_layer = model_stage * self.layers_per_stage
         key = part_key(key, index, 1)
+        layer_inputs = {}
+        if microbatches is not None and hasattr(self.model, "stack_inputs"):
+            layer_inputs = self.model.stack_inputs(jax.tree_util.tree_map(
+                lambda v: jax.lax.dynamic_index_in_dim(v, index, keepdims=False), microbatches))
 
         def run(part, params, x, first):
-            y, collection = functional(part, key, params, {"x": x, "first_layer": first},
+            y, collection = functional(part, key, params,
+                                       {"x": x, "first_layer": first, **layer_inputs},
                                        is_training=is_training)
             if is_training:
                 refuse_state_updates(collection, where="decoder")

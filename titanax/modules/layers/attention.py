@@ -20,6 +20,7 @@ from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers.dropout import Dropout
+from titanax.modules.layers.grouped_query_attention import same_segment
 from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.parallel import collectives
@@ -72,7 +73,9 @@ class CausalSelfAttention(BaseLayer):
                                       initializer=constant(0.0), weight_decay_scale=0.0),
         }
 
-    def forward(self, x):
+    def forward(self, x, segment_ids=None):
+        """``segment_ids`` ``[batch, seq]`` (packed rows): a position attends only to earlier
+        positions of its own document."""
         cfg = self.config
         params = self.parameters
         if cfg.sequence_parallel and tp_active(cfg.tp_axis):
@@ -83,18 +86,19 @@ class CausalSelfAttention(BaseLayer):
         dropout = self.is_training and cfg.attention_dropout_rate > 0
         # XLA:CPU cannot compile jax's float16 attention (float16 inputs, float32 logits).
         cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
+        documents = same_segment(segment_ids)
         if dropout or cpu_float16:
-            context = self._attention_written_out(q, k, v)
+            context = self._attention_written_out(q, k, v, documents)
         else:
             # jax's fused attention: cuDNN flash attention on GPUs (no S x S mask or
             # probabilities in memory), XLA's softmax(QK^T)V elsewhere; logits in float32.
-            context = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+            context = jax.nn.dot_product_attention(q, k, v, mask=documents, is_causal=True,
                                                    scale=1.0 / math.sqrt(self.head_dim),
                                                    implementation=None)
         context = context.reshape(context.shape[:2] + (-1,))
         return self.out(context)
 
-    def _attention_written_out(self, q, k, v):
+    def _attention_written_out(self, q, k, v, documents=None):
         """The same attention written out: attention dropout needs the probabilities, and XLA:CPU
         cannot compile jax's fused float16 attention (dropout is the identity outside
         training)."""
@@ -102,6 +106,7 @@ class CausalSelfAttention(BaseLayer):
                             preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
         length = q.shape[1]
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+        allowed = causal if documents is None else causal & documents
+        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
         probs = self.dropout(jax.nn.softmax(scores, axis=-1)).astype(v.dtype)
         return jnp.einsum("bhqk,bkhd->bqhd", probs, v)

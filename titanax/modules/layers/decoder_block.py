@@ -44,8 +44,10 @@ class DecoderBlock(BaseLayer):
             input_dim=cfg.model_dim, eps=cfg.norm_eps))
         self._add_child("mlp", cfg.mlp.clone(model_dim=cfg.model_dim, **tp))
 
-    def forward(self, x):
-        x = x + self.attn(self.input_norm(x))
+    def forward(self, x, *, segment_ids=None, positions=None):
+        """``segment_ids`` / ``positions`` (``[batch, seq]``): packed documents (attention stays
+        inside each; RoPE restarts in each)."""
+        x = x + self.attn(self.input_norm(x), positions=positions, segment_ids=segment_ids)
         return x + self.mlp(self.post_attention_norm(x))
 
     def decode(self, x, cache, *, start):

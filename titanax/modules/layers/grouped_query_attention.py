@@ -136,9 +136,11 @@ class GroupedQueryAttention(BaseLayer):
         first = tp_rank(cfg.tp_axis) * local_heads
         return jnp.take(kv, (first + jnp.arange(local_heads)) // group, axis=2)
 
-    def forward(self, x, positions: Optional[jax.Array] = None):
+    def forward(self, x, positions: Optional[jax.Array] = None,
+                segment_ids: Optional[jax.Array] = None):
         """``x`` ``[batch, seq, model_dim]`` (seq-split under sequence parallelism);
-        ``positions`` ``[seq]`` or ``[batch, seq]`` (default ``0 .. seq-1``)."""
+        ``positions`` ``[seq]`` or ``[batch, seq]`` (default ``0 .. seq-1``); ``segment_ids``
+        ``[batch, seq]``: a token attends only to earlier tokens of its own segment."""
         cfg = self.config
         if cfg.sequence_parallel and tp_active(cfg.tp_axis):
             x = collectives.all_gather(x, cfg.tp_axis, axis_index=1)
@@ -153,7 +155,7 @@ class GroupedQueryAttention(BaseLayer):
         if k.shape[2] == cfg.num_kv_heads and local_heads < cfg.num_heads:
             k = self._kv_for_local_queries(k, local_heads)
             v = self._kv_for_local_queries(v, local_heads)
-        context = attend(q, k, v, sliding_window=cfg.sliding_window)
+        context = attend(q, k, v, sliding_window=cfg.sliding_window, segment_ids=segment_ids)
         return self.o(context.reshape(context.shape[:2] + (-1,)))
 
     def decode(self, x, cache, *, start):
@@ -182,18 +184,29 @@ class GroupedQueryAttention(BaseLayer):
         return self.o(context.reshape(context.shape[:2] + (-1,))), (k_cache, v_cache)
 
 
-def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None):
+def same_segment(segment_ids: Optional[jax.Array]) -> Optional[jax.Array]:
+    """``[batch, 1, seq, seq]``: which key each query may see by document (None: all)."""
+    if segment_ids is None:
+        return None
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+
+
+def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
+           segment_ids: Optional[jax.Array] = None):
     """Causal attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g``
     dividing ``n``): queries are the last ``t`` of the ``s`` positions (``t = s`` in training;
     decoding with a cache has ``t < s``). ``kv_length`` (decoding): how many of the ``s``
-    cached positions are filled; the queries then sit at ``kv_length - t .. kv_length - 1``."""
+    cached positions are filled; the queries then sit at ``kv_length - t .. kv_length - 1``.
+    ``segment_ids`` ``[b, s]`` (training): no query sees a key of another document."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[1], k.shape[1]
+    documents = same_segment(segment_ids)
     xla_cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
     if kv_length is None and t == s and not xla_cpu_float16:
         window = (sliding_window - 1, 0) if sliding_window is not None else None
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                            local_window_size=window, implementation=None)
+        return jax.nn.dot_product_attention(q, k, v, mask=documents, is_causal=True,
+                                            scale=scale, local_window_size=window,
+                                            implementation=None)
     # Written out: a query block at an offset into a cache (and float16 on XLA:CPU, which
     # cannot compile jax's fused float16 attention).
     filled = s if kv_length is None else kv_length
@@ -202,6 +215,8 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None):
     allowed = (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] < filled)
     if sliding_window is not None:
         allowed &= key_pos[None, :] > query_pos[:, None] - sliding_window
+    if documents is not None:  # [b, 1, t, s] -> [b, 1, 1, t, s] against [b, g, q, t, s].
+        allowed = allowed & documents[:, :, None]
     group = q.shape[2] // k.shape[2]
     qg = q.reshape(q.shape[:2] + (k.shape[2], group, q.shape[3]))
     scores = jnp.einsum("btgqd,bsgd->bgqts", qg, k, preferred_element_type=jnp.float32) * scale

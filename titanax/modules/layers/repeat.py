@@ -76,16 +76,17 @@ class Repeat(BaseLayer):
         unroll = self.config.unroll
         return self.config.num_layers <= UNROLL_UP_TO if unroll is None else unroll
 
-    def forward(self, x, *, first_layer=None):
+    def forward(self, x, *, first_layer=None, **layer_inputs):
         """``first_layer``: this stack's place in a longer one (pipeline stages run slices of a
         model's stack): layer ``i`` then draws ``fold_in(key, first_layer + i)``, the same key
         whichever slice of the stack it runs in, so the pipeline schedules and stage counts
         drop out the same units. (Without it the layers split the key: an unpipelined model
-        draws other masks than a pipelined one.)"""
+        draws other masks than a pipelined one.) ``layer_inputs`` go to every layer as keyword
+        arguments (packed rows' ``segment_ids`` / ``positions``)."""
         policy = remat_policy(self.config.layer_remat_policy) if self.is_training else None
 
         def body(carry, _):
-            return self.layer(carry), None
+            return self.layer(carry, **layer_inputs), None
 
         x, _ = scan_in_context(body, carry=x, xs=None, child_name="layer",
                                num_iterations=self.config.num_layers, remat_policy=policy,

@@ -56,6 +56,9 @@ class TransformerBlock(BaseLayer):
         self._add_child("dropout", Dropout.default_config().set(
             rate=cfg.dropout_rate, tp_axis=cfg.tp_axis, split_over_tp=cfg.sequence_parallel))
 
-    def forward(self, x):
-        x = x + self.dropout(self.attn(self.ln1(x)))
+    def forward(self, x, *, segment_ids=None, positions=None):
+        """``segment_ids`` (``[batch, seq]``, packed rows): attention stays inside each
+        document. (``positions`` are GPT's learned table's, added at the embedding.)"""
+        del positions
+        x = x + self.dropout(self.attn(self.ln1(x), segment_ids=segment_ids))
         return x + self.dropout(self.mlp(self.ln2(x)))

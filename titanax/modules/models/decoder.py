@@ -157,9 +157,10 @@ class Decoder(CausalLanguageModel):
     def attention_width(self) -> int:
         return self.config.num_heads * self.head_dim
 
-    def embed(self, input_ids: jax.Array) -> jax.Array:
+    def embed(self, input_ids: jax.Array, positions: Optional[jax.Array] = None) -> jax.Array:
         """The token embeddings ``[batch, seq, model_dim]`` (this rank's part of the sequence
-        under sequence parallelism)."""
+        under sequence parallelism); the positions are RoPE's, read in attention."""
+        del positions
         x = self.token_emb(input_ids)
         cfg = self.config
         if (cfg.attention_output_bias or cfg.mlp_bias) and tp_active(cfg.tp_axis):

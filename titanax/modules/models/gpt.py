@@ -117,10 +117,17 @@ class GPT(CausalLanguageModel):
     def attention_width(self) -> int:
         return self.config.model_dim
 
-    def embed(self, input_ids: jax.Array) -> jax.Array:
-        """Token + position embeddings (and dropout): the decoder's input ``[batch, seq, D]``."""
+    def embed(self, input_ids: jax.Array, positions: Optional[jax.Array] = None) -> jax.Array:
+        """Token + position embeddings (and dropout): the decoder's input ``[batch, seq, D]``.
+        ``positions`` (packed rows: each token's place in its document) pick the position rows;
+        by default ``0 .. seq-1``."""
         x = self.token_emb(input_ids)
         length = x.shape[1]
+        if positions is not None:
+            if self._split_sequence():  # This rank's part of the sequence.
+                positions = jax.lax.dynamic_slice_in_dim(
+                    positions, tp_rank(self.config.tp_axis) * length, length, axis=1)
+            return self.emb_dropout(x + self.pos_emb(positions))
         start = tp_rank(self.config.tp_axis) * length if self._split_sequence() else 0
         x = x + self.pos_emb(start + jnp.arange(length))
         return self.emb_dropout(x)

@@ -11,7 +11,7 @@ tokens or examples.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +29,9 @@ from titanax.parallel import collectives
 class CausalLanguageModel(BaseLayer):
     """``forward(batch)`` returns ``(mean next-token cross-entropy, aux)``."""
 
-    def embed(self, input_ids: jax.Array) -> jax.Array:
-        """What enters the decoder stack, ``[batch, seq, model_dim]`` (seq-split under SP)."""
+    def embed(self, input_ids: jax.Array, positions: Optional[jax.Array] = None) -> jax.Array:
+        """What enters the decoder stack, ``[batch, seq, model_dim]`` (seq-split under SP);
+        ``positions`` ``[batch, seq]``: each token's place in its document (packed rows)."""
         raise NotImplementedError
 
     @nowrap
@@ -66,18 +67,23 @@ class CausalLanguageModel(BaseLayer):
     def _split_sequence(self) -> bool:
         return self.config.sequence_parallel and tp_active(self.config.tp_axis)
 
-    def hidden_states(self, input_ids: jax.Array) -> jax.Array:
+    def hidden_states(self, input_ids: jax.Array, segment_ids: Optional[jax.Array] = None,
+                      positions: Optional[jax.Array] = None) -> jax.Array:
         """The final-normed residual stream ``[batch, seq, model_dim]`` (seq-split under SP)."""
-        return self.final_norm(self.decoder(self.embed(input_ids)))
+        documents = document_inputs({"segment_ids": segment_ids, "positions": positions})
+        return self.final_norm(self.decoder(self.embed(input_ids, positions), **documents))
 
     def _logits_of(self, hidden: jax.Array) -> jax.Array:
         if self._split_sequence():
             hidden = collectives.all_gather(hidden, self.config.tp_axis, axis_index=1)
         return self.head().attend(hidden)
 
-    def logits(self, input_ids: jax.Array) -> jax.Array:
-        """Full logits ``[batch, seq, vocab_size]`` (gathered over TP: for eval and tests)."""
-        return self.full_logits(self._logits_of(self.hidden_states(input_ids)))
+    def logits(self, input_ids: jax.Array, segment_ids: Optional[jax.Array] = None,
+               positions: Optional[jax.Array] = None) -> jax.Array:
+        """Full logits ``[batch, seq, vocab_size]`` (gathered over TP: for eval and tests);
+        with ``segment_ids`` / ``positions``, of packed rows (see ``document_inputs``)."""
+        return self.full_logits(self._logits_of(self.hidden_states(input_ids, segment_ids,
+                                                                   positions)))
 
     def full_logits(self, local_logits: jax.Array) -> jax.Array:
         """This device's slice of the (padded) vocabulary -> the whole real vocabulary."""
@@ -91,10 +97,13 @@ class CausalLanguageModel(BaseLayer):
 
         ``batch["weights"]`` (optional, ``[batch, seq]`` or ``[batch]``) weights each token or
         example (0 for padding).
+        ``batch["segment_ids"]`` / ``batch["positions"]`` (optional, ``[batch, seq]``): packed
+        rows -- attention never crosses a document and positions restart in each one.
         Returns ``(loss, aux)`` with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` so a caller can
         average exactly over several shards.
         """
-        return self.head_loss(self.decoder(self.embed(batch["input_ids"])), batch)
+        return self.head_loss(self.decoder(self.embed_batch(batch), **document_inputs(batch)),
+                              batch)
 
     def head_loss(self, decoded: jax.Array, batch: Dict[str, jax.Array]
                   ) -> Tuple[jax.Array, Dict[str, Any]]:
@@ -130,12 +139,26 @@ class CausalLanguageModel(BaseLayer):
                              checkpoint_ratio=checkpoint_ratio, schedule=schedule)
 
     def embed_batch(self, batch: Dict[str, jax.Array]) -> jax.Array:
-        """What enters the first stage: ``embed`` of the batch's ``input_ids``."""
-        return self.embed(batch["input_ids"])
+        """What enters the first stage: ``embed`` of the batch's ``input_ids`` (at its
+        ``positions``, when the rows are packed)."""
+        return self.embed(batch["input_ids"], batch.get("positions"))
+
+    @staticmethod
+    def stack_inputs(batch: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
+        """What every layer of the stack reads besides the residual stream (a pipeline stage
+        passes it with each microbatch)."""
+        return document_inputs(batch)
 
     def loss_weight(self, batch: Dict[str, jax.Array]) -> jax.Array:
         """What ``forward``'s loss is a mean over: the (weighted) number of target tokens."""
         return jnp.maximum(jnp.sum(token_weights(batch, batch["target_ids"].shape)), 1.0)
+
+
+def document_inputs(batch: Dict[str, Any]) -> Dict[str, jax.Array]:
+    """The packed-row inputs of the layers: ``segment_ids`` (``[batch, seq]``, the document each
+    token belongs to; attention stays inside it) and ``positions`` (its place in that document:
+    RoPE rotates by it). Absent: one document per row, positions ``0 .. seq-1``."""
+    return {k: batch[k] for k in ("segment_ids", "positions") if batch.get(k) is not None}
 
 
 def token_weights(batch: Dict[str, jax.Array], shape) -> jax.Array:
