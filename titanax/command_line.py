@@ -16,12 +16,12 @@ from absl import logging as absl_logging
 
 from titanax import errors
 
-_SHOW_TRACEBACK = flags.DEFINE_bool("show_traceback", False, "Print Python tracebacks of "
-                                    "Titanax's errors.")
-
-
 def main_of(body: Callable[[Sequence[str]], int], *, name: str) -> Callable[[Sequence[str]], None]:
-    """An ``absl.app.run`` main that runs ``body(argv)`` and exits with its status."""
+    """An ``absl.app.run`` main that runs ``body(argv)`` and exits with its status (call it
+    before ``app.run`` parses the flags: it defines ``--show_traceback``)."""
+    if "show_traceback" not in flags.FLAGS:
+        flags.DEFINE_bool("show_traceback", False, "Print Python tracebacks of Titanax's errors.")
+
     def main(argv: Sequence[str]) -> None:
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
         if not flags.FLAGS["verbosity"].present:
@@ -29,7 +29,7 @@ def main_of(body: Callable[[Sequence[str]], int], *, name: str) -> Callable[[Seq
         try:
             status = body(argv)
         except errors.TitanaxError as e:
-            if _SHOW_TRACEBACK.value:
+            if flags.FLAGS.show_traceback:
                 raise
             print(f"{name}: error: {e.format()}", file=sys.stderr)
             sys.exit(2)

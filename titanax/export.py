@@ -21,52 +21,59 @@ from absl import app, flags
 from titanax import command_line, errors
 from titanax.runtime import cpu_devices
 
-_TRAINER_DIR = flags.DEFINE_string("trainer_dir", None, "The run directory to export.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).")
-_TO = flags.DEFINE_string("to", None, "The Hugging Face directory to write (new or empty).")
-_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
-                           "dtype of the written weights (default: the run's param dtype).")
-_MODEL_TYPE = flags.DEFINE_enum("model_type", None, ["llama", "mistral", "qwen2", "qwen3"],
-                                "HF family of a Decoder (default: its source's, or the one its "
-                                "options need).")
-_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None,
-                                    "Simulate this many CPU devices (tests, no accelerator).")
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    """The command's flags (defined only when it runs: modules imported together
+    must not define the same names twice)."""
+    flags.DEFINE_string("trainer_dir", None, "The run directory to export.")
+    flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).")
+    flags.DEFINE_string("to", None, "The Hugging Face directory to write (new or empty).")
+    flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
+                      "dtype of the written weights (default: the run's param dtype).")
+    flags.DEFINE_enum("model_type", None, ["llama", "mistral", "qwen2", "qwen3"],
+                      "HF family of a Decoder (default: its source's, or the one its "
+                      "options need).")
+    flags.DEFINE_integer("cpu_devices", None, "Simulate this many CPU devices (tests, no "
+                         "accelerator).")
 
 
 def export(argv: Sequence[str]) -> int:
     if len(argv) > 1:
         raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
                                      suggestion="every setting is a --flag (see --help)")
-    for flag, name in ((_TRAINER_DIR, "--trainer_dir"), (_TO, "--to")):
-        if not flag.value:
-            raise errors.LaunchFlagError("missing", path=name,
+    for name in ("trainer_dir", "to"):
+        if not getattr(FLAGS, name):
+            raise errors.LaunchFlagError("missing", path=f"--{name}",
                                          suggestion="e.g. --trainer_dir=runs/llama_tiny_dp_tp "
                                                     "--to=exported/llama_tiny")
-    if _STEP.value is not None and _STEP.value < 0:
-        raise errors.LaunchFlagError(f"must be >= 0, got {_STEP.value}", path="--step",
+    if FLAGS.step is not None and FLAGS.step < 0:
+        raise errors.LaunchFlagError(f"must be >= 0, got {FLAGS.step}", path="--step",
                                      suggestion="give a saved step (ls <run>/checkpoints)")
-    if _CPU_DEVICES.value is not None:
-        if _CPU_DEVICES.value < 1:
-            raise errors.LaunchFlagError(f"must be >= 1, got {_CPU_DEVICES.value}",
+    if FLAGS.cpu_devices is not None:
+        if FLAGS.cpu_devices < 1:
+            raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.cpu_devices}",
                                          path="--cpu_devices", suggestion="e.g. --cpu_devices=8")
-        cpu_devices.simulate_cpu_devices(_CPU_DEVICES.value)
+        cpu_devices.simulate_cpu_devices(FLAGS.cpu_devices)
     from titanax.hf import exporter  # pylint: disable=import-outside-toplevel
-    target = exporter.check_target(_TO.value)  # Refused before anything is read.
+    target = exporter.check_target(FLAGS.to)  # Refused before anything is read.
     from titanax.parallel.plan import DP, Plan, ZeRO  # pylint: disable=import-outside-toplevel
     from titanax.runtime.mesh import MeshSpec  # pylint: disable=import-outside-toplevel
     from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
     plan = Plan.default_config().set(data_parallel=DP.default_config(),
                                      zero=ZeRO.default_config().set(stage=3))
     engine = saved_run.restored_engine(
-        os.path.abspath(_TRAINER_DIR.value), step=_STEP.value, plan=plan,
+        os.path.abspath(FLAGS.trainer_dir), step=FLAGS.step, plan=plan,
         mesh=MeshSpec.default_config().set(axes=("data",)))
-    source = saved_run.source_dir(saved_run.read_run_config(os.path.abspath(_TRAINER_DIR.value)))
+    source = saved_run.source_dir(saved_run.read_run_config(os.path.abspath(FLAGS.trainer_dir)))
     written = exporter.export_params(engine.canonical_params(), model_cfg=engine.model.config,
-                                     directory=target, dtype=_DTYPE.value,
-                                     model_type=_MODEL_TYPE.value, source_dir=source)
+                                     directory=target, dtype=FLAGS.dtype,
+                                     model_type=FLAGS.model_type, source_dir=source)
     print(f"titanax: exported {engine.restored_from} to {written}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(command_line.main_of(export, name="titanax.export"))

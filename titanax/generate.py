@@ -23,46 +23,52 @@ from absl import app, flags
 from titanax import command_line, errors
 from titanax.runtime import cpu_devices
 
-_TRAINER_DIR = flags.DEFINE_string("trainer_dir", None, "A run directory (its newest "
-                                   "checkpoint, or --step).")
-_HF = flags.DEFINE_string("hf", None, "A Hugging Face model directory.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --trainer_dir (default: newest).")
-_PROMPT = flags.DEFINE_string("prompt", None, "The prompt as text (needs a tokenizer).")
-_PROMPT_IDS = flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids.")
-_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 32, "Tokens to generate.")
-_TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature (default: greedy).")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likely tokens up to "
-                            "this probability (with --temperature).")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
-_MODEL_PARALLEL = flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
-_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
-                           "Params and compute in this dtype (default: float32 for --hf, the "
-                           "run's precision for --trainer_dir; bfloat16 halves the memory).")
-_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None,
-                                    "Simulate this many CPU devices (tests, no accelerator).")
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    """The command's flags (defined only when it runs: modules imported together
+    must not define the same names twice)."""
+    flags.DEFINE_string("trainer_dir", None, "A run directory (its newest "
+                      "checkpoint, or --step).")
+    flags.DEFINE_string("hf", None, "A Hugging Face model directory.")
+    flags.DEFINE_integer("step", None, "Checkpoint step of --trainer_dir (default: newest).")
+    flags.DEFINE_string("prompt", None, "The prompt as text (needs a tokenizer).")
+    flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids.")
+    flags.DEFINE_integer("max_new_tokens", 32, "Tokens to generate.")
+    flags.DEFINE_float("temperature", None, "Sampling temperature (default: greedy).")
+    flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likely tokens up to "
+                      "this probability (with --temperature).")
+    flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
+    flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
+    flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
+                      "Params and compute in this dtype (default: float32 for --hf, the "
+                      "run's precision for --trainer_dir; bfloat16 halves the memory).")
+    flags.DEFINE_integer("cpu_devices", None,
+                      "Simulate this many CPU devices (tests, no accelerator).")
 
 
 def _check_flags() -> None:
-    if bool(_TRAINER_DIR.value) == bool(_HF.value):
+    if bool(FLAGS.trainer_dir) == bool(FLAGS.hf):
         raise errors.LaunchFlagError("give exactly one model source", path="--trainer_dir/--hf",
                                      suggestion="--trainer_dir=<run> or --hf=<HF directory>")
-    if (_PROMPT.value is None) == (_PROMPT_IDS.value is None):
+    if (FLAGS.prompt is None) == (FLAGS.prompt_ids is None):
         raise errors.LaunchFlagError("give exactly one prompt", path="--prompt/--prompt_ids",
                                      suggestion="--prompt='text' or --prompt_ids=1,2,3")
-    if _MAX_NEW_TOKENS.value < 1:
-        raise errors.LaunchFlagError(f"must be >= 1, got {_MAX_NEW_TOKENS.value}",
+    if FLAGS.max_new_tokens < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.max_new_tokens}",
                                      path="--max_new_tokens", suggestion="e.g. 32")
-    if _TEMPERATURE.value is not None and _TEMPERATURE.value < 0:
-        raise errors.LaunchFlagError(f"must be >= 0, got {_TEMPERATURE.value}",
+    if FLAGS.temperature is not None and FLAGS.temperature < 0:
+        raise errors.LaunchFlagError(f"must be >= 0, got {FLAGS.temperature}",
                                      path="--temperature", suggestion="0 or no flag: greedy")
-    if not 0 < _TOP_P.value <= 1:
-        raise errors.LaunchFlagError(f"must be in (0, 1], got {_TOP_P.value}", path="--top_p",
+    if not 0 < FLAGS.top_p <= 1:
+        raise errors.LaunchFlagError(f"must be in (0, 1], got {FLAGS.top_p}", path="--top_p",
                                      suggestion="e.g. 0.9")
-    if _MODEL_PARALLEL.value < 1:
-        raise errors.LaunchFlagError(f"must be >= 1, got {_MODEL_PARALLEL.value}",
+    if FLAGS.model_parallel < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.model_parallel}",
                                      path="--model_parallel", suggestion="e.g. 2")
-    if _CPU_DEVICES.value is not None and _CPU_DEVICES.value < 1:
-        raise errors.LaunchFlagError(f"must be >= 1, got {_CPU_DEVICES.value}",
+    if FLAGS.cpu_devices is not None and FLAGS.cpu_devices < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.cpu_devices}",
                                      path="--cpu_devices", suggestion="e.g. 8")
 
 
@@ -104,28 +110,28 @@ def _engine():
     from titanax.parallel.plan import DP, TP, Plan  # pylint: disable=import-outside-toplevel
     from titanax.runtime.mesh import MeshSpec  # pylint: disable=import-outside-toplevel
     from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
-    if _HF.value:
+    if FLAGS.hf:
         from titanax.hf import importer  # pylint: disable=import-outside-toplevel
         from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
-        tp = _MODEL_PARALLEL.value
+        tp = FLAGS.model_parallel
         cfg = Engine.default_config().set(
             mesh=MeshSpec.default_config().set(axes=("data", "model"), shape=(None, tp)),
             plan=Plan.default_config().set(data_parallel=DP.default_config(),
                                            tensor_parallel=TP.default_config() if tp > 1
                                            else None),
-            model=importer.model_config(_HF.value), init_from=os.path.abspath(_HF.value),
+            model=importer.model_config(FLAGS.hf), init_from=os.path.abspath(FLAGS.hf),
             learner=saved_run.stateless_learner(), loggers=[])
-        if _DTYPE.value is not None:
-            cfg.precision = saved_run.precision_for(_DTYPE.value)
+        if FLAGS.dtype is not None:
+            cfg.precision = saved_run.precision_for(FLAGS.dtype)
         engine = cfg.instantiate()
         engine.init_or_restore()
-        return engine, _HF.value
-    trainer_dir = os.path.abspath(_TRAINER_DIR.value)
+        return engine, FLAGS.hf
+    trainer_dir = os.path.abspath(FLAGS.trainer_dir)
     run = saved_run.read_run_config(trainer_dir)
     plan = run.plan.clone(pipeline_parallel=None, zero=None)
-    engine = saved_run.restored_engine(trainer_dir, step=_STEP.value,
+    engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step,
                                        mesh=_data_and_model_only(run.mesh, plan), plan=plan,
-                                       dtype=_DTYPE.value, sequence_parallel=False)
+                                       dtype=FLAGS.dtype, sequence_parallel=False)
     return engine, saved_run.source_dir(run)
 
 
@@ -146,8 +152,8 @@ def generate(argv: Sequence[str]) -> int:
         raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
                                      suggestion="every setting is a --flag (see --help)")
     _check_flags()
-    if _CPU_DEVICES.value is not None:
-        cpu_devices.simulate_cpu_devices(_CPU_DEVICES.value)
+    if FLAGS.cpu_devices is not None:
+        cpu_devices.simulate_cpu_devices(FLAGS.cpu_devices)
     import jax  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
     engine, source = _engine()
@@ -157,31 +163,31 @@ def generate(argv: Sequence[str]) -> int:
             f"{type(engine.model).__name__} has no key/value-cache decoding", path="model",
             suggestion="generation runs the Llama / Qwen / Mistral Decoder family")
     tokens = _Tokens(source, cfg.vocab_size)
-    if _PROMPT_IDS.value is not None:
+    if FLAGS.prompt_ids is not None:
         try:
-            prompt = [int(t) for t in _PROMPT_IDS.value.split(",") if t.strip()]
+            prompt = [int(t) for t in FLAGS.prompt_ids.split(",") if t.strip()]
         except ValueError as e:
-            raise errors.LaunchFlagError(f"not comma-separated integers: {_PROMPT_IDS.value!r}",
+            raise errors.LaunchFlagError(f"not comma-separated integers: {FLAGS.prompt_ids!r}",
                                          path="--prompt_ids", suggestion="e.g. 1,2,3") from e
     else:
-        prompt = tokens.encode(_PROMPT.value)
+        prompt = tokens.encode(FLAGS.prompt)
     bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
     if not prompt or bad:
         raise errors.LaunchFlagError(
             f"ids must be in [0, {cfg.vocab_size}) (model.vocab_size)" + (f"; got {bad[:5]}"
                                                                           if bad else "; empty"),
-            path="--prompt_ids" if _PROMPT_IDS.value is not None else "--prompt",
+            path="--prompt_ids" if FLAGS.prompt_ids is not None else "--prompt",
             suggestion="give ids of this model's vocabulary")
-    if len(prompt) + _MAX_NEW_TOKENS.value > cfg.max_seq_len:
+    if len(prompt) + FLAGS.max_new_tokens > cfg.max_seq_len:
         raise errors.LaunchFlagError(
-            f"prompt ({len(prompt)}) + --max_new_tokens ({_MAX_NEW_TOKENS.value}) exceeds the "
+            f"prompt ({len(prompt)}) + --max_new_tokens ({FLAGS.max_new_tokens}) exceeds the "
             f"model's max_seq_len {cfg.max_seq_len}", path="--max_new_tokens",
             suggestion="generate fewer tokens or shorten the prompt")
     rows = engine.plan.batch_shards(engine.mesh)  # One copy of the prompt per batch shard.
-    fn = engine.steps.generation(max_new_tokens=_MAX_NEW_TOKENS.value,
-                                 temperature=_TEMPERATURE.value or None, top_p=_TOP_P.value)
+    fn = engine.steps.generation(max_new_tokens=FLAGS.max_new_tokens,
+                                 temperature=FLAGS.temperature or None, top_p=FLAGS.top_p)
     ids = fn(engine.state.params, np.asarray([prompt] * rows, np.int32),
-             jax.random.PRNGKey(_SEED.value))
+             jax.random.PRNGKey(FLAGS.seed))
     out = [int(t) for t in np.asarray(jax.device_get(ids))[0]]
     for index, token in enumerate(out):
         if token in tokens.end_ids:
@@ -195,4 +201,5 @@ def generate(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(command_line.main_of(generate, name="titanax.generate"))

@@ -23,13 +23,6 @@ from absl import app, flags
 
 from titanax import command_line, errors
 
-_FILES = flags.DEFINE_multi_string("files", None, "Glob(s) of UTF-8 text files (repeatable); "
-                                   "unset: the Shakespeare plays bundled with Titanax.")
-_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 4096, "Vocabulary size, the 256 bytes and the "
-                                   "special token included.")
-_OUT = flags.DEFINE_string("out", None, "Directory to write tokenizer.json into (new or empty).")
-_MIN_FREQUENCY = flags.DEFINE_integer("min_frequency", 2, "A pair merges only if seen this often.")
-
 END_OF_TEXT = "<|endoftext|>"
 BYTES = 256
 
@@ -93,17 +86,30 @@ def _texts(paths: Sequence[str], *, progress: bool) -> Iterator[str]:
         yield text
 
 
+def _define_flags() -> None:
+    """The command's flags (defined only when it runs: modules imported together must not
+    define the same names twice)."""
+    flags.DEFINE_multi_string("files", None, "Glob(s) of UTF-8 text files (repeatable); unset: "
+                              "the Shakespeare plays bundled with Titanax.")
+    flags.DEFINE_integer("vocab_size", 4096, "Vocabulary size, the 256 bytes and the special "
+                         "token included.")
+    flags.DEFINE_string("out", None, "Directory to write tokenizer.json into (new or empty).")
+    flags.DEFINE_integer("min_frequency", 2, "A pair merges only if seen this often.")
+
+
 def main_body(argv: Sequence[str]) -> int:
     if len(argv) > 1:
         raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
                                      suggestion="every setting is a --flag (see --help)")
-    if not _OUT.value:
+    given = flags.FLAGS
+    if not given.out:
         raise errors.LaunchFlagError("missing", path="--out",
                                      suggestion="e.g. --out=tokenizers/shakespeare")
-    train(corpus_files(_FILES.value or ()), vocab_size=_VOCAB_SIZE.value, out=_OUT.value,
-          min_frequency=_MIN_FREQUENCY.value)
+    train(corpus_files(given.files or ()), vocab_size=given.vocab_size, out=given.out,
+          min_frequency=given.min_frequency)
     return 0
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(command_line.main_of(main_body, name="titanax.data.train_tokenizer"))

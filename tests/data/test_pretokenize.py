@@ -1,0 +1,62 @@
+"""Pre-tokenized rows (ArrayRecord) read back exactly as packed, and checked against the input."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.environment import child_environment
+from titanax import errors
+from titanax.data.packed import PackedDocuments
+from titanax.data.pretokenize import PackedRows, write_rows
+from titanax.data.tokenizer import Tokenizer
+from tests.data.test_tokenizer import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory):
+    path = tmp_path_factory.mktemp("docs") / "docs.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(300):
+            f.write(json.dumps({"text": f"doc {i} " + "abc " * (i % 30)}) + "\n")
+    return str(path)
+
+
+def test_the_command_writes_rows_that_read_back_exactly(jsonl, tmp_path):
+    out = str(tmp_path / "rows")
+    result = subprocess.run([sys.executable, "-m", "titanax.data.pretokenize",
+                             f"--files={jsonl}", f"--out={out}", "--seq_len=32",
+                             "--rows_per_shard=40"], cwd=REPO_ROOT, env=child_environment(),
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    rows = PackedRows.default_config().set(path=out).instantiate()
+    packed = PackedDocuments.default_config().set(files=[jsonl], seq_len=32,
+                                                  held_out_fraction=0.0).instantiate()
+    assert len(rows) == len(packed) > 40  # Several shards.
+    for index in range(len(rows)):
+        for name, value in packed[index].items():
+            assert rows[index][name].dtype == value.dtype
+            assert np.array_equal(rows[index][name], value), (index, name)
+
+
+def test_rows_of_another_vocabulary_or_length_are_refused(jsonl, tmp_path):
+    out = str(tmp_path / "rows")
+    write_rows(PackedDocuments.default_config().set(files=[jsonl], seq_len=16,
+                                                    held_out_fraction=0.0).instantiate(),
+               out, progress=False)
+    with pytest.raises(errors.DataError, match="hold 16 tokens, not 32"):
+        PackedRows.default_config().set(path=out, seq_len=32).instantiate()
+    from tokenizers import Tokenizer as HFTokenizer, models
+    tokenizer_json = tmp_path / "tokenizer.json"
+    HFTokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")).save(
+        str(tokenizer_json))
+    other = Tokenizer.default_config().set(path=str(tokenizer_json)).instantiate()
+    with pytest.raises(errors.DataError, match="256-token vocabulary"):
+        PackedRows.default_config().set(path=out).instantiate(tokenizer=other)
+    with pytest.raises(errors.DataError, match="no pre-tokenized rows"):
+        PackedRows.default_config().set(path=str(tmp_path)).instantiate()
+    with pytest.raises(errors.DataError, match="not an empty directory"):
+        write_rows(PackedDocuments.default_config().set(files=[jsonl]).instantiate(), out,
+                   progress=False)

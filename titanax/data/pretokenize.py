@@ -1,0 +1,157 @@
+"""Packed rows written once as ArrayRecord shards, read back by ``PackedRows``: training never
+re-tokenizes, and every process reads only the rows it feeds (random access, memory mapped).
+
+    python -m titanax.data.pretokenize --files='data/*.jsonl' --out=rows/ \\
+        [--tokenizer=tok/] [--seq_len=128] [--format=text|prompt_completion] [--split=train]
+
+A record holds one row: ``input_ids``, ``target_ids``, ``segment_ids``, ``positions`` (int32)
+and ``weights`` (float32), ``seq_len`` each, little-endian, in that order. ``<out>/rows.json``
+says what the rows are (sequence length, tokenizer, vocabulary, what packing did), and
+``PackedRows`` refuses shards whose description does not match its config. The directory must be
+new or empty.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+from absl import app, flags
+
+from titanax import command_line, errors
+from titanax.config import Configurable
+from titanax.data.packed import FIELDS, PackedDocuments
+from titanax.data.tokenizer import Tokenizer
+
+DESCRIPTION = "rows.json"
+DTYPES = {name: np.dtype("<f4") if name == "weights" else np.dtype("<i4") for name in FIELDS}
+
+
+def encode_row(row: Dict[str, np.ndarray]) -> bytes:
+    return b"".join(np.ascontiguousarray(row[name], DTYPES[name]).tobytes() for name in FIELDS)
+
+
+def decode_row(record: bytes, seq_len: int) -> Dict[str, np.ndarray]:
+    width = 4 * seq_len
+    if len(record) != width * len(FIELDS):
+        raise errors.DataError(f"a record of {len(record)} bytes is not a row of {seq_len} "
+                               "tokens", path="rows", suggestion="re-run titanax.data.pretokenize")
+    return {name: np.frombuffer(record, DTYPES[name], seq_len, i * width).astype(
+        np.float32 if name == "weights" else np.int32) for i, name in enumerate(FIELDS)}
+
+
+def write_rows(source: PackedDocuments, out: str, *, rows_per_shard: int = 100_000,
+               progress: bool = True) -> Dict[str, Any]:
+    """Writes ``source``'s rows into ``out`` as ArrayRecord shards; returns the description."""
+    from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+    out = os.path.abspath(out)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise errors.DataError("exists and is not an empty directory", path=f"--out: {out}",
+                               suggestion="give a new directory: nothing is overwritten")
+    os.makedirs(out, exist_ok=True)
+    count = len(source)
+    shards = max(1, -(-count // rows_per_shard))
+    started = time.perf_counter()
+    for shard in range(shards):
+        path = os.path.join(out, f"rows-{shard:05d}-of-{shards:05d}.array_record")
+        writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+        for index in range(shard * rows_per_shard, min(count, (shard + 1) * rows_per_shard)):
+            writer.write(encode_row(source[index]))
+        writer.close()
+        if progress:
+            print(f"titanax: wrote shard {shard + 1}/{shards} "
+                  f"({time.perf_counter() - started:.1f}s)", flush=True)
+    tokenizer = source.tokenizer
+    description = {
+        "rows": count, "seq_len": source.config.seq_len, "fields": list(FIELDS),
+        "tokenizer": getattr(tokenizer, "file", None), "vocab_size": tokenizer.vocab_size,
+        "format": source.config.format, "split": source.config.split,
+        "report": source.report.text(), "read": source.read_report.text()}
+    with open(os.path.join(out, DESCRIPTION), "w", encoding="utf-8") as f:
+        json.dump(description, f, indent=2)
+    return description
+
+
+class PackedRows(Configurable):
+    """Rows written by ``titanax.data.pretokenize``, read by random access."""
+
+    class Config(Configurable.Config):
+        # The directory the rows were written to.
+        path: Optional[str] = None
+        # Tokens per row; None: as written (a number that differs is refused).
+        seq_len: Optional[int] = None
+
+    def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
+        """``tokenizer``: the input's; its vocabulary must be the one the rows were made with."""
+        super().__init__(cfg, **fields)
+        cfg = self.config
+        if not cfg.path or not os.path.isfile(os.path.join(cfg.path, DESCRIPTION)):
+            raise errors.DataError("no pre-tokenized rows here", path=f"path: {cfg.path}",
+                                   suggestion="write them with python -m titanax.data.pretokenize")
+        with open(os.path.join(cfg.path, DESCRIPTION), encoding="utf-8") as f:
+            self.description = json.load(f)
+        self.seq_len = int(self.description["seq_len"])
+        if cfg.seq_len is not None and cfg.seq_len != self.seq_len:
+            raise errors.DataError(f"the rows hold {self.seq_len} tokens, not {cfg.seq_len}",
+                                   path="seq_len", suggestion="leave seq_len unset, or "
+                                                              "pre-tokenize again")
+        if tokenizer is not None and tokenizer.vocab_size != self.description["vocab_size"]:
+            raise errors.DataError(
+                f"the rows were made with a {self.description['vocab_size']}-token vocabulary "
+                f"({self.description['tokenizer'] or 'bytes'}), the input's tokenizer has "
+                f"{tokenizer.vocab_size}", path="tokenizer.path",
+                suggestion="use the tokenizer the rows were made with")
+        from array_record.python import array_record_data_source  # pylint: disable=import-outside-toplevel
+        shards = sorted(glob.glob(os.path.join(cfg.path, "rows-*.array_record")))
+        self._source = array_record_data_source.ArrayRecordDataSource(shards)
+        if len(self._source) != self.description["rows"]:
+            raise errors.DataError(f"{len(self._source)} rows on disk, {self.description['rows']}"
+                                   " described", path=f"path: {cfg.path}",
+                                   suggestion="a shard is missing or damaged: pre-tokenize again")
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
+        return decode_row(self._source[index], self.seq_len)
+
+
+def _define_flags() -> None:
+    """The command's flags (defined only when it runs: modules imported together must not
+    define the same names twice)."""
+    flags.DEFINE_multi_string("files", None, "Glob(s) of .jsonl or text files; unset: the "
+                              "bundled plays.")
+    flags.DEFINE_string("out", None, "Directory to write the rows into (new or empty).")
+    flags.DEFINE_string("tokenizer", None, "tokenizer.json or its directory; unset: bytes.")
+    flags.DEFINE_integer("seq_len", 128, "Tokens per row.")
+    flags.DEFINE_enum("format", "text", ["text", "prompt_completion"], "Record format.")
+    flags.DEFINE_enum("split", "train", ["train", "test"], "Which split to write.")
+    flags.DEFINE_float("held_out_fraction", 0.0, "Documents held out for the test split.")
+    flags.DEFINE_integer("rows_per_shard", 100_000, "Rows per ArrayRecord file.")
+
+
+def main_body(argv: Sequence[str]) -> int:
+    if len(argv) > 1:
+        raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
+                                     suggestion="every setting is a --flag (see --help)")
+    given = flags.FLAGS
+    if not given.out:
+        raise errors.LaunchFlagError("missing", path="--out", suggestion="e.g. --out=rows/train")
+    tokenizer = Tokenizer.default_config().set(path=given.tokenizer).instantiate()
+    files: Optional[List[str]] = given.files or None
+    source = PackedDocuments.default_config().set(
+        files=files, seq_len=given.seq_len, format=given.format, split=given.split,
+        held_out_fraction=given.held_out_fraction).instantiate(tokenizer=tokenizer)
+    description = write_rows(source, given.out, rows_per_shard=given.rows_per_shard)
+    print(f"titanax: {description['rows']} rows of {description['seq_len']} tokens in "
+          f"{os.path.abspath(given.out)} ({description['report']})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(command_line.main_of(main_body, name="titanax.data.pretokenize"))
