@@ -7,7 +7,7 @@
 * ``llama_tiny_packed``: the same model on documents packed into rows (segment ids, positions
   per document) from JSONL or text files and a tokenizer.json (defaults: the bundled plays as
   paragraphs, bytes); ``llama_tiny_sft``: on JSONL prompt/completion records, trained on the
-  completion tokens only.
+  completion tokens only (``llama3_8b_sft_fsdp_tp``: the same on Llama 3.1 8B, for accelerators).
 * ``llama3_1b_fsdp``: Llama 3.2 1B's shapes with FSDP over every device; ``llama3_8b_fsdp_tp``:
   Llama 3.1 8B with FSDP over ``data`` and TP=8 over ``model`` (a node of 8 accelerators per
   model replica); ``qwen3_0_6b_dp``: Qwen 3 0.6B, data parallel. Sized for accelerators; the
@@ -98,4 +98,20 @@ def llama_tiny_sft():
     cfg.max_steps = 200
     cfg.evalers["heldout"].every_n_steps = 50
     cfg.evalers["heldout"].num_batches = 5
+    return cfg
+
+
+@register_experiment
+def llama3_8b_sft_fsdp_tp():
+    """llama3_8b_fsdp_tp fine-tuned on the user's JSONL prompt/completion records
+    (--config.train_input.source.files, --config.train_input.tokenizer.path=<the model's dir>,
+    usually with --config.init_from=<the HF model>): completion tokens only, packed rows of
+    4096; for accelerators."""
+    cfg = llama3_8b_fsdp_tp()
+    cfg.train_input = _packed_input("train", fmt="prompt_completion", batch_size=32,
+                                    seq_len=4096)
+    cfg.evalers["heldout"].input = _packed_input("test", fmt="prompt_completion", batch_size=32,
+                                                 seq_len=4096, seed=1)
+    cfg.learner.optimizer.learning_rate.peak_value = 2e-5
+    cfg.max_steps = 1000
     return cfg
