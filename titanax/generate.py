@@ -97,7 +97,10 @@ class _Tokens:
             raise errors.LaunchFlagError(
                 "this model has no known tokenizer (no tokenizer.json, and its vocabulary is "
                 "not bytes)", path="--prompt", suggestion="give the prompt as --prompt_ids=...")
-        return [int(i) for i in self.tokenizer.encode(text)]
+        # A document starts with BOS where the tokenizer has one (as packed documents and the
+        # HF tokenizers' own post-processing do).
+        bos = getattr(self.tokenizer, "bos_id", None)
+        return ([bos] if bos is not None else []) + [int(i) for i in self.tokenizer.encode(text)]
 
     def decode(self, ids: Sequence[int]) -> Optional[str]:
         if self.tokenizer is None:

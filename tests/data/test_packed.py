@@ -99,3 +99,41 @@ def test_bad_records_are_named_or_skipped_and_counted(tmp_path):
     text.write_text("one\n\ntwo")
     with pytest.raises(errors.DataError, match="needs JSONL records"):
         _source([str(text)], format="prompt_completion")
+
+
+def test_a_padded_last_batch_keeps_the_rows_token_masks(tmp_path):
+    """last_batch="pad" multiplies the source's per-token weights by the row weights (it used
+    to replace them: prompt and padding tokens were then trained on)."""
+    from titanax.data.pipeline import Input
+    records = [{"prompt": "abcd", "completion": "efgh"} for _ in range(3)]
+    source = _source([_jsonl(tmp_path / "p.jsonl", records)], seq_len=16, pack=False,
+                     format="prompt_completion", seed=None)
+    made = Input(Input.default_config().set(global_batch_size=2, shuffle=False, num_epochs=1,
+                                            last_batch="pad"), source=source)
+    batches = list(made)
+    assert [b["weights"].shape for b in batches] == [(2, 16), (2, 16)]
+    assert np.array_equal(batches[0]["weights"][0], source[0]["weights"])
+    assert np.array_equal(batches[1]["weights"][1], np.zeros(16))  # The padding row.
+    assert batches[0]["weights"][0][:3].sum() == 0  # The prompt's targets stay untrained.
+
+
+def test_undecodable_lines_and_globs_that_match_nothing_are_named(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(errors.DataError, match="not UTF-8") as e:
+        _source([str(path)])
+    assert e.value.path.endswith("mixed.jsonl:2")
+    assert _source([str(path)], on_bad_record="skip").read_report.skipped == 1
+    with pytest.raises(errors.DataError, match="no files match .*typo"):
+        _source([str(path), str(tmp_path / "typo" / "*.jsonl")])
+
+
+def test_a_tokenizer_path_on_a_source_that_does_not_tokenize_is_refused(tmp_path):
+    from titanax.data.pipeline import Input
+    from titanax.data.sources import TextWindows
+    cfg = Input.default_config().set(source=TextWindows.default_config().set(seq_len=16),
+                                     global_batch_size=8)
+    cfg.tokenizer.path = str(tmp_path)
+    with pytest.raises(errors.DataError, match="does not tokenize text") as e:
+        cfg.instantiate()
+    assert e.value.path == "tokenizer.path"

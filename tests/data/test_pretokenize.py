@@ -53,10 +53,27 @@ def test_rows_of_another_vocabulary_or_length_are_refused(jsonl, tmp_path):
     HFTokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>")).save(
         str(tokenizer_json))
     other = Tokenizer.default_config().set(path=str(tokenizer_json)).instantiate()
-    with pytest.raises(errors.DataError, match="256-token vocabulary"):
+    with pytest.raises(errors.DataError, match="another tokenizer \\(bytes, 256 tokens\\)"):
         PackedRows.default_config().set(path=out).instantiate(tokenizer=other)
     with pytest.raises(errors.DataError, match="no pre-tokenized rows"):
         PackedRows.default_config().set(path=str(tmp_path)).instantiate()
     with pytest.raises(errors.DataError, match="not an empty directory"):
         write_rows(PackedDocuments.default_config().set(files=[jsonl]).instantiate(), out,
                    progress=False)
+
+
+def test_rows_of_another_tokenizer_with_the_same_vocabulary_size_are_refused(jsonl, tmp_path):
+    from titanax.data.train_tokenizer import corpus_files, train
+    plays = corpus_files()
+    halves = plays[:3], plays[-3:]  # Two BPEs of one size, trained on other plays.
+    paths = [train(half, vocab_size=400, out=str(tmp_path / f"tok{i}"), progress=False)
+             for i, half in enumerate(halves)]
+    first, second = (Tokenizer.default_config().set(path=p).instantiate() for p in paths)
+    assert first.vocab_size == second.vocab_size
+    out = str(tmp_path / "rows")
+    write_rows(PackedDocuments.default_config().set(files=[jsonl], seq_len=16,
+                                                    held_out_fraction=0.0).instantiate(
+        tokenizer=first), out, progress=False)
+    PackedRows.default_config().set(path=out).instantiate(tokenizer=first)
+    with pytest.raises(errors.DataError, match="tokenizer_sha256"):
+        PackedRows.default_config().set(path=out).instantiate(tokenizer=second)

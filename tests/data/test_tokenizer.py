@@ -90,3 +90,25 @@ def test_bad_inputs_are_named(tmp_path):
         train_tokenizer.train([str(tmp_path / "latin1.txt")], vocab_size=300,
                               out=str(tmp_path / "o2"), progress=False)
     assert e.value.path.endswith("latin1.txt")
+
+
+def test_special_tokens_written_in_text_are_text_and_configs_are_checked(trained, tmp_path):
+    tokenizer = Tokenizer.default_config().set(path=trained).instantiate()
+    boundary = tokenizer.eos_id
+    assert boundary not in tokenizer.encode("a <|endoftext|> b").tolist()
+    # A bare tokenizer.json takes its one boundary token as BOS and EOS.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "tokenizer.json").write_text(open(os.path.join(trained, "tokenizer.json")).read())
+    assert Tokenizer.default_config().set(path=str(bare)).instantiate().bos_id == boundary
+    # add_bos_token false, and "" to switch one off.
+    (bare / "tokenizer_config.json").write_text(
+        '{"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "add_bos_token": false}')
+    no_bos = Tokenizer.default_config().set(path=str(bare)).instantiate()
+    assert no_bos.bos_id is None and no_bos.eos_id == boundary
+    assert Tokenizer.default_config().set(path=str(bare), eos_token="").instantiate(
+        ).eos_id is None
+    (bare / "tokenizer_config.json").write_text("{broken")
+    with pytest.raises(errors.DataError, match="cannot read it") as e:
+        Tokenizer.default_config().set(path=str(bare)).instantiate()
+    assert e.value.path.endswith("tokenizer_config.json")

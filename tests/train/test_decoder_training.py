@@ -69,12 +69,13 @@ def _packed(batches):
     out = []
     for batch in batches:
         rows, length = batch["input_ids"].shape
-        cut = length // 2 - 1
-        segment = np.where(np.arange(length) < cut, 1, 2)[None].repeat(rows, 0)
-        positions = np.where(np.arange(length) < cut, np.arange(length),
-                             np.arange(length) - cut)[None].repeat(rows, 0)
+        # Every row is cut elsewhere: a microbatch given another's layout changes the numbers.
+        cuts = 3 + np.arange(rows) % (length - 5)
+        index = np.arange(length)[None]
+        segment = np.where(index < cuts[:, None], 1, 2)
+        positions = np.where(index < cuts[:, None], index, index - cuts[:, None])
         weights = np.ones((rows, length), np.float32)
-        weights[:, cut - 1] = 0.0
+        weights[np.arange(rows), cuts - 1] = 0.0
         out.append({**batch, "segment_ids": segment.astype(np.int32),
                     "positions": positions.astype(np.int32), "weights": weights})
     return out

@@ -50,12 +50,16 @@ class ReadReport:
 
 
 def matching_files(patterns: Sequence[str], *, where: str) -> List[str]:
-    paths = sorted({p for pattern in patterns for p in glob.glob(pattern, recursive=True)
-                    if os.path.isfile(p)})
-    if not paths:
-        raise errors.DataError(f"no files match {list(patterns)}", path=where,
-                               suggestion="give globs of .jsonl or text files")
-    return paths
+    """The files of every pattern, sorted; a pattern that matches none is refused (a typo in
+    one of several globs would silently drop that data)."""
+    paths = set()
+    for pattern in patterns:
+        found = {p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)}
+        if not found:
+            raise errors.DataError(f"no files match {pattern!r}", path=where,
+                                   suggestion="give globs of .jsonl or text files")
+        paths |= found
+    return sorted(paths)
 
 
 def read_documents(paths: Sequence[str], *, fields: Sequence[str], on_bad_record: str = "stop",
@@ -82,12 +86,16 @@ def read_documents(paths: Sequence[str], *, fields: Sequence[str], on_bad_record
 
 def _jsonl(path: str, fields: Sequence[str], on_bad_record: str,
            report: ReadReport) -> Iterator[Document]:
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             where = f"{path}:{number}"
             try:
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"not UTF-8 ({e.reason} at byte {e.start})") from e
                 record = json.loads(line)
                 if not isinstance(record, dict):
                     raise ValueError("the line is not a JSON object")

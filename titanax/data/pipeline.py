@@ -117,7 +117,11 @@ class Input(Configurable):
         records = [self.source[int(i)] for i in rows]
         batch = {key: np.stack([r[key] for r in records]) for key in records[0]}
         if weights is not None:
-            batch["weights"] = weights
+            if "weights" in batch:  # Per-token weights of the source (packed rows' masks).
+                own = batch["weights"]
+                batch["weights"] = own * weights.reshape((-1,) + (1,) * (own.ndim - 1))
+            else:
+                batch["weights"] = weights
         return batch
 
     def __iter__(self):
@@ -133,4 +137,10 @@ def _instantiate_source(cfg: "Input.Config") -> Any:
     klass = getattr(cfg.source, "klass", None)
     if klass is not None and "tokenizer" in inspect.signature(klass.__init__).parameters:
         return cfg.source.instantiate(tokenizer=cfg.tokenizer.instantiate())
+    if cfg.tokenizer.path is not None:
+        raise errors.DataError(
+            f"the source ({getattr(klass, '__name__', type(cfg.source).__name__)}) does not "
+            "tokenize text, so tokenizer.path would be ignored", path="tokenizer.path",
+            suggestion="use a source that reads documents (PackedDocuments, PackedRows), or "
+                       "leave tokenizer.path unset")
     return cfg.source.instantiate()

@@ -14,6 +14,7 @@ new or empty.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import time
@@ -31,6 +32,18 @@ DESCRIPTION = "rows.json"
 DTYPES = {name: np.dtype("<f4") if name == "weights" else np.dtype("<i4") for name in FIELDS}
 
 
+def tokenizer_identity(tokenizer: Tokenizer) -> Dict[str, Any]:
+    """What makes two tokenizers give the same rows: the file's bytes (a hash), the vocabulary
+    size and the boundary ids."""
+    file = getattr(tokenizer, "file", None)
+    digest = None
+    if file is not None:
+        with open(file, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    return {"tokenizer_sha256": digest, "vocab_size": tokenizer.vocab_size,
+            "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+
+
 def encode_row(row: Dict[str, np.ndarray]) -> bytes:
     return b"".join(np.ascontiguousarray(row[name], DTYPES[name]).tobytes() for name in FIELDS)
 
@@ -44,14 +57,20 @@ def decode_row(record: bytes, seq_len: int) -> Dict[str, np.ndarray]:
         np.float32 if name == "weights" else np.int32) for i, name in enumerate(FIELDS)}
 
 
-def write_rows(source: PackedDocuments, out: str, *, rows_per_shard: int = 100_000,
-               progress: bool = True) -> Dict[str, Any]:
-    """Writes ``source``'s rows into ``out`` as ArrayRecord shards; returns the description."""
-    from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+def check_target(out: str) -> str:
+    """``out`` as an absolute path, refused when it holds anything."""
     out = os.path.abspath(out)
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise errors.DataError("exists and is not an empty directory", path=f"--out: {out}",
                                suggestion="give a new directory: nothing is overwritten")
+    return out
+
+
+def write_rows(source: PackedDocuments, out: str, *, rows_per_shard: int = 100_000,
+               progress: bool = True) -> Dict[str, Any]:
+    """Writes ``source``'s rows into ``out`` as ArrayRecord shards; returns the description."""
+    from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+    out = check_target(out)
     os.makedirs(out, exist_ok=True)
     count = len(source)
     shards = max(1, -(-count // rows_per_shard))
@@ -68,7 +87,7 @@ def write_rows(source: PackedDocuments, out: str, *, rows_per_shard: int = 100_0
     tokenizer = source.tokenizer
     description = {
         "rows": count, "seq_len": source.config.seq_len, "fields": list(FIELDS),
-        "tokenizer": getattr(tokenizer, "file", None), "vocab_size": tokenizer.vocab_size,
+        "tokenizer": getattr(tokenizer, "file", None), **tokenizer_identity(tokenizer),
         "format": source.config.format, "split": source.config.split,
         "report": source.report.text(), "read": source.read_report.text()}
     with open(os.path.join(out, DESCRIPTION), "w", encoding="utf-8") as f:
@@ -99,12 +118,18 @@ class PackedRows(Configurable):
             raise errors.DataError(f"the rows hold {self.seq_len} tokens, not {cfg.seq_len}",
                                    path="seq_len", suggestion="leave seq_len unset, or "
                                                               "pre-tokenize again")
-        if tokenizer is not None and tokenizer.vocab_size != self.description["vocab_size"]:
-            raise errors.DataError(
-                f"the rows were made with a {self.description['vocab_size']}-token vocabulary "
-                f"({self.description['tokenizer'] or 'bytes'}), the input's tokenizer has "
-                f"{tokenizer.vocab_size}", path="tokenizer.path",
-                suggestion="use the tokenizer the rows were made with")
+        if tokenizer is not None:
+            identity = tokenizer_identity(tokenizer)
+            differing = [k for k, v in identity.items() if self.description.get(k) != v]
+            if differing:
+                raise errors.DataError(
+                    f"the rows were made with another tokenizer "
+                    f"({self.description['tokenizer'] or 'bytes'}, "
+                    f"{self.description['vocab_size']} tokens): "
+                    + ", ".join(f"{k} {self.description.get(k)!r} here, {identity[k]!r} in the "
+                                "input's" for k in differing), path="tokenizer.path",
+                    suggestion="use the tokenizer the rows were made with, or pre-tokenize "
+                               "again")
         from array_record.python import array_record_data_source  # pylint: disable=import-outside-toplevel
         shards = sorted(glob.glob(os.path.join(cfg.path, "rows-*.array_record")))
         self._source = array_record_data_source.ArrayRecordDataSource(shards)
@@ -141,6 +166,7 @@ def main_body(argv: Sequence[str]) -> int:
     given = flags.FLAGS
     if not given.out:
         raise errors.LaunchFlagError("missing", path="--out", suggestion="e.g. --out=rows/train")
+    check_target(given.out)  # Refused before the corpus is read.
     tokenizer = Tokenizer.default_config().set(path=given.tokenizer).instantiate()
     files: Optional[List[str]] = given.files or None
     source = PackedDocuments.default_config().set(

@@ -10,8 +10,9 @@ or the directory's ``tokenizer_config.json``). Its ``path`` left unset gives the
 from __future__ import annotations
 
 import json
+import logging
 import os
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
@@ -19,6 +20,11 @@ from titanax import errors
 from titanax.config import Configurable
 
 TOKENIZER_FILE = "tokenizer.json"
+
+_log = logging.getLogger("titanax")
+
+# Special tokens that mark a document boundary when a tokenizer.json has no other.
+BOUNDARY_TOKENS = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 
 
 class ByteTokenizer:
@@ -42,9 +48,12 @@ class Tokenizer(Configurable):
         # tokenizer.json, or the directory holding it (a Hugging Face model directory); None:
         # the byte tokenizer (vocabulary 256).
         path: Optional[str] = None
-        # Token that starts every document (None: the tokenizer's bos_token, if it has one).
+        # Token that starts every document (None: the tokenizer's bos_token -- from
+        # tokenizer_config.json, unless it says add_bos_token false -- or its one special
+        # token; "": none).
         bos_token: Optional[str] = None
-        # Token that ends every document (None: the tokenizer's eos_token, if it has one).
+        # Token that ends every document (None: the tokenizer's eos_token, or its one special
+        # token; "": none).
         eos_token: Optional[str] = None
 
     def __init__(self, cfg=None, **fields):
@@ -64,10 +73,18 @@ class Tokenizer(Configurable):
             raise errors.DataError(f"cannot load the tokenizer: {e}", path="tokenizer.path",
                                    suggestion=f"give a tokenizer.json written by the tokenizers "
                                               f"package ({self.file})") from e
+        # A document's text is text: "<|endoftext|>" written in it is not the boundary token.
+        self._impl.encode_special_tokens = True
         self.vocab_size = self._impl.get_vocab_size(with_added_tokens=True)
-        special = _special_tokens(os.path.dirname(self.file))
-        self.bos_id = self._id(cfg.bos_token or special.get("bos_token"), "bos_token")
-        self.eos_id = self._id(cfg.eos_token or special.get("eos_token"), "eos_token")
+        special = _special_tokens(os.path.dirname(self.file), self._impl)
+        self.bos_id = self._id(special.get("bos_token") if cfg.bos_token is None
+                               else cfg.bos_token or None, "bos_token")
+        self.eos_id = self._id(special.get("eos_token") if cfg.eos_token is None
+                               else cfg.eos_token or None, "eos_token")
+        if self.bos_id is None and self.eos_id is None:
+            _log.warning("%s names no BOS or EOS token (no tokenizer_config.json, and not one "
+                         "special token): documents get no boundary token; set "
+                         "tokenizer.bos_token / eos_token", self.file)
 
     def _id(self, token: Optional[str], field: str) -> Optional[int]:
         if token is None:
@@ -109,19 +126,31 @@ def tokenizer_file(path: str, *, where: str) -> str:
     return os.path.abspath(candidate)
 
 
-def _special_tokens(directory: str) -> dict:
+def _special_tokens(directory: str, tokenizer: Any) -> dict:
     """bos_token / eos_token from the directory's tokenizer_config.json (strings or
-    {"content": ...} entries), when there is one."""
+    {"content": ...} entries; ``add_bos_token: false`` drops the BOS), else the tokenizer's one
+    special token as both when it is a boundary token (what train_tokenizer writes:
+    <|endoftext|>; GPT-2's tokenizer.json)."""
     path = os.path.join(directory, "tokenizer_config.json")
     if not os.path.isfile(path):
+        specials = [t.content for t in tokenizer.get_added_tokens_decoder().values()
+                    if t.special]
+        if len(specials) == 1 and specials[0] in BOUNDARY_TOKENS:
+            return {"bos_token": specials[0], "eos_token": specials[0]}
         return {}
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise errors.DataError(f"cannot read it: {e}", path=path,
+                               suggestion="fix or remove the file") from e
     out = {}
     for key in ("bos_token", "eos_token"):
-        value = config.get(key)
+        value = config.get(key) if isinstance(config, dict) else None
         if isinstance(value, dict):
             value = value.get("content")
         if isinstance(value, str):
             out[key] = value
+    if isinstance(config, dict) and config.get("add_bos_token") is False:
+        out.pop("bos_token", None)
     return out

@@ -62,7 +62,17 @@ class RunInputs:
                                                          int):
             self.plan.check_batch_size(config.train_input.global_batch_size, self.mesh,
                                        path="train_input.global_batch_size")
+        train_tokenizer = (config.train_input.tokenizer.path
+                           if config.train_input is not None else None)
         for name, evaler_cfg in config.evalers.items():
+            given = evaler_cfg.input.tokenizer.path
+            if config.train_input is not None and given != train_tokenizer:
+                raise errors.DataError(
+                    f"the evaler tokenizes with {given or 'bytes'}, training with "
+                    f"{train_tokenizer or 'bytes'}: its loss would measure other ids",
+                    path=f"evalers[{name!r}].input.tokenizer.path",
+                    suggestion=f"set it to {train_tokenizer!r} too" if train_tokenizer else
+                    "leave it unset, like train_input's")
             batch = evaler_cfg.input.global_batch_size
             if isinstance(batch, int):
                 self.plan.check_batch_size(batch, self.mesh, microbatched=False,
