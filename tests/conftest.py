@@ -37,7 +37,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_parity.py",
                   "tests/train/test_sharded_state.py", "tests/test_pipeline_experiments.py",
                   "tests/test_launch_errors.py", "tests/io/test_preemption.py",
-                  "tests/test_examples.py", "tests/train/test_state_updates.py")
+                  "tests/data/test_packed_resume.py", "tests/hf/test_fine_tune.py",
+                  "tests/test_examples.py", "tests/train/test_state_updates.py",
+                  "tests/modules/models/test_packing.py", "tests/train/test_decoder_training.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -39,16 +39,23 @@ def _losses(trainer_dir):
         return {int(row["step"]): row["loss"] for row in csv.DictReader(f) if row.get("loss")}
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):
+    """The losses of the run that was never stopped (one process, 8 devices)."""
+    straight = str(tmp_path_factory.mktemp("straight") / "run")
+    _run(straight, corpus, 10, "--cpu_devices=8")
+    return _losses(straight)
+
+
 @pytest.mark.parametrize("processes", [1, 2])
-def test_a_resumed_packed_run_gives_the_uninterrupted_losses(corpus, tmp_path, processes):
+def test_a_resumed_packed_run_gives_the_uninterrupted_losses(corpus, uninterrupted, tmp_path,
+                                                             processes):
     devices = ("--cpu_devices=8",) if processes == 1 else ("--local_processes=2",
                                                            "--cpu_devices=4")
-    straight = str(tmp_path / "straight")
-    _run(straight, corpus, 10, "--cpu_devices=8")
     resumed = str(tmp_path / "resumed")
     _run(resumed, corpus, 7, *devices)
     _run(resumed, corpus, 10, *devices)
-    want, got = _losses(straight), _losses(resumed)
+    want, got = uninterrupted, _losses(resumed)
     assert sorted(got) == list(range(1, 11)) == sorted(want)
     if processes == 1:  # The same program on the same devices: the same bits.
         assert got == want
