@@ -137,3 +137,12 @@ def test_a_tokenizer_path_on_a_source_that_does_not_tokenize_is_refused(tmp_path
     with pytest.raises(errors.DataError, match="does not tokenize text") as e:
         cfg.instantiate()
     assert e.value.path == "tokenizer.path"
+
+
+def test_prompt_completion_without_files_and_an_odd_head_width_are_refused():
+    with pytest.raises(errors.DataError, match="come from your files") as e:
+        PackedDocuments.default_config().set(format="prompt_completion").instantiate()
+    assert e.value.path == "files"
+    cfg = Decoder.default_config().set(name="m", model_dim=28, num_heads=4)  # Heads of 7.
+    with pytest.raises(errors.ConfigValidationError, match="model_dim.*width 7"):
+        cfg.validate()

@@ -81,6 +81,9 @@ def test_bad_inputs_are_named(tmp_path):
     with pytest.raises(errors.DataError, match="no files match"):
         train_tokenizer.corpus_files([str(tmp_path / "*.txt")])
     (tmp_path / "a.txt").write_text("hello")
+    with pytest.raises(errors.DataError, match="min_frequency must be >= 1"):
+        train_tokenizer.train([str(tmp_path / "a.txt")], vocab_size=300, min_frequency=0,
+                              out=str(tmp_path / "o0"))
     with pytest.raises(errors.DataError, match="below the 256 bytes"):
         train_tokenizer.train([str(tmp_path / "a.txt")], vocab_size=100, out=str(tmp_path / "o"))
     with pytest.raises(errors.DataError, match="not an empty directory"):

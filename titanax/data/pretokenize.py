@@ -166,6 +166,9 @@ def main_body(argv: Sequence[str]) -> int:
     given = flags.FLAGS
     if not given.out:
         raise errors.LaunchFlagError("missing", path="--out", suggestion="e.g. --out=rows/train")
+    if given.rows_per_shard < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {given.rows_per_shard}",
+                                     path="--rows_per_shard", suggestion="e.g. 100000")
     check_target(given.out)  # Refused before the corpus is read.
     tokenizer = Tokenizer.default_config().set(path=given.tokenizer).instantiate()
     files: Optional[List[str]] = given.files or None

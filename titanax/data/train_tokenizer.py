@@ -44,6 +44,9 @@ def corpus_files(patterns: Sequence[str] = ()) -> List[str]:
 def train(paths: Sequence[str], *, vocab_size: int, out: str, min_frequency: int = 2,
           progress: bool = True) -> str:
     """Trains the tokenizer on ``paths`` and writes it into ``out``; returns tokenizer.json."""
+    if min_frequency < 1:
+        raise errors.DataError(f"min_frequency must be >= 1, got {min_frequency}",
+                               path="--min_frequency", suggestion="e.g. 2")
     if vocab_size < BYTES + 1:
         raise errors.DataError(f"vocab_size {vocab_size} is below the {BYTES} bytes + "
                                f"{END_OF_TEXT}", path="--vocab_size",

@@ -89,8 +89,11 @@ class RunInputs:
             made = input_cfg.instantiate(shards=shards, num_shards=num_shards)
         except errors.DataError as e:
             in_source = input_cfg.source is not None and e.path in input_cfg.source.keys()
+            in_input = e.path in input_cfg.keys() or (e.path or "").split(".")[0] in \
+                input_cfg.keys()
             inner = (f"{where}.source.{e.path}" if e.path and in_source
-                     else f"{where}.{e.path}" if e.path else where)
+                     else f"{where}.{e.path}" if e.path and in_input
+                     else f"{where}.source: {e.path}" if e.path else where)
             raise errors.DataError(e.message, path=inner, suggestion=e.suggestion) from None
         self._check_first_example(made)
         return made

@@ -109,6 +109,10 @@ class Decoder(CausalLanguageModel):
                 yield "num_kv_heads", f"must divide num_heads={heads}"
             if self.head_dim is None and heads >= 1 and self.model_dim % heads:
                 yield "num_heads", (f"must divide model_dim={self.model_dim}, or set head_dim")
+            width = self.head_dim or (self.model_dim // heads if heads >= 1 else 0)
+            if width % 2:
+                yield ("head_dim" if self.head_dim else "model_dim",
+                       f"gives heads of width {width}: RoPE rotates pairs, the width must be even")
             if self.norm_eps <= 0:
                 yield "norm_eps", f"must be > 0, got {self.norm_eps}"
             if self.rope_theta <= 0:
