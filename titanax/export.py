@@ -63,10 +63,11 @@ def export(argv: Sequence[str]) -> int:
     from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
     plan = Plan.default_config().set(data_parallel=DP.default_config(),
                                      zero=ZeRO.default_config().set(stage=3))
-    engine = saved_run.restored_engine(
-        os.path.abspath(FLAGS.trainer_dir), step=FLAGS.step, plan=plan,
-        mesh=MeshSpec.default_config().set(axes=("data",)))
-    source = saved_run.source_dir(saved_run.read_run_config(os.path.abspath(FLAGS.trainer_dir)))
+    trainer_dir = os.path.abspath(FLAGS.trainer_dir)
+    run = saved_run.read_run_config(trainer_dir)
+    engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step, plan=plan, run=run,
+                                       mesh=MeshSpec.default_config().set(axes=("data",)))
+    source = saved_run.source_dir(run)
     written = exporter.export_params(engine.canonical_params(), model_cfg=engine.model.config,
                                      directory=target, dtype=FLAGS.dtype,
                                      model_type=FLAGS.model_type, source_dir=source)

@@ -132,7 +132,7 @@ def _engine():
     trainer_dir = os.path.abspath(FLAGS.trainer_dir)
     run = saved_run.read_run_config(trainer_dir)
     plan = run.plan.clone(pipeline_parallel=None, zero=None)
-    engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step,
+    engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step, run=run,
                                        mesh=_data_and_model_only(run.mesh, plan), plan=plan,
                                        dtype=FLAGS.dtype, sequence_parallel=False)
     return engine, saved_run.source_dir(run)

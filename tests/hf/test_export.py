@@ -58,15 +58,8 @@ def test_sharded_export_loads_through_its_index(root, tmp_path):
     assert_close(ref.hf_logits(out, ids), ref.hf_logits(source, ids), bound=PARITY,
                  what="logits of the sharded export")
     # And Titanax reads the sharded form back.
-    again = importer.params_as_numpy(out, cfg)
-    first = importer.params_as_numpy(source, cfg)
-    assert all(np.array_equal(a, b) for a, b in zip(
-        np.asarray(list(_leaves(again)), dtype=object), _leaves(first)))
-
-
-def _leaves(tree):
-    import jax
-    return jax.tree_util.tree_leaves(tree)
+    assert_close(importer.params_as_numpy(out, cfg), importer.params_as_numpy(source, cfg),
+                 bound=0.0, what="params read back from the shards")
 
 
 def _copy(source, tmp_path, name="bad"):

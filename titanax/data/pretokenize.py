@@ -27,6 +27,7 @@ from titanax import command_line, errors
 from titanax.config import Configurable
 from titanax.data.packed import FIELDS, PackedDocuments
 from titanax.data.tokenizer import Tokenizer
+from titanax.io.files import new_directory
 
 DESCRIPTION = "rows.json"
 DTYPES = {name: np.dtype("<f4") if name == "weights" else np.dtype("<i4") for name in FIELDS}
@@ -58,12 +59,8 @@ def decode_row(record: bytes, seq_len: int) -> Dict[str, np.ndarray]:
 
 
 def check_target(out: str) -> str:
-    """``out`` as an absolute path, refused when it holds anything."""
-    out = os.path.abspath(out)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise errors.DataError("exists and is not an empty directory", path=f"--out: {out}",
-                               suggestion="give a new directory: nothing is overwritten")
-    return out
+    """``out`` as an absolute path, refused when it holds anything or cannot be made."""
+    return new_directory(out, where="--out", error=errors.DataError)
 
 
 def write_rows(source: PackedDocuments, out: str, *, rows_per_shard: int = 100_000,

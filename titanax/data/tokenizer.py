@@ -9,7 +9,6 @@ or the directory's ``tokenizer_config.json``). Its ``path`` left unset gives the
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, List, Optional, Sequence
@@ -18,6 +17,7 @@ import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
+from titanax.io.files import read_json_object
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -138,19 +138,15 @@ def _special_tokens(directory: str, tokenizer: Any) -> dict:
         if len(specials) == 1 and specials[0] in BOUNDARY_TOKENS:
             return {"bos_token": specials[0], "eos_token": specials[0]}
         return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise errors.DataError(f"cannot read it: {e}", path=path,
-                               suggestion="fix or remove the file") from e
+    config = read_json_object(path, error=errors.DataError,
+                              suggestion="fix or remove the file")
     out = {}
     for key in ("bos_token", "eos_token"):
-        value = config.get(key) if isinstance(config, dict) else None
+        value = config.get(key)
         if isinstance(value, dict):
             value = value.get("content")
         if isinstance(value, str):
             out[key] = value
-    if isinstance(config, dict) and config.get("add_bos_token") is False:
+    if config.get("add_bos_token") is False:
         out.pop("bos_token", None)
     return out

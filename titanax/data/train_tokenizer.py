@@ -22,6 +22,7 @@ from typing import Iterator, List, Sequence
 from absl import app, flags
 
 from titanax import command_line, errors
+from titanax.io.files import new_directory
 
 END_OF_TEXT = "<|endoftext|>"
 BYTES = 256
@@ -51,10 +52,7 @@ def train(paths: Sequence[str], *, vocab_size: int, out: str, min_frequency: int
         raise errors.DataError(f"vocab_size {vocab_size} is below the {BYTES} bytes + "
                                f"{END_OF_TEXT}", path="--vocab_size",
                                suggestion=f"give at least {BYTES + 1} (e.g. 4096)")
-    out = os.path.abspath(out)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise errors.DataError("exists and is not an empty directory", path=f"--out: {out}",
-                               suggestion="give a new directory: nothing is overwritten")
+    out = new_directory(out, where="--out", error=errors.DataError)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=import-outside-toplevel
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -25,6 +25,7 @@ from titanax.hf import param_map
 from titanax.hf.model_configs import hf_config_from_model
 from titanax.hf.model_dir import CONFIG, INDEX, SINGLE
 from titanax.hf.safetensors_io import PlannedTensor, write_file
+from titanax.io.files import new_directory
 from titanax.parallel import rules
 from titanax.parallel.sharding import path_string
 
@@ -38,21 +39,8 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 2 ** 30
 
 
 def check_target(directory: str) -> str:
-    """``directory`` as an absolute path, refused when it holds anything."""
-    directory = os.path.abspath(directory)
-    if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
-        raise errors.HFError("the export target exists and is not an empty directory",
-                             path=directory, suggestion="give a new directory (nothing is "
-                                                        "overwritten or mixed into another)")
-    ancestor = directory
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor) or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise errors.HFError(f"cannot create it: {ancestor} is "
-                             + ("not a directory" if not os.path.isdir(ancestor)
-                                else "not writable"), path=directory,
-                             suggestion="give a directory under one you can write to")
-    return directory
+    """``directory`` as an absolute path, refused when it holds anything or cannot be made."""
+    return new_directory(directory, where="export target", error=errors.HFError)
 
 
 def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,

@@ -15,6 +15,7 @@ import numpy as np
 
 from titanax import errors
 from titanax.hf.safetensors_io import SafetensorsFile
+from titanax.io.files import read_json_object
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -33,16 +34,7 @@ def read_config(directory: str) -> Dict[str, Any]:
         raise errors.HFError("the directory has no config.json", path=path,
                              suggestion="a Hugging Face model directory (save_pretrained, or a "
                                         "downloaded snapshot) holds config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise errors.HFError(f"cannot read it: {e}", path=path,
-                             suggestion="fix or replace the file") from e
-    if not isinstance(config, dict):
-        raise errors.HFError("it is not a JSON object", path=path,
-                             suggestion="fix or replace the file")
-    return config
+    return read_json_object(path, error=errors.HFError)
 
 
 class ModelDir:

@@ -1,1 +1,1 @@
-"""Checkpoint I/O."""
+"""Files: Orbax checkpoints, and the JSON files and output directories commands use."""

@@ -9,13 +9,13 @@ necessarily the run's: checkpoints restore onto any mesh -- with the plan the co
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Optional
 
 from titanax import errors
 from titanax.config import ConfigBase, config_for_function
 from titanax.config.from_json import config_from_json
+from titanax.io.files import read_json_object
 from titanax.train import optimizers
 from titanax.train.learner import Learner
 from titanax.train.precision import Precision
@@ -31,13 +31,9 @@ def read_run_config(trainer_dir: str) -> ConfigBase:
             "no run record here" if os.path.isdir(trainer_dir) else "no such run directory",
             path=path, suggestion="give the --trainer_dir of a run started by titanax.launch "
                                   "(it holds config.json and checkpoints/)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise errors.CheckpointError(f"cannot read the run record: {e}", path=path,
-                                     suggestion="restore the file from the run's copy "
-                                                "(config.txt holds the same tree)") from e
+    data = read_json_object(path, error=errors.CheckpointError,
+                            suggestion="restore the file from the run's copy (config.txt holds "
+                                       "the same tree)")
     return config_from_json(data, path="config")
 
 
@@ -57,12 +53,15 @@ def precision_for(dtype: Optional[str]) -> Optional[Precision.Config]:
 
 def restored_engine(trainer_dir: str, *, step: Optional[int] = None,
                     mesh: Optional[ConfigBase] = None, plan: Optional[ConfigBase] = None,
-                    dtype: Optional[str] = None, **model_changes):
+                    dtype: Optional[str] = None, run: Optional[ConfigBase] = None,
+                    **model_changes):
     """The run's Engine with its params restored from the checkpoint at ``step`` (default: the
     newest) and no optimizer state; ``mesh`` / ``plan`` replace the run's (a model split for the
     command's needs), ``dtype`` its precision, ``model_changes`` set model fields that do not
-    change its params (sequence_parallel)."""
-    cfg = read_run_config(trainer_dir)
+    change its params (sequence_parallel); ``run``: the run's config, when the caller read it
+    already."""
+    cfg = (run or read_run_config(trainer_dir)).clone()
+    recorded_text = cfg.debug_string()
     cfg.learner = stateless_learner()
     cfg.optimizer = None
     if dtype is not None:
@@ -92,7 +91,7 @@ def restored_engine(trainer_dir: str, *, step: Optional[int] = None,
     # Compared with the run's own record, not with the mesh and plan chosen here: a checkpoint
     # of another config is said so, this command's layout is not.
     restored = engine.states.restore(step=step, mode="params",
-                                     config_text=read_run_config(trainer_dir).debug_string())
+                                     config_text=recorded_text)
     if restored is None:
         raise errors.CheckpointError("the run has no checkpoint to read",
                                      path=engine.checkpointer().directory,
