@@ -30,14 +30,25 @@ def mnist_batches(batch_size: int = 64, count: int = 20) -> List[dict]:
 
 
 @functools.lru_cache(maxsize=None)
-def text_batches(batch_size: int = 8, seq_len: int = 16, count: int = 10) -> List[dict]:
+def text_batches(batch_size: int = 8, seq_len: int = 16, count: int = 10,
+                 uneven: bool = False) -> List[dict]:
+    """``uneven``: each row trains on a different number of its tokens (``weights``: a
+    completion of random length after a prompt, some rows none at all), so the shards and
+    microbatches of any split hold different token counts -- a mean of their means is not the
+    token mean."""
     source = TextWindows.default_config().set(seq_len=seq_len).instantiate()
     rng = np.random.default_rng(0)
     out = []
     for _ in range(count):
         rows = rng.choice(len(source), batch_size, replace=False)
         records = [source[int(r)] for r in rows]
-        out.append({k: np.stack([r[k] for r in records]) for k in records[0]})
+        batch = {k: np.stack([r[k] for r in records]) for k in records[0]}
+        if uneven:
+            trained = rng.integers(0, seq_len + 1, size=batch_size)
+            trained[rng.integers(batch_size)] = 0
+            batch["weights"] = (np.arange(seq_len)[None, :] >= seq_len - trained[:, None]
+                                ).astype(np.float32)
+        out.append(batch)
     return out
 
 

@@ -59,7 +59,7 @@ def test_accumulation_4_matches_1():
 def _gpt_run(data: int, model_axis: int, optimizer: str, steps: int):
     learner = helpers.sgd(1.0) if optimizer == "sgd" else helpers.adam(3e-3)
     engine = helpers.gpt_engine(data=data, model_axis=model_axis, learner=learner)
-    return _initial_losses_final(engine, helpers.text_batches()[:steps])
+    return _initial_losses_final(engine, helpers.text_batches(uneven=True)[:steps])
 
 
 def test_gpt_dp_tp_4x2_matches_1_device_over_10_steps():

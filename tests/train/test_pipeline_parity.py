@@ -14,7 +14,7 @@ from titanax.parallel.plan import DP, PP, TP, Plan
 from tests.numerics import ADAM, assert_close, assert_identical
 from tests.train import helpers
 
-BATCHES = helpers.text_batches(batch_size=8, count=3)
+BATCHES = helpers.text_batches(batch_size=8, count=3, uneven=True)
 
 
 SCHEDULES = ["gpipe", "circular", "1f1b"]
@@ -278,7 +278,7 @@ def test_four_stages_of_two_layers_match_one_device(schedule, batch_size):
     """S=4 runs 1F1B's middle stages; M=4 (batch 8 on 2 data shards) and M=6 (batch 12, not a
     multiple of S) take both of GPipe's head paths and circular's (v=2: 8 stages of 1 layer)
     ring buffer with M = S and M > S."""
-    batches = helpers.text_batches(batch_size=batch_size, count=2)
+    batches = helpers.text_batches(batch_size=batch_size, count=2, uneven=True)
     want_losses, want_params = helpers.train(_deep(helpers.gpt_engine(
         data=1, learner=helpers.sgd(0.5))), batches)
     engine = _deep(_pipelined(("data", "pipe"), (2, 4), schedule=schedule,
@@ -377,12 +377,14 @@ def test_checkpoint_ratio_recomputes_without_changing_the_update(schedule, ratio
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_layer_summaries_reach_the_metrics(schedule):
     """A head that writes add_summary("loss"): under every schedule it arrives in the metrics as
-    it does without a pipeline (the mean over microbatches, summed over the pipe ranks)."""
+    it does without a pipeline (the mean over microbatches, summed over the pipe ranks). Every
+    token trains: a summary is a plain mean of per-microbatch values, not token-weighted."""
+    batches = helpers.text_batches(batch_size=8, count=3)
     reference = helpers.summarizing(_deep(helpers.gpt_engine(data=4, learner=helpers.sgd(0.5)),
                                           _layers(schedule)))
-    helpers.train(reference, BATCHES)
+    helpers.train(reference, batches)
     engine = helpers.summarizing(_schedule(("data", "pipe"), (4, 2), schedule))
-    helpers.train(engine, BATCHES)
+    helpers.train(engine, batches)
     want = [h["summaries/loss"] for h in reference.history]
     got = [h["summaries/loss"] for h in engine.history]
     assert_close(got, want, what="summarised losses")

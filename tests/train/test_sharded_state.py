@@ -19,7 +19,7 @@ from titanax.parallel.plan import DP, PP, Plan, ZeRO
 from tests.numerics import assert_close, assert_identical
 from tests.train import helpers
 
-BATCHES = helpers.text_batches(batch_size=16, count=3)
+BATCHES = helpers.text_batches(batch_size=16, count=3, uneven=True)
 # Small enough that the test GPT's [32] vectors stay whole and everything else is split.
 SMALL = {"min_shard_size": 64}
 

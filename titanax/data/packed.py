@@ -6,10 +6,9 @@ documents side by side, each with its own ``segment_ids`` value (1, 2, ...; 0 is
 ``positions`` that restart at 0, so attention never crosses a document and positions are each
 document's own (the models honour both: ``CausalLanguageModel.forward``). ``weights`` mark the
 targets that are trained on: 0 for padding, and for a prompt/completion pair 0 on the prompt --
-the loss of a batch is the mean over its completion tokens only. (Under data parallelism or
-gradient accumulation each shard's / microbatch's mean is averaged with the others, as for every
-model today: exact when they hold equally many trained tokens, close otherwise; weighting them
-by their token counts is the next step.)
+the loss of a batch is the mean over its completion tokens only -- however unevenly the data
+shards and microbatches hold them (the step weighs each by its trained tokens:
+``train/gradients.py``).
 
 A document longer than a row is cut into row-long chunks, each packed as its own document
 (positions restart in each chunk); how many were cut is counted and logged. ``pack=False`` puts

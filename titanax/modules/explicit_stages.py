@@ -116,7 +116,7 @@ class ExplicitStages:
         """What the shard's loss is a mean over: the model's ``loss_weight(batch)``."""
         weight = functional(self.model, None, {}, (batch,), method="loss_weight",
                             is_training=False)[0]
-        return jnp.maximum(jnp.asarray(weight, jnp.float32), 1e-12)
+        return jnp.asarray(weight, jnp.float32)
 
     # --- Boundary shapes -------------------------------------------------------------------------
 

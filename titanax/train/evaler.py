@@ -6,6 +6,7 @@ from typing import Dict, Optional
 
 from titanax.config import REQUIRED, Configurable, Required
 from titanax.data.pipeline import Input
+from titanax.train.gradients import LOSS_COUNTS
 
 
 class Evaler(Configurable):
@@ -41,7 +42,8 @@ def summarize(totals: Dict[str, float], batches: int) -> Dict[str, float]:
     count, else the mean over batches; ``accuracy`` is correct / examples when reported.
     """
     out = {"loss": totals["loss"] / batches} if "loss" in totals else {}
-    count = totals.get("aux/num_tokens", totals.get("aux/num_examples"))
+    count = next((totals[f"aux/{name}"] for name in LOSS_COUNTS if f"aux/{name}" in totals),
+                 None)
     if count:
         if "aux/loss_sum" in totals:
             out["loss"] = totals["aux/loss_sum"] / count

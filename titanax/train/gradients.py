@@ -10,10 +10,21 @@ the microbatched one: a ``lax.scan`` over microbatches that sums gradients local
 collective over the data axis sits inside the loop.
 
 Each computer *declares* how its loss relates to the one-device loss on every mesh axis
-(``LossRelation``): over the data axis each shard's loss is a mean over its own rows (the reducer
-averages); over the TP axis every rank holds a copy. Differentiating a copy that jax types as
-*varying* counts it once per rank, so its objective is divided by the number of copies -- the
-declaration says which axes hold copies, the type says whether autodiff will see them as one.
+(``LossRelation``): over the data axis each shard's loss is a mean over its own trained tokens;
+over the TP axis every rank holds a copy. Differentiating a copy that jax types as *varying*
+counts it once per rank, so its objective is divided by the number of copies -- the declaration
+says which axes hold copies, the type says whether autodiff will see them as one.
+
+**Token-weighted.** The step's loss is the mean over every trained token of the batch, however
+unevenly the shards and microbatches hold them (an SFT batch's completions differ in length; a
+mean of per-shard means would weigh a short shard's tokens more). So when the batch is split
+(data shards, microbatches) and the model reports its count (``loss_count``), each device
+differentiates its mean loss times its *weight* -- its trained tokens over ``loss_capacity``, a
+constant every shard shares -- and the reducer divides the reduced gradients by the mean weight,
+which rides in the collectives already there. The weight enters before the backward, not after,
+because some gradients are summed over the batch axes inside it (FSDP's per-layer gathers
+transpose to reduce-scatters); the constant keeps the weighted gradients the size of a mean's
+(float16's range).
 """
 
 from __future__ import annotations
@@ -53,10 +64,14 @@ class LossRelation:
         return math.prod(mesh_shape[a] for a in self.copy_over if a in varying)
 
     def objective(self, loss: jax.Array, mesh_shape: Mapping[str, int],
-                  loss_scale: Optional[jax.Array] = None) -> jax.Array:
+                  loss_scale: Optional[jax.Array] = None,
+                  weight: Optional[jax.Array] = None) -> jax.Array:
         """What a computer differentiates: the loss with its copies counted once (see the
-        module docstring), times the loss scale (float16 loss scaling) when there is one."""
+        module docstring), times its weight when the shards are weighted, times the loss
+        scale (float16 loss scaling) when there is one."""
         objective = loss / self.copies_seen_by_autodiff(loss, mesh_shape)
+        if weight is not None:
+            objective = objective * jax.lax.stop_gradient(weight)
         return objective if loss_scale is None else objective * loss_scale
 
 
@@ -64,8 +79,9 @@ class LossRelation:
 class LocalGradients:
     """What a gradient computer returns (all in local view, unreduced)."""
 
+    # The gradients of ``loss`` -- times ``weight`` when there is one.
     grads: Any
-    # Mean loss over this device's rows (float32).
+    # Mean loss over this device's trained tokens (or examples, or rows; float32).
     loss: jax.Array
     # The model's aux counts (e.g. loss_sum, num_tokens), summed over microbatches.
     aux: Dict[str, jax.Array]
@@ -76,6 +92,38 @@ class LocalGradients:
     # ``{flattened param index: value}`` in local view, averaged over microbatches
     # (state_updates.py).
     state_updates: Dict[int, jax.Array] = dataclasses.field(default_factory=dict)
+    # This device's trained tokens over ``loss_capacity`` (see the module docstring): the
+    # reducer averages the batch shards weighted by it. None: the gradients are the plain
+    # mean's, and every shard weighs the same.
+    weight: Optional[jax.Array] = None
+
+
+# The aux counts a model's loss can be a mean over, in the order they are looked for.
+LOSS_COUNTS = ("num_tokens", "num_examples")
+
+
+def loss_count(aux: Mapping[str, jax.Array]) -> Optional[jax.Array]:
+    """What a forward's loss is a mean over, as its aux reports it (None: not reported)."""
+    for name in LOSS_COUNTS:
+        if name in aux:
+            return jnp.asarray(aux[name], jnp.float32)
+    return None
+
+
+def loss_capacity(batch: Any) -> int:
+    """What a shard's weight is counted against: the most target tokens it can hold (the
+    size of ``target_ids``), else its rows. Only its sameness on every shard matters for the
+    result; its size keeps the weighted gradients near a mean's."""
+    targets = batch.get("target_ids") if isinstance(batch, Mapping) else None
+    if targets is not None:
+        return max(1, int(math.prod(targets.shape)))
+    return max(1, int(jax.tree_util.tree_leaves(batch)[0].shape[0]))
+
+
+def weighs_shards(*, batch_shards: int, pieces: int) -> bool:
+    """Whether the shards' token counts must weigh their losses: when the batch is split over
+    devices or microbatches (else the one mean is already the token mean)."""
+    return batch_shards > 1 or pieces > 1
 
 
 class ModelGradients:
@@ -94,6 +142,9 @@ class ModelGradients:
         self.loss_relation = LossRelation(
             mean_over=self.batch_axes,
             copy_over=tuple(a for a in self.mesh_shape if a not in self.batch_axes))
+        self.weighted = weighs_shards(
+            batch_shards=math.prod(self.mesh_shape[a] for a in self.batch_axes),
+            pieces=accumulate_steps)
 
     @property
     def axes(self) -> Tuple[str, ...]:
@@ -134,48 +185,64 @@ class ModelGradients:
         return local
 
     def _gradients(self, params, batch, key, loss_scale, stored) -> LocalGradients:
-        grad_fn = jax.value_and_grad(functools.partial(self._objective, stored=stored),
-                                     has_aux=True)
+        # Every microbatch's weight is counted against the whole shard's capacity, so their
+        # weights add up to the shard's.
+        grad_fn = jax.value_and_grad(
+            functools.partial(self._objective, stored=stored, capacity=loss_capacity(batch)),
+            has_aux=True)
         count = self.accumulate_steps
         if count == 1:
-            (_, (loss, aux, summaries, updates)), grads = grad_fn(params, batch, key, loss_scale)
+            (_, (loss, aux, summaries, updates, weight)), grads = grad_fn(params, batch, key,
+                                                                          loss_scale)
             return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries,
-                                  state_updates=updates)
+                                  state_updates=updates, weight=weight)
         microbatches = _split_microbatches(batch, count)
 
         def accumulate(carry, inputs):
+            # Weighted, the summed gradients are those of sum(weight x loss); the loss is
+            # summed the same way and divided by the summed weight below.
             microbatch, index = inputs
-            (_, outputs), grads_i = grad_fn(params, microbatch, jax.random.fold_in(key, index),
-                                            loss_scale)
-            return jax.tree_util.tree_map(jnp.add, carry, (grads_i,) + outputs), None
+            (_, (loss_i, aux_i, summaries_i, updates_i, weight_i)), grads_i = grad_fn(
+                params, microbatch, jax.random.fold_in(key, index), loss_scale)
+            if weight_i is not None:
+                loss_i = loss_i * weight_i
+            outputs = (grads_i, loss_i, aux_i, summaries_i, updates_i, weight_i)
+            return jax.tree_util.tree_map(jnp.add, carry, outputs), None
 
         first = jax.tree_util.tree_map(lambda x: x[0], microbatches)
         shapes = jax.eval_shape(lambda: grad_fn(params, first, key, loss_scale)[0][1])
         zeros = jax.tree_util.tree_map(lambda s: self._varying(jnp.zeros(s.shape, s.dtype)),
                                        shapes)
         init = (jax.tree_util.tree_map(jnp.zeros_like, params),) + zeros
-        (grads, loss, aux, summaries, updates), _ = jax.lax.scan(
+        (grads, loss, aux, summaries, updates, weight), _ = jax.lax.scan(
             accumulate, init, (microbatches, jnp.arange(count)))
         average = lambda tree: jax.tree_util.tree_map(lambda x: x / count, tree)  # noqa: E731
-        return LocalGradients(grads=average(grads), loss=loss / count, aux=aux,
-                              summaries=average(summaries), state_updates=average(updates))
+        if weight is None:
+            return LocalGradients(grads=average(grads), loss=loss / count, aux=aux,
+                                  summaries=average(summaries), state_updates=average(updates))
+        # An all-padding shard has summed zeros: its mean loss is 0, not 0/0.
+        return LocalGradients(grads=grads, loss=loss / jnp.where(weight > 0, weight, 1.0),
+                              aux=aux, summaries=average(summaries),
+                              state_updates=average(updates), weight=weight)
 
     def _varying(self, value: jax.Array) -> jax.Array:
         """A scan carry the loop body makes varying must start varying (outside shard_map,
         with no mesh axes, there is nothing to cast)."""
         return collectives.cast_varying(value, self.axes) if self.axes else value
 
-    def _objective(self, params, batch, key, loss_scale, *, stored):
+    def _objective(self, params, batch, key, loss_scale, *, stored, capacity):
         compute_params = self.precision.cast_for_compute(params)
         inputs = self.precision.cast_for_compute(batch)
         (loss, aux), collection = functional(self.model, key, compute_params, (inputs,),
                                              is_training=True)
         loss = loss.astype(jnp.float32)
-        objective = self.loss_relation.objective(loss, self.mesh_shape, loss_scale)
+        count = loss_count(aux) if self.weighted else None
+        weight = None if count is None else jax.lax.stop_gradient(count) / capacity
+        objective = self.loss_relation.objective(loss, self.mesh_shape, loss_scale, weight)
         updates = state_updates.collect(collection.state_updates, stored,
                                         where=f"{type(self.model).__qualname__}.forward")
         return objective, (loss, aux, flat_summaries(collection.summaries),
-                           jax.lax.stop_gradient(updates))
+                           jax.lax.stop_gradient(updates), weight)
 
 
 

@@ -17,7 +17,9 @@ model. Per step, on every data shard:
 3. 1F1B: ``parallel.one_f_one_b`` runs the static table, the last stage running the head and
    the loss per microbatch inside the schedule.
 
-Either way the loss on each rank is a *partial sum* over ``pipe`` (declared: ``sum_over``), and
+Either way the loss on each rank is a *partial sum* over ``pipe`` (declared: ``sum_over``) of the
+mean over the data shard's trained tokens (token-weighted over its microbatches; over the data
+shards too, by a weight as in gradients.py, when there are several), and
 params replicated over ``pipe`` (embeddings, final norm) get their gradient summed there by the
 reducer -- a tied embedding collects both its stage-0 and its head contributions. Every layer
 draws its dropout key from the microbatch and its index in the whole model, so all schedules
@@ -28,6 +30,7 @@ per step, after it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -41,7 +44,8 @@ from titanax.parallel import collectives, one_f_one_b, pipeline
 from titanax.parallel.layout import Layout
 from titanax.parallel.plan import PP
 from titanax.train import pipeline_report
-from titanax.train.gradients import LocalGradients, LossRelation
+from titanax.train.gradients import (LocalGradients, LossRelation, loss_capacity,
+                                     weighs_shards)
 from titanax.train.param_gathering import ParamGathering
 from titanax.train.precision import Precision
 
@@ -73,6 +77,10 @@ class PipelinedGradients:
         self.remat_ticks = (cfg.checkpoint_ratio > 0 and cfg.schedule != "1f1b" if cfg.stages
                             else self.parts.remat_ticks)
         batch_axes = tuple(batch_axes)
+        # Microbatches inside the pipeline are token-weighted already (``_weight``): only data
+        # shards need a weight.
+        self.weighted = weighs_shards(
+            batch_shards=math.prod(self.mesh_shape[a] for a in batch_axes), pieces=1)
         self.loss_relation = LossRelation(
             mean_over=batch_axes,
             copy_over=tuple(a for a in self.mesh_shape if a not in batch_axes and a != cfg.axis),
@@ -105,8 +113,18 @@ class PipelinedGradients:
         if self.schedule == "1f1b":
             return self._one_f_one_b(params, batch, key, loss_scale)
         grad_fn = jax.value_and_grad(self._objective, has_aux=True)
-        (_, (loss, aux, summaries)), grads = grad_fn(params, batch, key, loss_scale)
-        return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries)
+        weight = self._shard_weight(batch)
+        (_, (loss, aux, summaries)), grads = grad_fn(params, batch, key, loss_scale, weight)
+        return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries,
+                              weight=weight)
+
+    def _shard_weight(self, batch: Any) -> Optional[jax.Array]:
+        """The data shard's trained tokens over its capacity (gradients.py), the same on every
+        pipe rank; None when the batch is not split over devices."""
+        if not self.weighted:
+            return None
+        count = jnp.asarray(self.parts.loss_weight(batch), jnp.float32)
+        return count / loss_capacity(batch)
 
     def _microbatches(self, batch: Any) -> Tuple[int, Any]:
         count = jax.tree_util.tree_leaves(batch)[0].shape[0] // self.microbatch_size
@@ -182,6 +200,7 @@ class PipelinedGradients:
         outside, staged = parts.split_params(params)
         stage_index = collectives.axis_index(self.pipe_axis)
         total_weight = _weight(parts, batch)
+        shard_weight = self._shard_weight(batch)
 
         def row(m):
             return jax.tree_util.tree_map(lambda v: v[m], compute_batches)
@@ -199,7 +218,7 @@ class PipelinedGradients:
             # Summaries as partial sums over pipe of the mean over microbatches (and stages).
             summaries = {**{k: v / (count * stages) for k, v in stage_summaries.items()},
                          **{k: v / count for k, v in head_summaries.items()}}
-            return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale),
+            return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale, shard_weight),
                     (loss, aux, summaries))
 
         functions = one_f_one_b.StageFunctions(
@@ -211,13 +230,13 @@ class PipelinedGradients:
         grads = parts.join_grads(result.outside_grads, result.staged_grads)
         grads = {k: grads[k] for k in params}  # The params' key order.
         return LocalGradients(grads=grads, loss=result.loss, aux=result.aux,
-                              summaries=result.summaries)
+                              summaries=result.summaries, weight=shard_weight)
 
-    def _objective(self, params, batch, key, loss_scale):
+    def _objective(self, params, batch, key, loss_scale, weight):
         compute_params = self.precision.cast_for_compute(params)
         inputs = self.precision.cast_for_compute(batch)
         loss, aux, summaries = self._forward(compute_params, inputs, key, is_training=True)
-        return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale),
+        return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale, weight),
                 (loss, aux, summaries))
 
 

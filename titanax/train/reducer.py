@@ -16,6 +16,11 @@ check: six small collectives where two suffice. The reducer issues
 The global gradient norm then needs no collective of its own, and neither does the finite check:
 after these two reductions the loss and the norm are the same on every device.
 
+When the gradient computer weighted each shard's loss by its trained tokens (gradients.py), the
+shards' weights ride in these same collectives as one more summed metric, and the averaged
+gradients, norm and loss are divided by the mean weight afterwards: token-weighted, with no
+collective of its own.
+
 With ZeRO-2 and FSDP ``grad_sync="per_step"`` the state is split along a real dimension of each
 param over the ZeRO axis, and those gradients are reduce-scattered into that layout first (one
 reduce-scatter each, instead of their part of step 1). A gradient split over the data axis (its
@@ -119,20 +124,42 @@ class GradientReducer:
     def data_size(self) -> int:
         return dict(self.mesh_shape)[self.data_axis] if self.data_axis else 1
 
+    @property
+    def batch_shards(self) -> int:
+        """How many shards the batch is split into (the product of the mean_over axes)."""
+        sizes = dict(self.mesh_shape)
+        return math.prod(sizes[a] for a in self.loss_relation.mean_over if a in sizes)
+
     def reduce(self, grads: Any, *, mean_metrics: Dict[str, jax.Array],
-               sum_metrics: Dict[str, jax.Array], sync_data: bool = True,
+               sum_metrics: Dict[str, jax.Array], weight: Optional[jax.Array] = None,
+               sync_data: bool = True,
                state_updates: Optional[Mapping[int, jax.Array]] = None) -> Reduced:
         """Reduces ``grads`` and the step's metrics (see the module docstring).
 
         ``mean_metrics`` are averaged over the data axis (the loss), ``sum_metrics`` summed
         (token counts). With ``sync_data=False`` metrics do not cross the data axis.
+        ``weight``: when the gradient computer weighted this device's loss (``grads`` are then
+        the gradients of weight x loss, gradients.py): the shards are averaged by weight -- the
+        plain mean below divided by the mean weight, which rides in the collectives already
+        there -- so the loss and the gradients are the mean over every trained token, however
+        unevenly the shards hold them. None: every shard weighs the same.
         ``state_updates`` (``{flattened param index: new value}``, state_updates.py) are averaged
         over every axis their param is replicated on -- always, whatever ``sync_data`` says,
         since every copy of a param must stay equal -- riding in the same collectives.
         """
+        weighted = weight is not None
+        if weighted:
+            # The plain mean over the shards below is then mean(weight x value); divided by
+            # mean(weight) afterwards it is the weighted mean.
+            if sync_data and "loss" in mean_metrics:
+                mean_metrics = {**mean_metrics, "loss": mean_metrics["loss"] * weight}
+            sum_metrics = {**sum_metrics, _WEIGHT: weight}
         leaves, treedef = jax.tree_util.tree_flatten(grads)
         metric_names = list(mean_metrics) + list(sum_metrics)
         metrics = [mean_metrics[k] for k in mean_metrics] + [sum_metrics[k] for k in sum_metrics]
+        # Which metrics cross the batch axes: all of them, or (sync_data=False) only the
+        # shards' weight, which the gradients need.
+        synced = [sync_data or name == _WEIGHT for name in metric_names]
         updates = dict(state_updates or {})
         leaves = list(leaves)
         for index, dim in enumerate(self.scatter_dims):
@@ -144,31 +171,42 @@ class GradientReducer:
             # Gradients split over the data axis (scattered above, or FSDP's, whose gather's
             # transpose reduced them) already hold their own part: only the others cross here.
             summed = [i for i, axes in enumerate(self.split_axes) if data not in axes]
-            carried = metrics if sync_data else []
+            carried = [i for i, crosses in enumerate(synced) if crosses]
             averaged_updates = [i for i in sorted(updates)
                                 if not self.param_split_over_data[i]]
             if summed or carried or averaged_updates:
-                reduced = collectives.psum([leaves[i] for i in summed] + carried
+                reduced = collectives.psum([leaves[i] for i in summed]
+                                           + [metrics[i] for i in carried]
                                            + [updates[i] for i in averaged_updates], data)
                 size = self.data_size
                 for position, index in enumerate(summed):
                     leaves[index] = reduced[position] / size
+                averaged = data in self.loss_relation.mean_over
+                for position, index in enumerate(carried):
+                    value = reduced[len(summed) + position]
+                    mean = averaged and index < len(mean_metrics)
+                    metrics[index] = value / size if mean else value
                 offset = len(summed) + len(carried)
                 for position, index in enumerate(averaged_updates):
                     updates[index] = reduced[offset + position] / size
-                if sync_data:
-                    averaged = data in self.loss_relation.mean_over
-                    metrics = [m / size if averaged and i < len(mean_metrics) else m
-                               for i, m in enumerate(reduced[len(summed):offset])]
         leaves, metrics, updates, norm_squared = self._reduce_other_axes(
-            leaves, metrics, updates, mean_metric_count=len(mean_metrics), sync_data=sync_data)
+            leaves, metrics, updates, mean_metric_count=len(mean_metrics), synced=synced)
+        out_metrics = dict(zip(metric_names, metrics))
+        if weighted:
+            total = out_metrics.pop(_WEIGHT)
+            # No trained token anywhere: every sum is 0, and so is the mean.
+            factor = self.batch_shards / jnp.where(total > 0, total, 1.0)
+            leaves = [(leaf.astype(jnp.float32) * factor).astype(leaf.dtype) for leaf in leaves]
+            norm_squared = norm_squared * jnp.square(factor)
+            if sync_data and "loss" in out_metrics:
+                out_metrics["loss"] = out_metrics["loss"] * factor
         return Reduced(grads=jax.tree_util.tree_unflatten(treedef, leaves),
-                       metrics=dict(zip(metric_names, metrics)), norm_squared=norm_squared,
+                       metrics=out_metrics, norm_squared=norm_squared,
                        state_updates=updates)
 
     def _reduce_other_axes(self, leaves: List[jax.Array], metrics: List[jax.Array],
                            updates: Dict[int, jax.Array], *, mean_metric_count: int,
-                           sync_data: bool):
+                           synced: Sequence[bool]):
         """One all-reduce per set of non-data axes; the norm's squares ride along.
 
         A gradient replicated over axes R is summed over R, and averaged over those of R the
@@ -183,7 +221,7 @@ class GradientReducer:
         relation = self.loss_relation
         out, out_metrics, out_updates = list(leaves), list(metrics), dict(updates)
         grad_groups, metric_groups, update_groups = self._groups(metrics, updates,
-                                                                 sync_data=sync_data)
+                                                                 synced=synced)
         early_squares, late_squares, local_squares = self._square_groups()
         norm_parts: List[jax.Array] = []
         sizes = dict(self.mesh_shape)
@@ -222,18 +260,19 @@ class GradientReducer:
 
 
     def _groups(self, metrics: List[jax.Array], updates: Dict[int, jax.Array], *,
-                sync_data: bool) -> Tuple[Dict[Tuple[str, ...], List[int]], ...]:
+                synced: Sequence[bool]) -> Tuple[Dict[Tuple[str, ...], List[int]], ...]:
         """Indices of the gradients, metrics and state updates, by the axes each is reduced
-        over outside the data axis."""
+        over outside the data axis (``synced[i]``: metric i crosses the batch axes)."""
         relation = self.loss_relation
-        # Without sync_data, metrics stay per batch shard: they cross no batch axis.
-        metric_excluded = {self.data_axis} | (set() if sync_data else set(relation.mean_over))
         grad_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, axes in enumerate(self.replicated_axes):
             if axes:
                 grad_groups.setdefault(axes, []).append(index)
         metric_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, value in enumerate(metrics):
+            # Unsynced metrics stay per batch shard: they cross no batch axis.
+            metric_excluded = {self.data_axis} | (set() if synced[index]
+                                                  else set(relation.mean_over))
             # Over a batch axis every shard's value is its own, varying-typed or not (a token
             # count of sum(ones) is not): psum counts it once per shard.
             varying = set(collectives.varying_axes(value)) | set(relation.mean_over)
@@ -263,6 +302,10 @@ class GradientReducer:
             else:
                 late.setdefault(split, []).append(index)
         return early, late, local
+
+
+# The name the shards' weight rides under among the metrics (never reported).
+_WEIGHT = "__shard_weight__"
 
 
 def _square_sum(values: Sequence[jax.Array]) -> jax.Array:

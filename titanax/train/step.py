@@ -7,7 +7,8 @@ collective in it is written here, in the reducer or in a layer:
    would all-reduce the gradient of each replicated param on every call -- once per microbatch.
 2. The gradient computer (``gradients.py``) returns local gradients, the loss, aux counts and the
    layers' summaries; with ``accumulate_steps`` a ``lax.scan`` over microbatches sums them
-   locally, nothing reduced inside the loop except what layers need (TP psums).
+   locally, nothing reduced inside the loop except what layers need (TP psums). When the batch
+   is split, each shard's loss is weighted by its trained tokens (gradients.py).
 3. The gradient reducer (``reducer.py``, planned once from the param specs) reduces every
    gradient once, after the loop, over exactly the axes its param is replicated on, in one
    data-axis all-reduce that also carries the metrics (with ZeRO-2 / FSDP: a reduce-scatter
@@ -126,7 +127,7 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
     with jax.named_scope("gradient_reduction"):
         reduced = setup.reducer.reduce(grads, mean_metrics={"loss": loss, **local.summaries},
                                        sum_metrics={f"aux/{k}": v for k, v in aux.items()},
-                                       sync_data=setup.sync_metrics,
+                                       weight=local.weight, sync_data=setup.sync_metrics,
                                        state_updates=local.state_updates)
     with jax.named_scope("optimizer_update"):
         new_state, update_stats = _apply_update(setup, state, reduced)

@@ -151,7 +151,7 @@ class CausalLanguageModel(BaseLayer):
 
     def loss_weight(self, batch: Dict[str, jax.Array]) -> jax.Array:
         """What ``forward``'s loss is a mean over: the (weighted) number of target tokens."""
-        return jnp.maximum(jnp.sum(token_weights(batch, batch["target_ids"].shape)), 1.0)
+        return jnp.sum(token_weights(batch, batch["target_ids"].shape))
 
 
 def document_inputs(batch: Dict[str, Any]) -> Dict[str, jax.Array]:
