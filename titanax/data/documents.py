@@ -1,11 +1,14 @@
-"""Documents from the user's files: JSONL records or plain text, with a counted bad-record policy.
+"""Documents from the user's files: JSONL, Parquet or plain text, with a counted bad-record policy.
 
 A *document* is what a model should read as one piece: a ``{"text": ...}`` record, a
-``{"prompt": ..., "completion": ...}`` pair (fine-tuning: only the completion is trained on), or
-a blank-line-separated paragraph of a text file. Every document keeps where it came from
-(``file:line``), so a problem is named where it is. A line that is not JSON, or lacks the field,
-stops the run (``on_bad_record="stop"``, the default) or is skipped and counted
-(``"skip"``); an empty file is said so. Nothing is dropped silently.
+``{"prompt": ..., "completion": ...}`` pair (fine-tuning: only the completion is trained on), a
+``{"messages": [{"role": ..., "content": ...}, ...]}`` conversation (only the assistant's turns
+are trained on; ``chat.py`` renders it), or a blank-line-separated paragraph of a text file.
+``.jsonl`` / ``.json`` files hold one JSON record per line; ``.parquet`` files one record per row
+(columns named like the fields; pyarrow, the ``parquet`` extra). Every document keeps where it
+came from (``file:line`` or ``file:row``), so a problem is named where it is. A record that is
+not JSON, or lacks its field, stops the run (``on_bad_record="stop"``, the default) or is skipped
+and counted (``"skip"``); an empty file is said so. Nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -15,23 +18,82 @@ import glob
 import json
 import logging
 import os
-from typing import Iterator, List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from titanax import errors
 
 _log = logging.getLogger("titanax")
 
+# The roles a chat message may have.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
 
 @dataclasses.dataclass(frozen=True)
 class Document:
-    """One document: its text (or prompt and completion) and where it came from."""
+    """One document: its text (or prompt and completion, or messages) and where it came from."""
 
-    # The whole text; for a prompt/completion pair, the completion.
+    # The whole text; for a prompt/completion pair, the completion; "" for a conversation.
     text: str
     # The prompt of a pair (not trained on); "" for plain documents.
     prompt: str = ""
-    # "file:line" (JSONL) or "file:paragraph" (text).
+    # "file:line" (JSONL), "file:row" (Parquet) or "file:paragraph" (text).
     where: str = ""
+    # A conversation's messages, ((role, content), ...); empty for the other kinds.
+    messages: Tuple[Tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordFormat:
+    """Which fields of a record make a document, by kind."""
+
+    # "text", "prompt_completion" or "chat".
+    kind: str = "text"
+    text_field: str = "text"
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    messages_field: str = "messages"
+
+    @property
+    def fields(self) -> Tuple[str, ...]:
+        """The record fields (Parquet columns) this kind reads."""
+        return {"text": (self.text_field,),
+                "prompt_completion": (self.prompt_field, self.completion_field),
+                "chat": (self.messages_field,)}[self.kind]
+
+    def document(self, record: Any, where: str) -> Document:
+        """The document of one record; a ``ValueError`` saying what is wrong with it."""
+        if not isinstance(record, dict):
+            raise ValueError("the record is not a JSON object")
+        missing = [name for name in self.fields if record.get(name) is None
+                   or (self.kind != "chat" and not isinstance(record.get(name), str))]
+        if missing:
+            raise ValueError(f"no {'messages' if self.kind == 'chat' else 'text'} field "
+                             f"{missing[0]!r} (fields: {', '.join(sorted(record)) or 'none'})")
+        if self.kind == "text":
+            return Document(text=record[self.text_field], where=where)
+        if self.kind == "prompt_completion":
+            return Document(text=record[self.completion_field],
+                            prompt=record[self.prompt_field], where=where)
+        return Document(text="", where=where,
+                        messages=_messages(record[self.messages_field], self.messages_field))
+
+
+def _messages(value: Any, field: str) -> Tuple[Tuple[str, str], ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{field!r} is not a non-empty list of messages")
+    out = []
+    for index, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise ValueError(f"{field}[{index}] is not a {{\"role\": ..., \"content\": ...}} "
+                             "object of strings")
+        if message["role"] not in CHAT_ROLES:
+            raise ValueError(f"{field}[{index}] has role {message['role']!r}, not one of "
+                             f"{', '.join(CHAT_ROLES)}")
+        out.append((message["role"], message["content"]))
+    if not any(role == "assistant" for role, _ in out):
+        raise ValueError("the conversation has no assistant message to train on")
+    return tuple(out)
 
 
 @dataclasses.dataclass
@@ -57,25 +119,42 @@ def matching_files(patterns: Sequence[str], *, where: str) -> List[str]:
         found = {p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)}
         if not found:
             raise errors.DataError(f"no files match {pattern!r}", path=where,
-                                   suggestion="give globs of .jsonl or text files")
+                                   suggestion="give globs of .jsonl, .parquet or text files")
         paths |= found
     return sorted(paths)
 
 
-def read_documents(paths: Sequence[str], *, fields: Sequence[str], on_bad_record: str = "stop",
-                   report: Optional[ReadReport] = None, where: str = "files"
-                   ) -> Iterator[Document]:
-    """The documents of ``paths`` in order. ``fields``: ``("text",)`` for plain records, or
-    ``(prompt_field, completion_field)`` for pairs. ``.jsonl`` / ``.json`` files are read as
-    JSON lines; other files as text, one document per blank-line-separated paragraph."""
+def read_documents(paths: Sequence[str], *, record_format: RecordFormat = RecordFormat(),
+                   on_bad_record: str = "stop", report: Optional[ReadReport] = None,
+                   where: str = "files") -> Iterator[Document]:
+    """The documents of ``paths`` in order. ``.jsonl`` / ``.json`` files are read as JSON lines,
+    ``.parquet`` files row by row; other files as text, one document per blank-line-separated
+    paragraph."""
     report = report if report is not None else ReadReport()
     for path in paths:
         report.files += 1
         before = report.documents
         if path.endswith((".jsonl", ".json")):
-            yield from _jsonl(path, fields, on_bad_record, report)
+            records = _jsonl(path)
+        elif path.endswith(".parquet"):
+            records = _parquet(path, record_format)
         else:
-            yield from _paragraphs(path, fields, report)
+            records = _paragraphs(path, record_format)
+        for place, record in records:
+            try:
+                if isinstance(record, Exception):
+                    raise record
+                document = record_format.document(record, place)
+            except ValueError as e:
+                if on_bad_record == "skip":
+                    report.skipped += 1
+                    _log.warning("skipped %s: %s", place, e)
+                    continue
+                raise errors.DataError(f"bad record: {e}", path=place,
+                                       suggestion="fix the record, or skip bad records with "
+                                                  "on_bad_record='skip' (they are counted)")
+            report.documents += 1
+            yield document
         if report.documents == before:
             report.empty_files += 1
             _log.warning("%s holds no document", path)
@@ -84,45 +163,56 @@ def read_documents(paths: Sequence[str], *, fields: Sequence[str], on_bad_record
                                suggestion="check the files and the record fields")
 
 
-def _jsonl(path: str, fields: Sequence[str], on_bad_record: str,
-           report: ReadReport) -> Iterator[Document]:
+def _jsonl(path: str) -> Iterator[Tuple[str, Any]]:
+    """``(file:line, record)`` per non-blank line; a line that does not parse gives its
+    ``ValueError`` as the record."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
                     raise ValueError(f"not UTF-8 ({e.reason} at byte {e.start})") from e
                 record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise ValueError("the line is not a JSON object")
-                missing = [name for name in fields if not isinstance(record.get(name), str)]
-                if missing:
-                    raise ValueError(f"no text field {missing[0]!r} (fields: "
-                                     f"{', '.join(sorted(record)) or 'none'})")
             except ValueError as e:
-                if on_bad_record == "skip":
-                    report.skipped += 1
-                    _log.warning("skipped %s: %s", where, e)
-                    continue
-                raise errors.DataError(f"bad record: {e}", path=where,
-                                       suggestion="fix the line, or skip bad records with "
-                                                  "on_bad_record='skip' (they are counted)")
-            report.documents += 1
-            if len(fields) == 1:
-                yield Document(text=record[fields[0]], where=where)
-            else:
-                yield Document(text=record[fields[1]], prompt=record[fields[0]], where=where)
+                record = e
+            yield f"{path}:{number}", record
 
 
-def _paragraphs(path: str, fields: Sequence[str], report: ReadReport) -> Iterator[Document]:
-    if len(fields) != 1:
-        raise errors.DataError("a prompt/completion source needs JSONL records", path=path,
-                               suggestion="give .jsonl files with the prompt and completion "
-                                          "fields")
+def _parquet(path: str, record_format: RecordFormat) -> Iterator[Tuple[str, Any]]:
+    """``(file:row N, record)`` per row, reading only the format's columns, a batch at a time."""
+    try:
+        import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise errors.DataError("reading Parquet needs pyarrow", path=path,
+                               suggestion="pip install 'titanax[parquet]'") from e
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as e:  # pylint: disable=broad-except  (pyarrow's own errors)
+        raise errors.DataError(f"not a Parquet file: {e}", path=path,
+                               suggestion="give .parquet files written by pyarrow, pandas or "
+                                          "datasets") from e
+    columns = table.schema_arrow.names
+    missing = [name for name in record_format.fields if name not in columns]
+    if missing:
+        raise errors.DataError(f"no column {missing[0]!r} (columns: {', '.join(columns)})",
+                               path=path, suggestion="name the field the documents are in "
+                                                     "(text_field / prompt_field / ...)")
+    row = 0
+    for batch in table.iter_batches(columns=list(record_format.fields)):
+        for record in batch.to_pylist():
+            row += 1
+            yield f"{path}:row {row}", record
+
+
+def _paragraphs(path: str, record_format: RecordFormat) -> Iterator[Tuple[str, Any]]:
+    if record_format.kind != "text":
+        raise errors.DataError(f"{record_format.kind} records come from JSONL or Parquet files",
+                               path=path,
+                               suggestion="give .jsonl or .parquet files with the fields "
+                                          f"{', '.join(record_format.fields)}")
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -130,5 +220,4 @@ def _paragraphs(path: str, fields: Sequence[str], report: ReadReport) -> Iterato
         raise errors.DataError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=path,
                                suggestion="convert it to UTF-8 or leave it out") from e
     for index, paragraph in enumerate(p for p in text.split("\n\n") if p.strip()):
-        report.documents += 1
-        yield Document(text=paragraph.strip("\n"), where=f"{path}:paragraph {index + 1}")
+        yield f"{path}:paragraph {index + 1}", {record_format.text_field: paragraph.strip("\n")}

