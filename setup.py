@@ -15,6 +15,8 @@ BENCHMARK_EXTRAS = ["flax>=0.12.8,<0.13", "matplotlib>=3.8"]
 HF_REFERENCE_EXTRAS = ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.4"]
 # Parquet document sources (titanax.data.documents).
 PARQUET_EXTRAS = ["pyarrow>=15"]
+# SentencePiece tokenizer models (titanax.data.tokenizer_backends).
+SENTENCEPIECE_EXTRAS = ["sentencepiece>=0.2"]
 
 setup(
     name="titanax",
@@ -52,10 +54,11 @@ setup(
         # Peer implementations of the GPT (benchmarks/peers/) and the benchmark plots.
         "benchmarks": BENCHMARK_EXTRAS,
         "parquet": PARQUET_EXTRAS,
+        "sentencepiece": SENTENCEPIECE_EXTRAS,
         # CI installs '.[dev]': it runs tests/benchmarks (the peers' extras) and tests/hf
         # (transformers as the reference).
         "dev": ["pytest>=8", "pytest-xdist>=3.5"] + BENCHMARK_EXTRAS + HF_REFERENCE_EXTRAS
-               + PARQUET_EXTRAS,
+               + PARQUET_EXTRAS + SENTENCEPIECE_EXTRAS,
     },
     entry_points={"console_scripts": ["titanax-launch=titanax.launch:run_main"]},
 )

@@ -115,3 +115,46 @@ def test_special_tokens_written_in_text_are_text_and_configs_are_checked(trained
     with pytest.raises(errors.DataError, match="cannot read it") as e:
         Tokenizer.default_config().set(path=str(bare)).instantiate()
     assert e.value.path.endswith("tokenizer_config.json")
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_dir(tmp_path_factory, bundled):
+    """A 600-piece SentencePiece BPE (byte fallback) trained here on two plays, saved as a
+    Hugging Face directory holds one: tokenizer.model beside tokenizer_config.json."""
+    import sentencepiece  # pylint: disable=import-outside-toplevel
+    out = tmp_path_factory.mktemp("spm")
+    _, texts = bundled
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter("\n".join(texts[:2]).splitlines()),
+        model_prefix=str(out / "tokenizer"), vocab_size=600, model_type="bpe", unk_id=0,
+        bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, minloglevel=2,
+        # Llama's settings: text kept as it is (newlines included), digits one by one.
+        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True)
+    (out / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", '
+        '"add_bos_token": true, "add_eos_token": false, "legacy": false}')
+    return str(out)
+
+
+def test_a_sentencepiece_model_encodes_as_transformers_does(sentencepiece_dir, bundled):
+    from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
+    _, texts = bundled
+    ours = Tokenizer.default_config().set(path=sentencepiece_dir).instantiate()
+    assert ours.file.endswith("tokenizer.model") and ours.vocab_size == 600
+    assert (ours.bos_id, ours.eos_id) == (1, 2)
+    theirs = AutoTokenizer.from_pretrained(sentencepiece_dir)
+    for text in [texts[2][:5000], "naïve café — 日本語 🎭\n\n  x 1234"]:
+        ids = ours.encode(text)
+        assert ids.tolist() == theirs(text, add_special_tokens=False)["input_ids"]
+        assert ours.decode(ids) == text
+    # A document's "</s>" is text (transformers would read it as the EOS token).
+    written = "a </s> in the text stays text"
+    assert 2 not in ours.encode(written).tolist() and ours.decode(ours.encode(written)) == written
+    # The model file alone: its own BOS / EOS pieces.
+    alone = Tokenizer.default_config().set(
+        path=os.path.join(sentencepiece_dir, "tokenizer.model")).instantiate()
+    assert (alone.token(alone.bos_id), alone.token(alone.eos_id)) == ("<s>", "</s>")
+    # The default chat template's BOS and the assistant's EOS are read as those tokens.
+    ids, trained = ours.encode_conversation([("user", "Hi"), ("assistant", "Hail.")])
+    assert ids[0] == 1 and not trained[0] and 2 in ids[trained].tolist()

@@ -129,10 +129,10 @@ class PackedDocuments(Configurable):
         # Which stored row each index reads: all of them once, or a mixture's draw.
         self.index = (np.arange(sum(counts)) if cfg.weights is None
                       else self._mixture(counts, [str(f) for f in cfg.files]))
-        self.report.rows = len(self.index)
+        self.report.rows = sum(counts)
         _log.warning("%s split: %s; %s", cfg.split, self.read_report.text(),
                      self.report.text())
-        if not self.report.rows:
+        if not len(self.index):
             raise errors.DataError(f"the {cfg.split} split has no row ({self.report.text()})",
                                    path="files", suggestion="give more documents or lower "
                                                             "held_out_fraction")
@@ -222,7 +222,11 @@ class PackedDocuments(Configurable):
         of ``sum(counts)`` rows: whole seeded passes over it, then a seeded part of one more."""
         weights = np.asarray(self.config.weights, np.float64)
         total = sum(counts)
-        shares = np.maximum(1, np.round(total * weights / weights.sum())).astype(int)
+        exact = total * weights / weights.sum()
+        # Whole rows that add up to the total: the largest remainders get the rows left over.
+        shares = np.floor(exact).astype(int)
+        shares[np.argsort(shares - exact)[:total - shares.sum()]] += 1
+        shares = np.maximum(shares, 1)
         rng = np.random.default_rng(self.config.seed)
         offsets = np.cumsum([0] + counts[:-1])
         drawn, lines = [], []
@@ -266,7 +270,7 @@ class PackedDocuments(Configurable):
         return out
 
     def __len__(self) -> int:
-        return self.report.rows
+        return len(self.index)
 
     def __getitem__(self, index: int) -> Dict[str, Any]:
         row = self.index[index]

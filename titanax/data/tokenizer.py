@@ -1,102 +1,81 @@
-"""Tokenizers: bytes (the default for the bundled corpus), or a Hugging Face ``tokenizer.json``.
+"""Tokenizers: bytes (the default for the bundled corpus), a Hugging Face ``tokenizer.json``, or a
+SentencePiece ``.model``.
 
-``ByteTokenizer``: every UTF-8 byte is a token (vocabulary 256), so any text round-trips and no
-file is needed. ``Tokenizer`` (a config) loads a ``tokenizer.json`` -- written by
-``python -m titanax.data.train_tokenizer`` or shipped with a Hugging Face model -- through the
-``tokenizers`` package, with the BOS / EOS ids the model expects (from the JSON's special tokens
-or the directory's ``tokenizer_config.json``). Its ``path`` left unset gives the byte tokenizer.
-Conversations are rendered with the tokenizer's chat template (``chat.py``).
+Bytes need no file: every UTF-8 byte is a token (vocabulary 256), so any text round-trips.
+``Tokenizer`` (a config) loads a ``tokenizer.json`` -- written by ``python -m
+titanax.data.train_tokenizer`` or shipped with a Hugging Face model -- through the ``tokenizers``
+package, or a SentencePiece model through ``sentencepiece`` (``tokenizer_backends.py``), with the
+BOS / EOS ids the model expects (from the directory's ``tokenizer_config.json``, else the
+vocabulary's own). Its ``path`` left unset gives the byte tokenizer. Conversations are rendered
+with the tokenizer's chat template (``chat.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
 from titanax.data import chat
+from titanax.data.tokenizer_backends import ByteTokenizer, SentencePieceFile, TokenizersFile
 from titanax.io.files import read_json_object
 
 TOKENIZER_FILE = "tokenizer.json"
+# A SentencePiece model's name in a Hugging Face model directory.
+SENTENCEPIECE_FILE = "tokenizer.model"
 
 _log = logging.getLogger("titanax")
 
-# Special tokens that mark a document boundary when a tokenizer.json has no other.
-BOUNDARY_TOKENS = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
-
-
-class ByteTokenizer:
-    """Text <-> uint8 ids."""
-
-    vocab_size = 256
-    bos_id: Optional[int] = None
-    eos_id: Optional[int] = None
-
-    def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
-
-    def decode(self, ids) -> str:
-        return bytes(np.asarray(ids, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
-
 
 class Tokenizer(Configurable):
-    """A ``tokenizer.json`` (HF ``tokenizers`` format), or bytes when no path is given."""
+    """A ``tokenizer.json`` or SentencePiece model, or bytes when no path is given."""
 
     class Config(Configurable.Config):
-        # tokenizer.json, or the directory holding it (a Hugging Face model directory); None:
-        # the byte tokenizer (vocabulary 256).
+        # tokenizer.json, a SentencePiece .model, or the directory holding one (a Hugging Face
+        # model directory; tokenizer.json first); None: the byte tokenizer (vocabulary 256).
         path: Optional[str] = None
         # Token that starts every document (None: the tokenizer's bos_token -- from
-        # tokenizer_config.json, unless it says add_bos_token false -- or its one special
-        # token; "": none).
+        # tokenizer_config.json, unless it says add_bos_token false -- or its own; "": none).
         bos_token: Optional[str] = None
-        # Token that ends every document (None: the tokenizer's eos_token, or its one special
-        # token; "": none).
+        # Token that ends every document (None: the tokenizer's eos_token, or its own; "":
+        # none).
         eos_token: Optional[str] = None
         # A Jinja chat template for conversations, instead of the tokenizer's own (its
         # tokenizer_config.json's chat_template, or chat_template.jinja); with neither,
-        # chat.DEFAULT_TEMPLATE ("role: content" lines).
+        # chat.DEFAULT_TEMPLATE ("### <role>" lines).
         chat_template: Optional[str] = None
 
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)
         cfg = self.config
-        self._bytes = cfg.path is None
         self._template: Optional[chat.ChatTemplate] = None
         self._shipped_template: Optional[str] = None
-        if self._bytes:
+        self.file: Optional[str] = None
+        if cfg.path is None:
             self._impl = ByteTokenizer()
             self.vocab_size = ByteTokenizer.vocab_size
             self.bos_id = self.eos_id = None
             return
         self.file = tokenizer_file(cfg.path, where="tokenizer.path")
-        try:
-            from tokenizers import Tokenizer as HFTokenizer  # pylint: disable=import-outside-toplevel
-            self._impl = HFTokenizer.from_file(self.file)
-        except Exception as e:  # pylint: disable=broad-except  (the package's own errors)
-            raise errors.DataError(f"cannot load the tokenizer: {e}", path="tokenizer.path",
-                                   suggestion=f"give a tokenizer.json written by the tokenizers "
-                                              f"package ({self.file})") from e
-        # A document's text is text: "<|endoftext|>" written in it is not the boundary token.
-        # (A chat template's markup is read with its special tokens: ``_markup``.)
-        self._markup = HFTokenizer.from_file(self.file)
-        self._impl.encode_special_tokens = True
-        self.vocab_size = self._impl.get_vocab_size(with_added_tokens=True)
+        self._impl = (SentencePieceFile(self.file) if not self.file.endswith(".json")
+                      else TokenizersFile(self.file))
+        self.vocab_size = self._impl.vocab_size
         directory = os.path.dirname(self.file)
         tokenizer_config = _tokenizer_config(directory)
         self._shipped_template = chat.template_source(tokenizer_config, directory)
-        special = _special_tokens(tokenizer_config, self._impl)
+        special = (self._impl.default_specials() if tokenizer_config is None
+                   else _configured_specials(tokenizer_config))
         self.bos_id = self._id(special.get("bos_token") if cfg.bos_token is None
                                else cfg.bos_token or None, "bos_token")
         self.eos_id = self._id(special.get("eos_token") if cfg.eos_token is None
                                else cfg.eos_token or None, "eos_token")
         if self.bos_id is None and self.eos_id is None:
-            _log.warning("%s names no BOS or EOS token (no tokenizer_config.json, and not one "
-                         "special token): documents get no boundary token; set "
+            _log.warning("%s names no BOS or EOS token (no tokenizer_config.json, and none of "
+                         "its own): documents get no boundary token; set "
                          "tokenizer.bos_token / eos_token", self.file)
 
     def _id(self, token: Optional[str], field: str) -> Optional[int]:
@@ -111,20 +90,13 @@ class Tokenizer(Configurable):
 
     def encode(self, text: str) -> np.ndarray:
         """The ids of ``text`` (no BOS / EOS added: documents get those where they are cut)."""
-        if self._bytes:
-            return self._impl.encode(text)
-        return np.asarray(self._impl.encode(text, add_special_tokens=False).ids, np.int32)
+        return self._impl.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> List[np.ndarray]:
-        if self._bytes:
-            return [self._impl.encode(t) for t in texts]
-        return [np.asarray(e.ids, np.int32)
-                for e in self._impl.encode_batch(list(texts), add_special_tokens=False)]
+        return self._impl.encode_batch(texts)
 
     def decode(self, ids) -> str:
-        if self._bytes:
-            return self._impl.decode(ids)
-        return self._impl.decode([int(i) for i in ids], skip_special_tokens=False)
+        return self._impl.decode(ids)
 
     def token(self, token_id: Optional[int]) -> str:
         """The text of a special token (``""`` for None)."""
@@ -145,15 +117,14 @@ class Tokenizer(Configurable):
                                        suggestion="fix the template") from e
         return self._template
 
-    def encode_conversation(self, messages) -> "tuple[np.ndarray, np.ndarray]":
+    def encode_conversation(self, messages) -> Tuple[np.ndarray, np.ndarray]:
         """``(ids, trained)``: a conversation rendered by the chat template, its special tokens
         read as such, and per token whether it is the assistant's (trained on). Each span is
         encoded on its own, as a prompt and its completion are. A ``chat.TemplateError`` when the
         template cannot render it."""
         ids, trained = [], []
         for text, is_trained in self.chat_template.spans(messages):
-            piece = (self._impl.encode(text) if self._bytes else np.asarray(
-                self._markup.encode(text, add_special_tokens=False).ids, np.int32))
+            piece = self._impl.encode_markup(text)
             ids.append(piece)
             trained.append(np.full(len(piece), is_trained))
         if not ids:
@@ -162,14 +133,22 @@ class Tokenizer(Configurable):
 
 
 def tokenizer_file(path: str, *, where: str) -> str:
-    """``path`` itself, or ``path/tokenizer.json``; a missing one is a ``DataError``."""
-    candidate = os.path.join(path, TOKENIZER_FILE) if os.path.isdir(path) else path
+    """``path`` itself, or the directory's ``tokenizer.json`` (else its ``tokenizer.model``); a
+    missing one is a ``DataError``."""
+    candidate = path
+    if os.path.isdir(path):
+        candidate = os.path.join(path, TOKENIZER_FILE)
+        if not os.path.isfile(candidate) and os.path.isfile(
+                os.path.join(path, SENTENCEPIECE_FILE)):
+            candidate = os.path.join(path, SENTENCEPIECE_FILE)
     if not os.path.isfile(candidate):
         raise errors.DataError(
-            "no such file" if not os.path.isdir(path) else f"the directory has no {TOKENIZER_FILE}",
+            "no such file" if not os.path.isdir(path)
+            else f"the directory has no {TOKENIZER_FILE} or {SENTENCEPIECE_FILE}",
             path=f"{where}: {candidate}",
             suggestion="give a tokenizer.json (python -m titanax.data.train_tokenizer writes "
-                       "one) or the Hugging Face model directory that holds it")
+                       "one), a SentencePiece .model, or the Hugging Face model directory that "
+                       "holds one")
     return os.path.abspath(candidate)
 
 
@@ -181,16 +160,9 @@ def _tokenizer_config(directory: str) -> Optional[dict]:
     return read_json_object(path, error=errors.DataError, suggestion="fix or remove the file")
 
 
-def _special_tokens(config: Optional[dict], tokenizer: Any) -> dict:
+def _configured_specials(config: dict) -> dict:
     """bos_token / eos_token from tokenizer_config.json (strings or {"content": ...} entries;
-    ``add_bos_token: false`` drops the BOS), else the tokenizer's one special token as both when
-    it is a boundary token (what train_tokenizer writes: <|endoftext|>; GPT-2's tokenizer.json)."""
-    if config is None:
-        specials = [t.content for t in tokenizer.get_added_tokens_decoder().values()
-                    if t.special]
-        if len(specials) == 1 and specials[0] in BOUNDARY_TOKENS:
-            return {"bos_token": specials[0], "eos_token": specials[0]}
-        return {}
+    ``add_bos_token: false`` drops the BOS)."""
     out = {}
     for key in ("bos_token", "eos_token"):
         value = config.get(key)
