@@ -316,3 +316,24 @@ def test_an_eval_batch_that_does_not_split_fails_before_the_first_step():
         engine.fit()
     assert info.value.path == "evalers['test'].input.global_batch_size"
     assert engine.state is None and not engine.history  # Nothing was spent on training.
+
+
+def test_an_evaler_with_fewer_rows_than_its_batches_reads_them_once(tmp_path, caplog):
+    """20 held-out rows, num_batches=5 of 16: one pass of 2 batches (the last padded), every
+    trained token counted once -- not 80 rows with some counted twice."""
+    import json  # pylint: disable=import-outside-toplevel
+    from titanax.data.packed import PackedDocuments  # pylint: disable=import-outside-toplevel
+    from titanax.data.pipeline import Input  # pylint: disable=import-outside-toplevel
+    from titanax.train.evaler import Evaler  # pylint: disable=import-outside-toplevel
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"held out {i:02d}."}) + "\n"
+                            for i in range(20)))
+    source = PackedDocuments.default_config().set(files=[str(path)], seq_len=16, pack=False,
+                                                  held_out_fraction=0.0)
+    evaler = Evaler.default_config().set(
+        input=Input.default_config().set(source=source, global_batch_size=16), num_batches=5)
+    engine = helpers.gpt_engine(data=8, evalers={"heldout": evaler})
+    engine.fit(data=iter(helpers.text_batches(batch_size=16, count=1)), steps=1)
+    results = engine.run_evalers(1, only_due=False)
+    assert results["heldout"]["count"] == source.instantiate().report.trained_tokens == 20 * 11
+    assert "fewer than num_batches=5 x 16: evaluating one pass (2 batch(es)" in caplog.text

@@ -8,7 +8,9 @@ token-weighted loss and accuracy by ``evaler.summarize``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
+import logging
+import math
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -16,6 +18,8 @@ import numpy as np
 from titanax import errors
 from titanax.train import preemption
 from titanax.train.evaler import Evaler, summarize
+
+_log = logging.getLogger("titanax")
 
 
 class Evaluation:
@@ -27,6 +31,8 @@ class Evaluation:
         # The step of the latest evaluation and what it gave (the end of a run reuses them).
         self.last_step: Optional[int] = None
         self.last_results: Dict[str, Dict[str, float]] = {}
+        # Evalers already told their data is cut to one pass.
+        self._cut_to_one_pass: set = set()
 
     @property
     def evalers(self) -> Dict[str, Evaler]:
@@ -50,13 +56,33 @@ class Evaluation:
         for name, evaler in self.evalers.items():
             if only_due and not evaler.due(step):
                 continue
-            data = make_input(evaler.config.input, f"evalers[{name!r}].input")
-            metrics = evaluate(data, evaler.config.num_batches)
+            data, batches = self._at_most_one_pass(evaler, make_input, f"evalers[{name!r}]")
+            metrics = evaluate(data, batches)
             results[name] = metrics
             for logger in loggers:
                 logger.log_dict({f"{name}/{k}": v for k, v in metrics.items()}, step)
         self.last_step, self.last_results = step, results
         return results
+
+    def _at_most_one_pass(self, evaler: Evaler, make_input: Callable[[Any, str], Iterable],
+                          where: str) -> Tuple[Iterable, Optional[int]]:
+        """An evaler's input and how many batches to read: ``num_batches``, unless the held-out
+        rows are fewer than that many batches -- a repeating input would then count some rows
+        twice -- when it reads one pass instead, the last batch padded (padding weighs 0)."""
+        cfg = evaler.config
+        data = make_input(cfg.input, f"{where}.input")
+        source = getattr(data, "source", None)
+        batch = cfg.input.global_batch_size
+        if cfg.num_batches is None or cfg.input.num_epochs is not None or source is None \
+                or len(source) >= cfg.num_batches * batch:
+            return data, cfg.num_batches
+        one_pass = math.ceil(len(source) / batch)
+        if where not in self._cut_to_one_pass:  # Said once per run.
+            self._cut_to_one_pass.add(where)
+            _log.warning("%s: the held-out data has %d rows, fewer than num_batches=%d x %d: "
+                         "evaluating one pass (%d batch(es), the last padded) so that no row "
+                         "counts twice", where, len(source), cfg.num_batches, batch, one_pass)
+        return make_input(cfg.input.clone(num_epochs=1, last_batch="pad"), f"{where}.input"), None
 
 
 def evaluate(compiled: Callable[[Any, Any], Dict[str, Any]], params: Any, data: Iterable, *,
