@@ -95,6 +95,8 @@ def llama_tiny_sft():
     cfg = llama_tiny_packed()
     for input_cfg in (cfg.train_input, cfg.evalers["heldout"].input):
         input_cfg.source.format = "prompt_completion"
+        # A pair longer than a row keeps its completion and the end of its prompt.
+        input_cfg.source.long_documents = "truncate"
     cfg.max_steps = 200
     cfg.evalers["heldout"].every_n_steps = 50
     cfg.evalers["heldout"].num_batches = 5
@@ -112,6 +114,8 @@ def llama3_8b_sft_fsdp_tp():
                                     seq_len=4096)
     cfg.evalers["heldout"].input = _packed_input("test", fmt="prompt_completion", batch_size=32,
                                                  seq_len=4096, seed=1)
+    for input_cfg in (cfg.train_input, cfg.evalers["heldout"].input):
+        input_cfg.source.long_documents = "truncate"
     cfg.learner.optimizer.learning_rate.peak_value = 2e-5
     cfg.max_steps = 1000
     return cfg

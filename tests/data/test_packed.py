@@ -146,3 +146,27 @@ def test_prompt_completion_without_files_and_an_odd_head_width_are_refused():
     cfg = Decoder.default_config().set(name="m", model_dim=28, num_heads=4)  # Heads of 7.
     with pytest.raises(errors.ConfigValidationError, match="model_dim.*width 7"):
         cfg.validate()
+
+
+def test_long_pairs_keep_their_completion_when_truncated_or_are_dropped(tmp_path):
+    """Prompts of 60 bytes before completions of 10, rows of 32: "truncate" keeps each whole
+    completion after the end of its prompt; "drop" leaves the long ones out; both counted."""
+    records = [{"prompt": f"{i:02d}" + "p" * 58, "completion": f" answer {i:02d}"}
+               for i in range(6)] + [{"prompt": "short?", "completion": " yes"}]
+    files = [_jsonl(tmp_path / "long.jsonl", records)]
+    truncated = _source(files, format="prompt_completion", seq_len=32, pack=False, seed=None,
+                        long_documents="truncate")
+    assert truncated.report.truncated_documents == 6
+    assert truncated.report.truncated_tokens == 6 * (70 - 1 - 32)
+    for index, record in enumerate(records):
+        row = truncated[index]
+        at = row["segment_ids"] > 0
+        text = bytes(np.append(row["input_ids"][at], row["target_ids"][at][-1])
+                     .astype(np.uint8).tolist()).decode()
+        trained = bytes(row["target_ids"][row["weights"] > 0].astype(np.uint8).tolist()).decode()
+        assert trained == record["completion"]
+        assert text == (record["prompt"] + record["completion"])[-33:]
+    dropped = _source(files, format="prompt_completion", seq_len=32, pack=False,
+                      long_documents="drop")
+    assert dropped.report.dropped_documents == 6 and len(dropped) == 1
+    assert "6 longer than a row left out" in dropped.report.text()

@@ -48,6 +48,9 @@ class PackReport:
     documents: int = 0
     trained_tokens: int = 0
     split_documents: int = 0
+    truncated_documents: int = 0
+    truncated_tokens: int = 0
+    dropped_documents: int = 0
     too_short: int = 0
     padding: int = 0
 
@@ -57,8 +60,27 @@ class PackReport:
                 f"row used on average, {self.trained_tokens} trained tokens"
                 + (f"; {self.split_documents} longer than a row cut into row-long chunks "
                    "(positions restart in each)" if self.split_documents else "")
+                + (f"; {self.truncated_documents} longer than a row truncated "
+                   f"({self.truncated_tokens} tokens left out)" if self.truncated_documents
+                   else "")
+                + (f"; {self.dropped_documents} longer than a row left out"
+                   if self.dropped_documents else "")
                 + (f"; {self.too_short} with fewer than 2 tokens left out"
                    if self.too_short else ""))
+
+
+def _truncated(tokens: np.ndarray, trained: np.ndarray, length: int, bos_id: Optional[int]):
+    """``length`` of the tokens. A prompt followed by a trained completion that fits keeps the
+    completion and the end of the prompt (after its BOS, which stays); anything else keeps its
+    first ``length``."""
+    first_trained = int(np.argmax(trained)) if trained.any() else len(tokens)
+    keeps_bos = bos_id is not None and int(tokens[0]) == bos_id
+    room = length - int(keeps_bos)
+    if 0 < first_trained and len(tokens) - first_trained < room and trained[first_trained:].all():
+        keep = np.r_[[0] if keeps_bos else [], np.arange(len(tokens) - room, len(tokens))]
+        keep = keep.astype(int)
+        return tokens[keep], trained[keep]
+    return tokens[:length], trained[:length]
 
 
 class PackedDocuments(Configurable):
@@ -91,6 +113,11 @@ class PackedDocuments(Configurable):
         seq_len: int = 128
         # Several documents per row (True), or one per row padded (False).
         pack: bool = True
+        # A document longer than a row: "split" into row-long chunks (each its own document;
+        # a pair's later chunks lose their prompt), "truncate" to one row (a prompt/completion
+        # pair keeps its completion and the end of its prompt; else the start is kept), or
+        # "drop" it. Counted and logged either way.
+        long_documents: Literal["split", "truncate", "drop"] = "split"
         # "train" or "test": the last held_out_fraction of each source's documents (in file
         # order) is the test split.
         split: Literal["train", "test"] = "train"
@@ -178,11 +205,20 @@ class PackedDocuments(Configurable):
             if len(tokens) < 2:
                 self.report.too_short += 1
                 continue
+            if len(tokens) - 1 > seq_len:
+                if self.config.long_documents == "drop":
+                    self.report.dropped_documents += 1
+                    continue
+                if self.config.long_documents == "truncate":
+                    self.report.truncated_documents += 1
+                    self.report.truncated_tokens += len(tokens) - 1 - seq_len
+                    tokens, trained = _truncated(tokens, trained, seq_len + 1,
+                                                 self.tokenizer.bos_id)
+                else:
+                    self.report.split_documents += 1
             self.report.documents += 1
             # A target is trained when the token it names is.
             inputs, targets, weights = tokens[:-1], tokens[1:], trained[1:].astype(np.float32)
-            if len(inputs) > seq_len:
-                self.report.split_documents += 1
             for start in range(0, len(inputs), seq_len):
                 out.append((inputs[start:start + seq_len], targets[start:start + seq_len],
                             weights[start:start + seq_len]))
