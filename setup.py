@@ -55,10 +55,13 @@ setup(
         "benchmarks": BENCHMARK_EXTRAS,
         "parquet": PARQUET_EXTRAS,
         "sentencepiece": SENTENCEPIECE_EXTRAS,
-        # CI installs '.[dev]': it runs tests/benchmarks (the peers' extras) and tests/hf
-        # (transformers as the reference).
+        # The Weights & Biases logger (titanax.observe.wandb_logger; reinit="create_new" needs
+        # 0.19.10).
+        "wandb": ["wandb>=0.19.10"],
+        # CI installs '.[dev]': it runs tests/benchmarks (the peers' extras), tests/hf
+        # (transformers as the reference) and the W&B logger's tests (offline).
         "dev": ["pytest>=8", "pytest-xdist>=3.5"] + BENCHMARK_EXTRAS + HF_REFERENCE_EXTRAS
-               + PARQUET_EXTRAS + SENTENCEPIECE_EXTRAS,
+               + PARQUET_EXTRAS + SENTENCEPIECE_EXTRAS + ["wandb>=0.19.10"],
     },
     entry_points={"console_scripts": ["titanax-launch=titanax.launch:run_main"]},
 )

@@ -2,7 +2,9 @@
 
 ``Basic`` prints one progress line per log step (step N/total, loss, lr, grad norm, step time,
 tokens/s, ETA); ``CSV`` keeps ``<trainer_dir>/metrics.csv`` one table; ``TensorBoard`` writes event
-files with tensorboardX (no TensorFlow needed). Only process 0 writes, so a multi-process job logs once.
+files with tensorboardX (no TensorFlow needed); ``WandB`` (``titanax.observe.wandb_logger``, the
+optional extra ``titanax[wandb]``) sends the run config and the metrics to Weights & Biases. The
+engine builds loggers on process 0 only, so a multi-process job logs once.
 """
 
 from __future__ import annotations
@@ -15,16 +17,24 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from titanax.config import Configurable
+from titanax.config import ConfigBase, Configurable
 from titanax.utils.files import atomic_write_text, unused_path
 
 
 class Logger(Configurable):
-    """Base logger; subclasses implement ``log_dict``."""
+    """Base logger; subclasses implement ``log_dict``.
 
-    def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, **fields):
+    ``trainer_dir``: the run directory (files a logger writes go there); ``run_config``: the
+    whole run's config tree (the engine's), for loggers that record it with the metrics (W&B);
+    None when a logger is built on its own. Subclasses that take their own ``__init__`` pass both
+    on by keyword.
+    """
+
+    def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None,
+                 run_config: Optional[ConfigBase] = None, **fields):
         super().__init__(cfg, **fields)
         self.trainer_dir = trainer_dir
+        self.run_config = run_config
         self.total_steps: Optional[int] = None
 
     def start(self, *, step: int, total_steps: Optional[int] = None, resumed: bool = False
@@ -46,6 +56,15 @@ class Logger(Configurable):
 
     def close(self) -> None:
         """Flushes and releases files."""
+
+
+def __getattr__(name: str):
+    """``WandB`` is reachable here with the other loggers (``tx.loggers.WandB``), imported on
+    first use: its module imports this one (and ``wandb`` itself only when a run starts)."""
+    if name == "WandB":
+        from titanax.observe.wandb_logger import WandB  # pylint: disable=import-outside-toplevel
+        return WandB
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _format(value: float) -> str:
@@ -107,8 +126,8 @@ class CSV(Logger):
         # File name inside the trainer dir (or an absolute path).
         filename: str = "metrics.csv"
 
-    def __init__(self, cfg=None, *, trainer_dir=None, **fields):
-        super().__init__(cfg, trainer_dir=trainer_dir, **fields)
+    def __init__(self, cfg=None, *, trainer_dir=None, run_config=None, **fields):
+        super().__init__(cfg, trainer_dir=trainer_dir, run_config=run_config, **fields)
         self.path = os.path.join(trainer_dir or ".", self.config.filename)
         self._columns: Optional[List[str]] = None
         self._rows: List[Dict[str, str]] = []
@@ -190,8 +209,8 @@ class TensorBoard(Logger):
         # Directory inside the trainer dir for the event files.
         subdir: str = "tensorboard"
 
-    def __init__(self, cfg=None, *, trainer_dir=None, **fields):
-        super().__init__(cfg, trainer_dir=trainer_dir, **fields)
+    def __init__(self, cfg=None, *, trainer_dir=None, run_config=None, **fields):
+        super().__init__(cfg, trainer_dir=trainer_dir, run_config=run_config, **fields)
         self.log_dir = os.path.join(trainer_dir or ".", self.config.subdir)
         self._writer = None
         self._purge_step: Optional[int] = None
