@@ -142,6 +142,8 @@ def test_engine_metrics_resume_and_a_fresh_run(tmp_path):
     run = runs[0]
     assert run["project"] == PROJECT and run["tags"] == ["test"]
     assert run["name"] == os.path.basename(str(tmp_path))  # The trainer dir's name.
+    # The engine hands its whole config tree over.
+    assert run["config"] == json.loads(json.dumps(first.config.to_json()))
     with open(tmp_path / RUN_ID_FILE, encoding="utf-8") as f:
         assert f.read().strip() == run["id"]
     # W&B step = train step: the compile time at step 0, then one row per step, whose loss is

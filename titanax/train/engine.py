@@ -400,7 +400,8 @@ class Engine(Configurable):
 
     def loggers(self) -> List[Logger]:
         if self._loggers is None:
-            self._loggers = [cfg.instantiate(trainer_dir=self.trainer_dir)
+            self._loggers = [cfg.instantiate(trainer_dir=self.trainer_dir,
+                                             run_config=self.config)
                              for cfg in self.config.loggers] if jax.process_index() == 0 else []
         return self._loggers
 
