@@ -12,12 +12,17 @@
   Llama 3.1 8B with FSDP over ``data`` and TP=8 over ``model`` (a node of 8 accelerators per
   model replica); ``qwen3_0_6b_dp``: Qwen 3 0.6B, data parallel. Sized for accelerators; the
   text stays the bundled bytes until ``train_input`` names the user's data.
+* ``llama_tiny_cp``: the tiny model data x context parallel (2 x 4): each row's 64 tokens split
+  over 4 devices (``--config.plan.context_parallel.strategy=all_gather|ring|ulysses``);
+  ``llama3_8b_cp``: Llama 3.1 8B on 64k-token rows, FSDP over ``data`` x ring attention over 8
+  ``context`` devices, for accelerators.
 """
 
 from titanax.config import register_experiment
 from titanax.data.packed import PackedDocuments
 from titanax.data.pipeline import Input
 from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
+from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import ZeRO
 from titanax.runtime.mesh import MeshSpec
 
@@ -39,6 +44,31 @@ def llama_tiny_dp_tp():
 
 def _fsdp(cfg):
     cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
+    return cfg
+
+
+@register_experiment
+def llama_tiny_cp():
+    """llama_tiny's model, data x context parallel (2 x 4): each row's 64 tokens split over the
+    4 context devices, load-balanced for the causal mask. With
+    --config.plan.context_parallel=None "--config.mesh.axes=('data',)"
+    "--config.mesh.shape=(None,)" it is the same model and batch on data=8."""
+    cfg = language_model_run(model=_tiny_llama(), tp_axis=None, seq_len=64, batch_size=16,
+                             steps=2000, peak_lr=2e-3, eval_batches=50)
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "context"), shape=(2, 4))
+    cfg.plan.context_parallel = CP.default_config().set(axis="context")
+    return cfg
+
+
+@register_experiment
+def llama3_8b_cp():
+    """Llama 3.1 8B on 64k-token rows: FSDP over ``data`` x ring attention over 8 ``context``
+    devices (each holds 8k tokens of every row and one visiting K/V block)."""
+    model = llama_config("3.1-8b", layer_remat_policy="dots_with_no_batch_dims_saveable")
+    cfg = _fsdp(language_model_run(model=model, tp_axis=None, seq_len=65536, batch_size=8,
+                                   steps=2000, peak_lr=2e-4, eval_batches=10))
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "context"), shape=(None, 8))
+    cfg.plan.context_parallel = CP.default_config().set(axis="context", strategy="ring")
     return cfg
 
 

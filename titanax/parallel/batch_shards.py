@@ -11,7 +11,7 @@ hold, in shard order (``process_shards``), and ``place_batch`` hands every devic
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -33,12 +33,14 @@ def process_shards(mesh: Mesh, batch_axis: sharding.AxisEntry) -> Tuple[Tuple[in
 
 
 def place_batch(mesh: Mesh, batch_axis: sharding.AxisEntry, host_batch: Any,
-                shards: Sequence[int], num_shards: int) -> Any:
+                shards: Sequence[int], num_shards: int, seq_axis: Optional[str] = None) -> Any:
     """Global arrays from this process's rows: ``shards`` (of ``num_shards``) stacked in order
-    along the first dimension of every leaf; scalars are the same on every device."""
+    along the first dimension of every leaf; scalars are the same on every device. With
+    ``seq_axis`` (context parallelism) each device gets its part of every row's sequence too
+    (the process holds whole rows)."""
     shards = tuple(shards)
     position = {shard: i for i, shard in enumerate(shards)}
-    specs = sharding.shard_batch_specs(host_batch, batch_axis)
+    specs = sharding.shard_batch_specs(host_batch, batch_axis, seq_axis)
 
     def place(x, spec):
         x = np.asarray(x)
@@ -57,7 +59,10 @@ def place_batch(mesh: Mesh, batch_axis: sharding.AxisEntry, host_batch: Any,
         arrays = []
         for device, index in layout.addressable_devices_indices_map(global_shape).items():
             local = position[(index[0].start or 0) // rows]
-            arrays.append(jax.device_put(x[local * rows:(local + 1) * rows], device))
+            part = x[local * rows:(local + 1) * rows]
+            if len(index) > 1 and x.ndim > 1:  # The device's part of the sequence.
+                part = part[:, index[1]]
+            arrays.append(jax.device_put(part, device))
         return jax.make_array_from_single_device_arrays(global_shape, layout, arrays)
 
     return jax.tree_util.tree_map(place, host_batch, specs)

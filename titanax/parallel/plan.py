@@ -1,7 +1,8 @@
 """Parallel plans: which mesh axis does what, and how every param is laid out.
 
 A ``Plan`` composes the roles a mesh axis can play -- data parallel (``DP``), tensor parallel
-(``TP``), pipeline parallel (``PP``) -- and ZeRO / FSDP state sharding (``ZeRO``). They are all
+(``TP``), pipeline parallel (``PP``), context parallel (``CP``, context_parallel.py) -- and ZeRO /
+FSDP state sharding (``ZeRO``). They are all
 Configurables, so a plan lives in the run's config tree and every field overrides from the command
 line (``--config.plan.data_parallel.accumulate_steps=4``).
 
@@ -20,6 +21,7 @@ from titanax.config import ConfigBase, Configurable
 from titanax.parallel import interleaved_stack, layout as layout_lib, one_f_one_b, pipeline
 from titanax.parallel import rules as rules_lib
 from titanax.parallel import sharding, state_dims
+from titanax.parallel.context_parallel import CP
 
 SpecEntry = Optional[Union[str, Tuple[str, ...]]]
 
@@ -210,6 +212,8 @@ class Plan(Configurable):
         pipeline_parallel: Optional[PP.Config] = None
         # ZeRO optimizer-state sharding (None: the optimizer state is replicated).
         zero: Optional[ZeRO.Config] = None
+        # Context parallelism: the sequence split over an axis (None: whole sequences).
+        context_parallel: Optional[CP.Config] = None
 
         def _validate_values(self):
             roles = self._roles()
@@ -233,7 +237,8 @@ class Plan(Configurable):
 
         def _roles(self) -> Dict[str, str]:
             roles = {}
-            for role in ("data_parallel", "tensor_parallel", "pipeline_parallel"):
+            for role in ("data_parallel", "tensor_parallel", "pipeline_parallel",
+                         "context_parallel"):
                 part = getattr(self, role)
                 if part is not None:
                     roles[role] = part.axis
@@ -249,6 +254,7 @@ class Plan(Configurable):
         self.tensor_parallel: Optional[TP] = _maybe(cfg.tensor_parallel)
         self.pipeline_parallel: Optional[PP] = _maybe(cfg.pipeline_parallel)
         self.zero: Optional[ZeRO] = _maybe(cfg.zero)
+        self.context_parallel: Optional[CP] = _maybe(cfg.context_parallel)
 
     # --- Roles -----------------------------------------------------------------------------------
 
@@ -283,6 +289,16 @@ class Plan(Configurable):
         if self.dp_axis is None:
             return ()
         return (self.dp_axis, self.zero_axis) if self.hsdp else (self.dp_axis,)
+
+    @property
+    def cp_axis(self) -> Optional[str]:
+        return self.config.context_parallel.axis if self.config.context_parallel else None
+
+    @property
+    def token_axes(self) -> Tuple[str, ...]:
+        """The mesh axes a batch's tokens are split over: the batch axes (rows), and the
+        context axis (each row's sequence). The loss is a token-weighted mean over them."""
+        return self.batch_axes + ((self.cp_axis,) if self.cp_axis else ())
 
     @property
     def batch_axis(self) -> sharding.AxisEntry:
@@ -323,7 +339,7 @@ class Plan(Configurable):
                 f"mesh axis {idle[0]!r} (size {mesh_shape[idle[0]]}) has no role in the plan: "
                 "every device along it would repeat the same work", path=f"mesh axis {idle[0]!r}",
                 suggestion="give it a role (data_parallel, tensor_parallel, pipeline_parallel, "
-                           "or zero.axis for HSDP) or set its size to 1")
+                           "context_parallel, or zero.axis for HSDP) or set its size to 1")
         if global_batch_size is not None:
             self.check_batch_size(global_batch_size, mesh)
         return self
@@ -407,6 +423,7 @@ class Plan(Configurable):
         if model is None:
             return None
         model = model.clone()
+        self._configure_context_parallel(model)
         tp = self.config.tensor_parallel
         for path, config in _configs_with_field(model, "tp_axis", prefix="model"):
             given = config.tp_axis
@@ -434,6 +451,22 @@ class Plan(Configurable):
                     path="plan.tensor_parallel.prefer_reduce_scatter",
                     suggestion=f"set {path}.sequence_parallel=False, or allow reduce-scatter")
         return model
+
+    def _configure_context_parallel(self, model: ConfigBase) -> None:
+        """Every attention layer's ``cp_axis`` / ``cp_strategy`` from the plan (CP is declared
+        once, in the plan: switched off, the model is the same)."""
+        cp = self.config.context_parallel
+        for path, config in _configs_with_field(model, "cp_axis", prefix="model"):
+            config.cp_axis = cp.axis if cp is not None else None
+            if cp is None:
+                continue
+            config.cp_strategy = cp.strategy
+            if getattr(config, "attention_dropout_rate", 0.0):
+                raise errors.PlanError(
+                    "attention dropout needs each query's whole row of probabilities, which "
+                    "context parallelism never holds in one place",
+                    path=f"{path}.attention_dropout_rate",
+                    suggestion="set it to 0 under context parallelism (residual dropout is fine)")
 
     def describe(self, params: Any, mesh: Mesh, *, specs: Any = None) -> str:
         """A table of every param: path, global shape, spec, local shape, bytes per device.

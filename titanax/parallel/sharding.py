@@ -138,19 +138,24 @@ def axes_size(mesh_shape: Mapping[str, int], axes: AxisEntry) -> int:
     return math.prod(int(mesh_shape[a]) for a in axes)
 
 
-def shard_batch_specs(batch_example: Any, dp_axis: AxisEntry) -> Any:
+def shard_batch_specs(batch_example: Any, dp_axis: AxisEntry,
+                      seq_axis: Optional[str] = None) -> Any:
     """Data-parallel default specs for a batch: ``P(dp_axis, None, ...)`` per array leaf.
 
     ``dp_axis`` may be a tuple of axes (HSDP splits the batch over data x fsdp). Scalars
     (rank 0) and non-array leaves get ``P()`` (replicated). ``dp_axis=None`` replicates
     everything. Shape-only leaves (``jax.ShapeDtypeStruct``) work too: only ``ndim`` is read.
+    ``seq_axis`` (context parallelism): every leaf of two or more dimensions -- ``[rows, seq,
+    ...]`` -- is also split along its second over that axis.
     """
     def spec(leaf):
         ndim = getattr(leaf, "ndim", None)
         if ndim is None and hasattr(leaf, "shape"):
             ndim = len(leaf.shape)
-        if not ndim or dp_axis is None:
+        if not ndim or (dp_axis is None and seq_axis is None):
             return PartitionSpec()
+        if ndim >= 2 and seq_axis is not None:
+            return PartitionSpec(dp_axis, seq_axis, *([None] * (ndim - 2)))
         return PartitionSpec(dp_axis, *([None] * (ndim - 1)))
 
     return jax.tree_util.tree_map(spec, batch_example)

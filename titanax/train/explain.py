@@ -27,6 +27,10 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
                      + "\nlayout pipeline: " + " -> ".join(layout.history))
     if schedule_text:
         parts.append(schedule_text)
+    cp = plan.context_parallel
+    if cp is not None:
+        parts.append(cp.describe(size=dict(mesh.shape)[cp.config.axis],
+                                 length=cp.sequence_length))
     if layout is not None and strategy is not None and opt_state is not None:
         parts.append(state_report.describe(
             parameter_specs=layout.parameter_specs, param_specs=layout.param_specs,

@@ -37,14 +37,19 @@ class RunInputs:
         return batch_shards.process_shards(self.mesh, self.plan.batch_axis)
 
     def global_batch(self, host_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
-        """Global arrays from this process's rows (checked against the plan first)."""
+        """Global arrays from this process's rows (checked against the plan first). Under
+        context parallelism every row's sequence is split too, in the plan's order, with each
+        token's positions (``CP.prepare``)."""
         shards, num_shards = self.process_batch_shards()
         leaves = jax.tree_util.tree_leaves(host_batch)
         if leaves and np.ndim(leaves[0]):
             self.plan.check_batch_size(np.shape(leaves[0])[0] // len(shards) * num_shards,
                                        self.mesh)
+        cp = self.plan.context_parallel
+        if cp is not None:
+            host_batch = cp.prepare(host_batch, size=self.mesh.shape[cp.config.axis])
         return batch_shards.place_batch(self.mesh, self.plan.batch_axis, host_batch, shards,
-                                        num_shards)
+                                        num_shards, seq_axis=self.plan.cp_axis)
 
     def placed(self, batch: Any) -> Any:
         """A host batch as global arrays; global arrays as they are."""

@@ -53,7 +53,9 @@ class StepBuilder:
     def setup(self) -> step_lib.StepSetup:
         """What the model's local step needs, fixed at compile time."""
         dp = self.plan.config.data_parallel
-        batch_axes = tuple(a for a in self.plan.batch_axes if a not in self._unit_axes)
+        # The loss is a token-weighted mean over every axis the tokens are split over (rows,
+        # and the sequence under context parallelism).
+        batch_axes = tuple(a for a in self.plan.token_axes if a not in self._unit_axes)
         data_axis = self.plan.dp_axis if self.plan.dp_axis in batch_axes else None
         return step_lib.StepSetup(
             model=self.model, precision=self.precision, adapter=self.adapter,
@@ -69,7 +71,7 @@ class StepBuilder:
         """The batch split over the batch axes on its leading dimension."""
         return layout_lib.map_specs(
             lambda spec: layout_lib.without_axes(spec, self._unit_axes),
-            sharding.shard_batch_specs(batch, self.plan.batch_axis))
+            sharding.shard_batch_specs(batch, self.plan.batch_axis, self.plan.cp_axis))
 
     def check_batch(self, batch: Any) -> None:
         """A batch of global arrays must split into the plan's shards and microbatches (host
@@ -150,7 +152,8 @@ class StepBuilder:
         ``key``, so rows sample independently wherever they live."""
         local = self._model_call("generate")
         batch_spec = self._batch_spec()
-        batch_axes = self.setup.batch_axes
+        # Rows only: a context axis holds copies of each prompt, and must sample alike.
+        batch_axes = tuple(a for a in self.plan.batch_axes if a not in self._unit_axes)
 
         def shard(params, prompt_ids, key):
             for axis in batch_axes:

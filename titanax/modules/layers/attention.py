@@ -24,6 +24,7 @@ from titanax.modules.layers.grouped_query_attention import same_segment
 from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.parallel import collectives
+from titanax.parallel.context_attention import context_attention
 
 
 class CausalSelfAttention(BaseLayer):
@@ -40,6 +41,10 @@ class CausalSelfAttention(BaseLayer):
         tp_axis: Optional[str] = None
         # Activations outside the layer are split over the sequence on the TP axis.
         sequence_parallel: bool = False
+        # Context-parallel axis the sequence is split over, and how keys cross it (set from
+        # plan.context_parallel; parallel/context_attention.py); None: whole sequences.
+        cp_axis: Optional[str] = None
+        cp_strategy: str = "all_gather"
         # Initializer of the output projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
 
@@ -73,9 +78,10 @@ class CausalSelfAttention(BaseLayer):
                                       initializer=constant(0.0), weight_decay_scale=0.0),
         }
 
-    def forward(self, x, segment_ids=None):
+    def forward(self, x, segment_ids=None, positions=None):
         """``segment_ids`` ``[batch, seq]`` (packed rows): a position attends only to earlier
-        positions of its own document."""
+        positions of its own document. ``positions`` ``[batch, seq]``: only read under context
+        parallelism (the causal mask follows them)."""
         cfg = self.config
         params = self.parameters
         if cfg.sequence_parallel and tp_active(cfg.tp_axis):
@@ -87,7 +93,11 @@ class CausalSelfAttention(BaseLayer):
         # XLA:CPU cannot compile jax's float16 attention (float16 inputs, float32 logits).
         cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
         documents = same_segment(segment_ids)
-        if dropout or cpu_float16:
+        if cfg.cp_axis is not None:  # (The plan refuses attention dropout here.)
+            context = context_attention(q, k, v, positions=positions, segment_ids=segment_ids,
+                                        axis=cfg.cp_axis, strategy=cfg.cp_strategy,
+                                        scale=1.0 / math.sqrt(self.head_dim))
+        elif dropout or cpu_float16:
             context = self._attention_written_out(q, k, v, documents)
         else:
             # jax's fused attention: cuDNN flash attention on GPUs (no S x S mask or

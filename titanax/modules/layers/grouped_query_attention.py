@@ -35,6 +35,7 @@ from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.layers.tensor_parallel import tp_active, tp_rank
 from titanax.parallel import collectives
+from titanax.parallel.context_attention import context_attention
 
 
 class GroupedQueryAttention(BaseLayer):
@@ -68,6 +69,10 @@ class GroupedQueryAttention(BaseLayer):
         tp_axis: Optional[str] = None
         # Activations outside the layer are split over the sequence on the TP axis.
         sequence_parallel: bool = False
+        # Context-parallel axis the sequence is split over, and how keys cross it (set from
+        # plan.context_parallel; parallel/context_attention.py); None: whole sequences.
+        cp_axis: Optional[str] = None
+        cp_strategy: str = "all_gather"
         # Initializer of the output projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
 
@@ -155,7 +160,14 @@ class GroupedQueryAttention(BaseLayer):
         if k.shape[2] == cfg.num_kv_heads and local_heads < cfg.num_heads:
             k = self._kv_for_local_queries(k, local_heads)
             v = self._kv_for_local_queries(v, local_heads)
-        context = attend(q, k, v, sliding_window=cfg.sliding_window, segment_ids=segment_ids)
+        if cfg.cp_axis is not None:
+            context = context_attention(q, k, v, positions=positions, segment_ids=segment_ids,
+                                        axis=cfg.cp_axis, strategy=cfg.cp_strategy,
+                                        scale=1.0 / math.sqrt(cfg.head_dim),
+                                        sliding_window=cfg.sliding_window)
+        else:
+            context = attend(q, k, v, sliding_window=cfg.sliding_window,
+                             segment_ids=segment_ids)
         return self.o(context.reshape(context.shape[:2] + (-1,)))
 
     def decode(self, x, cache, *, start):

@@ -33,6 +33,10 @@ class TransformerBlock(BaseLayer):
         tp_axis: Optional[str] = None
         # Residual stream split over the sequence on the TP axis (Megatron sequence parallelism).
         sequence_parallel: bool = False
+        # Context-parallel axis the sequence is split over, and how attention's keys cross it:
+        # set from plan.context_parallel (parallel/context_attention.py); None: whole sequences.
+        cp_axis: Optional[str] = None
+        cp_strategy: str = "all_gather"
         # Initializer of the two projections that write into the residual stream (attention
         # output, MLP down-projection); None: the block's param_init.
         output_param_init: Optional[Initializer.Config] = None
@@ -46,7 +50,8 @@ class TransformerBlock(BaseLayer):
         self._add_child("attn", CausalSelfAttention.default_config().set(
             model_dim=cfg.model_dim, num_heads=cfg.num_heads,
             attention_dropout_rate=cfg.attention_dropout_rate,
-            output_param_init=cfg.output_param_init, **tp))
+            output_param_init=cfg.output_param_init, cp_axis=cfg.cp_axis,
+            cp_strategy=cfg.cp_strategy, **tp))
         self._add_child("ln2", LayerNorm.default_config().set(input_dim=cfg.model_dim,
                                                               eps=cfg.norm_eps))
         self._add_child("mlp", MLP.default_config().set(
@@ -58,7 +63,8 @@ class TransformerBlock(BaseLayer):
 
     def forward(self, x, *, segment_ids=None, positions=None):
         """``segment_ids`` (``[batch, seq]``, packed rows): attention stays inside each
-        document. (``positions`` are GPT's learned table's, added at the embedding.)"""
-        del positions
-        x = x + self.dropout(self.attn(self.ln1(x), segment_ids=segment_ids))
+        document. (``positions`` are GPT's learned table's, added at the embedding; attention
+        reads them only under context parallelism, for its causal mask.)"""
+        x = x + self.dropout(self.attn(self.ln1(x), segment_ids=segment_ids,
+                                       positions=positions))
         return x + self.dropout(self.mlp(self.ln2(x)))

@@ -88,6 +88,10 @@ class Decoder(CausalLanguageModel):
         tp_axis: Optional[str] = None
         # Split the residual stream over the sequence on the TP axis between blocks.
         sequence_parallel: bool = False
+        # Context-parallel axis the sequence is split over, and how attention's keys cross it:
+        # set from plan.context_parallel (parallel/context_attention.py); None: whole sequences.
+        cp_axis: Optional[str] = None
+        cp_strategy: str = "all_gather"
         # jax.checkpoint policy per block in training (None: keep activations).
         layer_remat_policy: Optional[str] = None
         # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
@@ -134,7 +138,8 @@ class Decoder(CausalLanguageModel):
             model_dim=cfg.model_dim, num_heads=cfg.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
             output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-            sliding_window=cfg.sliding_window, output_param_init=output_init)
+            sliding_window=cfg.sliding_window, output_param_init=output_init,
+            cp_axis=cfg.cp_axis, cp_strategy=cfg.cp_strategy)
         mlp = GatedMLP.default_config().set(model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim, bias=cfg.mlp_bias,
                                             output_param_init=output_init)
         block = DecoderBlock.default_config().set(model_dim=cfg.model_dim, attention=attention,

@@ -60,6 +60,10 @@ class GPT(CausalLanguageModel):
         tp_axis: Optional[str] = None
         # Split the residual stream over the sequence on the TP axis between blocks.
         sequence_parallel: bool = False
+        # Context-parallel axis the sequence is split over, and how attention's keys cross it:
+        # set from plan.context_parallel (parallel/context_attention.py); None: whole sequences.
+        cp_axis: Optional[str] = None
+        cp_strategy: str = "all_gather"
         # jax.checkpoint policy per block in training (None: keep activations).
         layer_remat_policy: Optional[str] = None
         # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
@@ -101,7 +105,8 @@ class GPT(CausalLanguageModel):
             attention_dropout_rate=cfg.attention_dropout_rate, norm_eps=cfg.norm_eps,
             # GPT-2 scales the init of residual-stream projections by 1/sqrt(2 x layers).
             output_param_init=Normal.default_config().set(
-                stddev=0.02 / math.sqrt(2 * cfg.num_layers)), **tp)
+                stddev=0.02 / math.sqrt(2 * cfg.num_layers)),
+            cp_axis=cfg.cp_axis, cp_strategy=cfg.cp_strategy, **tp)
         self._add_child("decoder", Repeat.default_config().set(
             layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy,
             unroll=cfg.unroll_layers))

@@ -1,0 +1,132 @@
+"""Context parallelism (the sequence split over a mesh axis) against one device.
+
+SGD with momentum on every param and the per-step losses, on batches whose rows train on
+different numbers of tokens (so each rank's share of a row holds another count: the loss must
+be token-weighted across the context axis too); packed rows (segment ids, per-document
+positions); RoPE (the decoder) and learned positions (GPT); every composition with the other plan
+parts.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+from tests.numerics import assert_close
+from tests.train import helpers
+from tests.train.test_decoder_training import MODEL, _packed
+from titanax import errors
+from titanax.modules.models.decoder import Decoder
+from titanax.modules.models.gpt import GPT
+from titanax.parallel.context_parallel import CP, causal_work, dual_chunk_order
+from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
+from titanax.train.engine import Engine
+
+BATCHES = helpers.text_batches(batch_size=8, count=2, uneven=True)
+GPT_MODEL = dict(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2, model_dim=32,
+                 num_heads=4)
+
+
+def _learner():
+    learner = helpers.sgd(0.5)
+    learner.optimizer.momentum = 0.9
+    return learner
+
+
+def _engine(model: str, sizes=None, *, strategy="all_gather", load_balance="dual_chunk",
+            tp=False, pipe=None, fsdp=False):
+    sizes = sizes or {"data": 1}
+    axes, shape = tuple(sizes), tuple(sizes.values())
+    plan = Plan.default_config().set(
+        data_parallel=DP.default_config(),
+        context_parallel=(CP.default_config().set(strategy=strategy, load_balance=load_balance)
+                          if "context" in sizes else None),
+        tensor_parallel=TP.default_config() if tp else None,
+        pipeline_parallel=(PP.default_config().set(microbatch_size=2, schedule=pipe)
+                           if pipe else None),
+        zero=(ZeRO.default_config().set(stage=3, min_shard_size=64,
+                                        grad_sync="per_microbatch") if fsdp else None))
+    network = (Decoder.default_config().set(**MODEL) if model == "decoder"
+               else GPT.default_config().set(**GPT_MODEL))
+    cfg = Engine.default_config().set(
+        mesh=helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape))))), plan=plan,
+        model=network, learner=_learner(), loggers=[], log_every=1000)
+    return cfg.instantiate()
+
+
+@functools.lru_cache(maxsize=None)
+def _one_device(model: str, packed: bool):
+    return helpers.train(_engine(model), _batches(packed))
+
+
+@functools.lru_cache(maxsize=None)
+def _batches(packed: bool):
+    return tuple(_packed(BATCHES) if packed else BATCHES)
+
+
+def _assert_trains_like_one_device(engine, model, packed):
+    want_losses, want_params = _one_device(model, packed)
+    losses, params = helpers.train(engine, _batches(packed))
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params after 2 SGD-momentum steps")
+
+
+STRATEGIES = ["all_gather", "ring", "ulysses"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("model,packed,sizes,load_balance", [
+    ("decoder", True, {"data": 2, "context": 4}, "dual_chunk"),
+    ("gpt", False, {"data": 1, "context": 2}, "none"),
+    ("decoder", False, {"data": 1, "context": 8}, "dual_chunk"),
+], ids=["decoder-packed-dp2-cp4", "gpt-rows-cp2-unbalanced", "decoder-rows-cp8"])
+def test_context_parallel_trains_like_one_device(strategy, model, packed, sizes, load_balance):
+    """(Ulysses at CP=8 repeats the decoder's 2 kv heads to its 8 query heads first.)"""
+    engine = _engine(model, sizes, strategy=strategy, load_balance=load_balance)
+    _assert_trains_like_one_device(engine, model, packed)
+
+
+@pytest.mark.parametrize("case,strategy", [
+    ("tp", "ulysses"), ("tp", "ring"), ("fsdp", "ring"), ("1f1b", "all_gather"),
+    ("gpipe", "ring")])
+def test_context_parallel_composes_with_the_other_plan_parts(case, strategy):
+    """TP x CP (heads over model, sequence over context; Ulysses splits the 4 local heads over
+    context), FSDP x CP (params gathered per layer over data), PP x CP (each stage's attention
+    talks over context inside the schedule)."""
+    sizes = {"tp": {"data": 1, "context": 4, "model": 2}, "fsdp": {"data": 2, "context": 4},
+             "1f1b": {"data": 1, "pipe": 2, "context": 4},
+             "gpipe": {"data": 1, "pipe": 2, "context": 4}}[case]
+    engine = _engine("decoder", sizes, strategy=strategy, tp=case == "tp", fsdp=case == "fsdp",
+                     pipe=case if case in ("1f1b", "gpipe") else None)
+    _assert_trains_like_one_device(engine, "decoder", packed=True)
+
+
+def test_dual_chunk_gives_every_rank_the_same_causal_work():
+    """From the schedule: with contiguous chunks the last of 8 ranks computes 15x the first's
+    (query, key) pairs; with dual chunks every rank the same, within 5% (here exactly)."""
+    assert sorted(dual_chunk_order(16, 4).tolist()) == list(range(16))
+    assert dual_chunk_order(16, 4)[:4].tolist() == [0, 1, 14, 15]  # Rank 0: chunks 0 and 7.
+    for length, size in ((1024, 2), (4096, 4), (32768, 8)):
+        plain = causal_work(length, size, load_balance="none")
+        balanced = causal_work(length, size, load_balance="dual_chunk")
+        assert plain.sum() == balanced.sum() == length * (length + 1) // 2
+        assert balanced.max() / balanced.min() <= 1.05
+        assert plain.max() / plain.min() > 2 * size - 1.5
+
+
+def test_what_context_parallelism_cannot_split_is_refused():
+    engine = _engine("decoder", {"data": 1, "context": 4})
+    short = {k: v[:, :12] for k, v in BATCHES[0].items()}  # 12 tokens: not 8 chunks.
+    with pytest.raises(errors.PlanError, match="do not split into 8 equal chunks") as info:
+        helpers.train(engine, [short])
+    assert info.value.path == "plan.context_parallel.axis"
+    cfg = _engine("gpt").config.clone()
+    cfg.mesh = helpers.mesh((1, 2), ("data", "context"), devices=[0, 1])
+    cfg.plan.context_parallel = CP.default_config()
+    cfg.model.attention_dropout_rate = 0.1
+    with pytest.raises(errors.PlanError, match="attention dropout") as info:
+        cfg.instantiate().build()
+    assert info.value.path == "model.attention_dropout_rate"
+    gpt = _engine("gpt", {"data": 1, "context": 8}, strategy="ulysses")  # 4 heads, 8 ranks.
+    with pytest.raises(errors.PlanError, match="4 attention heads of each rank over the 8"):
+        helpers.train(gpt, BATCHES[:1])
