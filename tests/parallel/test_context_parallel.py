@@ -130,3 +130,40 @@ def test_what_context_parallelism_cannot_split_is_refused():
     gpt = _engine("gpt", {"data": 1, "context": 8}, strategy="ulysses")  # 4 heads, 8 ranks.
     with pytest.raises(errors.PlanError, match="4 attention heads of each rank over the 8"):
         helpers.train(gpt, BATCHES[:1])
+
+
+@functools.lru_cache(maxsize=None)
+def _collectives(strategy: str):
+    """The compiled step's collectives: decoder (its 2 layers in a scan), DP 2 x CP 4, packed."""
+    cfg = _engine("decoder", {"data": 2, "context": 4}, strategy=strategy).config.clone()
+    cfg.model.unroll_layers = False
+    engine = cfg.instantiate()
+    engine.init_state()
+    engine.compile(example_batch=_batches(True)[0])
+    return engine.collectives()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_attention_alone_talks_over_context_and_the_gradients_cross_data_x_context_once(
+        strategy):
+    """Inside the layer loop only context-axis collectives of the attention, as many as the
+    strategy needs per layer: one all-gather of K and V forward and one reduce-scatter of their
+    gradients backward; a ring of C-1 shifts of K and V forward and C of K, V and their
+    gradients backward (the last: the gradients only); four all-to-alls each way (q, k, v, out).
+    (Positions and segment ids are the same for every layer: XLA moves their collectives out of
+    the loop.) After it, one all-reduce over data x context for every gradient."""
+    ops = _collectives(strategy)
+    in_loop = [op for op in ops if op.in_loop]
+    assert in_loop and all(op.axes == ("context",) and op.layer.endswith("attn")
+                           for op in in_loop), [(op.op, op.axes, op.layer) for op in in_loop]
+    kinds = sorted((op.op, op.pass_name) for op in in_loop)
+    size = 4
+    want = {"all_gather": [("all-gather", "forward"), ("reduce-scatter", "backward")],
+            "ring": sorted([("collective-permute", "forward")] * 2 * (size - 1)
+                           + [("collective-permute", "backward")] * (4 * (size - 1) + 2)),
+            "ulysses": sorted([("all-to-all", "forward")] * 4
+                              + [("all-to-all", "backward")] * 4)}[strategy]
+    assert kinds == want
+    reductions = [op for op in ops if op.layer == "gradient_reduction"]
+    assert [(op.op, op.axes) for op in reductions] == [("all-reduce", ("data", "context"))]
+    assert not any("data" in op.axes for op in in_loop)

@@ -47,7 +47,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from titanax.parallel import collectives, rules
+from titanax import errors
+from titanax.parallel import collectives, rules, sharding
 from titanax.train.gradients import LossRelation
 
 
@@ -87,15 +88,20 @@ class GradientReducer:
     param_replicated_axes: Tuple[Tuple[str, ...], ...] = ()
     # How the loss (and the other mean metrics) relate to the one-device loss, per axis.
     loss_relation: LossRelation = LossRelation()
+    # Batch axes every param is replicated on (context parallelism's) that the data-axis
+    # all-reduce crosses too, for the gradients it carries: one all-reduce over data x context
+    # instead of one over each. (A gradient split over the data axis meets them in step 2.)
+    fold_axes: Tuple[str, ...] = ()
 
     @classmethod
     def plan(cls, *, param_specs: Any, mesh_shape: Mapping[str, int],
              data_axis: Optional[str], loss_relation: Optional[LossRelation] = None,
              scatter_dims: Any = None, shard_axis: Optional[str] = None,
-             param_layout: Any = None) -> "GradientReducer":
+             param_layout: Any = None, fold_axes: Sequence[str] = ()) -> "GradientReducer":
         """``param_specs``: the layout of the *reduced* gradients (with ZeRO-2 / FSDP the shard
         axis on the scattered dimension); ``scatter_dims``: a tree like them (None leaves: no
-        scatter); ``param_layout``: the params' own specs, when they differ (ZeRO-2)."""
+        scatter); ``param_layout``: the params' own specs, when they differ (ZeRO-2);
+        ``fold_axes``: see the field (ignored without a data axis)."""
         is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
         specs = jax.tree_util.tree_leaves(param_specs, is_leaf=is_spec)
         scatter = ()
@@ -103,26 +109,42 @@ class GradientReducer:
             scatter = tuple(jax.tree_util.tree_structure(param_specs, is_leaf=is_spec)
                             .flatten_up_to(scatter_dims))
         axes = tuple(mesh_shape)
-        replicated, split = [], []
-        for spec in specs:
-            used = tuple(a for a in axes if a in set(rules.spec_axes(spec)))
-            split.append(used)
-            replicated.append(tuple(a for a in axes if a not in used and a != data_axis))
+        fold = tuple(fold_axes) if data_axis is not None else ()
         layout = jax.tree_util.tree_leaves(param_layout if param_layout is not None
                                            else param_specs, is_leaf=is_spec)
+        if any(a in rules.spec_axes(spec) for spec in specs + layout for a in fold):
+            raise errors.PlanError(f"a param is split over {fold}, which the data all-reduce "
+                                   "crosses as a batch axis", path="plan.context_parallel",
+                                   suggestion="keep params whole over the context axis")
+
+        def others(spec) -> Tuple[str, ...]:
+            """The axes a leaf of ``spec`` is reduced over after the data all-reduce."""
+            skip = {data_axis} | (set(fold) if data_axis not in rules.spec_axes(spec) else set())
+            return tuple(a for a in axes if a not in rules.spec_axes(spec) and a not in skip)
+
+        replicated, split = [], []
+        for spec in specs:
+            split.append(tuple(a for a in axes if a in set(rules.spec_axes(spec))))
+            replicated.append(others(spec))
         relation = loss_relation or LossRelation(mean_over=(data_axis,) if data_axis else ())
         return cls(mesh_shape=tuple(mesh_shape.items()), data_axis=data_axis,
                    replicated_axes=tuple(replicated), split_axes=tuple(split),
                    loss_relation=relation, scatter_dims=scatter, shard_axis=shard_axis,
                    param_split_over_data=tuple(data_axis in rules.spec_axes(spec)
                                                for spec in layout),
-                   param_replicated_axes=tuple(
-                       tuple(a for a in axes if a not in rules.spec_axes(spec) and a != data_axis)
-                       for spec in layout))
+                   param_replicated_axes=tuple(others(spec) for spec in layout),
+                   fold_axes=fold)
 
     @property
     def data_size(self) -> int:
-        return dict(self.mesh_shape)[self.data_axis] if self.data_axis else 1
+        """The devices the data all-reduce spans (data, and the fold axes)."""
+        sizes = dict(self.mesh_shape)
+        return math.prod(sizes[a] for a in self.data_axes)
+
+    @property
+    def data_axes(self) -> Tuple[str, ...]:
+        """What the data all-reduce crosses: the data axis and the fold axes."""
+        return ((self.data_axis,) if self.data_axis else ()) + self.fold_axes
 
     @property
     def batch_shards(self) -> int:
@@ -177,11 +199,12 @@ class GradientReducer:
             if summed or carried or averaged_updates:
                 reduced = collectives.psum([leaves[i] for i in summed]
                                            + [metrics[i] for i in carried]
-                                           + [updates[i] for i in averaged_updates], data)
+                                           + [updates[i] for i in averaged_updates],
+                                           sharding.axis_entry(self.data_axes))
                 size = self.data_size
                 for position, index in enumerate(summed):
                     leaves[index] = reduced[position] / size
-                averaged = data in self.loss_relation.mean_over
+                averaged = all(a in self.loss_relation.mean_over for a in self.data_axes)
                 for position, index in enumerate(carried):
                     value = reduced[len(summed) + position]
                     mean = averaged and index < len(mean_metrics)
@@ -271,8 +294,8 @@ class GradientReducer:
         metric_groups: Dict[Tuple[str, ...], List[int]] = {}
         for index, value in enumerate(metrics):
             # Unsynced metrics stay per batch shard: they cross no batch axis.
-            metric_excluded = {self.data_axis} | (set() if synced[index]
-                                                  else set(relation.mean_over))
+            metric_excluded = set(self.data_axes) | (set() if synced[index]
+                                                     else set(relation.mean_over))
             # Over a batch axis every shard's value is its own, varying-typed or not (a token
             # count of sum(ones) is not): psum counts it once per shard.
             varying = set(collectives.varying_axes(value)) | set(relation.mean_over)

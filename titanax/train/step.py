@@ -67,6 +67,8 @@ class StepSetup:
     sync_metrics: bool = True
     # The pipeline (PP config) when the plan has one.
     pipeline: Optional[Any] = None
+    # Batch axes the data all-reduce crosses too (context parallelism's: reducer.py).
+    fold_axes: Tuple[str, ...] = ()
 
     @property
     def axes(self) -> Tuple[str, ...]:
@@ -103,7 +105,8 @@ class StepSetup:
                                     loss_relation=self.gradients.loss_relation,
                                     scatter_dims=strategy.scatter_dims,
                                     shard_axis=strategy.shard_axis,
-                                    param_layout=strategy.param_specs)
+                                    param_layout=strategy.param_specs,
+                                    fold_axes=self.fold_axes)
 
 
 def local_train_step(setup: StepSetup, state: TrainState, batch: Any

@@ -63,7 +63,8 @@ class StepBuilder:
             batch_axes=batch_axes, accumulate_steps=self.plan.accumulate_steps,
             state_sharding=self.strategy, nan_policy=self.nan_policy,
             sync_metrics=dp.sync_metrics if dp is not None else True,
-            pipeline=self.plan.config.pipeline_parallel)
+            pipeline=self.plan.config.pipeline_parallel,
+            fold_axes=tuple(a for a in (self.plan.cp_axis,) if a in batch_axes))
 
     # --- Batches -------------------------------------------------------------------------------
 
