@@ -36,6 +36,10 @@ ONE_EVAL_BATCH = "--config.evalers['heldout'].num_batches=1"
 # so both processes feed the same rows -- the layout "rows by process index" gets wrong.
 MODEL_SPANS = ["--config.mesh.axes=('model','data')", "--config.mesh.shape=(2,None)"]
 PIPE_SPANS = ["--config.mesh.axes=('pipe','data')", "--config.mesh.shape=(2,None)"]
+# The context axis outermost: each process holds two context ranks of every row, so both feed
+# the same rows and place different parts of each row's sequence (the ring crosses processes).
+CONTEXT_SPANS = ["--config.mesh.axes=('context','data')", "--config.mesh.shape=(4,2)",
+                 "--config.plan.context_parallel.strategy=ring"]
 # Shakespeare's bytes are all below 128: with the 256-byte vocabulary split over 2 model ranks,
 # rank 1's half of the embedding and the head never meets a token, so the rows rank 1 is fed
 # could be anything and the losses would not show it. 128 splits the letters from the rest.
@@ -109,12 +113,14 @@ def root(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,layout,extra", [
-    ("gpt_tiny_dp_tp", MODEL_SPANS, BOTH_VOCAB_HALVES), ("gpt_tiny_pp", PIPE_SPANS, [])],
-    ids=["dp-x-tp-model-spans-processes", "dp-x-pp-pipe-spans-processes"])
+    ("gpt_tiny_dp_tp", MODEL_SPANS, BOTH_VOCAB_HALVES), ("gpt_tiny_pp", PIPE_SPANS, []),
+    ("llama_tiny_cp", CONTEXT_SPANS, [])],
+    ids=["dp-x-tp-model-spans-processes", "dp-x-pp-pipe-spans-processes",
+         "dp-x-cp-context-spans-processes"])
 def test_two_processes_train_like_one(root, name, layout, extra):
-    """2 processes x 4 devices with the model (pipe) axis across them: the per-step losses and
-    the final params of 1 process x 8 devices (a process fed other rows than its peer on the
-    model (pipe) axis changes both)."""
+    """2 processes x 4 devices with the model (pipe, context) axis across them: the per-step
+    losses and the final params of 1 process x 8 devices (a process fed other rows, or another
+    part of each row, than its peer on that axis changes both)."""
     single = _one_process(name, root, *extra)
     double = os.path.join(root, f"{name}-2p")
     result = _run(name, double, *layout, *extra, processes=2)
