@@ -202,21 +202,34 @@ class GradientReducer:
                                            + [updates[i] for i in averaged_updates],
                                            sharding.axis_entry(self.data_axes))
                 size = self.data_size
+                # The shards' weights are all summed here when the data all-reduce spans every
+                # batch axis: the weighted mean is then the sum over the weight, in the pass
+                # that would divide by the size anyway (else a factor follows step 2).
+                divisor = size
+                if weighted:
+                    total = reduced[len(summed) + carried.index(metric_names.index(_WEIGHT))]
+                    if self._weights_complete_after_data(total):
+                        divisor = jnp.where(total > 0, total, 1.0)
+                        weighted = False
                 for position, index in enumerate(summed):
-                    leaves[index] = reduced[position] / size
+                    leaves[index] = reduced[position] / (
+                        divisor if isinstance(divisor, int) else divisor.astype(
+                            reduced[position].dtype))
                 averaged = all(a in self.loss_relation.mean_over for a in self.data_axes)
                 for position, index in enumerate(carried):
                     value = reduced[len(summed) + position]
                     mean = averaged and index < len(mean_metrics)
-                    metrics[index] = value / size if mean else value
+                    metrics[index] = value / (divisor if metric_names[index] == "loss"
+                                              else size) if mean else value
                 offset = len(summed) + len(carried)
                 for position, index in enumerate(averaged_updates):
                     updates[index] = reduced[offset + position] / size
         leaves, metrics, updates, norm_squared = self._reduce_other_axes(
             leaves, metrics, updates, mean_metric_count=len(mean_metrics), synced=synced)
         out_metrics = dict(zip(metric_names, metrics))
+        out_metrics.pop(_WEIGHT, None)
         if weighted:
-            total = out_metrics.pop(_WEIGHT)
+            total = dict(zip(metric_names, metrics))[_WEIGHT]
             # No trained token anywhere: every sum is 0, and so is the mean.
             factor = self.batch_shards / jnp.where(total > 0, total, 1.0)
             leaves = [(leaf.astype(jnp.float32) * factor).astype(leaf.dtype) for leaf in leaves]
@@ -226,6 +239,15 @@ class GradientReducer:
         return Reduced(grads=jax.tree_util.tree_unflatten(treedef, leaves),
                        metrics=out_metrics, norm_squared=norm_squared,
                        state_updates=updates)
+
+    def _weights_complete_after_data(self, total: jax.Array) -> bool:
+        """Whether the data all-reduce summed the weights over every batch axis, into a value
+        the same on every device (not a copy still typed as varying over a model axis), and
+        carried every gradient (none split over the data axis: scaling those here would make
+        their norm wait for this all-reduce, which XLA then cannot merge with theirs)."""
+        batch = set(self.loss_relation.mean_over)
+        return (batch <= set(self.data_axes) and not collectives.varying_axes(total)
+                and not any(self.data_axis in axes for axes in self.split_axes))
 
     def _reduce_other_axes(self, leaves: List[jax.Array], metrics: List[jax.Array],
                            updates: Dict[int, jax.Array], *, mean_metric_count: int,
