@@ -60,3 +60,10 @@ def test_a_checkpoint_moves_between_context_parallel_and_data_only(tmp_path, dat
     back, _ = _launch(run_dir, 20, checkpoint=True)
     assert_close([moved[s] for s in range(11, 16)] + [back[s] for s in range(16, 21)],
                  data_only[10:], what="losses after moving", bound=ADAM)
+    # The CP run's checkpoint generates (on data x model: the context axis joins data).
+    result = subprocess.run(
+        [sys.executable, "-m", "titanax.generate", f"--trainer_dir={run_dir}",
+         "--prompt_ids=1,2,3", "--max_new_tokens=4"], cwd=REPO_ROOT, env=ENV,
+        capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ids:" in result.stdout

@@ -90,3 +90,15 @@ def test_a_mixture_draws_each_source_its_share(tmp_path):
         _source([big, small], weights=[1.0])
     with pytest.raises(errors.ConfigError, match="finite number > 0"):
         _source([big, small], weights=[1.0, 0.0])
+
+
+def test_a_mixture_is_the_same_on_every_build_and_adds_up(tmp_path):
+    """Without a seed the draw is still fixed (processes feeding the same shard must agree);
+    a source with a tiny weight still gets a row, and the shares add up to the rows."""
+    big = _jsonl(tmp_path / "big.jsonl", [{"text": f"big {i}"} for i in range(42)])
+    tiny = _jsonl(tmp_path / "tiny.jsonl", [{"text": "tiny"}])
+    first = _source([big, tiny], weights=[1000.0, 1.0], pack=False, seed=None)
+    again = _source([big, tiny], weights=[1000.0, 1.0], pack=False, seed=None)
+    assert np.array_equal(first.index, again.index)
+    assert len(first) == 43
+    assert sum(_text(first[i]) == "tiny" for i in range(len(first))) == 1

@@ -158,3 +158,20 @@ def test_a_sentencepiece_model_encodes_as_transformers_does(sentencepiece_dir, b
     # The default chat template's BOS and the assistant's EOS are read as those tokens.
     ids, trained = ours.encode_conversation([("user", "Hi"), ("assistant", "Hail.")])
     assert ids[0] == 1 and not trained[0] and 2 in ids[trained].tolist()
+
+
+def test_a_sentencepiece_conversation_encodes_as_transformers_does(sentencepiece_dir):
+    """A conversation rendered by the default template and encoded turn by turn: the ids of
+    transformers' apply_chat_template (no word-start mark after a special token or at a turn's
+    start, where encoding each piece alone would add one)."""
+    from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
+    from titanax.data.chat import DEFAULT_TEMPLATE  # pylint: disable=import-outside-toplevel
+    messages = [("system", "Be brief."), ("user", "Who is there?"), ("assistant", "Nay, answer "
+                "me."), ("user", "Long live the king!"), ("assistant", "Barnardo?")]
+    ours = Tokenizer.default_config().set(path=sentencepiece_dir).instantiate()
+    ids, trained = ours.encode_conversation(messages)
+    theirs = AutoTokenizer.from_pretrained(sentencepiece_dir).apply_chat_template(
+        [{"role": r, "content": c} for r, c in messages], chat_template=DEFAULT_TEMPLATE,
+        tokenize=True, return_dict=True)["input_ids"]
+    assert ids.tolist() == theirs
+    assert ours.decode(ids[trained]).replace("</s>", "") == "Nay, answer me.\n\nBarnardo?\n\n"

@@ -235,7 +235,7 @@ def test_without_wandb_installed_the_error_says_what_to_install(tmp_path, monkey
     logger = WandB(project=PROJECT, trainer_dir=str(tmp_path))
     with pytest.raises(errors.ConfigError) as info:
         logger.start(step=0)
-    assert info.value.path == "WandB" and "wandb" in info.value.message
+    assert info.value.path == "loggers: WandB" and "wandb" in info.value.message
     assert info.value.suggestion.startswith("pip install 'titanax[wandb]'")
 
 

@@ -34,7 +34,7 @@ def _learner():
 
 
 def _engine(model: str, sizes=None, *, strategy="all_gather", load_balance="dual_chunk",
-            tp=False, pipe=None, fsdp=False):
+            tp=False, pipe=None, fsdp=False, **model_changes):
     sizes = sizes or {"data": 1}
     axes, shape = tuple(sizes), tuple(sizes.values())
     plan = Plan.default_config().set(
@@ -47,7 +47,7 @@ def _engine(model: str, sizes=None, *, strategy="all_gather", load_balance="dual
         zero=(ZeRO.default_config().set(stage=3, min_shard_size=64,
                                         grad_sync="per_microbatch") if fsdp else None))
     network = (Decoder.default_config().set(**MODEL) if model == "decoder"
-               else GPT.default_config().set(**GPT_MODEL))
+               else GPT.default_config().set(**GPT_MODEL)).set(**model_changes)
     cfg = Engine.default_config().set(
         mesh=helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape))))), plan=plan,
         model=network, learner=_learner(), loggers=[], log_every=1000)
@@ -167,3 +167,62 @@ def test_attention_alone_talks_over_context_and_the_gradients_cross_data_x_conte
     reductions = [op for op in ops if op.layer == "gradient_reduction"]
     assert [(op.op, op.axes) for op in reductions] == [("all-reduce", ("data", "context"))]
     assert not any("data" in op.axes for op in in_loop)
+
+
+def test_the_model_runs_whole_rows_outside_the_train_step():
+    """model_method (logits for import checks and fine-tuning) feeds whole rows, the same on
+    every context rank: the model runs them without context parallelism, as on one device."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    ids = jnp.asarray(BATCHES[0]["input_ids"][:2])
+    one = _engine("decoder")
+    one.init_state()
+    want = one.steps.model_method("logits")(one.state.params, ids)
+    split = _engine("decoder", {"data": 2, "context": 4}, strategy="ring")
+    split.init_state()
+    got = split.steps.model_method("logits")(split.state.params, ids)
+    assert_close(np.asarray(got), np.asarray(want), what="logits")
+
+
+def test_what_context_parallelism_refuses_before_the_first_step():
+    from titanax.data.pipeline import Input  # pylint: disable=import-outside-toplevel
+    from titanax.data.sources import TextWindows  # pylint: disable=import-outside-toplevel
+    from titanax.train.evaler import Evaler  # pylint: disable=import-outside-toplevel
+    cfg = _engine("decoder", {"data": 2, "context": 4}).config.clone()
+    cfg.plan.data_parallel.sync_metrics = False
+    with pytest.raises(errors.TitanaxError,
+                       match="plan.data_parallel.sync_metrics: reports one data shard"):
+        cfg.instantiate()
+    text = lambda length: Input.default_config().set(  # noqa: E731
+        source=TextWindows.default_config().set(seq_len=length), global_batch_size=8)
+    cfg = _engine("decoder", {"data": 2, "context": 4}).config.clone()
+    cfg.set(train_input=text(16), max_steps=1,
+            evalers={"short": Evaler.default_config().set(input=text(12), every_n_steps=1)})
+    engine = cfg.instantiate()
+    with pytest.raises(errors.PlanError, match="rows of 12 tokens do not split into the 8") as info:
+        engine.fit()
+    assert info.value.path == "evalers['short'].input.source.seq_len"
+    assert engine.state is None  # Nothing was spent on training.
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_sliding_window_is_the_window_of_each_tokens_position(strategy):
+    """Mistral's window (5 positions) across ranks and dual chunks: the mask follows positions."""
+    want_losses, want_params = helpers.train(_engine("decoder", sliding_window=5), BATCHES)
+    engine = _engine("decoder", {"data": 1, "context": 4}, strategy=strategy, sliding_window=5)
+    losses, params = helpers.train(engine, BATCHES)
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")
+
+
+def test_the_host_reorders_each_row_into_dual_chunks():
+    """Rank r's quarter of a 16-token row holds tokens 2r, 2r+1, 14-2r, 15-2r; every per-token
+    array moves alike, per-row ones not at all."""
+    batch = {"input_ids": np.arange(32).reshape(2, 16), "target_ids": np.arange(32).reshape(2, 16),
+             "weights": np.ones(2, np.float32)}
+    prepared = CP.default_config().instantiate().prepare(batch, size=4)
+    order = [0, 1, 14, 15, 2, 3, 12, 13, 4, 5, 10, 11, 6, 7, 8, 9]
+    assert prepared["positions"][1].tolist() == order
+    assert prepared["input_ids"][1].tolist() == [16 + i for i in order]
+    assert prepared["weights"].tolist() == [1.0, 1.0] and "positions" not in batch
+    plain = CP.default_config().set(load_balance="none").instantiate().prepare(batch, size=4)
+    assert plain["positions"][0].tolist() == list(range(16))

@@ -91,6 +91,8 @@ class ChatTemplate:
         return self._turn_spans(messages)
 
     def _turn_spans(self, messages: Sequence[Tuple[str, str]]) -> List[Tuple[str, bool]]:
+        """Spans from renderings of the conversation up to each assistant turn: what follows
+        the generation prompt is the turn (trained); everything else is not."""
         pieces: List[Tuple[str, bool]] = []
         done = ""
         for index, (role, _) in enumerate(messages):

@@ -48,9 +48,12 @@ class RecordFormat:
 
     # "text", "prompt_completion" or "chat".
     kind: str = "text"
+    # The field of a text record.
     text_field: str = "text"
+    # The fields of a prompt/completion pair.
     prompt_field: str = "prompt"
     completion_field: str = "completion"
+    # The field of a conversation's list of {"role": ..., "content": ...} messages.
     messages_field: str = "messages"
 
     @property

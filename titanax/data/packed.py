@@ -258,12 +258,17 @@ class PackedDocuments(Configurable):
         of ``sum(counts)`` rows: whole seeded passes over it, then a seeded part of one more."""
         weights = np.asarray(self.config.weights, np.float64)
         total = sum(counts)
+        # Whole rows that add up to the total: the largest remainders get the rows left over,
+        # and a source left with none takes one from the largest share.
         exact = total * weights / weights.sum()
-        # Whole rows that add up to the total: the largest remainders get the rows left over.
         shares = np.floor(exact).astype(int)
-        shares[np.argsort(shares - exact)[:total - shares.sum()]] += 1
-        shares = np.maximum(shares, 1)
-        rng = np.random.default_rng(self.config.seed)
+        shares[np.argsort(shares - exact, kind="stable")[:total - shares.sum()]] += 1
+        for empty in np.flatnonzero(shares == 0):
+            shares[np.argmax(shares)] -= 1
+            shares[empty] = 1
+        # The draw is the same on every build and every process (seed None: a fixed one, and
+        # the sources one after another).
+        rng = np.random.default_rng(0 if self.config.seed is None else self.config.seed)
         offsets = np.cumsum([0] + counts[:-1])
         drawn, lines = [], []
         for count, share, offset, name in zip(counts, shares, offsets, names):

@@ -123,8 +123,8 @@ class Tokenizer(Configurable):
         encoded on its own, as a prompt and its completion are. A ``chat.TemplateError`` when the
         template cannot render it."""
         ids, trained = [], []
-        for text, is_trained in self.chat_template.spans(messages):
-            piece = self._impl.encode_markup(text)
+        for index, (text, is_trained) in enumerate(self.chat_template.spans(messages)):
+            piece = self._impl.encode_markup(text, start=index == 0)
             ids.append(piece)
             trained.append(np.full(len(piece), is_trained))
         if not ids:

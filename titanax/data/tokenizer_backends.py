@@ -6,7 +6,9 @@
   ``sentencepiece`` package, the ``sentencepiece`` extra).
 
 Each encodes *text* -- a document's "<|endoftext|>" or "<s>" is text, not the boundary token --
-and *markup* (a rendered chat template), where special tokens are read as such.
+and *markup* (a rendered chat template), where special tokens are read as such. Markup comes in
+pieces (a conversation's turns, encoded one by one); ``start`` says whether a piece begins the
+whole text, for SentencePiece's word-start mark, which only the text's start gets.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class ByteTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> List[np.ndarray]:
         return [self.encode(t) for t in texts]
 
-    def encode_markup(self, text: str) -> np.ndarray:
+    def encode_markup(self, text: str, *, start: bool = True) -> np.ndarray:
+        del start
         return self.encode(text)
 
     @staticmethod
@@ -75,7 +78,10 @@ class TokenizersFile:
         return [np.asarray(e.ids, np.int32)
                 for e in self._text.encode_batch(list(texts), add_special_tokens=False)]
 
-    def encode_markup(self, text: str) -> np.ndarray:
+    def encode_markup(self, text: str, *, start: bool = True) -> np.ndarray:
+        """(A SentencePiece-style tokenizer.json marks each piece's start as a word start:
+        the span boundaries of a conversation may then differ from transformers' by that.)"""
+        del start
         return np.asarray(self._markup.encode(text, add_special_tokens=False).ids, np.int32)
 
     def decode(self, ids) -> str:
@@ -125,16 +131,28 @@ class SentencePieceFile:
     def encode_batch(self, texts: Sequence[str]) -> List[np.ndarray]:
         return [np.asarray(ids, np.int32) for ids in self._model.encode(list(texts))]
 
-    def encode_markup(self, text: str) -> np.ndarray:
-        if self._split is None:
-            return self.encode_batch([text])[0]
+    def encode_markup(self, text: str, *, start: bool = True) -> np.ndarray:
+        """Special pieces read as such; only text at the very start of the whole text gets
+        the word-start mark (as transformers' SentencePiece tokenizers do: none after a special
+        token, none at a later turn's start)."""
+        parts = self._split.split(text) if self._split is not None else [text]
         ids: List[int] = []
-        for part in self._split.split(text):
+        for index, part in enumerate(parts):
             if part in self._special:
                 ids.append(self._special[part])
             elif part:
-                ids.extend(self._model.encode(part))
+                ids.extend(self._model.encode(part) if start and index == 0
+                           else self._continuation(part))
         return np.asarray(ids, np.int32)
+
+    def _continuation(self, text: str) -> List[int]:
+        """``text`` encoded as the continuation of other text (no word-start mark added):
+        after a fixed lead whose pieces are dropped."""
+        lead = self._model.encode(_LEAD)
+        ids = self._model.encode(_LEAD + text)
+        if ids[:len(lead)] != lead:  # The lead merged into the text: fall back, marked.
+            return self._model.encode(text)
+        return ids[len(lead):]
 
     def decode(self, ids) -> str:
         return self._model.decode([int(i) for i in ids])
@@ -153,6 +171,11 @@ class SentencePieceFile:
             if token_id >= 0:
                 out[key] = model.id_to_piece(token_id)
         return out
+
+
+# Text encoded before a continuation, then dropped (what transformers prepends: its unknown
+# token, as text).
+_LEAD = "<unk>"
 
 
 def _is_user_defined(model, token_id: int) -> bool:

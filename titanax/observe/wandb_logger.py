@@ -128,7 +128,7 @@ def _import_wandb():
     except ImportError as e:
         raise errors.ConfigError(
             "the Weights & Biases logger needs the wandb package, which is not installed",
-            path="WandB", suggestion=f"{_INSTALL}, or remove WandB from the loggers") from e
+            path="loggers: WandB", suggestion=f"{_INSTALL}, or remove WandB from the loggers") from e
     return wandb
 
 

@@ -33,14 +33,15 @@ def process_shards(mesh: Mesh, batch_axis: sharding.AxisEntry) -> Tuple[Tuple[in
 
 
 def place_batch(mesh: Mesh, batch_axis: sharding.AxisEntry, host_batch: Any,
-                shards: Sequence[int], num_shards: int, seq_axis: Optional[str] = None) -> Any:
+                shards: Sequence[int], num_shards: int, *,
+                seq_axis: Optional[str] = None) -> Any:
     """Global arrays from this process's rows: ``shards`` (of ``num_shards``) stacked in order
     along the first dimension of every leaf; scalars are the same on every device. With
     ``seq_axis`` (context parallelism) each device gets its part of every row's sequence too
     (the process holds whole rows)."""
     shards = tuple(shards)
     position = {shard: i for i, shard in enumerate(shards)}
-    specs = sharding.shard_batch_specs(host_batch, batch_axis, seq_axis)
+    specs = sharding.shard_batch_specs(host_batch, batch_axis, seq_axis=seq_axis)
 
     def place(x, spec):
         x = np.asarray(x)

@@ -14,10 +14,13 @@ load-balanced one included).
   attention does); a block none of whose keys a query block may see is skipped. The backward
   pass is a ring too (a custom VJP): each block travels with its gradient accumulators and is
   home after C steps. Only the local block, one visiting block and the outputs' log-sum-exp are
-  kept: memory stays flat in C.
+  kept: memory stays flat in C. (With contiguous chunks, a sliding window or packed documents
+  some blocks are skipped; under the default dual-chunk order every block holds keys some query
+  sees, so the ring computes every block: about twice the causal minimum of work.)
 - ``ulysses``: an all-to-all turns sequence shards into head shards (each rank: the whole row,
   heads / C of them), attention runs as on one device, and another all-to-all turns the output
-  back. Needs the local heads divisible by C (kv heads fewer than C are repeated first).
+  back. Needs the local heads divisible by C (kv heads that C does not divide are repeated to
+  one per query head first).
 """
 
 from __future__ import annotations

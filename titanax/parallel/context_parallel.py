@@ -52,12 +52,12 @@ class CP(Configurable):
         traffic = {"all_gather": "K/V all-gathered once per layer (the whole row's K/V on every "
                                  "rank), their gradients reduce-scattered",
                    "ring": f"K/V blocks passed {size - 1} times around a ppermute ring per layer "
-                           "(forward), K/V and their gradients {size} times (backward); one "
-                           "visiting block in memory",
+                           f"(forward), K/V {size - 1} and their gradients {size} times "
+                           "(backward); one visiting block in memory",
                    "ulysses": "q, k, v all-to-all from sequence to head shards and the output "
                               "back, per layer"}[cfg.strategy]
         lines = [f"context parallelism over {cfg.axis!r} ({size} devices), strategy "
-                 f"{cfg.strategy}: {traffic.replace('{size}', str(size))}"]
+                 f"{cfg.strategy}: {traffic}"]
         order = (f"each row cut into {2 * size} chunks, rank r holding chunks r and "
                  f"{2 * size - 1}-r (the same causal work on every rank)"
                  if cfg.load_balance == "dual_chunk" else "each row cut into contiguous chunks")
@@ -84,6 +84,13 @@ class CP(Configurable):
                            "plan.context_parallel=None")
         rows, length = np.shape(ids)
         self.sequence_length = length
+        odd = [k for k, v in out.items() if np.ndim(v) >= 2 and np.shape(v)[1] != length]
+        if odd:
+            raise errors.PlanError(
+                f"batch field {odd[0]!r} is {np.shape(out[odd[0]])}: context parallelism splits "
+                f"the second dimension of every [rows, seq, ...] array, and it is not the "
+                f"sequence ({length} tokens)", path="plan.context_parallel",
+                suggestion="give per-row values as [rows] arrays, per-token ones as [rows, seq]")
         chunks = self.chunks(size)
         if length % chunks:
             raise errors.PlanError(

@@ -225,6 +225,11 @@ class Plan(Configurable):
                 seen.setdefault(axis, role)
             if self.zero is not None and self.data_parallel is None:
                 yield "zero", "ZeRO shards the state over the data axis: add data_parallel"
+            if self.context_parallel is not None and self.data_parallel is not None \
+                    and not self.data_parallel.sync_metrics:
+                yield "data_parallel.sync_metrics", (
+                    "reports one data shard's values, which context parallelism spreads over "
+                    "several devices (each holding part of every row): leave it True")
             pp = self.pipeline_parallel
             if self.zero is not None and self.zero.stage == 3 and pp is not None:
                 if pp.stages:

@@ -138,7 +138,7 @@ def axes_size(mesh_shape: Mapping[str, int], axes: AxisEntry) -> int:
     return math.prod(int(mesh_shape[a]) for a in axes)
 
 
-def shard_batch_specs(batch_example: Any, dp_axis: AxisEntry,
+def shard_batch_specs(batch_example: Any, dp_axis: AxisEntry, *,
                       seq_axis: Optional[str] = None) -> Any:
     """Data-parallel default specs for a batch: ``P(dp_axis, None, ...)`` per array leaf.
 

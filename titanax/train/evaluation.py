@@ -31,7 +31,7 @@ class Evaluation:
         # The step of the latest evaluation and what it gave (the end of a run reuses them).
         self.last_step: Optional[int] = None
         self.last_results: Dict[str, Dict[str, float]] = {}
-        # Evalers already told their data is cut to one pass.
+        # Evalers whose data is read as one pass (decided at their first evaluation).
         self._cut_to_one_pass: set = set()
 
     @property
@@ -70,6 +70,9 @@ class Evaluation:
         rows are fewer than that many batches -- a repeating input would then count some rows
         twice -- when it reads one pass instead, the last batch padded (padding weighs 0)."""
         cfg = evaler.config
+        one_pass_input = cfg.input.clone(num_epochs=1, last_batch="pad")
+        if where in self._cut_to_one_pass:
+            return make_input(one_pass_input, f"{where}.input"), None
         data = make_input(cfg.input, f"{where}.input")
         source = getattr(data, "source", None)
         batch = cfg.input.global_batch_size
@@ -77,12 +80,11 @@ class Evaluation:
                 or len(source) >= cfg.num_batches * batch:
             return data, cfg.num_batches
         one_pass = math.ceil(len(source) / batch)
-        if where not in self._cut_to_one_pass:  # Said once per run.
-            self._cut_to_one_pass.add(where)
-            _log.warning("%s: the held-out data has %d rows, fewer than num_batches=%d x %d: "
-                         "evaluating one pass (%d batch(es), the last padded) so that no row "
-                         "counts twice", where, len(source), cfg.num_batches, batch, one_pass)
-        return make_input(cfg.input.clone(num_epochs=1, last_batch="pad"), f"{where}.input"), None
+        self._cut_to_one_pass.add(where)
+        _log.warning("%s: the held-out data has %d rows, fewer than num_batches=%d x %d: "
+                     "evaluating one pass (%d batch(es), the last padded) so that no row "
+                     "counts twice", where, len(source), cfg.num_batches, batch, one_pass)
+        return make_input(one_pass_input, f"{where}.input"), None
 
 
 def evaluate(compiled: Callable[[Any, Any], Dict[str, Any]], params: Any, data: Iterable, *,

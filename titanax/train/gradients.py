@@ -64,7 +64,7 @@ class LossRelation:
         return math.prod(mesh_shape[a] for a in self.copy_over if a in varying)
 
     def objective(self, loss: jax.Array, mesh_shape: Mapping[str, int],
-                  loss_scale: Optional[jax.Array] = None,
+                  loss_scale: Optional[jax.Array] = None, *,
                   weight: Optional[jax.Array] = None) -> jax.Array:
         """What a computer differentiates: the loss with its copies counted once (see the
         module docstring), times its weight when the shards are weighted, times the loss
@@ -238,7 +238,8 @@ class ModelGradients:
         loss = loss.astype(jnp.float32)
         count = loss_count(aux) if self.weighted else None
         weight = None if count is None else jax.lax.stop_gradient(count) / capacity
-        objective = self.loss_relation.objective(loss, self.mesh_shape, loss_scale, weight)
+        objective = self.loss_relation.objective(loss, self.mesh_shape, loss_scale,
+                                                 weight=weight)
         updates = state_updates.collect(collection.state_updates, stored,
                                         where=f"{type(self.model).__qualname__}.forward")
         return objective, (loss, aux, flat_summaries(collection.summaries),

@@ -82,6 +82,24 @@ class RunInputs:
             if isinstance(batch, int):
                 self.plan.check_batch_size(batch, self.mesh, microbatched=False,
                                            path=f"evalers[{name!r}].input.global_batch_size")
+        inputs = {"train_input": config.train_input,
+                  **{f"evalers[{name!r}].input": e.input for name, e in config.evalers.items()}}
+        for where, input_cfg in inputs.items():
+            self._check_sequence_split(input_cfg, where=where)
+
+    def _check_sequence_split(self, input_cfg: Any, *, where: str) -> None:
+        """Under context parallelism a source's rows must cut into the plan's chunks: said
+        before the first step (not at the first batch, or the first evaluation)."""
+        cp = self.plan.context_parallel
+        length = getattr(getattr(input_cfg, "source", None), "seq_len", None)
+        if cp is None or not isinstance(length, int):
+            return
+        chunks = cp.chunks(self.mesh.shape[cp.config.axis])
+        if length % chunks:
+            raise errors.PlanError(
+                f"rows of {length} tokens do not split into the {chunks} equal chunks context "
+                f"parallelism cuts them into", path=f"{where}.source.seq_len",
+                suggestion=f"use a multiple of {chunks}")
 
     def make(self, input_cfg: Optional[Input.Config], *, where: str) -> Input:
         """The input of ``input_cfg`` for this process's batch shards; errors name ``where``

@@ -218,7 +218,8 @@ class PipelinedGradients:
             # Summaries as partial sums over pipe of the mean over microbatches (and stages).
             summaries = {**{k: v / (count * stages) for k, v in stage_summaries.items()},
                          **{k: v / count for k, v in head_summaries.items()}}
-            return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale, shard_weight),
+            return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale,
+                                                 weight=shard_weight),
                     (loss, aux, summaries))
 
         functions = one_f_one_b.StageFunctions(
@@ -236,7 +237,7 @@ class PipelinedGradients:
         compute_params = self.precision.cast_for_compute(params)
         inputs = self.precision.cast_for_compute(batch)
         loss, aux, summaries = self._forward(compute_params, inputs, key, is_training=True)
-        return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale, weight),
+        return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale, weight=weight),
                 (loss, aux, summaries))
 
 

@@ -72,7 +72,7 @@ class StepBuilder:
         """The batch split over the batch axes on its leading dimension."""
         return layout_lib.map_specs(
             lambda spec: layout_lib.without_axes(spec, self._unit_axes),
-            sharding.shard_batch_specs(batch, self.plan.batch_axis, self.plan.cp_axis))
+            sharding.shard_batch_specs(batch, self.plan.batch_axis, seq_axis=self.plan.cp_axis))
 
     def check_batch(self, batch: Any) -> None:
         """A batch of global arrays must split into the plan's shards and microbatches (host
@@ -187,6 +187,11 @@ class StepBuilder:
                 suggestion="run it on a mesh without the pipe axis: checkpoints restore onto any "
                            "mesh (--config.plan.pipeline_parallel=None)")
         setup, model = self.setup, self.model
+        if self.plan.cp_axis is not None:
+            # Its inputs are whole rows, the same on every context rank: the model runs them
+            # as it would without context parallelism (the same params).
+            whole_rows = self.plan.config.clone(context_parallel=None).instantiate()
+            model = whole_rows.configure_model(model.config).instantiate()
 
         def local(params, inputs):
             if setup.gathering is not None:
