@@ -225,6 +225,13 @@ class Plan(Configurable):
                 seen.setdefault(axis, role)
             if self.zero is not None and self.data_parallel is None:
                 yield "zero", "ZeRO shards the state over the data axis: add data_parallel"
+            cp, pp = self.context_parallel, self.pipeline_parallel
+            if cp is not None and cp.strategy == "ring" and pp is not None \
+                    and pp.schedule == "1f1b":
+                yield "context_parallel.strategy", (
+                    "the ring's collective-permutes would run inside 1F1B's per-tick switch, "
+                    "where stages take different branches (it deadlocks on XLA:CPU): use "
+                    "'all_gather' or 'ulysses' with 1F1B, or the ring with GPipe / circular")
             if self.context_parallel is not None and self.data_parallel is not None \
                     and not self.data_parallel.sync_metrics:
                 yield "data_parallel.sync_metrics", (
