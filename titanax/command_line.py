@@ -18,7 +18,8 @@ from titanax import errors
 
 def main_of(body: Callable[[Sequence[str]], int], *, name: str) -> Callable[[Sequence[str]], None]:
     """An ``absl.app.run`` main that runs ``body(argv)`` and exits with its status (call it
-    before ``app.run`` parses the flags: it defines ``--show_traceback``)."""
+    before ``app.run`` parses the flags: it defines ``--show_traceback``); positional
+    arguments are refused before the body runs."""
     if "show_traceback" not in flags.FLAGS:
         flags.DEFINE_bool("show_traceback", False, "Print Python tracebacks of Titanax's errors.")
 
@@ -27,6 +28,10 @@ def main_of(body: Callable[[Sequence[str]], int], *, name: str) -> Callable[[Seq
         if not flags.FLAGS["verbosity"].present:
             absl_logging.set_verbosity(absl_logging.WARNING)
         try:
+            if len(argv) > 1:  # Every command takes flags only.
+                raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}",
+                                             path="argv",
+                                             suggestion="every setting is a --flag (see --help)")
             status = body(argv)
         except errors.TitanaxError as e:
             if flags.FLAGS.show_traceback:

@@ -40,9 +40,7 @@ def _define_flags() -> None:
 
 
 def export(argv: Sequence[str]) -> int:
-    if len(argv) > 1:
-        raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
-                                     suggestion="every setting is a --flag (see --help)")
+    del argv  # (Positional arguments are refused by command_line.main_of.)
     for name in ("trainer_dir", "to"):
         if not getattr(FLAGS, name):
             raise errors.LaunchFlagError("missing", path=f"--{name}",

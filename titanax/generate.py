@@ -152,9 +152,7 @@ def _data_and_model_only(mesh, plan):
 
 
 def generate(argv: Sequence[str]) -> int:
-    if len(argv) > 1:
-        raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
-                                     suggestion="every setting is a --flag (see --help)")
+    del argv  # (Positional arguments are refused by command_line.main_of.)
     _check_flags()
     if FLAGS.cpu_devices is not None:
         cpu_devices.simulate_cpu_devices(FLAGS.cpu_devices)

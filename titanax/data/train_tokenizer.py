@@ -99,9 +99,7 @@ def _define_flags() -> None:
 
 
 def main_body(argv: Sequence[str]) -> int:
-    if len(argv) > 1:
-        raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}", path="argv",
-                                     suggestion="every setting is a --flag (see --help)")
+    del argv  # (Positional arguments are refused by command_line.main_of.)
     given = flags.FLAGS
     if not given.out:
         raise errors.LaunchFlagError("missing", path="--out",
