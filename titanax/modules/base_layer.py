@@ -59,6 +59,9 @@ class ParameterSpec:
     # does not divide its dimension (e.g. 2 kv heads on TP=4), the layout keeps that dimension
     # whole instead of refusing (parallel/rules.py). The layer tells which from its shard.
     replicated_if_indivisible: bool = False
+    # The share of this param each token multiplies by: 1 for a dense weight, top_k / E for a
+    # routed expert's (the FLOPs and MFU count active params only).
+    active_fraction: float = 1.0
 
     @property
     def ndim(self) -> int:

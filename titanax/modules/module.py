@@ -185,6 +185,11 @@ class Module(Configurable):
         """Records an intermediate value the caller may want (e.g. attention probabilities)."""
         self._own_context().output_collection.module_outputs[name] = value
 
+    def collected_outputs(self) -> Dict[str, Any]:
+        """The module outputs this call's children have written so far (nested by child name,
+        a Repeat's stacked over its layers)."""
+        return self._own_context().output_collection.module_outputs
+
 
 def functional(module: Module, prng_key: Optional[jax.Array], state: Any,
                inputs: Any = (), *, method: str = "forward", is_training: bool,

@@ -1,7 +1,7 @@
 """Parallel plans: which mesh axis does what, and how every param is laid out.
 
 A ``Plan`` composes the roles a mesh axis can play -- data parallel (``DP``), tensor parallel
-(``TP``), pipeline parallel (``PP``), context parallel (``CP``, context_parallel.py) -- and ZeRO /
+(``TP``), pipeline parallel (``PP``), context parallel (``CP``, context_parallel.py), expert parallel (``EP``, expert_parallel.py) -- and ZeRO /
 FSDP state sharding (``ZeRO``). They are all
 Configurables, so a plan lives in the run's config tree and every field overrides from the command
 line (``--config.plan.data_parallel.accumulate_steps=4``).
@@ -22,6 +22,7 @@ from titanax.parallel import interleaved_stack, layout as layout_lib, one_f_one_
 from titanax.parallel import rules as rules_lib
 from titanax.parallel import sharding, state_dims
 from titanax.parallel.context_parallel import CP
+from titanax.parallel.expert_parallel import EP
 
 SpecEntry = Optional[Union[str, Tuple[str, ...]]]
 
@@ -214,6 +215,9 @@ class Plan(Configurable):
         zero: Optional[ZeRO.Config] = None
         # Context parallelism: the sequence split over an axis (None: whole sequences).
         context_parallel: Optional[CP.Config] = None
+        # Expert parallelism: MoE layers' experts (and the batch's rows) split over an axis
+        # (None: every device holds every expert).
+        expert_parallel: Optional[EP.Config] = None
 
         def _validate_values(self):
             roles = self._roles()
@@ -250,7 +254,7 @@ class Plan(Configurable):
         def _roles(self) -> Dict[str, str]:
             roles = {}
             for role in ("data_parallel", "tensor_parallel", "pipeline_parallel",
-                         "context_parallel"):
+                         "context_parallel", "expert_parallel"):
                 part = getattr(self, role)
                 if part is not None:
                     roles[role] = part.axis
@@ -267,6 +271,7 @@ class Plan(Configurable):
         self.pipeline_parallel: Optional[PP] = _maybe(cfg.pipeline_parallel)
         self.zero: Optional[ZeRO] = _maybe(cfg.zero)
         self.context_parallel: Optional[CP] = _maybe(cfg.context_parallel)
+        self.expert_parallel: Optional[EP] = _maybe(cfg.expert_parallel)
 
     # --- Roles -----------------------------------------------------------------------------------
 
@@ -296,11 +301,17 @@ class Plan(Configurable):
 
     @property
     def batch_axes(self) -> Tuple[str, ...]:
-        """The mesh axes the batch is split over: the data axis, and under HSDP the ZeRO axis
-        too (each device of a ZeRO group runs its own rows)."""
-        if self.dp_axis is None:
-            return ()
-        return (self.dp_axis, self.zero_axis) if self.hsdp else (self.dp_axis,)
+        """The mesh axes the batch's rows are split over: the data axis, under HSDP the ZeRO
+        axis too (each device of a ZeRO group runs its own rows), and the expert axis (each
+        expert-parallel rank routes its own rows' tokens)."""
+        axes: Tuple[str, ...] = ()
+        if self.dp_axis is not None:
+            axes = (self.dp_axis, self.zero_axis) if self.hsdp else (self.dp_axis,)
+        return axes + ((self.ep_axis,) if self.ep_axis else ())
+
+    @property
+    def ep_axis(self) -> Optional[str]:
+        return self.config.expert_parallel.axis if self.config.expert_parallel else None
 
     @property
     def cp_axis(self) -> Optional[str]:
@@ -351,7 +362,8 @@ class Plan(Configurable):
                 f"mesh axis {idle[0]!r} (size {mesh_shape[idle[0]]}) has no role in the plan: "
                 "every device along it would repeat the same work", path=f"mesh axis {idle[0]!r}",
                 suggestion="give it a role (data_parallel, tensor_parallel, pipeline_parallel, "
-                           "context_parallel, or zero.axis for HSDP) or set its size to 1")
+                           "context_parallel, expert_parallel, or zero.axis for HSDP) or set its "
+                           "size to 1")
         if global_batch_size is not None:
             self.check_batch_size(global_batch_size, mesh)
         return self
@@ -417,7 +429,9 @@ class Plan(Configurable):
             transforms += self.pipeline_parallel.layout_transforms()
         if self.zero is not None:
             transforms += self.zero.layout_transforms(axis=self.zero_axis)
-        # (Context and expert parallelism add their transforms here, in this order.)
+        # (Context and expert parallelism add none: the params stay whole over the context
+        # axis, and MoE layers declare the expert axis on their experts' first dimension, set
+        # from the plan by configure_model, like the TP axis.)
         transforms.append(layout_lib.DropUnitAxes())
         return transforms
 
@@ -436,6 +450,7 @@ class Plan(Configurable):
             return None
         model = model.clone()
         self._configure_context_parallel(model)
+        self._configure_expert_parallel(model)
         tp = self.config.tensor_parallel
         for path, config in _configs_with_field(model, "tp_axis", prefix="model"):
             given = config.tp_axis
@@ -479,6 +494,39 @@ class Plan(Configurable):
                     "context parallelism never holds in one place",
                     path=f"{path}.attention_dropout_rate",
                     suggestion="set it to 0 under context parallelism (residual dropout is fine)")
+
+    def _configure_expert_parallel(self, model: ConfigBase) -> None:
+        """Every MoE layer's ``ep_axis`` from the plan; what a pipeline cannot carry refused."""
+        ep = self.config.expert_parallel
+        layers = list(_configs_with_field(model, "ep_axis", prefix="model"))
+        if ep is not None and not layers:
+            raise errors.PlanError(
+                "the plan splits experts over an axis, and the model has no mixture-of-experts "
+                "layer", path="plan.expert_parallel",
+                suggestion="give the model MoE layers (e.g. Decoder.Config.moe), or drop "
+                           "expert_parallel (--config.plan.expert_parallel=None)")
+        for path, config in layers:
+            config.ep_axis = ep.axis if ep is not None else None
+            if self.config.pipeline_parallel is None:
+                continue
+            # A pipeline stage returns only its activations: a balancing loss or a bias update
+            # written inside it would be dropped.
+            for field in ("aux_loss_weight", "z_loss_weight"):
+                if getattr(config, field, 0.0):
+                    raise errors.PlanError(
+                        "a pipeline stage carries only its activations, so the MoE layers' "
+                        "balancing losses would not reach the objective",
+                        path=f"{path}.{field}",
+                        suggestion="set it to 0 under pipeline_parallel (aux-loss-free "
+                                   "balancing is refused there too), or train without a "
+                                   "pipeline")
+            router = getattr(config, "router", None)
+            if router is not None and router.balance_rate:
+                raise errors.PlanError(
+                    "aux-loss-free balancing writes a state update, which pipelined steps do "
+                    "not carry", path=f"{path}.router.balance_rate",
+                    suggestion="set it to 0 under pipeline_parallel, or train without a "
+                               "pipeline")
 
     def describe(self, params: Any, mesh: Mesh, *, specs: Any = None) -> str:
         """A table of every param: path, global shape, spec, local shape, bytes per device.

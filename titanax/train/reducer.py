@@ -92,16 +92,24 @@ class GradientReducer:
     # all-reduce crosses too, for the gradients it carries: one all-reduce over data x context
     # instead of one over each. (A gradient split over the data axis meets them in step 2.)
     fold_axes: Tuple[str, ...] = ()
+    # Per leaf: the batch axes its gradient is split over *and already summed over* by the
+    # layer's own collectives (an expert's, over the expert axis: the all-to-alls' transposes
+    # bring every rank's tokens' contributions to the expert's rank). Such a gradient crosses
+    # the data all-reduce without them, and is divided like one summed there. Empty: none.
+    layer_summed_axes: Tuple[Tuple[str, ...], ...] = ()
 
     @classmethod
     def plan(cls, *, param_specs: Any, mesh_shape: Mapping[str, int],
              data_axis: Optional[str], loss_relation: Optional[LossRelation] = None,
              scatter_dims: Any = None, shard_axis: Optional[str] = None,
-             param_layout: Any = None, fold_axes: Sequence[str] = ()) -> "GradientReducer":
+             param_layout: Any = None, fold_axes: Sequence[str] = (),
+             layer_summed: Sequence[str] = ()) -> "GradientReducer":
         """``param_specs``: the layout of the *reduced* gradients (with ZeRO-2 / FSDP the shard
         axis on the scattered dimension); ``scatter_dims``: a tree like them (None leaves: no
         scatter); ``param_layout``: the params' own specs, when they differ (ZeRO-2);
-        ``fold_axes``: see the field (ignored without a data axis)."""
+        ``fold_axes``: see the field (ignored without a data axis); ``layer_summed``: the batch
+        axes whose layers sum the gradients of the params split over them (the expert axis;
+        see ``layer_summed_axes``)."""
         is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
         specs = jax.tree_util.tree_leaves(param_specs, is_leaf=is_spec)
         scatter = ()
@@ -112,9 +120,11 @@ class GradientReducer:
         fold = tuple(fold_axes) if data_axis is not None else ()
         layout = jax.tree_util.tree_leaves(param_layout if param_layout is not None
                                            else param_specs, is_leaf=is_spec)
-        if any(a in rules.spec_axes(spec) for spec in specs + layout for a in fold):
-            raise errors.PlanError(f"a param is split over {fold}, which the data all-reduce "
-                                   "crosses as a batch axis", path="plan.context_parallel",
+        whole_over = tuple(a for a in fold if a not in layer_summed)
+        if any(a in rules.spec_axes(spec) for spec in specs + layout for a in whole_over):
+            raise errors.PlanError(f"a param is split over {whole_over}, which the data "
+                                   "all-reduce crosses as a batch axis",
+                                   path="plan.context_parallel",
                                    suggestion="keep params whole over the context axis")
 
         def others(spec) -> Tuple[str, ...]:
@@ -133,7 +143,9 @@ class GradientReducer:
                    param_split_over_data=tuple(data_axis in rules.spec_axes(spec)
                                                for spec in layout),
                    param_replicated_axes=tuple(others(spec) for spec in layout),
-                   fold_axes=fold)
+                   fold_axes=fold,
+                   layer_summed_axes=tuple(tuple(a for a in axes if a in rules.spec_axes(spec)
+                                                 and a in layer_summed) for spec in specs))
 
     @property
     def data_size(self) -> int:
@@ -189,13 +201,23 @@ class GradientReducer:
                 leaves[index] = collectives.reduce_scatter(leaves[index], self.shard_axis, "mean",
                                                            scatter_dimension=dim)
         data = self.data_axis
+        # Gradients divided like the data all-reduce's (their layer summed the rest).
+        divided_with_data: set = set()
         if data is not None:
             # Gradients split over the data axis (scattered above, or FSDP's, whose gather's
             # transpose reduced them) already hold their own part: only the others cross here.
-            summed = [i for i, axes in enumerate(self.split_axes) if data not in axes]
+            crossing = [i for i, axes in enumerate(self.split_axes) if data not in axes]
+            # A gradient its layer summed over a fold axis crosses the rest in its own
+            # all-reduce (experts': the data axis alone).
+            summed = [i for i in crossing if not self._summed_by_layer(i)]
+            partly = [i for i in crossing if self._summed_by_layer(i)]
             carried = [i for i, crosses in enumerate(synced) if crosses]
             averaged_updates = [i for i in sorted(updates)
                                 if not self.param_split_over_data[i]]
+            partly_reduced = self._psum_by_axes(leaves, partly)
+            divided_with_data.update(partly)
+            for index, value in partly_reduced.items():  # (Divided again below if weighted.)
+                leaves[index] = value / self.data_size
             if summed or carried or averaged_updates:
                 reduced = collectives.psum([leaves[i] for i in summed]
                                            + [metrics[i] for i in carried]
@@ -215,6 +237,9 @@ class GradientReducer:
                     leaves[index] = reduced[position] / (
                         divisor if isinstance(divisor, int) else divisor.astype(
                             reduced[position].dtype))
+                if not isinstance(divisor, int):
+                    for index, value in partly_reduced.items():
+                        leaves[index] = value / divisor.astype(value.dtype)
                 averaged = all(a in self.loss_relation.mean_over for a in self.data_axes)
                 for position, index in enumerate(carried):
                     value = reduced[len(summed) + position]
@@ -224,6 +249,12 @@ class GradientReducer:
                 offset = len(summed) + len(carried)
                 for position, index in enumerate(averaged_updates):
                     updates[index] = reduced[offset + position] / size
+        sizes = dict(self.mesh_shape)
+        for index, axes in enumerate(self.layer_summed_axes):
+            if axes and index not in divided_with_data:
+                # Summed over these batch axes by its layer, reduced over no more of them
+                # here: their shards' mean.
+                leaves[index] = leaves[index] / math.prod(sizes[a] for a in axes)
         leaves, metrics, updates, norm_squared = self._reduce_other_axes(
             leaves, metrics, updates, mean_metric_count=len(mean_metrics), synced=synced)
         out_metrics = dict(zip(metric_names, metrics))
@@ -239,6 +270,26 @@ class GradientReducer:
         return Reduced(grads=jax.tree_util.tree_unflatten(treedef, leaves),
                        metrics=out_metrics, norm_squared=norm_squared,
                        state_updates=updates)
+
+    def _summed_by_layer(self, index: int) -> bool:
+        """Whether gradient ``index`` was summed over a fold axis by its layer (see
+        ``layer_summed_axes``): it then crosses the data all-reduce without that axis."""
+        return bool(self.layer_summed_axes) and bool(
+            set(self.layer_summed_axes[index]) & set(self.fold_axes))
+
+    def _psum_by_axes(self, leaves: List[jax.Array], indices: Sequence[int]
+                      ) -> Dict[int, jax.Array]:
+        """Leaves ``indices`` summed over the data all-reduce's axes less those their layer
+        summed them over: one all-reduce per set of axes."""
+        groups: Dict[Tuple[str, ...], List[int]] = {}
+        for index in indices:
+            axes = tuple(a for a in self.data_axes if a not in self.layer_summed_axes[index])
+            groups.setdefault(axes, []).append(index)
+        out: Dict[int, jax.Array] = {}
+        for axes, group in sorted(groups.items()):
+            reduced = collectives.psum([leaves[i] for i in group], sharding.axis_entry(axes))
+            out.update(zip(group, reduced))
+        return out
 
     def _weights_complete_after_data(self, total: jax.Array) -> bool:
         """Whether the data all-reduce summed the weights over every batch axis, into a value

@@ -67,8 +67,12 @@ class StepSetup:
     sync_metrics: bool = True
     # The pipeline (PP config) when the plan has one.
     pipeline: Optional[Any] = None
-    # Batch axes the data all-reduce crosses too (context parallelism's: reducer.py).
+    # Batch axes the data all-reduce crosses too (context and expert parallelism's:
+    # reducer.py).
     fold_axes: Tuple[str, ...] = ()
+    # Batch axes whose layers sum the gradients of the params split over them (the expert
+    # axis: reducer.py's layer_summed_axes).
+    layer_summed_axes: Tuple[str, ...] = ()
 
     @property
     def axes(self) -> Tuple[str, ...]:
@@ -106,7 +110,8 @@ class StepSetup:
                                     scatter_dims=strategy.scatter_dims,
                                     shard_axis=strategy.shard_axis,
                                     param_layout=strategy.param_specs,
-                                    fold_axes=self.fold_axes)
+                                    fold_axes=self.fold_axes,
+                                    layer_summed=self.layer_summed_axes)
 
 
 def local_train_step(setup: StepSetup, state: TrainState, batch: Any

@@ -64,7 +64,8 @@ class StepBuilder:
             state_sharding=self.strategy, nan_policy=self.nan_policy,
             sync_metrics=dp.sync_metrics if dp is not None else True,
             pipeline=self.plan.config.pipeline_parallel,
-            fold_axes=tuple(a for a in (self.plan.cp_axis,) if a in batch_axes))
+            fold_axes=tuple(a for a in (self.plan.cp_axis, self.plan.ep_axis) if a in batch_axes),
+            layer_summed_axes=tuple(a for a in (self.plan.ep_axis,) if a in batch_axes))
 
     # --- Batches -------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""One layer of today's decoders (Llama, Qwen, Mistral): pre-RMSNorm attention and SwiGLU MLP.
+"""One layer of today's decoders (Llama, Qwen, Mistral): pre-RMSNorm attention and SwiGLU MLP
+(or a mixture of SwiGLU experts: Mixtral, Qwen 3 MoE).
 
 ``x + attn(input_norm(x))``, then ``x + mlp(post_attention_norm(x))``: Hugging Face's
 ``input_layernorm`` / ``self_attn`` / ``post_attention_layernorm`` / ``mlp``. No dropout (none of
@@ -7,12 +8,13 @@ these models uses it).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.layers.gated_mlp import GatedMLP
 from titanax.modules.layers.grouped_query_attention import GroupedQueryAttention
+from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.norm import RMSNorm
 
 
@@ -24,8 +26,9 @@ class DecoderBlock(BaseLayer):
         model_dim: Required[int] = REQUIRED
         # The attention (its model_dim and TP fields follow the block's).
         attention: GroupedQueryAttention.Config = GroupedQueryAttention.default_config()
-        # The feed-forward block (its model_dim and TP fields follow the block's).
-        mlp: GatedMLP.Config = GatedMLP.default_config()
+        # The feed-forward block, dense or a mixture of experts (its model_dim and TP fields
+        # follow the block's).
+        mlp: Union[GatedMLP.Config, MoE.Config] = GatedMLP.default_config()
         # RMSNorm epsilon.
         norm_eps: float = 1e-6
         # Tensor-parallel axis; None: unsplit.

@@ -1,9 +1,11 @@
-"""Today's dense decoders -- Llama 2/3, Qwen 2/3, Mistral -- top to bottom.
+"""Today's decoders -- Llama 2/3, Qwen 2/3, Mistral, and the MoE Mixtral / Qwen 3 MoE -- top to
+bottom.
 
 One model covers the family, as Hugging Face's modeling files differ only in switches:
 
     token embedding (no position table: RoPE rotates q and k inside attention)
     -> num_layers x DecoderBlock: x + attn(rmsnorm(x)); x + swiglu_mlp(rmsnorm(x))
+         (or x + moe(rmsnorm(x)): routed SwiGLU experts, modules/layers/moe.py)
          attention: grouped-query (num_kv_heads), RoPE (theta, Llama 3 scaling), optional
          q/k/v biases (Qwen 2), QK-norm (Qwen 3), sliding window (Mistral)
     -> final RMSNorm -> LM head (tied to the embedding, or its own table)
@@ -32,6 +34,7 @@ from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.embedding import VocabParallelEmbedding
 from titanax.modules.layers.gated_mlp import GatedMLP
 from titanax.modules.layers.grouped_query_attention import GroupedQueryAttention
+from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.rotary import Llama3RopeScaling
@@ -63,8 +66,11 @@ class Decoder(CausalLanguageModel):
         num_kv_heads: Optional[int] = None
         # Width of each head; None: model_dim / num_heads.
         head_dim: Optional[int] = None
-        # MLP hidden width (HF intermediate_size).
+        # MLP hidden width (HF intermediate_size; a mixture of experts' own width is moe's).
         hidden_dim: int = 11008
+        # Every block's MLP a mixture of experts (Mixtral, Qwen 3 MoE): its model_dim and
+        # parallel axes follow the model's; None: dense SwiGLU MLPs of hidden_dim.
+        moe: Optional[MoE.Config] = None
         # RMSNorm epsilon (HF rms_norm_eps).
         norm_eps: float = 1e-6
         # Rotary base (HF rope_theta).
@@ -140,8 +146,11 @@ class Decoder(CausalLanguageModel):
             output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
             sliding_window=cfg.sliding_window, output_param_init=output_init,
             cp_axis=cfg.cp_axis, cp_strategy=cfg.cp_strategy)
-        mlp = GatedMLP.default_config().set(model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim, bias=cfg.mlp_bias,
-                                            output_param_init=output_init)
+        if cfg.moe is not None:
+            mlp = cfg.moe.clone(model_dim=cfg.model_dim, output_param_init=output_init)
+        else:
+            mlp = GatedMLP.default_config().set(model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim,
+                                                bias=cfg.mlp_bias, output_param_init=output_init)
         block = DecoderBlock.default_config().set(model_dim=cfg.model_dim, attention=attention,
                                                   mlp=mlp, norm_eps=cfg.norm_eps, **tp)
         self._add_child("decoder", Repeat.default_config().set(

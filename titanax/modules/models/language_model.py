@@ -20,6 +20,7 @@ from titanax.modules.base_layer import BaseLayer
 from titanax.modules.input_limits import InputLimit
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.layers.embedding import VocabParallelEmbedding
+from titanax.modules.layers.moe import add_moe_objective
 from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.modules.module import nowrap
 from titanax.modules.pipeline_parts import StackedStages
@@ -50,11 +51,13 @@ class CausalLanguageModel(BaseLayer):
         params each token multiplies by -- every param except the embedding lookups (a tied
         table counts once, as the head) -- plus the attention's ``12 x layers x width x seq``
         (the full seq x seq scores and their use, forward and backward). The params are counted
-        as the model has them, so grouped-query attention's narrower k/v projections and
+        as the model has them, a mixture of experts' routed ones by the share a token uses, so grouped-query attention's narrower k/v projections and
         SwiGLU's three matrices are what they are, not ``12 D^2`` per layer."""
         specs = self.create_parameter_specs_recursively()
         lookups = {"pos_emb"} | ({"token_emb"} if self.head() is not self.token_emb else set())
-        multiplied = sum(int(math.prod(spec.shape)) for name, sub in specs.items()
+        # A routed expert's weights count by the share each token uses (top_k / E).
+        multiplied = sum(math.prod(spec.shape) * getattr(spec, "active_fraction", 1.0)
+                         for name, sub in specs.items()
                          if name not in lookups for spec in jax.tree_util.tree_leaves(
                              sub, is_leaf=lambda x: hasattr(x, "shape")))
         return 6.0 * multiplied + 12.0 * self.config.num_layers * self.attention_width() * seq_len
@@ -102,8 +105,10 @@ class CausalLanguageModel(BaseLayer):
         Returns ``(loss, aux)`` with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` so a caller can
         average exactly over several shards.
         """
-        return self.head_loss(self.decoder(self.embed_batch(batch), **document_inputs(batch)),
-                              batch)
+        loss, aux = self.head_loss(self.decoder(self.embed_batch(batch),
+                                                **document_inputs(batch)), batch)
+        # Mixture-of-experts layers' balancing terms join the gradient, not the reported loss.
+        return add_moe_objective(loss, self.collected_outputs()), aux
 
     def head_loss(self, decoded: jax.Array, batch: Dict[str, jax.Array]
                   ) -> Tuple[jax.Array, Dict[str, Any]]:

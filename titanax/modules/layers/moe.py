@@ -1,0 +1,240 @@
+"""A mixture-of-experts feed-forward block: a router, routed SwiGLU experts, optional shared ones.
+
+``y = sum_j gate_j(x) expert_{e_j}(x) + shared(x)`` over the ``top_k`` experts ``e_j`` the router
+picks for each token (``router.py``). It takes the place of the decoder block's ``GatedMLP``
+(Mixtral, Qwen 3 MoE, DeepSeek-V3's routed layers).
+
+**Expert parallelism** (``ep_axis``, set from ``plan.expert_parallel``): the experts' weights
+``[E, ...]`` are split over the axis on their first dimension, and the batch is split over it too
+(it is a batch axis: each rank routes its own tokens). Tokens reach their experts with one
+``all_to_all`` over the axis and come back with another (``expert_dispatch.py``); autodiff gives
+the same two in the backward pass. An expert's gradient therefore already sums every rank's
+tokens when the backward pass ends: the reducer does not reduce it over the expert axis.
+
+**Dispatch.** ``"capacity"``: each expert takes at most
+``C = ceil(capacity_factor x T x top_k / E)`` of a group's ``T`` tokens (a group: the tokens of
+one device, or one microbatch of them); the rest are dropped and counted (``dropped_fraction``).
+``capacity_factor >= E / top_k`` never drops. ``"dropless"``: without expert parallelism, the
+tokens are sorted by expert and run through ``jax.lax.ragged_dot`` (nothing dropped, nothing
+padded). With it, a dropless exchange needs ``ragged_all_to_all``, which XLA:CPU does not
+implement; here it is emulated by slots for every token (``C = T``: nothing can drop, at E / top_k
+times the slots' memory) -- said by ``--explain``.
+
+**Tensor parallelism** splits each expert's hidden features over ``tp_axis`` (as in
+``GatedMLP``); the partial outputs of the routed and shared experts are summed over it once, at
+the end (a reduce-scatter under sequence parallelism).
+
+**Losses and metrics.** Training adds ``aux_loss_weight x`` the load-balancing loss and
+``z_loss_weight x`` the router z-loss of every MoE layer to the objective (the model's ``loss``
+stays the language-model loss: ``add_moe_objective``). Each call writes summaries: the aux and z
+losses, the dropped fraction, and the most and least loaded expert's assignments over the mean
+(``expert_load_max`` is the imbalance max / mean; 1.0 is perfect balance).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import jax
+import jax.numpy as jnp
+
+from titanax.config import REQUIRED, Required
+from titanax.modules.base_layer import BaseLayer, ParameterSpec
+from titanax.modules.initializers import FanAxes, Initializer
+from titanax.modules.layers import expert_dispatch
+from titanax.modules.layers.gated_mlp import ACTIVATIONS
+from titanax.modules.layers.router import (Router, assignment_counts, load_balancing_loss,
+                                           router_z_loss)
+from titanax.modules.layers.tensor_parallel import tp_active
+from titanax.parallel import collectives
+
+# The module output every MoE layer writes its training objective under (read by the model).
+MOE_OBJECTIVE = "moe_objective"
+
+
+class MoE(BaseLayer):
+    """Routed experts (and shared ones) in place of a dense MLP."""
+
+    class Config(BaseLayer.Config):
+        # Input and output width (inside a Decoder: the model's, which sets it).
+        model_dim: Optional[int] = None
+        # Hidden width of each routed expert (HF moe_intermediate_size; Mixtral's
+        # intermediate_size).
+        hidden_dim: Required[int] = REQUIRED
+        # Routed experts.
+        num_experts: int = 8
+        # Experts per token.
+        top_k: int = 2
+        # How tokens choose (its model_dim, num_experts and top_k follow this config's).
+        router: Router.Config = Router.default_config()
+        # Hidden width of the shared expert every token also goes through (DeepSeek's
+        # n_shared_experts x moe_intermediate_size); 0: none.
+        shared_hidden_dim: int = 0
+        # The gate's activation: "silu" (SwiGLU) or "gelu_tanh".
+        activation: Literal["silu", "gelu_tanh"] = "silu"
+        # "capacity": at most capacity_factor x the balanced share of a group's assignments per
+        # expert, the rest dropped and counted; "dropless": none dropped (see the docstring).
+        dispatch: Literal["capacity", "dropless"] = "capacity"
+        # Slots per expert over the balanced share (capacity dispatch); E / top_k or more never
+        # drops.
+        capacity_factor: float = 1.25
+        # Weight of the load-balancing loss of this layer in the training objective.
+        aux_loss_weight: float = 0.0
+        # Weight of the router z-loss of this layer in the training objective.
+        z_loss_weight: float = 0.0
+        # Expert-parallel mesh axis the experts are split over: set from
+        # plan.expert_parallel.axis (None: every device holds every expert).
+        ep_axis: Optional[str] = None
+        # Tensor-parallel axis each expert's hidden features are split over; None: unsplit.
+        tp_axis: Optional[str] = None
+        # Activations outside the block are split over the sequence on the TP axis.
+        sequence_parallel: bool = False
+        # Initializer of the down projections; None: the layer's param_init.
+        output_param_init: Optional[Initializer.Config] = None
+
+        def _validate_values(self):
+            for name in ("num_experts", "top_k"):
+                value = getattr(self, name)
+                if isinstance(value, int) and value < 1:
+                    yield name, f"must be >= 1, got {value}"
+            if isinstance(self.top_k, int) and self.top_k > self.num_experts:
+                yield "top_k", f"must be <= num_experts={self.num_experts}, got {self.top_k}"
+            if self.capacity_factor <= 0:
+                yield "capacity_factor", f"must be > 0, got {self.capacity_factor}"
+            if self.shared_hidden_dim < 0:
+                yield "shared_hidden_dim", f"must be >= 0, got {self.shared_hidden_dim}"
+            for name in ("aux_loss_weight", "z_loss_weight"):
+                if getattr(self, name) < 0:
+                    yield name, f"must be >= 0, got {getattr(self, name)}"
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        cfg = self.config
+        self._add_child("router", cfg.router.clone(model_dim=cfg.model_dim,
+                                                   num_experts=cfg.num_experts, top_k=cfg.top_k))
+
+    def _create_layer_parameter_specs(self):
+        cfg = self.config
+        experts, width, hidden = cfg.num_experts, cfg.model_dim, cfg.hidden_dim
+        output_init = (cfg.output_param_init.instantiate()
+                       if cfg.output_param_init is not None else None)
+        # Each token multiplies by top_k of the E experts (FLOPs and MFU count those only).
+        active = cfg.top_k / experts
+        specs = {
+            "gate_up_weight": ParameterSpec(
+                shape=(experts, width, 2, hidden), mesh_axes=(cfg.ep_axis, None, None, cfg.tp_axis),
+                fan_axes=FanAxes(in_axes=(1,), out_axes=(3,)), active_fraction=active),
+            "down_weight": ParameterSpec(
+                shape=(experts, hidden, width), mesh_axes=(cfg.ep_axis, cfg.tp_axis, None),
+                initializer=output_init, fan_axes=FanAxes(in_axes=(1,), out_axes=(2,)),
+                active_fraction=active),
+        }
+        if cfg.shared_hidden_dim:
+            shared = cfg.shared_hidden_dim
+            specs["shared_gate_up_weight"] = ParameterSpec(
+                shape=(width, 2, shared), mesh_axes=(None, None, cfg.tp_axis),
+                fan_axes=FanAxes(in_axes=(0,), out_axes=(2,)))
+            specs["shared_down_weight"] = ParameterSpec(
+                shape=(shared, width), mesh_axes=(cfg.tp_axis, None), initializer=output_init,
+                fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))
+        return specs
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        params = self.parameters
+        tensor_parallel = tp_active(cfg.tp_axis)
+        if cfg.sequence_parallel and tensor_parallel:
+            x = collectives.all_gather(x, cfg.tp_axis, axis_index=1)
+        tokens = x.reshape(-1, x.shape[-1])
+        routing = self.router(tokens)
+        activation = ACTIVATIONS[cfg.activation]
+        if cfg.dispatch == "dropless" and not tp_active(cfg.ep_axis):
+            out = expert_dispatch.ragged_experts(
+                tokens, routing.expert_ids, routing.gates, params["gate_up_weight"],
+                params["down_weight"], activation)
+            kept = jnp.float32(routing.expert_ids.size)
+        else:
+            out, kept = self._through_slots(tokens, routing, activation)
+        if cfg.shared_hidden_dim:
+            both = jnp.einsum("td,dsf->tsf", tokens,
+                              params["shared_gate_up_weight"].astype(tokens.dtype))
+            hidden = activation(both[:, 0]) * both[:, 1]
+            out = out + hidden @ params["shared_down_weight"].astype(tokens.dtype)
+        out = out.reshape(x.shape)
+        if tensor_parallel:  # Every expert's hidden features are split: sum the parts once.
+            out = (collectives.reduce_scatter(out, cfg.tp_axis, scatter_dimension=1)
+                   if cfg.sequence_parallel else collectives.psum(out, cfg.tp_axis))
+        self._report(routing, kept)
+        return out
+
+    def slots_per_expert(self, num_tokens: int) -> int:
+        """``C`` for a group of ``num_tokens`` (every token under an emulated dropless
+        exchange)."""
+        cfg = self.config
+        if cfg.dispatch == "dropless":
+            return num_tokens
+        return expert_dispatch.capacity(tokens=num_tokens, top_k=cfg.top_k,
+                                        num_experts=cfg.num_experts, factor=cfg.capacity_factor)
+
+    def _through_slots(self, tokens, routing, activation):
+        """The capacity path (see expert_dispatch.py): scatter into slots, exchange over the
+        expert axis, run the local experts, exchange back, combine. Returns the output and the
+        number of assignments kept."""
+        cfg = self.config
+        params = self.parameters
+        slots = self.slots_per_expert(tokens.shape[0])
+        positions = expert_dispatch.slot_positions(routing.expert_ids, cfg.num_experts)
+        buffer = expert_dispatch.dispatch(tokens, routing.expert_ids, positions,
+                                          num_experts=cfg.num_experts, slots=slots)
+        parallel = tp_active(cfg.ep_axis)
+        if parallel:
+            buffer = expert_dispatch.exchange(buffer, cfg.ep_axis)
+        local_experts = params["gate_up_weight"].shape[0]
+        # [E, C, D] -> [local experts, ranks x C, D]: every rank's slots for each local expert.
+        grouped = buffer.reshape(-1, local_experts, slots, buffer.shape[-1]).transpose(1, 0, 2, 3)
+        outputs = expert_dispatch.gated_experts(
+            grouped.reshape(local_experts, -1, buffer.shape[-1]), params["gate_up_weight"],
+            params["down_weight"], activation)
+        outputs = outputs.reshape(grouped.shape).transpose(1, 0, 2, 3).reshape(buffer.shape)
+        if parallel:
+            outputs = expert_dispatch.exchange(outputs, cfg.ep_axis)
+        kept = jnp.sum((positions < slots).astype(jnp.float32))
+        return expert_dispatch.combine(outputs, routing.expert_ids, positions,
+                                       routing.gates), kept
+
+    def _report(self, routing, kept):
+        """Summaries of this call, and its part of the training objective."""
+        cfg = self.config
+        assignments = routing.expert_ids.size
+        load = assignment_counts(routing.expert_ids, cfg.num_experts) * (
+            cfg.num_experts / max(assignments, 1))
+        aux = load_balancing_loss(routing, cfg.num_experts)
+        z = router_z_loss(routing)
+        self.add_summary("aux_loss", aux)
+        self.add_summary("z_loss", z)
+        self.add_summary("dropped_fraction", 1.0 - kept / assignments)
+        self.add_summary("expert_load_max", jnp.max(load))
+        self.add_summary("expert_load_min", jnp.min(load))
+        if self.is_training and (cfg.aux_loss_weight or cfg.z_loss_weight):
+            self.add_module_output(MOE_OBJECTIVE, cfg.aux_loss_weight * aux
+                                   + cfg.z_loss_weight * z)
+
+
+def add_moe_objective(loss: jax.Array, module_outputs) -> jax.Array:
+    """``loss`` with the MoE layers' objective terms (found under ``module_outputs``, stacked
+    over a Repeat's layers or not) added to its gradient but not to its value: the reported loss
+    stays the language model's, the optimizer sees both."""
+    terms = [jnp.sum(value) for value in _named_outputs(module_outputs, MOE_OBJECTIVE)]
+    if not terms:
+        return loss
+    extra = sum(terms).astype(loss.dtype)
+    return loss + (extra - jax.lax.stop_gradient(extra))
+
+
+def _named_outputs(tree, name):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if key == name and not isinstance(value, dict):
+                yield value
+            else:
+                yield from _named_outputs(value, name)

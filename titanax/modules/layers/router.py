@@ -1,0 +1,135 @@
+"""The router of a mixture-of-experts layer: which ``top_k`` experts each token goes to, and how
+much of each expert's output it keeps.
+
+Two scoring rules cover today's models:
+
+* ``"softmax"`` (Mixtral, Qwen 3 MoE, GPT-OSS): the gates are the softmax probabilities of the
+  chosen experts, renormalised over the ``top_k`` when ``normalize_top_k`` (Mixtral always, Qwen
+  by ``norm_topk_prob``);
+* ``"sigmoid"`` (DeepSeek-V3): each expert's score is ``sigmoid(logit)``, the chosen scores are
+  normalised to sum to 1 and scaled by ``routed_scaling``.
+
+**Aux-loss-free balancing** (DeepSeek-V3, Wang et al. 2024): with ``balance_rate > 0`` the router
+keeps a per-expert ``expert_bias``, added to the scores *for choosing only* (the gates never see
+it). After each training call it moves by ``balance_rate`` towards balance: up for the experts
+that got fewer than the mean of the assignments, down for those that got more. It is a state
+update (``add_state_update``), averaged over the data shards like every other, so every device
+keeps the same bias.
+
+The logits are computed in float32 whatever the compute dtype: a top-k choice flips on rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+import jax
+import jax.numpy as jnp
+
+from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
+from titanax.modules.initializers import FanAxes
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """One call's routing of ``T`` tokens (local view)."""
+
+    # [T, top_k] int32: the chosen experts, best first.
+    expert_ids: jax.Array
+    # [T, top_k] float32: the weight of each chosen expert's output.
+    gates: jax.Array
+    # [T, num_experts] float32: the router's logits (for the z-loss).
+    logits: jax.Array
+    # [T, num_experts] float32: each token's distribution over the experts (softmax, or the
+    # normalised sigmoid scores): the P of the load-balancing loss.
+    probabilities: jax.Array
+
+
+class Router(BaseLayer):
+    """``tokens [T, model_dim] -> Routing``."""
+
+    class Config(BaseLayer.Config):
+        # Input width, experts to choose from and experts per token: the MoE layer's (it sets
+        # them; None only before it has).
+        model_dim: Optional[int] = None
+        num_experts: Optional[int] = None
+        top_k: Optional[int] = None
+        # "softmax" (Mixtral, Qwen 3 MoE) or "sigmoid" (DeepSeek-V3): see the module docstring.
+        scoring: Literal["softmax", "sigmoid"] = "softmax"
+        # Renormalise the chosen experts' gates to sum to 1 (HF norm_topk_prob; Mixtral: True).
+        # The sigmoid rule always normalises.
+        normalize_top_k: bool = True
+        # The gates are multiplied by this (DeepSeek-V3's routed_scaling_factor).
+        routed_scaling: float = 1.0
+        # Aux-loss-free balancing: the expert bias moves by this much per training step (0: off,
+        # no bias; DeepSeek-V3 uses 0.001).
+        balance_rate: float = 0.0
+
+        def _validate_values(self):
+            if isinstance(self.num_experts, int) and self.num_experts < 1:
+                yield "num_experts", f"must be >= 1, got {self.num_experts}"
+            if isinstance(self.top_k, int) and isinstance(self.num_experts, int) and \
+                    not 1 <= self.top_k <= self.num_experts:
+                yield "top_k", f"must be in [1, num_experts={self.num_experts}], got {self.top_k}"
+            if self.balance_rate < 0:
+                yield "balance_rate", f"must be >= 0, got {self.balance_rate}"
+            if self.routed_scaling <= 0:
+                yield "routed_scaling", f"must be > 0, got {self.routed_scaling}"
+
+    def _create_layer_parameter_specs(self):
+        cfg = self.config
+        specs = {"weight": ParameterSpec(shape=(cfg.model_dim, cfg.num_experts),
+                                         mesh_axes=(None, None),
+                                         fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))}
+        if cfg.balance_rate > 0:
+            # Not trained (its gradient is zero: it only picks); written as a state update.
+            specs["expert_bias"] = ParameterSpec(shape=(cfg.num_experts,), mesh_axes=(None,),
+                                                 dtype=jnp.float32, initializer=constant(0.0),
+                                                 weight_decay_scale=0.0)
+        return specs
+
+    def forward(self, tokens: jax.Array) -> Routing:
+        cfg = self.config
+        params = self.parameters
+        logits = jnp.einsum("td,de->te", tokens.astype(jnp.float32),
+                            params["weight"].astype(jnp.float32))
+        if cfg.scoring == "softmax":
+            scores = jax.nn.softmax(logits, axis=-1)
+            probabilities = scores
+        else:
+            scores = jax.nn.sigmoid(logits)
+            probabilities = scores / jnp.sum(scores, axis=-1, keepdims=True)
+        choosing = scores
+        if cfg.balance_rate > 0:
+            choosing = scores + jax.lax.stop_gradient(params["expert_bias"])
+        _, expert_ids = jax.lax.top_k(jax.lax.stop_gradient(choosing), cfg.top_k)
+        gates = jnp.take_along_axis(scores, expert_ids, axis=-1)
+        if cfg.normalize_top_k or cfg.scoring == "sigmoid":
+            gates = gates / (jnp.sum(gates, axis=-1, keepdims=True) + 1e-20)
+        gates = gates * cfg.routed_scaling
+        if cfg.balance_rate > 0 and self.is_training:
+            counts = assignment_counts(expert_ids, cfg.num_experts)
+            step = jnp.sign(jnp.mean(counts) - counts) * cfg.balance_rate
+            self.add_state_update("expert_bias", params["expert_bias"] + step)
+        return Routing(expert_ids=expert_ids.astype(jnp.int32), gates=gates, logits=logits,
+                       probabilities=probabilities)
+
+
+def assignment_counts(expert_ids: jax.Array, num_experts: int) -> jax.Array:
+    """``[num_experts]`` float32: how many (token, choice) assignments each expert got."""
+    return jnp.zeros((num_experts,), jnp.float32).at[expert_ids.reshape(-1)].add(1.0)
+
+
+def load_balancing_loss(routing: Routing, num_experts: int) -> jax.Array:
+    """Switch / GShard's auxiliary loss as Hugging Face computes it: ``E x sum_i f_i P_i`` with
+    ``f_i`` the assignments to expert ``i`` per token and ``P_i`` its mean probability -- 
+    ``top_k`` when perfectly balanced, up to ``E x top_k`` when one expert takes everything."""
+    tokens = routing.expert_ids.shape[0]
+    fraction = assignment_counts(routing.expert_ids, num_experts) / max(tokens, 1)
+    return num_experts * jnp.sum(fraction * jnp.mean(routing.probabilities, axis=0))
+
+
+def router_z_loss(routing: Routing) -> jax.Array:
+    """ST-MoE's z-loss: the mean squared log-partition of the logits (keeps them small)."""
+    return jnp.mean(jnp.square(jax.nn.logsumexp(routing.logits, axis=-1)))

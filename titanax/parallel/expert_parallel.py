@@ -1,0 +1,50 @@
+"""Expert parallelism: the experts of every mixture-of-experts layer split over a mesh axis.
+
+``EP`` is the plan part (``Plan.expert_parallel``). The expert axis is a *batch* axis as well:
+the batch's rows are split over data x expert, so outside the MoE layers every device works on its
+own rows as under data parallelism (with the same rows as a data-only mesh of the same size: an
+EP run and a DP run of one size see the same batch shards). Inside an MoE layer
+(``modules/layers/moe.py``) each rank holds ``E / EP`` experts; tokens go to the rank of their
+expert with one ``all_to_all`` over the axis and come back with another.
+
+Gradients: the params outside the experts are replicated over the axis and reduced over it with
+the data axis, in the step's one all-reduce over data x expert; the experts' own are split over it
+and need no reduction there (the all-to-alls' transposes already brought every rank's tokens'
+contributions home), so they cross the data axis only (``train/reducer.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from titanax.config import Configurable
+
+
+class EP(Configurable):
+    """Expert parallelism over ``axis`` (see the module docstring)."""
+
+    class Config(Configurable.Config):
+        # Mesh axis the experts (and the batch's rows) are split over.
+        axis: str = "expert"
+
+    def describe(self, *, size: int, layers: List[Any], tokens_per_device: int = 0) -> str:
+        """--explain's lines: experts per rank and what each MoE layer sends."""
+        lines = [f"expert parallelism over {self.config.axis!r} ({size} devices): rows split "
+                 "over it like a data axis; per MoE layer 2 all-to-alls forward (dispatch, "
+                 "combine) and 2 backward"]
+        for path, layer in layers:
+            cfg = layer.config
+            slots = layer.slots_per_expert(tokens_per_device) if tokens_per_device else None
+            mode = cfg.dispatch
+            if cfg.dispatch == "dropless":
+                mode += (" (emulated with a slot per token: XLA has ragged_all_to_all only on "
+                         "accelerators, and Titanax does not use it yet)")
+            else:
+                mode += f" factor {cfg.capacity_factor}"
+            line = (f"  {path}: {cfg.num_experts} experts, {cfg.num_experts // size} per rank, "
+                    f"top-{cfg.top_k}, dispatch {mode}")
+            if slots:
+                line += (f"; {slots} slots per expert for {tokens_per_device} tokens per device, "
+                         f"{cfg.num_experts * slots * cfg.model_dim:,} values per all-to-all")
+            lines.append(line)
+        return "\n".join(lines)
