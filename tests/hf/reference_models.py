@@ -60,6 +60,24 @@ def _mistral():
         sliding_window=5, initializer_range=0.3, tie_word_embeddings=False))
 
 
+def _qwen3_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        initializer_range=0.3, tie_word_embeddings=False, router_aux_loss_coef=0.01))
+
+
+def _mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+    return MixtralForCausalLM(MixtralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_local_experts=4,
+        num_experts_per_tok=2, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3,
+        tie_word_embeddings=False))
+
+
 def _gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
     return GPT2LMHeadModel(GPT2Config(
@@ -69,7 +87,8 @@ def _gpt2():
 
 
 BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwen2,
-                                 "mistral": _mistral, "gpt2": _gpt2}
+                                 "mistral": _mistral, "gpt2": _gpt2, "qwen3_moe": _qwen3_moe,
+                                 "mixtral": _mixtral}
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ from titanax import errors
 from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
 
-KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2")
+KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral")
 
 
 @pytest.fixture(scope="module")

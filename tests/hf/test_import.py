@@ -10,7 +10,7 @@ from titanax.hf import importer
 from titanax.modules.module import functional
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
-KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2")
+KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Hugging Face ``config.json`` <-> Titanax model configs (GPT-2, Llama, Qwen 2/3, Mistral).
+"""Hugging Face ``config.json`` <-> Titanax model configs (GPT-2, Llama, Qwen 2/3, Mistral, and
+the mixtures of experts Mixtral and Qwen 3 MoE).
 
 Every key of an HF config is either mapped onto a Titanax field, checked to hold the one value
 Titanax implements (``hidden_act: silu``, no sliding window on Qwen, ...), or known not to change
@@ -12,6 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from titanax import errors
 from titanax.config import ConfigBase
+from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.rotary import Llama3RopeScaling
 from titanax.modules.models.decoder import Decoder
 from titanax.modules.models.gpt import GPT
@@ -28,13 +30,16 @@ NEUTRAL_KEYS = frozenset({
 })
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-MODEL_TYPES = ("gpt2",) + DECODER_TYPES
+# Decoders whose MLPs are mixtures of experts.
+MOE_TYPES = ("mixtral", "qwen3_moe")
+MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
 
 
 def _refuse(key: str, value: Any, why: str, *, where: str) -> errors.HFError:
     return errors.HFError(f"{key}={value!r}: {why}", path=f"{where}: {key}",
-                          suggestion="Titanax imports GPT-2, Llama, Qwen 2/3 and Mistral "
-                                     "checkpoints as published; this one differs where named")
+                          suggestion="Titanax imports GPT-2, Llama, Qwen 2/3, Qwen 3 MoE, Mistral "
+                                     "and Mixtral checkpoints as published; this one differs "
+                                     "where named")
 
 
 class _Reader:
@@ -175,9 +180,9 @@ def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
     width = r.required("hidden_size")
     window: Optional[int] = None
     qkv_bias = output_bias = False
-    if model_type == "mistral":
+    if model_type in ("mistral", "mixtral"):
         window = r.get("sliding_window")
-    if model_type in ("qwen2", "qwen3"):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe"):
         r.expect("use_sliding_window", lambda v: not v, "Qwen's per-layer sliding window is not "
                  "implemented", False)
         r.get("sliding_window")  # Unused while use_sliding_window is false.
@@ -188,21 +193,79 @@ def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
                           "only full attention in every layer is implemented", where=r.where)
     if model_type == "qwen2":
         qkv_bias = True
+    elif model_type == "mixtral":
+        pass  # No attention biases.
     else:
         bias = bool(r.get("attention_bias", False))
         qkv_bias = output_bias = bias
     mlp_bias = bool(r.get("mlp_bias", False)) if model_type == "llama" else False
     kv = r.get("num_key_value_heads") or heads
     head_dim = r.get("head_dim")
-    return Decoder.default_config().set(
+    moe = _moe(r, model_type) if model_type in MOE_TYPES else None
+    return Decoder.default_config().set(moe=moe,
         name=model_type, vocab_size=r.required("vocab_size"),
         max_seq_len=r.required("max_position_embeddings"),
         num_layers=r.required("num_hidden_layers"), model_dim=width, num_heads=heads,
         num_kv_heads=kv, head_dim=head_dim if head_dim not in (None, width // heads) else None,
         hidden_dim=r.required("intermediate_size"), norm_eps=float(r.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias, attention_output_bias=output_bias, mlp_bias=mlp_bias,
-        qk_norm=model_type == "qwen3", sliding_window=window,
+        qk_norm=model_type in ("qwen3", "qwen3_moe"), sliding_window=window,
         tie_embeddings=bool(r.get("tie_word_embeddings", False)), **_rope(r))
+
+
+def _moe(r: _Reader, model_type: str) -> MoE.Config:
+    """The experts of a Mixtral / Qwen 3 MoE config. HF computes every token's experts, so the
+    import is dropless. HF's one balancing loss over all layers (``router_aux_loss_coef``, added
+    to the loss when ``output_router_logits``) is about the mean of the layers' own, so each
+    layer weighs its own by coef / layers."""
+    # HF adds its balancing loss to the training loss only with output_router_logits.
+    balancing = bool(r.get("output_router_logits", False))
+    coefficient = float(r.get("router_aux_loss_coef", 0.0) or 0.0)
+    if model_type == "mixtral":
+        experts = r.required("num_local_experts")
+        hidden = r.required("intermediate_size")
+        normalize = True
+        r.expect("router_jitter_noise", lambda v: not v, "Titanax's router adds no noise", 0.0)
+    else:
+        # Published configs say num_experts; transformers 5 writes num_local_experts.
+        experts = r.get("num_local_experts") or r.required("num_experts")
+        hidden = r.required("moe_intermediate_size")
+        r.get("intermediate_size")  # The dense MLPs' width: kept for the export only.
+        normalize = bool(r.get("norm_topk_prob", False))
+        r.expect("decoder_sparse_step", lambda v: v in (None, 1),
+                 "every layer is a mixture of experts in Titanax's decoder", 1)
+        r.expect("mlp_only_layers", lambda v: not v,
+                 "every layer is a mixture of experts in Titanax's decoder", [])
+    layers = r.required("num_hidden_layers")
+    moe = MoE.default_config().set(
+        hidden_dim=hidden, num_experts=experts, top_k=r.required("num_experts_per_tok"),
+        dispatch="dropless",
+        aux_loss_weight=coefficient / layers if balancing else 0.0)
+    moe.router.normalize_top_k = normalize
+    return moe
+
+
+def moe_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
+    """What of a mixture-of-experts model ``model_type`` would not compute."""
+    if cfg.moe is None:
+        return [f"{model_type} is a mixture of experts and the model has none"] \
+            if model_type in MOE_TYPES else []
+    if model_type not in MOE_TYPES:
+        return [f"the model is a mixture of experts, which {model_type} is not"]
+    problems: List[str] = []
+    router = cfg.moe.router
+    if router.scoring != "softmax" or router.routed_scaling != 1.0:
+        problems.append("HF's MoE routers are softmax top-k with unscaled gates")
+    if router.balance_rate:
+        problems.append("the aux-loss-free expert bias (router.balance_rate) has no place in "
+                        "HF's router, and choosing without it changes the model")
+    if cfg.moe.shared_hidden_dim:
+        problems.append("neither family has shared experts")
+    if cfg.moe.activation != "silu":
+        problems.append("HF's experts are SwiGLU (silu)")
+    if model_type == "mixtral" and not router.normalize_top_k:
+        problems.append("mixtral always renormalises the top-k gates")
+    return problems
 
 
 # --- Titanax -> HF -----------------------------------------------------------------------------
@@ -227,6 +290,8 @@ def hf_config_from_model(cfg: ConfigBase, *, model_type: Optional[str] = None,
 def default_model_type(cfg: Decoder.Config) -> str:
     """The HF family whose modeling code computes what ``cfg`` does (checked by
     ``hf_config_from_model``: a model no family fits is refused there)."""
+    if cfg.moe is not None:
+        return "qwen3_moe" if cfg.qk_norm else "mixtral"
     if cfg.qk_norm:
         return "qwen3"
     if cfg.qkv_bias and not cfg.attention_output_bias:
@@ -239,17 +304,18 @@ def default_model_type(cfg: Decoder.Config) -> str:
 def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     """What of ``cfg`` the HF family ``model_type`` would not compute (its loader would drop
     or ignore it: a model that loads and is wrong)."""
-    problems: List[str] = []
-    if cfg.qk_norm != (model_type == "qwen3"):
-        problems.append("qwen3 has QK-norm and no other family does")
+    problems: List[str] = moe_misfits(cfg, model_type)
+    if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe")):
+        problems.append("qwen3 and qwen3_moe have QK-norm and no other family does")
     if model_type == "qwen2" and (not cfg.qkv_bias or cfg.attention_output_bias):
         problems.append("qwen2 has q/k/v biases and no output bias")
-    if model_type in ("llama", "qwen3") and cfg.qkv_bias != cfg.attention_output_bias:
+    if model_type in ("llama", "qwen3", "qwen3_moe") and \
+            cfg.qkv_bias != cfg.attention_output_bias:
         problems.append(f"{model_type}'s attention_bias sets q/k/v and output biases together")
-    if model_type == "mistral" and (cfg.qkv_bias or cfg.attention_output_bias):
-        problems.append("mistral has no attention biases")
-    if cfg.sliding_window is not None and model_type != "mistral":
-        problems.append("only mistral has a sliding window")
+    if model_type in ("mistral", "mixtral") and (cfg.qkv_bias or cfg.attention_output_bias):
+        problems.append(f"{model_type} has no attention biases")
+    if cfg.sliding_window is not None and model_type not in ("mistral", "mixtral"):
+        problems.append("only mistral and mixtral have a sliding window")
     if cfg.mlp_bias and model_type != "llama":
         problems.append("only llama has MLP biases (mlp_bias)")
     if cfg.rope_scaling is not None and model_type != "llama":
@@ -270,14 +336,15 @@ def _gpt2_to_hf(cfg: GPT.Config) -> Dict[str, Any]:
 def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
     problems = _misfits(cfg, model_type)
     if problems:
-        fits = [t for t in DECODER_TYPES if not _misfits(cfg, t)]
+        fits = [t for t in DECODER_TYPES + MOE_TYPES if not _misfits(cfg, t)]
         raise errors.HFError(f"the model does not fit HF model_type {model_type!r}: "
                              + "; ".join(problems), path="model",
                              suggestion=f"export as {fits[0]!r}" if fits else
                              "no Hugging Face family computes this combination: change the "
                              "model's options (see docs/huggingface.md)")
     architectures = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                     "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
     head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads
     rope: Dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
     if cfg.rope_scaling is not None:
@@ -301,10 +368,22 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
         out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     if model_type == "llama":
         out.update(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
-    if model_type == "qwen3":
+    if model_type in ("qwen3", "qwen3_moe"):
         out.update(attention_bias=cfg.qkv_bias, use_sliding_window=False, sliding_window=None)
     if model_type == "qwen2":
         out.update(use_sliding_window=False, sliding_window=None)
-    if model_type == "mistral":
+    if model_type in ("mistral", "mixtral"):
         out.update(sliding_window=cfg.sliding_window)
+    moe = cfg.moe
+    if model_type == "mixtral":
+        out.update(num_local_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
+                   intermediate_size=moe.hidden_dim, router_jitter_noise=0.0,
+                   router_aux_loss_coef=moe.aux_loss_weight * cfg.num_layers,
+                   output_router_logits=moe.aux_loss_weight > 0)
+    if model_type == "qwen3_moe":
+        out.update(num_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
+                   moe_intermediate_size=moe.hidden_dim, norm_topk_prob=moe.router.normalize_top_k,
+                   decoder_sparse_step=1, mlp_only_layers=[],
+                   router_aux_loss_coef=moe.aux_loss_weight * cfg.num_layers,
+                   output_router_logits=moe.aux_loss_weight > 0)
     return out

@@ -60,6 +60,20 @@ def stacked(count: int) -> Form:
     return Form(lambda ts: np.stack(list(ts)), lambda a: [a[k] for k in range(count)])
 
 
+def experts_transposed(count: int, parts: int, shape: Tuple[int, ...]) -> Form:
+    """``count`` experts' HF ``[out, in]`` weights, ``parts`` of them per expert (gate and up:
+    2; down: 1), in expert-major order <-> one Titanax ``[E, in, (parts,) out]``."""
+    def to_titanax(ts):
+        per_expert = [np.stack([t.T for t in ts[e * parts:(e + 1) * parts]], axis=1)
+                      for e in range(count)]
+        return np.stack(per_expert).reshape(shape)
+
+    def to_hf(a):
+        a = a.reshape(count, a.shape[1], parts, -1)
+        return [a[e, :, k].T for e in range(count) for k in range(parts)]
+    return Form(to_titanax, to_hf)
+
+
 def padded_rows(rows: int, vocab: int) -> Form:
     """The ``[vocab, D]`` table <-> Titanax's, padded to ``rows`` (padding rows are zeros and are
     dropped on export)."""
@@ -151,6 +165,8 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
         layer("attn/v_weight", "self_attn.v_proj.weight", transposed((d, kv, head_dim))),
         layer("attn/o/weight", "self_attn.o_proj.weight", transposed((heads * head_dim, d))),
         layer("post_attention_norm/scale", "post_attention_layernorm.weight", same()),
+    ]
+    maps += _experts(cfg, layer) if cfg.moe is not None else [
         layer("mlp/gate_up_weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
               stacked_transposed(2, (d, 2, hidden))),
         layer("mlp/down/weight", "mlp.down_proj.weight", transposed((hidden, d))),
@@ -172,3 +188,24 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
                  layer("mlp/down/bias", "mlp.down_proj.bias", same())]
     maps.append(TensorMap("final_norm/scale", ("model.norm.weight",), same()))
     return maps
+
+
+def _experts(cfg: Decoder.Config, layer) -> List[TensorMap]:
+    """A mixture of experts' router and experts, in Qwen 3 MoE's names (``mlp.gate``,
+    ``mlp.experts.{e}.gate_proj``...) or Mixtral's (``block_sparse_moe.gate``,
+    ``block_sparse_moe.experts.{e}.w1`` (gate), ``w3`` (up), ``w2`` (down))."""
+    moe = cfg.moe
+    d, experts, hidden = cfg.model_dim, moe.num_experts, moe.hidden_dim
+    if cfg.qk_norm:  # The family export and import pick for this model (qwen3_moe).
+        block, gate, up, down = "mlp", "gate_proj", "up_proj", "down_proj"
+    else:
+        block, gate, up, down = "block_sparse_moe", "w1", "w3", "w2"
+    both = tuple(f"{block}.experts.{e}.{name}.weight" for e in range(experts)
+                 for name in (gate, up))
+    return [
+        layer("mlp/router/weight", f"{block}.gate.weight", transposed((d, experts))),
+        layer("mlp/gate_up_weight", both, experts_transposed(experts, 2, (experts, d, 2, hidden))),
+        layer("mlp/down_weight", tuple(f"{block}.experts.{e}.{down}.weight"
+                                       for e in range(experts)),
+              experts_transposed(experts, 1, (experts, hidden, d))),
+    ]

@@ -154,19 +154,24 @@ def child_context(name: str, **overrides: Any) -> InvocationContext:
     return InvocationContext(**values)
 
 
-def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries") -> Dict[str, jax.Array]:
+def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries", *,
+                   per_layer: bool = True) -> Dict[str, jax.Array]:
     """``{"summaries/<module path>/<name>": float32 scalar}`` from a nested summaries dict.
 
-    A summary of a stacked ``Repeat`` comes back with a leading layer axis: it is averaged.
+    A summary of a stacked ``Repeat`` comes back with a leading layer axis: it is averaged, and
+    with ``per_layer`` each layer's value is kept too, as ``<path>/layer_<i>`` (a pipeline
+    stage, which holds a slice of the stack, asks for the average only).
     """
     out: Dict[str, jax.Array] = {}
     for name, value in tree.items():
         path = f"{prefix}/{name}"
         if isinstance(value, Mapping):
-            out.update(flat_summaries(value, path))
+            out.update(flat_summaries(value, path, per_layer=per_layer))
         elif value is not None:
             value = jnp.asarray(value, jnp.float32)
             out[path] = jnp.mean(value) if value.ndim else value
+            if per_layer and value.ndim == 1 and value.shape[0] > 1:
+                out.update({f"{path}/layer_{i}": value[i] for i in range(value.shape[0])})
     return out
 
 

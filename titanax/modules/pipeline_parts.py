@@ -131,7 +131,7 @@ class StackedStages:
                                        is_training=is_training)
             if is_training:
                 refuse_state_updates(collection, where="decoder")
-            return y, flat_summaries(collection.summaries, "summaries/decoder")
+            return y, flat_summaries(collection.summaries, "summaries/decoder", per_layer=False)
 
         if not (self.remat_layers and is_training):
             return run(self.stage_layer, staged, x, first_layer)

@@ -262,3 +262,40 @@ def qwen3_config(size: str, **overrides) -> Decoder.Config:
         name="qwen3", vocab_size=151936, max_seq_len=40960, num_layers=layers, model_dim=width,
         num_heads=heads, num_kv_heads=kv, head_dim=128, hidden_dim=hidden, norm_eps=1e-6,
         rope_theta=1000000.0, qk_norm=True, tie_embeddings=tied).set(**overrides)
+
+
+def qwen3_moe_config(size: str, **overrides) -> Decoder.Config:
+    """Published Qwen 3 MoE sizes: "30b-a3b" (128 experts, 8 per token), "235b-a22b"."""
+    shapes = {
+        # layers, width, heads, kv heads, dense hidden, expert hidden, experts
+        "30b-a3b": (48, 2048, 32, 4, 6144, 768, 128),
+        "235b-a22b": (94, 4096, 64, 4, 12288, 1536, 128),
+    }
+    if size not in shapes:
+        raise ValueError(f"unknown Qwen 3 MoE size {size!r}; one of {', '.join(shapes)}")
+    layers, width, heads, kv, hidden, expert_hidden, experts = shapes[size]
+    moe = MoE.default_config().set(hidden_dim=expert_hidden, num_experts=experts, top_k=8)
+    moe.router.normalize_top_k = True
+    return Decoder.default_config().set(
+        name="qwen3_moe", vocab_size=151936, max_seq_len=40960, num_layers=layers,
+        model_dim=width, num_heads=heads, num_kv_heads=kv, head_dim=128, hidden_dim=hidden,
+        norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True, tie_embeddings=False,
+        moe=moe).set(**overrides)
+
+
+def mixtral_config(size: str, **overrides) -> Decoder.Config:
+    """Published Mixtral sizes: "8x7b", "8x22b" (8 experts, 2 per token)."""
+    shapes = {
+        # layers, width, heads, kv heads, expert hidden, vocabulary
+        "8x7b": (32, 4096, 32, 8, 14336, 32000),
+        "8x22b": (56, 6144, 48, 8, 16384, 32768),
+    }
+    if size not in shapes:
+        raise ValueError(f"unknown Mixtral size {size!r}; one of {', '.join(shapes)}")
+    layers, width, heads, kv, expert_hidden, vocab = shapes[size]
+    moe = MoE.default_config().set(hidden_dim=expert_hidden, num_experts=8, top_k=2)
+    return Decoder.default_config().set(
+        name="mixtral", vocab_size=vocab, max_seq_len=65536 if size == "8x22b" else 32768,
+        num_layers=layers, model_dim=width, num_heads=heads, num_kv_heads=kv,
+        hidden_dim=expert_hidden, norm_eps=1e-5, rope_theta=1000000.0, tie_embeddings=False,
+        moe=moe).set(**overrides)
