@@ -142,3 +142,10 @@ def fp16_precision(loss_scaling: bool) -> Precision.Config:
     return Precision.default_config().set(fp16=True, enable_x32_params=True,
                                           loss_scaling=loss_scaling, growth_interval=1000,
                                           allow_unscaled_fp16=not loss_scaling)
+
+
+def flat(tree) -> dict:
+    """``{"a/b/c": numpy array}`` of a nested dict of params (or gradients)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
+            for path, leaf in leaves}

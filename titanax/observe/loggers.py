@@ -82,10 +82,12 @@ class Basic(Logger):
     """One readable progress line per log step on stdout."""
 
     class Config(Logger.Config):
-        # Metrics shown first, in this order (others follow alphabetically when verbose).
+        # Metrics shown first, in this order (others follow alphabetically when verbose). An
+        # entry "*/<name>" shows every metric whose path ends with /<name> (a layer's summary,
+        # e.g. a mixture of experts' load imbalance averaged over its layers), as <name>.
         columns: tuple = ("loss", "learning_rate", "grad_norm", "step_time_s", "tokens_per_s",
                        "examples_per_s", "mfu", "peak_memory_gib", "compile_time_s",
-                       "pipeline_bubble")
+                       "pipeline_bubble", "*/expert_load_max", "*/dropped_fraction")
         # Also print every other metric.
         verbose: bool = False
 
@@ -93,13 +95,19 @@ class Basic(Logger):
         cfg = self.config
         total = f"/{self.total_steps}" if self.total_steps else ""
         parts = [f"step {step:>6d}{total}"]
-        shown = [k for k in cfg.columns if k in metrics]
-        others = sorted(k for k in metrics if k not in cfg.columns and k != "eta_s")
+        shown = []
+        for column in cfg.columns:
+            if column.startswith("*/"):
+                shown += sorted(k for k in metrics if k.endswith(column[1:]))
+            elif column in metrics:
+                shown.append(column)
+        others = sorted(k for k in metrics if k not in shown and k != "eta_s")
         # A line with none of the progress columns (compile time, an evaluation) shows its own.
         names = shown + (others if cfg.verbose or not shown else [])
         for name in names:
             if name in metrics:
-                parts.append(f"{name} {_format(metrics[name])}")
+                label = name.rsplit("/", 1)[-1] if name.startswith("summaries/") else name
+                parts.append(f"{label} {_format(metrics[name])}")
         if "eta_s" in metrics:
             parts.append(f"eta {_duration(metrics['eta_s'])}")
         print("  ".join(parts), file=sys.stdout, flush=True)

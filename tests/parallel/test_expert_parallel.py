@@ -1,0 +1,268 @@
+"""Expert parallelism (a mixture of experts' experts split over a mesh axis) against one device.
+
+SGD with momentum, float32, batches whose rows train on different numbers of tokens; the capacity
+factor is E / top_k (nothing can drop) unless a test says otherwise. Compared: the per-step losses
+and every param's *update* (after - before), at the scale of each tensor.
+"""
+
+import functools
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from tests.numerics import PARITY, assert_close
+from tests.train import helpers
+from titanax import errors
+from titanax.modules.layers.moe import MoE
+from titanax.modules.models.decoder import Decoder
+from titanax.modules.module import functional
+from titanax.parallel.expert_parallel import EP
+from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
+from titanax.train.engine import Engine
+
+BATCHES = helpers.text_batches(batch_size=8, count=2, uneven=True)
+MODEL = dict(name="llama", vocab_size=256, max_seq_len=16, num_layers=2, model_dim=32,
+             num_heads=8, num_kv_heads=2, hidden_dim=48)
+EXPERTS, TOP_K = 8, 2
+
+
+class RecordingMoE(MoE):
+    """An MoE layer that also hands back its routing (for the dropped-fraction test)."""
+
+    def _report(self, routing, kept):
+        super()._report(routing, kept)
+        self.add_module_output("expert_ids", routing.expert_ids)
+
+
+def _moe(**changes):
+    return MoE.default_config().set(hidden_dim=24, num_experts=EXPERTS, top_k=TOP_K,
+                                    capacity_factor=EXPERTS / TOP_K).set(**changes)
+
+
+def _engine(sizes=None, *, moe=None, tp=False, fsdp=False, pipe=None, learner=None, **model):
+    sizes = sizes or {"data": 1}
+    axes, shape = tuple(sizes), tuple(sizes.values())
+    plan = Plan.default_config().set(
+        data_parallel=DP.default_config(),
+        expert_parallel=EP.default_config() if "expert" in sizes else None,
+        tensor_parallel=TP.default_config() if tp else None,
+        pipeline_parallel=(PP.default_config().set(microbatch_size=1, schedule=pipe)
+                           if pipe else None),
+        zero=(ZeRO.default_config().set(stage=3, min_shard_size=64,
+                                        grad_sync="per_step" if pipe else "per_microbatch")
+              if fsdp else None))
+    network = Decoder.default_config().set(**MODEL, moe=moe or _moe()).set(**model)
+    if learner is None:
+        learner = helpers.sgd(0.5)
+        learner.optimizer.momentum = 0.9
+    cfg = Engine.default_config().set(
+        mesh=helpers.mesh(shape, axes, devices=list(range(math.prod(shape)))), plan=plan,
+        model=network, learner=learner, loggers=[], log_every=1000)
+    return cfg.instantiate()
+
+
+def _updates(engine, batches=BATCHES):
+    """Per-step losses and every param's update over the batches (in float64, with the params
+    after, whose float32 storage bounds how finely an update can be read)."""
+    engine.init_state()
+    before = helpers.flat(jax.device_get(engine.canonical_params()))
+    losses, after = helpers.train(engine, batches)
+    after = helpers.flat(after)
+    return losses, {k: (after[k].astype(np.float64) - before[k], after[k]) for k in after}, engine
+
+
+def _assert_updates_close(updates, want_updates):
+    """Each update within PARITY of its own scale -- plus the float32 resolution of the params
+    it is read from (an update of 1e-4 on a weight of 0.05 is read to about 4e-9, 4e-5 of it;
+    a wrong scale or a missing shard moves it by its own size)."""
+    for path, (want, stored) in want_updates.items():
+        got = updates[path][0]
+        assert np.max(np.abs(want)) > 0, f"{path} never moved: the comparison proves nothing"
+        resolution = 2 * np.spacing(np.max(np.abs(stored)).astype(np.float32))
+        error = np.max(np.abs(got - want))
+        assert error <= PARITY * np.max(np.abs(want)) + resolution, (
+            f"{path} update differs by {error:.3g} (scale {np.max(np.abs(want)):.3g}, "
+            f"float32 resolution {resolution:.3g})")
+
+
+@functools.lru_cache(maxsize=None)
+def _one_device():
+    losses, updates, _ = _updates(_engine())
+    return losses, updates
+
+
+@pytest.mark.parametrize("sizes,case", [
+    ({"data": 1, "expert": 2}, "ep"), ({"data": 1, "expert": 4}, "ep"),
+    ({"data": 1, "expert": 8}, "ep"), ({"data": 2, "expert": 4}, "ep"),
+    ({"data": 2, "expert": 4}, "fsdp"), ({"data": 1, "expert": 4, "model": 2}, "tp"),
+    ({"data": 1, "expert": 4, "pipe": 2}, "gpipe"), ({"data": 1, "expert": 4, "pipe": 2}, "1f1b"),
+], ids=["ep2", "ep4", "ep8", "dp2-ep4", "fsdp2-ep4", "ep4-tp2", "ep4-gpipe2", "ep4-1f1b2"])
+def test_expert_parallel_trains_like_one_device(sizes, case):
+    """EP alone (2, 4, 8 experts ranks), with DP, FSDP (every param split over data as well,
+    gathered per layer), TP (each expert's hidden features over model) and PP (each stage's
+    experts exchange tokens inside the schedule)."""
+    engine = _engine(sizes, tp=case == "tp", fsdp=case == "fsdp",
+                     pipe=case if case in ("gpipe", "1f1b") else None)
+    want_losses, want_updates = _one_device()
+    losses, updates, engine = _updates(engine)
+    assert_close(losses, want_losses, what="losses")
+    _assert_updates_close(updates, want_updates)
+    experts = engine.layout.param_specs["decoder"]["layer"]["mlp"]["gate_up_weight"]
+    assert "expert" in tuple(experts)
+
+
+def test_dropless_dispatch_trains_like_capacity_slots_that_never_drop():
+    """The ragged path (sorted by expert, ``ragged_dot``) and the slot path compute the same
+    model when nothing drops; under EP the dropless exchange is emulated by a slot per token."""
+    want_losses, want_updates = _one_device()
+    for sizes in ({"data": 1}, {"data": 2, "expert": 4}):
+        losses, updates, _ = _updates(_engine(sizes, moe=_moe(dispatch="dropless")))
+        assert_close(losses, want_losses, what=f"dropless losses on {sizes}")
+        _assert_updates_close(updates, want_updates)
+
+
+@pytest.mark.parametrize("capacity_factor", [EXPERTS / TOP_K, 0.5])
+def test_expert_parallel_with_balancing_trains_like_the_same_shards_without_it(capacity_factor):
+    """Balancing losses, aux-loss-free bias and (at factor 0.5) dropped tokens are computed per
+    token group -- one device's rows -- so EP (data 2 x expert 4) is compared with data=8: the
+    same groups. Every term and every drop must come out the same."""
+    moe = _moe(capacity_factor=capacity_factor, aux_loss_weight=0.05, z_loss_weight=0.01)
+    moe.router.balance_rate = 0.01
+    want_losses, want_updates, want = _updates(_engine({"data": 8}, moe=moe))
+    losses, updates, got = _updates(_engine({"data": 2, "expert": 4}, moe=moe))
+    assert_close(losses, want_losses, what="losses")
+    _assert_updates_close(updates, want_updates)
+    bias = want_updates["decoder/layer/mlp/router/expert_bias"][0]
+    assert np.max(np.abs(bias)) > 0  # The aux-loss-free bias moved.
+    dropped = "summaries/decoder/layer/mlp/dropped_fraction"
+    assert_close([h[dropped] for h in got.history], [h[dropped] for h in want.history],
+                 what="dropped fractions")
+    if capacity_factor < 1:
+        assert all(h[dropped] > 0 for h in got.history)
+
+
+def test_balancing_losses_reach_the_gradient_and_not_the_reported_loss():
+    """One device, one SGD step: the update is -lr x the gradient of the language-model loss
+    plus the weighted balancing and z losses of every layer, computed here from the layers'
+    summaries; the reported loss is the language-model loss alone."""
+    weights = dict(aux_loss_weight=0.3, z_loss_weight=0.2)
+    engine = _engine(moe=_moe(**weights), learner=helpers.sgd(0.5))
+    engine.init_state()
+    params = jax.device_get(engine.canonical_params())
+    batch = BATCHES[0]
+    model = engine.model
+
+    def objective(p, scale):
+        (loss, _), collection = functional(model, None, p, (batch,), is_training=False)
+        mlp = collection.summaries["decoder"]["layer"]["mlp"]
+        return loss + scale * (weights["aux_loss_weight"] * jax.numpy.sum(mlp["aux_loss"])
+                               + weights["z_loss_weight"] * jax.numpy.sum(mlp["z_loss"])), loss
+
+    (_, lm_loss), grads = jax.value_and_grad(objective, has_aux=True)(params, 1.0)
+    _, lm_grads = jax.value_and_grad(objective, has_aux=True)(params, 0.0)
+    losses, after = helpers.train(engine, [batch])
+    assert_close(losses[0], lm_loss, what="reported loss")
+    before, after = helpers.flat(params), helpers.flat(after)
+    _assert_updates_close({k: (after[k].astype(np.float64) - before[k], None) for k in after},
+                          {k: (-0.5 * g.astype(np.float64), after[k])
+                           for k, g in helpers.flat(grads).items()})
+    # The balancing terms are large enough here that leaving them out would fail above.
+    router = "decoder/layer/mlp/router/weight"
+    difference = helpers.flat(grads)[router] - helpers.flat(lm_grads)[router]
+    assert np.max(np.abs(difference)) > 1e-2 * np.max(np.abs(helpers.flat(grads)[router]))
+
+
+def test_the_dropped_fraction_reported_is_the_one_the_routing_implies():
+    """capacity_factor 0.5 on data 2 x expert 4 (one row, 16 tokens, per device): the fraction
+    reported for each layer equals the one counted here from the router's choices (on one
+    device, the same params) with the capacity rule written out: C = ceil(0.5 x 16 x 2 / 8) = 2
+    slots per expert per device, first choices queued before second ones."""
+    moe = _moe(capacity_factor=0.5)
+    moe.klass = RecordingMoE
+    engine = _engine({"data": 2, "expert": 4}, moe=moe)
+    engine.init_state()
+    params = jax.device_get(engine.canonical_params())
+    batch = BATCHES[0]
+    one_device = Decoder.default_config().set(**MODEL, moe=moe).instantiate()
+    _, collection = functional(one_device, None, params, (batch,), is_training=False)
+    choices = np.asarray(collection.module_outputs["decoder"]["layer"]["mlp"]["expert_ids"])
+    rows, length = batch["input_ids"].shape
+    groups = 8
+    tokens = rows * length // groups
+    slots = math.ceil(0.5 * tokens * TOP_K / EXPERTS)
+    expected = []
+    for layer in range(MODEL["num_layers"]):
+        dropped = 0
+        for group in range(groups):
+            mine = choices[layer, group * tokens:(group + 1) * tokens]
+            taken = np.zeros(EXPERTS, int)
+            for choice in range(TOP_K):
+                for token in range(tokens):
+                    expert = mine[token, choice]
+                    dropped += taken[expert] >= slots
+                    taken[expert] += 1
+        expected.append(dropped / (rows * length * TOP_K))
+    assert 0.05 < np.mean(expected) < 0.95
+    helpers.train(engine, [batch])
+    metrics = engine.history[0]
+    name = "summaries/decoder/layer/mlp/dropped_fraction"
+    for layer, fraction in enumerate(expected):
+        assert_close(metrics[f"{name}/layer_{layer}"], fraction, what=f"layer {layer} dropped")
+    assert_close(metrics[name], np.mean(expected), what="dropped fraction")
+
+
+@functools.lru_cache(maxsize=None)
+def _collectives():
+    """The compiled step's collectives: the 2 MoE layers in a scan, data 2 x expert 4."""
+    cfg = _engine({"data": 2, "expert": 4}).config.clone()
+    cfg.model.unroll_layers = False
+    engine = cfg.instantiate()
+    engine.init_state()
+    engine.compile(example_batch=BATCHES[0])
+    return engine.collectives()
+
+
+def test_each_moe_layer_exchanges_tokens_with_two_all_to_alls_each_way_and_nothing_else():
+    """Inside the layer loop: the dispatch and combine all-to-alls over ``expert`` forward and
+    their two transposes backward -- no other collective, nothing over ``data``. After it, the
+    gradients replicated over the expert axis cross data x expert in one all-reduce, the
+    experts' own (split over ``expert``, already summed by the all-to-alls) cross data only, and
+    their squared norm (one float) is summed over ``expert``."""
+    ops = _collectives()
+    in_loop = [op for op in ops if op.in_loop]
+    assert sorted((op.op, op.axes, op.pass_name) for op in in_loop) == sorted(
+        [("all-to-all", ("expert",), "forward")] * 2 + [("all-to-all", ("expert",), "backward")] * 2
+    ), [(op.op, op.axes, op.pass_name, op.layer) for op in in_loop]
+    assert all(op.layer.endswith("mlp") for op in in_loop)
+    reductions = sorted((op.op, op.axes, op.bytes) for op in ops
+                        if op.layer == "gradient_reduction")
+    assert [r[:2] for r in reductions] == [("all-reduce", ("data",)),
+                                           ("all-reduce", ("data", "expert")),
+                                           ("all-reduce", ("expert",))]
+    # The last: the experts' squared gradient norm summed over their ranks (for the global
+    # norm), one float.
+    assert reductions[-1][2] == 4
+    assert not any("data" in op.axes for op in in_loop)
+
+
+def test_what_expert_parallelism_cannot_split_is_refused():
+    with pytest.raises(errors.ShardingError, match="size 4.* not divisible by 8") as info:
+        helpers.train(_engine({"data": 1, "expert": 8}, moe=_moe(num_experts=4, top_k=2)),
+                      BATCHES[:1])
+    assert info.value.path.startswith("decoder/layer/mlp/") and "'expert'" in str(info.value)
+    cfg = _engine({"data": 1, "expert": 2}).config.clone()
+    cfg.model.moe = None
+    with pytest.raises(errors.PlanError, match="no mixture-of-experts layer") as info:
+        cfg.instantiate().build()
+    assert info.value.path == "plan.expert_parallel"
+    with pytest.raises(errors.PlanError, match="balancing losses would not reach") as info:
+        _engine({"data": 1, "expert": 2, "pipe": 2}, pipe="gpipe",
+                moe=_moe(aux_loss_weight=0.01)).build()
+    assert info.value.path == "model.moe.aux_loss_weight"
+    moe = _moe()
+    moe.router.balance_rate = 0.01
+    with pytest.raises(errors.PlanError, match="state update") as info:
+        _engine({"data": 1, "pipe": 2}, pipe="1f1b", moe=moe).build()
+    assert info.value.path == "model.moe.router.balance_rate"
