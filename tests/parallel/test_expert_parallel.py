@@ -51,6 +51,7 @@ def _engine(sizes=None, *, moe=None, tp=False, fsdp=False, pipe=None, learner=No
         pipeline_parallel=(PP.default_config().set(microbatch_size=1, schedule=pipe)
                            if pipe else None),
         zero=(ZeRO.default_config().set(stage=3, min_shard_size=64,
+                                        axis="fsdp" if "fsdp" in sizes else None,
                                         grad_sync="per_step" if pipe else "per_microbatch")
               if fsdp else None))
     network = Decoder.default_config().set(**MODEL, moe=moe or _moe()).set(**model)
@@ -97,12 +98,16 @@ def _one_device():
     ({"data": 1, "expert": 2}, "ep"), ({"data": 1, "expert": 4}, "ep"),
     ({"data": 1, "expert": 8}, "ep"), ({"data": 2, "expert": 4}, "ep"),
     ({"data": 2, "expert": 4}, "fsdp"), ({"data": 1, "expert": 4, "model": 2}, "tp"),
+    ({"data": 2, "expert": 2, "model": 2}, "tp"), ({"data": 2, "fsdp": 2, "expert": 2}, "fsdp"),
     ({"data": 1, "expert": 4, "pipe": 2}, "gpipe"), ({"data": 1, "expert": 4, "pipe": 2}, "1f1b"),
-], ids=["ep2", "ep4", "ep8", "dp2-ep4", "fsdp2-ep4", "ep4-tp2", "ep4-gpipe2", "ep4-1f1b2"])
+], ids=["ep2", "ep4", "ep8", "dp2-ep4", "fsdp2-ep4", "ep4-tp2", "dp2-ep2-tp2", "hsdp2x2-ep2",
+        "ep4-gpipe2",
+        "ep4-1f1b2"])
 def test_expert_parallel_trains_like_one_device(sizes, case):
     """EP alone (2, 4, 8 experts ranks), with DP, FSDP (every param split over data as well,
-    gathered per layer), TP (each expert's hidden features over model) and PP (each stage's
-    experts exchange tokens inside the schedule)."""
+    gathered per layer), HSDP (FSDP over an axis of its own next to data), TP (each expert's
+    hidden features over model) and PP (each stage's experts exchange tokens inside the
+    schedule)."""
     engine = _engine(sizes, tp=case == "tp", fsdp=case == "fsdp",
                      pipe=case if case in ("gpipe", "1f1b") else None)
     want_losses, want_updates = _one_device()
