@@ -1,0 +1,185 @@
+"""The mixture-of-experts layer and its router against numpy written out token by token."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from tests.numerics import assert_close
+from titanax.modules import functional
+from titanax.modules.layers import expert_dispatch
+from titanax.modules.layers.moe import MoE, add_moe_objective
+
+RNG = np.random.default_rng(0)
+WIDTH, HIDDEN, EXPERTS, TOP_K = 16, 8, 8, 2
+
+
+def _layer(*, router_scale=20.0, **changes):
+    router = changes.pop("router", {})
+    changes.setdefault("capacity_factor", EXPERTS / TOP_K)  # Nothing drops unless asked to.
+    cfg = MoE.default_config().set(name="moe", model_dim=WIDTH, hidden_dim=HIDDEN,
+                                   num_experts=EXPERTS, top_k=TOP_K, **changes)
+    cfg.router.set(**router)
+    layer = cfg.instantiate()
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(1))
+    # Wide router logits: the choices and gates differ clearly between tokens; experts whose
+    # outputs are not lost in rounding.
+    params["router"]["weight"] = params["router"]["weight"] * router_scale
+    for name in params:
+        if name != "router":
+            params[name] = params[name] * 10
+    return layer, params
+
+
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def _reference(params, x, *, scoring="softmax", normalize=True, scaling=1.0, slots=None,
+               bias=None):
+    """Token by token: the router's choice, then each chosen expert's SwiGLU; with ``slots``
+    an expert takes at most that many of the (choice-major) queue."""
+    p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+    tokens = np.asarray(x, np.float64).reshape(-1, WIDTH)
+    logits = tokens @ p["router"]["weight"]
+    if scoring == "softmax":
+        scores = np.exp(logits - logits.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+    else:
+        scores = 1 / (1 + np.exp(-logits))
+    choosing = scores + (bias if bias is not None else 0)
+    chosen = np.argsort(-choosing, axis=-1, kind="stable")[:, :TOP_K]
+    gates = np.take_along_axis(scores, chosen, -1)
+    if normalize or scoring == "sigmoid":
+        gates /= gates.sum(-1, keepdims=True)
+    gates *= scaling
+    kept = np.ones_like(gates, bool)
+    if slots is not None:
+        taken = np.zeros(EXPERTS, int)
+        for choice in range(TOP_K):
+            for t in range(len(tokens)):
+                kept[t, choice] = taken[chosen[t, choice]] < slots
+                taken[chosen[t, choice]] += 1
+    out = np.zeros_like(tokens)
+    for t, token in enumerate(tokens):
+        for choice in range(TOP_K):
+            if kept[t, choice]:
+                e = chosen[t, choice]
+                both = np.einsum("d,dsf->sf", token, p["gate_up_weight"][e])
+                out[t] += gates[t, choice] * (_silu(both[0]) * both[1]) @ p["down_weight"][e]
+    if "shared_gate_up_weight" in p:
+        both = np.einsum("td,dsf->tsf", tokens, p["shared_gate_up_weight"])
+        out += (_silu(both[:, 0]) * both[:, 1]) @ p["shared_down_weight"]
+    return out.reshape(np.shape(x)), 1 - kept.mean()
+
+
+def _run(layer, params, x):
+    out, collection = functional(layer, None, params, (x,), is_training=False)
+    return np.asarray(out), collection.summaries
+
+
+@pytest.mark.parametrize("dispatch", ["capacity", "dropless"])
+def test_routed_experts_equal_each_token_through_its_chosen_experts(dispatch):
+    """Capacity E / top_k (never drops) and dropless (ragged_dot) are the same model."""
+    layer, params = _layer(dispatch=dispatch)
+    x = RNG.normal(size=(2, 6, WIDTH)).astype(np.float32)
+    out, summaries = _run(layer, params, x)
+    want, _ = _reference(params, x)
+    assert np.std(want) > 0.01
+    assert_close(out, want, what=f"{dispatch} output")
+    assert float(summaries["dropped_fraction"]) == 0.0
+
+
+def test_sigmoid_scores_scaled_gates_and_a_shared_expert():
+    """DeepSeek-V3's router (sigmoid scores, normalised, scaled) and a shared expert."""
+    # (Moderate logits: saturated sigmoids would tie in float32.)
+    layer, params = _layer(shared_hidden_dim=12, router_scale=3.0,
+                           router=dict(scoring="sigmoid", routed_scaling=2.5))
+    x = RNG.normal(size=(3, 5, WIDTH)).astype(np.float32)
+    out, _ = _run(layer, params, x)
+    want, _ = _reference(params, x, scoring="sigmoid", scaling=2.5)
+    assert_close(out, want, what="output")
+
+
+def test_unnormalised_softmax_gates():
+    """Qwen 3 MoE with norm_topk_prob=False: the gates are the plain probabilities."""
+    layer, params = _layer(router=dict(normalize_top_k=False))
+    x = RNG.normal(size=(2, 4, WIDTH)).astype(np.float32)
+    assert_close(_run(layer, params, x)[0], _reference(params, x, normalize=False)[0],
+                 what="output")
+
+
+@pytest.mark.parametrize("factor", [0.25, 0.5, 1.0])
+def test_capacity_drops_the_queue_past_each_experts_slots(factor):
+    """Tokens past an expert's C = ceil(factor x T x top_k / E) slots lose that expert; first
+    choices queue before second ones; the dropped fraction is reported."""
+    layer, params = _layer(capacity_factor=factor)
+    x = RNG.normal(size=(4, 8, WIDTH)).astype(np.float32)
+    slots = math.ceil(factor * 32 * TOP_K / EXPERTS)
+    out, summaries = _run(layer, params, x)
+    want, dropped = _reference(params, x, slots=slots)
+    assert dropped > 0
+    assert_close(out, want, what="output")
+    assert_close(float(summaries["dropped_fraction"]), dropped, what="dropped fraction")
+
+
+def test_slot_positions_queue_first_choices_before_second_ones():
+    ids = np.array([[0, 1], [0, 2], [1, 0], [2, 0]], np.int32)
+    positions = np.asarray(expert_dispatch.slot_positions(ids, 3))
+    # Expert 0: tokens 0, 1 (first choices), then 2, 3 (second choices).
+    assert positions.tolist() == [[0, 1], [1, 1], [0, 2], [0, 3]]
+    assert expert_dispatch.capacity(tokens=10, top_k=2, num_experts=8, factor=100.0) == 10
+    assert expert_dispatch.capacity(tokens=10, top_k=2, num_experts=8, factor=0.01) == 1
+
+
+def test_balancing_and_z_losses_and_the_load_summaries_match_their_formulas():
+    """HF's load-balancing loss E x sum_i (assignments_i / T) x mean_t p_ti, the z-loss
+    mean_t logsumexp(logits_t)^2, and the most / least loaded expert over the mean."""
+    layer, params = _layer()
+    x = RNG.normal(size=(2, 8, WIDTH)).astype(np.float32)
+    _, summaries = _run(layer, params, x)
+    tokens = x.reshape(-1, WIDTH).astype(np.float64)
+    logits = tokens @ np.asarray(params["router"]["weight"], np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    chosen = np.argsort(-probs, axis=-1)[:, :TOP_K]
+    counts = np.bincount(chosen.ravel(), minlength=EXPERTS)
+    aux = EXPERTS * np.sum(counts / len(tokens) * probs.mean(0))
+    z = np.mean((np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1))
+                 + logits.max(-1)) ** 2)
+    load = counts / counts.mean()
+    assert_close(float(summaries["aux_loss"]), aux, what="aux loss")
+    assert_close(float(summaries["z_loss"]), z, what="z loss")
+    assert_close(float(summaries["expert_load_max"]), load.max(), what="max load")
+    assert_close(float(summaries["expert_load_min"]), load.min(), what="min load")
+
+
+def test_the_expert_bias_steers_choices_and_moves_towards_balance():
+    """Aux-loss-free balancing: the bias changes which experts are chosen, never the gates'
+    values; a training call moves it by the rate, up for the under-loaded experts."""
+    layer, params = _layer(router=dict(balance_rate=0.1))
+    bias = np.linspace(-0.5, 0.5, EXPERTS).astype(np.float32)
+    params["router"]["expert_bias"] = bias
+    x = RNG.normal(size=(2, 8, WIDTH)).astype(np.float32)
+    out, collection = functional(layer, None, params, (x,), is_training=True)
+    want, _ = _reference(params, x, bias=bias)
+    assert_close(np.asarray(out), want, what="output with the bias")
+    new = np.asarray(collection.state_updates["router"]["expert_bias"])
+    tokens = x.reshape(-1, WIDTH).astype(np.float64)
+    logits = tokens @ np.asarray(params["router"]["weight"], np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    counts = np.bincount(np.argsort(-(probs + bias), -1)[:, :TOP_K].ravel(), minlength=EXPERTS)
+    assert_close(new, bias + 0.1 * np.sign(counts.mean() - counts), what="new bias")
+
+
+def test_the_moe_objective_joins_the_gradient_not_the_value():
+    loss = jax.numpy.float32(2.0)
+
+    def total(w):
+        return add_moe_objective(loss * w, {"decoder": {"moe_objective": 3.0 * w * w}})
+
+    value, grad = jax.value_and_grad(total)(1.5)
+    assert float(value) == 3.0  # loss x w only
+    assert_close(float(grad), 2.0 + 6.0 * 1.5, what="gradient")
