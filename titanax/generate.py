@@ -131,8 +131,10 @@ def _engine():
         return engine, FLAGS.hf
     trainer_dir = os.path.abspath(FLAGS.trainer_dir)
     run = saved_run.read_run_config(trainer_dir)
-    # Generation runs rows on data x model: the pipe and context axes join data.
-    plan = run.plan.clone(pipeline_parallel=None, zero=None, context_parallel=None)
+    # Generation runs rows on data x model: the pipe, context and expert axes join data (each
+    # device then holds every expert).
+    plan = run.plan.clone(pipeline_parallel=None, zero=None, context_parallel=None,
+                          expert_parallel=None)
     engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step, run=run,
                                        mesh=_data_and_model_only(run.mesh, plan), plan=plan,
                                        dtype=FLAGS.dtype, sequence_parallel=False)

@@ -33,6 +33,10 @@ RUNTIME_FIELDS = ("name", "dtype", "param_init", "remat_policy", "tp_axis", "seq
 # (a shorter sequence limit -- a position table's shape is checked when the weights load --
 # and training-time dropout).
 FREE_FIELDS = RUNTIME_FIELDS + ("max_seq_len", "dropout_rate", "attention_dropout_rate")
+# A mixture of experts' fields that say how it runs or trains, not what its weights compute
+# (the expert and TP axes come from the plan; how tokens are dispatched; balancing weights).
+MOE_FREE_FIELDS = ("ep_axis", "tp_axis", "sequence_parallel", "dispatch", "capacity_factor",
+                   "aux_loss_weight", "z_loss_weight")
 
 
 def derive_model(cfg: ConfigBase, *, recorded: Optional[ConfigBase] = None) -> ConfigBase:
@@ -71,6 +75,9 @@ def architecture_differences(model: ConfigBase, directory: str) -> List[str]:
     for field in FREE_FIELDS:
         if field in type(derived).__fields__:
             setattr(derived, field, getattr(model, field))
+    if getattr(derived, "moe", None) is not None and getattr(model, "moe", None) is not None:
+        for field in MOE_FREE_FIELDS:
+            setattr(derived.moe, field, getattr(model.moe, field))
     return [f"model.{line}" for line in overrides_lib.config_diff(derived, model)]
 
 
