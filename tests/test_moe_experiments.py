@@ -19,7 +19,7 @@ STEPS = 20
 # The same model and batch on data=8 (the fixed interface).
 DATA_ONLY = ("--config.plan.expert_parallel=None", "--config.mesh.axes=('data',)",
              "--config.mesh.shape=(None,)")
-LOAD = "summaries/decoder/layer/mlp/expert_load_max"
+LOAD = "summaries/decoder/layer/mlp/expert_load"
 DROPPED = "summaries/decoder/layer/mlp/dropped_fraction"
 
 
@@ -58,9 +58,9 @@ def test_expert_parallel_trains_like_the_data_only_run(tmp_path, data_only):
     assert float(data_only[STEPS]["loss"]) < float(data_only[1]["loss"])  # It trains.
     # The load and drop metrics: in the CSV per layer, in the progress line averaged.
     assert all(float(rows[s][DROPPED]) == 0.0 for s in steps)  # Capacity E / top_k.
-    assert {f"{LOAD}/layer_{i}" for i in range(4)} <= set(rows[1])
-    assert 1.0 < float(rows[STEPS][LOAD]) < 8.0
-    assert "expert_load_max" in stdout and "dropped_fraction 0.0000" in stdout
+    assert {f"{LOAD}/layer_{i}/{end}" for i in range(4) for end in ("max", "min")} <= set(rows[1])
+    assert 0.0 <= float(rows[STEPS][f"{LOAD}/min"]) < 1.0 < float(rows[STEPS][f"{LOAD}/max"]) < 8.0
+    assert "expert_load/max" in stdout and "dropped_fraction 0.0000" in stdout
 
 
 def test_an_ep4_checkpoint_resumes_at_ep2_with_the_same_losses(tmp_path, data_only):

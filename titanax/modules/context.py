@@ -154,6 +154,43 @@ def child_context(name: str, **overrides: Any) -> InvocationContext:
     return InvocationContext(**values)
 
 
+@jax.tree_util.register_pytree_node_class
+class VectorSummary:
+    """A summary with one value per item (a mixture of experts' load per expert): averaged over
+    shards and microbatches element by element like a scalar summary, and reported -- once
+    averaged -- by its largest and smallest element (``expand_vector_metrics``), per layer when
+    a ``Repeat`` stacked it."""
+
+    def __init__(self, values: Any):
+        self.values = values
+
+    def tree_flatten(self):
+        return (self.values,), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(children[0])
+
+
+def expand_vector_metrics(metrics: Mapping[str, jax.Array]) -> Dict[str, jax.Array]:
+    """``metrics`` with every vector summary (``[items]``, or ``[layers, items]``) replaced by
+    scalars: ``<name>/max`` and ``<name>/min`` (over the items; for a stack the mean over its
+    layers of each layer's), and each layer's as ``<name>/layer_<i>/max`` and ``.../min``."""
+    out: Dict[str, jax.Array] = {}
+    for name, value in metrics.items():
+        value = jnp.asarray(value)
+        if value.ndim == 0:
+            out[name] = value
+            continue
+        largest, smallest = jnp.max(value, axis=-1), jnp.min(value, axis=-1)
+        out[f"{name}/max"], out[f"{name}/min"] = jnp.mean(largest), jnp.mean(smallest)
+        if value.ndim == 2 and value.shape[0] > 1:
+            for layer in range(value.shape[0]):
+                out[f"{name}/layer_{layer}/max"] = largest[layer]
+                out[f"{name}/layer_{layer}/min"] = smallest[layer]
+    return out
+
+
 def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries", *,
                    per_layer: bool = True) -> Dict[str, jax.Array]:
     """``{"summaries/<module path>/<name>": float32 scalar}`` from a nested summaries dict.
@@ -167,6 +204,9 @@ def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries", *,
         path = f"{prefix}/{name}"
         if isinstance(value, Mapping):
             out.update(flat_summaries(value, path, per_layer=per_layer))
+        elif isinstance(value, VectorSummary):  # Kept a vector until reduced (see above).
+            values = jnp.asarray(value.values, jnp.float32)
+            out[path] = values if per_layer or values.ndim < 2 else jnp.mean(values, axis=0)
         elif value is not None:
             value = jnp.asarray(value, jnp.float32)
             out[path] = jnp.mean(value) if value.ndim else value

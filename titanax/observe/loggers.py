@@ -87,7 +87,7 @@ class Basic(Logger):
         # e.g. a mixture of experts' load imbalance averaged over its layers), as <name>.
         columns: tuple = ("loss", "learning_rate", "grad_norm", "step_time_s", "tokens_per_s",
                        "examples_per_s", "mfu", "peak_memory_gib", "compile_time_s",
-                       "pipeline_bubble", "*/expert_load_max", "*/dropped_fraction")
+                       "pipeline_bubble", "*/expert_load/max", "*/dropped_fraction")
         # Also print every other metric.
         verbose: bool = False
 
@@ -95,10 +95,12 @@ class Basic(Logger):
         cfg = self.config
         total = f"/{self.total_steps}" if self.total_steps else ""
         parts = [f"step {step:>6d}{total}"]
-        shown = []
+        shown, labels = [], {}
         for column in cfg.columns:
             if column.startswith("*/"):
-                shown += sorted(k for k in metrics if k.endswith(column[1:]))
+                matches = sorted(k for k in metrics if k.endswith(column[1:]))
+                shown += matches
+                labels.update({k: column[2:] for k in matches})
             elif column in metrics:
                 shown.append(column)
         others = sorted(k for k in metrics if k not in shown and k != "eta_s")
@@ -106,8 +108,7 @@ class Basic(Logger):
         names = shown + (others if cfg.verbose or not shown else [])
         for name in names:
             if name in metrics:
-                label = name.rsplit("/", 1)[-1] if name.startswith("summaries/") else name
-                parts.append(f"{label} {_format(metrics[name])}")
+                parts.append(f"{labels.get(name, name)} {_format(metrics[name])}")
         if "eta_s" in metrics:
             parts.append(f"eta {_duration(metrics['eta_s'])}")
         print("  ".join(parts), file=sys.stdout, flush=True)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from titanax.modules.base_layer import BaseLayer
+from titanax.modules.context import expand_vector_metrics
 from titanax.parallel import collectives, sharding
 from titanax.train import learner as learner_lib
 from titanax.train import state_updates
@@ -181,7 +182,7 @@ def _all_devices(flag: jax.Array) -> jax.Array:
 
 def _metrics(setup: StepSetup, state: TrainState, reduced_metrics: Dict[str, jax.Array],
              stats) -> Dict[str, jax.Array]:
-    metrics = dict(reduced_metrics)
+    metrics = expand_vector_metrics(reduced_metrics)
     if setup.batch_axes and not setup.sync_metrics:
         metrics = {k: v[None] for k, v in metrics.items()}
         stats = {k: v[None] for k, v in stats.items()}
@@ -223,5 +224,5 @@ class ModelStep:
             params = gathering.for_use(params)
         loss, aux = setup.gradients.eval_loss(params, batch)
         aux = {f"aux/{k}": v for k, v in aux.items()}
-        return reduce_metrics({"loss": loss, **aux}, batch_axes=setup.batch_axes,
-                              axes=setup.axes, summed=aux)
+        return expand_vector_metrics(reduce_metrics(
+            {"loss": loss, **aux}, batch_axes=setup.batch_axes, axes=setup.axes, summed=aux))

@@ -27,8 +27,10 @@ the end (a reduce-scatter under sequence parallelism).
 **Losses and metrics.** Training adds ``aux_loss_weight x`` the load-balancing loss and
 ``z_loss_weight x`` the router z-loss of every MoE layer to the objective (the model's ``loss``
 stays the language-model loss: ``add_moe_objective``). Each call writes summaries: the aux and z
-losses, the dropped fraction, and the most and least loaded expert's assignments over the mean
-(``expert_load_max`` is the imbalance max / mean; 1.0 is perfect balance).
+losses, the dropped fraction, each expert's assignments over the mean (``expert_load``, a vector
+summary: averaged over the data shards, then reported as ``expert_load/max`` -- the imbalance
+max / mean, 1.0 is perfect balance -- and ``expert_load/min``), and the most loaded expert of
+the device's own token group (``group_load_max``: what the capacity meets).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
+from titanax.modules.context import VectorSummary
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import expert_dispatch
 from titanax.modules.layers.gated_mlp import ACTIVATIONS
@@ -213,8 +216,10 @@ class MoE(BaseLayer):
         self.add_summary("aux_loss", aux)
         self.add_summary("z_loss", z)
         self.add_summary("dropped_fraction", 1.0 - kept / assignments)
-        self.add_summary("expert_load_max", jnp.max(load))
-        self.add_summary("expert_load_min", jnp.min(load))
+        # Over every device's tokens once averaged (the balance the experts see) ...
+        self.add_summary("expert_load", VectorSummary(load))
+        # ... and the most loaded expert of this device's group (what its capacity meets).
+        self.add_summary("group_load_max", jnp.max(load))
         if self.is_training and (cfg.aux_loss_weight or cfg.z_loss_weight):
             self.add_module_output(MOE_OBJECTIVE, cfg.aux_loss_weight * aux
                                    + cfg.z_loss_weight * z)

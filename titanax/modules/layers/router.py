@@ -11,10 +11,12 @@ Two scoring rules cover today's models:
 
 **Aux-loss-free balancing** (DeepSeek-V3, Wang et al. 2024): with ``balance_rate > 0`` the router
 keeps a per-expert ``expert_bias``, added to the scores *for choosing only* (the gates never see
-it). After each training call it moves by ``balance_rate`` towards balance: up for the experts
-that got fewer than the mean of the assignments, down for those that got more. It is a state
-update (``add_state_update``), averaged over the data shards like every other, so every device
-keeps the same bias.
+it). After each training call it moves towards balance by ``balance_rate`` times each expert's
+shortfall against the mean load, ``1 - assignments_i / mean`` (up for the under-loaded, down for
+the over-loaded). It is a state update (``add_state_update``), averaged over the data shards and
+microbatches like every other; being linear in the loads, the average is the update the whole
+batch's loads give, on any mesh. (DeepSeek-V3 moves by the sign of the shortfall, counted over
+the whole batch; a sign per shard, averaged, would be a noisy vote instead.)
 
 The logits are computed in float32 whatever the compute dtype: a top-k choice flips on rounding.
 """
@@ -110,7 +112,7 @@ class Router(BaseLayer):
         gates = gates * cfg.routed_scaling
         if cfg.balance_rate > 0 and self.is_training:
             counts = assignment_counts(expert_ids, cfg.num_experts)
-            step = jnp.sign(jnp.mean(counts) - counts) * cfg.balance_rate
+            step = cfg.balance_rate * (1.0 - counts / jnp.mean(counts))
             self.add_state_update("expert_bias", params["expert_bias"] + step)
         return Routing(expert_ids=expert_ids.astype(jnp.int32), gates=gates, logits=logits,
                        probabilities=probabilities)
