@@ -15,7 +15,7 @@ contributions home), so they cross the data axis only (``train/reducer.py``).
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Tuple
 
 from titanax.config import Configurable
 
@@ -27,24 +27,32 @@ class EP(Configurable):
         # Mesh axis the experts (and the batch's rows) are split over.
         axis: str = "expert"
 
-    def describe(self, *, size: int, layers: List[Any], tokens_per_device: int = 0) -> str:
-        """--explain's lines: experts per rank and what each MoE layer sends."""
+    def describe(self, *, size: int, layers: List[Tuple[str, Any]]) -> str:
+        """--explain's lines: experts per rank and what each MoE layer sends (``layers``: the
+        model's MoE layers with their paths)."""
         lines = [f"expert parallelism over {self.config.axis!r} ({size} devices): rows split "
                  "over it like a data axis; per MoE layer 2 all-to-alls forward (dispatch, "
                  "combine) and 2 backward"]
         for path, layer in layers:
             cfg = layer.config
-            slots = layer.slots_per_expert(tokens_per_device) if tokens_per_device else None
-            mode = cfg.dispatch
             if cfg.dispatch == "dropless":
-                mode += (" (emulated with a slot per token: XLA has ragged_all_to_all only on "
-                         "accelerators, and Titanax does not use it yet)")
+                slots = ("dropless, emulated with a slot per token (C = T: ragged_all_to_all "
+                         "runs only on accelerators, and Titanax does not use it yet)")
             else:
-                mode += f" factor {cfg.capacity_factor}"
-            line = (f"  {path}: {cfg.num_experts} experts, {cfg.num_experts // size} per rank, "
-                    f"top-{cfg.top_k}, dispatch {mode}")
-            if slots:
-                line += (f"; {slots} slots per expert for {tokens_per_device} tokens per device, "
-                         f"{cfg.num_experts * slots * cfg.model_dim:,} values per all-to-all")
-            lines.append(line)
+                slots = (f"capacity: C = ceil({cfg.capacity_factor:g} x T x {cfg.top_k} / "
+                         f"{cfg.num_experts}) slots per expert for a device's T tokens, the "
+                         "rest dropped")
+            lines.append(f"  {path}: {cfg.num_experts} experts, {cfg.num_experts // size} per "
+                         f"rank, top-{cfg.top_k}; {slots}; each all-to-all carries "
+                         f"{cfg.num_experts} x C x {cfg.model_dim} values per device")
         return "\n".join(lines)
+
+
+def moe_layers(module: Any, path: str = "") -> List[Tuple[str, Any]]:
+    """``(path, layer)`` of every mixture-of-experts layer under ``module``."""
+    from titanax.modules.layers.moe import MoE  # pylint: disable=import-outside-toplevel
+    path = path or module.name
+    found = [(path, module)] if isinstance(module, MoE) else []
+    for name, child in getattr(module, "_children", {}).items():
+        found += moe_layers(child, f"{path}/{name}")
+    return found

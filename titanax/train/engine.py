@@ -449,7 +449,7 @@ class Engine(Configurable):
             param_dtype=self.precision.param_dtype,
             strategy=self.states.strategy if self.model is not None else None,
             opt_state=self.state_template().opt_state if self.model is not None else None,
-            schedule_text=schedule, compiled=compiled)
+            schedule_text=schedule, compiled=compiled, model=self.model)
 
     # --- Launcher entry point ------------------------------------------------------------------
 

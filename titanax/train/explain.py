@@ -9,6 +9,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from titanax.observe import hlo, state_report
+from titanax.parallel import expert_parallel
 from titanax.parallel.layout import Layout
 from titanax.parallel.plan import Plan
 from titanax.runtime.mesh import describe_mesh
@@ -17,10 +18,12 @@ from titanax.train.state_sharding import StateSharding
 
 def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: Any,
             strategy: Optional[StateSharding] = None, opt_state: Any = None,
-            schedule_text: Optional[str] = None, compiled: Any = None) -> str:
+            schedule_text: Optional[str] = None, compiled: Any = None,
+            model: Any = None) -> str:
     """The report (each part only when there is something to show): ``opt_state`` the optimizer
     state as ShapeDtypeStructs with shardings; ``schedule_text`` the gradient computer's own
-    lines (a pipeline's); ``compiled`` the compiled train step."""
+    lines (a pipeline's); ``compiled`` the compiled train step; ``model`` the model (its MoE
+    layers under expert parallelism)."""
     parts: List[str] = [describe_mesh(mesh)]
     if layout is not None:
         parts.append(plan.describe(layout.parameter_specs, mesh, specs=layout.param_specs)
@@ -31,6 +34,10 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
     if cp is not None:
         parts.append(cp.describe(size=dict(mesh.shape)[cp.config.axis],
                                  length=cp.sequence_length))
+    ep = plan.expert_parallel
+    if ep is not None and model is not None:
+        parts.append(ep.describe(size=dict(mesh.shape)[ep.config.axis],
+                                 layers=expert_parallel.moe_layers(model)))
     if layout is not None and strategy is not None and opt_state is not None:
         parts.append(state_report.describe(
             parameter_specs=layout.parameter_specs, param_specs=layout.param_specs,
