@@ -31,7 +31,8 @@ def _tiny_moe() -> Decoder.Config:
 
 
 def _expert_parallel(cfg, *, experts: int, shape=(None,)):
-    cfg.mesh = MeshSpec.default_config().set(axes=("data", "expert"), shape=tuple(shape) + (experts,))
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "expert"),
+                                             shape=tuple(shape) + (experts,))
     cfg.plan.expert_parallel = EP.default_config().set(axis="expert")
     return cfg
 

@@ -40,6 +40,9 @@ PIPE_SPANS = ["--config.mesh.axes=('pipe','data')", "--config.mesh.shape=(2,None
 # the same rows and place different parts of each row's sequence (the ring crosses processes).
 CONTEXT_SPANS = ["--config.mesh.axes=('context','data')", "--config.mesh.shape=(4,2)",
                  "--config.plan.context_parallel.strategy=ring"]
+# The expert axis outermost: each process holds two expert ranks (4 of the 8 experts), so every
+# dispatch and combine all-to-all crosses processes.
+EXPERT_SPANS = ["--config.mesh.axes=('expert','data')", "--config.mesh.shape=(4,2)"]
 # Shakespeare's bytes are all below 128: with the 256-byte vocabulary split over 2 model ranks,
 # rank 1's half of the embedding and the head never meets a token, so the rows rank 1 is fed
 # could be anything and the losses would not show it. 128 splits the letters from the rest.
@@ -114,11 +117,11 @@ def root(tmp_path_factory):
 
 @pytest.mark.parametrize("name,layout,extra", [
     ("gpt_tiny_dp_tp", MODEL_SPANS, BOTH_VOCAB_HALVES), ("gpt_tiny_pp", PIPE_SPANS, []),
-    ("llama_tiny_cp", CONTEXT_SPANS, [])],
+    ("llama_tiny_cp", CONTEXT_SPANS, []), ("moe_tiny_ep", EXPERT_SPANS, [])],
     ids=["dp-x-tp-model-spans-processes", "dp-x-pp-pipe-spans-processes",
-         "dp-x-cp-context-spans-processes"])
+         "dp-x-cp-context-spans-processes", "dp-x-ep-expert-spans-processes"])
 def test_two_processes_train_like_one(root, name, layout, extra):
-    """2 processes x 4 devices with the model (pipe, context) axis across them: the per-step
+    """2 processes x 4 devices with the model (pipe, context, expert) axis across them: the per-step
     losses and the final params of 1 process x 8 devices (a process fed other rows, or another
     part of each row, than its peer on that axis changes both)."""
     single = _one_process(name, root, *extra)

@@ -1,8 +1,8 @@
 """Parallel plans: which mesh axis does what, and how every param is laid out.
 
 A ``Plan`` composes the roles a mesh axis can play -- data parallel (``DP``), tensor parallel
-(``TP``), pipeline parallel (``PP``), context parallel (``CP``, context_parallel.py), expert parallel (``EP``, expert_parallel.py) -- and ZeRO /
-FSDP state sharding (``ZeRO``). They are all
+(``TP``), pipeline parallel (``PP``), context parallel (``CP``, context_parallel.py), expert
+parallel (``EP``, expert_parallel.py) -- and ZeRO / FSDP state sharding (``ZeRO``). They are all
 Configurables, so a plan lives in the run's config tree and every field overrides from the command
 line (``--config.plan.data_parallel.accumulate_steps=4``).
 

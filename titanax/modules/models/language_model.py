@@ -51,8 +51,9 @@ class CausalLanguageModel(BaseLayer):
         params each token multiplies by -- every param except the embedding lookups (a tied
         table counts once, as the head) -- plus the attention's ``12 x layers x width x seq``
         (the full seq x seq scores and their use, forward and backward). The params are counted
-        as the model has them, a mixture of experts' routed ones by the share a token uses, so grouped-query attention's narrower k/v projections and
-        SwiGLU's three matrices are what they are, not ``12 D^2`` per layer."""
+        as the model has them (a mixture of experts' routed ones by the share a token uses), so
+        grouped-query attention's narrower k/v projections and SwiGLU's three matrices are what
+        they are, not ``12 D^2`` per layer."""
         specs = self.create_parameter_specs_recursively()
         lookups = {"pos_emb"} | ({"token_emb"} if self.head() is not self.token_emb else set())
         # A routed expert's weights count by the share each token uses (top_k / E).
