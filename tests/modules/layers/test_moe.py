@@ -184,3 +184,18 @@ def test_the_moe_objective_joins_the_gradient_not_the_value():
     value, grad = jax.value_and_grad(total)(1.5)
     assert float(value) == 3.0  # loss x w only
     assert_close(float(grad), 2.0 + 6.0 * 1.5, what="gradient")
+
+
+def test_flops_count_the_active_experts_only():
+    """6 x the params a token multiplies by: the dense ones, and top_k of the E experts."""
+    from titanax.modules.models.decoder import Decoder  # pylint: disable=import-outside-toplevel
+    moe = MoE.default_config().set(hidden_dim=24, num_experts=8, top_k=2)
+    model = Decoder.default_config().set(
+        name="m", vocab_size=100, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2,
+        hidden_dim=64, moe=moe).instantiate()
+    dense = Decoder.default_config().set(
+        name="m", vocab_size=100, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2,
+        hidden_dim=2 * 24).instantiate()
+    # The same model with one dense SwiGLU of 2 experts' width per layer, plus the router.
+    router = 3 * 32 * 8
+    assert model.flops_per_token(16) == dense.flops_per_token(16) + 6 * router
