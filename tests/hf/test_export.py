@@ -161,11 +161,22 @@ def test_safetensors_views_read_what_the_reference_wrote(root):
 def test_export_refuses_a_family_that_would_drop_a_part(root):
     from titanax.hf.model_configs import hf_config_from_model
     llama = importer.model_config(ref.saved_model("llama", root))  # llama3 scaling, no QK-norm
-    with pytest.raises(errors.HFError, match="qwen3 has QK-norm"):
+    with pytest.raises(errors.HFError, match="qwen3 and qwen3_moe have QK-norm"):
         hf_config_from_model(llama, model_type="qwen3")
     windowed = importer.model_config(ref.saved_model("mistral", root))
-    with pytest.raises(errors.HFError, match="only mistral has a sliding window"):
+    with pytest.raises(errors.HFError, match="only mistral and mixtral have a sliding window"):
         hf_config_from_model(windowed, model_type="llama")
+    with pytest.raises(errors.HFError, match="mixtral is a mixture of experts and the model"):
+        hf_config_from_model(windowed, model_type="mixtral")
+    # What HF's MoE routers do not compute: a sigmoid router, the aux-loss-free bias.
+    moe = importer.model_config(ref.saved_model("qwen3_moe", root))
+    moe.moe.router.scoring = "sigmoid"
+    with pytest.raises(errors.HFError, match="softmax top-k with unscaled gates"):
+        hf_config_from_model(moe)
+    moe = importer.model_config(ref.saved_model("mixtral", root))
+    moe.moe.router.balance_rate = 0.01
+    with pytest.raises(errors.HFError, match="aux-loss-free expert bias"):
+        hf_config_from_model(moe)
     qwen3 = importer.model_config(ref.saved_model("qwen3", root)).set(attention_output_bias=True)
     with pytest.raises(errors.HFError, match="no Hugging Face family computes"):
         hf_config_from_model(qwen3)

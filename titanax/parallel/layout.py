@@ -7,7 +7,8 @@ plan's transforms (``Plan.layout_transforms``) over the model's parameter specs,
 2. ``pipeline.StageSplit`` -- the pipe axis on the stacked-layer dimension (PP);
 3. ``interleaved_stack.CircularView`` -- the stack held as ``[v, S, L/(vS), ...]`` (circular PP);
 4. ``state_dims.StateSplit`` -- the ZeRO / FSDP axis on one real dimension of each param;
-5. (the next parallel kinds -- context, expert -- add theirs here);
+5. (context and expert parallelism add none: params stay whole over the context axis, and MoE
+   layers declare the expert axis on their experts, set from the plan like the TP axis);
 6. ``DropUnitAxes`` -- mesh axes of size 1 leave every spec: nothing moves over them.
 
 The result is a frozen ``Layout``. The step builder, the state manager, the checkpointer and
