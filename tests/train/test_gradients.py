@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from titanax.modules import functional
+from titanax.modules.context import VectorSummary, expand_vector_metrics
 from titanax.train.gradients import ModelGradients, flat_summaries
 from titanax.train.precision import Precision
 from tests.numerics import assert_close
@@ -41,7 +42,22 @@ def test_summaries_reach_the_step_metrics():
 
 
 def test_flat_summaries_names_paths_and_averages_stacked_layers():
+    """A stacked summary is averaged over its layers and kept per layer (a pipeline stage, which
+    holds a slice of the stack, asks for the average only); a vector summary stays a vector
+    until reduced, then reports its largest and smallest element, per layer too."""
+    norm = "summaries/decoder/layer/norm"
     tree = {"loss": jnp.float32(2.0), "decoder": {"layer": {"norm": jnp.arange(4.0)}}}
     flat = flat_summaries(tree)
-    assert set(flat) == {"summaries/loss", "summaries/decoder/layer/norm"}
-    assert float(flat["summaries/decoder/layer/norm"]) == 1.5
+    assert set(flat) == {"summaries/loss", norm} | {f"{norm}/layer_{i}" for i in range(4)}
+    assert float(flat[norm]) == 1.5 and float(flat[f"{norm}/layer_2"]) == 2.0
+    assert set(flat_summaries(tree, per_layer=False)) == {"summaries/loss", norm}
+    loads = VectorSummary(jnp.array([[0.5, 1.5, 1.0], [1.0, 1.0, 1.0]]))
+    flat = flat_summaries({"moe": {"load": loads}})
+    assert flat["summaries/moe/load"].shape == (2, 3)
+    assert flat_summaries({"moe": {"load": loads}}, per_layer=False)["summaries/moe/load"].shape \
+        == (3,)
+    expanded = expand_vector_metrics({"loss": jnp.float32(1.0), **flat})
+    assert set(expanded) == {"loss", "summaries/moe/load/max", "summaries/moe/load/min"} | {
+        f"summaries/moe/load/layer_{i}/{end}" for i in range(2) for end in ("max", "min")}
+    assert float(expanded["summaries/moe/load/max"]) == 1.25  # Mean over layers of 1.5, 1.0.
+    assert float(expanded["summaries/moe/load/layer_0/min"]) == 0.5
