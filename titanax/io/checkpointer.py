@@ -244,6 +244,9 @@ class OrbaxCheckpoint(Configurable):
         if not self.config.overwrite:
             resume = ("resume it (checkpoint.resume='auto'), " if self.config.resume != "auto"
                       else "")
+            # Orbax's background threads stop before the process exits on this error (left
+            # running, one raced the interpreter's shutdown and printed a traceback).
+            self.close()
             raise errors.CheckpointError(
                 f"this run starts fresh, but the directory holds checkpoints of another run "
                 f"(steps {steps}); saving into it would mix the two runs", path=self.directory,
@@ -340,6 +343,7 @@ class OrbaxCheckpoint(Configurable):
             return restored
         if failed:  # Never start over silently when checkpoints exist but none could be read.
             listing = "; ".join(f"step {s}: {r}" for s, r in failed)
+            self.close()
             raise errors.CheckpointError(
                 f"no checkpoint here could be read ({listing})", path=self.directory,
                 suggestion="check the disk and retry; if they are damaged, move them away, or "
