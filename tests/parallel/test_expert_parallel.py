@@ -18,6 +18,7 @@ from titanax import errors
 from titanax.modules.layers.moe import MoE
 from titanax.modules.models.decoder import Decoder
 from titanax.modules.module import functional
+from titanax.parallel.context_parallel import CP
 from titanax.parallel.expert_parallel import EP
 from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
 from titanax.train.engine import Engine
@@ -41,19 +42,22 @@ def _moe(**changes):
                                     capacity_factor=EXPERTS / TOP_K).set(**changes)
 
 
-def _engine(sizes=None, *, moe=None, tp=False, fsdp=False, pipe=None, learner=None, **model):
+def _engine(sizes=None, *, moe=None, tp=False, fsdp=False, zero=None, pipe=None, learner=None,
+            **model):
     sizes = sizes or {"data": 1}
     axes, shape = tuple(sizes), tuple(sizes.values())
     plan = Plan.default_config().set(
         data_parallel=DP.default_config(),
         expert_parallel=EP.default_config() if "expert" in sizes else None,
+        context_parallel=CP.default_config() if "context" in sizes else None,
         tensor_parallel=TP.default_config() if tp else None,
         pipeline_parallel=(PP.default_config().set(microbatch_size=1, schedule=pipe)
                            if pipe else None),
         zero=(ZeRO.default_config().set(stage=3, min_shard_size=64,
                                         axis="fsdp" if "fsdp" in sizes else None,
                                         grad_sync="per_step" if pipe else "per_microbatch")
-              if fsdp else None))
+              if fsdp else ZeRO.default_config().set(stage=zero, min_shard_size=64)
+              if zero else None))
     network = Decoder.default_config().set(**MODEL, moe=moe or _moe()).set(**model)
     if learner is None:
         learner = helpers.sgd(0.5)
@@ -99,16 +103,21 @@ def _one_device():
     ({"data": 1, "expert": 8}, "ep"), ({"data": 2, "expert": 4}, "ep"),
     ({"data": 2, "expert": 4}, "fsdp"), ({"data": 1, "expert": 4, "model": 2}, "tp"),
     ({"data": 2, "expert": 2, "model": 2}, "tp"), ({"data": 2, "fsdp": 2, "expert": 2}, "fsdp"),
+    ({"data": 2, "expert": 4}, "zero1"), ({"data": 2, "expert": 4}, "zero2"),
+    ({"data": 1, "context": 2, "expert": 4}, "cp"),
     ({"data": 1, "expert": 4, "pipe": 2}, "gpipe"), ({"data": 1, "expert": 4, "pipe": 2}, "1f1b"),
-], ids=["ep2", "ep4", "ep8", "dp2-ep4", "fsdp2-ep4", "ep4-tp2", "dp2-ep2-tp2", "hsdp2x2-ep2",
+], ids=["ep2", "ep4", "ep8", "dp2-ep4", "fsdp2-ep4", "ep4-tp2", "dp2-ep2-tp2", "hsdp2x2-ep2", "zero1-dp2-ep4",
+        "zero2-dp2-ep4", "cp2-ep4",
         "ep4-gpipe2",
         "ep4-1f1b2"])
 def test_expert_parallel_trains_like_one_device(sizes, case):
     """EP alone (2, 4, 8 experts ranks), with DP, FSDP (every param split over data as well,
-    gathered per layer), HSDP (FSDP over an axis of its own next to data), TP (each expert's
-    hidden features over model) and PP (each stage's experts exchange tokens inside the
+    gathered per layer), HSDP (FSDP over an axis of its own next to data), ZeRO-1 / 2 (the
+    optimizer state split over data), TP (each expert's hidden features over model), CP (each
+    rank routes its part of every row) and PP (each stage's experts exchange tokens inside the
     schedule)."""
     engine = _engine(sizes, tp=case == "tp", fsdp=case == "fsdp",
+                     zero=int(case[-1]) if case.startswith("zero") else None,
                      pipe=case if case in ("gpipe", "1f1b") else None)
     want_losses, want_updates = _one_device()
     losses, updates, engine = _updates(engine)
@@ -271,3 +280,11 @@ def test_what_expert_parallelism_cannot_split_is_refused():
     with pytest.raises(errors.PlanError, match="state update") as info:
         _engine({"data": 1, "pipe": 2}, pipe="1f1b", moe=moe).build()
     assert info.value.path == "model.moe.router.balance_rate"
+
+
+def test_explain_shows_the_experts_per_rank_and_the_dispatch():
+    text = _engine({"data": 2, "expert": 4}).explain()
+    assert "expert parallelism over 'expert' (4 devices)" in text
+    assert "8 experts, 2 per rank, top-2; capacity: C = ceil(4 x T x 2 / 8)" in text
+    text = _engine({"data": 2, "expert": 4}, moe=_moe(dispatch="dropless")).explain()
+    assert "dropless, emulated with a slot per token" in text
