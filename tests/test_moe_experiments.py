@@ -103,6 +103,8 @@ def test_an_hf_moe_fine_tunes_under_expert_parallelism_and_exports_back(kind, tm
     run = tmp_path / "run"
     rows, stdout = _launch(run, 10, f"--config.init_from={source}", checkpoint=True)
     assert f"params from Hugging Face {source}" in stdout
+    # The experiment's dispatch, capacity and balancing weights are kept over the import's.
+    assert "model.moe.dispatch" not in stdout and "model.moe.capacity_factor" not in stdout
     losses = _losses(rows, range(1, 11))
     assert losses[-1] < losses[0], losses
     target = str(tmp_path / "export")

@@ -131,6 +131,11 @@ def _engine():
         return engine, FLAGS.hf
     trainer_dir = os.path.abspath(FLAGS.trainer_dir)
     run = saved_run.read_run_config(trainer_dir)
+    if getattr(run.model, "moe", None) is not None:
+        # Every expert is local (below): each token goes through all its experts, none dropped
+        # however the prompt's tokens are routed (the capacity of training would drop some).
+        run = run.clone()
+        run.model.moe.dispatch = "dropless"
     # Generation runs rows on data x model: the pipe, context and expert axes join data (each
     # device then holds every expert).
     plan = run.plan.clone(pipeline_parallel=None, zero=None, context_parallel=None,

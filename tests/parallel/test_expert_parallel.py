@@ -190,21 +190,26 @@ def test_balancing_losses_reach_the_gradient_and_not_the_reported_loss():
 
 def test_the_dropped_fraction_reported_is_the_one_the_routing_implies():
     """capacity_factor 0.5 on data 2 x expert 4 (one row, 16 tokens, per device): the fraction
-    reported for each layer equals the one counted here from the router's choices (on one
-    device, the same params) with the capacity rule written out: C = ceil(0.5 x 16 x 2 / 8) = 2
-    slots per expert per device, first choices queued before second ones."""
+    reported for each layer equals the one counted here from the router's choices (each row
+    alone on one device, the same params) with the capacity rule written out:
+    C = ceil(0.5 x 16 x 2 / 8) = 2 slots per expert per device, first choices queued before
+    second ones."""
     moe = _moe(capacity_factor=0.5)
     moe.klass = RecordingMoE
     engine = _engine({"data": 2, "expert": 4}, moe=moe)
     engine.init_state()
     params = jax.device_get(engine.canonical_params())
     batch = BATCHES[0]
-    one_device = Decoder.default_config().set(**MODEL, moe=moe).instantiate()
-    _, collection = functional(one_device, None, params, (batch,), is_training=False)
-    choices = np.asarray(collection.module_outputs["decoder"]["layer"]["mlp"]["expert_ids"])
     rows, length = batch["input_ids"].shape
     groups = 8
     tokens = rows * length // groups
+    # Each device's row alone through the model on one device: its token group, so its drops
+    # in one layer shape the next layer's inputs as they do on the mesh.
+    one_device = Decoder.default_config().set(**MODEL, moe=moe).instantiate()
+    choices = np.concatenate([np.asarray(functional(
+        one_device, None, params, ({k: v[g:g + 1] for k, v in batch.items()},),
+        is_training=False)[1].module_outputs["decoder"]["layer"]["mlp"]["expert_ids"])
+        for g in range(groups)], axis=1)
     slots = math.ceil(0.5 * tokens * TOP_K / EXPERTS)
     expected = []
     for layer in range(MODEL["num_layers"]):
@@ -228,23 +233,27 @@ def test_the_dropped_fraction_reported_is_the_one_the_routing_implies():
 
 
 @functools.lru_cache(maxsize=None)
-def _collectives():
+def _collectives(policy=None):
     """The compiled step's collectives: the 2 MoE layers in a scan, data 2 x expert 4."""
     cfg = _engine({"data": 2, "expert": 4}).config.clone()
     cfg.model.unroll_layers = False
+    cfg.model.layer_remat_policy = policy
     engine = cfg.instantiate()
     engine.init_state()
     engine.compile(example_batch=BATCHES[0])
     return engine.collectives()
 
 
-def test_each_moe_layer_exchanges_tokens_with_two_all_to_alls_each_way_and_nothing_else():
+@pytest.mark.parametrize("policy", [None, "dots_with_no_batch_dims_saveable",
+                                    "nothing_saveable"])
+def test_each_moe_layer_exchanges_tokens_with_two_all_to_alls_each_way_and_nothing_else(policy):
     """Inside the layer loop: the dispatch and combine all-to-alls over ``expert`` forward and
     their two transposes backward -- no other collective, nothing over ``data``. After it, the
     gradients replicated over the expert axis cross data x expert in one all-reduce, the
     experts' own (split over ``expert``, already summed by the all-to-alls) cross data only, and
-    their squared norm (one float) is summed over ``expert``."""
-    ops = _collectives()
+    their squared norm (one float) is summed over ``expert``. Under a remat policy the exchanged
+    buffers are saved, not recomputed (recomputing would repeat the forward all-to-alls)."""
+    ops = _collectives(policy)
     in_loop = [op for op in ops if op.in_loop]
     assert sorted((op.op, op.axes, op.pass_name) for op in in_loop) == sorted(
         [("all-to-all", ("expert",), "forward")] * 2 + [("all-to-all", ("expert",), "backward")] * 2
@@ -288,3 +297,27 @@ def test_explain_shows_the_experts_per_rank_and_the_dispatch():
     assert "8 experts, 2 per rank, top-2; capacity: C = ceil(4 x T x 2 / 8)" in text
     text = _engine({"data": 2, "expert": 4}, moe=_moe(dispatch="dropless")).explain()
     assert "dropless, emulated with a slot per token" in text
+
+
+def test_the_expert_bias_moves_by_small_steps_under_bfloat16_compute():
+    """bfloat16 compute with float32 master params: the bias (here 1.003, which bfloat16 holds
+    as 1.0: its step near 1 is 2^-7) moves by steps of at most 7e-4 (rate 1e-4 x a shortfall of
+    at most E - 1) -- added to the stored float32 value, not to the bfloat16 copy the router
+    reads, which would also move it by the copy's rounding, 3e-3."""
+    from titanax.train.precision import Precision  # pylint: disable=import-outside-toplevel
+    moe = _moe()
+    moe.router.balance_rate = 1e-4
+    cfg = _engine({"data": 2, "expert": 4}, moe=moe, learner=helpers.sgd(0.1)).config.clone()
+    cfg.precision = Precision.default_config().set(bfloat16=True, enable_x32_params=True)
+    engine = cfg.instantiate()
+    engine.init_state()
+    params = jax.device_get(engine.canonical_params())
+    bias = params["decoder"]["layer"]["mlp"]["router"]["expert_bias"]
+    params["decoder"]["layer"]["mlp"]["router"]["expert_bias"] = np.full_like(bias, 1.003)
+    engine.init_state(params=params)
+    helpers.train(engine, BATCHES[:1])
+    moved = helpers.flat(jax.device_get(engine.canonical_params()))[
+        "decoder/layer/mlp/router/expert_bias"] - np.float32(1.003)
+    assert moved.dtype == np.float32
+    assert 1e-6 < np.max(np.abs(moved)) <= 7e-4 + 1e-6, moved
+    assert abs(float(np.sum(moved))) < 1e-6  # Shortfalls against the mean sum to zero.

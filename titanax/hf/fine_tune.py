@@ -2,8 +2,8 @@
 
 The model's *architecture* comes from the directory's ``config.json`` and replaces the
 experiment's; how the experiment *runs* the model stays (the TP axis and sequence parallelism,
-remat and unrolling, the param dtype, the vocabulary padding: choices of the plan, not of the
-checkpoint), and so do the user's own ``--config.model.*`` overrides (the launcher applies them
+remat and unrolling, the param dtype, the vocabulary padding, a mixture of experts' dispatch,
+capacity and balancing weights: choices of the run, not of the checkpoint), and so do the user's own ``--config.model.*`` overrides (the launcher applies them
 again on top: the user's word over the checkpoint's; a shape they change is refused when the
 weights load). The launcher prints what changed and saves the resolved tree in the run record,
 so the record says where the params came from (``init_from``, an absolute path) and what they
@@ -34,9 +34,12 @@ RUNTIME_FIELDS = ("name", "dtype", "param_init", "remat_policy", "tp_axis", "seq
 # and training-time dropout).
 FREE_FIELDS = RUNTIME_FIELDS + ("max_seq_len", "dropout_rate", "attention_dropout_rate")
 # A mixture of experts' fields that say how it runs or trains, not what its weights compute
-# (the expert and TP axes come from the plan; how tokens are dispatched; balancing weights).
-MOE_FREE_FIELDS = ("ep_axis", "tp_axis", "sequence_parallel", "dispatch", "capacity_factor",
-                   "aux_loss_weight", "z_loss_weight")
+# (the expert and TP axes come from the plan; how tokens are dispatched; balancing weights):
+# the experiment's are kept over the checkpoint's, and its router's runtime fields too.
+MOE_RUNTIME_FIELDS = ("dtype", "param_init", "remat_policy", "output_param_init", "dispatch",
+                      "capacity_factor", "aux_loss_weight", "z_loss_weight")
+MOE_FREE_FIELDS = MOE_RUNTIME_FIELDS + ("ep_axis", "tp_axis", "sequence_parallel")
+ROUTER_RUNTIME_FIELDS = ("dtype", "param_init", "remat_policy")
 
 
 def derive_model(cfg: ConfigBase, *, recorded: Optional[ConfigBase] = None) -> ConfigBase:
@@ -60,6 +63,7 @@ def derive_model(cfg: ConfigBase, *, recorded: Optional[ConfigBase] = None) -> C
     for field in RUNTIME_FIELDS:
         if field in type(derived).__fields__ and field in type(cfg.model).__fields__:
             setattr(derived, field, getattr(cfg.model, field))
+    _keep_moe_fields(derived, cfg.model, MOE_RUNTIME_FIELDS)
     out = cfg.clone()
     out.model = derived
     out.init_from = directory
@@ -75,10 +79,20 @@ def architecture_differences(model: ConfigBase, directory: str) -> List[str]:
     for field in FREE_FIELDS:
         if field in type(derived).__fields__:
             setattr(derived, field, getattr(model, field))
-    if getattr(derived, "moe", None) is not None and getattr(model, "moe", None) is not None:
-        for field in MOE_FREE_FIELDS:
-            setattr(derived.moe, field, getattr(model.moe, field))
+    _keep_moe_fields(derived, model, MOE_FREE_FIELDS)
     return [f"model.{line}" for line in overrides_lib.config_diff(derived, model)]
+
+
+def _keep_moe_fields(derived: ConfigBase, model: ConfigBase, fields) -> None:
+    """``derived``'s mixture of experts with ``fields`` (and its router's runtime fields) taken
+    from ``model``'s, when both have one."""
+    ours, theirs = getattr(model, "moe", None), getattr(derived, "moe", None)
+    if ours is None or theirs is None:
+        return
+    for field in fields:
+        setattr(theirs, field, getattr(ours, field))
+    for field in ROUTER_RUNTIME_FIELDS:
+        setattr(theirs.router, field, getattr(ours.router, field))
 
 
 def check_model_matches(model: ConfigBase, directory: str) -> None:

@@ -24,6 +24,7 @@ from titanax.modules import gather_on_use
 from titanax.modules.context import OutputCollection, current_context, name_key, set_current_context
 from titanax.modules.initializers import Constant, FanAxes, Initializer, Normal
 from titanax.modules.module import Module, nowrap
+from titanax.modules.saved_values import keeping_exchanges
 
 # Names accepted by BaseLayer.Config.remat_policy.
 REMAT_POLICIES: Dict[str, Callable] = {
@@ -84,7 +85,7 @@ def remat_policy(name: Optional[str]) -> Optional[Callable]:
     if name not in REMAT_POLICIES:
         raise errors.ConfigError(f"unknown remat policy {name!r}", path="remat_policy",
                                  suggestion=f"one of {', '.join(REMAT_POLICIES)}")
-    return REMAT_POLICIES[name]
+    return keeping_exchanges(REMAT_POLICIES[name])
 
 
 class BaseLayer(Module):

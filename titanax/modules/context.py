@@ -155,6 +155,23 @@ def child_context(name: str, **overrides: Any) -> InvocationContext:
 
 
 @jax.tree_util.register_pytree_node_class
+class StateIncrement:
+    """A state update that is an amount to add to the stored value (``add_state_update(...,
+    increment=True)``), resolved against the stored param when collected
+    (train/state_updates.py)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def tree_flatten(self):
+        return (self.value,), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(children[0])
+
+
+@jax.tree_util.register_pytree_node_class
 class VectorSummary:
     """A summary with one value per item (a mixture of experts' load per expert): averaged over
     shards and microbatches element by element like a scalar summary, and reported -- once
@@ -197,7 +214,8 @@ def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries", *,
 
     A summary of a stacked ``Repeat`` comes back with a leading layer axis: it is averaged, and
     with ``per_layer`` each layer's value is kept too, as ``<path>/layer_<i>`` (a pipeline
-    stage, which holds a slice of the stack, asks for the average only).
+    stage, which holds a slice of the stack, asks for the average only, and gets no vector
+    summary).
     """
     out: Dict[str, jax.Array] = {}
     for name, value in tree.items():
@@ -205,8 +223,11 @@ def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries", *,
         if isinstance(value, Mapping):
             out.update(flat_summaries(value, path, per_layer=per_layer))
         elif isinstance(value, VectorSummary):  # Kept a vector until reduced (see above).
-            values = jnp.asarray(value.values, jnp.float32)
-            out[path] = values if per_layer or values.ndim < 2 else jnp.mean(values, axis=0)
+            # A pipeline stage (per_layer=False) holds a slice of the stack: the whole batch's
+            # per-layer vectors are not in one place, and a max over a mean of layers would
+            # understate the spread, so none is reported there.
+            if per_layer:
+                out[path] = jnp.asarray(value.values, jnp.float32)
         elif value is not None:
             value = jnp.asarray(value, jnp.float32)
             out[path] = jnp.mean(value) if value.ndim else value

@@ -24,6 +24,7 @@ from typing import Any, Callable, FrozenSet, Optional
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
+from titanax.modules.saved_values import keeping_exchanges
 from titanax.parallel import collectives
 
 # The name every gathered param carries in the jaxpr (for remat policies).
@@ -94,7 +95,7 @@ def never_saving_gathered(policy: Optional[Callable], axes: FrozenSet[str]) -> C
     no policy of the layer's own the base is ``dots_with_no_batch_dims_saveable`` (keep the
     matmul outputs, recompute the elementwise rest), which saves nothing derived from the
     weights alone."""
-    base = policy or jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    base = policy or keeping_exchanges(jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
     def combined(prim, *args, **params):
         if prim.name.startswith("all_gather"):

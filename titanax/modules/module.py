@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from titanax import errors
 from titanax.config import Configurable
 from titanax.modules import gather_on_use
-from titanax.modules.context import (InvocationContext, OutputCollection, child_context,
+from titanax.modules.context import (InvocationContext, OutputCollection, StateIncrement,
+                                     child_context,
                                      current_context, set_current_context)
 
 _NOWRAP_ATTR = "_titanax_nowrap"
@@ -177,8 +178,13 @@ class Module(Configurable):
         """Records a value to log, under this module's path."""
         self._own_context().output_collection.summaries[name] = value
 
-    def add_state_update(self, name: str, value: Any) -> None:
-        """Records a new value for non-trained state ``name`` of this module."""
+    def add_state_update(self, name: str, value: Any, *, increment: bool = False) -> None:
+        """Records a new value for non-trained state ``name`` of this module; with
+        ``increment``, an amount to add to the *stored* value instead. (The layer reads its
+        params cast to the compute dtype: a bfloat16 copy plus a small step would round the step
+        away, while the stored float32 value plus the step keeps it.)"""
+        if increment:
+            value = StateIncrement(value)
         self._own_context().output_collection.state_updates[name] = value
 
     def add_module_output(self, name: str, value: Any) -> None:

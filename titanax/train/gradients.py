@@ -241,7 +241,8 @@ class ModelGradients:
         objective = self.loss_relation.objective(loss, self.mesh_shape, loss_scale,
                                                  weight=weight)
         updates = state_updates.collect(collection.state_updates, stored,
-                                        where=f"{type(self.model).__qualname__}.forward")
+                                        where=f"{type(self.model).__qualname__}.forward",
+                                        stored=params)
         return objective, (loss, aux, flat_summaries(collection.summaries),
                            jax.lax.stop_gradient(updates), weight)
 

@@ -8,7 +8,10 @@ leaves, plus one for each metric, plus one for the global norm's squares and one
 check: six small collectives where two suffice. The reducer issues
 
 1. **one** all-reduce over the data axis carrying every gradient *and* the step's metrics (the
-   loss averaged, the counts summed) -- the only data-axis collective of the step;
+   loss averaged, the counts summed) -- the only data-axis collective of the step, except under
+   expert parallelism: there the experts' gradients, split over the expert axis and already
+   summed over it by the layers' all-to-alls (``layer_summed_axes``), cross the data axis alone
+   in a second all-reduce, while the rest cross data x expert in the first;
 2. per set of other axes (for a data x model mesh: one, over ``model``), **one** all-reduce
    carrying the gradients replicated there, the squared norms of the gradients split there, and
    the metrics that are identical copies there (averaged, which leaves their value unchanged).

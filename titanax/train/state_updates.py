@@ -11,6 +11,10 @@ microbatches and data shards of equal size, the mean of each shard's ``m * old +
 is ``m * old + (1 - m) * mean of the whole batch``. Every device ends the step with the same value,
 so a param replicated over the data axis stays replicated.
 
+A layer may write an *increment* instead (``add_state_update(name, step, increment=True)``): it
+is added here to the param as stored -- float32 master params under mixed precision -- rather
+than to the compute-dtype copy the layer read, whose rounding would swallow a small step.
+
 A state update must name a param: the same path (``<module>/<child>/.../<name>``) and the same
 local shape. Anything else is refused with the path, never dropped or attached somewhere new.
 """
@@ -23,18 +27,25 @@ import jax
 import jax.numpy as jnp
 
 from titanax import errors
-from titanax.modules.context import flat_state_updates
+from titanax.modules.context import StateIncrement, flat_state_updates
+from titanax.modules.gather_on_use import is_gather_on_use
 from titanax.parallel.sharding import path_string
 
 
-def collect(state_updates: Mapping[str, Any], params: Any, *, where: str
-            ) -> Dict[int, jax.Array]:
+def collect(state_updates: Mapping[str, Any], params: Any, *, where: str,
+            stored: Any = None) -> Dict[int, jax.Array]:
     """``{position among the flattened params: new value}`` from an OutputCollection's nested
-    ``state_updates``, each checked against the (local-view) param it replaces."""
+    ``state_updates``, each checked against the (local-view) param it replaces. ``stored``: the
+    params as stored (before the cast to the compute dtype), which an increment is added to."""
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     by_path = {path_string(path): (index, leaf) for index, (path, leaf) in enumerate(flat)}
+    stored_leaves = (jax.tree_util.tree_leaves(stored, is_leaf=is_gather_on_use)
+                     if stored is not None else None)
     out: Dict[int, jax.Array] = {}
     for path, value in flat_state_updates(state_updates):
+        increment = isinstance(value, StateIncrement)
+        if increment:
+            value = value.value
         if path not in by_path:
             raise errors.ModuleError(
                 f"a state update was written for {path!r}, which is not a param of the model",
@@ -50,7 +61,16 @@ def collect(state_updates: Mapping[str, Any], params: Any, *, where: str
                 suggestion="write a value of the param's own (local, per-device) shape; under "
                 "FSDP (ZeRO stage 3) a param a layer updates must be stored whole: "
                 f"--config.plan.zero.dim_overrides=\"{{'{path}': None}}\"")
-        out[index] = value.astype(jnp.float32)
+        value = value.astype(jnp.float32)
+        if increment:
+            base = stored_leaves[index] if stored_leaves is not None else None
+            if base is None or is_gather_on_use(base):
+                raise errors.ModuleError(
+                    f"the increment of {path!r} has no whole stored value to be added to",
+                    path=where, suggestion="store the param whole (under FSDP: "
+                    f"--config.plan.zero.dim_overrides=\"{{'{path}': None}}\")")
+            value = base.astype(jnp.float32) + value
+        out[index] = value
     return out
 
 

@@ -19,7 +19,7 @@ def _layer(*, router_scale=20.0, **changes):
     router = changes.pop("router", {})
     changes.setdefault("capacity_factor", EXPERTS / TOP_K)  # Nothing drops unless asked to.
     cfg = MoE.default_config().set(name="moe", model_dim=WIDTH, hidden_dim=HIDDEN,
-                                   num_experts=EXPERTS, top_k=TOP_K, **changes)
+                                   num_experts=EXPERTS, top_k=TOP_K).set(**changes)
     cfg.router.set(**router)
     layer = cfg.instantiate()
     params = layer.initialize_parameters_recursively(jax.random.PRNGKey(1))
@@ -166,13 +166,14 @@ def test_the_expert_bias_steers_choices_and_moves_towards_balance():
     out, collection = functional(layer, None, params, (x,), is_training=True)
     want, _ = _reference(params, x, bias=bias)
     assert_close(np.asarray(out), want, what="output with the bias")
-    new = np.asarray(collection.state_updates["router"]["expert_bias"])
+    # An increment, added to the stored bias (not to the compute-dtype copy the layer read).
+    step = np.asarray(collection.state_updates["router"]["expert_bias"].value)
     tokens = x.reshape(-1, WIDTH).astype(np.float64)
     logits = tokens @ np.asarray(params["router"]["weight"], np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     counts = np.bincount(np.argsort(-(probs + bias), -1)[:, :TOP_K].ravel(), minlength=EXPERTS)
-    assert_close(new, bias + 0.1 * (1 - counts / counts.mean()), what="new bias")
+    assert_close(step, 0.1 * (1 - counts / counts.mean()), what="bias step")
 
 
 def test_the_moe_objective_joins_the_gradient_not_the_value():
@@ -199,3 +200,24 @@ def test_flops_count_the_active_experts_only():
     # The same model with one dense SwiGLU of 2 experts' width per layer, plus the router.
     router = 3 * 32 * 8
     assert model.flops_per_token(16) == dense.flops_per_token(16) + 6 * router
+
+
+@pytest.mark.parametrize("changes,path,message", [
+    (dict(capacity_factor=float("nan")), "capacity_factor", "finite number > 0"),
+    (dict(capacity_factor=float("inf")), "capacity_factor", "finite number > 0"),
+    (dict(top_k=9), "top_k", "must be <= num_experts=8"),
+])
+def test_bad_moe_settings_are_named(changes, path, message):
+    from titanax import errors  # pylint: disable=import-outside-toplevel
+    with pytest.raises(errors.ConfigValidationError, match=message) as info:
+        _layer(**changes)
+    assert path in str(info.value)
+
+
+def test_a_decoder_refuses_mlp_biases_it_would_not_have():
+    from titanax import errors  # pylint: disable=import-outside-toplevel
+    from titanax.modules.models.decoder import Decoder  # pylint: disable=import-outside-toplevel
+    cfg = Decoder.default_config().set(name="m", num_layers=1, model_dim=16, num_heads=2,
+                                       mlp_bias=True, moe=MoE.default_config().set(hidden_dim=8))
+    with pytest.raises(errors.ConfigValidationError, match="mlp_bias: a mixture of experts"):
+        cfg.instantiate()

@@ -35,10 +35,12 @@ the device's own token group (``group_load_max``: what the capacity meets).
 
 from __future__ import annotations
 
+import math
 from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
@@ -49,6 +51,7 @@ from titanax.modules.layers.gated_mlp import ACTIVATIONS
 from titanax.modules.layers.router import (Router, assignment_counts, load_balancing_loss,
                                            router_z_loss)
 from titanax.modules.layers.tensor_parallel import tp_active
+from titanax.modules.saved_values import EXPERT_EXCHANGE
 from titanax.parallel import collectives
 
 # The module output every MoE layer writes its training objective under (read by the model).
@@ -102,8 +105,8 @@ class MoE(BaseLayer):
                     yield name, f"must be >= 1, got {value}"
             if isinstance(self.top_k, int) and self.top_k > self.num_experts:
                 yield "top_k", f"must be <= num_experts={self.num_experts}, got {self.top_k}"
-            if self.capacity_factor <= 0:
-                yield "capacity_factor", f"must be > 0, got {self.capacity_factor}"
+            if not (math.isfinite(self.capacity_factor) and self.capacity_factor > 0):
+                yield "capacity_factor", f"must be a finite number > 0, got {self.capacity_factor}"
             if self.shared_hidden_dim < 0:
                 yield "shared_hidden_dim", f"must be >= 0, got {self.shared_hidden_dim}"
             for name in ("aux_loss_weight", "z_loss_weight"):
@@ -191,7 +194,8 @@ class MoE(BaseLayer):
                                           num_experts=cfg.num_experts, slots=slots)
         parallel = tp_active(cfg.ep_axis)
         if parallel:
-            buffer = expert_dispatch.exchange(buffer, cfg.ep_axis)
+            buffer = checkpoint_name(expert_dispatch.exchange(buffer, cfg.ep_axis),
+                                     EXPERT_EXCHANGE)
         local_experts = params["gate_up_weight"].shape[0]
         # [E, C, D] -> [local experts, ranks x C, D]: every rank's slots for each local expert.
         grouped = buffer.reshape(-1, local_experts, slots, buffer.shape[-1]).transpose(1, 0, 2, 3)
@@ -199,8 +203,9 @@ class MoE(BaseLayer):
             grouped.reshape(local_experts, -1, buffer.shape[-1]), params["gate_up_weight"],
             params["down_weight"], activation)
         outputs = outputs.reshape(grouped.shape).transpose(1, 0, 2, 3).reshape(buffer.shape)
-        if parallel:
-            outputs = expert_dispatch.exchange(outputs, cfg.ep_axis)
+        if parallel:  # (Both exchanges are named: remat policies save them, saved_values.py.)
+            outputs = checkpoint_name(expert_dispatch.exchange(outputs, cfg.ep_axis),
+                                      EXPERT_EXCHANGE)
         kept = jnp.sum((positions < slots).astype(jnp.float32))
         return expert_dispatch.combine(outputs, routing.expert_ids, positions,
                                        routing.gates), kept

@@ -113,7 +113,8 @@ class Router(BaseLayer):
         if cfg.balance_rate > 0 and self.is_training:
             counts = assignment_counts(expert_ids, cfg.num_experts)
             step = cfg.balance_rate * (1.0 - counts / jnp.mean(counts))
-            self.add_state_update("expert_bias", params["expert_bias"] + step)
+            # Added to the stored (float32) bias: the bfloat16 copy read here would round it.
+            self.add_state_update("expert_bias", step, increment=True)
         return Routing(expert_ids=expert_ids.astype(jnp.int32), gates=gates, logits=logits,
                        probabilities=probabilities)
 

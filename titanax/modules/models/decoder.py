@@ -129,6 +129,8 @@ class Decoder(CausalLanguageModel):
                 yield "rope_theta", f"must be > 0, got {self.rope_theta}"
             if self.sliding_window is not None and self.sliding_window < 1:
                 yield "sliding_window", f"must be >= 1 (or None), got {self.sliding_window}"
+            if self.moe is not None and self.mlp_bias:
+                yield "mlp_bias", "a mixture of experts has no MLP biases: set it False with moe"
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
