@@ -37,9 +37,11 @@ def _silu(x):
 
 
 def _reference(params, x, *, scoring="softmax", normalize=True, scaling=1.0, slots=None,
-               bias=None):
+               bias=None, valid=None):
     """Token by token: the router's choice, then each chosen expert's SwiGLU; with ``slots``
-    an expert takes at most that many of the (choice-major) queue."""
+    an expert takes at most that many of the (choice-major) queue; ``valid`` (0: padding) skips
+    tokens, which then take no slot. Returns the output and the dropped fraction of the real
+    tokens' assignments."""
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
     tokens = np.asarray(x, np.float64).reshape(-1, WIDTH)
     logits = tokens @ p["router"]["weight"]
@@ -54,11 +56,12 @@ def _reference(params, x, *, scoring="softmax", normalize=True, scaling=1.0, slo
     if normalize or scoring == "sigmoid":
         gates /= gates.sum(-1, keepdims=True)
     gates *= scaling
-    kept = np.ones_like(gates, bool)
+    real = np.ones(len(tokens), bool) if valid is None else np.asarray(valid, bool)
+    kept = np.repeat(real[:, None], TOP_K, axis=1)
     if slots is not None:
         taken = np.zeros(EXPERTS, int)
         for choice in range(TOP_K):
-            for t in range(len(tokens)):
+            for t in np.flatnonzero(real):
                 kept[t, choice] = taken[chosen[t, choice]] < slots
                 taken[chosen[t, choice]] += 1
     out = np.zeros_like(tokens)
@@ -71,7 +74,7 @@ def _reference(params, x, *, scoring="softmax", normalize=True, scaling=1.0, slo
     if "shared_gate_up_weight" in p:
         both = np.einsum("td,dsf->tsf", tokens, p["shared_gate_up_weight"])
         out += (_silu(both[:, 0]) * both[:, 1]) @ p["shared_down_weight"]
-    return out.reshape(np.shape(x)), 1 - kept.mean()
+    return out.reshape(np.shape(x)), 1 - kept[real].mean()
 
 
 def _run(layer, params, x):
@@ -126,9 +129,12 @@ def test_capacity_drops_the_queue_past_each_experts_slots(factor):
 
 def test_slot_positions_queue_first_choices_before_second_ones():
     ids = np.array([[0, 1], [0, 2], [1, 0], [2, 0]], np.int32)
-    positions = np.asarray(expert_dispatch.slot_positions(ids, 3))
+    positions = np.asarray(expert_dispatch.slot_positions(ids, 3, valid=np.ones(4), slots=9))
     # Expert 0: tokens 0, 1 (first choices), then 2, 3 (second choices).
     assert positions.tolist() == [[0, 1], [1, 1], [0, 2], [0, 3]]
+    # Token 1 padding: out of every queue (at the slot count), the others move up.
+    positions = expert_dispatch.slot_positions(ids, 3, valid=np.array([1, 0, 1, 1]), slots=9)
+    assert np.asarray(positions).tolist() == [[0, 1], [9, 9], [0, 1], [0, 2]]
     assert expert_dispatch.capacity(tokens=10, top_k=2, num_experts=8, factor=100.0) == 10
     assert expert_dispatch.capacity(tokens=10, top_k=2, num_experts=8, factor=0.01) == 1
 
@@ -221,3 +227,33 @@ def test_a_decoder_refuses_mlp_biases_it_would_not_have():
                                        mlp_bias=True, moe=MoE.default_config().set(hidden_dim=8))
     with pytest.raises(errors.ConfigValidationError, match="mlp_bias: a mixture of experts"):
         cfg.instantiate()
+
+
+@pytest.mark.parametrize("dispatch", ["capacity", "dropless"])
+def test_padding_tokens_are_not_routed(dispatch):
+    """Packed rows' padding (segment id 0): no slot, no output, no count in the load, the
+    dropped fraction or the balancing losses -- a real token's routing is what it would be
+    without the padding around it."""
+    layer, params = _layer(dispatch=dispatch, capacity_factor=0.75)
+    x = RNG.normal(size=(2, 8, WIDTH)).astype(np.float32)
+    segments = np.array([[1, 1, 1, 2, 2, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0]], np.int32)
+    out, collection = functional(layer, None, params, {"x": x, "segment_ids": segments},
+                                 is_training=False)
+    summaries = collection.summaries
+    real = segments.reshape(-1) != 0
+    slots = None if dispatch == "dropless" else math.ceil(0.75 * 16 * TOP_K / EXPERTS)
+    want, dropped = _reference(params, x, slots=slots, valid=real)
+    assert_close(np.asarray(out), want, what="output")
+    assert np.all(np.asarray(out).reshape(-1, WIDTH)[~real] == 0)
+    assert_close(float(summaries["dropped_fraction"]), dropped, what="dropped fraction")
+    if dispatch == "capacity":
+        assert dropped > 0
+    tokens = x.reshape(-1, WIDTH)[real].astype(np.float64)
+    logits = tokens @ np.asarray(params["router"]["weight"], np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    counts = np.bincount(np.argsort(-probs, -1)[:, :TOP_K].ravel(), minlength=EXPERTS)
+    assert_close(np.asarray(summaries["expert_load"].values), counts / counts.mean(),
+                 what="load of the real tokens")
+    aux = EXPERTS * np.sum(counts / len(tokens) * probs.mean(0))
+    assert_close(float(summaries["aux_loss"]), aux, what="aux loss of the real tokens")

@@ -51,7 +51,9 @@ class DecoderBlock(BaseLayer):
         """``segment_ids`` / ``positions`` (``[batch, seq]``): packed documents (attention stays
         inside each; RoPE restarts in each)."""
         x = x + self.attn(self.input_norm(x), positions=positions, segment_ids=segment_ids)
-        return x + self.mlp(self.post_attention_norm(x))
+        # A mixture of experts routes no padding (segment 0) token.
+        routing = {"segment_ids": segment_ids} if isinstance(self.mlp, MoE) else {}
+        return x + self.mlp(self.post_attention_norm(x), **routing)
 
     def decode(self, x, cache, *, start):
         """``forward`` for tokens at ``start ..`` over the attention's key/value ``cache``;

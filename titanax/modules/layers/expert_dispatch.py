@@ -35,13 +35,17 @@ def capacity(*, tokens: int, top_k: int, num_experts: int, factor: float) -> int
     return min(tokens, max(1, math.ceil(factor * tokens * top_k / num_experts)))
 
 
-def slot_positions(expert_ids: jax.Array, num_experts: int) -> jax.Array:
+def slot_positions(expert_ids: jax.Array, num_experts: int, *, valid: jax.Array,
+                   slots: int) -> jax.Array:
     """``[T, top_k]`` int32: each assignment's place in its expert's queue (choice-major, then
-    token order; see the module docstring)."""
+    token order; see the module docstring); a padding token's (``valid`` 0) is ``slots``, out
+    of every queue."""
     tokens, top_k = expert_ids.shape
     choice_major = expert_ids.T.reshape(-1)
-    one_hot = jax.nn.one_hot(choice_major, num_experts, dtype=jnp.int32)
+    real = jnp.tile(valid > 0, top_k)
+    one_hot = jax.nn.one_hot(choice_major, num_experts, dtype=jnp.int32) * real[:, None]
     places = jnp.sum((jnp.cumsum(one_hot, axis=0) - 1) * one_hot, axis=-1)
+    places = jnp.where(real, places, slots)
     return places.reshape(top_k, tokens).T
 
 

@@ -145,20 +145,23 @@ class MoE(BaseLayer):
                 fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))
         return specs
 
-    def forward(self, x: jax.Array) -> jax.Array:
+    def forward(self, x: jax.Array, *, segment_ids: Optional[jax.Array] = None) -> jax.Array:
+        """``segment_ids`` ``[batch, seq]`` (packed rows): tokens of segment 0 are padding and
+        are not routed (their routed output is 0)."""
         cfg = self.config
         params = self.parameters
         tensor_parallel = tp_active(cfg.tp_axis)
         if cfg.sequence_parallel and tensor_parallel:
             x = collectives.all_gather(x, cfg.tp_axis, axis_index=1)
         tokens = x.reshape(-1, x.shape[-1])
-        routing = self.router(tokens)
+        valid = None if segment_ids is None else (segment_ids.reshape(-1) != 0)
+        routing = self.router(tokens, valid)
         activation = ACTIVATIONS[cfg.activation]
         if cfg.dispatch == "dropless" and not tp_active(cfg.ep_axis):
             out = expert_dispatch.ragged_experts(
                 tokens, routing.expert_ids, routing.gates, params["gate_up_weight"],
                 params["down_weight"], activation)
-            kept = jnp.float32(routing.expert_ids.size)
+            kept = jnp.sum(routing.valid) * cfg.top_k
         else:
             out, kept = self._through_slots(tokens, routing, activation)
         if cfg.shared_hidden_dim:
@@ -189,7 +192,8 @@ class MoE(BaseLayer):
         cfg = self.config
         params = self.parameters
         slots = self.slots_per_expert(tokens.shape[0])
-        positions = expert_dispatch.slot_positions(routing.expert_ids, cfg.num_experts)
+        positions = expert_dispatch.slot_positions(routing.expert_ids, cfg.num_experts,
+                                                   valid=routing.valid, slots=slots)
         buffer = expert_dispatch.dispatch(tokens, routing.expert_ids, positions,
                                           num_experts=cfg.num_experts, slots=slots)
         parallel = tp_active(cfg.ep_axis)
@@ -213,9 +217,9 @@ class MoE(BaseLayer):
     def _report(self, routing, kept):
         """Summaries of this call, and its part of the training objective."""
         cfg = self.config
-        assignments = routing.expert_ids.size
-        load = assignment_counts(routing.expert_ids, cfg.num_experts) * (
-            cfg.num_experts / max(assignments, 1))
+        assignments = jnp.maximum(jnp.sum(routing.valid) * cfg.top_k, 1.0)
+        load = assignment_counts(routing.expert_ids, cfg.num_experts, routing.valid) * (
+            cfg.num_experts / assignments)
         aux = load_balancing_loss(routing, cfg.num_experts)
         z = router_z_loss(routing)
         self.add_summary("aux_loss", aux)

@@ -19,6 +19,9 @@ batch's loads give, on any mesh. (DeepSeek-V3 moves by the sign of the shortfall
 the whole batch; a sign per shard, averaged, would be a noisy vote instead.)
 
 The logits are computed in float32 whatever the compute dtype: a top-k choice flips on rounding.
+
+Padding tokens (segment id 0 in packed rows) are not routed: their gates are 0, and no count,
+load, loss or bias step sees them (Hugging Face's balancing loss masks them the same way).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class Routing:
     # [T, num_experts] float32: each token's distribution over the experts (softmax, or the
     # normalised sigmoid scores): the P of the load-balancing loss.
     probabilities: jax.Array
+    # [T] float32: 1 for a token that is routed, 0 for padding (segment id 0), whose gates are
+    # 0 and which no count, load or loss sees.
+    valid: jax.Array
 
 
 class Router(BaseLayer):
@@ -91,8 +97,11 @@ class Router(BaseLayer):
                                                  weight_decay_scale=0.0)
         return specs
 
-    def forward(self, tokens: jax.Array) -> Routing:
+    def forward(self, tokens: jax.Array, valid: Optional[jax.Array] = None) -> Routing:
+        """``valid`` ``[T]``: 0 for padding tokens (see ``Routing.valid``); None: all real."""
         cfg = self.config
+        valid = (jnp.ones(tokens.shape[:1], jnp.float32) if valid is None
+                 else valid.astype(jnp.float32))
         params = self.parameters
         logits = jnp.einsum("td,de->te", tokens.astype(jnp.float32),
                             params["weight"].astype(jnp.float32))
@@ -109,30 +118,39 @@ class Router(BaseLayer):
         gates = jnp.take_along_axis(scores, expert_ids, axis=-1)
         if cfg.normalize_top_k or cfg.scoring == "sigmoid":
             gates = gates / (jnp.sum(gates, axis=-1, keepdims=True) + 1e-20)
-        gates = gates * cfg.routed_scaling
+        gates = gates * cfg.routed_scaling * valid[:, None]
         if cfg.balance_rate > 0 and self.is_training:
-            counts = assignment_counts(expert_ids, cfg.num_experts)
-            step = cfg.balance_rate * (1.0 - counts / jnp.mean(counts))
+            counts = assignment_counts(expert_ids, cfg.num_experts, valid)
+            mean = jnp.mean(counts)  # (All padding: no step.)
+            step = cfg.balance_rate * jnp.where(mean > 0, 1.0 - counts / jnp.where(
+                mean > 0, mean, 1.0), 0.0)
             # Added to the stored (float32) bias: the bfloat16 copy read here would round it.
             self.add_state_update("expert_bias", step, increment=True)
         return Routing(expert_ids=expert_ids.astype(jnp.int32), gates=gates, logits=logits,
-                       probabilities=probabilities)
+                       probabilities=probabilities, valid=valid)
 
 
-def assignment_counts(expert_ids: jax.Array, num_experts: int) -> jax.Array:
-    """``[num_experts]`` float32: how many (token, choice) assignments each expert got."""
-    return jnp.zeros((num_experts,), jnp.float32).at[expert_ids.reshape(-1)].add(1.0)
+def assignment_counts(expert_ids: jax.Array, num_experts: int,
+                      valid: Optional[jax.Array] = None) -> jax.Array:
+    """``[num_experts]`` float32: how many (token, choice) assignments of real tokens (``valid``
+    ``[T]``, None: all) each expert got."""
+    weights = jnp.ones(expert_ids.shape, jnp.float32) if valid is None else jnp.broadcast_to(
+        valid[:, None], expert_ids.shape)
+    return jnp.zeros((num_experts,), jnp.float32).at[expert_ids.reshape(-1)].add(
+        weights.reshape(-1))
 
 
 def load_balancing_loss(routing: Routing, num_experts: int) -> jax.Array:
     """Switch / GShard's auxiliary loss as Hugging Face computes it: ``E x sum_i f_i P_i`` with
     ``f_i`` the assignments to expert ``i`` per token and ``P_i`` its mean probability -- 
     ``top_k`` when perfectly balanced, up to ``E x top_k`` when one expert takes everything."""
-    tokens = routing.expert_ids.shape[0]
-    fraction = assignment_counts(routing.expert_ids, num_experts) / max(tokens, 1)
-    return num_experts * jnp.sum(fraction * jnp.mean(routing.probabilities, axis=0))
+    tokens = jnp.maximum(jnp.sum(routing.valid), 1.0)
+    fraction = assignment_counts(routing.expert_ids, num_experts, routing.valid) / tokens
+    mean_probability = jnp.sum(routing.probabilities * routing.valid[:, None], axis=0) / tokens
+    return num_experts * jnp.sum(fraction * mean_probability)
 
 
 def router_z_loss(routing: Routing) -> jax.Array:
     """ST-MoE's z-loss: the mean squared log-partition of the logits (keeps them small)."""
-    return jnp.mean(jnp.square(jax.nn.logsumexp(routing.logits, axis=-1)))
+    squares = jnp.square(jax.nn.logsumexp(routing.logits, axis=-1))
+    return jnp.sum(squares * routing.valid) / jnp.maximum(jnp.sum(routing.valid), 1.0)
