@@ -141,9 +141,10 @@ def assignment_counts(expert_ids: jax.Array, num_experts: int,
 
 
 def load_balancing_loss(routing: Routing, num_experts: int) -> jax.Array:
-    """Switch / GShard's auxiliary loss as Hugging Face computes it: ``E x sum_i f_i P_i`` with
-    ``f_i`` the assignments to expert ``i`` per token and ``P_i`` its mean probability -- 
-    ``top_k`` when perfectly balanced, up to ``E x top_k`` when one expert takes everything."""
+    """Switch / GShard's auxiliary loss in Hugging Face's formula, for one layer (HF pools all
+    layers' counts into one): ``E x sum_i f_i P_i`` with ``f_i`` the assignments to expert
+    ``i`` per real token and ``P_i`` its mean probability -- ``top_k`` when perfectly balanced,
+    up to ``E x top_k`` when one expert takes everything."""
     tokens = jnp.maximum(jnp.sum(routing.valid), 1.0)
     fraction = assignment_counts(routing.expert_ids, num_experts, routing.valid) / tokens
     mean_probability = jnp.sum(routing.probabilities * routing.valid[:, None], axis=0) / tokens
