@@ -154,11 +154,9 @@ def child_context(name: str, **overrides: Any) -> InvocationContext:
     return InvocationContext(**values)
 
 
-@jax.tree_util.register_pytree_node_class
-class StateIncrement:
-    """A state update that is an amount to add to the stored value (``add_state_update(...,
-    increment=True)``), resolved against the stored param when collected
-    (train/state_updates.py)."""
+class _Tagged:
+    """A value marked for how the collection's reader treats it: a pytree node with the value
+    as its one child (so a Repeat stacks it and jax transformations see through it)."""
 
     def __init__(self, value: Any):
         self.value = value
@@ -172,21 +170,18 @@ class StateIncrement:
 
 
 @jax.tree_util.register_pytree_node_class
-class VectorSummary:
+class StateIncrement(_Tagged):
+    """A state update that is an amount to add to the stored value (``add_state_update(...,
+    increment=True)``), resolved against the stored param when collected
+    (train/state_updates.py)."""
+
+
+@jax.tree_util.register_pytree_node_class
+class VectorSummary(_Tagged):
     """A summary with one value per item (a mixture of experts' load per expert): averaged over
     shards and microbatches element by element like a scalar summary, and reported -- once
     averaged -- by its largest and smallest element (``expand_vector_metrics``), per layer when
     a ``Repeat`` stacked it."""
-
-    def __init__(self, values: Any):
-        self.values = values
-
-    def tree_flatten(self):
-        return (self.values,), None
-
-    @classmethod
-    def tree_unflatten(cls, _, children):
-        return cls(children[0])
 
 
 def expand_vector_metrics(metrics: Mapping[str, jax.Array]) -> Dict[str, jax.Array]:
@@ -227,7 +222,7 @@ def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries", *,
             # per-layer vectors are not in one place, and a max over a mean of layers would
             # understate the spread, so none is reported there.
             if per_layer:
-                out[path] = jnp.asarray(value.values, jnp.float32)
+                out[path] = jnp.asarray(value.value, jnp.float32)
         elif value is not None:
             value = jnp.asarray(value, jnp.float32)
             out[path] = jnp.mean(value) if value.ndim else value

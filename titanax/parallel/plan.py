@@ -438,6 +438,8 @@ class Plan(Configurable):
     def layout(self, parameter_specs: Any, mesh: Mesh) -> layout_lib.Layout:
         """Where every param of ``parameter_specs`` (ParameterSpecs, arrays or
         ShapeDtypeStructs) and its optimizer state live on ``mesh`` under this plan."""
+        if self.expert_parallel is not None:
+            self.expert_parallel.check_experts_divide(parameter_specs, dict(mesh.shape))
         return layout_lib.build_layout(self.layout_transforms(), mesh_shape=dict(mesh.shape),
                                        parameter_specs=parameter_specs)
 

@@ -219,8 +219,9 @@ class GradientReducer:
                                 if not self.param_split_over_data[i]]
             partly_reduced = self._psum_by_axes(leaves, partly)
             divided_with_data.update(partly)
-            for index, value in partly_reduced.items():  # (Divided again below if weighted.)
-                leaves[index] = value / self.data_size
+            # What the data all-reduce's gradients are divided by: its size, or (below) the
+            # summed weight when that is complete.
+            divisor = self.data_size
             if summed or carried or averaged_updates:
                 reduced = collectives.psum([leaves[i] for i in summed]
                                            + [metrics[i] for i in carried]
@@ -230,7 +231,6 @@ class GradientReducer:
                 # The shards' weights are all summed here when the data all-reduce spans every
                 # batch axis: the weighted mean is then the sum over the weight, in the pass
                 # that would divide by the size anyway (else a factor follows step 2).
-                divisor = size
                 if weighted:
                     total = reduced[len(summed) + carried.index(metric_names.index(_WEIGHT))]
                     if self._weights_complete_after_data(total):
@@ -240,9 +240,6 @@ class GradientReducer:
                     leaves[index] = reduced[position] / (
                         divisor if isinstance(divisor, int) else divisor.astype(
                             reduced[position].dtype))
-                if not isinstance(divisor, int):
-                    for index, value in partly_reduced.items():
-                        leaves[index] = value / divisor.astype(value.dtype)
                 averaged = all(a in self.loss_relation.mean_over for a in self.data_axes)
                 for position, index in enumerate(carried):
                     value = reduced[len(summed) + position]
@@ -252,6 +249,9 @@ class GradientReducer:
                 offset = len(summed) + len(carried)
                 for position, index in enumerate(averaged_updates):
                     updates[index] = reduced[offset + position] / size
+            for index, value in partly_reduced.items():
+                leaves[index] = value / (divisor if isinstance(divisor, int)
+                                         else divisor.astype(value.dtype))
         sizes = dict(self.mesh_shape)
         for index, axes in enumerate(self.layer_summed_axes):
             if axes and index not in divided_with_data:

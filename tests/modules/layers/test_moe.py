@@ -157,7 +157,7 @@ def test_balancing_and_z_losses_and_the_load_summaries_match_their_formulas():
     load = counts / counts.mean()
     assert_close(float(summaries["aux_loss"]), aux, what="aux loss")
     assert_close(float(summaries["z_loss"]), z, what="z loss")
-    assert_close(np.asarray(summaries["expert_load"].values), load, what="load per expert")
+    assert_close(np.asarray(summaries["expert_load"].value), load, what="load per expert")
     assert_close(float(summaries["group_load_max"]), load.max(), what="max load")
 
 
@@ -212,6 +212,9 @@ def test_flops_count_the_active_experts_only():
     (dict(capacity_factor=float("nan")), "capacity_factor", "finite number > 0"),
     (dict(capacity_factor=float("inf")), "capacity_factor", "finite number > 0"),
     (dict(top_k=9), "top_k", "must be <= num_experts=8"),
+    (dict(hidden_dim=0), "hidden_dim", "must be >= 1"),
+    (dict(router=dict(balance_rate=1.5)), "balance_rate", r"must be in \[0, 1\]"),
+    (dict(router=dict(balance_rate=-0.1)), "balance_rate", r"must be in \[0, 1\]"),
 ])
 def test_bad_moe_settings_are_named(changes, path, message):
     from titanax import errors  # pylint: disable=import-outside-toplevel
@@ -253,7 +256,7 @@ def test_padding_tokens_are_not_routed(dispatch):
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     counts = np.bincount(np.argsort(-probs, -1)[:, :TOP_K].ravel(), minlength=EXPERTS)
-    assert_close(np.asarray(summaries["expert_load"].values), counts / counts.mean(),
+    assert_close(np.asarray(summaries["expert_load"].value), counts / counts.mean(),
                  what="load of the real tokens")
     aux = EXPERTS * np.sum(counts / len(tokens) * probs.mean(0))
     assert_close(float(summaries["aux_loss"]), aux, what="aux loss of the real tokens")

@@ -48,8 +48,7 @@ from titanax.modules.context import VectorSummary
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import expert_dispatch
 from titanax.modules.layers.gated_mlp import ACTIVATIONS
-from titanax.modules.layers.router import (Router, assignment_counts, load_balancing_loss,
-                                           router_z_loss)
+from titanax.modules.layers.router import Router, load_balancing_loss, router_z_loss
 from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.modules.saved_values import EXPERT_EXCHANGE
 from titanax.parallel import collectives
@@ -99,7 +98,7 @@ class MoE(BaseLayer):
         output_param_init: Optional[Initializer.Config] = None
 
         def _validate_values(self):
-            for name in ("num_experts", "top_k"):
+            for name in ("num_experts", "top_k", "hidden_dim", "model_dim"):
                 value = getattr(self, name)
                 if isinstance(value, int) and value < 1:
                     yield name, f"must be >= 1, got {value}"
@@ -218,8 +217,7 @@ class MoE(BaseLayer):
         """Summaries of this call, and its part of the training objective."""
         cfg = self.config
         assignments = jnp.maximum(jnp.sum(routing.valid) * cfg.top_k, 1.0)
-        load = assignment_counts(routing.expert_ids, cfg.num_experts, routing.valid) * (
-            cfg.num_experts / assignments)
+        load = routing.counts * (cfg.num_experts / assignments)
         aux = load_balancing_loss(routing, cfg.num_experts)
         z = router_z_loss(routing)
         self.add_summary("aux_loss", aux)

@@ -52,6 +52,9 @@ class Routing:
     # [T] float32: 1 for a token that is routed, 0 for padding (segment id 0), whose gates are
     # 0 and which no count, load or loss sees.
     valid: jax.Array
+    # [num_experts] float32: the real tokens' assignments to each expert (``assignment_counts``,
+    # counted once for the bias step, the loads and the balancing loss).
+    counts: jax.Array
 
 
 class Router(BaseLayer):
@@ -80,8 +83,9 @@ class Router(BaseLayer):
             if isinstance(self.top_k, int) and isinstance(self.num_experts, int) and \
                     not 1 <= self.top_k <= self.num_experts:
                 yield "top_k", f"must be in [1, num_experts={self.num_experts}], got {self.top_k}"
-            if self.balance_rate < 0:
-                yield "balance_rate", f"must be >= 0, got {self.balance_rate}"
+            if not 0 <= self.balance_rate <= 1:
+                # Scores lie in [0, 1]: a larger step overshoots their whole range at once.
+                yield "balance_rate", f"must be in [0, 1], got {self.balance_rate}"
             if self.routed_scaling <= 0:
                 yield "routed_scaling", f"must be > 0, got {self.routed_scaling}"
 
@@ -119,15 +123,15 @@ class Router(BaseLayer):
         if cfg.normalize_top_k or cfg.scoring == "sigmoid":
             gates = gates / (jnp.sum(gates, axis=-1, keepdims=True) + 1e-20)
         gates = gates * cfg.routed_scaling * valid[:, None]
+        counts = assignment_counts(expert_ids, cfg.num_experts, valid)
         if cfg.balance_rate > 0 and self.is_training:
-            counts = assignment_counts(expert_ids, cfg.num_experts, valid)
             mean = jnp.mean(counts)  # (All padding: no step.)
             step = cfg.balance_rate * jnp.where(mean > 0, 1.0 - counts / jnp.where(
                 mean > 0, mean, 1.0), 0.0)
             # Added to the stored (float32) bias: the bfloat16 copy read here would round it.
             self.add_state_update("expert_bias", step, increment=True)
         return Routing(expert_ids=expert_ids.astype(jnp.int32), gates=gates, logits=logits,
-                       probabilities=probabilities, valid=valid)
+                       probabilities=probabilities, valid=valid, counts=counts)
 
 
 def assignment_counts(expert_ids: jax.Array, num_experts: int,
@@ -146,7 +150,7 @@ def load_balancing_loss(routing: Routing, num_experts: int) -> jax.Array:
     ``i`` per real token and ``P_i`` its mean probability -- ``top_k`` when perfectly balanced,
     up to ``E x top_k`` when one expert takes everything."""
     tokens = jnp.maximum(jnp.sum(routing.valid), 1.0)
-    fraction = assignment_counts(routing.expert_ids, num_experts, routing.valid) / tokens
+    fraction = routing.counts / tokens
     mean_probability = jnp.sum(routing.probabilities * routing.valid[:, None], axis=0) / tokens
     return num_experts * jnp.sum(fraction * mean_probability)
 
