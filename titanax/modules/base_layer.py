@@ -63,6 +63,13 @@ class ParameterSpec:
     # The share of this param each token multiplies by: 1 for a dense weight, top_k / E for a
     # routed expert's (the FLOPs and MFU count active params only).
     active_fraction: float = 1.0
+    # A logical axis name (or None) per dimension, e.g. ("embed", "mlp") from a Flax model's
+    # partitioning metadata: the plan's ``logical_axis_rules`` map them to mesh axes
+    # (parallel/logical_axes.py). None: the layer names none.
+    logical_axes: Optional[Tuple[Optional[str], ...]] = None
+    # Not trained: the layer writes its next value itself (``add_state_update``: running
+    # statistics). ZeRO / FSDP keep it whole, since the update replaces the whole value.
+    layer_state: bool = False
 
     @property
     def ndim(self) -> int:

@@ -3,6 +3,9 @@
 One pure function, ``build_layout(transforms, mesh_shape=..., parameter_specs=...)``, folds the
 plan's transforms (``Plan.layout_transforms``) over the model's parameter specs, in this order:
 
+0. ``logical_axes.LogicalAxisRules`` -- params that name logical axes (a Flax model's
+   partitioning metadata) get the mesh axes the plan's ``logical_axis_rules`` give them: the TP
+   axis as their declared layout, the ZeRO / FSDP axis as the dimension the state split takes;
 1. ``rules.LayerLayouts`` -- the layouts layers declare, overridden by the TP rules;
 2. ``pipeline.StageSplit`` -- the pipe axis on the stacked-layer dimension (PP);
 3. ``interleaved_stack.CircularView`` -- the stack held as ``[v, S, L/(vS), ...]`` (circular PP);
@@ -53,6 +56,9 @@ class Layout:
     # later transforms add are gathered on use, sliced by a schedule, or hold state only), so
     # what a layer checks it can implement.
     layer_specs: Any = None
+    # Per param, the dimension the plan's logical axis rules put the ZeRO / FSDP axis on (None:
+    # they ask for none; parallel/logical_axes.py); None: no rules.
+    logical_state_dims: Any = None
     # ZeRO / FSDP: the mesh axis the optimizer state (FSDP: the params too) is split over.
     state_axis: Optional[str] = None
     # Per param, the dimension that carries ``state_axis`` (None: kept whole); None: no ZeRO.

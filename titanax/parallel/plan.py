@@ -18,7 +18,8 @@ from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
 from titanax.config import ConfigBase, Configurable
-from titanax.parallel import interleaved_stack, layout as layout_lib, one_f_one_b, pipeline
+from titanax.parallel import interleaved_stack, layout as layout_lib, logical_axes, one_f_one_b
+from titanax.parallel import pipeline
 from titanax.parallel import rules as rules_lib
 from titanax.parallel import sharding, state_dims
 from titanax.parallel.context_parallel import CP
@@ -218,6 +219,12 @@ class Plan(Configurable):
         # Expert parallelism: MoE layers' experts (and the batch's rows) split over an axis
         # (None: every device holds every expert).
         expert_parallel: Optional[EP.Config] = None
+        # {logical axis name: mesh axis or None} for params that name their dimensions (a Flax
+        # model's partitioning metadata, e.g. {'embed': 'data', 'mlp': None}): the ZeRO / FSDP
+        # axis puts the state split on that dimension, the TP axis splits it (a model that
+        # calls the collectives itself), None keeps it whole; names without a rule stay whole,
+        # a rule for a name no param uses is refused (parallel/logical_axes.py).
+        logical_axis_rules: Dict[str, Optional[str]] = {}
 
         def _validate_values(self):
             roles = self._roles()
@@ -421,10 +428,14 @@ class Plan(Configurable):
         return rules_lib.normalize_rules(tp.rules if tp is not None else None)
 
     def layout_transforms(self) -> List[layout_lib.LayoutTransform]:
-        """The layout pipeline's transforms, in their fixed order (parallel/layout.py): layer
-        layouts + TP rules, then each plan part's, then size-1 axes dropped."""
-        transforms: List[layout_lib.LayoutTransform] = [rules_lib.LayerLayouts(
-            rules=tuple(self.sharding_rules()), undeclared_replicated=self.tp_axis is None)]
+        """The layout pipeline's transforms, in their fixed order (parallel/layout.py): logical
+        axis rules, layer layouts + TP rules, then each plan part's, then size-1 axes dropped."""
+        transforms: List[layout_lib.LayoutTransform] = [
+            logical_axes.LogicalAxisRules(
+                rules=tuple(self.config.logical_axis_rules.items()), tp_axis=self.tp_axis,
+                state_axis=self.zero_axis, roles=tuple(self.roles().items())),
+            rules_lib.LayerLayouts(rules=tuple(self.sharding_rules()),
+                                   undeclared_replicated=self.tp_axis is None)]
         if self.pipeline_parallel is not None:
             transforms += self.pipeline_parallel.layout_transforms()
         if self.zero is not None:

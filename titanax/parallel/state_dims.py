@@ -9,9 +9,12 @@ anywhere. (A flattened, padded chunk per device would mean other numbers on anot
 The dimension is chosen per param, on the host, once:
 
 1. a path override (``ZeRO.Config.dim_overrides``, first match wins; ``None`` keeps it whole);
-2. params with fewer than ``min_shard_size`` elements stay whole (norm scales, biases: the bytes
-   saved would not pay for the collectives);
-3. otherwise the largest dimension that is not split already, not a stacked-layer dimension
+2. state a layer writes itself (``ParameterSpec.layer_state``: running statistics) and params
+   with fewer than ``min_shard_size`` elements stay whole (norm scales, biases: the bytes saved
+   would not pay for the collectives);
+3. the dimension the plan's logical axis rules put the axis on (``preferred``: a Flax model's
+   ``("embed", "mlp")`` names, parallel/logical_axes.py), when it can carry it;
+4. otherwise the largest dimension that is not split already, not a stacked-layer dimension
    (``ParameterSpec.stacked_dims``: the layer scan slices those), and divisible by the axis size;
    the first such on ties. None fits: the param stays whole (``describe`` shows it).
 """
@@ -30,12 +33,17 @@ from titanax.parallel import rules, sharding
 
 
 def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size: int,
-                min_shard_size: int, dim_overrides: Sequence[Tuple[str, Optional[int]]] = ()
-                ) -> Any:
-    """A tree like the params: the dimension (>= 0) the axis goes on, or None (kept whole)."""
+                min_shard_size: int, dim_overrides: Sequence[Tuple[str, Optional[int]]] = (),
+                preferred: Any = None) -> Any:
+    """A tree like the params: the dimension (>= 0) the axis goes on, or None (kept whole).
+    ``preferred``: a tree like the params of the dimension the logical axis rules ask for
+    (None where they ask for none), taken where it can carry the axis."""
     compiled = [(pattern, rules.compile_pattern(pattern), dim) for pattern, dim in dim_overrides]
+    if preferred is None:
+        preferred = jax.tree_util.tree_map(lambda _: None, param_specs,
+                                           is_leaf=lambda x: isinstance(x, PartitionSpec))
 
-    def choose(path, spec, partition):
+    def choose(path, spec, partition, wanted):
         path = sharding.path_string(path)
         shape = tuple(spec.shape)
         entries = tuple(partition) + (None,) * (len(shape) - len(partition))
@@ -50,17 +58,21 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
             if regex.fullmatch(path):
                 return _checked_override(path, pattern, dim, shape, entries, axis, axis_size,
                                          stacked)
-        if math.prod(shape) < min_shard_size:
+        if getattr(spec, "layer_state", False) or math.prod(shape) < min_shard_size:
             return None
+        fits = [dim for dim in range(stacked, len(shape))
+                if entries[dim] is None and shape[dim] % axis_size == 0
+                and shape[dim] >= axis_size]
+        if wanted in fits:
+            return wanted
         best = None
-        for dim in range(stacked, len(shape)):
-            if entries[dim] is None and shape[dim] % axis_size == 0 and shape[dim] >= axis_size:
-                if best is None or shape[dim] > shape[best]:
-                    best = dim
+        for dim in fits:
+            if best is None or shape[dim] > shape[best]:
+                best = dim
         return best
 
     return jax.tree_util.tree_map_with_path(
-        choose, parameter_specs, param_specs, is_leaf=rules.is_param_leaf)
+        choose, parameter_specs, param_specs, preferred, is_leaf=rules.is_param_leaf)
 
 
 def _checked_override(path, pattern, dim, shape, entries, axis, axis_size, stacked):
@@ -119,7 +131,8 @@ class StateSplit:
         else:
             dims = choose_dims(layout.parameter_specs, layout.param_specs, axis=self.axis,
                                axis_size=size, min_shard_size=self.min_shard_size,
-                               dim_overrides=self.dim_overrides)
+                               dim_overrides=self.dim_overrides,
+                               preferred=layout.logical_state_dims)
         specs = add_axis(layout.param_specs, dims, self.axis) if self.params_sharded \
             else layout.param_specs
         return layout.evolve(self.name, param_specs=specs, state_axis=self.axis,

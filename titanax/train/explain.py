@@ -23,7 +23,8 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
     """The report (each part only when there is something to show): ``opt_state`` the optimizer
     state as ShapeDtypeStructs with shardings; ``schedule_text`` the gradient computer's own
     lines (a pipeline's); ``compiled`` the compiled train step; ``model`` the model (its MoE
-    layers under expert parallelism)."""
+    layers under expert parallelism; its own ``explain_lines(gathers=...)`` when it has them:
+    an adapted Flax module's variables, layer stacks and FSDP gathers)."""
     parts: List[str] = [describe_mesh(mesh)]
     if layout is not None:
         parts.append(plan.describe(layout.parameter_specs, mesh, specs=layout.param_specs)
@@ -38,6 +39,9 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
     if ep is not None and model is not None:
         parts.append(ep.describe(size=dict(mesh.shape)[ep.config.axis],
                                  layers=expert_parallel.moe_layers(model)))
+    own_lines = getattr(model, "explain_lines", None)  # A model's own part (Flax adapters').
+    if own_lines is not None:
+        parts.append(own_lines(gathers=strategy.gathers if strategy is not None else None))
     if layout is not None and strategy is not None and opt_state is not None:
         parts.append(state_report.describe(
             parameter_specs=layout.parameter_specs, param_specs=layout.param_specs,

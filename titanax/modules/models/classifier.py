@@ -19,16 +19,18 @@ from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.layers.linear import Linear
 
 
-def _example_weights(batch: Dict[str, jax.Array]) -> jax.Array:
+def example_weights(batch: Dict[str, jax.Array]) -> jax.Array:
     weights = batch.get("weights")
     return (jnp.ones(batch["label"].shape, jnp.float32) if weights is None
             else weights.astype(jnp.float32))
 
 
-def _classification_loss(logits: jax.Array, batch: Dict[str, jax.Array]
-                         ) -> Tuple[jax.Array, Dict[str, Any]]:
+def classification_loss(logits: jax.Array, batch: Dict[str, jax.Array]
+                        ) -> Tuple[jax.Array, Dict[str, Any]]:
+    """``(mean cross-entropy over batch["label"], aux)``, examples weighted by
+    ``batch["weights"]`` (0 for padding); aux has the sums accuracy is computed from."""
     labels = batch["label"]
-    weights = _example_weights(batch)
+    weights = example_weights(batch)
     per_example = vocab_parallel_cross_entropy(logits, labels)
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     count = jnp.sum(weights)
@@ -74,7 +76,7 @@ class MLPClassifier(BaseLayer):
         return x
 
     def forward(self, batch):
-        return _classification_loss(self.logits(batch["image"]), batch)
+        return classification_loss(self.logits(batch["image"]), batch)
 
 
 class CNNClassifier(BaseLayer):
@@ -132,11 +134,11 @@ class CNNClassifier(BaseLayer):
 
     def loss(self, logits: jax.Array, batch):
         """``(mean cross-entropy, aux)`` of ``logits`` (a pipeline's last stage ends here)."""
-        return _classification_loss(logits, batch)
+        return classification_loss(logits, batch)
 
     def loss_weight(self, batch) -> jax.Array:
         """What ``loss`` is a mean over: the (weighted) number of examples."""
-        return jnp.sum(_example_weights(batch))
+        return jnp.sum(example_weights(batch))
 
     def forward(self, batch):
         return self.loss(self.logits(batch["image"]), batch)

@@ -1,0 +1,190 @@
+"""``FlaxNNX``: a Flax NNX module trained by Titanax (flax_module.py has what both adapters do).
+
+The factory builds the module from its arguments and an ``nnx.Rngs`` -- the adapter's: seeded
+with the run's init key, so the params are exactly what ``factory(..., rngs=nnx.Rngs(key))``
+makes in plain Flax::
+
+    def make_gpt(*, vocab_size: int, num_layers: int, rngs: nnx.Rngs) -> nnx.Module: ...
+
+    model = FlaxNNX.default_config().set(
+        module=config_for_function(make_gpt).set(vocab_size=256, num_layers=4),
+        example_inputs={"input_ids": "int32[2,16]"})
+
+The factory's ``rngs`` argument is left to the adapter (its config shows a placeholder). On
+every call the module is rebuilt from its graph and this call's values (``nnx.merge``; pure, so
+``jit``, ``grad``, ``scan`` and ``shard_map`` compose with it), put in training or evaluation
+mode (``module.train()`` / ``module.eval()``: Dropout's ``deterministic``, BatchNorm's
+``use_running_average``, plus the call's own keyword, flax_module.py), its RNG streams' keys made
+from this call's Titanax key, and its new ``BatchStat`` (and any other non-param, non-RNG
+``Variable``) values read back as state updates. A variable that appears, disappears or changes
+shape during the call is refused: Titanax holds the state the module had at init. Values the
+module ``sow``s (``nnx.Intermediate``) are dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from titanax import errors
+from titanax.config import config_for_function
+from titanax.config.configurable import FunctionConfigBase
+from titanax.modules.adapters.flax_module import FlaxModule, FlaxVariable, describe_factory
+
+
+def rngs_given_by_the_adapter() -> None:
+    """Placeholder of a factory's ``rngs``: FlaxNNX passes the module its ``nnx.Rngs`` there
+    (seeded with the run's init key) and calls the factory itself."""
+    return None
+
+
+def _kind(variable: nnx.Variable) -> str:
+    if isinstance(variable, nnx.Param):
+        return "param"
+    if isinstance(variable, nnx.RngState):
+        return "rng"
+    return "state"
+
+
+def _path(key: Tuple[Any, ...]) -> str:
+    return "/".join(str(part) for part in key)
+
+
+class FlaxNNX(FlaxModule):
+    """A Flax NNX module as a Titanax model (see the module docstring)."""
+
+    class Config(FlaxModule.Config):
+
+        def _checked_value(self, name, value):
+            value = super()._checked_value(name, value)
+            if name == "module" and isinstance(value, FunctionConfigBase) \
+                    and "rngs" in value.keys() and not isinstance(value.rngs, FunctionConfigBase):
+                value.rngs = config_for_function(rngs_given_by_the_adapter)
+            return value
+
+    # --- The module --------------------------------------------------------------------------
+
+    def _build(self, rngs: nnx.Rngs) -> nnx.Module:
+        factory = self.config.module
+        if "rngs" not in factory.keys():
+            raise errors.ModuleError(
+                f"the factory {describe_factory(factory)} takes no 'rngs' argument: FlaxNNX "
+                "seeds the module's params with the run's init key through it",
+                path="model.module", suggestion="give the factory an 'rngs: nnx.Rngs' keyword "
+                                                "argument and build the module with it")
+        try:
+            with nnx.use_eager_sharding(False):  # Titanax places the arrays, not Flax.
+                module = factory.instantiate(rngs=rngs)
+        except errors.TitanaxError:
+            raise
+        except Exception as e:  # The user's factory: name it and what it was given.
+            raise errors.ModuleError(
+                f"the factory {describe_factory(factory)} raised {type(e).__name__}: {e}",
+                path="model.module", suggestion="check its arguments under model.module") from e
+        if not isinstance(module, nnx.Module):
+            raise errors.ModuleError(
+                f"the factory {describe_factory(factory)} returned "
+                f"{type(module).__module__}.{type(module).__qualname__}, not a flax.nnx.Module",
+                path="model.module",
+                suggestion="return the NNX module itself (a flax.linen module goes in FlaxLinen)")
+        return module
+
+    @functools.cached_property
+    def _graph(self) -> Tuple[Any, List[Tuple[Tuple[Any, ...], nnx.Variable]]]:
+        """The module's graph and its abstract variables, by Flax path (built once, shapes
+        only)."""
+        abstract = nnx.eval_shape(lambda: self._build(nnx.Rngs(0)))
+        graphdef, state = nnx.split(abstract)
+        return graphdef, list(nnx.to_flat_state(state))
+
+    def _abstract_variables(self) -> List[FlaxVariable]:
+        out = []
+        for key, variable in self._graph[1]:
+            value = variable.get_value()
+            names = variable.get_metadata().get("out_sharding")
+            out.append(FlaxVariable(
+                path=_path(key), key=tuple(key), kind=_kind(variable),
+                shape=tuple(value.shape), dtype=value.dtype,
+                logical_axes=tuple(names) if names else None,
+                tag=variable.get_metadata().get("tag")))
+        return out
+
+    def _init_values(self, key):
+        module = self._build(nnx.Rngs(key))
+        return {tuple(k): v.get_value() for k, v in nnx.to_flat_state(nnx.state(module))
+                if _kind(v) != "rng"}
+
+    def _call_signature(self):
+        graphdef, _ = self._graph
+        return getattr(getattr(graphdef, "type", None), "__call__", None)
+
+    def _mode_text(self) -> str:
+        return "module.train() / module.eval() (Dropout.deterministic, BatchNorm." \
+               "use_running_average)"
+
+    # --- Calls -------------------------------------------------------------------------------
+
+    def _run(self, values: Dict[str, Any], call: Callable[..., Any], inputs: Sequence[Any], *,
+             is_training: bool, key: Optional[jax.Array]):
+        graphdef, abstract = self._graph
+        flat = []
+        for path_key, variable in abstract:
+            path = _path(path_key)
+            if _kind(variable) == "rng":
+                value = self._rng_value(path, variable, key)
+            else:
+                value = values[path]
+            flat.append((path_key, variable.replace(value)))
+        module = nnx.merge(graphdef, nnx.from_flat_state(flat))
+        if is_training:
+            module.train()
+        else:
+            module.eval()
+        outputs = call(module, *inputs)
+        after = {tuple(k): v for k, v in nnx.to_flat_state(nnx.state(module))
+                 if not isinstance(v, nnx.Intermediate)}
+        self._check_unchanged(abstract, after)
+        new_state = {}
+        if is_training:
+            new_state = {_path(k): v.get_value() for k, v in after.items()
+                         if _kind(v) == "state"}
+        return outputs, new_state
+
+    def _rng_value(self, path: str, variable: nnx.Variable, key: Optional[jax.Array]):
+        """A fresh key (or a zero count) for one RNG variable: from this call's key, the
+        stream's name and the variable's path, so every layer of a stack draws its own."""
+        shape = tuple(variable.get_value().shape)
+        if isinstance(variable, nnx.RngCount):
+            return jnp.zeros(shape, jnp.uint32)
+        stream = self.stream_key(key, variable.get_metadata().get("tag") or "default")
+        typed = jax.random.wrap_key_data(
+            jax.random.fold_in(stream, zlib.crc32(path.encode()) & 0x7FFFFFFF))
+        if not shape:
+            return typed
+        return jax.random.split(typed, math.prod(shape)).reshape(shape)
+
+    def _check_unchanged(self, abstract, after) -> None:
+        before = {tuple(k): v for k, v in abstract}
+        appeared = [_path(k) for k in after if k not in before]
+        gone = [_path(k) for k in before if k not in after]
+        reshaped = [f"{_path(k)} {tuple(before[k].get_value().shape)} -> "
+                    f"{tuple(v.get_value().shape)}"
+                    for k, v in after.items() if k in before and _kind(v) != "rng"
+                    and tuple(v.get_value().shape) != tuple(before[k].get_value().shape)]
+        if appeared or gone or reshaped:
+            what = "; ".join(part for part in (
+                f"new: {', '.join(appeared[:4])}" if appeared else "",
+                f"gone: {', '.join(gone[:4])}" if gone else "",
+                f"reshaped: {', '.join(reshaped[:4])}" if reshaped else "") if part)
+            raise errors.ModuleError(
+                f"{self.title} changed the structure of its variables when called ({what}); "
+                "Titanax trains and checkpoints the variables the module has after init",
+                path="model.module",
+                suggestion="create every Param / BatchStat in the module's __init__ with its "
+                           "final shape (no variables made on the first call)")
