@@ -9,7 +9,9 @@ rotates every round; this machine is shared and noisy): the figure of merit is t
 rounds of the *paired* per-round ratio Titanax / peer, so drift in machine speed cancels.
 
 Also reported per implementation: the compiled step's temp bytes (XLA memory analysis), compile
-seconds, and its collectives (count, and data-axis all-reduces).
+seconds, and its collectives (count, and data-axis all-reduces). On the data-parallel cells an
+extra row times the Flax peer's own NNX GPT trained through Titanax's ``FlaxNNX`` adapter against
+that same NNX model under plain ``jit`` (``adapter/flax``).
 
     python benchmarks/step_speed.py --quick           # 4x2 and 8x1, K=1/4, f32/bf16: ~5 min
     python benchmarks/step_speed.py                   # + 2x4 and a larger shape
@@ -121,6 +123,67 @@ def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[
                           first_loss=first)
 
 
+def peer_nnx_gpt(*, sizes: Any, compute_dtype: str, rngs: Any) -> Any:
+    """The Flax peer's own NNX GPT (benchmarks/peers/flax_gpt.py), as a FlaxNNX factory."""
+    import jax.numpy as jnp
+    from benchmarks.peers import flax_gpt
+    return flax_gpt.GPT(sizes, dtype=jnp.dtype(compute_dtype), rngs=rngs)
+
+
+def _nnx_adapter_runner(cell: Cell, batch_host: Dict[str, Any], params) -> Runner:
+    """The Flax peer's NNX GPT through Titanax's FlaxNNX adapter, from the same numbers: the
+    Engine's step (explicit shard_map, one gradient reduction) around a model Titanax did not
+    write. Data parallel only (the module calls no collectives)."""
+    import jax
+    from benchmarks.peers import common, convert
+    from titanax.config import config_for_function
+    from titanax.modules.adapters.flax_nnx import FlaxNNX
+    from titanax.modules.adapters.objectives import ReturnedLoss
+    from titanax.parallel.plan import DP, Plan
+    from titanax.runtime.mesh import MeshSpec
+    from titanax.train import optimizers
+    from titanax.train.engine import Engine
+    from titanax.train.learner import Learner
+    from titanax.train.precision import Precision
+
+    sizes = SHAPES[cell.shape]
+    model = FlaxNNX.default_config().set(
+        name="nnx_gpt",
+        module=config_for_function(peer_nnx_gpt).set(
+            sizes=common.GPTSizes.of_titanax(params),
+            compute_dtype="bfloat16" if cell.dtype == "bf16" else "float32"),
+        inputs=("input_ids", "target_ids"),
+        example_inputs={"input_ids": f"int32[2,{sizes['seq_len']}]",
+                        "target_ids": f"int32[2,{sizes['seq_len']}]"},
+        loss=ReturnedLoss.default_config())
+    engine = Engine.default_config().set(
+        mesh=MeshSpec.default_config().set(axes=("data",), shape=(cell.data,),
+                                           devices=list(range(cell.data))),
+        plan=Plan.default_config().set(
+            data_parallel=DP.default_config().set(accumulate_steps=cell.accumulate)),
+        model=model,
+        learner=Learner.default_config().set(optimizer=config_for_function(optimizers.adamw).set(
+            learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY)),
+        precision=Precision.default_config().set(bfloat16=cell.dtype == "bf16",
+                                                 enable_x32_params=True),
+        loggers=[]).instantiate()
+    engine.init_state(params=convert.titanax_to_flax(params))
+    batch = engine.global_batch(batch_host)
+    started = time.perf_counter()
+    compiled_step = engine.compile(example_batch=batch)
+    seconds = time.perf_counter() - started
+    holder = {}
+
+    def step():
+        engine.state, holder["metrics"] = compiled_step(engine.state, batch)
+
+    step()
+    return Runner(name="titanax_nnx", step=step,
+                  block=lambda: jax.block_until_ready(engine.state),
+                  compiled=compiled_step.latest, compile_seconds=seconds,
+                  first_loss=float(holder["metrics"]["loss"]))
+
+
 def _peer_runner(name: str, module, cell: Cell, params, batch_host) -> Runner:
     import jax
     import jax.numpy as jnp
@@ -179,6 +242,8 @@ def _time_cell(cell: Cell, *, rounds: int, steps: int, variants: List[str]) -> D
         runners.append(runner)
     runners.append(_peer_runner("flax", flax_gpt, cell, params, batch_host))
     runners.append(_peer_runner("plain_jax", plain_jax_gpt, cell, params, batch_host))
+    if cell.model == 1:  # The adapted NNX model runs data parallel only.
+        runners.append(_nnx_adapter_runner(cell, batch_host, params))
     times: Dict[str, List[float]] = {r.name: [] for r in runners}
     for round_index in range(rounds):
         order = runners[round_index % len(runners):] + runners[:round_index % len(runners)]
@@ -205,6 +270,9 @@ def _time_cell(cell: Cell, *, rounds: int, steps: int, variants: List[str]) -> D
     for peer in ("flax", "plain_jax"):
         ratios = [t / p for t, p in zip(titanax_times, times[peer])]
         result[f"ratio_vs_{peer}"] = statistics.median(ratios)
+    if "titanax_nnx" in times:  # The adapter against the same NNX model under plain jit.
+        result["nnx_adapter_vs_flax"] = statistics.median(
+            [a / f for a, f in zip(times["titanax_nnx"], times["flax"])])
     result["ratio_vs_faster_peer"] = statistics.median(
         [t / min(f, p) for t, f, p in zip(titanax_times, times["flax"], times["plain_jax"])])
     impls = result["impls"]
@@ -241,6 +309,26 @@ def _print_table(results: List[Dict[str, Any]], variants: List[str]) -> None:
                 "/".join(str(impls[n]["collectives"]["data_all_reduces"])
                          for n in (name, "flax", "plain_jax"))]
         print(" | ".join(row), flush=True)
+
+
+def _print_adapter_rows(results: List[Dict[str, Any]]) -> None:
+    """The extra rows: the Flax peer's NNX GPT through FlaxNNX (Titanax's step) against the
+    same NNX model under plain jit (GSPMD)."""
+    rows = [r for r in results if "nnx_adapter_vs_flax" in r]
+    if not rows:
+        return
+    print("\nFlaxNNX adapter: the Flax peer's NNX GPT in Titanax's step vs the same model under "
+          "plain jit")
+    print(" | ".join(["cell", "adapter ms", "flax ms", "adapter/flax", "first loss (a/f)",
+                      "data AR (a/f)"]))
+    for r in rows:
+        impls = r["impls"]
+        adapter, flax = impls["titanax_nnx"], impls["flax"]
+        print(" | ".join([Cell(**r["cell"]).label, f"{adapter['median_step_ms']:.1f}",
+                          f"{flax['median_step_ms']:.1f}", f"{r['nnx_adapter_vs_flax']:.2f}",
+                          f"{adapter['first_loss']:.4f}/{flax['first_loss']:.4f}",
+                          f"{adapter['collectives']['data_all_reduces']}/"
+                          f"{flax['collectives']['data_all_reduces']}"]), flush=True)
 
 
 def _plot(results: List[Dict[str, Any]], path: str) -> None:
@@ -289,6 +377,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         results.append(_time_cell(cell, rounds=rounds, steps=steps, variants=variants))
         print(f"# {cell.label}: done after {time.perf_counter() - started:.0f}s", flush=True)
     _print_table(results, variants)
+    _print_adapter_rows(results)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "step_speed.json"), "w", encoding="utf-8") as f:
         json.dump({"rounds": rounds, "steps": steps, "results": results}, f, indent=1)

@@ -5,9 +5,9 @@ own model: pre-LayerNorm blocks (causal self-attention, a GELU MLP), learned tok
 embeddings, the LM head tied to the token table. Its layers are stacked at construction
 (``nnx.vmap``) and run by ``nnx.scan``, so FSDP gathers them one layer at a time; with
 ``scan_layers=False`` they are an ``nnx.List`` run one after another (what a pipeline of explicit
-stages splits). Params name their dimensions (``embed``, ``mlp``, ``heads``, ``vocab``,
-``layers``) with ``nnx.with_partitioning``; the plan's ``logical_axis_rules`` map them to mesh
-axes.
+stages splits, with ``tie_embeddings=False`` so that each stage owns its table). Params name
+their dimensions (``embed``, ``mlp``, ``heads``, ``vocab``, ``layers``) with
+``nnx.with_partitioning``; the plan's ``logical_axis_rules`` map them to mesh axes.
 
 * ``flax_nnx_gpt_dp``: the 4-layer, 128-wide NNX GPT on byte-level Shakespeare, data parallel
   over every device. ``--config.plan.zero.stage=1|2|3`` shards its optimizer state, gradients
@@ -66,7 +66,8 @@ class GPT(nnx.Module):
     """``GPT(...)(input_ids)`` is the next-token logits ``[batch, seq, vocab_size]``."""
 
     def __init__(self, *, vocab_size: int, max_seq_len: int, num_layers: int, model_dim: int,
-                 num_heads: int, dropout_rate: float, scan_layers: bool, rngs: nnx.Rngs):
+                 num_heads: int, dropout_rate: float, scan_layers: bool, tie_embeddings: bool,
+                 rngs: nnx.Rngs):
         self.scan_layers = scan_layers
         self.tok_emb = nnx.Embed(vocab_size, model_dim, embedding_init=_named("vocab", "embed"),
                                  rngs=rngs)
@@ -83,12 +84,17 @@ class GPT(nnx.Module):
         else:
             self.blocks = nnx.List([block(rngs) for _ in range(num_layers)])
         self.ln_f = nnx.LayerNorm(model_dim, rngs=rngs)
+        # Untied, the head is a param of its own (pipeline stages each own theirs).
+        self.lm_head = None if tie_embeddings else nnx.Linear(
+            model_dim, vocab_size, use_bias=False, kernel_init=_named("embed", "vocab"),
+            rngs=rngs)
 
     def embed(self, input_ids):
         return self.tok_emb(input_ids) + self.pos_emb(jnp.arange(input_ids.shape[1]))
 
     def head(self, x):
-        return self.tok_emb.attend(self.ln_f(x))
+        x = self.ln_f(x)
+        return self.tok_emb.attend(x) if self.lm_head is None else self.lm_head(x)
 
     def __call__(self, input_ids):
         x = self.embed(input_ids)
@@ -107,11 +113,11 @@ class GPT(nnx.Module):
 
 def make_gpt(*, vocab_size: int = 256, max_seq_len: int = 64, num_layers: int = 4,
              model_dim: int = 128, num_heads: int = 4, dropout_rate: float = 0.0,
-             scan_layers: bool = True, rngs: nnx.Rngs) -> GPT:
+             scan_layers: bool = True, tie_embeddings: bool = True, rngs: nnx.Rngs) -> GPT:
     """The factory the adapter calls (it passes ``rngs``, seeded with the run's init key)."""
     return GPT(vocab_size=vocab_size, max_seq_len=max_seq_len, num_layers=num_layers,
                model_dim=model_dim, num_heads=num_heads, dropout_rate=dropout_rate,
-               scan_layers=scan_layers, rngs=rngs)
+               scan_layers=scan_layers, tie_embeddings=tie_embeddings, rngs=rngs)
 
 
 def nnx_gpt(*, seq_len: int = 64, **sizes) -> FlaxNNX.Config:

@@ -56,10 +56,10 @@ def plan(*, zero: int = 0, data_axis: str = "data", **zero_options) -> Plan.Conf
 
 
 def engine(model: Any, *, data: int = 8, zero: int = 0, **changes) -> Engine:
-    return Engine.default_config().set(
+    cfg = Engine.default_config().set(
         mesh=helpers.mesh((data,), devices=list(range(data))), plan=plan(zero=zero),
-        model=model, learner=helpers.sgd(LEARNING_RATE), loggers=[], log_every=1000,
-        seed=SEED, **changes).instantiate()
+        model=model, learner=helpers.sgd(LEARNING_RATE), loggers=[], log_every=1000, seed=SEED)
+    return cfg.set(**changes).instantiate()
 
 
 # --- NNX ------------------------------------------------------------------------------------------
@@ -215,3 +215,14 @@ def train(engine: Engine, batches: Sequence[Dict[str, np.ndarray]]):
     initial = numpy_tree(engine.canonical_params())
     losses, final = helpers.train(engine, batches)
     return initial, losses, final
+
+
+def nnx_stages(model: Any) -> List[Any]:
+    """The untied, listed NNX GPT in two explicit stages: embeddings and the first block, then
+    the second block and the head (each ``fwd`` calls the module's own submodules)."""
+    from titanax.parallel.stages import Stage  # pylint: disable=import-outside-toplevel
+    adapter = model.instantiate()
+    return [Stage(name="embed_block0", param_filter=["tok_emb/*", "pos_emb/*", "blocks/0/*"],
+                  fwd=adapter.stage(lambda m, batch: m.blocks[0](m.embed(batch["input_ids"])))),
+            Stage(name="block1_head", param_filter=["blocks/1/*", "ln_f/*", "lm_head/*"],
+                  fwd=adapter.stage(lambda m, x: m.head(m.blocks[1](x))))]

@@ -4,8 +4,10 @@ stack gathered one layer at a time inside the loop."""
 
 import pytest
 
+from titanax.parallel.plan import PP
 from tests.modules.adapters import flax_runs
 from tests.numerics import assert_close
+from tests.train import helpers
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3], ids=["dp", "zero1", "zero2", "fsdp"])
@@ -23,3 +25,22 @@ def test_trains_like_plain_flax(zero):
         stacked = engine.model.stacked_paths
         assert len(stacked) == 12 and all(p.startswith("blocks/") for p in stacked)
         assert flax_runs.in_loop_gathers(engine) == 2 * len(stacked)
+
+
+def test_pipeline_of_explicit_stages_trains_like_the_unpipelined_run():
+    """The NNX GPT (listed blocks, untied head) in 2 stages under 1F1B, each stage's fwd
+    calling the module's submodules, against the same model unpipelined on the same data
+    shards."""
+    model = flax_runs.nnx_model(scan_layers=False)
+    model.module.tie_embeddings = False
+    batches = flax_runs.text_batches()
+    unpipelined = flax_runs.engine(model, data=4)
+    _, want_losses, want_params = flax_runs.train(unpipelined, batches)
+    pipelined = flax_runs.engine(
+        model, data=4, mesh=helpers.mesh((4, 2), ("data", "pipe")),
+        plan=flax_runs.plan().set(pipeline_parallel=PP.default_config().set(
+            axis="pipe", stages=flax_runs.nnx_stages(model), microbatch_size=2,
+            schedule="1f1b")))
+    _, losses, params = flax_runs.train(pipelined, batches)
+    assert_close(losses, want_losses, what="per-step losses")
+    assert_close(params, want_params, what="final params")

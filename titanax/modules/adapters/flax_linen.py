@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from flax.core import meta
 
 from titanax import errors
+from titanax.config.configurable import FunctionConfigBase
 from titanax.modules.adapters.flax_module import FlaxModule, FlaxVariable, describe_factory
 
 # Collections a Linen module writes as outputs of a call, not state (``sow``).
@@ -48,6 +49,14 @@ class FlaxLinen(FlaxModule):
         # (Titanax's dropout stream, folded with the step and the data shard) folded with
         # its name.
         rng_streams: Sequence[str] = ("dropout",)
+
+        def _validate_values(self):
+            yield from super()._validate_values()
+            factory = self.module
+            if isinstance(factory, FunctionConfigBase) and "rngs" in factory.keys():
+                yield "module", (f"the factory {describe_factory(factory)} takes 'rngs', as an "
+                                 "NNX module's does: a Linen module gets its RNGs at init and "
+                                 "apply (an NNX module goes in titanax.modules.FlaxNNX)")
 
     # --- The module --------------------------------------------------------------------------
 

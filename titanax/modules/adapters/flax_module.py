@@ -91,6 +91,13 @@ def describe_factory(factory: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def _decays(variable: FlaxVariable, per_layer_ndim: int) -> bool:
+    """Weight decay for matrices and tables; none for biases and norm scales (the usual optax
+    mask: by rank, and by name for a multi-dimensional bias), nor for mutable state."""
+    name = variable.path.rsplit("/", 1)[-1]
+    return variable.kind == "param" and per_layer_ndim >= 2 and name not in ("bias", "scale")
+
+
 class FlaxModule(BaseLayer):
     """The base of ``FlaxNNX`` and ``FlaxLinen`` (see the module docstring)."""
 
@@ -248,8 +255,7 @@ class FlaxModule(BaseLayer):
             specs_at[leaf] = ParameterSpec(
                 shape=tuple(variable.shape), dtype=jnp.dtype(variable.dtype),
                 mesh_axes=(None,) * len(variable.shape),
-                # Matrices and tables decay, biases and norm scales do not (optax's usual mask).
-                weight_decay_scale=1.0 if variable.kind == "param" and per_layer >= 2 else 0.0,
+                weight_decay_scale=1.0 if _decays(variable, per_layer) else 0.0,
                 stacked_dims=layers, logical_axes=self._logical_axes(variable, layers),
                 layer_state=variable.kind == "state")
         return specs
