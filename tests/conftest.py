@@ -38,7 +38,8 @@ HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_pari
                   "tests/train/test_sharded_state.py", "tests/test_pipeline_experiments.py",
                   "tests/test_launch_errors.py", "tests/io/test_preemption.py",
                   "tests/data/test_packed_resume.py", "tests/hf/test_fine_tune.py",
-                  "tests/test_examples.py", "tests/train/test_state_updates.py",
+                  "tests/test_examples.py", "tests/test_flax_experiments.py",
+                  "tests/train/test_state_updates.py",
                   "tests/modules/models/test_packing.py", "tests/train/test_decoder_training.py")
 
 

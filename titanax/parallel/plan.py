@@ -496,7 +496,16 @@ class Plan(Configurable):
         """Every attention layer's ``cp_axis`` / ``cp_strategy`` from the plan (CP is declared
         once, in the plan: switched off, the model is the same)."""
         cp = self.config.context_parallel
-        for path, config in _configs_with_field(model, "cp_axis", prefix="model"):
+        layers = list(_configs_with_field(model, "cp_axis", prefix="model"))
+        if cp is not None and not layers:
+            raise errors.PlanError(
+                "the plan splits each row's sequence over an axis, and the model has no "
+                "attention layer that joins the pieces (context-parallel attention): each "
+                "device would attend within its own chunk only (an adapted Flax module's "
+                "attention among them)", path="plan.context_parallel",
+                suggestion="use a Titanax decoder (its attention implements the CP strategies), "
+                           "or drop context_parallel (--config.plan.context_parallel=None)")
+        for path, config in layers:
             config.cp_axis = cp.axis if cp is not None else None
             if cp is None:
                 continue

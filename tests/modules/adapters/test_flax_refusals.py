@@ -1,7 +1,8 @@
 """What the Flax adapters refuse, each with an error naming the module and what to do: tensor
 parallelism on a module without collectives, a factory that returns no Flax module, variables
-that change between init and a call, a logical axis rule for a name no param uses; and the
-RNG streams and train / eval flags they feed."""
+that change between init and a call, a logical axis rule for a name no param uses, context
+parallelism (a Flax attention sees its own chunk only); and the RNG streams and train / eval
+flags they feed."""
 
 import flax.linen as nn
 import jax
@@ -15,6 +16,7 @@ from titanax.config import config_for_function
 from titanax.modules import FlaxLinen, FlaxNNX
 from titanax.modules.adapters.objectives import ClassificationLoss
 from titanax.modules.testing import bind
+from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import TP
 from titanax_experiments import flax_nnx
 from tests.modules.adapters import flax_runs
@@ -168,3 +170,12 @@ def test_the_run_key_feeds_dropout_and_is_training_switches_it():
     undropped = _dropout_outputs(model, batch, keys[:1], is_training=False)
     assert evaluated[0] == evaluated[1] == undropped[0]  # No dropout in evaluation.
     assert abs(first - undropped[0]) > 1e-5  # Dropout moved the loss (rounding: ~1e-7).
+
+
+def test_context_parallelism_is_refused_for_a_module_without_cp_attention():
+    plan = flax_runs.plan().set(context_parallel=CP.default_config())
+    with pytest.raises(errors.PlanError) as raised:
+        flax_runs.engine(flax_runs.nnx_model(), mesh=helpers.mesh((4, 2), ("data", "context")),
+                         plan=plan).build()
+    assert "plan.context_parallel" in str(raised.value)
+    assert "adapted Flax module" in str(raised.value)

@@ -155,11 +155,13 @@ class FlaxLinen(FlaxModule):
         outputs, updated = result
         new_state = {"/".join(str(part.key) for part in path): value for path, value in
                      jax.tree_util.tree_flatten_with_path(updated)[0]}
-        self._check_state(new_state)
+        self._check_state(new_state, values)
         return outputs, new_state
 
-    def _check_state(self, new_state: Dict[str, Any]) -> None:
-        expected = {v.path: v.shape for v in self.stored_variables() if v.kind == "state"}
+    def _check_state(self, new_state: Dict[str, Any], values: Dict[str, Any]) -> None:
+        """The mutable collections come back as they were given (local shapes)."""
+        expected = {v.path: values[v.path].shape for v in self.stored_variables()
+                    if v.kind == "state"}
         wrong = sorted(set(new_state) ^ set(expected)) + sorted(
             path for path, value in new_state.items()
             if path in expected and tuple(value.shape) != tuple(expected[path]))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -46,6 +47,7 @@ from titanax.modules.adapters.objectives import CausalLMLoss, Objective
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.modules.context import name_key
 from titanax.modules.module import nowrap
+from titanax.parallel.sharding import path_string
 
 # Keyword arguments of a module's call that say "training" (get ``is_training``) or "evaluation"
 # (get ``not is_training``), looked for in this order when ``mode_argument="auto"``.
@@ -89,6 +91,14 @@ def describe_factory(factory: Any) -> str:
     """``module.function`` of a factory config (for errors and --explain)."""
     fn = getattr(factory, "fn", None)
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _set_at(tree: Dict[str, Any], path: str, value: Any) -> None:
+    """``tree[a][b][c] = value`` for ``path = "a/b/c"`` (making the dicts on the way)."""
+    *parents, leaf = path.split("/")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
 
 
 def _decays(variable: FlaxVariable, per_layer_ndim: int) -> bool:
@@ -193,7 +203,7 @@ class FlaxModule(BaseLayer):
 
     @functools.cached_property
     def variables(self) -> List[FlaxVariable]:
-        """The module's state, and which of its params run through a layer scan."""
+        """Every array of the module's state (params, mutable state, RNG streams)."""
         return self._abstract_variables()
 
     @functools.cached_property
@@ -216,8 +226,9 @@ class FlaxModule(BaseLayer):
             raise errors.ModuleError(
                 f"{self.title} failed when called on its example inputs "
                 f"{dict(self.config.example_inputs)}: {type(e).__name__}: {e}", path="model",
-                suggestion="make model.example_inputs a batch the module accepts (and "
-                           "model.inputs the entries its call takes, in order)") from None
+                suggestion="check the module's arguments (model.module.*), and that "
+                           "model.example_inputs is a batch it accepts (model.inputs: the "
+                           "entries its call takes, in order)") from None
         order = sorted(values)  # The flattening order of a dict: its sorted keys.
         return tuple(order[i] for i in sorted(positions) if i < len(order))
 
@@ -248,16 +259,12 @@ class FlaxModule(BaseLayer):
                                "them as floats)")
             layers = 1 if variable.path in stacked else 0
             per_layer = len(variable.shape) - layers
-            specs_at = specs
-            *parents, leaf = variable.path.split("/")
-            for part in parents:
-                specs_at = specs_at.setdefault(part, {})
-            specs_at[leaf] = ParameterSpec(
+            _set_at(specs, variable.path, ParameterSpec(
                 shape=tuple(variable.shape), dtype=jnp.dtype(variable.dtype),
                 mesh_axes=(None,) * len(variable.shape),
                 weight_decay_scale=1.0 if _decays(variable, per_layer) else 0.0,
                 stacked_dims=layers, logical_axes=self._logical_axes(variable, layers),
-                layer_state=variable.kind == "state")
+                layer_state=variable.kind == "state"))
         return specs
 
     def _logical_axes(self, variable: FlaxVariable, layers: int):
@@ -283,11 +290,7 @@ class FlaxModule(BaseLayer):
         values = self._init_values(prng_key)
         params: Dict[str, Any] = {}
         for variable in self.stored_variables():
-            node = params
-            *parents, leaf = variable.path.split("/")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = values[variable.key]
+            _set_at(params, variable.path, values[variable.key])
         return params
 
     @nowrap
@@ -311,7 +314,6 @@ class FlaxModule(BaseLayer):
         if given != "auto":
             return given
         try:
-            import inspect  # pylint: disable=import-outside-toplevel
             parameters = inspect.signature(self._call_signature()).parameters
         except (TypeError, ValueError):
             return None
@@ -329,7 +331,6 @@ class FlaxModule(BaseLayer):
         state = flax_gather.for_flax(state)
         flat = jax.tree_util.tree_flatten_with_path(
             state, is_leaf=lambda x: isinstance(x, flax_gather.FlaxGatherOnUse))[0]
-        from titanax.parallel.sharding import path_string  # pylint: disable=import-outside-toplevel
         return {path_string(path): value for path, value in flat}
 
     def forward(self, batch: Dict[str, jax.Array]) -> Tuple[jax.Array, Dict[str, jax.Array]]:
@@ -344,20 +345,18 @@ class FlaxModule(BaseLayer):
                 suggestion=f"the batch holds {sorted(batch)}: name those in model.inputs")
         values = self._values_from_state(self.state)
         is_training = self.is_training
-        key = self._own_context().prng_key
-        inputs = [batch[name] for name in cfg.inputs]
-        run = functools.partial(self._run, call=self._full_call(is_training),
-                                is_training=is_training)
+        call = self._full_call(is_training)
+
+        def run(values, inputs, key):
+            return self._run(values, call, inputs, is_training=is_training, key=key)
+
         axes = gather_on_use.gathered_axes(values)
         if axes and is_training:
             # Gathered weights are recomputed for the backward pass, never kept (DESIGN 7.2).
-            run = jax.checkpoint(
-                lambda values, inputs, key: self._run(values, self._full_call(True), inputs,
-                                                      is_training=True, key=key),
-                policy=gather_on_use.never_saving_gathered(None, axes), prevent_cse=False)
-            outputs, new_state = run(values, inputs, key)
-        else:
-            outputs, new_state = run(values, inputs=inputs, key=key)
+            run = jax.checkpoint(run, policy=gather_on_use.never_saving_gathered(None, axes),
+                                 prevent_cse=False)
+        outputs, new_state = run(values, [batch[name] for name in cfg.inputs],
+                                 self._own_context().prng_key)
         if is_training:
             self._write_state_updates(new_state)
         return self.loss(outputs, batch)
@@ -366,11 +365,7 @@ class FlaxModule(BaseLayer):
         """Each new value of a mutable state variable, as the state update of its param."""
         updates = self._own_context().output_collection.state_updates
         for path, value in new_state.items():
-            node = updates
-            *parents, leaf = path.split("/")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = jax.lax.stop_gradient(value)
+            _set_at(updates, path, jax.lax.stop_gradient(value))
 
     def loss(self, outputs: Any, batch: Dict[str, jax.Array]):
         """``(loss, aux)`` of the module's outputs (a pipeline's last stage ends here)."""

@@ -149,7 +149,7 @@ class FlaxNNX(FlaxModule):
         outputs = call(module, *inputs)
         after = {tuple(k): v for k, v in nnx.to_flat_state(nnx.state(module))
                  if not isinstance(v, nnx.Intermediate)}
-        self._check_unchanged(abstract, after)
+        self._check_unchanged(abstract, after, values)
         new_state = {}
         if is_training:
             new_state = {_path(k): v.get_value() for k, v in after.items()
@@ -169,14 +169,15 @@ class FlaxNNX(FlaxModule):
             return typed
         return jax.random.split(typed, math.prod(shape)).reshape(shape)
 
-    def _check_unchanged(self, abstract, after) -> None:
+    def _check_unchanged(self, abstract, after, values: Dict[str, Any]) -> None:
+        """The module holds the variables it was given, of the shapes it was given (local
+        shapes: a module that splits over the TP axis holds its shards)."""
         before = {tuple(k): v for k, v in abstract}
         appeared = [_path(k) for k in after if k not in before]
         gone = [_path(k) for k in before if k not in after]
-        reshaped = [f"{_path(k)} {tuple(before[k].get_value().shape)} -> "
-                    f"{tuple(v.get_value().shape)}"
+        reshaped = [f"{_path(k)} {tuple(values[_path(k)].shape)} -> {tuple(v.get_value().shape)}"
                     for k, v in after.items() if k in before and _kind(v) != "rng"
-                    and tuple(v.get_value().shape) != tuple(before[k].get_value().shape)]
+                    and tuple(v.get_value().shape) != tuple(values[_path(k)].shape)]
         if appeared or gone or reshaped:
             what = "; ".join(part for part in (
                 f"new: {', '.join(appeared[:4])}" if appeared else "",

@@ -1,0 +1,90 @@
+"""The plan's logical axis rules: a param's named dimensions put the ZeRO / FSDP split there, the
+TP axis into the param's layout, None keeps them whole; rules for names no param uses, and axes
+that cannot split a param, are refused."""
+
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from titanax import errors
+from titanax.modules.base_layer import ParameterSpec
+from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
+from titanax.runtime.mesh import MeshSpec
+
+# A stacked kernel [layers, embed, mlp] and a table [vocab, embed], named as a Flax model
+# names them.
+SPECS = {
+    "blocks": {"kernel": ParameterSpec(shape=(2, 64, 256), dtype=jnp.float32, stacked_dims=1,
+                                       logical_axes=("layers", "embed", "mlp"))},
+    "table": ParameterSpec(shape=(512, 64), dtype=jnp.float32, logical_axes=("vocab", "embed")),
+}
+DATA = MeshSpec(axes=("data",), shape=(8,)).build()
+
+
+def _layout(rules, mesh=DATA, **parts):
+    plan = Plan(data_parallel=DP(), logical_axis_rules=rules, **parts)
+    return plan.layout(SPECS, mesh)
+
+
+def _specs(tree):
+    """The specs without trailing Nones (``P(None, 'data', None)`` is ``P(None, 'data')``)."""
+    if isinstance(tree, dict):
+        return {k: _specs(v) for k, v in tree.items()}
+    entries = list(tree)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return P(*entries)
+
+
+def test_the_zero_axis_goes_on_the_named_dimension():
+    # Without the rules FSDP takes the largest dimension (mlp: 256, vocab: 512) ...
+    default = _layout({}, zero=ZeRO(stage=3, min_shard_size=0))
+    assert _specs(default.param_specs) == {"blocks": {"kernel": P(None, None, "data")},
+                                   "table": P("data")}
+    # ... with them, the one named embed; the history says a rule was applied.
+    layout = _layout({"embed": "data", "mlp": None, "layers": None, "vocab": None},
+                     zero=ZeRO(stage=3, min_shard_size=0))
+    assert _specs(layout.param_specs) == {"blocks": {"kernel": P(None, "data")},
+                                  "table": P(None, "data")}
+    assert layout.history[0] == "logical axis rules"
+    # ZeRO-1 splits the optimizer state there (the params stay whole).
+    zero1 = _layout({"embed": "data"}, zero=ZeRO(stage=1, min_shard_size=0))
+    assert zero1.state_dims == {"blocks": {"kernel": 1}, "table": 1}
+    assert _specs(zero1.param_specs) == {"blocks": {"kernel": P()}, "table": P()}
+
+
+def test_without_zero_the_data_axis_asks_for_nothing():
+    layout = _layout({"embed": "data"})
+    assert _specs(layout.param_specs) == {"blocks": {"kernel": P()}, "table": P()}
+
+
+def test_a_name_that_cannot_carry_the_axis_falls_back_to_the_split_zero_chooses():
+    # The stacked dimension is the layer scan's; ZeRO takes its own choice instead.
+    layout = _layout({"layers": "data"}, zero=ZeRO(stage=3, min_shard_size=0))
+    assert _specs(layout.param_specs)["blocks"]["kernel"] == P(None, None, "data")
+
+
+def test_the_tp_axis_becomes_the_declared_layout():
+    mesh = MeshSpec(axes=("data", "model"), shape=(4, 2)).build()
+    layout = _layout({"mlp": "model", "vocab": "model"}, mesh=mesh, tensor_parallel=TP())
+    assert _specs(layout.layer_specs) == {"blocks": {"kernel": P(None, None, "model")},
+                                  "table": P("model")}
+
+
+@pytest.mark.parametrize("rules,mesh,parts,text", [
+    ({"embd": "data"}, DATA, {}, "did you mean 'embed'"),
+    ({"embed": "fsdp"}, DATA, {}, "which the mesh does not have"),
+    ({"embed": "pipe"}, MeshSpec(axes=("data", "pipe"), shape=(4, 2)).build(),
+     {"pipeline_parallel": PP()}, "serves pipeline_parallel"),
+], ids=["unknown_name", "missing_axis", "pipe_axis"])
+def test_refusals_name_the_rule(rules, mesh, parts, text):
+    with pytest.raises(errors.PlanError) as raised:
+        _layout(rules, mesh=mesh, **parts)
+    assert text in str(raised.value) and f"plan.logical_axis_rules[{next(iter(rules))!r}]" in \
+        str(raised.value)
+
+
+def test_a_model_without_logical_names_refuses_rules():
+    plain = {"w": ParameterSpec(shape=(8, 8), dtype=jnp.float32)}
+    with pytest.raises(errors.PlanError, match="no param of this model names any logical axis"):
+        Plan(data_parallel=DP(), logical_axis_rules={"embed": None}).layout(plain, DATA)
