@@ -8,7 +8,7 @@ in float32.
 """
 
 import functools
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -20,6 +20,7 @@ from flax import nnx
 from titanax.config import config_for_function
 from titanax.modules.adapters.flax_linen import FlaxLinen
 from titanax.modules.adapters.objectives import ClassificationLoss
+from titanax.parallel import collectives
 from titanax.parallel.plan import DP, Plan, ZeRO
 from titanax.train import prng
 from titanax.train.engine import Engine
@@ -226,3 +227,36 @@ def nnx_stages(model: Any) -> List[Any]:
                   fwd=adapter.stage(lambda m, batch: m.blocks[0](m.embed(batch["input_ids"])))),
             Stage(name="block1_head", param_filter=["blocks/1/*", "ln_f/*", "lm_head/*"],
                   fwd=adapter.stage(lambda m, x: m.head(m.blocks[1](x))))]
+
+
+class MegatronMLP(nnx.Module):
+    """An NNX classifier that splits itself over a TP axis when given one: the hidden features
+    column-parallel (``mlp``), the output row-parallel and summed with Titanax's collectives."""
+
+    def __init__(self, *, hidden: int, tp_axis: Optional[str], rngs: nnx.Rngs):
+        self.tp_axis = tp_axis
+        init = nnx.initializers.lecun_normal()
+        self.up = nnx.Linear(784, hidden, rngs=rngs,
+                             kernel_init=nnx.with_partitioning(init, ("pixels", "mlp")),
+                             bias_init=nnx.with_partitioning(nnx.initializers.zeros, ("mlp",)))
+        self.down = nnx.Linear(hidden, 10, use_bias=False, rngs=rngs,
+                               kernel_init=nnx.with_partitioning(init, ("mlp", "classes")))
+        self.bias = nnx.Param(jnp.zeros((10,)))
+
+    def __call__(self, image):
+        y = self.down(jax.nn.relu(self.up(image.reshape(image.shape[0], -1))))
+        if self.tp_axis is not None:  # Each rank holds part of the hidden features' sum.
+            y = collectives.psum(y, self.tp_axis)
+        return y + self.bias[...]
+
+
+def make_megatron_mlp(*, hidden: int = 64, tp_axis: Optional[str] = None, rngs: nnx.Rngs):
+    return MegatronMLP(hidden=hidden, tp_axis=tp_axis, rngs=rngs)
+
+
+def megatron_model() -> Any:
+    from titanax.modules.adapters.flax_nnx import FlaxNNX  # pylint: disable=import-outside-toplevel
+    return FlaxNNX.default_config().set(
+        name="megatron", module=config_for_function(make_megatron_mlp), inputs=("image",),
+        example_inputs={"image": "float32[2,28,28]"}, calls_collectives=True,
+        loss=ClassificationLoss.default_config())

@@ -3,8 +3,9 @@ optax (same init, same batches, SGD, float32) under DP, ZeRO-1, ZeRO-2 and FSDP 
 stack gathered one layer at a time inside the loop."""
 
 import pytest
+from jax.sharding import PartitionSpec as P
 
-from titanax.parallel.plan import PP
+from titanax.parallel.plan import PP, TP
 from tests.modules.adapters import flax_runs
 from tests.numerics import assert_close
 from tests.train import helpers
@@ -42,5 +43,22 @@ def test_pipeline_of_explicit_stages_trains_like_the_unpipelined_run():
             axis="pipe", stages=flax_runs.nnx_stages(model), microbatch_size=2,
             schedule="1f1b")))
     _, losses, params = flax_runs.train(pipelined, batches)
+    assert_close(losses, want_losses, what="per-step losses")
+    assert_close(params, want_params, what="final params")
+
+
+def test_a_module_that_calls_the_collectives_runs_tensor_parallel():
+    """calls_collectives: a Megatron-style NNX MLP split over TP=2 by the logical axis rules
+    (its hidden features on 'model'), summing its row-parallel output with
+    titanax.parallel.collectives, trains like the same module unsplit."""
+    model = flax_runs.megatron_model()
+    batches = flax_runs.image_batches()
+    _, want_losses, want_params = flax_runs.train(flax_runs.engine(model, data=4), batches)
+    split = flax_runs.engine(
+        model, mesh=helpers.mesh((4, 2), ("data", "model")),
+        plan=flax_runs.plan().set(tensor_parallel=TP.default_config(),
+                                  logical_axis_rules={"mlp": "model"}))
+    _, losses, params = flax_runs.train(split, batches)
+    assert split.layout.param_specs["up"]["kernel"] == P(None, "model")
     assert_close(losses, want_losses, what="per-step losses")
     assert_close(params, want_params, what="final params")

@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import AbstractMesh, PartitionSpec
 
 from titanax import errors
 from titanax.config import REQUIRED, InstantiableConfig, Required
@@ -218,6 +219,11 @@ class FlaxModule(BaseLayer):
             return self._run(values, self._full_call(False), inputs, is_training=False,
                              key=None)[0]
 
+        if self.config.tp_axis is not None:
+            # A module that calls the collectives needs its axis bound: one device's worth.
+            trace = jax.shard_map(trace, mesh=AbstractMesh((1,), (self.config.tp_axis,)),
+                                  in_specs=PartitionSpec(), out_specs=PartitionSpec(),
+                                  check_vma=False)
         try:
             positions = scanned_params.scanned_positions(trace, values, inputs)
         except errors.TitanaxError:
