@@ -106,6 +106,13 @@ def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[
         loggers=[]).instantiate()
     engine.init_state()
     params = jax.tree_util.tree_map(lambda x: jax.device_get(x), engine.state.params)
+    return params, _engine_runner(engine, batch_host, name=name)
+
+
+def _engine_runner(engine, batch_host: Dict[str, Any], *, name: str) -> Runner:
+    """An Engine's compiled train step on ``batch_host``, compiled (and timed) and run once."""
+    import jax
+
     batch = engine.global_batch(batch_host)
     started = time.perf_counter()
     compiled_step = engine.compile(example_batch=batch)
@@ -116,11 +123,9 @@ def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[
         engine.state, holder["metrics"] = compiled_step(engine.state, batch)
 
     step()
-    first = float(holder["metrics"]["loss"])
-    return params, Runner(name=name, step=step,
-                          block=lambda: jax.block_until_ready(engine.state),
-                          compiled=compiled_step.latest, compile_seconds=seconds,
-                          first_loss=first)
+    return Runner(name=name, step=step, block=lambda: jax.block_until_ready(engine.state),
+                  compiled=compiled_step.latest, compile_seconds=seconds,
+                  first_loss=float(holder["metrics"]["loss"]))
 
 
 def peer_nnx_gpt(*, sizes: Any, compute_dtype: str, rngs: Any) -> Any:
@@ -134,7 +139,6 @@ def _nnx_adapter_runner(cell: Cell, batch_host: Dict[str, Any], params) -> Runne
     """The Flax peer's NNX GPT through Titanax's FlaxNNX adapter, from the same numbers: the
     Engine's step (explicit shard_map, one gradient reduction) around a model Titanax did not
     write. Data parallel only (the module calls no collectives)."""
-    import jax
     from benchmarks.peers import common, convert
     from titanax.config import config_for_function
     from titanax.modules.adapters.flax_nnx import FlaxNNX
@@ -168,20 +172,7 @@ def _nnx_adapter_runner(cell: Cell, batch_host: Dict[str, Any], params) -> Runne
                                                  enable_x32_params=True),
         loggers=[]).instantiate()
     engine.init_state(params=convert.titanax_to_flax(params))
-    batch = engine.global_batch(batch_host)
-    started = time.perf_counter()
-    compiled_step = engine.compile(example_batch=batch)
-    seconds = time.perf_counter() - started
-    holder = {}
-
-    def step():
-        engine.state, holder["metrics"] = compiled_step(engine.state, batch)
-
-    step()
-    return Runner(name="titanax_nnx", step=step,
-                  block=lambda: jax.block_until_ready(engine.state),
-                  compiled=compiled_step.latest, compile_seconds=seconds,
-                  first_loss=float(holder["metrics"]["loss"]))
+    return _engine_runner(engine, batch_host, name="titanax_nnx")
 
 
 def _peer_runner(name: str, module, cell: Cell, params, batch_host) -> Runner:

@@ -31,7 +31,8 @@ from titanax.parallel import collectives
 
 @jax.tree_util.register_pytree_node_class
 class FlaxGatherOnUse(GatherOnUse, meta.AxisMetadata):
-    """One param's shard over ``axis`` (see the module docstring); its one leaf is the shard."""
+    """One param's shard over ``axis`` (see the module docstring); its one leaf is the shard
+    (the pytree methods are GatherOnUse's; a subclass needs its own registration)."""
 
     # --- AxisMetadata (Linen) ----------------------------------------------------------------
 
@@ -84,16 +85,6 @@ class FlaxGatherOnUse(GatherOnUse, meta.AxisMetadata):
         if name.startswith("__") or name in ("shard", "axis", "dim_from_end"):
             raise AttributeError(name)
         return getattr(self.gather(), name)
-
-    # --- Pytree (this subclass needs its own registration) -----------------------------------
-
-    def tree_flatten(self):
-        return (self.shard,), (self.axis, self.dim_from_end)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        axis, dim_from_end = aux
-        return cls(children[0], axis=axis, dim_from_end=dim_from_end)
 
 
 def _operator(name: str):

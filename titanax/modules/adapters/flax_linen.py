@@ -62,22 +62,8 @@ class FlaxLinen(FlaxModule):
 
     @functools.cached_property
     def linen_module(self) -> nn.Module:
-        factory = self.config.module
-        try:
-            module = factory.instantiate()
-        except errors.TitanaxError:
-            raise
-        except Exception as e:  # The user's factory: name it and what it was given.
-            raise errors.ModuleError(
-                f"the factory {describe_factory(factory)} raised {type(e).__name__}: {e}",
-                path="model.module", suggestion="check its arguments under model.module") from e
-        if not isinstance(module, nn.Module):
-            raise errors.ModuleError(
-                f"the factory {describe_factory(factory)} returned "
-                f"{type(module).__module__}.{type(module).__qualname__}, not a flax.linen.Module",
-                path="model.module",
-                suggestion="return the Linen module itself (an NNX module goes in FlaxNNX)")
-        return module
+        return self._from_factory(nn.Module, type_name="flax.linen.Module",
+                                  other_adapter="an NNX module goes in FlaxNNX")
 
     def _init(self, key: jax.Array) -> Dict[str, Any]:
         inputs = [jnp.zeros(s.shape, s.dtype) for s in

@@ -181,6 +181,27 @@ class FlaxModule(BaseLayer):
         """``FlaxNNX(pkg.make_model)``: the adapter and its factory, for errors."""
         return f"{type(self).__name__}({describe_factory(self.config.module)})"
 
+    def _from_factory(self, module_type: type, *, type_name: str, other_adapter: str,
+                      **extra: Any) -> Any:
+        """The factory's module (the factory called with ``extra``), checked to be a
+        ``module_type``; the factory's own errors come back naming it."""
+        factory = self.config.module
+        try:
+            module = factory.instantiate(**extra)
+        except errors.TitanaxError:
+            raise
+        except Exception as e:  # The user's factory: name it and what it was given.
+            raise errors.ModuleError(
+                f"the factory {describe_factory(factory)} raised {type(e).__name__}: {e}",
+                path="model.module", suggestion="check its arguments under model.module") from e
+        if not isinstance(module, module_type):
+            raise errors.ModuleError(
+                f"the factory {describe_factory(factory)} returned "
+                f"{type(module).__module__}.{type(module).__qualname__}, not a {type_name}",
+                path="model.module",
+                suggestion=f"return the module itself ({other_adapter})")
+        return module
+
     def _abstract_variables(self) -> List[FlaxVariable]:
         """Every array of the module's state (shapes only), in a fixed order."""
         raise NotImplementedError

@@ -78,22 +78,10 @@ class FlaxNNX(FlaxModule):
                 "seeds the module's params with the run's init key through it",
                 path="model.module", suggestion="give the factory an 'rngs: nnx.Rngs' keyword "
                                                 "argument and build the module with it")
-        try:
-            with nnx.use_eager_sharding(False):  # Titanax places the arrays, not Flax.
-                module = factory.instantiate(rngs=rngs)
-        except errors.TitanaxError:
-            raise
-        except Exception as e:  # The user's factory: name it and what it was given.
-            raise errors.ModuleError(
-                f"the factory {describe_factory(factory)} raised {type(e).__name__}: {e}",
-                path="model.module", suggestion="check its arguments under model.module") from e
-        if not isinstance(module, nnx.Module):
-            raise errors.ModuleError(
-                f"the factory {describe_factory(factory)} returned "
-                f"{type(module).__module__}.{type(module).__qualname__}, not a flax.nnx.Module",
-                path="model.module",
-                suggestion="return the NNX module itself (a flax.linen module goes in FlaxLinen)")
-        return module
+        with nnx.use_eager_sharding(False):  # Titanax places the arrays, not Flax.
+            return self._from_factory(nnx.Module, type_name="flax.nnx.Module",
+                                      other_adapter="a flax.linen module goes in FlaxLinen",
+                                      rngs=rngs)
 
     @functools.cached_property
     def _graph(self) -> Tuple[Any, List[Tuple[Tuple[Any, ...], nnx.Variable]]]:
