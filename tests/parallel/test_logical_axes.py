@@ -58,10 +58,18 @@ def test_without_zero_the_data_axis_asks_for_nothing():
     assert _specs(layout.param_specs) == {"blocks": {"kernel": P()}, "table": P()}
 
 
-def test_a_name_that_cannot_carry_the_axis_falls_back_to_the_split_zero_chooses():
-    # The stacked dimension is the layer scan's; ZeRO takes its own choice instead.
-    layout = _layout({"layers": "data"}, zero=ZeRO(stage=3, min_shard_size=0))
-    assert _specs(layout.param_specs)["blocks"]["kernel"] == P(None, None, "data")
+def test_named_dimensions_without_a_mesh_axis_stay_whole_under_zero():
+    # The stacked dimension cannot carry the axis (the layer scan slices it), and the rules
+    # keep embed and mlp whole (no rule): the kernel stays whole; so does the table, whose
+    # vocab is mapped to None.
+    layout = _layout({"layers": "data", "vocab": None}, zero=ZeRO(stage=3, min_shard_size=0))
+    assert _specs(layout.param_specs) == {"blocks": {"kernel": P()}, "table": P()}
+    # A dimension without a name is still ZeRO's to choose.
+    unnamed = {"w": ParameterSpec(shape=(64, 256), dtype=jnp.float32,
+                                  logical_axes=("embed", None))}
+    plan = Plan(data_parallel=DP(), zero=ZeRO(stage=3, min_shard_size=0),
+                logical_axis_rules={"embed": None})
+    assert _specs(plan.layout(unnamed, DATA).param_specs) == {"w": P(None, "data")}
 
 
 def test_the_tp_axis_becomes_the_declared_layout():
@@ -84,7 +92,18 @@ def test_refusals_name_the_rule(rules, mesh, parts, text):
         str(raised.value)
 
 
-def test_a_model_without_logical_names_refuses_rules():
+def test_a_model_without_logical_names_refuses_rules_that_split():
     plain = {"w": ParameterSpec(shape=(8, 8), dtype=jnp.float32)}
     with pytest.raises(errors.PlanError, match="no param of this model names any logical axis"):
-        Plan(data_parallel=DP(), logical_axis_rules={"embed": None}).layout(plain, DATA)
+        Plan(data_parallel=DP(), logical_axis_rules={"embed": "data"}).layout(plain, DATA)
+    # A rule that keeps a name whole asks for nothing: a model without it is fine.
+    Plan(data_parallel=DP(), logical_axis_rules={"embed": None}).layout(plain, DATA)
+
+
+def test_the_data_axis_under_hsdp_is_refused():
+    mesh = MeshSpec(axes=("data", "fsdp"), shape=(2, 4)).build()
+    with pytest.raises(errors.PlanError) as raised:
+        _layout({"embed": "data"}, mesh=mesh, zero=ZeRO(stage=3, axis="fsdp"))
+    assert "copies of the state under HSDP" in str(raised.value) and "'fsdp'" in str(raised.value)
+    assert _specs(_layout({"embed": "fsdp"}, mesh=mesh, zero=ZeRO(
+        stage=3, axis="fsdp", min_shard_size=0)).param_specs)["table"] == P(None, "fsdp")

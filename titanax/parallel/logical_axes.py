@@ -3,18 +3,19 @@
 A Flax model names the dimensions of its params (``nnx.with_partitioning(init, ("embed",
 "mlp"))``, ``nn.with_logical_partitioning``), as MaxText and AXLearn do, and leaves the mesh to a
 table of rules. Here the table is the plan's ``logical_axis_rules`` -- ``{logical name: mesh axis
-or None}`` -- and what a rule can ask for depends on the role of its axis:
+or None}`` -- and what a rule asks for depends on the role of its axis:
 
 - the ZeRO / FSDP axis: the dimension the state split puts that axis on (``StateSplit`` takes
-  it where it can carry the axis: divisible, not a stacked-layer dimension; else its own choice).
-  Without ZeRO the rule asks for nothing: the params are whole on every data shard.
-- the TP axis: the param's declared layout (the layer then runs on its shard, which only a model
+  it where it can carry it: divisible, not a stacked-layer dimension). Without ZeRO the rule
+  asks for nothing: the params are whole on every data shard.
+- the TP axis: the param's declared layout (the layer then runs on its shard, which only a module
   that calls the collectives itself can do: the Flax adapters refuse it otherwise).
-- None: the dimension stays whole.
+- None: the dimension stays whole -- under ZeRO too. So does a named dimension without a rule:
+  with rules, only what they map is split (a dimension with no name is ZeRO's to choose).
 
-Any other axis (pipe, context, expert) cannot split a param's dimension here and is refused, as
-is an axis the mesh lacks, and a rule for a name no param uses (a misspelling would otherwise
-leave the model unsplit without a word). A name the params use with no rule stays whole.
+Any other axis (pipe, context, expert, the data axis under HSDP) cannot split a param's
+dimension here and is refused, as is an axis the mesh lacks, and a rule that maps a name no param
+uses to an axis (a misspelling would otherwise leave the model unsplit without a word).
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ from titanax import errors
 from titanax.parallel import rules
 
 WHERE = "plan.logical_axis_rules"
+
+
+@dataclasses.dataclass(frozen=True)
+class StatePreference:
+    """What the rules ask of one param's ZeRO / FSDP split (``state_dims.choose_dims``)."""
+
+    # The dimension a rule maps to the ZeRO / FSDP axis (None: none does).
+    dim: Optional[int]
+    # Named dimensions the rules keep whole (mapped to None, or with no rule).
+    whole: Tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,25 +62,29 @@ class LogicalAxisRules:
         table = dict(self.rules)
         used = _names_in_use(layout.parameter_specs)
         self._check(table, used, layout.mesh_shape)
-        preferred = {}
+        preferences = {}
 
         def resolve(path, spec):
             names = getattr(spec, "logical_axes", None)
             if names is None:
                 return spec
             mesh_axes = list(spec.mesh_axes or (None,) * len(spec.shape))
+            wanted, whole = None, []
             for dim, logical in enumerate(names):
                 axis = table.get(logical) if logical is not None else None
                 if axis is not None and axis == self.tp_axis:
                     mesh_axes[dim] = axis
                 elif axis is not None and axis == self.state_axis:
-                    preferred.setdefault(jax.tree_util.keystr(path), dim)
+                    wanted = dim if wanted is None else wanted
+                elif logical is not None:
+                    whole.append(dim)
+            preferences[jax.tree_util.keystr(path)] = StatePreference(wanted, tuple(whole))
             return dataclasses.replace(spec, mesh_axes=tuple(mesh_axes))
 
         specs = jax.tree_util.tree_map_with_path(resolve, layout.parameter_specs,
                                                  is_leaf=rules.is_param_leaf)
         dims = jax.tree_util.tree_map_with_path(
-            lambda path, _: preferred.get(jax.tree_util.keystr(path)), layout.parameter_specs,
+            lambda path, _: preferences.get(jax.tree_util.keystr(path)), layout.parameter_specs,
             is_leaf=rules.is_param_leaf)
         return layout.evolve(self.name, parameter_specs=specs, logical_state_dims=dims)
 
@@ -78,7 +93,7 @@ class LogicalAxisRules:
         roles = dict(self.roles)
         for logical, axis in table.items():
             where = f"{WHERE}[{logical!r}]"
-            if logical not in used:
+            if logical not in used and axis is not None:
                 close = difflib.get_close_matches(logical, list(used), n=2, cutoff=0.5)
                 hint = (f"did you mean {' or '.join(repr(c) for c in close)}? " if close else "")
                 raise errors.PlanError(
@@ -93,13 +108,18 @@ class LogicalAxisRules:
                     f"logical axis {logical!r} maps to mesh axis {axis!r}, which the mesh does "
                     "not have", path=where,
                     suggestion=f"mesh axes: {', '.join(mesh_shape)}; or map it to None (whole)")
-            if axis not in (self.tp_axis, self.state_axis) and roles.get(axis) not in (
-                    "data_parallel", None):
+            hsdp_data = roles.get(axis) == "data_parallel" and self.state_axis is not None
+            if axis not in (self.tp_axis, self.state_axis) and (
+                    roles.get(axis) not in ("data_parallel", None) or hsdp_data):
+                serves = ("data_parallel, whose devices hold copies of the state under HSDP"
+                          if hsdp_data else roles[axis])
                 raise errors.PlanError(
                     f"logical axis {logical!r} maps to mesh axis {axis!r}, which serves "
-                    f"{roles[axis]}: a param's dimension is split over the tensor-parallel "
-                    "axis or the ZeRO / FSDP axis only", path=where,
-                    suggestion="map it to the ZeRO / FSDP axis (plan.zero), the TP axis, or None")
+                    f"{serves}: a param's dimension is split over the tensor-parallel axis or "
+                    "the ZeRO / FSDP axis only", path=where,
+                    suggestion="map it to the ZeRO / FSDP axis "
+                               + (f"({self.state_axis!r})" if self.state_axis else "(plan.zero)")
+                               + ", the TP axis, or None")
 
 
 def _names_in_use(parameter_specs: Any) -> Dict[str, str]:

@@ -15,8 +15,9 @@ The dimension is chosen per param, on the host, once:
 3. the dimension the plan's logical axis rules put the axis on (``preferred``: a Flax model's
    ``("embed", "mlp")`` names, parallel/logical_axes.py), when it can carry it;
 4. otherwise the largest dimension that is not split already, not a stacked-layer dimension
-   (``ParameterSpec.stacked_dims``: the layer scan slices those), and divisible by the axis size;
-   the first such on ties. None fits: the param stays whole (``describe`` shows it).
+   (``ParameterSpec.stacked_dims``: the layer scan slices those), not kept whole by the logical
+   axis rules, and divisible by the axis size; the first such on ties. None fits: the param
+   stays whole (``describe`` shows it).
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
                 min_shard_size: int, dim_overrides: Sequence[Tuple[str, Optional[int]]] = (),
                 preferred: Any = None) -> Any:
     """A tree like the params: the dimension (>= 0) the axis goes on, or None (kept whole).
-    ``preferred``: a tree like the params of the dimension the logical axis rules ask for
-    (None where they ask for none), taken where it can carry the axis."""
+    ``preferred``: a tree like the params of what the logical axis rules ask for
+    (``logical_axes.StatePreference``: a dimension, taken where it can carry the axis, and the
+    dimensions they keep whole; None where the param names no axes)."""
     compiled = [(pattern, rules.compile_pattern(pattern), dim) for pattern, dim in dim_overrides]
     if preferred is None:
         preferred = jax.tree_util.tree_map(lambda _: None, param_specs,
                                            is_leaf=lambda x: isinstance(x, PartitionSpec))
 
-    def choose(path, spec, partition, wanted):
+    def choose(path, spec, partition, preference):
         path = sharding.path_string(path)
         shape = tuple(spec.shape)
         entries = tuple(partition) + (None,) * (len(shape) - len(partition))
@@ -60,11 +62,12 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
                                          stacked)
         if getattr(spec, "layer_state", False) or math.prod(shape) < min_shard_size:
             return None
+        whole = preference.whole if preference is not None else ()
         fits = [dim for dim in range(stacked, len(shape))
                 if entries[dim] is None and shape[dim] % axis_size == 0
-                and shape[dim] >= axis_size]
-        if wanted in fits:
-            return wanted
+                and shape[dim] >= axis_size and dim not in whole]
+        if preference is not None and preference.dim in fits:
+            return preference.dim
         best = None
         for dim in fits:
             if best is None or shape[dim] > shape[best]:

@@ -258,5 +258,30 @@ def megatron_model() -> Any:
     from titanax.modules.adapters.flax_nnx import FlaxNNX  # pylint: disable=import-outside-toplevel
     return FlaxNNX.default_config().set(
         name="megatron", module=config_for_function(make_megatron_mlp), inputs=("image",),
-        example_inputs={"image": "float32[2,28,28]"}, calls_collectives=True,
-        loss=ClassificationLoss.default_config())
+        example_inputs={"image": "float32[2,28,28]"}, loss=ClassificationLoss.default_config())
+
+
+class SlowAverage(nnx.Module):
+    """A moving average (momentum 0.999) of its input's mean, kept in a BatchStat: each step
+    moves it by less than half a bfloat16 step at 1.0."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.scale = nnx.Param(jnp.ones((4,)))
+        self.average = nnx.BatchStat(jnp.ones(()))
+
+    def __call__(self, x):
+        self.average[...] = 0.999 * self.average[...] + 0.001 * jnp.mean(x)
+        return jnp.mean((x * self.scale[...]) ** 2)
+
+
+def make_slow_average(*, rngs: nnx.Rngs):
+    return SlowAverage(rngs=rngs)
+
+
+def slow_average_model() -> Any:
+    from titanax.modules.adapters.flax_nnx import FlaxNNX  # pylint: disable=import-outside-toplevel
+    from titanax.modules.adapters.objectives import ReturnedLoss  # pylint: disable=import-outside-toplevel
+    return FlaxNNX.default_config().set(
+        name="slow_average", module=config_for_function(make_slow_average), inputs=("x",),
+        example_inputs={"x": "float32[2,4]"},
+        loss=ReturnedLoss.default_config().set(count="examples"))

@@ -2,10 +2,12 @@
 optax (same init, same batches, SGD, float32) under DP, ZeRO-1, ZeRO-2 and FSDP -- the scanned
 stack gathered one layer at a time inside the loop."""
 
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from titanax.parallel.plan import PP, TP
+from titanax.train.precision import Precision
 from tests.modules.adapters import flax_runs
 from tests.numerics import assert_close
 from tests.train import helpers
@@ -48,9 +50,9 @@ def test_pipeline_of_explicit_stages_trains_like_the_unpipelined_run():
 
 
 def test_a_module_that_calls_the_collectives_runs_tensor_parallel():
-    """calls_collectives: a Megatron-style NNX MLP split over TP=2 by the logical axis rules
-    (its hidden features on 'model'), summing its row-parallel output with
-    titanax.parallel.collectives, trains like the same module unsplit."""
+    """A Megatron-style NNX MLP split over TP=2 by the logical axis rules (its hidden features
+    on 'model'), summing its row-parallel output with titanax.parallel.collectives, trains like
+    the same module unsplit."""
     model = flax_runs.megatron_model()
     batches = flax_runs.image_batches()
     _, want_losses, want_params = flax_runs.train(flax_runs.engine(model, data=4), batches)
@@ -62,3 +64,15 @@ def test_a_module_that_calls_the_collectives_runs_tensor_parallel():
     assert split.layout.param_specs["up"]["kernel"] == P(None, "model")
     assert_close(losses, want_losses, what="per-step losses")
     assert_close(params, want_params, what="final params")
+
+
+def test_mutable_state_keeps_its_small_steps_under_bfloat16():
+    """A BatchStat moving by 5e-4 a step from 1.0 (half a bfloat16 step is 3.9e-3): read in
+    float32 and added to the stored float32 value as a step, it moves as in float32."""
+    engine = flax_runs.engine(flax_runs.slow_average_model(),
+                              precision=Precision.default_config().set(
+                                  bfloat16=True, enable_x32_params=True))
+    batches = [{"x": np.full((16, 4), 1.5, np.float32)}] * 3
+    _, _, params = flax_runs.train(engine, batches)
+    assert_close(params["average"], 1.5 - 0.5 * 0.999 ** 3, bound=1e-6,
+                 what="the moving average after 3 bfloat16 steps")

@@ -14,7 +14,7 @@ from flax import nnx
 from titanax import errors
 from titanax.config import config_for_function
 from titanax.modules import FlaxLinen, FlaxNNX
-from titanax.modules.adapters.objectives import ClassificationLoss
+from titanax.modules.adapters.objectives import ClassificationLoss, ReturnedLoss
 from titanax.modules.testing import bind
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import TP
@@ -23,20 +23,23 @@ from tests.modules.adapters import flax_runs
 from tests.train import helpers
 
 
-def _tp_engine(**model_changes):
-    model = flax_runs.nnx_model().set(**model_changes)
+def _tp_engine(model):
     return flax_runs.engine(model, mesh=helpers.mesh((4, 2), ("data", "model")),
                             plan=flax_runs.plan().set(tensor_parallel=TP.default_config()))
 
 
 def test_tensor_parallelism_is_refused_without_collectives():
+    """The NNX GPT calls no collective over the TP axis (its trace shows none); the Megatron
+    MLP does and is let through; a Linen module never is (Linen checks param shapes)."""
     with pytest.raises(errors.PlanError) as raised:
-        _tp_engine().build()
+        _tp_engine(flax_runs.nnx_model()).build()
     message = str(raised.value)
     assert "plan.tensor_parallel" in message and "flax_nnx.make_gpt" in message
-    assert "calls no collective" in message and "calls_collectives=true" in message
-    # A module that says it calls the collectives itself is let through.
-    assert _tp_engine(calls_collectives=True).build().model.config.tp_axis == "model"
+    assert "calls no collective over the tensor-parallel axis 'model'" in message
+    assert _tp_engine(flax_runs.megatron_model()).build().model.config.tp_axis == "model"
+    with pytest.raises(errors.PlanError) as raised:
+        _tp_engine(flax_runs.linen_model()).build()
+    assert "plan.tensor_parallel" in str(raised.value) and "FlaxNNX" in str(raised.value)
 
 
 def make_not_a_module(rngs=None):
@@ -55,8 +58,7 @@ def make_linen_dense():
 @pytest.mark.parametrize("adapter,factory,expected", [
     (FlaxNNX, make_not_a_module, "not a flax.nnx.Module"),
     (FlaxLinen, make_a_dict, "not a flax.linen.Module"),
-    (FlaxNNX, make_linen_dense, "takes no 'rngs' argument"),
-], ids=["nnx_dict", "linen_dict", "nnx_given_linen"])
+], ids=["nnx_dict", "linen_dict"])
 def test_a_factory_that_makes_no_flax_module_is_refused(adapter, factory, expected):
     cfg = adapter.default_config().set(name="m", module=config_for_function(factory),
                                        example_inputs={"input_ids": "int32[2,8]"})
@@ -66,12 +68,17 @@ def test_a_factory_that_makes_no_flax_module_is_refused(adapter, factory, expect
     assert factory.__name__ in str(raised.value)
 
 
-def test_an_nnx_factory_given_to_the_linen_adapter_is_named():
-    cfg = FlaxLinen.default_config().set(name="m", module=config_for_function(flax_nnx.make_gpt),
-                                         example_inputs={"input_ids": "int32[2,8]"})
+@pytest.mark.parametrize("adapter,factory,expected", [
+    (FlaxLinen, flax_nnx.make_gpt, "an NNX module goes in titanax.modules.FlaxNNX"),
+    (FlaxNNX, make_linen_dense, "takes no 'rngs' argument"),
+], ids=["linen_given_nnx_factory", "nnx_given_linen_factory"])
+def test_a_factory_for_the_other_adapter_is_named_before_anything_is_built(adapter, factory,
+                                                                          expected):
+    cfg = adapter.default_config().set(name="m", module=config_for_function(factory),
+                                       example_inputs={"input_ids": "int32[2,8]"})
     with pytest.raises(errors.ConfigError) as raised:
         cfg.validate(prefix="model")
-    assert "model.module" in str(raised.value) and "FlaxNNX" in str(raised.value)
+    assert "model.module" in str(raised.value) and expected in str(raised.value)
 
 
 class GrowsOnCall(nnx.Module):
@@ -179,3 +186,36 @@ def test_context_parallelism_is_refused_for_a_module_without_cp_attention():
                          plan=plan).build()
     assert "plan.context_parallel" in str(raised.value)
     assert "adapted Flax module" in str(raised.value)
+
+
+class ModeKeyword(nnx.Module):
+    """Dropout switched by its call's own keyword (no train() / eval() attribute)."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(4, 4, rngs=rngs)
+        self.rngs = rngs
+
+    def __call__(self, x, *, deterministic: bool):
+        y = self.dense(x)
+        return y if deterministic else nnx.Dropout(0.5, rngs=self.rngs)(y)
+
+
+def make_mode_keyword(*, rngs: nnx.Rngs):
+    return ModeKeyword(rngs=rngs)
+
+
+def test_the_calls_own_mode_keyword_gets_the_mode():
+    cfg = FlaxNNX.default_config().set(
+        name="kw", module=config_for_function(make_mode_keyword), inputs=("x",),
+        example_inputs={"x": "float32[2,4]"},
+        loss=ReturnedLoss.default_config().set(count="examples"))
+    model = cfg.instantiate()
+    assert model.mode_argument == "deterministic"
+    values = helpers.flat(model.initialize_parameters_recursively(flax_runs.init_key()))
+    x = jnp.ones((2, 4))
+    outputs = {is_training: model._run(  # pylint: disable=protected-access
+        values, model._full_call(is_training), (x,),  # pylint: disable=protected-access
+        is_training=is_training, key=jax.random.PRNGKey(1))[0] for is_training in (True, False)}
+    assert not np.allclose(outputs[True], outputs[False])  # Dropout only when training.
+    plain = nnx.merge(*nnx.split(make_mode_keyword(rngs=nnx.Rngs(flax_runs.init_key()))))
+    np.testing.assert_allclose(outputs[False], plain(x, deterministic=True), rtol=1e-6)

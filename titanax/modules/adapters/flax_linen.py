@@ -32,7 +32,9 @@ from flax.core import meta
 
 from titanax import errors
 from titanax.config.configurable import FunctionConfigBase
-from titanax.modules.adapters.flax_module import FlaxModule, FlaxVariable, describe_factory
+from titanax.modules.adapters.flax_module import (FlaxModule, FlaxVariable, describe_factory,
+                                                  set_at)
+from titanax.parallel.sharding import path_string
 
 # Collections a Linen module writes as outputs of a call, not state (``sow``).
 OUTPUT_COLLECTIONS = ("intermediates",)
@@ -43,6 +45,8 @@ _STRUCTURE_ERRORS = (flax.errors.ScopeParamNotFoundError, flax.errors.ScopeParam
 
 class FlaxLinen(FlaxModule):
     """A Flax Linen module as a Titanax model (see the module docstring)."""
+
+    stack_name_depth = 2  # The collection, then the submodule.
 
     class Config(FlaxModule.Config):
         # The RNG streams the module draws from while training: each gets this call's key
@@ -57,6 +61,17 @@ class FlaxLinen(FlaxModule):
                 yield "module", (f"the factory {describe_factory(factory)} takes 'rngs', as an "
                                  "NNX module's does: a Linen module gets its RNGs at init and "
                                  "apply (an NNX module goes in titanax.modules.FlaxNNX)")
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        if self.config.tp_axis is not None:
+            raise errors.PlanError(
+                f"{self.title}: Linen checks every param a module reads against the shape its "
+                "init made, so a param split over the tensor-parallel axis "
+                f"{self.config.tp_axis!r} cannot reach the module", path="plan.tensor_parallel",
+                suggestion="train it with data parallelism, ZeRO-1/2 or FSDP "
+                           "(--config.plan.tensor_parallel=None); a module that splits itself "
+                           "over a TP axis runs through FlaxNNX")
 
     # --- The module --------------------------------------------------------------------------
 
@@ -87,7 +102,7 @@ class FlaxLinen(FlaxModule):
         """``(Flax key, value or metadata box)`` of every variable, shapes only."""
         abstract = jax.eval_shape(lambda: self._init(jax.random.PRNGKey(0)))
         flat = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=meta.is_axis_metadata)[0]
-        return [(tuple(str(part.key) for part in path), leaf) for path, leaf in flat]
+        return [(tuple(path_string(path).split("/")), leaf) for path, leaf in flat]
 
     def _abstract_variables(self) -> List[FlaxVariable]:
         out = []
@@ -102,7 +117,7 @@ class FlaxLinen(FlaxModule):
 
     def _init_values(self, key):
         flat = jax.tree_util.tree_flatten_with_path(meta.unbox(self._init(key)))[0]
-        return {tuple(str(part.key) for part in path): value for path, value in flat}
+        return {tuple(path_string(path).split("/")): value for path, value in flat}
 
     def _call_signature(self):
         return type(self.linen_module).__call__
@@ -113,10 +128,7 @@ class FlaxLinen(FlaxModule):
              is_training: bool, key: Optional[jax.Array]):
         variables: Dict[str, Any] = {}
         for variable in self.stored_variables():
-            node = variables
-            for part in variable.key[:-1]:
-                node = node.setdefault(part, {})
-            node[variable.key[-1]] = values[variable.path]
+            set_at(variables, variable.path, values[variable.path])
         state = sorted({v.key[0] for v in self.stored_variables() if v.kind == "state"})
         mutable = state if is_training and state else False
         rngs = ({stream: self.stream_key(key, stream) for stream in self.config.rng_streams}
@@ -139,7 +151,7 @@ class FlaxLinen(FlaxModule):
         if not mutable:
             return result, {}
         outputs, updated = result
-        new_state = {"/".join(str(part.key) for part in path): value for path, value in
+        new_state = {path_string(path): value for path, value in
                      jax.tree_util.tree_flatten_with_path(updated)[0]}
         self._check_state(new_state, values)
         return outputs, new_state

@@ -9,7 +9,7 @@ overrides work as for Titanax's own models. From there the adapter (``FlaxNNX`` 
   ``params/Conv_0/kernel``), so TP rules, ZeRO overrides, ``--explain``, checkpoints and
   ``restore_mode=params`` address them. Each spec carries the param's partitioning metadata as
   logical axis names (mapped to mesh axes by ``Plan.Config.logical_axis_rules``), and a param
-  the module runs through a layer scan is marked stacked (scanned_params.py).
+  the module runs through a layer scan is marked stacked (module_trace.py).
 - **Init** is the module's own: the factory is called with the run's init key (NNX) or the
   module's ``init`` runs on the example inputs (Linen), under ``jit``, into the params' shards.
 - **Calls** read the params, the PRNG key and ``is_training`` from the InvocationContext: the
@@ -24,7 +24,8 @@ overrides work as for Titanax's own models. From there the adapter (``FlaxNNX`` 
 
 A module written for one device has no collectives, so splitting its weights over a TP axis
 would leave it computing on pieces: the adapters refuse tensor parallelism unless the module
-calls ``titanax.parallel.collectives`` itself (``calls_collectives``).
+calls ``titanax.parallel.collectives`` over the TP axis itself (seen in its trace; FlaxNNX
+only: Linen checks every param against its init's shape, so a split one cannot reach it).
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from titanax import errors
 from titanax.config import REQUIRED, InstantiableConfig, Required
 from titanax.modules import gather_on_use
-from titanax.modules.adapters import flax_gather, scanned_params
+from titanax.modules.adapters import flax_gather, module_trace
 from titanax.modules.adapters.objectives import CausalLMLoss, Objective
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
-from titanax.modules.context import name_key
+from titanax.modules.context import StateIncrement, name_key
 from titanax.modules.module import nowrap
 from titanax.parallel.sharding import path_string
 
@@ -74,8 +75,6 @@ class FlaxVariable:
     dtype: Any
     # The partitioning metadata's names, one per dimension (None: none given).
     logical_axes: Optional[Tuple[Optional[str], ...]] = None
-    # The RNG stream an NNX RngKey / RngCount belongs to.
-    tag: Optional[str] = None
 
 
 def parse_example(text: str) -> jax.ShapeDtypeStruct:
@@ -94,7 +93,7 @@ def describe_factory(factory: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _set_at(tree: Dict[str, Any], path: str, value: Any) -> None:
+def set_at(tree: Dict[str, Any], path: str, value: Any) -> None:
     """``tree[a][b][c] = value`` for ``path = "a/b/c"`` (making the dicts on the way)."""
     *parents, leaf = path.split("/")
     for part in parents:
@@ -111,6 +110,10 @@ def _decays(variable: FlaxVariable, per_layer_ndim: int) -> bool:
 
 class FlaxModule(BaseLayer):
     """The base of ``FlaxNNX`` and ``FlaxLinen`` (see the module docstring)."""
+
+    # How many leading parts of a param path name the submodule that holds it (--explain's
+    # layer stacks): NNX ``blocks/...``; Linen ``params/ScanBlock_0/...``.
+    stack_name_depth = 1
 
     class Config(BaseLayer.Config):
         # The factory of the module: config_for_function(make_model).set(<its arguments>).
@@ -129,10 +132,9 @@ class FlaxModule(BaseLayer):
         # use_running_average / inference / eval (given its negation) that the call declares;
         # None passes none.
         mode_argument: Optional[str] = "auto"
-        # The module calls titanax.parallel.collectives over the TP axis itself (a
-        # Megatron-style module): only then can its weights be split over the TP axis.
-        calls_collectives: bool = False
-        # The TP axis, set from the plan (TP is declared once, in the plan).
+        # The TP axis, set from the plan (TP is declared once, in the plan). Only a module that
+        # calls titanax.parallel.collectives over it (a Megatron-style module; seen in its
+        # trace) runs under tensor parallelism.
         tp_axis: Optional[str] = None
 
         def _validate_values(self):
@@ -161,18 +163,7 @@ class FlaxModule(BaseLayer):
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
-        cfg = self.config
-        if cfg.tp_axis is not None and not cfg.calls_collectives:
-            raise errors.PlanError(
-                f"{self.title} is a module written for one device: it calls no collective, so "
-                f"splitting its weights over the tensor-parallel axis {cfg.tp_axis!r} would leave "
-                "each rank computing on a piece of every layer with nothing to join them",
-                path="plan.tensor_parallel",
-                suggestion="train it with data parallelism, ZeRO-1/2 or FSDP "
-                           "(--config.plan.tensor_parallel=None); a module that calls "
-                           "titanax.parallel.collectives over the TP axis itself says so with "
-                           "--config.model.calls_collectives=true")
-        self.objective: Objective = cfg.loss.instantiate()
+        self.objective: Objective = self.config.loss.instantiate()
 
     # --- What subclasses supply ------------------------------------------------------------------
 
@@ -231,7 +222,12 @@ class FlaxModule(BaseLayer):
     @functools.cached_property
     def stacked_paths(self) -> Tuple[str, ...]:
         """Params the module runs through a layer scan (their leading dimension is the layer),
-        found by tracing it once on the example inputs."""
+        read off one abstract trace of the module on its example inputs (module_trace.py).
+
+        The same trace says whether the module communicates over the plan's TP axis: under
+        tensor parallelism it runs in a 2-device abstract mesh of that axis, so that the
+        collectives a Megatron-style module calls over it show; a module that calls none is
+        refused."""
         stored = self.stored_variables()
         values = {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in stored}
         inputs = [self.example_inputs()[name] for name in self.config.inputs]
@@ -240,13 +236,13 @@ class FlaxModule(BaseLayer):
             return self._run(values, self._full_call(False), inputs, is_training=False,
                              key=None)[0]
 
-        if self.config.tp_axis is not None:
-            # A module that calls the collectives needs its axis bound: one device's worth.
-            trace = jax.shard_map(trace, mesh=AbstractMesh((1,), (self.config.tp_axis,)),
+        tp_axis = self.config.tp_axis
+        if tp_axis is not None:
+            trace = jax.shard_map(trace, mesh=AbstractMesh((2,), (tp_axis,)),
                                   in_specs=PartitionSpec(), out_specs=PartitionSpec(),
                                   check_vma=False)
         try:
-            positions = scanned_params.scanned_positions(trace, values, inputs)
+            program = jax.make_jaxpr(trace)(values, inputs)
         except errors.TitanaxError:
             raise
         except Exception as e:  # The user's module: say which one failed on what.
@@ -256,7 +252,18 @@ class FlaxModule(BaseLayer):
                 suggestion="check the module's arguments (model.module.*), and that "
                            "model.example_inputs is a batch it accepts (model.inputs: the "
                            "entries its call takes, in order)") from None
+        if tp_axis is not None and tp_axis not in module_trace.communicated_axes(program):
+            raise errors.PlanError(
+                f"{self.title} is a module written for one device: it calls no collective over "
+                f"the tensor-parallel axis {tp_axis!r}, so splitting its weights over that axis "
+                "would leave each rank computing on a piece of every layer with nothing to join "
+                "them", path="plan.tensor_parallel",
+                suggestion="train it with data parallelism, ZeRO-1/2 or FSDP "
+                           "(--config.plan.tensor_parallel=None), or have the module call "
+                           "titanax.parallel.collectives over the TP axis it is given "
+                           "(docs/flax.md)")
         order = sorted(values)  # The flattening order of a dict: its sorted keys.
+        positions = module_trace.scanned_positions(program)
         return tuple(order[i] for i in sorted(positions) if i < len(order))
 
     @nowrap
@@ -286,7 +293,7 @@ class FlaxModule(BaseLayer):
                                "them as floats)")
             layers = 1 if variable.path in stacked else 0
             per_layer = len(variable.shape) - layers
-            _set_at(specs, variable.path, ParameterSpec(
+            set_at(specs, variable.path, ParameterSpec(
                 shape=tuple(variable.shape), dtype=jnp.dtype(variable.dtype),
                 mesh_axes=(None,) * len(variable.shape),
                 weight_decay_scale=1.0 if _decays(variable, per_layer) else 0.0,
@@ -317,7 +324,7 @@ class FlaxModule(BaseLayer):
         values = self._init_values(prng_key)
         params: Dict[str, Any] = {}
         for variable in self.stored_variables():
-            _set_at(params, variable.path, values[variable.key])
+            set_at(params, variable.path, values[variable.key])
         return params
 
     @nowrap
@@ -371,6 +378,13 @@ class FlaxModule(BaseLayer):
                 f"{missing}", path="model.inputs",
                 suggestion=f"the batch holds {sorted(batch)}: name those in model.inputs")
         values = self._values_from_state(self.state)
+        given_state = {v.path: values[v.path] for v in self.stored_variables()
+                       if v.kind == "state"}
+        # Mutable state is not trained (no gradient), and the module reads it in float32: a
+        # moving average's small steps would round away in a bfloat16 copy (and NNX writes its
+        # new value back in the variable's dtype).
+        values.update({path: jax.lax.stop_gradient(value.astype(jnp.float32))
+                       for path, value in given_state.items()})
         is_training = self.is_training
         call = self._full_call(is_training)
 
@@ -385,14 +399,20 @@ class FlaxModule(BaseLayer):
         outputs, new_state = run(values, [batch[name] for name in cfg.inputs],
                                  self._own_context().prng_key)
         if is_training:
-            self._write_state_updates(new_state)
+            self._write_state_updates(new_state, given_state)
         return self.loss(outputs, batch)
 
-    def _write_state_updates(self, new_state: Dict[str, jax.Array]) -> None:
-        """Each new value of a mutable state variable, as the state update of its param."""
+    def _write_state_updates(self, new_state: Dict[str, jax.Array],
+                             given: Dict[str, jax.Array]) -> None:
+        """Each new value of a mutable state variable, as the state update of its param: the
+        value itself when the module was given the stored float32 value, else the step from
+        the (rounded) value it was given, added to the stored one (train/state_updates.py)."""
         updates = self._own_context().output_collection.state_updates
         for path, value in new_state.items():
-            _set_at(updates, path, jax.lax.stop_gradient(value))
+            value = jax.lax.stop_gradient(value.astype(jnp.float32))
+            if given[path].dtype != jnp.float32:
+                value = StateIncrement(value - given[path].astype(jnp.float32))
+            set_at(updates, path, value)
 
     def loss(self, outputs: Any, batch: Dict[str, jax.Array]):
         """``(loss, aux)`` of the module's outputs (a pipeline's last stage ends here)."""
@@ -471,7 +491,8 @@ class FlaxModule(BaseLayer):
             groups: Dict[str, List[FlaxVariable]] = {}
             for variable in stored:
                 if variable.path in stacked:
-                    groups.setdefault(variable.path.split("/")[0], []).append(variable)
+                    name = "/".join(variable.path.split("/")[:self.stack_name_depth])
+                    groups.setdefault(name, []).append(variable)
             lines.append("  layer stacks (the module scans over their leading dimension): " + ", ".join(
                 f"{name}/* ({len(members)} params, {members[0].shape[0]} layers)"
                 for name, members in groups.items()))

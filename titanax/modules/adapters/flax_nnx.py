@@ -44,6 +44,15 @@ def rngs_given_by_the_adapter() -> None:
     return None
 
 
+def _missing_rngs(factory: Any) -> Optional[str]:
+    """Why ``factory`` cannot be FlaxNNX's (None: it can): it must take ``rngs``."""
+    if isinstance(factory, FunctionConfigBase) and "rngs" not in factory.keys():
+        return (f"the factory {describe_factory(factory)} takes no 'rngs' argument: FlaxNNX "
+                "seeds the module's params with the run's init key through it (give it an "
+                "'rngs: nnx.Rngs' keyword argument and build the module with it)")
+    return None
+
+
 def _kind(variable: nnx.Variable) -> str:
     if isinstance(variable, nnx.Param):
         return "param"
@@ -61,6 +70,12 @@ class FlaxNNX(FlaxModule):
 
     class Config(FlaxModule.Config):
 
+        def _validate_values(self):
+            yield from super()._validate_values()
+            problem = _missing_rngs(self.module)
+            if problem:
+                yield "module", problem
+
         def _checked_value(self, name, value):
             value = super()._checked_value(name, value)
             if name == "module" and isinstance(value, FunctionConfigBase) \
@@ -71,24 +86,24 @@ class FlaxNNX(FlaxModule):
     # --- The module --------------------------------------------------------------------------
 
     def _build(self, rngs: nnx.Rngs) -> nnx.Module:
-        factory = self.config.module
-        if "rngs" not in factory.keys():
-            raise errors.ModuleError(
-                f"the factory {describe_factory(factory)} takes no 'rngs' argument: FlaxNNX "
-                "seeds the module's params with the run's init key through it",
-                path="model.module", suggestion="give the factory an 'rngs: nnx.Rngs' keyword "
-                                                "argument and build the module with it")
+        problem = _missing_rngs(self.config.module)
+        if problem:
+            raise errors.ModuleError(problem, path="model.module",
+                                     suggestion="a Linen module goes in FlaxLinen")
         with nnx.use_eager_sharding(False):  # Titanax places the arrays, not Flax.
             return self._from_factory(nnx.Module, type_name="flax.nnx.Module",
                                       other_adapter="a flax.linen module goes in FlaxLinen",
                                       rngs=rngs)
 
     @functools.cached_property
+    def _abstract_module(self) -> nnx.Module:
+        """The module with shapes for values (built once: nothing is computed)."""
+        return nnx.eval_shape(lambda: self._build(nnx.Rngs(0)))
+
+    @functools.cached_property
     def _graph(self) -> Tuple[Any, List[Tuple[Tuple[Any, ...], nnx.Variable]]]:
-        """The module's graph and its abstract variables, by Flax path (built once, shapes
-        only)."""
-        abstract = nnx.eval_shape(lambda: self._build(nnx.Rngs(0)))
-        graphdef, state = nnx.split(abstract)
+        """The module's graph and its abstract variables, by Flax path."""
+        graphdef, state = nnx.split(self._abstract_module)
         return graphdef, list(nnx.to_flat_state(state))
 
     def _abstract_variables(self) -> List[FlaxVariable]:
@@ -99,8 +114,7 @@ class FlaxNNX(FlaxModule):
             out.append(FlaxVariable(
                 path=_path(key), key=tuple(key), kind=_kind(variable),
                 shape=tuple(value.shape), dtype=value.dtype,
-                logical_axes=tuple(names) if names else None,
-                tag=variable.get_metadata().get("tag")))
+                logical_axes=tuple(names) if names else None))
         return out
 
     def _init_values(self, key):
@@ -109,8 +123,7 @@ class FlaxNNX(FlaxModule):
                 if _kind(v) != "rng"}
 
     def _call_signature(self):
-        graphdef, _ = self._graph
-        return getattr(getattr(graphdef, "type", None), "__call__", None)
+        return type(self._abstract_module).__call__
 
     def _mode_text(self) -> str:
         return "module.train() / module.eval() (Dropout.deterministic, BatchNorm." \
