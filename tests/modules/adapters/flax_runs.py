@@ -285,3 +285,8 @@ def slow_average_model() -> Any:
         name="slow_average", module=config_for_function(make_slow_average), inputs=("x",),
         example_inputs={"x": "float32[2,4]"},
         loss=ReturnedLoss.default_config().set(count="examples"))
+
+
+def hlo_shape(spec: Any) -> str:
+    """``f32[2,32,128]``: how a compiled program names an array of ``spec``'s global shape."""
+    return f"f32[{','.join(str(d) for d in spec.shape)}]"

@@ -2,6 +2,7 @@
 optax (same init, same batches, SGD, float32) under DP, ZeRO-1, ZeRO-2 and FSDP -- the scanned
 stack gathered one layer at a time inside the loop."""
 
+import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -24,10 +25,16 @@ def test_trains_like_plain_flax(zero):
     assert_close(final, want_final, what="final params")
     if zero == 3:
         # Every stacked param is split, and each is gathered inside the layer loop: once
-        # forward and once more in the backward pass, one layer at a time.
+        # forward and once more in the backward pass, one layer at a time ...
         stacked = engine.model.stacked_paths
         assert len(stacked) == 12 and all(p.startswith("blocks/") for p in stacked)
         assert flax_runs.in_loop_gathers(engine) == 2 * len(stacked)
+        # ... and never all layers at once: no buffer of a whole stacked param's shape.
+        program = engine.compiled_train_step().latest.as_text()
+        whole = {flax_runs.hlo_shape(spec) for spec in jax.tree_util.tree_leaves(
+            engine.parameter_specs["blocks"], is_leaf=lambda x: hasattr(x, "shape"))
+            if len(spec.shape) == 3}
+        assert whole and not [shape for shape in whole if shape in program]
 
 
 def test_pipeline_of_explicit_stages_trains_like_the_unpipelined_run():

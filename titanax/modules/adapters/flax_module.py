@@ -44,7 +44,7 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from titanax import errors
 from titanax.config import REQUIRED, InstantiableConfig, Required
 from titanax.modules import gather_on_use
-from titanax.modules.adapters import flax_gather, module_trace
+from titanax.modules.adapters import flax_gather, layer_remat, module_trace
 from titanax.modules.adapters.objectives import CausalLMLoss, Objective
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.modules.context import StateIncrement, name_key
@@ -391,13 +391,18 @@ class FlaxModule(BaseLayer):
         def run(values, inputs, key):
             return self._run(values, call, inputs, is_training=is_training, key=key)
 
+        inputs, key = [batch[name] for name in cfg.inputs], self._own_context().prng_key
         axes = gather_on_use.gathered_axes(values)
         if axes and is_training:
-            # Gathered weights are recomputed for the backward pass, never kept (DESIGN 7.2).
-            run = jax.checkpoint(run, policy=gather_on_use.never_saving_gathered(None, axes),
-                                 prevent_cse=False)
-        outputs, new_state = run(values, [batch[name] for name in cfg.inputs],
-                                 self._own_context().prng_key)
+            # Gathered weights are recomputed for the backward pass, never kept (DESIGN 7.2):
+            # the whole forward, and each iteration of the module's own scans (one layer's
+            # weights at a time; layer_remat.py).
+            policy = gather_on_use.never_saving_gathered(None, axes)
+            with layer_remat.scan_bodies_rematerialised(policy):
+                outputs, new_state = jax.checkpoint(run, policy=policy, prevent_cse=False)(
+                    values, inputs, key)
+        else:
+            outputs, new_state = run(values, inputs, key)
         if is_training:
             self._write_state_updates(new_state, given_state)
         return self.loss(outputs, batch)
