@@ -192,10 +192,13 @@ def plain_scanned_mlp() -> Tuple[Any, List[float], Any]:
     return initial, losses, {"params": params}
 
 
-def in_loop_gathers(engine: Engine, axis: str = "data") -> int:
-    """All-gathers over ``axis`` inside a loop of the compiled train step."""
-    return sum(1 for op in engine.collectives()
-               if op.op == "all-gather" and op.in_loop and axis in op.axes)
+def in_loop_gathers(engine: Engine, axis: str = "data") -> Dict[str, int]:
+    """All-gathers over ``axis`` inside a loop of the compiled train step, by pass."""
+    counts = {"forward": 0, "backward": 0}
+    for op in engine.collectives():
+        if op.op == "all-gather" and op.in_loop and axis in op.axes:
+            counts[op.pass_name] = counts.get(op.pass_name, 0) + 1
+    return counts
 
 
 def numpy_tree(tree: Any) -> Any:
