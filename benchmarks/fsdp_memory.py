@@ -12,6 +12,11 @@ CPU devices, each strategy's compiled step reports
 Each strategy is compiled with the model's ``unroll_layers`` False and True. FSDP with per-layer
 gathers runs the stack as a loop either way (``scan_in_context``), so its two rows must agree.
 
+Then the same sizes as a GPT written in Flax NNX (``experiments/flax_nnx.py``) trained through the
+``FlaxNNX`` adapter, its blocks stacked and run by ``nnx.scan`` or listed: under FSDP the scanned
+one must hold about as few gathered layers as Titanax's own (the adapter rematerialises each
+iteration of the module's scan), the listed one holds them all.
+
     python benchmarks/fsdp_memory.py [--layers 8] [--width 256]
 """
 
@@ -63,6 +68,14 @@ def _engine(zero, *, layers: int, width: int, unroll: bool) -> Engine:
         loggers=[], log_every=1000).instantiate()
 
 
+def _nnx_engine(zero, *, layers: int, width: int, scan: bool) -> Engine:
+    from titanax_experiments.flax_nnx import nnx_gpt  # pylint: disable=import-outside-toplevel
+    engine = _engine(zero, layers=layers, width=width, unroll=False)
+    cfg = engine.config.clone(model=nnx_gpt(seq_len=16, num_layers=layers, model_dim=width,
+                                            num_heads=4, scan_layers=scan))
+    return cfg.instantiate()
+
+
 def _device0_bytes(tree) -> int:
     device = jax.devices()[0]
     return sum(s.data.nbytes for leaf in jax.tree_util.tree_leaves(tree)
@@ -98,6 +111,17 @@ def main() -> None:
             print(f"{name:<25}{str(unroll):<15}{state / 2 ** 20:>10.2f}"
                   f"{state / replicated_state:>12.3f}{temp / 2 ** 20:>10.2f}"
                   f"{temp / one_layer:>11.2f}", flush=True)
+    print(f"\n{'Flax NNX GPT (FlaxNNX)':<25}{'blocks':<15}{'state MiB':>10}{'temp MiB':>22}"
+          f"{'temp/layer':>11}")
+    for scan in (True, False):
+        for name in ("replicated", "fsdp per_microbatch"):
+            engine = _nnx_engine(STRATEGIES[name], layers=args.layers, width=d, scan=scan)
+            engine.init_state()
+            engine.compile(example_batch=batch)
+            state = _device0_bytes((engine.state.params, engine.state.opt_state))
+            temp = engine.compiled_train_step().latest.memory_analysis().temp_size_in_bytes
+            print(f"{name:<25}{'nnx.scan' if scan else 'nnx.List':<15}{state / 2 ** 20:>10.2f}"
+                  f"{temp / 2 ** 20:>22.2f}{temp / one_layer:>11.2f}", flush=True)
 
 
 if __name__ == "__main__":
