@@ -15,11 +15,13 @@ overrides work as for Titanax's own models. From there the adapter (``FlaxNNX`` 
 - **Calls** read the params, the PRNG key and ``is_training`` from the InvocationContext: the
   key feeds the module's RNG streams (dropout), ``is_training`` its train / deterministic flags.
 - **Mutable collections** (Linen ``batch_stats``, NNX ``BatchStat``) are non-trained params:
-  their new values are state updates, averaged over microbatches and data shards like every
+  read in float32 without gradient, their new values are state updates (steps from the stored
+  value under a lower compute precision), averaged over microbatches and data shards like every
   layer's (train/state_updates.py).
 - **FSDP** shards reach the module as values it reads whole (flax_gather.py): gathered one layer
-  at a time inside its scan, at their use otherwise; the forward is rematerialised so that no
-  gathered value is kept for the backward pass.
+  at a time inside its scan, at their use otherwise; the forward and each iteration of the
+  module's scans are rematerialised so that no gathered value is kept for the backward pass
+  (layer_remat.py).
 - **Pipelines**: ``stage(fn)`` makes a ``Stage``'s ``fwd`` from a function of the module.
 
 A module written for one device has no collectives, so splitting its weights over a TP axis
@@ -330,7 +332,8 @@ class FlaxModule(BaseLayer):
     @nowrap
     def check_partition_specs(self, specs: Dict[str, Any], *, prefix: str = "") -> None:
         """Any layout of the data, ZeRO and FSDP axes runs (the adapter gathers what is split);
-        the TP axis only reaches a module that calls the collectives (checked at __init__)."""
+        the TP axis only reaches a module that calls the collectives over it (checked on its
+        trace: ``stacked_paths``)."""
         del specs, prefix
 
     # --- Calls -----------------------------------------------------------------------------------
