@@ -81,7 +81,8 @@ BAD_INPUTS = [
      "plan.tensor_parallel"),
     ("a logical axis rule no param uses",
      ["--config=flax_nnx_gpt_dp", "--trainer_dir={tmp}/run",
-      "--config.plan.logical_axis_rules={'embd': 'data'}"], "plan.logical_axis_rules['embd']"),
+      "--config.plan.logical_axis_rules={{'embd': 'data'}}"],  # (braces: str.format below)
+     "plan.logical_axis_rules['embd']"),
     ("training files that do not exist",
      ["--config=gpt_tiny_dp", "--trainer_dir={tmp}/run",
       "--config.train_input.source.files=['/nonexistent/*.txt']"], "train_input.source.files"),
