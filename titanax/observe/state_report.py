@@ -59,6 +59,9 @@ def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_sta
         if gathers == "per_step":
             lines.append(f"  gathered while the step runs: {bytes_text(whole)} (every param, "
                          "gathered once before the microbatch loop)")
+        elif not layer["one_layer"]:
+            lines.append(f"  gathered while the step runs: {bytes_text(whole)} (no layer stack: "
+                         "every param at its use)")
         else:
             unstacked = whole - layer["stacked_total"]
             lines.append(f"  gathered while a layer runs: {bytes_text(layer['one_layer'])} per "

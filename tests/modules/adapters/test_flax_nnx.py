@@ -36,6 +36,10 @@ def test_trains_like_plain_flax(zero):
             engine.parameter_specs["blocks"], is_leaf=lambda x: hasattr(x, "shape"))
             if len(spec.shape) == 3}
         assert whole and not [shape for shape in whole if shape in program]
+        report = engine.explain()  # --explain says which params are gathered how.
+        assert "layer stacks (the module scans over their leading dimension): blocks/* " \
+               "(12 params, 2 layers)" in report
+        assert "the stacked params gathered one layer at a time inside the module's scan" in report
 
 
 def test_pipeline_of_explicit_stages_trains_like_the_unpipelined_run():

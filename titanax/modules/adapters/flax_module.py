@@ -493,8 +493,10 @@ class FlaxModule(BaseLayer):
                     f"training step: {', '.join(v.path for v in state[:4])}"
                     + (", ..." if len(state) > 4 else "") if state else "no mutable state")]
         mode = self.mode_argument
-        lines.append("  train / evaluation: " + self._mode_text()
-                     + (f"; __call__({mode}=...)" if mode else ""))
+        flags = [text for text in (self._mode_text(), f"__call__({mode}=...)" if mode else None)
+                 if text]
+        lines.append("  train / evaluation: " + ("; ".join(flags) if flags else
+                                                 "the module takes no train / eval switch"))
         if stacked:
             groups: Dict[str, List[FlaxVariable]] = {}
             for variable in stored:
@@ -518,5 +520,7 @@ class FlaxModule(BaseLayer):
                              "reads it, once per forward (and again in the backward pass)")
         return "\n".join(lines)
 
-    def _mode_text(self) -> str:
-        return "the call's keyword"
+    def _mode_text(self) -> Optional[str]:
+        """How the module is told train from eval besides its call's keyword (None: only
+        that)."""
+        return None
