@@ -163,3 +163,21 @@ def test_unreadable_checkpoints_never_restart_the_run_from_step_0(tmp_path):
     assert "no checkpoint here could be read" in info.value.message
     assert info.value.path == str(path) and not engine.history
     assert os.listdir(path) == ["40"]  # Nothing moved, nothing trained over it.
+
+
+def test_a_failed_save_ends_the_launcher_instead_of_hanging(tmp_path):
+    """Made in Orbax's background threads, a step's directories outlived a save that failed:
+    the threads waited for them (their timeout: 20 minutes), and the interpreter for the
+    threads at exit. The launcher must end with the error, exit status 2."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+    from tests.environment import child_environment  # pylint: disable=import-outside-toplevel
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "titanax.launch", "--config_module=tests.io.failing_save_experiment",
+         "--config=failing_save", f"--trainer_dir={tmp_path}", "--config.max_steps=2",
+         "--cpu_devices=2"], env=child_environment(), capture_output=True, text=True,
+        timeout=300, check=False)
+    assert result.returncode == 2 and "saving step 2 failed" in result.stderr, result.stderr
+    assert time.monotonic() - started < 150, "the launcher waited for background threads"

@@ -123,7 +123,11 @@ class OrbaxCheckpoint(Configurable):
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=cfg.keep_last_n, keep_period=cfg.keep_every_n_steps,
                 enable_async_checkpointing=cfg.async_save, create=True,
-                cleanup_tmp_directories=True)
+                cleanup_tmp_directories=True,
+                # A step's directories are made before save() returns: made in the background,
+                # a save that fails leaves Orbax's threads waiting for them, and the
+                # interpreter waits for those threads at exit (20 minutes, their timeout).
+                async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
             # Handlers named up front, so a fresh manager can read item metadata before it has
             # saved or restored anything.
             handlers = {"params": ocp.StandardCheckpointHandler(),

@@ -86,6 +86,8 @@ def parse_example(text: str) -> jax.ShapeDtypeStruct:
         raise ValueError(f"{text!r} is not '<dtype>[<dims>]', e.g. 'int32[2,16]'")
     dtype = jnp.dtype(match.group(1))
     dims = tuple(int(d) for d in match.group(2).split(",")) if match.group(2) else ()
+    if 0 in dims:
+        raise ValueError(f"{text!r} has a dimension of 0: give one small batch, e.g. 2 rows")
     return jax.ShapeDtypeStruct(dims, dtype)
 
 
@@ -287,6 +289,12 @@ class FlaxModule(BaseLayer):
         stacked = set(self.stacked_paths)
         specs: Dict[str, Any] = {}
         for variable in self.stored_variables():
+            if 0 in variable.shape:
+                raise errors.ModuleError(
+                    f"{self.title}: {variable.path} has shape {tuple(variable.shape)}, with no "
+                    "elements", path="model.module",
+                    suggestion="check the module's sizes under model.module (a layer count or "
+                               "width of 0)")
             if not jnp.issubdtype(variable.dtype, jnp.floating):
                 raise errors.ModuleError(
                     f"{self.title}: {variable.path} holds {np.dtype(variable.dtype).name} values; "
