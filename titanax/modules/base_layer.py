@@ -175,8 +175,12 @@ class BaseLayer(Module):
                                       is_leaf=lambda x: isinstance(x, ParameterSpec))
 
     @nowrap
-    def check_partition_specs(self, specs: Dict[str, Any], *, prefix: str = "") -> None:
-        """Raises ShardingError for a spec this layer (or a descendant) cannot implement."""
+    def check_partition_specs(self, specs: Dict[str, Any], *, prefix: str = "",
+                              mesh_shape: Optional[Dict[str, int]] = None) -> None:
+        """Raises ShardingError for a spec this layer (or a descendant) cannot implement.
+        ``mesh_shape``: the mesh's axis sizes, for a model whose check needs them (given to the
+        root by the engine)."""
+        del mesh_shape
         prefix = prefix or self.name
         own = self._create_layer_parameter_specs()
         for name, declared in own.items():

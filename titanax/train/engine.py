@@ -155,7 +155,8 @@ class Engine(Configurable):
         """The layout pipeline over ``parameter_specs``, and the parts that read it."""
         self.layout = self.plan.layout(parameter_specs, self.mesh)
         if self.model is not None:
-            self.model.check_partition_specs(self.layout.layer_specs)
+            self.model.check_partition_specs(self.layout.layer_specs,
+                                             mesh_shape=self.layout.mesh_shape)
         strategy = state_sharding_lib.for_layout(self.layout, zero=self.plan.config.zero)
         decay = (learner_lib.decay_scales_from_specs(self.layout.parameter_specs)
                  if self.model is not None else None)

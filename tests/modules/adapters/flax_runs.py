@@ -238,6 +238,7 @@ class MegatronMLP(nnx.Module):
 
     def __init__(self, *, hidden: int, tp_axis: Optional[str], rngs: nnx.Rngs):
         self.tp_axis = tp_axis
+        self.hidden = hidden
         init = nnx.initializers.lecun_normal()
         self.up = nnx.Linear(784, hidden, rngs=rngs,
                              kernel_init=nnx.with_partitioning(init, ("pixels", "mlp")),
@@ -247,7 +248,11 @@ class MegatronMLP(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((10,)))
 
     def __call__(self, image):
-        y = self.down(jax.nn.relu(self.up(image.reshape(image.shape[0], -1))))
+        hidden = self.up(image.reshape(image.shape[0], -1))
+        if self.tp_axis is not None:  # Its share of the features, as Megatron code counts it.
+            hidden = hidden.reshape(hidden.shape[0],
+                                    self.hidden // collectives.axis_size(self.tp_axis))
+        y = self.down(jax.nn.relu(hidden))
         if self.tp_axis is not None:  # Each rank holds part of the hidden features' sum.
             y = collectives.psum(y, self.tp_axis)
         return y + self.bias[...]

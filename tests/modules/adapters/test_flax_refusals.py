@@ -23,20 +23,23 @@ from tests.modules.adapters import flax_runs
 from tests.train import helpers
 
 
-def _tp_engine(model):
+def _tp_engine(model, **rules):
     return flax_runs.engine(model, mesh=helpers.mesh((4, 2), ("data", "model")),
-                            plan=flax_runs.plan().set(tensor_parallel=TP.default_config()))
+                            plan=flax_runs.plan().set(tensor_parallel=TP.default_config(),
+                                                      logical_axis_rules=rules))
 
 
 def test_tensor_parallelism_is_refused_without_collectives():
-    """The NNX GPT calls no collective over the TP axis (its trace shows none); the Megatron
-    MLP does and is let through; a Linen module never is (Linen checks param shapes)."""
+    """The NNX GPT calls no collective over the TP axis (its trace on its shards shows none);
+    the Megatron MLP does (on shards it sizes by the axis) and is let through; a Linen module
+    never is (Linen checks param shapes)."""
     with pytest.raises(errors.PlanError) as raised:
         _tp_engine(flax_runs.nnx_model()).build()
     message = str(raised.value)
     assert "plan.tensor_parallel" in message and "flax_nnx.make_gpt" in message
     assert "calls no collective over the tensor-parallel axis 'model'" in message
-    assert _tp_engine(flax_runs.megatron_model()).build().model.config.tp_axis == "model"
+    megatron = _tp_engine(flax_runs.megatron_model(), mlp="model").build()
+    assert megatron.model.config.tp_axis == "model"
     with pytest.raises(errors.PlanError) as raised:
         _tp_engine(flax_runs.linen_model()).build()
     assert "plan.tensor_parallel" in str(raised.value) and "FlaxNNX" in str(raised.value)

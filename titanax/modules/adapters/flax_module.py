@@ -226,14 +226,20 @@ class FlaxModule(BaseLayer):
     @functools.cached_property
     def stacked_paths(self) -> Tuple[str, ...]:
         """Params the module runs through a layer scan (their leading dimension is the layer),
-        read off one abstract trace of the module on its example inputs (module_trace.py).
+        read off one abstract trace of the module on its example inputs (module_trace.py)."""
+        values = {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in self.stored_variables()}
+        # A module that calls the collectives needs its TP axis bound: one device's worth here
+        # (the whole params are that device's shard).
+        program = self._trace(values, tp_size=1)
+        order = sorted(values)  # The flattening order of a dict: its sorted keys.
+        positions = module_trace.scanned_positions(program)
+        return tuple(order[i] for i in sorted(positions) if i < len(order))
 
-        The same trace says whether the module communicates over the plan's TP axis: under
-        tensor parallelism it runs in a 2-device abstract mesh of that axis, so that the
-        collectives a Megatron-style module calls over it show; a module that calls none is
-        refused."""
-        stored = self.stored_variables()
-        values = {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in stored}
+    def _trace(self, values: Dict[str, Any], *, tp_size: int,
+               param_specs: Optional[Dict[str, PartitionSpec]] = None) -> Any:
+        """The module's program on its example inputs (``jax.make_jaxpr``: shapes only), with
+        ``values`` the params' whole shapes; under a TP axis, in a ``tp_size``-device abstract
+        mesh of it, the params split by ``param_specs`` (the module sees its shards)."""
         inputs = [self.example_inputs()[name] for name in self.config.inputs]
 
         def trace(values, inputs):
@@ -242,33 +248,23 @@ class FlaxModule(BaseLayer):
 
         tp_axis = self.config.tp_axis
         if tp_axis is not None:
-            trace = jax.shard_map(trace, mesh=AbstractMesh((2,), (tp_axis,)),
-                                  in_specs=PartitionSpec(), out_specs=PartitionSpec(),
+            specs = {path: (param_specs or {}).get(path, PartitionSpec()) for path in values}
+            trace = jax.shard_map(trace, mesh=AbstractMesh((tp_size,), (tp_axis,)),
+                                  in_specs=(specs, PartitionSpec()), out_specs=PartitionSpec(),
                                   check_vma=False)
         try:
-            program = jax.make_jaxpr(trace)(values, inputs)
+            return jax.make_jaxpr(trace)(values, inputs)
         except errors.TitanaxError:
             raise
         except Exception as e:  # The user's module: say which one failed on what.
             raise errors.ModuleError(
                 f"{self.title} failed when called on its example inputs "
-                f"{dict(self.config.example_inputs)}: {type(e).__name__}: {e}", path="model",
+                f"{dict(self.config.example_inputs)}"
+                + (f" (split over {tp_axis!r} of {tp_size} devices)" if tp_size > 1 else "")
+                + f": {type(e).__name__}: {e}", path="model",
                 suggestion="check the module's arguments (model.module.*), and that "
                            "model.example_inputs is a batch it accepts (model.inputs: the "
                            "entries its call takes, in order)") from None
-        if tp_axis is not None and tp_axis not in module_trace.communicated_axes(program):
-            raise errors.PlanError(
-                f"{self.title} is a module written for one device: it calls no collective over "
-                f"the tensor-parallel axis {tp_axis!r}, so splitting its weights over that axis "
-                "would leave each rank computing on a piece of every layer with nothing to join "
-                "them", path="plan.tensor_parallel",
-                suggestion="train it with data parallelism, ZeRO-1/2 or FSDP "
-                           "(--config.plan.tensor_parallel=None), or have the module call "
-                           "titanax.parallel.collectives over the TP axis it is given "
-                           "(docs/flax.md)")
-        order = sorted(values)  # The flattening order of a dict: its sorted keys.
-        positions = module_trace.scanned_positions(program)
-        return tuple(order[i] for i in sorted(positions) if i < len(order))
 
     @nowrap
     def stored_variables(self) -> List[FlaxVariable]:
@@ -338,11 +334,33 @@ class FlaxModule(BaseLayer):
         return params
 
     @nowrap
-    def check_partition_specs(self, specs: Dict[str, Any], *, prefix: str = "") -> None:
-        """Any layout of the data, ZeRO and FSDP axes runs (the adapter gathers what is split);
-        the TP axis only reaches a module that calls the collectives over it (checked on its
-        trace: ``stacked_paths``)."""
-        del specs, prefix
+    def check_partition_specs(self, specs: Dict[str, Any], *, prefix: str = "",
+                              mesh_shape: Optional[Dict[str, int]] = None) -> None:
+        """Any layout of the data, ZeRO and FSDP axes runs (the adapter gathers what is split).
+        The TP axis only reaches a module that communicates over it: the module is traced on
+        its shards (``specs``: the layer layouts, the TP rules applied) in a mesh of the TP
+        axis's size, and one that calls no collective over it is refused."""
+        del prefix
+        tp_axis = self.config.tp_axis
+        size = int((mesh_shape or {}).get(tp_axis, 1)) if tp_axis is not None else 1
+        if size == 1:
+            return
+        only_tp = lambda spec: PartitionSpec(*(e if e == tp_axis else None for e in spec))  # noqa: E731
+        flat = {path_string(path): only_tp(spec) for path, spec in
+                jax.tree_util.tree_flatten_with_path(
+                    specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]}
+        values = {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in self.stored_variables()}
+        program = self._trace(values, tp_size=size, param_specs=flat)
+        if tp_axis not in module_trace.communicated_axes(program):
+            raise errors.PlanError(
+                f"{self.title} is a module written for one device: it calls no collective over "
+                f"the tensor-parallel axis {tp_axis!r}, so splitting its weights over that axis "
+                "would leave each rank computing on a piece of every layer with nothing to join "
+                "them", path="plan.tensor_parallel",
+                suggestion="train it with data parallelism, ZeRO-1/2 or FSDP "
+                           "(--config.plan.tensor_parallel=None), or have the module call "
+                           "titanax.parallel.collectives over the TP axis it is given "
+                           "(docs/flax.md)")
 
     # --- Calls -----------------------------------------------------------------------------------
 
@@ -409,9 +427,9 @@ class FlaxModule(BaseLayer):
             # the whole forward, and each iteration of the module's own scans (one layer's
             # weights at a time; layer_remat.py).
             policy = gather_on_use.never_saving_gathered(None, axes)
-            with layer_remat.scan_bodies_rematerialised(policy):
-                outputs, new_state = jax.checkpoint(run, policy=policy, prevent_cse=False)(
-                    values, inputs, key)
+            outputs, new_state = jax.checkpoint(
+                layer_remat.with_scans_rematerialised(run, policy), policy=policy,
+                prevent_cse=False)(values, inputs, key)
         else:
             outputs, new_state = run(values, inputs, key)
         if is_training:

@@ -64,7 +64,8 @@ class Repeat(BaseLayer):
 
         return {"layer": _map_specs(stack, inner)}
 
-    def check_partition_specs(self, specs, *, prefix=""):
+    def check_partition_specs(self, specs, *, prefix="", mesh_shape=None):
+        del mesh_shape
         prefix = prefix or self.name
         if "layer" in specs:
             self.layer.check_partition_specs(_map_specs(lambda s: type(s)(*tuple(s)[1:]),
