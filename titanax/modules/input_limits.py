@@ -54,6 +54,7 @@ def check_batch(batch: Any, limits: Mapping[str, InputLimit], *, model_path: str
                     f"batch[{key!r}] holds the id {bad}, outside the model's "
                     f"{limit.num_ids} ids [0, {limit.num_ids})",
                     path=f"{model_path}.{limit.num_ids_field}",
-                    suggestion=f"set {model_path}.{limit.num_ids_field} to the tokenizer's "
-                               f"vocabulary size (here at least {max(high + 1, limit.num_ids)}), "
-                               "or fix the data's ids")
+                    suggestion=f"set {model_path}.{limit.num_ids_field} to the number of ids "
+                               "the data can hold (a tokenizer's vocabulary size, the classes; "
+                               f"here at least {max(high + 1, limit.num_ids)}), or fix the "
+                               "data's ids")
