@@ -73,14 +73,7 @@ class Runner:
 def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[bool],
                     name: str):
     import jax
-    from titanax.config import config_for_function
     from titanax.modules.models.gpt import GPT
-    from titanax.parallel.plan import DP, TP, Plan
-    from titanax.runtime.mesh import MeshSpec
-    from titanax.train import optimizers
-    from titanax.train.engine import Engine
-    from titanax.train.learner import Learner
-    from titanax.train.precision import Precision
 
     sizes = SHAPES[cell.shape]
     tp = cell.model > 1
@@ -90,7 +83,24 @@ def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[
         num_heads=sizes["num_heads"], tp_axis="model" if tp else None)
     if unroll is not None:
         model.unroll_layers = unroll
-    engine = Engine.default_config().set(
+    engine = _engine(cell, model)
+    engine.init_state()
+    params = jax.tree_util.tree_map(lambda x: jax.device_get(x), engine.state.params)
+    return params, _engine_runner(engine, batch_host, name=name)
+
+
+def _engine(cell: Cell, model: Any):
+    """The Engine of ``cell`` (its mesh, plan, optimizer and dtype) around ``model``."""
+    from titanax.config import config_for_function
+    from titanax.parallel.plan import DP, TP, Plan
+    from titanax.runtime.mesh import MeshSpec
+    from titanax.train import optimizers
+    from titanax.train.engine import Engine
+    from titanax.train.learner import Learner
+    from titanax.train.precision import Precision
+
+    tp = cell.model > 1
+    return Engine.default_config().set(
         mesh=MeshSpec.default_config().set(
             axes=("data", "model") if tp else ("data",),
             shape=(cell.data, cell.model) if tp else (cell.data,),
@@ -104,9 +114,6 @@ def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[
         precision=Precision.default_config().set(bfloat16=cell.dtype == "bf16",
                                                  enable_x32_params=True),
         loggers=[]).instantiate()
-    engine.init_state()
-    params = jax.tree_util.tree_map(lambda x: jax.device_get(x), engine.state.params)
-    return params, _engine_runner(engine, batch_host, name=name)
 
 
 def _engine_runner(engine, batch_host: Dict[str, Any], *, name: str) -> Runner:
@@ -143,12 +150,6 @@ def _nnx_adapter_runner(cell: Cell, batch_host: Dict[str, Any], params) -> Runne
     from titanax.config import config_for_function
     from titanax.modules.adapters.flax_nnx import FlaxNNX
     from titanax.modules.adapters.objectives import ReturnedLoss
-    from titanax.parallel.plan import DP, Plan
-    from titanax.runtime.mesh import MeshSpec
-    from titanax.train import optimizers
-    from titanax.train.engine import Engine
-    from titanax.train.learner import Learner
-    from titanax.train.precision import Precision
 
     sizes = SHAPES[cell.shape]
     model = FlaxNNX.default_config().set(
@@ -160,17 +161,7 @@ def _nnx_adapter_runner(cell: Cell, batch_host: Dict[str, Any], params) -> Runne
         example_inputs={"input_ids": f"int32[2,{sizes['seq_len']}]",
                         "target_ids": f"int32[2,{sizes['seq_len']}]"},
         loss=ReturnedLoss.default_config())
-    engine = Engine.default_config().set(
-        mesh=MeshSpec.default_config().set(axes=("data",), shape=(cell.data,),
-                                           devices=list(range(cell.data))),
-        plan=Plan.default_config().set(
-            data_parallel=DP.default_config().set(accumulate_steps=cell.accumulate)),
-        model=model,
-        learner=Learner.default_config().set(optimizer=config_for_function(optimizers.adamw).set(
-            learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY)),
-        precision=Precision.default_config().set(bfloat16=cell.dtype == "bf16",
-                                                 enable_x32_params=True),
-        loggers=[]).instantiate()
+    engine = _engine(cell, model)  # Data parallel: the module calls no collectives.
     engine.init_state(params=convert.titanax_to_flax(params))
     return _engine_runner(engine, batch_host, name="titanax_nnx")
 

@@ -227,7 +227,7 @@ class FlaxModule(BaseLayer):
     def stacked_paths(self) -> Tuple[str, ...]:
         """Params the module runs through a layer scan (their leading dimension is the layer),
         read off one abstract trace of the module on its example inputs (module_trace.py)."""
-        values = {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in self.stored_variables()}
+        values = self._abstract_values()
         # A module that calls the collectives needs its TP axis bound: one device's worth here
         # (the whole params are that device's shard).
         program = self._trace(values, tp_size=1)
@@ -266,6 +266,24 @@ class FlaxModule(BaseLayer):
                            "model.example_inputs is a batch it accepts (model.inputs: the "
                            "entries its call takes, in order)") from None
 
+    def _abstract_values(self) -> Dict[str, jax.ShapeDtypeStruct]:
+        """``{path: shape and dtype}`` of the params and mutable state (checked first: float
+        arrays with elements)."""
+        for variable in self.stored_variables():
+            if 0 in variable.shape:
+                raise errors.ModuleError(
+                    f"{self.title}: {variable.path} has shape {tuple(variable.shape)}, with no "
+                    "elements", path="model.module",
+                    suggestion="check the module's sizes under model.module (a layer count or "
+                               "width of 0)")
+            if not jnp.issubdtype(variable.dtype, jnp.floating):
+                raise errors.ModuleError(
+                    f"{self.title}: {variable.path} holds {np.dtype(variable.dtype).name} values; "
+                    "Titanax trains and averages float params and state", path="model",
+                    suggestion="keep integer counters out of the module's variables (or store "
+                               "them as floats)")
+        return {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in self.stored_variables()}
+
     @nowrap
     def stored_variables(self) -> List[FlaxVariable]:
         """The params and mutable state (what the train state holds; not the RNG streams)."""
@@ -285,18 +303,6 @@ class FlaxModule(BaseLayer):
         stacked = set(self.stacked_paths)
         specs: Dict[str, Any] = {}
         for variable in self.stored_variables():
-            if 0 in variable.shape:
-                raise errors.ModuleError(
-                    f"{self.title}: {variable.path} has shape {tuple(variable.shape)}, with no "
-                    "elements", path="model.module",
-                    suggestion="check the module's sizes under model.module (a layer count or "
-                               "width of 0)")
-            if not jnp.issubdtype(variable.dtype, jnp.floating):
-                raise errors.ModuleError(
-                    f"{self.title}: {variable.path} holds {np.dtype(variable.dtype).name} values; "
-                    "Titanax trains and averages float params and state", path="model",
-                    suggestion="keep integer counters out of the module's variables (or store "
-                               "them as floats)")
             layers = 1 if variable.path in stacked else 0
             per_layer = len(variable.shape) - layers
             set_at(specs, variable.path, ParameterSpec(
@@ -349,8 +355,7 @@ class FlaxModule(BaseLayer):
         flat = {path_string(path): only_tp(spec) for path, spec in
                 jax.tree_util.tree_flatten_with_path(
                     specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]}
-        values = {v.path: jax.ShapeDtypeStruct(v.shape, v.dtype) for v in self.stored_variables()}
-        program = self._trace(values, tp_size=size, param_specs=flat)
+        program = self._trace(self._abstract_values(), tp_size=size, param_specs=flat)
         if tp_axis not in module_trace.communicated_axes(program):
             raise errors.PlanError(
                 f"{self.title} is a module written for one device: it calls no collective over "

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import math
-import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -36,6 +35,7 @@ from titanax import errors
 from titanax.config import config_for_function
 from titanax.config.configurable import FunctionConfigBase
 from titanax.modules.adapters.flax_module import FlaxModule, FlaxVariable, describe_factory
+from titanax.modules.context import name_key
 
 
 def rngs_given_by_the_adapter() -> None:
@@ -164,8 +164,7 @@ class FlaxNNX(FlaxModule):
         if isinstance(variable, nnx.RngCount):
             return jnp.zeros(shape, jnp.uint32)
         stream = self.stream_key(key, variable.get_metadata().get("tag") or "default")
-        typed = jax.random.wrap_key_data(
-            jax.random.fold_in(stream, zlib.crc32(path.encode()) & 0x7FFFFFFF))
+        typed = jax.random.wrap_key_data(name_key(stream, path))
         if not shape:
             return typed
         return jax.random.split(typed, math.prod(shape)).reshape(shape)

@@ -23,7 +23,7 @@ from titanax.config import Configurable
 from titanax.modules.input_limits import InputLimit
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.models.classifier import classification_loss, example_weights
-from titanax.modules.models.language_model import token_weights
+from titanax.modules.models.language_model import token_mean, token_weights
 
 Batch = Dict[str, jax.Array]
 
@@ -66,13 +66,8 @@ class CausalLMLoss(Objective):
                     yield name, f"must be >= 1 (or None), got {value}"
 
     def __call__(self, outputs, batch):
-        per_token = vocab_parallel_cross_entropy(outputs, batch["target_ids"],
-                                                 vocab_size=self.config.vocab_size)
-        weights = token_weights(batch, per_token.shape)
-        loss_sum = jnp.sum(per_token * weights)
-        num_tokens = jnp.sum(weights)
-        return loss_sum / jnp.maximum(num_tokens, 1.0), {"loss_sum": loss_sum,
-                                                          "num_tokens": num_tokens}
+        return token_mean(vocab_parallel_cross_entropy(outputs, batch["target_ids"],
+                                                       vocab_size=self.config.vocab_size), batch)
 
     def loss_weight(self, batch):
         return jnp.sum(token_weights(batch, batch["target_ids"].shape))

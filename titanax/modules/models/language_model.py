@@ -121,11 +121,7 @@ class CausalLanguageModel(BaseLayer):
             logits, batch["target_ids"],
             tp_axis=self.config.tp_axis if head.is_split() else None,
             vocab_offset=head.vocab_offset(), vocab_size=self.config.vocab_size)
-        weights = token_weights(batch, per_token.shape)
-        loss_sum = jnp.sum(per_token * weights)
-        num_tokens = jnp.sum(weights)
-        loss = loss_sum / jnp.maximum(num_tokens, 1.0)
-        return loss, {"loss_sum": loss_sum, "num_tokens": num_tokens}
+        return token_mean(per_token, batch)
 
     @nowrap
     def input_limits(self) -> Dict[str, InputLimit]:
@@ -165,6 +161,18 @@ def document_inputs(batch: Dict[str, Any]) -> Dict[str, jax.Array]:
     token belongs to; attention stays inside it) and ``positions`` (its place in that document:
     RoPE rotates by it). Absent: one document per row, positions ``0 .. seq-1``."""
     return {k: batch[k] for k in ("segment_ids", "positions") if batch.get(k) is not None}
+
+
+def token_mean(per_token: jax.Array, batch: Dict[str, jax.Array]
+               ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+    """``(mean of per_token over the trained tokens, aux)``: tokens weighted by
+    ``batch["weights"]``, with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` (the loss of an
+    all-padding shard is 0, not 0/0)."""
+    weights = token_weights(batch, per_token.shape)
+    loss_sum = jnp.sum(per_token * weights)
+    num_tokens = jnp.sum(weights)
+    return loss_sum / jnp.maximum(num_tokens, 1.0), {"loss_sum": loss_sum,
+                                                     "num_tokens": num_tokens}
 
 
 def token_weights(batch: Dict[str, jax.Array], shape) -> jax.Array:
