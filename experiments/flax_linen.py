@@ -19,7 +19,8 @@ from typing import Optional, Tuple
 import flax.linen as nn
 import jax
 
-from titanax.config import config_for_function, register_experiment
+from titanax.config import checked_by, config_for_function, register_experiment
+from titanax.config import value_checks as check
 from titanax.data.pipeline import Input
 from titanax.data.sources import MNIST
 from titanax.io.checkpointer import OrbaxCheckpoint
@@ -63,6 +64,16 @@ class CNN(nn.Module):
         return nn.Dense(self.num_classes, kernel_init=_named("out", None))(x)
 
 
+def _cnn_sizes(*, num_classes=10, channels=(16, 32), hidden_dim=128, **_):
+    """The factory's arguments, checked where the config is validated (named by path)."""
+    yield from check.at_least("num_classes", num_classes, 1)
+    yield from check.at_least("hidden_dim", hidden_dim, 1)
+    if isinstance(channels, (list, tuple)) and any(
+            isinstance(c, int) and c < 1 for c in channels):
+        yield "channels", f"every channel count must be >= 1, got {tuple(channels)}"
+
+
+@checked_by(_cnn_sizes)
 def make_cnn(*, num_classes: int = 10, channels: Tuple[int, int] = (16, 32),
              hidden_dim: int = 128, batch_norm_axis: Optional[str] = None) -> CNN:
     """The factory the adapter calls."""

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from titanax.config import config_for_function, register_experiment
+from titanax.config import checked_by, config_for_function, register_experiment
+from titanax.config import value_checks as check
 from titanax.modules.adapters.flax_nnx import FlaxNNX
 from titanax.modules.adapters.objectives import CausalLMLoss
 
@@ -111,6 +112,20 @@ class GPT(nnx.Module):
         return self.head(x)
 
 
+def _gpt_sizes(*, vocab_size=256, max_seq_len=64, num_layers=4, model_dim=128, num_heads=4,
+               dropout_rate=0.0, **_):
+    """The factory's arguments, checked where the config is validated (named by path)."""
+    for name, value in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len),
+                        ("num_layers", num_layers), ("model_dim", model_dim),
+                        ("num_heads", num_heads)):
+        yield from check.at_least(name, value, 1)
+    yield from check.fraction("dropout_rate", dropout_rate)
+    if isinstance(model_dim, int) and isinstance(num_heads, int) and num_heads >= 1 and \
+            model_dim % num_heads:
+        yield "num_heads", f"must divide model_dim={model_dim}, got {num_heads}"
+
+
+@checked_by(_gpt_sizes)
 def make_gpt(*, vocab_size: int = 256, max_seq_len: int = 64, num_layers: int = 4,
              model_dim: int = 128, num_heads: int = 4, dropout_rate: float = 0.0,
              scan_layers: bool = True, tie_embeddings: bool = True, rngs: nnx.Rngs) -> GPT:

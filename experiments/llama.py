@@ -18,6 +18,8 @@
   ``context`` devices, for accelerators.
 """
 
+from typing import Optional
+
 from titanax.config import register_experiment
 from titanax.data.packed import PackedDocuments
 from titanax.data.pipeline import Input
@@ -98,7 +100,8 @@ def qwen3_0_6b_dp():
                               steps=5000, peak_lr=3e-4, eval_batches=20)
 
 
-def _packed_input(split: str, *, fmt: str, batch_size: int, seq_len: int, seed: int = 0):
+def _packed_input(split: str, *, fmt: Optional[str], batch_size: int, seq_len: int,
+                  seed: int = 0):
     return Input.default_config().set(
         source=PackedDocuments.default_config().set(format=fmt, seq_len=seq_len, split=split),
         global_batch_size=batch_size, seed=seed)
@@ -111,8 +114,8 @@ def llama_tiny_packed():
     the bundled plays, one document per paragraph), tokenized by
     --config.train_input.tokenizer.path (default: bytes)."""
     cfg = llama_tiny_dp_tp()
-    cfg.train_input = _packed_input("train", fmt="text", batch_size=16, seq_len=64)
-    cfg.evalers["heldout"].input = _packed_input("test", fmt="text", batch_size=16, seq_len=64,
+    cfg.train_input = _packed_input("train", fmt=None, batch_size=16, seq_len=64)
+    cfg.evalers["heldout"].input = _packed_input("test", fmt=None, batch_size=16, seq_len=64,
                                                  seed=1)
     return cfg
 
@@ -120,11 +123,14 @@ def llama_tiny_packed():
 @register_experiment
 def llama_tiny_sft():
     """llama_tiny_dp_tp fine-tuned on JSONL {"prompt": ..., "completion": ...} records given by
-    --config.train_input.source.files (and the evaler's, held out): the loss is the mean over
-    completion tokens only; packed rows."""
+    --config.train_input.source.files (the evaler reads their held-out split), or on chat
+    records with --config.train_input.source.format=chat: the loss is the mean over completion
+    (assistant) tokens only; packed rows. With --config.init_from=<HF dir> the model and its
+    tokenizer come from the directory (docs/fine_tune.md)."""
     cfg = llama_tiny_packed()
+    # (The evaler reads the held-out split of the same files, in the train input's format.)
+    cfg.train_input.source.format = "prompt_completion"
     for input_cfg in (cfg.train_input, cfg.evalers["heldout"].input):
-        input_cfg.source.format = "prompt_completion"
         # A pair longer than a row keeps its completion and the end of its prompt.
         input_cfg.source.long_documents = "truncate"
     cfg.max_steps = 200
@@ -136,13 +142,13 @@ def llama_tiny_sft():
 @register_experiment
 def llama3_8b_sft_fsdp_tp():
     """llama3_8b_fsdp_tp fine-tuned on the user's JSONL prompt/completion records
-    (--config.train_input.source.files, --config.train_input.tokenizer.path=<the model's dir>,
-    usually with --config.init_from=<the HF model>): completion tokens only, packed rows of
-    4096; for accelerators."""
+    (--config.train_input.source.files, usually with --config.init_from=<the HF model>, whose
+    tokenizer then reads them): completion tokens only, packed rows of 4096; for
+    accelerators."""
     cfg = llama3_8b_fsdp_tp()
     cfg.train_input = _packed_input("train", fmt="prompt_completion", batch_size=32,
                                     seq_len=4096)
-    cfg.evalers["heldout"].input = _packed_input("test", fmt="prompt_completion", batch_size=32,
+    cfg.evalers["heldout"].input = _packed_input("test", fmt=None, batch_size=32,
                                                  seq_len=4096, seed=1)
     for input_cfg in (cfg.train_input, cfg.evalers["heldout"].input):
         input_cfg.source.long_documents = "truncate"

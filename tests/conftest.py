@@ -8,6 +8,8 @@ All must be configured before jax starts, so this runs first and sets them in th
 import os
 import sys
 
+import pytest
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
@@ -46,3 +48,25 @@ HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_pari
 def pytest_collection_modifyitems(items):
     rank = {path: index for index, path in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+@pytest.fixture(scope="module")
+def float64_numerics():
+    """The module's engines store and compute in float64, in jax's 64-bit mode (parity tests:
+    ``tests/numerics.py``). Use with ``pytestmark = pytest.mark.usefixtures("float64_numerics")``."""
+    from tests.numerics import float64_numerics as mode  # pylint: disable=import-outside-toplevel
+    with mode():
+        yield
+
+
+@pytest.fixture
+def float32_numerics():
+    """This test runs in float32 inside a float64 module: what it measures is the float32
+    program itself (its collectives' count and bytes, its buffers), not a parity."""
+    import jax  # pylint: disable=import-outside-toplevel
+    previous = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)

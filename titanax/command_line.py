@@ -1,20 +1,61 @@
-"""What every ``python -m titanax.<command>`` does around its body (export, generate).
+"""What every ``python -m titanax.<command>`` does around its body (launch, export, generate,
+pretokenize, train_tokenizer).
 
-jax's backend chatter and absl's INFO logs are kept off stderr unless ``--verbosity`` asks; a
-``TitanaxError`` prints as a short message naming what is wrong and exits with status 2 (the
-Python traceback with ``--show_traceback``), like the launcher.
+- Standard output and error never stop a command (``observe/console.py``): a closed pipe or a
+  full disk drops the text, not the run.
+- A flag mistake -- unknown, misspelled (absl's "Did you mean" names the flag meant), badly
+  typed -- is a two-line message and exit status 2, as every other bad input; ``--help`` exits 0.
+- jax's backend chatter and absl's INFO logs are kept off stderr unless ``--verbosity`` asks;
+  Titanax's own log lines are shown as the kind they are (``titanax: ...`` on stdout for
+  information, ``titanax: warning: ...`` on stderr: ``observe/console.py``).
+- A ``TitanaxError`` prints as a short message naming what is wrong and exits with status 2 (the
+  Python traceback with ``--show_traceback``).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable, Sequence
+from typing import Callable, List, Optional, Sequence
 
-from absl import flags
+from absl import app, flags
 from absl import logging as absl_logging
 
 from titanax import errors
+from titanax.observe import console
+
+# What asks absl for help (absl prints it, then exits 1: not an error here).
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
+def parse_flags(argv: Sequence[str], *, name: str) -> List[str]:
+    """absl's parsing of ``argv`` with Titanax's conventions: a mistake is a short error naming
+    the flag and exit status 2; asking for help exits 0. Returns the positional arguments."""
+    try:
+        return flags.FLAGS(list(argv))
+    except flags.Error as e:
+        message = str(e)
+        flag = message.split("'")[1] if message.count("'") >= 2 else ""
+        print(f"{name}: error: " + (f"--{flag.lstrip('-')}: " if flag else "") + message,
+              file=sys.stderr)
+        print(f"  suggestion: python -m {name} --help lists the flags"
+              + ("; config fields are --config.<path>=<value>" if name == "titanax.launch"
+                 else ""), file=sys.stderr)
+        sys.exit(2)
+    except SystemExit as e:
+        if any(arg.split("=")[0] in HELP_FLAGS for arg in list(argv)[1:]):
+            sys.exit(0)
+        raise e
+
+
+def quiet_libraries() -> None:
+    """jax's backend probing and absl's INFO lines off stderr (unless --verbosity asks); Titanax's
+    own log lines shown by kind."""
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    console.show_titanax_logs()
+
 
 def main_of(body: Callable[[Sequence[str]], int], *, name: str) -> Callable[[Sequence[str]], None]:
     """An ``absl.app.run`` main that runs ``body(argv)`` and exits with its status (call it
@@ -24,9 +65,7 @@ def main_of(body: Callable[[Sequence[str]], int], *, name: str) -> Callable[[Seq
         flags.DEFINE_bool("show_traceback", False, "Print Python tracebacks of Titanax's errors.")
 
     def main(argv: Sequence[str]) -> None:
-        logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-        if not flags.FLAGS["verbosity"].present:
-            absl_logging.set_verbosity(absl_logging.WARNING)
+        quiet_libraries()
         try:
             if len(argv) > 1:  # Every command takes flags only.
                 raise errors.LaunchFlagError(f"unexpected arguments: {' '.join(argv[1:])}",
@@ -40,3 +79,13 @@ def main_of(body: Callable[[Sequence[str]], int], *, name: str) -> Callable[[Seq
             sys.exit(2)
         sys.exit(status)
     return main
+
+
+def run(body: Callable[[Sequence[str]], int], *, name: str,
+        define_flags: Optional[Callable[[], None]] = None) -> None:
+    """The whole of a command's ``if __name__ == "__main__":`` -- streams protected, flags
+    defined and parsed (``parse_flags``), ``body`` run (``main_of``)."""
+    console.protect_standard_streams()
+    if define_flags is not None:
+        define_flags()
+    app.run(main_of(body, name=name), flags_parser=lambda argv: parse_flags(argv, name=name))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from absl import app, flags
+from absl import flags
 
 from titanax import command_line, errors
 from titanax.runtime import cpu_devices
@@ -74,5 +74,4 @@ def export(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    _define_flags()
-    app.run(command_line.main_of(export, name="titanax.export"))
+    command_line.run(export, name="titanax.export", define_flags=_define_flags)

@@ -2,23 +2,32 @@
 
     python -m titanax.generate --trainer_dir=runs/llama_tiny_dp_tp --prompt="ROMEO:" --max_new_tokens=64
     python -m titanax.generate --hf=path/to/hf_dir --prompt_ids=1,2,3 --max_new_tokens=32 --temperature=0.8 --top_p=0.9
+    python -m titanax.generate --trainer_dir=runs/chat_sft --chat --prompt="What is 7 x 6?" --max_new_tokens=64
 
 The model runs with a key/value cache (the prompt once, then one token at a time) inside one
 compiled program on a mesh of the devices at hand: a run's own mesh and tensor parallelism (its
 pipe axis, if any, folded into data: checkpoints restore onto any mesh), or for ``--hf`` data x
 ``--model_parallel``. Greedy unless ``--temperature`` is given. Prints one line ``ids: ...`` with
 the generated ids (the prompt excluded; up to and including an end-of-sequence id), then the text
-when a tokenizer is known: the HF directory's ``tokenizer.json`` (the ``tokenizers`` package), or
-bytes for a model with a 256-id vocabulary.
+when a tokenizer is known: the one the run trained with (its train input's), the HF directory's
+``tokenizer.json`` / ``tokenizer.model``, or bytes for a model with a 256-id vocabulary.
+
+``--prompt`` is read as transformers' ``tokenizer(text)`` reads it (special tokens as such, BOS
+first where the tokenizer starts documents with one). ``--chat`` makes it a user message
+rendered by the tokenizer's chat template with the generation prompt -- the ids of
+``apply_chat_template(..., add_generation_prompt=True)`` -- and the answer stops at the
+template's end-of-turn token (or an end-of-sequence id of the HF directory's
+generation_config.json / config.json).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
-from absl import app, flags
+from absl import flags
 
 from titanax import command_line, errors
 from titanax.runtime import cpu_devices
@@ -35,6 +44,11 @@ def _define_flags() -> None:
     flags.DEFINE_integer("step", None, "Checkpoint step of --trainer_dir (default: newest).")
     flags.DEFINE_string("prompt", None, "The prompt as text (needs a tokenizer).")
     flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids.")
+    flags.DEFINE_bool("chat", False, "--prompt is a user message: rendered through the "
+                      "tokenizer's chat template with the generation prompt (special tokens read "
+                      "as such: the ids of transformers' apply_chat_template(..., "
+                      "add_generation_prompt=True)); the answer stops at the template's "
+                      "end-of-turn token.")
     flags.DEFINE_integer("max_new_tokens", 32, "Tokens to generate.")
     flags.DEFINE_float("temperature", None, "Sampling temperature (default: greedy).")
     flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likely tokens up to "
@@ -55,11 +69,15 @@ def _check_flags() -> None:
     if (FLAGS.prompt is None) == (FLAGS.prompt_ids is None):
         raise errors.LaunchFlagError("give exactly one prompt", path="--prompt/--prompt_ids",
                                      suggestion="--prompt='text' or --prompt_ids=1,2,3")
+    if FLAGS.chat and FLAGS.prompt is None:
+        raise errors.LaunchFlagError("--chat renders a text message", path="--chat",
+                                     suggestion="give the user message as --prompt='...'")
     if FLAGS.max_new_tokens < 1:
         raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.max_new_tokens}",
                                      path="--max_new_tokens", suggestion="e.g. 32")
-    if FLAGS.temperature is not None and FLAGS.temperature < 0:
-        raise errors.LaunchFlagError(f"must be >= 0, got {FLAGS.temperature}",
+    if FLAGS.temperature is not None and not (math.isfinite(FLAGS.temperature)
+                                              and FLAGS.temperature >= 0):
+        raise errors.LaunchFlagError(f"must be a finite number >= 0, got {FLAGS.temperature}",
                                      path="--temperature", suggestion="0 or no flag: greedy")
     if not 0 < FLAGS.top_p <= 1:
         raise errors.LaunchFlagError(f"must be in (0, 1], got {FLAGS.top_p}", path="--top_p",
@@ -67,45 +85,92 @@ def _check_flags() -> None:
     if FLAGS.model_parallel < 1:
         raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.model_parallel}",
                                      path="--model_parallel", suggestion="e.g. 2")
+    if FLAGS.step is not None and FLAGS.step < 0:
+        raise errors.LaunchFlagError(f"must be >= 0, got {FLAGS.step}", path="--step",
+                                     suggestion="give a saved step (ls <run>/checkpoints)")
+    if not 0 <= FLAGS.seed < 2 ** 32:
+        raise errors.LaunchFlagError(f"must be in [0, 2**32), got {FLAGS.seed}", path="--seed",
+                                     suggestion="e.g. --seed=1")
     if FLAGS.cpu_devices is not None and FLAGS.cpu_devices < 1:
         raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.cpu_devices}",
                                      path="--cpu_devices", suggestion="e.g. 8")
 
 
 class _Tokens:
-    """The model's tokenizer, when one is known; and its end-of-sequence ids."""
+    """The model's tokenizer, when one is known; and the ids that end its answer."""
 
-    def __init__(self, hf_dir: Optional[str], vocab_size: int):
+    def __init__(self, tokenizer_cfg: Optional[Any], source_dir: Optional[str], vocab_size: int):
+        """``tokenizer_cfg``: the tokenizer the model was trained with (a run's record, or the
+        HF directory's); None: bytes for a 256-id vocabulary, else none. ``source_dir``: the HF
+        directory whose generation_config.json / config.json name end-of-sequence ids."""
         from titanax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
         self.tokenizer = None
-        self.end_ids: List[int] = []
-        if hf_dir and os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):
-            self.tokenizer = Tokenizer.default_config().set(path=hf_dir).instantiate()
+        if tokenizer_cfg is not None:
+            self.tokenizer = tokenizer_cfg.instantiate()
         elif vocab_size == 256:
             self.tokenizer = Tokenizer.default_config().instantiate()  # Bytes.
+        self.end_ids: List[int] = []
         for name in ("generation_config.json", "config.json"):
-            path = os.path.join(hf_dir, name) if hf_dir else ""
+            path = os.path.join(source_dir, name) if source_dir else ""
             if path and os.path.isfile(path):
                 with open(path, encoding="utf-8") as f:
                     end = json.load(f).get("eos_token_id")
                 if end is not None:
                     self.end_ids = [end] if isinstance(end, int) else list(end)
                     break
+        eos = getattr(self.tokenizer, "eos_id", None)
+        if eos is not None and eos not in self.end_ids:
+            self.end_ids.append(eos)
 
-    def encode(self, text: str) -> List[int]:
+    def _needed(self, flag: str):
         if self.tokenizer is None:
             raise errors.LaunchFlagError(
-                "this model has no known tokenizer (no tokenizer.json, and its vocabulary is "
-                "not bytes)", path="--prompt", suggestion="give the prompt as --prompt_ids=...")
-        # A document starts with BOS where the tokenizer has one (as packed documents and the
-        # HF tokenizers' own post-processing do).
-        bos = getattr(self.tokenizer, "bos_id", None)
-        return ([bos] if bos is not None else []) + [int(i) for i in self.tokenizer.encode(text)]
+                "this model has no known tokenizer (no tokenizer.json or tokenizer.model, and "
+                "its vocabulary is not bytes)", path=flag,
+                suggestion="give the prompt as --prompt_ids=...")
+        return self.tokenizer
+
+    def encode(self, text: str) -> List[int]:
+        """A plain prompt, special tokens read as such, after BOS where the tokenizer has one
+        (as transformers' ``tokenizer(text)`` and packed documents)."""
+        return self._needed("--prompt").encode_prompt(text)
+
+    def encode_chat(self, message: str) -> List[int]:
+        """A user message through the chat template, with the generation prompt; the template's
+        end-of-turn token ends the answer."""
+        from titanax.data import chat  # pylint: disable=import-outside-toplevel
+        tokenizer = self._needed("--chat")
+        try:
+            ids = tokenizer.encode_chat_prompt([("user", message)])
+        except chat.TemplateError as e:
+            raise errors.LaunchFlagError(str(e), path="--chat",
+                                         suggestion="check the tokenizer's chat template") from e
+        self.end_ids += [i for i in tokenizer.chat_end_ids() if i not in self.end_ids]
+        return ids
 
     def decode(self, ids: Sequence[int]) -> Optional[str]:
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(list(ids))
+
+
+def _hf_tokenizer(directory: str):
+    """The HF directory's tokenizer (tokenizer.json, else tokenizer.model), or None."""
+    from titanax.data.tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE, Tokenizer  # pylint: disable=import-outside-toplevel
+    if any(os.path.isfile(os.path.join(directory, name))
+           for name in (TOKENIZER_FILE, SENTENCEPIECE_FILE)):
+        return Tokenizer.default_config().set(path=directory)
+    return None
+
+
+def _run_tokenizer(run) -> Optional[Any]:
+    """The tokenizer a run was trained with: its train input's (bytes when unset), or -- for
+    a run without a configured input -- its HF source's."""
+    train_input = getattr(run, "train_input", None)
+    if train_input is not None and getattr(train_input, "tokenizer", None) is not None:
+        return train_input.tokenizer if train_input.tokenizer.path is not None else None
+    source = getattr(run, "init_from", None)
+    return _hf_tokenizer(source) if source and os.path.isdir(source) else None
 
 
 def _engine():
@@ -128,7 +193,7 @@ def _engine():
             cfg.precision = saved_run.precision_for(FLAGS.dtype)
         engine = cfg.instantiate()
         engine.init_or_restore()
-        return engine, FLAGS.hf
+        return engine, FLAGS.hf, _hf_tokenizer(FLAGS.hf)
     trainer_dir = os.path.abspath(FLAGS.trainer_dir)
     run = saved_run.read_run_config(trainer_dir)
     if getattr(run.model, "moe", None) is not None:
@@ -143,7 +208,7 @@ def _engine():
     engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step, run=run,
                                        mesh=_data_and_model_only(run.mesh, plan), plan=plan,
                                        dtype=FLAGS.dtype, sequence_parallel=False)
-    return engine, saved_run.source_dir(run)
+    return engine, saved_run.source_dir(run), _run_tokenizer(run)
 
 
 def _data_and_model_only(mesh, plan):
@@ -165,19 +230,21 @@ def generate(argv: Sequence[str]) -> int:
         cpu_devices.simulate_cpu_devices(FLAGS.cpu_devices)
     import jax  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
-    engine, source = _engine()
+    engine, source, tokenizer_cfg = _engine()
     cfg = engine.model.config
     if not hasattr(engine.model, "generate"):
         raise errors.LaunchFlagError(
             f"{type(engine.model).__name__} has no key/value-cache decoding", path="model",
             suggestion="generation runs the Llama / Qwen / Mistral Decoder family")
-    tokens = _Tokens(source, cfg.vocab_size)
+    tokens = _Tokens(tokenizer_cfg, source, cfg.vocab_size)
     if FLAGS.prompt_ids is not None:
         try:
             prompt = [int(t) for t in FLAGS.prompt_ids.split(",") if t.strip()]
         except ValueError as e:
             raise errors.LaunchFlagError(f"not comma-separated integers: {FLAGS.prompt_ids!r}",
                                          path="--prompt_ids", suggestion="e.g. 1,2,3") from e
+    elif FLAGS.chat:
+        prompt = tokens.encode_chat(FLAGS.prompt)
     else:
         prompt = tokens.encode(FLAGS.prompt)
     bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
@@ -210,5 +277,4 @@ def generate(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    _define_flags()
-    app.run(command_line.main_of(generate, name="titanax.generate"))
+    command_line.run(generate, name="titanax.generate", define_flags=_define_flags)

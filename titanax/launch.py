@@ -36,19 +36,18 @@ if __name__ == "__main__" or sys.argv and sys.argv[0].endswith("titanax-launch")
 import importlib
 import inspect
 import json
-import logging
 import os
 import signal
 import tempfile
 from typing import Dict, List, Sequence
 
 from absl import app, flags
-from absl import logging as absl_logging
 
-from titanax import errors
+from titanax import command_line, errors
 from titanax.config import overrides as overrides_lib
 from titanax.config import registry
 from titanax.config import config_file
+from titanax.observe import console
 from titanax.runtime import cluster, cpu_devices, distributed, local_processes
 from titanax.utils.files import atomic_write_text
 
@@ -92,27 +91,12 @@ _SHOW_TRACEBACK = flags.DEFINE_bool(
 _OVERRIDES: List[overrides_lib.Override] = []
 
 
-_HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
-
-
 def _parse_flags(argv: Sequence[str]) -> List[str]:
-    """absl's parsing, with Titanax's conventions: a flag mistake is a short error naming the
-    flag (exit 2, like every other bad input), and asking for help is not an error (exit 0)."""
+    """The --config.<path>=<value> overrides split off, then absl's parsing with Titanax's
+    conventions (``command_line.parse_flags``: a flag mistake exits 2, help exits 0)."""
     rest, found = overrides_lib.split_override_args(list(argv))
     _OVERRIDES[:] = found
-    try:
-        return flags.FLAGS(rest)
-    except flags.Error as e:
-        message = str(e)
-        name = message.split("'")[1] if message.count("'") >= 2 else "flags"
-        print(f"titanax.launch: error: --{name.lstrip('-')}: {message}", file=sys.stderr)
-        print("  suggestion: python -m titanax.launch --help lists the flags; config fields are "
-              "--config.<path>=<value>", file=sys.stderr)
-        sys.exit(2)
-    except SystemExit as e:  # absl prints the help, then exits 1.
-        if any(arg.split("=")[0] in _HELP_FLAGS for arg in rest[1:]):
-            sys.exit(0)
-        raise e
+    return command_line.parse_flags(rest, name="titanax.launch")
 
 
 def _format_experiment_list() -> str:
@@ -281,6 +265,8 @@ def _resolved_config():
     cfg = overrides_lib.apply_overrides(cfg, _OVERRIDES)
     if getattr(cfg, "init_from", None):
         cfg = _model_from_hf(cfg, file_overrides + list(_OVERRIDES))
+    from titanax.train.inputs import follow_train_input  # pylint: disable=import-outside-toplevel
+    cfg = follow_train_input(cfg)
     cfg.validate()
     return cfg, overrides_lib.config_diff(named, cfg)
 
@@ -300,6 +286,9 @@ def _model_from_hf(cfg, given):
     derived = fine_tune.derive_model(cfg, recorded=recorded)
     derived = overrides_lib.apply_overrides(
         derived, [o for o in given if o.path == "model" or o.path.startswith("model.")])
+    if recorded is None:  # A fresh run loads the weights: their shapes are checked now.
+        fine_tune.check_model_matches(derived.model, derived.init_from)
+    derived = fine_tune.with_model_tokenizer(derived, given=given)
     changed = [f"model.{line}" for line in overrides_lib.config_diff(cfg.model, derived.model)]
     print(f"titanax: model from {derived.init_from}/config.json ({len(changed)} change"
           f"{'s' if len(changed) != 1 else ''} to the experiment's):"
@@ -388,9 +377,7 @@ def _explain_peer_loss(error) -> None:
 def main(argv: Sequence[str]) -> None:
     # jax reports at INFO level every backend it could not find (TPU on a GPU host...), and Orbax
     # logs every save step at INFO through absl: keep stderr for warnings unless --verbosity asks.
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-    if not flags.FLAGS["verbosity"].present:
-        absl_logging.set_verbosity(absl_logging.WARNING)
+    command_line.quiet_libraries()
     try:
         status = launch(argv)
     except errors.TitanaxError as e:
@@ -416,6 +403,7 @@ def main(argv: Sequence[str]) -> None:
 def run_main() -> None:
     """Entry point of ``python -m titanax.launch`` and the ``titanax-launch`` script."""
     preemption.install_early()
+    console.protect_standard_streams()  # Printing never stops a run (a closed pipe, a full disk).
     local_processes.die_with_launcher()
     # absl's --help lists the flags of the main module and prints its docstring; for the
     # installed script the main module is a generated stub, so name ours as the main one.

@@ -130,13 +130,36 @@ def test_undecodable_lines_and_globs_that_match_nothing_are_named(tmp_path):
 
 def test_a_tokenizer_path_on_a_source_that_does_not_tokenize_is_refused(tmp_path):
     from titanax.data.pipeline import Input
-    from titanax.data.sources import TextWindows
-    cfg = Input.default_config().set(source=TextWindows.default_config().set(seq_len=16),
-                                     global_batch_size=8)
+    from titanax.data.sources import MNIST
+    cfg = Input.default_config().set(source=MNIST.default_config(), global_batch_size=8)
     cfg.tokenizer.path = str(tmp_path)
     with pytest.raises(errors.DataError, match="does not tokenize text") as e:
         cfg.instantiate()
     assert e.value.path == "tokenizer.path"
+
+
+def test_text_windows_read_with_the_inputs_tokenizer(tmp_path):
+    """The plain-text windows (gpt / llama_tiny_dp_tp's input) are the tokenizer's ids, not
+    bytes, when the input names one."""
+    from titanax.data import train_tokenizer
+    from titanax.data.pipeline import Input
+    from titanax.data.sources import TextWindows
+    text = tmp_path / "corpus.txt"
+    text.write_text("to be or not to be, that is the question. " * 200)
+    train_tokenizer.train([str(text)], vocab_size=300, out=str(tmp_path / "tok"),
+                          progress=False)
+    cfg = Input.default_config().set(
+        source=TextWindows.default_config().set(files=[str(text)], seq_len=16,
+                                                held_out_fraction=0.0),
+        global_batch_size=8, shuffle=False)
+    cfg.tokenizer.path = str(tmp_path / "tok")
+    made = cfg.instantiate()
+    tokenizer = made.source.tokenizer
+    window = made.source[0]
+    assert 256 < tokenizer.vocab_size <= 300 and window["input_ids"].max() >= 256  # Merges.
+    assert tokenizer.decode(list(window["input_ids"]) + [int(window["target_ids"][-1])]) in \
+        text.read_text()
+    np.testing.assert_array_equal(window["target_ids"][:-1], window["input_ids"][1:])
 
 
 def test_prompt_completion_without_files_and_an_odd_head_width_are_refused():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.hf import reference_models as ref
-from tests.numerics import CROSS_FRAMEWORK, PARITY, assert_close
+from tests.numerics import CROSS_FRAMEWORK, FLOAT32, assert_close
 from titanax import errors
 from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
@@ -42,7 +42,7 @@ def test_round_trip_is_bit_identical_and_loads_in_transformers(kind, root, tmp_p
     for name, value in before.items():
         assert after[name].dtype == value.dtype and np.array_equal(after[name], value), name
     ids = ref.token_ids()
-    assert_close(ref.hf_logits(out, ids), ref.hf_logits(source, ids), bound=PARITY,
+    assert_close(ref.hf_logits(out, ids), ref.hf_logits(source, ids), bound=FLOAT32,
                  what=f"{kind} logits after the round trip")
     assert importer.model_config(out).debug_string() == cfg.debug_string()
 
@@ -55,7 +55,7 @@ def test_sharded_export_loads_through_its_index(root, tmp_path):
     index = json.load(open(os.path.join(out, "model.safetensors.index.json")))
     assert len(set(index["weight_map"].values())) > 2
     ids = ref.token_ids()
-    assert_close(ref.hf_logits(out, ids), ref.hf_logits(source, ids), bound=PARITY,
+    assert_close(ref.hf_logits(out, ids), ref.hf_logits(source, ids), bound=FLOAT32,
                  what="logits of the sharded export")
     # And Titanax reads the sharded form back.
     assert_close(importer.params_as_numpy(out, cfg), importer.params_as_numpy(source, cfg),

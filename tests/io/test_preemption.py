@@ -134,3 +134,50 @@ def test_a_second_signal_exits_at_once_leaving_only_complete_checkpoints(tmp_pat
     assert steps, "the periodic checkpoints before the signals are there"
     for step in steps:  # Every visible checkpoint is complete and readable.
         assert checkpointer.load(step)["dense0"]["weight"].shape == (784, 256)
+
+
+def _assert_one_readable_checkpoint(trainer_dir):
+    checkpointer = OrbaxCheckpoint(path=str(trainer_dir / "checkpoints"))
+    steps = checkpointer.all_steps()
+    assert len(steps) == 1 and steps[0] >= 1, steps
+    assert checkpointer.load(steps[0])["dense0"]["weight"].shape == (784, 256)
+    assert not _tmp_dirs(trainer_dir / "checkpoints")
+
+
+def test_ctrl_c_with_the_output_piped_into_a_reader_that_exited_saves_and_exits_0(tmp_path):
+    """``launch ... | tee log`` and Ctrl-C: tee dies with the run's terminal, and every line
+    the run prints from then on meets a closed pipe -- the save comes first, exit 0."""
+    process = subprocess.Popen(_command(tmp_path, steps=100000, save_every=100000, log_every=1,
+                                        quiet=False),
+                               cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if re.match(r"step\s+3\b", line):
+            break
+    process.stdout.close()  # The reader is gone: the pipe is closed.
+    process.send_signal(signal.SIGINT)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr[-3000:]
+    _assert_one_readable_checkpoint(tmp_path)
+
+
+def test_sigterm_with_the_output_on_a_full_disk_saves_and_exits_0(tmp_path):
+    """Every write to stdout fails (``/dev/full``: ENOSPC); the run trains, and SIGTERM saves."""
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        process = subprocess.Popen(_command(tmp_path, steps=100000, save_every=100000,
+                                            log_every=1, quiet=False),
+                                   cwd=REPO_ROOT, env=ENV, stdout=full, stderr=subprocess.PIPE,
+                                   text=True)
+    metrics = tmp_path / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while process.poll() is None and time.monotonic() < deadline:  # Three steps logged.
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()[1][-3000:]
+    process.send_signal(signal.SIGTERM)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    _assert_one_readable_checkpoint(tmp_path)

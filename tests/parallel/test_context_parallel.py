@@ -22,6 +22,8 @@ from titanax.parallel.context_parallel import CP, causal_work, dual_chunk_order
 from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
 from titanax.train.engine import Engine
 
+pytestmark = pytest.mark.usefixtures("float64_numerics")
+
 BATCHES = helpers.text_batches(batch_size=8, count=2, uneven=True)
 GPT_MODEL = dict(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2, model_dim=32,
                  num_heads=4)
@@ -50,7 +52,8 @@ def _engine(model: str, sizes=None, *, strategy="all_gather", load_balance="dual
                else GPT.default_config().set(**GPT_MODEL)).set(**model_changes)
     cfg = Engine.default_config().set(
         mesh=helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape))))), plan=plan,
-        model=network, learner=_learner(), loggers=[], log_every=1000)
+        model=network, learner=_learner(), loggers=[], log_every=1000,
+        precision=helpers.test_precision())
     return cfg.instantiate()
 
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.numerics import PARITY, assert_close
+from tests.numerics import FLOAT64, assert_close
 from tests.train import helpers
 from titanax import errors
 from titanax.modules.layers.moe import MoE
@@ -22,6 +22,8 @@ from titanax.parallel.context_parallel import CP
 from titanax.parallel.expert_parallel import EP
 from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
 from titanax.train.engine import Engine
+
+pytestmark = pytest.mark.usefixtures("float64_numerics")
 
 BATCHES = helpers.text_batches(batch_size=8, count=2, uneven=True)
 MODEL = dict(name="llama", vocab_size=256, max_seq_len=16, num_layers=2, model_dim=32,
@@ -64,13 +66,14 @@ def _engine(sizes=None, *, moe=None, tp=False, fsdp=False, zero=None, pipe=None,
         learner.optimizer.momentum = 0.9
     cfg = Engine.default_config().set(
         mesh=helpers.mesh(shape, axes, devices=list(range(math.prod(shape)))), plan=plan,
-        model=network, learner=learner, loggers=[], log_every=1000)
+        model=network, learner=learner, loggers=[], log_every=1000,
+        precision=helpers.test_precision())
     return cfg.instantiate()
 
 
 def _updates(engine, batches=BATCHES):
-    """Per-step losses and every param's update over the batches (in float64, with the params
-    after, whose float32 storage bounds how finely an update can be read)."""
+    """Per-step losses and every param's update over the batches, with the params after (their
+    storage bounds how finely an update can be read)."""
     engine.init_state()
     before = helpers.flat(jax.device_get(engine.canonical_params()))
     losses, after = helpers.train(engine, batches)
@@ -79,17 +82,17 @@ def _updates(engine, batches=BATCHES):
 
 
 def _assert_updates_close(updates, want_updates):
-    """Each update within PARITY of its own scale -- plus the float32 resolution of the params
-    it is read from (an update of 1e-4 on a weight of 0.05 is read to about 4e-9, 4e-5 of it;
-    a wrong scale or a missing shard moves it by its own size)."""
+    """Each update within FLOAT64 of its own scale -- plus the resolution of the params it is
+    read from (twice their dtype's spacing at their magnitude; a wrong scale or a missing shard
+    moves an update by its own size)."""
     for path, (want, stored) in want_updates.items():
         got = updates[path][0]
         assert np.max(np.abs(want)) > 0, f"{path} never moved: the comparison proves nothing"
-        resolution = 2 * np.spacing(np.max(np.abs(stored)).astype(np.float32))
+        resolution = 2 * np.spacing(np.max(np.abs(stored)))
         error = np.max(np.abs(got - want))
-        assert error <= PARITY * np.max(np.abs(want)) + resolution, (
+        assert error <= FLOAT64 * np.max(np.abs(want)) + resolution, (
             f"{path} update differs by {error:.3g} (scale {np.max(np.abs(want)):.3g}, "
-            f"float32 resolution {resolution:.3g})")
+            f"resolution {resolution:.3g})")
 
 
 @functools.lru_cache(maxsize=None)
@@ -245,6 +248,7 @@ def _collectives(policy=None):
     return engine.collectives()
 
 
+@pytest.mark.usefixtures("float32_numerics")
 @pytest.mark.parametrize("policy", [None, "dots_with_no_batch_dims_saveable",
                                     "nothing_saveable"])
 def test_each_moe_layer_exchanges_tokens_with_two_all_to_alls_each_way_and_nothing_else(policy):

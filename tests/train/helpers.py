@@ -16,6 +16,7 @@ from titanax.train import optimizers
 from titanax.train.engine import Engine
 from titanax.train.learner import Learner
 from titanax.train.precision import Precision
+from tests.numerics import float64_mode
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,6 +95,17 @@ def zero_config(zero, **options) -> Optional[ZeRO.Config]:
     return ZeRO.default_config().set(stage=int(zero), **options)
 
 
+def test_precision() -> Precision.Config:
+    """float64 in jax's 64-bit mode (the parity tests: ``tests/numerics.py``), else the default
+    float32."""
+    return Precision.default_config().set(float64=float64_mode())
+
+
+def with_test_precision(changes: dict) -> dict:
+    """Engine config ``changes`` with the test precision unless they set one."""
+    return changes if "precision" in changes else {**changes, "precision": test_precision()}
+
+
 def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero=False,
                  zero_options=None, hooks=(), **changes) -> Engine:
     plan = Plan.default_config().set(
@@ -102,7 +114,7 @@ def mnist_engine(*, data: int = 8, accumulate: int = 1, learner=None, zero=False
     cfg = Engine.default_config().set(
         mesh=mesh((data,), devices=list(range(data))), plan=plan,
         model=MLPClassifier.default_config().set(name="mlp", hidden_dims=(64,)),
-        learner=learner or adam(), loggers=[], log_every=1000, **changes)
+        learner=learner or adam(), loggers=[], log_every=1000, **with_test_precision(changes))
     return cfg.instantiate(hooks=hooks)
 
 
@@ -126,7 +138,7 @@ def gpt_engine(*, data: int, model_axis: int = 1, accumulate: int = 1, learner=N
     cfg = Engine.default_config().set(
         mesh=mesh(shape, axes, devices=list(range(data * fsdp * model_axis))), plan=plan,
         model=model,
-        learner=learner or adam(), loggers=[], log_every=1000, **changes)
+        learner=learner or adam(), loggers=[], log_every=1000, **with_test_precision(changes))
     return cfg.instantiate()
 
 

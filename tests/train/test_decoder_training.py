@@ -15,6 +15,8 @@ from titanax.modules.models.decoder import Decoder
 from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
 from titanax.train.engine import Engine
 
+pytestmark = pytest.mark.usefixtures("float64_numerics")
+
 BATCHES = helpers.text_batches(batch_size=16, count=3, uneven=True)
 MODEL = dict(name="llama", vocab_size=256, max_seq_len=16, num_layers=2, model_dim=32,
              num_heads=8, num_kv_heads=2, hidden_dim=48, attention_output_bias=True,
@@ -43,7 +45,8 @@ def _engine(*, data, model=1, pipe=1, zero=None, sequence_parallel=False, accumu
                           devices=list(range(data * model * pipe))),
         plan=plan, model=Decoder.default_config().set(**MODEL,
                                                       sequence_parallel=sequence_parallel),
-        learner=_learner(), loggers=[], log_every=1000)
+        learner=_learner(), loggers=[], log_every=1000,
+        precision=helpers.test_precision())
     return cfg.instantiate()
 
 
@@ -114,7 +117,8 @@ def test_an_sft_step_reports_the_mean_over_every_completion_token(tmp_path):
     cfg.train_input.source.files = [str(path)]
     cfg.train_input.source.held_out_fraction = 0.0
     cfg.plan.data_parallel.accumulate_steps = 2
-    cfg.set(evalers={}, loggers=[], checkpoint=None, learner=helpers.sgd(1.0))
+    cfg.set(evalers={}, loggers=[], checkpoint=None, learner=helpers.sgd(1.0),
+            precision=helpers.test_precision())
     engine = cfg.instantiate()
     batch = next(iter(cfg.train_input.instantiate()))
     initial = jax.device_get(engine.init_state().params)
@@ -137,7 +141,7 @@ def test_an_sft_step_reports_the_mean_over_every_completion_token(tmp_path):
 
     def mean_loss(params):
         logits, _ = functional(model, None, params, (ids,), method="logits", is_training=False)
-        chosen = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)),
+        chosen = jnp.take_along_axis(jax.nn.log_softmax(logits),
                                      jnp.asarray(targets)[..., None], axis=-1)[..., 0]
         return -jnp.sum(chosen * weights) / weights.sum()
 

@@ -17,6 +17,8 @@ from titanax.train.engine import Engine
 from tests.numerics import assert_close
 from tests.train import helpers
 
+pytestmark = pytest.mark.usefixtures("float64_numerics")
+
 CNN = CNNClassifier.default_config().set(name="cnn", image_size=8, channels=(4, 8),
                                           hidden_dim=16)
 BATCHES = [{"image": b["image"][:, 2:26:3, 2:26:3], "label": b["label"]}  # 8 x 8 images.
@@ -49,7 +51,8 @@ def _engine(shape=None, schedule="1f1b", stages=None, microbatch_size=1, **chang
     size = int(np.prod(shape)) if shape else 1
     return Engine.default_config().set(
         mesh=helpers.mesh(shape or (1,), axes, devices=list(range(size))), plan=plan,
-        model=CNN, learner=helpers.sgd(0.5), loggers=[], **changes).instantiate()
+        model=CNN, learner=helpers.sgd(0.5), loggers=[],
+        **helpers.with_test_precision(changes)).instantiate()
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -92,7 +95,8 @@ def test_imperative_engine_with_the_seed_api():
         plan=tx.Plan(data_parallel=tx.DP(axis="data"),
                      pipeline_parallel=tx.PP(axis="pipe", stages=cnn_stages(model),
                                              microbatch_size=1)),
-        model=CNN, learner=helpers.sgd(0.5), loggers=[])
+        model=CNN, learner=helpers.sgd(0.5), loggers=[],
+        precision=tx.Precision(float64=helpers.float64_mode()))
     losses, _ = helpers.train(engine, BATCHES)
     reference = _engine()
     want_losses, _ = helpers.train(reference, BATCHES)

@@ -1,14 +1,16 @@
 """The gradient computer (train/gradients.py): local gradients, microbatches and summaries."""
 
+import pytest
 import jax
 import jax.numpy as jnp
 
 from titanax.modules import functional
 from titanax.modules.context import VectorSummary, expand_vector_metrics
 from titanax.train.gradients import ModelGradients, flat_summaries
-from titanax.train.precision import Precision
 from tests.numerics import assert_close
 from tests.train import helpers
+
+pytestmark = pytest.mark.usefixtures("float64_numerics")
 
 
 def _model_and_params():
@@ -20,7 +22,7 @@ def _model_and_params():
 def test_microbatched_gradients_equal_the_plain_ones_and_jax_grad():
     model, params = _model_and_params()
     batch = helpers.text_batches(batch_size=8)[0]
-    precision = Precision.default_config().instantiate()
+    precision = helpers.test_precision().instantiate()
     plain = ModelGradients(model=model, precision=precision, mesh_shape={})
     split = ModelGradients(model=model, precision=precision, mesh_shape={},
                            accumulate_steps=4)

@@ -14,6 +14,8 @@ from titanax.parallel.plan import DP, PP, TP, Plan
 from tests.numerics import ADAM, assert_close, assert_identical
 from tests.train import helpers
 
+pytestmark = pytest.mark.usefixtures("float64_numerics")
+
 BATCHES = helpers.text_batches(batch_size=8, count=3, uneven=True)
 
 

@@ -17,7 +17,9 @@ from jax.sharding import PartitionSpec as P
 from titanax.runtime.mesh import MeshSpec
 from titanax.train.gradients import LossRelation
 from titanax.train.reducer import GradientReducer
-from tests.numerics import assert_close
+from tests.numerics import assert_close, parity_floats
+
+pytestmark = pytest.mark.usefixtures("float64_numerics")
 
 AXES = ("data", "model", "pipe")
 SPECS = {"replicated": P(), "by_model": P("model"), "by_pipe": P(None, "pipe"),
@@ -48,7 +50,7 @@ def _expected(name, grads, weights=None):
     for dim, entry in enumerate(spec):
         if entry:
             shape[dim] *= 2
-    out = np.zeros(shape, np.float32)
+    out = np.zeros(shape, reduced.dtype)
     for (d, m, p), block in rows:
         start = [0, 0]
         for dim, entry in enumerate(spec):
@@ -63,9 +65,10 @@ def _expected(name, grads, weights=None):
 def test_reducer_matches_numpy_on_a_three_axis_mesh(sync, weighted):
     mesh = MeshSpec(axes=AXES, shape=(2, 2, 2)).build()
     rng = np.random.default_rng(0)
-    local = {name: rng.normal(size=(2, 2, 2) + LOCAL).astype(np.float32) for name in SPECS}
-    losses = rng.normal(size=(2, 1, 1)).astype(np.float32)  # Copies over model and pipe.
-    weights = np.array([0.25, 1.5], np.float32).reshape(2, 1, 1)  # Per data shard.
+    local = parity_floats({name: rng.normal(size=(2, 2, 2) + LOCAL).astype(np.float32)
+                           for name in SPECS})
+    losses = parity_floats(rng.normal(size=(2, 1, 1)).astype(np.float32))  # Copies.
+    weights = parity_floats(np.array([0.25, 1.5], np.float32).reshape(2, 1, 1))  # Per shard.
     reducer = GradientReducer.plan(param_specs=SPECS, mesh_shape=dict(zip(AXES, (2, 2, 2))),
                                    data_axis="data",
                                    loss_relation=LossRelation(mean_over=("data",),
@@ -75,7 +78,7 @@ def test_reducer_matches_numpy_on_a_three_axis_mesh(sync, weighted):
         grads = {k: v[0, 0, 0] for k, v in grads.items()}
         loss = jax.lax.pcast(loss[0, 0, 0], ("model", "pipe"), to="varying")
         out = reducer.reduce(grads, mean_metrics={"loss": loss},
-                             sum_metrics={"count": jnp.float32(3.0) + 0 * loss}, sync_data=sync,
+                             sum_metrics={"count": 3.0 + 0 * loss}, sync_data=sync,
                              weight=weight[0, 0, 0] if weighted else None)
         metrics = {k: v[None] for k, v in out.metrics.items()} if not sync else out.metrics
         return out.grads, metrics, out.norm_squared

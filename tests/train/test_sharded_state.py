@@ -19,6 +19,8 @@ from titanax.parallel.plan import DP, PP, Plan, ZeRO
 from tests.numerics import assert_close, assert_identical
 from tests.train import helpers
 
+pytestmark = pytest.mark.usefixtures("float64_numerics")
+
 BATCHES = helpers.text_batches(batch_size=16, count=3, uneven=True)
 # Small enough that the test GPT's [32] vectors stay whole and everything else is split.
 SMALL = {"min_shard_size": 64}
@@ -277,6 +279,7 @@ def _compiled_temp_in_layers(grad_sync: str, layers: int = 6, width: int = 128) 
     return temp / state_report.one_layer_bytes(engine.parameter_specs, 4)
 
 
+@pytest.mark.usefixtures("float32_numerics")
 def test_fsdp_per_microbatch_holds_about_two_layers_of_gathered_weights_not_the_stack():
     """From the compiled step's memory analysis, in units of one layer's float32 weights: the
     per-step gather holds all 6 layers; per-layer gathers (the stack kept a loop, the gathered

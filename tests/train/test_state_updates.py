@@ -12,7 +12,10 @@ from titanax.modules.base_layer import ParameterSpec, constant
 from titanax.observe import hlo
 from titanax.parallel.plan import PP, Plan
 from tests.numerics import assert_close
+from titanax.utils.dtypes import at_least_float32
 from tests.train import helpers
+
+pytestmark = pytest.mark.usefixtures("float64_numerics")
 
 MOMENTUM = 0.75
 LEARNING_RATE = 0.5
@@ -36,8 +39,8 @@ class RunningStatsGPT(helpers.GPT):
         }
 
     def head_loss(self, decoded, batch):
-        hidden = jax.lax.stop_gradient(self.final_norm(decoded)).astype(jnp.float32)
-        logits = jax.lax.stop_gradient(self._logits_of(hidden)).astype(jnp.float32)
+        hidden = at_least_float32(jax.lax.stop_gradient(self.final_norm(decoded)))
+        logits = at_least_float32(jax.lax.stop_gradient(self._logits_of(hidden)))
         old = self.parameters
         self.add_state_update("feature_mean", MOMENTUM * old["feature_mean"]
                               + (1 - MOMENTUM) * jnp.mean(hidden, axis=(0, 1)))

@@ -108,11 +108,32 @@ class FunctionConfigBase(InstantiableConfig):
 
     __target__: Callable = None  # Set on the generated subclass.
 
+    def _validate_values(self):
+        """The target's own argument checks (``checked_by``), on the values as configured."""
+        check = getattr(self.fn, ARGUMENT_CHECKS, None)
+        if check is not None:
+            yield from check(**{name: value for name, value in self.items() if name != "fn"})
+
     def instantiate(self, **extra: Any) -> Any:
         self.validate()
         kwargs = {name: maybe_instantiate(value) for name, value in self.items() if name != "fn"}
         kwargs.update(extra)
         return self.fn(**kwargs)
+
+
+# The attribute ``checked_by`` sets on a function.
+ARGUMENT_CHECKS = "__titanax_argument_checks__"
+
+
+def checked_by(check: Callable[..., Any]) -> Callable[[Callable], Callable]:
+    """Gives a function (or class) argument checks that ``config_for_function`` configs of it run
+    in ``validate()``: ``check(**arguments)`` yields ``(argument name, problem)`` for each bad
+    one, so the error names the config path (``learner.optimizer.b2: must be in [0, 1)``) before
+    anything is built. Arguments may hold configs (a schedule), which the check skips."""
+    def attach(fn: Callable) -> Callable:
+        setattr(fn, ARGUMENT_CHECKS, check)
+        return fn
+    return attach
 
 
 class ClassConfigBase(FunctionConfigBase):

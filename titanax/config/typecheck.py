@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections.abc
 import enum
+import math
+import sys
 import types
 import typing
 from typing import Any, Optional, Tuple
@@ -32,6 +34,8 @@ class _Unchecked:
 
 
 UNCHECKED = _Unchecked()
+# The largest finite float64 (an int beyond it is no float).
+_LARGEST_FLOAT = sys.float_info.max
 
 _SEQUENCE_ORIGINS = (collections.abc.Sequence, list, tuple, collections.abc.MutableSequence)
 _MAPPING_ORIGINS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
@@ -140,12 +144,19 @@ def _coerce_plain(value: Any, cls: Any) -> Tuple[Any, Optional[str]]:
         if isinstance(value, bool):
             return value, f"expected float, got bool {value!r}"
         if isinstance(value, int):
+            if abs(value) > _LARGEST_FLOAT:
+                return value, f"expected float, got {value}, beyond float64's range"
             return float(value), None
         if isinstance(value, float):
+            if math.isnan(value):  # Never a setting: every comparison with it is False.
+                return value, "expected a number, got nan"
             return value, None
         return value, f"expected float, got {_describe_value(value)}"
     if cls is int and isinstance(value, bool):
         return value, f"expected int, got bool {value!r}"
+    if cls is int and isinstance(value, int) and not -2 ** 63 <= value < 2 ** 63:
+        # numpy, jax and every file format Titanax writes hold 64-bit integers at most.
+        return value, f"expected a 64-bit int, got {value}"
     if cls in (list, tuple) or cls in _SEQUENCE_ORIGINS:
         return _coerce_sequence(value, cls, cls)
     if cls in _MAPPING_ORIGINS:

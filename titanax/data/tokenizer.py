@@ -117,6 +117,36 @@ class Tokenizer(Configurable):
                                        suggestion="fix the template") from e
         return self._template
 
+    def encode_prompt(self, text: str) -> List[int]:
+        """A prompt as a model of this tokenizer reads it at inference: its special tokens read
+        as such (as transformers' ``tokenizer(text)`` does), after BOS where documents start
+        with one."""
+        ids = [int(i) for i in self._impl.encode_markup(text, start=True)]
+        if self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def encode_chat_prompt(self, messages: Sequence[Tuple[str, str]]) -> List[int]:
+        """``messages`` ((role, content), ...) rendered by the chat template with the generation
+        prompt, special tokens read as such: the ids of transformers'
+        ``apply_chat_template(messages, add_generation_prompt=True)``. A ``chat.TemplateError``
+        when the template refuses them."""
+        text = self.chat_template.render(messages, add_generation_prompt=True)
+        return [int(i) for i in self._impl.encode_markup(text, start=True)]
+
+    def chat_end_ids(self) -> List[int]:
+        """The token that ends an assistant's turn in the chat template (``<|im_end|>``,
+        ``<|eot_id|>``, ``</s>``...): the special token the template writes right after the
+        turn's text; empty when it writes none there."""
+        marker = "\ue002"
+        try:
+            text = self.chat_template.render([("user", "x"), ("assistant", marker)])
+        except chat.TemplateError:
+            return []
+        suffix = text.split(marker, 1)[1] if marker in text else ""
+        ids = [int(i) for i in self._impl.encode_markup(suffix, start=False)] if suffix else []
+        return ids[:1] if ids and ids[0] in self._impl.special_ids() else []
+
     def encode_conversation(self, messages) -> Tuple[np.ndarray, np.ndarray]:
         """``(ids, trained)``: a conversation rendered by the chat template, its special tokens
         read as such, and per token whether it is the assistant's (trained on). Each span is

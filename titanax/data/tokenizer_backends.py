@@ -14,7 +14,7 @@ whole text, for SentencePiece's word-start mark, which only the text's start get
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 import numpy as np
 
@@ -58,6 +58,10 @@ class ByteTokenizer:
     def default_specials() -> Dict[str, str]:
         return {}
 
+    @staticmethod
+    def special_ids() -> Set[int]:
+        return set()
+
 
 class TokenizersFile:
     """A ``tokenizer.json``."""
@@ -92,6 +96,10 @@ class TokenizersFile:
 
     def id_to_token(self, token_id: int) -> str:
         return self._text.id_to_token(token_id)
+
+    def special_ids(self) -> Set[int]:
+        """The ids of its special added tokens (``<|im_end|>``, ``<s>``...)."""
+        return {i for i, t in self._text.get_added_tokens_decoder().items() if t.special}
 
     def default_specials(self) -> Dict[str, str]:
         """Its one special token as BOS and EOS when that is a boundary token (what
@@ -163,6 +171,10 @@ class SentencePieceFile:
 
     def id_to_token(self, token_id: int) -> str:
         return self._model.id_to_piece(token_id)
+
+    def special_ids(self) -> Set[int]:
+        """The ids of its control and user-defined pieces."""
+        return set(self._special.values())
 
     def default_specials(self) -> Dict[str, str]:
         """The model's own BOS / EOS pieces (-1: it has none)."""

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Iterator, List, Sequence
 
-from absl import app, flags
+from absl import flags
 
 from titanax import command_line, errors
 from titanax.io.files import new_directory
@@ -110,5 +110,4 @@ def main_body(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    _define_flags()
-    app.run(command_line.main_of(main_body, name="titanax.data.train_tokenizer"))
+    command_line.run(main_body, name="titanax.data.train_tokenizer", define_flags=_define_flags)

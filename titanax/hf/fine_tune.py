@@ -11,18 +11,25 @@ are. The Engine loads the weights into their shards when the run starts fresh (s
 optimizer) and checks first that its model is the one the directory describes; a run that
 already has checkpoints resumes from them -- also once the HF directory is gone: the model then
 comes from the run's own record.
+
+The model's tokenizer comes with it: a train input that tokenizes text and names no tokenizer
+(and no ``--config.train_input.tokenizer.*`` override) reads its data with the directory's
+``tokenizer.json`` / ``tokenizer.model`` -- and its chat template -- and the launcher says so;
+the evalers follow the train input (``train/inputs.py``). A directory that ships no tokenizer
+leaves the data as bytes, said as a warning.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
-from typing import List, Optional
+from typing import Any, List, Optional, Sequence
 
 from titanax import errors
 from titanax.config import ConfigBase
 from titanax.config import overrides as overrides_lib
-from titanax.hf.importer import model_config
+from titanax.hf.importer import check_tensor_shapes, model_config
 
 _log = logging.getLogger("titanax")
 
@@ -97,8 +104,12 @@ def _keep_moe_fields(derived: ConfigBase, model: ConfigBase, fields) -> None:
 
 def check_model_matches(model: ConfigBase, directory: str) -> None:
     """Refuses to load the directory's weights into a model of another architecture (same
-    shapes, other numbers: another rope_theta, eps, scaling...)."""
+    shapes, other numbers: another rope_theta, eps, scaling...), or weights whose shapes are not
+    the ones its config.json implies."""
     differences = architecture_differences(model, directory)
+    if not differences:
+        check_tensor_shapes(directory, model)  # (Also before anything loads or compiles.)
+        return
     if differences:
         raise errors.HFError(
             "the model differs from the one the checkpoint describes: "
@@ -106,3 +117,32 @@ def check_model_matches(model: ConfigBase, directory: str) -> None:
             path=f"{directory}/config.json", suggestion="derive the model from the directory "
             "(the launcher does with --config.init_from; in code: "
             "titanax.hf.importer.model_config(dir)), keeping only how it runs")
+
+
+def with_model_tokenizer(cfg: ConfigBase, *, given: Sequence[Any]) -> ConfigBase:
+    """``cfg`` (with ``init_from`` set) whose train input reads with the HF directory's
+    tokenizer, unless the user chose one (``given``: the overrides applied) or the input does
+    not tokenize text; what was decided is printed."""
+    train = getattr(cfg, "train_input", None)
+    if train is None or "tokenizer" not in train.keys() or train.tokenizer.path is not None:
+        return cfg
+    if any(o.path == "train_input.tokenizer" or o.path.startswith("train_input.tokenizer.")
+           for o in given):
+        return cfg
+    klass = getattr(train.source, "klass", None)
+    if klass is None or "tokenizer" not in inspect.signature(klass.__init__).parameters:
+        return cfg
+    from titanax.data.tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE, Tokenizer  # pylint: disable=import-outside-toplevel
+    if not any(os.path.isfile(os.path.join(cfg.init_from, name))
+               for name in (TOKENIZER_FILE, SENTENCEPIECE_FILE)):
+        print(f"titanax: warning: {cfg.init_from} ships no {TOKENIZER_FILE} or "
+              f"{SENTENCEPIECE_FILE}: the data is read as bytes (ids 0-255), not as this model's "
+              "tokens; set --config.train_input.tokenizer.path to its tokenizer", flush=True)
+        return cfg
+    out = cfg.clone()
+    out.train_input.tokenizer.path = cfg.init_from
+    tokenizer = out.train_input.tokenizer.instantiate()
+    print(f"titanax: data tokenized with the model's tokenizer {tokenizer.file} "
+          f"({tokenizer.vocab_size} tokens; from init_from -- "
+          "--config.train_input.tokenizer.path=... chooses another)", flush=True)
+    return out

@@ -11,7 +11,6 @@ being filled. Every HF tensor is accounted for: one that is missing, has another
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import jax
@@ -26,7 +25,6 @@ from titanax.hf.model_dir import CONFIG, ModelDir
 from titanax.parallel import rules
 from titanax.parallel.sharding import path_string
 
-_log = logging.getLogger("titanax")
 
 # HF tensors that are buffers, not weights (recomputed by the model).
 BUFFER_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
@@ -36,6 +34,30 @@ def model_config(directory: str) -> ConfigBase:
     """The Titanax model config of an HF model directory."""
     return model_config_from_hf(ModelDir(directory).config,
                                 where=f"{directory.rstrip('/')}/{CONFIG}")
+
+
+def check_tensor_shapes(directory: str, model_cfg: ConfigBase) -> None:
+    """Every tensor ``model_cfg``'s params are made of has the shape ``config.json`` implies --
+    read from the safetensors headers, before anything is loaded or compiled. A tensor that is
+    missing or has another shape (a vocabulary larger than the embedding's rows, say) is an
+    ``HFError`` naming it, its file and the param it feeds; left-over tensors are found when the
+    weights load."""
+    source = ModelDir(directory)
+    model = (model_cfg.clone(tp_axis=None) if "tp_axis" in model_cfg.keys()
+             else model_cfg.clone()).instantiate()
+    leaves = jax.tree_util.tree_flatten_with_path(model.create_parameter_specs_recursively(),
+                                                  is_leaf=rules.is_param_leaf)[0]
+    shapes = {path_string(p): tuple(leaf.shape) for p, leaf in leaves}
+    for tensor_map in param_map.tensor_maps(model_cfg):
+        shape = shapes.get(tensor_map.path)
+        if shape is None:
+            continue
+        # The unpadded table (config.json's vocabulary) is what the file must hold.
+        per_layer = shape[1:] if tensor_map.layers else shape
+        expected = param_map.hf_shapes(tensor_map.form, per_layer)
+        for layer in range(tensor_map.layers or 1):
+            for name, want in zip(tensor_map.names_for(layer), expected):
+                source.tensor(name, expected_shape=want, needed_by=tensor_map.path)
 
 
 def import_params(directory: str, *, model_cfg: ConfigBase, parameter_specs: Any, mesh: Mesh,
@@ -66,7 +88,6 @@ def import_params(directory: str, *, model_cfg: ConfigBase, parameter_specs: Any
                                                 reader.block))
         used.update(reader.names())
     _check_all_used(source, used, model_cfg)
-    _log.info("imported %d params from %s", len(out), directory)
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

@@ -75,10 +75,14 @@ def experts_transposed(count: int, parts: int, shape: Tuple[int, ...]) -> Form:
 
 
 def padded_rows(rows: int, vocab: int) -> Form:
-    """The ``[vocab, D]`` table <-> Titanax's, padded to ``rows`` (padding rows are zeros and are
-    dropped on export)."""
+    """The ``[vocab, D]`` table <-> Titanax's, padded to ``rows`` (``vocab_pad_multiple``:
+    padding rows are zeros and are dropped on export). A table of any other number of rows than
+    ``vocab`` -- config.json's vocabulary -- is refused: its missing rows are not padding."""
     def to_titanax(ts):
         table = ts[0]
+        if table.shape[0] != vocab:
+            raise ValueError(f"the table has {table.shape[0]} rows; config.json's vocab_size is "
+                             f"{vocab}")
         if table.shape[0] == rows:
             return table
         out = np.zeros((rows,) + table.shape[1:], table.dtype)
@@ -86,6 +90,13 @@ def padded_rows(rows: int, vocab: int) -> Form:
         return out
 
     return Form(to_titanax, lambda a: [a[:vocab]])
+
+
+def hf_shapes(form: Form, shape: Tuple[int, ...]) -> List[Tuple[int, ...]]:
+    """The shapes of the HF tensors that make a Titanax array of ``shape`` (one layer): the form
+    run backwards on a zero-strided array (views only: nothing of that size is allocated)."""
+    placeholder = np.broadcast_to(np.zeros((), np.uint8), shape)
+    return [tuple(t.shape) for t in form.to_hf(placeholder)]
 
 
 @dataclasses.dataclass(frozen=True)

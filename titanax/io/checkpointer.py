@@ -97,6 +97,9 @@ class OrbaxCheckpoint(Configurable):
                 yield "save_every_n_steps", "must be >= 0"
             if self.keep_last_n is not None and self.keep_last_n < 1:
                 yield "keep_last_n", "must be >= 1 (or None to keep all)"
+            if self.keep_every_n_steps is not None and self.keep_every_n_steps < 1:
+                yield "keep_every_n_steps", (f"must be >= 1 (or None: keep only the last "
+                                             f"keep_last_n), got {self.keep_every_n_steps}")
 
     def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, **fields):
         """``OrbaxCheckpoint("ckpts/run1")`` (the seed's form) sets the path."""
@@ -260,7 +263,6 @@ class OrbaxCheckpoint(Configurable):
         self.close()
         aside = unused_path(f"{self.directory}.superseded-{_timestamp()}")
         _on_process_zero(lambda: _path(self.directory).rename(aside), "titanax-fresh-start")
-        _log.info("moved the checkpoints of the previous run aside: %s", aside)
         print(f"titanax: moved the previous run's checkpoints (steps {steps}) aside to {aside}",
               flush=True)
 
@@ -272,7 +274,6 @@ class OrbaxCheckpoint(Configurable):
         _on_process_zero(lambda: _path(where).rename(aside), f"titanax-move-aside-{step}")
         if self._manager is not None:
             self._manager.reload()
-        _log.info("moved damaged checkpoint %s aside to %s (%s)", where, aside, reason)
         print(f"titanax: checkpoint step {step} is damaged ({reason}); moved it aside to {aside}",
               flush=True)
         return aside

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from titanax import errors
+from titanax.utils.dtypes import at_least_float32
 
 
 @jax.tree_util.register_pytree_node_class
@@ -222,9 +223,9 @@ def flat_summaries(tree: Mapping[str, Any], prefix: str = "summaries", *,
             # per-layer vectors are not in one place, and a max over a mean of layers would
             # understate the spread, so none is reported there.
             if per_layer:
-                out[path] = jnp.asarray(value.value, jnp.float32)
+                out[path] = at_least_float32(value.value)
         elif value is not None:
-            value = jnp.asarray(value, jnp.float32)
+            value = at_least_float32(value)
             out[path] = jnp.mean(value) if value.ndim else value
             if per_layer and value.ndim == 1 and value.shape[0] > 1:
                 out.update({f"{path}/layer_{i}": value[i] for i in range(value.shape[0])})

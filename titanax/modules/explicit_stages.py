@@ -28,6 +28,7 @@ from titanax.modules.context import flat_summaries, refuse_state_updates
 from titanax.modules.module import functional
 from titanax.parallel import collectives
 from titanax.parallel.stages import Stage, owners, subset
+from titanax.utils.dtypes import at_least_float32
 
 
 class ExplicitStages:
@@ -116,7 +117,7 @@ class ExplicitStages:
         """What the shard's loss is a mean over: the model's ``loss_weight(batch)``."""
         weight = functional(self.model, None, {}, (batch,), method="loss_weight",
                             is_training=False)[0]
-        return jnp.asarray(weight, jnp.float32)
+        return at_least_float32(weight)
 
     # --- Boundary shapes -------------------------------------------------------------------------
 

@@ -30,6 +30,10 @@ class Constant(Initializer):
         # The value of every element.
         value: float = 0.0
 
+        def _validate_values(self):
+            if not math.isfinite(self.value):
+                yield "value", f"must be finite, got {self.value}"
+
     def init(self, key, shape, dtype, *, fan_axes=None):
         del key, fan_axes
         return jnp.full(shape, self.config.value, dtype)
@@ -43,6 +47,10 @@ class Normal(Initializer):
         stddev: float = 0.02
         # Truncate at +-2 stddev.
         truncated: bool = False
+
+        def _validate_values(self):
+            if not (math.isfinite(self.stddev) and self.stddev >= 0):
+                yield "stddev", f"must be a finite number >= 0, got {self.stddev}"
 
     def init(self, key, shape, dtype, *, fan_axes=None):
         del fan_axes
@@ -82,6 +90,8 @@ class VarianceScaling(Initializer):
         def _validate_values(self):
             if self.mode not in ("fan_in", "fan_out", "fan_avg"):
                 yield "mode", f"must be fan_in, fan_out or fan_avg, got {self.mode!r}"
+            if not (math.isfinite(self.scale) and self.scale > 0):
+                yield "scale", f"must be a finite number > 0, got {self.scale}"
 
     def init(self, key, shape, dtype, *, fan_axes=None):
         cfg = self.config

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.parallel import collectives
+from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
 
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
@@ -95,11 +96,11 @@ def _ulysses(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
 
 def _block_scores(q, k, scale):
     """``[b, g, r, t, s]`` scores of queries ``[b, t, g*r, d]`` against keys ``[b, s, g, d]``
-    (r query heads read each of the g kv heads), in float32."""
+    (r query heads read each of the g kv heads), in float32 (or wider)."""
     b, t, n, d = q.shape
     g = k.shape[2]
     qg = q.reshape(b, t, g, n // g, d)
-    return jnp.einsum("btgrd,bsgd->bgrts", qg, k, preferred_element_type=jnp.float32) * scale
+    return jnp.einsum("btgrd,bsgd->bgrts", qg, k, preferred_element_type=wide_float(q.dtype)) * scale
 
 
 def _block_mask(q_pos, q_seg, k_pos, k_seg, window):
@@ -114,9 +115,10 @@ def _ring_forward(q, k, v, positions, segments, axis, scale, window):
     b, t, n, d = q.shape
     g = k.shape[2]
     shape = (b, g, n // g, t)
+    wide = wide_float(q.dtype)
     init = _like(q, k, v, positions, segments)(
-        (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
-         jnp.zeros(shape + (d,), jnp.float32)))
+        (jnp.full(shape, -jnp.inf, wide), jnp.zeros(shape, wide),
+         jnp.zeros(shape + (d,), wide)))
 
     def fold(carry, block):
         running_max, total, acc = carry
@@ -129,7 +131,7 @@ def _ring_forward(q, k, v, positions, segments, axis, scale, window):
             safe = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
             probs = jnp.where(allowed, jnp.exp(scores - safe[..., None]), 0.0)
             rescale = jnp.exp(jnp.where(jnp.isfinite(running_max), running_max - safe, -jnp.inf))
-            values = jnp.einsum("bgrts,bsgd->bgrtd", probs, v_blk.astype(jnp.float32))
+            values = jnp.einsum("bgrts,bsgd->bgrtd", probs, v_blk.astype(wide))
             return (new_max, total * rescale + probs.sum(-1),
                     acc * rescale[..., None] + values)
 
@@ -163,8 +165,9 @@ def _ring_bwd(axis, scale, window, residuals, d_out):
     size = collectives.axis_size(axis)
     b, t, n, d = q.shape
     g = k.shape[2]
+    wide = wide_float(q.dtype)
     grouped = lambda x: jnp.moveaxis(  # noqa: E731  [b, t, n, d] -> [b, g, r, t, d]
-        x.astype(jnp.float32).reshape(b, t, g, n // g, d), 1, 3)
+        x.astype(wide).reshape(b, t, g, n // g, d), 1, 3)
     d_out_g, out_g = grouped(d_out), grouped(out)
     # D = rowsum(dO * O): the softmax backward's correction, per query.
     correction = jnp.sum(d_out_g * out_g, axis=-1)
@@ -176,10 +179,10 @@ def _ring_bwd(axis, scale, window, residuals, d_out):
         def update(_):
             scores = _block_scores(q, k_blk, scale)
             probs = jnp.where(allowed, jnp.exp(scores - lse[..., None]), 0.0)
-            d_probs = jnp.einsum("bgrtd,bsgd->bgrts", d_out_g, v_blk.astype(jnp.float32))
+            d_probs = jnp.einsum("bgrtd,bsgd->bgrts", d_out_g, v_blk.astype(wide))
             d_scores = probs * (d_probs - correction[..., None]) * scale
             qg = grouped(q)
-            return (d_q + jnp.einsum("bgrts,bsgd->bgrtd", d_scores, k_blk.astype(jnp.float32)),
+            return (d_q + jnp.einsum("bgrts,bsgd->bgrtd", d_scores, k_blk.astype(wide)),
                     d_k + jnp.einsum("bgrts,bgrtd->bsgd", d_scores, qg),
                     d_v + jnp.einsum("bgrts,bgrtd->bsgd", probs, d_out_g))
 
@@ -187,8 +190,8 @@ def _ring_bwd(axis, scale, window, residuals, d_out):
         return d_q, (k_blk, v_blk, k_pos, k_seg, d_k, d_v)
 
     typed = _like(q, k, v, positions, segments, d_out, lse)
-    zeros = typed(jnp.zeros(k.shape, jnp.float32))
-    d_q = typed(jnp.zeros((b, g, n // g, t, d), jnp.float32))
+    zeros = typed(jnp.zeros(k.shape, wide))
+    d_q = typed(jnp.zeros((b, g, n // g, t, d), wide))
     block = (k, v, positions, segments, zeros, zeros)
     for step in range(size):
         d_q, block = fold(d_q, block)
@@ -228,14 +231,15 @@ def masked_attention(q, k, v, allowed, *, scale: float) -> jax.Array:
     """Softmax attention of ``q`` over ``k``/``v`` where ``allowed`` (``[b, 1, t, s]``), scores in
     float32 (jax's fused attention; written out for float16 on XLA:CPU, which cannot compile
     it)."""
-    if not (q.dtype == jnp.float16 and jax.default_backend() == "cpu"):
+    if fused_attention_fits(q.dtype):
         return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
                                             mask=allowed, is_causal=False, scale=scale,
                                             implementation=None)
     group = q.shape[2] // k.shape[2]
     qg = q.reshape(q.shape[:2] + (k.shape[2], group, q.shape[3]))
-    scores = jnp.einsum("btgqd,bsgd->bgqts", qg, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(allowed[:, :, None], scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.einsum("btgqd,bsgd->bgqts", qg, k, preferred_element_type=wide_float(q.dtype)
+                        ) * scale
+    scores = jnp.where(allowed[:, :, None], scores, lowest(scores.dtype))
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bgqts,bsgd->btgqd", probs, v)
     return out.reshape(q.shape[:3] + (v.shape[-1],))

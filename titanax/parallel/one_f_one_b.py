@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from titanax.parallel import collectives
+from titanax.utils.dtypes import wide_float
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
@@ -173,7 +174,7 @@ class _Ticks:
         self.activation = activation
 
     def initial_carry(self) -> Dict[str, Any]:
-        _, (_, aux, summaries) = jax.eval_shape(
+        _, (loss, aux, summaries) = jax.eval_shape(
             lambda: self.f.head_objective(self.staged, self.outside, self.zeros_act, 0))
         buffer = (self.stages,) + self.activation.shape
         zeros = lambda a, dtype=None: self.varying(jnp.zeros(a.shape, dtype or a.dtype))  # noqa: E731
@@ -182,9 +183,9 @@ class _Ticks:
             "grads_in": self.varying(jnp.zeros(buffer, self.activation.dtype)),
             "g_stage": jax.tree_util.tree_map(jnp.zeros_like, self.staged),
             "g_outside": jax.tree_util.tree_map(jnp.zeros_like, self.outside),
-            "loss": self.varying(jnp.zeros((), jnp.float32)),
+            "loss": self.varying(jnp.zeros((), loss.dtype)),
             "aux": jax.tree_util.tree_map(zeros, aux),
-            "summaries": {k: zeros(a, jnp.float32) for k, a in summaries.items()},
+            "summaries": {k: zeros(a, wide_float(a.dtype)) for k, a in summaries.items()},
         }
 
     # --- What a stage does in one tick: (carry, m) -> (carry, sent forward, sent backward) ------

@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec
 from titanax import errors
 from titanax.parallel import collectives
 from titanax.parallel.sharding import path_string
+from titanax.utils.dtypes import wide_float
 
 
 def gpipe(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches: jax.Array, *,
@@ -122,7 +123,7 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
     summed = {}
     if with_summaries:  # Their names and shapes, from the stage itself.
         first = jax.eval_shape(run_stage, stage_params, zero, 0, 0)[1]
-        summed = {k: collectives.cast_varying(jnp.zeros(v.shape, jnp.float32),
+        summed = {k: collectives.cast_varying(jnp.zeros(v.shape, wide_float(v.dtype)),
                                               collectives.manual_axes())
                   for k, v in first.items()}
     init = (zero, collectives.cast_varying(looped, axis), jnp.zeros_like(microbatches), summed)

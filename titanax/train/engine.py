@@ -38,7 +38,7 @@ from titanax.train import preemption, run_entry
 from titanax.train import state_sharding as state_sharding_lib
 from titanax.train.compiled_step import CompiledStep
 from titanax.train.evaler import Evaler
-from titanax.train.inputs import RunInputs
+from titanax.train.inputs import RunInputs, follow_train_input
 from titanax.train.metrics_window import MetricsWindow
 from titanax.train.precision import Precision
 from titanax.train.state_manager import StateManager
@@ -103,12 +103,20 @@ class Engine(Configurable):
                 yield "log_every", "must be >= 1"
             if self.max_steps is not None and self.max_steps < 0:
                 yield "max_steps", "must be >= 0"
+            if not 0 <= self.seed < 2 ** 32:
+                # jax's PRNGKey keeps 32 bits of a seed: 2**32 would be seed 0 again.
+                yield "seed", f"must be in [0, 2**32), got {self.seed}"
+            if self.max_inflight_steps is not None and self.max_inflight_steps < 1:
+                yield "max_inflight_steps", (f"must be >= 1 (or None: the platform's default), "
+                                             f"got {self.max_inflight_steps}")
 
     def __init__(self, cfg=None, *, trainer_dir: Optional[str] = None, hooks: Sequence[Any] = (),
                  **fields):
         """``hooks``: objects with any of ``before_step(step)``, ``on_batch(step, host_batch)``
-        and ``after_step(step, metrics)``, called on the host (runtime objects, not config)."""
-        super().__init__(cfg, **fields)
+        and ``after_step(step, metrics)``, called on the host (runtime objects, not config).
+        Evalers' inputs follow the train input's where they leave it to
+        (``inputs.follow_train_input``)."""
+        super().__init__(follow_train_input(cfg) if cfg is not None else None, **fields)
         self.trainer_dir = trainer_dir
         self.hooks = list(hooks)
         self.state: Optional[TrainState] = None

@@ -33,6 +33,9 @@ class Evaluation:
         self.last_results: Dict[str, Dict[str, float]] = {}
         # Evalers whose data is read as one pass (decided at their first evaluation).
         self._cut_to_one_pass: set = set()
+        # Each evaler's input, built at its first evaluation (reading and tokenizing the
+        # held-out documents once, not at every evaluation); iterated afresh each time.
+        self._inputs: Dict[Tuple[str, bool], Iterable] = {}
 
     @property
     def evalers(self) -> Dict[str, Evaler]:
@@ -71,9 +74,16 @@ class Evaluation:
         twice -- when it reads one pass instead, the last batch padded (padding weighs 0)."""
         cfg = evaler.config
         one_pass_input = cfg.input.clone(num_epochs=1, last_batch="pad")
+
+        def built(one_pass: bool) -> Iterable:
+            if (where, one_pass) not in self._inputs:
+                self._inputs[(where, one_pass)] = make_input(
+                    one_pass_input if one_pass else cfg.input, f"{where}.input")
+            return self._inputs[(where, one_pass)]
+
         if where in self._cut_to_one_pass:
-            return make_input(one_pass_input, f"{where}.input"), None
-        data = make_input(cfg.input, f"{where}.input")
+            return built(True), None
+        data = built(False)
         source = getattr(data, "source", None)
         batch = cfg.input.global_batch_size
         if cfg.num_batches is None or cfg.input.num_epochs is not None or source is None \
@@ -81,10 +91,10 @@ class Evaluation:
             return data, cfg.num_batches
         one_pass = math.ceil(len(source) / batch)
         self._cut_to_one_pass.add(where)
-        _log.warning("%s: the held-out data has %d rows, fewer than num_batches=%d x %d: "
+        _log.info("%s: the held-out data has %d rows, fewer than num_batches=%d x %d: "
                      "evaluating one pass (%d batch(es), the last padded) so that no row "
                      "counts twice", where, len(source), cfg.num_batches, batch, one_pass)
-        return make_input(one_pass_input, f"{where}.input"), None
+        return built(True), None
 
 
 def evaluate(compiled: Callable[[Any, Any], Dict[str, Any]], params: Any, data: Iterable, *,

@@ -44,6 +44,7 @@ from titanax.parallel import collectives
 from titanax.train import state_updates
 from titanax.train.param_gathering import ParamGathering
 from titanax.train.precision import Precision
+from titanax.utils.dtypes import at_least_float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,7 @@ def loss_count(aux: Mapping[str, jax.Array]) -> Optional[jax.Array]:
     """What a forward's loss is a mean over, as its aux reports it (None: not reported)."""
     for name in LOSS_COUNTS:
         if name in aux:
-            return jnp.asarray(aux[name], jnp.float32)
+            return at_least_float32(aux[name])
     return None
 
 
@@ -155,7 +156,7 @@ class ModelGradients:
         inputs = self.precision.cast_for_compute(batch)
         (loss, aux), _ = functional(self.model, None, self.precision.cast_for_compute(params),
                                     (inputs,), is_training=False)
-        return loss.astype(jnp.float32), aux
+        return at_least_float32(loss), aux
 
     @staticmethod
     def schedule_metrics(local_rows: int) -> Dict[str, float]:
@@ -235,7 +236,7 @@ class ModelGradients:
         inputs = self.precision.cast_for_compute(batch)
         (loss, aux), collection = functional(self.model, key, compute_params, (inputs,),
                                              is_training=True)
-        loss = loss.astype(jnp.float32)
+        loss = at_least_float32(loss)
         count = loss_count(aux) if self.weighted else None
         weight = None if count is None else jax.lax.stop_gradient(count) / capacity
         objective = self.loss_relation.objective(loss, self.mesh_shape, loss_scale,

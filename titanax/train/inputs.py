@@ -8,6 +8,7 @@ several processes feed the same rows.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, Mapping, Optional
 
 import jax
@@ -61,8 +62,8 @@ class RunInputs:
         return self.global_batch(batch)
 
     def check(self, config: Any) -> None:
-        """The train input's and every evaler's batch size against the plan (``config``: the
-        Engine's)."""
+        """The train input's and every evaler's batch size against the plan, and what each
+        declares it holds against the model's limits (``config``: the Engine's)."""
         if config.train_input is not None and isinstance(config.train_input.global_batch_size,
                                                          int):
             self.plan.check_batch_size(config.train_input.global_batch_size, self.mesh,
@@ -86,7 +87,7 @@ class RunInputs:
                   **{f"evalers[{name!r}].input": e.input for name, e in config.evalers.items()}}
         for where, input_cfg in inputs.items():
             self._check_sequence_split(input_cfg, where=where)
-
+        check_declarations(config, self.limits)
     def _check_sequence_split(self, input_cfg: Any, *, where: str) -> None:
         """Under context parallelism a source's rows must cut into the plan's chunks: said
         before the first step (not at the first batch, or the first evaluation)."""
@@ -131,3 +132,104 @@ class RunInputs:
         if isinstance(example, Mapping):
             input_limits.check_batch({k: np.asarray(v)[None] for k, v in example.items()},
                                      self.limits, model_path="model")
+
+
+def model_limits(model_cfg: Any) -> Dict[str, InputLimit]:
+    """What the model's inputs may hold (``input_limits()``; none for a model without one)."""
+    if model_cfg is None:
+        return {}
+    limits = getattr(model_cfg.instantiate(), "input_limits", None)
+    return dict(limits()) if callable(limits) else {}
+
+
+def check_declarations(config: Any, limits: Mapping[str, InputLimit]) -> None:
+    """What every input of ``config`` (an Engine's: the train input and each evaler's) declares
+    it holds (``data/declarations.py``: its tokenizer's vocabulary, its rows' length) against
+    the model's ``limits`` -- before anything compiles, whatever ids the first batches happen to
+    hold. A ``DataError`` names the model field to change."""
+    inputs = {"train_input": getattr(config, "train_input", None),
+              **{f"evalers[{name!r}].input": e.input
+                 for name, e in (getattr(config, "evalers", None) or {}).items()}}
+    tokenizers: Dict[str, Any] = {}
+    for where, input_cfg in inputs.items():
+        source = getattr(input_cfg, "source", None)
+        declare = getattr(getattr(source, "klass", None), "declare", None)
+        if not limits or declare is None:
+            continue
+        _check_declared(input_cfg, declare, limits, where=where, tokenizers=tokenizers)
+
+
+def _check_declared(input_cfg: Any, declare: Any, limits: Mapping[str, InputLimit], *,
+                    where: str, tokenizers: Dict[str, Any]) -> None:
+    """One input's declaration against the limits (``tokenizers``: those built so far, by
+    config)."""
+    source = input_cfg.source
+    key = input_cfg.tokenizer.debug_string()
+    tokenizes = "tokenizer" in inspect.signature(source.klass.__init__).parameters
+    try:
+        if tokenizes and key not in tokenizers:
+            tokenizers[key] = input_cfg.tokenizer.instantiate()
+        declared = declare(source, tokenizer=tokenizers.get(key) if tokenizes else None)
+    except errors.DataError as e:
+        raise errors.DataError(e.message, path=f"{where}.{e.path}" if e.path else where,
+                               suggestion=e.suggestion) from None
+    for name, count in declared.ids.items():
+        limit = limits.get(name)
+        if limit is None or limit.num_ids is None or count <= limit.num_ids:
+            continue
+        raise errors.DataError(
+            f"{where} reads ids up to {count - 1} ({declared.ids_from}), but the model has "
+            f"{limit.num_ids} ids [0, {limit.num_ids}) for batch[{name!r}]",
+            path=f"model.{limit.num_ids_field}",
+            suggestion=f"set model.{limit.num_ids_field} to at least {count} (with "
+                       f"init_from: the checkpoint's vocabulary is what it is -- use its own "
+                       f"tokenizer), or give {where}.tokenizer a vocabulary that fits")
+    if declared.length is None:
+        return
+    for name, limit in limits.items():
+        if limit.max_length is not None and declared.length > limit.max_length:
+            raise errors.DataError(
+                f"{where} makes rows of {declared.length} positions "
+                f"({where}.source.{declared.length_field}), but the model reads at most "
+                f"{limit.max_length} (batch[{name!r}])",
+                path=f"model.{limit.max_length_field}",
+                suggestion=f"raise model.{limit.max_length_field} to {declared.length}, or "
+                           f"set {where}.source.{declared.length_field} to at most "
+                           f"{limit.max_length}")
+
+
+# Fields of an evaler's source that, left unset (None), follow the train input's source of the
+# same kind: its files (their held-out split) and record format.
+FOLLOWED_SOURCE_FIELDS = {"files": (), "format": ("text_field", "prompt_field",
+                                                  "completion_field", "messages_field")}
+
+
+def follow_train_input(config: Any) -> Any:
+    """``config`` (an Engine's) with every evaler's input completed from the train input's:
+    a tokenizer left at its defaults becomes the train input's (the ids a held-out loss measures
+    must be the ones trained on), and a source of the train source's kind takes its files and
+    record format where it leaves them unset (None). Returns a new config when anything
+    changes."""
+    train = getattr(config, "train_input", None)
+    evalers = getattr(config, "evalers", None) or {}
+    if train is None or not evalers:
+        return config
+    default_tokenizer = type(train.tokenizer)().set(klass=train.tokenizer.klass)
+    out = None
+    for name, evaler in evalers.items():
+        changed = evaler.input.clone()
+        if changed.tokenizer == default_tokenizer and train.tokenizer != default_tokenizer:
+            changed.tokenizer = train.tokenizer.clone()
+        source, train_source = changed.source, train.source
+        if source is not None and train_source is not None and \
+                getattr(source, "klass", None) is getattr(train_source, "klass", None):
+            for field, companions in FOLLOWED_SOURCE_FIELDS.items():
+                if field in source.keys() and getattr(source, field) is None and \
+                        getattr(train_source, field) is not None:
+                    setattr(source, field, getattr(train_source, field))
+                    for companion in companions:
+                        setattr(source, companion, getattr(train_source, companion))
+        if changed != evaler.input:
+            out = out or config.clone()
+            out.evalers[name].input = changed
+    return out or config

@@ -13,6 +13,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from titanax.config import checked_by
+from titanax.config import value_checks as check
+
 Schedule = Callable[[jax.Array], jax.Array]
 ScalarOrSchedule = Union[float, Schedule]
 
@@ -33,6 +36,30 @@ def decayed_weights(weight_decay: float, decay_scales: Any) -> optax.GradientTra
     return optax.GradientTransformation(init, update)
 
 
+def _adam_arguments(b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, **_):
+    yield from check.fraction("b1", b1)
+    yield from check.fraction("b2", b2)
+    yield from check.positive("eps", eps)  # eps = 0 divides a zero gradient by zero.
+    yield from check.at_least("weight_decay", weight_decay, 0)
+
+
+def _lion_arguments(b1=0.9, b2=0.99, weight_decay=0.0, **_):
+    yield from check.fraction("b1", b1)
+    yield from check.fraction("b2", b2)
+    yield from check.at_least("weight_decay", weight_decay, 0)
+
+
+def _sgd_arguments(momentum=None, weight_decay=0.0, **_):
+    yield from check.fraction("momentum", momentum, allow_none=True)
+    yield from check.at_least("weight_decay", weight_decay, 0)
+
+
+def _schedule_arguments(warmup_steps=0, init_value=0.0, **_):
+    yield from check.at_least("warmup_steps", warmup_steps, 0)
+    yield from check.at_least("init_value", init_value, 0)
+
+
+@checked_by(_adam_arguments)
 def adamw(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
           weight_decay: float = 0.0, *, decay_scales: Any = None) -> optax.GradientTransformation:
     """AdamW (decoupled weight decay, scaled per param)."""
@@ -41,6 +68,7 @@ def adamw(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999, e
                        optax.scale_by_learning_rate(learning_rate))
 
 
+@checked_by(_lion_arguments)
 def lion(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.99,
          weight_decay: float = 0.0, *, decay_scales: Any = None) -> optax.GradientTransformation:
     """Lion (sign of an interpolated momentum), decoupled weight decay scaled per param."""
@@ -49,6 +77,7 @@ def lion(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.99,
                        optax.scale_by_learning_rate(learning_rate))
 
 
+@checked_by(_sgd_arguments)
 def sgd(learning_rate: ScalarOrSchedule, momentum: Optional[float] = None, nesterov: bool = False,
         weight_decay: float = 0.0, *, decay_scales: Any = None) -> optax.GradientTransformation:
     """SGD with optional (Nesterov) momentum and weight decay scaled per param."""
@@ -59,6 +88,7 @@ def sgd(learning_rate: ScalarOrSchedule, momentum: Optional[float] = None, neste
     return optax.chain(*parts)
 
 
+@checked_by(_schedule_arguments)
 def warmup_cosine(peak_value: float, warmup_steps: int, decay_steps: Optional[int] = None,
                   init_value: float = 0.0, end_value: float = 0.0) -> Schedule:
     """Linear warm-up from init_value to peak_value, then cosine decay to end_value.

@@ -48,6 +48,7 @@ from titanax.train.gradients import (LocalGradients, LossRelation, loss_capacity
                                      weighs_shards)
 from titanax.train.param_gathering import ParamGathering
 from titanax.train.precision import Precision
+from titanax.utils.dtypes import at_least_float32, wide_float
 
 
 class PipelinedGradients:
@@ -118,12 +119,19 @@ class PipelinedGradients:
         return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries,
                               weight=weight)
 
+    def _for_counting(self, batch: Any) -> Any:
+        """The batch's float entries (token weights) in float32 or wider -- the compute dtype's
+        width when that is wider (float64 runs): counts summed in 16 bits would round."""
+        dtype = wide_float(self.precision.compute_dtype)
+        return jax.tree_util.tree_map(
+            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, batch)
+
     def _shard_weight(self, batch: Any) -> Optional[jax.Array]:
         """The data shard's trained tokens over its capacity (gradients.py), the same on every
         pipe rank; None when the batch is not split over devices."""
         if not self.weighted:
             return None
-        count = jnp.asarray(self.parts.loss_weight(batch), jnp.float32)
+        count = at_least_float32(self.parts.loss_weight(self._for_counting(batch)))
         return count / loss_capacity(batch)
 
     def _microbatches(self, batch: Any) -> Tuple[int, Any]:
@@ -180,13 +188,13 @@ class PipelinedGradients:
                 head_key, is_training)
             # Token-weighted: this share's loss sum over the whole shard's weight (padding rows
             # weigh 0), so the partial sums over pipe add up to the one-device loss exactly.
-            loss = aux["loss_sum"].astype(jnp.float32) / _weight(parts, batch)
+            loss = at_least_float32(aux["loss_sum"]) / _weight(parts, self._for_counting(batch))
             return loss, aux, {k: v / stages for k, v in summaries.items()}
         local = jax.tree_util.tree_leaves(batch)[0].shape[0]
         decoded = decoded.reshape((local,) + decoded.shape[2:])
         loss, aux, summaries = parts.head_loss(outside, decoded, batch, head_key, is_training)
         last = stage_index == stages - 1
-        return (jnp.where(last, loss.astype(jnp.float32), 0.0),
+        return (jnp.where(last, at_least_float32(loss), 0.0),
                 {k: jnp.where(last, v, jnp.zeros_like(v)) for k, v in aux.items()},
                 {k: jnp.where(last, v, 0.0) for k, v in summaries.items()})
 
@@ -199,7 +207,7 @@ class PipelinedGradients:
                                       jax.tree_util.tree_map(lambda v: v[0], compute_batches))
         outside, staged = parts.split_params(params)
         stage_index = collectives.axis_index(self.pipe_axis)
-        total_weight = _weight(parts, batch)
+        total_weight = _weight(parts, self._for_counting(batch))
         shard_weight = self._shard_weight(batch)
 
         def row(m):
@@ -214,7 +222,7 @@ class PipelinedGradients:
             _, aux, head_summaries = parts.head_loss(precision.cast_for_compute(op), decoded,
                                                      row(m), part_key(key, m, 2), True)
             # Token-weighted over the shard (see _head), not a mean of microbatch means.
-            loss = aux["loss_sum"].astype(jnp.float32) / total_weight
+            loss = at_least_float32(aux["loss_sum"]) / total_weight
             # Summaries as partial sums over pipe of the mean over microbatches (and stages).
             summaries = {**{k: v / (count * stages) for k, v in stage_summaries.items()},
                          **{k: v / count for k, v in head_summaries.items()}}
@@ -243,4 +251,4 @@ class PipelinedGradients:
 
 def _weight(parts: PipelineParts, batch: Any) -> jax.Array:
     """What the data shard's loss is a mean over (never 0: an all-padding shard has loss 0)."""
-    return jnp.maximum(jnp.asarray(parts.loss_weight(batch), jnp.float32), 1e-12)
+    return jnp.maximum(at_least_float32(parts.loss_weight(batch)), 1e-12)

@@ -1,6 +1,11 @@
 """Precision policy: what dtype params are stored in, what dtype the model computes in, and
 dynamic loss scaling for float16.
 
+``float64=True`` stores and computes everything in float64 (jax's ``jax_enable_x64`` must be on):
+not for training, for numerical checks -- a sharded step and a one-device step then agree to
+~1e-12 where float32 leaves them ~1e-6 apart by summation order alone, so a layout defect (1e-3
+and more) stands out on any CPU.
+
 ``bfloat16=True`` computes in bfloat16; ``enable_x32_params=True`` keeps float32 master params
 (cast to the compute dtype for each forward pass, so gradients and the optimizer update are
 float32). float16 needs loss scaling: its range tops out at 65504 and small gradients flush to
@@ -11,11 +16,13 @@ after; a step whose gradients overflow is skipped and the scale halved, and afte
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
+from titanax import errors
 from titanax.config import Configurable
 
 
@@ -27,6 +34,9 @@ class Precision(Configurable):
         bfloat16: bool = False
         # Compute in float16 (use with loss_scaling).
         fp16: bool = False
+        # Params and compute in float64 (numerical checks; needs jax_enable_x64, e.g. inside
+        # ``with jax.enable_x64(True):``).
+        float64: bool = False
         # Dynamic loss scaling (required with fp16; harmless otherwise).
         loss_scaling: bool = False
         # Accept fp16 without loss scaling anyway (e.g. to show why it is needed); by default such
@@ -47,19 +57,38 @@ class Precision(Configurable):
         def _validate_values(self):
             if self.bfloat16 and self.fp16:
                 yield "fp16", "choose bfloat16 or fp16, not both"
+            if self.float64 and (self.bfloat16 or self.fp16):
+                yield "float64", "float64 computes in float64: not with bfloat16 or fp16"
             if self.fp16 and not self.loss_scaling and not self.allow_unscaled_fp16:
                 yield "loss_scaling", ("float16 needs loss scaling: without it small gradients "
                                        "flush to zero and large ones overflow within steps; set "
                                        "loss_scaling=true (or allow_unscaled_fp16=true to "
                                        "accept that)")
-            if self.initial_loss_scale <= 0:
-                yield "initial_loss_scale", "must be > 0"
+            if not (math.isfinite(self.initial_loss_scale) and self.initial_loss_scale > 0):
+                yield "initial_loss_scale", f"must be a finite number > 0, got " \
+                                            f"{self.initial_loss_scale}"
+            if not (math.isfinite(self.min_loss_scale) and self.min_loss_scale > 0):
+                yield "min_loss_scale", f"must be a finite number > 0, got {self.min_loss_scale}"
+            elif math.isfinite(self.initial_loss_scale) and \
+                    self.min_loss_scale > self.initial_loss_scale:
+                yield "min_loss_scale", (f"must not exceed initial_loss_scale "
+                                         f"({self.initial_loss_scale}), got {self.min_loss_scale}")
+            if self.growth_interval < 1:
+                yield "growth_interval", f"must be >= 1, got {self.growth_interval}"
+
+    def __init__(self, cfg=None, **fields):
+        super().__init__(cfg, **fields)
+        if self.config.float64 and not jax.config.jax_enable_x64:
+            raise errors.ConfigError(
+                "float64 needs jax's 64-bit mode, which is off", path="precision.float64",
+                suggestion="run inside `with jax.enable_x64(True):` (or set JAX_ENABLE_X64=1), "
+                           "or leave float64 off")
 
     @property
     def compute_dtype(self) -> jnp.dtype:
         cfg = self.config
         return jnp.dtype(jnp.bfloat16 if cfg.bfloat16 else jnp.float16 if cfg.fp16
-                         else jnp.float32)
+                         else jnp.float64 if cfg.float64 else jnp.float32)
 
     @property
     def param_dtype(self) -> jnp.dtype:

@@ -53,6 +53,7 @@ from jax.sharding import PartitionSpec
 from titanax import errors
 from titanax.parallel import collectives, rules, sharding
 from titanax.train.gradients import LossRelation
+from titanax.utils.dtypes import at_least_float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +267,7 @@ class GradientReducer:
             total = dict(zip(metric_names, metrics))[_WEIGHT]
             # No trained token anywhere: every sum is 0, and so is the mean.
             factor = self.batch_shards / jnp.where(total > 0, total, 1.0)
-            leaves = [(leaf.astype(jnp.float32) * factor).astype(leaf.dtype) for leaf in leaves]
+            leaves = [(at_least_float32(leaf) * factor).astype(leaf.dtype) for leaf in leaves]
             norm_squared = norm_squared * jnp.square(factor)
             if sync_data and "loss" in out_metrics:
                 out_metrics["loss"] = out_metrics["loss"] * factor
@@ -408,4 +409,4 @@ _WEIGHT = "__shard_weight__"
 
 
 def _square_sum(values: Sequence[jax.Array]) -> jax.Array:
-    return sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in values)
+    return sum(jnp.sum(jnp.square(at_least_float32(v))) for v in values)

@@ -14,7 +14,6 @@ precision, checkpointer) and returns states; the Engine keeps the current one.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any, Dict, Optional
 
 import jax
@@ -33,7 +32,6 @@ from titanax.train.learner import OptimizerAdapter
 from titanax.train.precision import Precision
 from titanax.train.train_state import TrainState
 
-_log = logging.getLogger("titanax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +181,6 @@ class StateManager:
                                         rngs=train["rngs"], loss_scale=train.get("loss_scale")),
                 path=restored.path, resumed=True, data_state=restored.data_state)
         message = f"restored {'the run' if result.resumed else 'params'} from {restored.path}"
-        _log.info(message)
         print(f"titanax: {message}", flush=True)
         _report_config_changes(restored, config_text)
         return result

@@ -30,6 +30,7 @@ from titanax import errors
 from titanax.modules.context import StateIncrement, flat_state_updates
 from titanax.modules.gather_on_use import is_gather_on_use
 from titanax.parallel.sharding import path_string
+from titanax.utils.dtypes import at_least_float32
 
 
 def collect(state_updates: Mapping[str, Any], params: Any, *, where: str,
@@ -61,7 +62,7 @@ def collect(state_updates: Mapping[str, Any], params: Any, *, where: str,
                 suggestion="write a value of the param's own (local, per-device) shape; under "
                 "FSDP (ZeRO stage 3) a param a layer updates must be stored whole: "
                 f"--config.plan.zero.dim_overrides=\"{{'{path}': None}}\"")
-        value = value.astype(jnp.float32)
+        value = at_least_float32(value)
         if increment:
             base = stored_leaves[index] if stored_leaves is not None else None
             if base is None or is_gather_on_use(base):
@@ -69,7 +70,7 @@ def collect(state_updates: Mapping[str, Any], params: Any, *, where: str,
                     f"the increment of {path!r} has no whole stored value to be added to",
                     path=where, suggestion="store the param whole (under FSDP: "
                     f"--config.plan.zero.dim_overrides=\"{{'{path}': None}}\")")
-            value = base.astype(jnp.float32) + value
+            value = at_least_float32(base) + value
         out[index] = value
     return out
 

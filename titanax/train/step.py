@@ -43,6 +43,7 @@ from titanax.train.precision import Precision
 from titanax.train.reducer import GradientReducer, Reduced
 from titanax.train.train_state import TrainState
 from titanax.train.user_step import check_scalar_metrics
+from titanax.utils.dtypes import at_least_float32
 
 
 @dataclasses.dataclass
@@ -129,7 +130,7 @@ def local_train_step(setup: StepSetup, state: TrainState, batch: Any
     if scale is not None:
         # Unscale in float32, keep each gradient's dtype (the optimizer state's dtype follows it).
         grads = jax.tree_util.tree_map(
-            lambda g: (g.astype(jnp.float32) / scale).astype(g.dtype), grads)
+            lambda g: (at_least_float32(g) / scale).astype(g.dtype), grads)
     check_scalar_metrics({"loss": loss, **{f"aux/{k}": v for k, v in aux.items()}},
                          where=f"{type(setup.model).__qualname__}.forward")
     # The scopes name the collectives of the reduction and the update in --explain.

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from tests.numerics import parity_floats
 from titanax.modules import functional
 from titanax.parallel import collectives, rules
 from titanax.runtime.mesh import MeshSpec
@@ -22,7 +23,8 @@ def _loss(model, params, batch):
 def one_device(model, *, vocab_size: int, perturb: bool = False):
     """``(params, batch, loss, grads)`` of ``model`` on one device; ``perturb`` moves every
     param off its initial value (biases off 0, norm scales off 1) so their uses are tested."""
-    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
+    params = parity_floats(jax.jit(model.initialize_parameters_recursively)(
+        jax.random.PRNGKey(0)))
     if perturb:
         params = jax.tree_util.tree_map(
             lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(p.size), p.shape), params)

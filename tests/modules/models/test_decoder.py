@@ -10,6 +10,8 @@ from tests.modules.models import tensor_parallel_parity
 from tests.numerics import assert_close
 from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
 
+pytestmark = pytest.mark.usefixtures("float64_numerics")
+
 # Two shapes of the family: Llama-like (8 heads over 2 kv heads, biases, untied head, sliding
 # window) and Qwen 3-like (QK-norm, head_dim apart from model_dim / heads, tied head).
 SHAPES = {

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from tests.modules.models import tensor_parallel_parity
-from tests.numerics import assert_close
+from tests.numerics import assert_close, parity_floats
 from titanax.modules import functional
 from titanax.modules.models.decoder import Decoder
 from titanax.modules.models.gpt import GPT
+
+pytestmark = pytest.mark.usefixtures("float64_numerics")
 
 VOCAB, ROW = 64, 16
 # Each row's documents (their lengths in input/target pairs); the rest of a row is padding.
@@ -54,7 +56,7 @@ def _documents():
 def _params(name):
     model = MODELS[name].instantiate()
     params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
-    return model, params
+    return model, parity_floats(params)
 
 
 def _loss_sum(model, params, batch):

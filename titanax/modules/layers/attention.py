@@ -25,6 +25,7 @@ from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
+from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
 
 
 class CausalSelfAttention(BaseLayer):
@@ -90,14 +91,12 @@ class CausalSelfAttention(BaseLayer):
         qkv = qkv + params["qkv_bias"].astype(x.dtype)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [batch, seq, local heads, head_dim]
         dropout = self.is_training and cfg.attention_dropout_rate > 0
-        # XLA:CPU cannot compile jax's float16 attention (float16 inputs, float32 logits).
-        cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
         documents = same_segment(segment_ids)
         if cfg.cp_axis is not None:  # (The plan refuses attention dropout here.)
             context = context_attention(q, k, v, positions=positions, segment_ids=segment_ids,
                                         axis=cfg.cp_axis, strategy=cfg.cp_strategy,
                                         scale=1.0 / math.sqrt(self.head_dim))
-        elif dropout or cpu_float16:
+        elif dropout or not fused_attention_fits(q.dtype):
             context = self._attention_written_out(q, k, v, documents)
         else:
             # jax's fused attention: cuDNN flash attention on GPUs (no S x S mask or
@@ -109,14 +108,14 @@ class CausalSelfAttention(BaseLayer):
         return self.out(context)
 
     def _attention_written_out(self, q, k, v, documents=None):
-        """The same attention written out: attention dropout needs the probabilities, and XLA:CPU
-        cannot compile jax's fused float16 attention (dropout is the identity outside
-        training)."""
+        """The same attention written out: attention dropout needs the probabilities, XLA:CPU
+        cannot compile jax's fused float16 attention, and its float64 rounds through float32
+        (``fused_attention_fits``; dropout is the identity outside training)."""
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
-                            preferred_element_type=jnp.float32) / math.sqrt(self.head_dim)
+                            preferred_element_type=wide_float(q.dtype)) / math.sqrt(self.head_dim)
         length = q.shape[1]
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
         allowed = causal if documents is None else causal & documents
-        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+        scores = jnp.where(allowed, scores, lowest(scores.dtype))
         probs = self.dropout(jax.nn.softmax(scores, axis=-1)).astype(v.dtype)
         return jnp.einsum("bhqk,bkhd->bqhd", probs, v)

@@ -15,13 +15,14 @@ import jax.numpy as jnp
 
 from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.parallel import collectives
+from titanax.utils.dtypes import at_least_float32
 
 
 def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
                                  tp_axis: Optional[str] = None,
                                  vocab_offset: Union[int, jax.Array] = 0,
                                  vocab_size: Optional[int] = None) -> jax.Array:
-    """Per-token ``-log softmax(logits)[target]`` in float32.
+    """Per-token ``-log softmax(logits)[target]`` in float32 (float64 for float64 logits).
 
     Args:
         logits: ``[..., V_local]``, this device's slice of the vocabulary.
@@ -30,7 +31,7 @@ def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
         vocab_offset: Global id of this device's first logit.
         vocab_size: The real vocabulary size; logits of padding ids (>= vocab_size) are ignored.
     """
-    logits = logits.astype(jnp.float32)
+    logits = at_least_float32(logits)
     local_vocab = logits.shape[-1]
     ids = vocab_offset + jnp.arange(local_vocab)
     if vocab_size is not None:

@@ -36,6 +36,7 @@ from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.layers.tensor_parallel import tp_active, tp_rank
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
+from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
 
 
 class GroupedQueryAttention(BaseLayer):
@@ -213,14 +214,13 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
     scale = 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[1], k.shape[1]
     documents = same_segment(segment_ids)
-    xla_cpu_float16 = q.dtype == jnp.float16 and jax.default_backend() == "cpu"
-    if kv_length is None and t == s and not xla_cpu_float16:
+    if kv_length is None and t == s and fused_attention_fits(q.dtype):
         window = (sliding_window - 1, 0) if sliding_window is not None else None
         return jax.nn.dot_product_attention(q, k, v, mask=documents, is_causal=True,
                                             scale=scale, local_window_size=window,
                                             implementation=None)
-    # Written out: a query block at an offset into a cache (and float16 on XLA:CPU, which
-    # cannot compile jax's fused float16 attention).
+    # Written out: a query block at an offset into a cache (and the dtypes jax's fused
+    # attention does not fit: float16 on XLA:CPU, float64).
     filled = s if kv_length is None else kv_length
     query_pos = filled - t + jnp.arange(t)
     key_pos = jnp.arange(s)
@@ -231,8 +231,9 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
         allowed = allowed & documents[:, :, None]
     group = q.shape[2] // k.shape[2]
     qg = q.reshape(q.shape[:2] + (k.shape[2], group, q.shape[3]))
-    scores = jnp.einsum("btgqd,bsgd->bgqts", qg, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.einsum("btgqd,bsgd->bgqts", qg, k, preferred_element_type=wide_float(q.dtype)
+                        ) * scale
+    scores = jnp.where(allowed, scores, lowest(scores.dtype))
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bgqts,bsgd->btgqd", probs, v)
     return out.reshape(q.shape[:3] + (v.shape[-1],))

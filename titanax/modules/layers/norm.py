@@ -1,4 +1,4 @@
-"""LayerNorm and RMSNorm (statistics in float32 whatever the activation dtype)."""
+"""LayerNorm and RMSNorm (statistics in float32 -- or wider -- whatever the activation dtype)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
+from titanax.utils.dtypes import at_least_float32
 
 
 class LayerNorm(BaseLayer):
@@ -31,7 +32,7 @@ class LayerNorm(BaseLayer):
 
     def forward(self, x):
         cfg = self.config
-        x32 = x.astype(jnp.float32)
+        x32 = at_least_float32(x)
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
         y = (x32 - mean) * jax.lax.rsqrt(var + cfg.eps) * self.parameters["scale"]
@@ -54,7 +55,7 @@ class RMSNorm(BaseLayer):
                                        weight_decay_scale=0.0)}
 
     def forward(self, x):
-        x32 = x.astype(jnp.float32)
+        x32 = at_least_float32(x)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
                                 + self.config.eps)
         return (y * self.parameters["scale"]).astype(x.dtype)

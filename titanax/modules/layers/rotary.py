@@ -40,9 +40,13 @@ class Llama3RopeScaling(Configurable):
         def _validate_values(self):
             if self.factor <= 0:
                 yield "factor", f"must be > 0, got {self.factor}"
-            if not 0 < self.low_freq_factor < self.high_freq_factor:
-                yield "high_freq_factor", (f"must exceed low_freq_factor={self.low_freq_factor} "
-                                           f"(> 0), got {self.high_freq_factor}")
+            if self.low_freq_factor <= 0:
+                yield "low_freq_factor", f"must be > 0, got {self.low_freq_factor}"
+            elif self.high_freq_factor <= self.low_freq_factor:  # (Either may be the one off.)
+                yield "low_freq_factor", (f"must be below high_freq_factor="
+                                          f"{self.high_freq_factor}, got {self.low_freq_factor}")
+                yield "high_freq_factor", (f"must exceed low_freq_factor={self.low_freq_factor}, "
+                                           f"got {self.high_freq_factor}")
             if self.original_max_position_embeddings < 1:
                 yield "original_max_position_embeddings", "must be >= 1"
 

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes
+from titanax.utils.dtypes import at_least_float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,11 @@ class Router(BaseLayer):
         def _validate_values(self):
             if isinstance(self.num_experts, int) and self.num_experts < 1:
                 yield "num_experts", f"must be >= 1, got {self.num_experts}"
-            if isinstance(self.top_k, int) and isinstance(self.num_experts, int) and \
+            if isinstance(self.model_dim, int) and self.model_dim < 1:
+                yield "model_dim", f"must be >= 1, got {self.model_dim}"
+            if isinstance(self.top_k, int) and self.top_k < 1:
+                yield "top_k", f"must be >= 1, got {self.top_k}"
+            elif isinstance(self.top_k, int) and isinstance(self.num_experts, int) and \
                     not 1 <= self.top_k <= self.num_experts:
                 yield "top_k", f"must be in [1, num_experts={self.num_experts}], got {self.top_k}"
             if not 0 <= self.balance_rate <= 1:
@@ -104,11 +109,12 @@ class Router(BaseLayer):
     def forward(self, tokens: jax.Array, valid: Optional[jax.Array] = None) -> Routing:
         """``valid`` ``[T]``: 0 for padding tokens (see ``Routing.valid``); None: all real."""
         cfg = self.config
-        valid = (jnp.ones(tokens.shape[:1], jnp.float32) if valid is None
-                 else valid.astype(jnp.float32))
+        # (Counts in jax's default float: float32, float64 in its 64-bit mode.)
+        valid = (jnp.ones(tokens.shape[:1], float) if valid is None
+                 else at_least_float32(valid))
         params = self.parameters
-        logits = jnp.einsum("td,de->te", tokens.astype(jnp.float32),
-                            params["weight"].astype(jnp.float32))
+        logits = jnp.einsum("td,de->te", at_least_float32(tokens),
+                            at_least_float32(params["weight"]))
         if cfg.scoring == "softmax":
             scores = jax.nn.softmax(logits, axis=-1)
             probabilities = scores
@@ -136,11 +142,11 @@ class Router(BaseLayer):
 
 def assignment_counts(expert_ids: jax.Array, num_experts: int,
                       valid: Optional[jax.Array] = None) -> jax.Array:
-    """``[num_experts]`` float32: how many (token, choice) assignments of real tokens (``valid``
+    """``[num_experts]`` floats: how many (token, choice) assignments of real tokens (``valid``
     ``[T]``, None: all) each expert got."""
-    weights = jnp.ones(expert_ids.shape, jnp.float32) if valid is None else jnp.broadcast_to(
+    weights = jnp.ones(expert_ids.shape, float) if valid is None else jnp.broadcast_to(
         valid[:, None], expert_ids.shape)
-    return jnp.zeros((num_experts,), jnp.float32).at[expert_ids.reshape(-1)].add(
+    return jnp.zeros((num_experts,), weights.dtype).at[expert_ids.reshape(-1)].add(
         weights.reshape(-1))
 
 

@@ -17,12 +17,13 @@ from titanax.modules.initializers import VarianceScaling
 from titanax.modules.layers.conv import Conv2D
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.layers.linear import Linear
+from titanax.utils.dtypes import at_least_float32
 
 
 def example_weights(batch: Dict[str, jax.Array]) -> jax.Array:
     weights = batch.get("weights")
-    return (jnp.ones(batch["label"].shape, jnp.float32) if weights is None
-            else weights.astype(jnp.float32))
+    return (jnp.ones(batch["label"].shape, float) if weights is None
+            else at_least_float32(weights))
 
 
 def classification_loss(logits: jax.Array, batch: Dict[str, jax.Array]
@@ -32,7 +33,7 @@ def classification_loss(logits: jax.Array, batch: Dict[str, jax.Array]
     labels = batch["label"]
     weights = example_weights(batch)
     per_example = vocab_parallel_cross_entropy(logits, labels)
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(weights.dtype)
     count = jnp.sum(weights)
     loss_sum = jnp.sum(per_example * weights)
     aux = {"loss_sum": loss_sum, "num_examples": count, "num_correct": jnp.sum(correct * weights)}

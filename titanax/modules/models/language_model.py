@@ -25,6 +25,7 @@ from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.modules.module import nowrap
 from titanax.modules.pipeline_parts import StackedStages
 from titanax.parallel import collectives
+from titanax.utils.dtypes import at_least_float32
 
 
 class CausalLanguageModel(BaseLayer):
@@ -179,8 +180,8 @@ def token_weights(batch: Dict[str, jax.Array], shape) -> jax.Array:
     """Per target token, its weight: ``batch["weights"]`` per token or per example (a padded last
     batch: every token of the example), 1 without weights."""
     weights = batch.get("weights")
-    if weights is None:
-        return jnp.ones(shape, jnp.float32)
-    weights = weights.astype(jnp.float32)
+    if weights is None:  # (jax's default float: float32, float64 in its 64-bit mode.)
+        return jnp.ones(shape, float)
+    weights = at_least_float32(weights)
     return jnp.broadcast_to(weights.reshape(weights.shape + (1,) * (len(shape) - weights.ndim)),
                             shape)
