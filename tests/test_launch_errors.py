@@ -86,6 +86,21 @@ BAD_INPUTS = [
     ("training files that do not exist",
      ["--config=gpt_tiny_dp", "--trainer_dir={tmp}/run",
       "--config.train_input.source.files=['/nonexistent/*.txt']"], "train_input.source.files"),
+    ("windows of zero tokens (a ZeroDivisionError traceback before)",
+     ["--config=gpt_tiny_dp", "--trainer_dir={tmp}/run", "--config.train_input.source.seq_len=0"],
+     "train_input.source.seq_len"),
+    ("a held-out fraction above 1 (trained before)",
+     ["--config=gpt_tiny_dp", "--trainer_dir={tmp}/run",
+      "--config.evalers['heldout'].input.source.held_out_fraction=1.5"],
+     "evalers['heldout'].input.source.held_out_fraction"),
+    ("a model smaller than the bytes it reads (refused at the first rare byte before)",
+     ["--config=llama_tiny_dp_tp", "--trainer_dir={tmp}/run", "--config.model.vocab_size=128"],
+     "model.vocab_size"),
+    ("a learning rate that is not a number",
+     ["--config=gpt_tiny_dp", "--config.learner.optimizer.learning_rate.peak_value=nan"],
+     "learner.optimizer.learning_rate.peak_value"),
+    ("a seed PRNGKey would wrap to 0", ["--config=gpt_tiny_dp", "--config.seed=4294967296"],
+     "seed"),
 ]
 
 
@@ -133,6 +148,29 @@ def test_fresh_run_into_a_directory_with_checkpoints_is_refused(tmp_path):
     assert (tmp_path / "config.txt").read_text() == record
     rows = _table(tmp_path / "metrics.csv")
     assert len(rows) == len(set(map(tuple, rows)))  # No row twice, however often relaunched.
+
+
+@pytest.mark.parametrize("command,misspelled,meant,badly_typed", [
+    ("titanax.launch", "--cpu_device=8", "cpu_devices", "--cpu_devices=eight"),
+    ("titanax.generate", "--max_new_token=8", "max_new_tokens", "--max_new_tokens=many"),
+    ("titanax.export", "--tp=x", None, "--step=last"),
+    ("titanax.data.pretokenize", "--seq_lenn=8", "seq_len", "--seq_len=long"),
+    ("titanax.data.train_tokenizer", "--vocab_sise=300", "vocab_size", "--vocab_size=big"),
+])
+def test_every_command_exits_2_on_a_flag_mistake_and_0_on_help(command, misspelled, meant,
+                                                               badly_typed):
+    for args in ([misspelled], [badly_typed]):
+        result = subprocess.run([sys.executable, "-m", command, *args], cwd=REPO_ROOT, env=ENV,
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 2, (command, args, result.stderr[-2000:])
+        flag = args[0].split("=")[0]
+        assert f"{command}: error: {flag}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        if args == [misspelled] and meant:
+            assert f"Did you mean: {meant}" in result.stderr, result.stderr
+    helped = subprocess.run([sys.executable, "-m", command, "--help"], cwd=REPO_ROOT, env=ENV,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert helped.returncode == 0 and "--" in helped.stdout + helped.stderr
 
 
 def test_flag_mistakes_exit_2_and_help_exits_0():

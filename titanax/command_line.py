@@ -15,6 +15,7 @@ pretokenize, train_tokenizer).
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Callable, List, Optional, Sequence
 
@@ -35,7 +36,8 @@ def parse_flags(argv: Sequence[str], *, name: str) -> List[str]:
         return flags.FLAGS(list(argv))
     except flags.Error as e:
         message = str(e)
-        flag = message.split("'")[1] if message.count("'") >= 2 else ""
+        named = getattr(e, "flagname", None) or re.match(r"flag --([\w.-]+)", message)
+        flag = named if isinstance(named, str) else named.group(1) if named else ""
         print(f"{name}: error: " + (f"--{flag.lstrip('-')}: " if flag else "") + message,
               file=sys.stderr)
         print(f"  suggestion: python -m {name} --help lists the flags"

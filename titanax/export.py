@@ -14,7 +14,7 @@ directory (``init_from``) keeps that model's family, token ids and tokenizer fil
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 from absl import flags
 
@@ -66,11 +66,34 @@ def export(argv: Sequence[str]) -> int:
     engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step, plan=plan, run=run,
                                        mesh=MeshSpec.default_config().set(axes=("data",)))
     source = saved_run.source_dir(run)
+    tokenizer_dir = _trained_tokenizer_dir(run, source)
     written = exporter.export_params(engine.canonical_params(), model_cfg=engine.model.config,
                                      directory=target, dtype=FLAGS.dtype,
-                                     model_type=FLAGS.model_type, source_dir=source)
+                                     model_type=FLAGS.model_type, source_dir=source,
+                                     tokenizer_dir=tokenizer_dir)
     print(f"titanax: exported {engine.restored_from} to {written}", flush=True)
     return 0
+
+
+def _trained_tokenizer_dir(run, source: Optional[str]) -> Optional[str]:
+    """The directory of the tokenizer the run's weights were trained with (its train input's),
+    whose files the export carries: not the source's when the run read something else -- bytes
+    beside a BPE model's tokenizer would be a model that cannot be prompted."""
+    train_input = getattr(run, "train_input", None)
+    path = getattr(getattr(train_input, "tokenizer", None), "path", None)
+    if train_input is None or not hasattr(train_input, "tokenizer"):
+        return source  # A run without a configured input: the source's, as before.
+    if path is None:
+        if source:
+            print(f"titanax: warning: the run read bytes, not {source}'s tokenizer: the export "
+                  "carries no tokenizer files (its ids are bytes 0-255)", flush=True)
+        return None
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    if not os.path.isdir(directory):
+        print(f"titanax: warning: the run's tokenizer {path} is gone: the export carries no "
+              "tokenizer files", flush=True)
+        return None
+    return directory
 
 
 if __name__ == "__main__":

@@ -77,3 +77,36 @@ def test_rows_of_another_tokenizer_with_the_same_vocabulary_size_are_refused(jso
     PackedRows.default_config().set(path=out).instantiate(tokenizer=first)
     with pytest.raises(errors.DataError, match="tokenizer_sha256"):
         PackedRows.default_config().set(path=out).instantiate(tokenizer=second)
+
+
+def test_the_largest_id_written_is_declared_and_checked_against_the_model(jsonl, tmp_path):
+    """rows.json records the largest id; a model that does not cover it is refused before any
+    row is read (the ids of bytes text here: up to 'c' = 99)."""
+    from titanax.data.pipeline import Input
+    from titanax.modules.input_limits import InputLimit
+    from titanax.train.engine import Engine
+    from titanax.train.inputs import check_declarations
+    out = str(tmp_path / "rows")
+    packed = PackedDocuments.default_config().set(files=[jsonl], seq_len=32,
+                                                  held_out_fraction=0.0).instantiate()
+    write_rows(packed, out, progress=False)
+    largest = max(int(max(packed[i]["input_ids"].max(), packed[i]["target_ids"].max()))
+                  for i in range(len(packed)))
+    with open(f"{out}/rows.json", encoding="utf-8") as f:
+        assert json.load(f)["max_id"] == largest
+    config = Engine.default_config().set(train_input=Input.default_config().set(
+        source=PackedRows.default_config().set(path=out), global_batch_size=8))
+
+    def limits(num_ids, length=64):
+        limit = InputLimit(num_ids=num_ids, num_ids_field="vocab_size", max_length=length,
+                           max_length_field="max_seq_len")
+        return {"input_ids": limit, "target_ids": limit}
+
+    check_declarations(config, limits(largest + 1))  # Covered: fine.
+    with pytest.raises(errors.DataError) as info:
+        check_declarations(config, limits(largest))
+    assert info.value.path == "model.vocab_size"
+    assert f"largest id {largest}" in info.value.message
+    with pytest.raises(errors.DataError) as info:
+        check_declarations(config, limits(256, length=16))
+    assert info.value.path == "model.max_seq_len" and "rows of 32 positions" in info.value.message

@@ -193,6 +193,12 @@ def main_body(argv: Sequence[str]) -> int:
     if given.rows_per_shard < 1:
         raise errors.LaunchFlagError(f"must be >= 1, got {given.rows_per_shard}",
                                      path="--rows_per_shard", suggestion="e.g. 100000")
+    if given.seq_len < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {given.seq_len}", path="--seq_len",
+                                     suggestion="e.g. 128")
+    if not 0 <= given.held_out_fraction < 1:
+        raise errors.LaunchFlagError(f"must be in [0, 1), got {given.held_out_fraction}",
+                                     path="--held_out_fraction", suggestion="e.g. 0.1")
     check_target(given.out)  # Refused before the corpus is read.
     tokenizer = Tokenizer.default_config().set(path=given.tokenizer).instantiate()
     files: Optional[List[str]] = given.files or None

@@ -48,6 +48,9 @@ def train(paths: Sequence[str], *, vocab_size: int, out: str, min_frequency: int
     if min_frequency < 1:
         raise errors.DataError(f"min_frequency must be >= 1, got {min_frequency}",
                                path="--min_frequency", suggestion="e.g. 2")
+    if vocab_size >= 2 ** 31:
+        raise errors.DataError(f"vocab_size {vocab_size} is beyond any tokenizer's ids (32 bits)",
+                               path="--vocab_size", suggestion="e.g. 4096 (Llama 3: 128256)")
     if vocab_size < BYTES + 1:
         raise errors.DataError(f"vocab_size {vocab_size} is below the {BYTES} bytes + "
                                f"{END_OF_TEXT}", path="--vocab_size",

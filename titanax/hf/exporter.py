@@ -29,10 +29,16 @@ from titanax.io.files import new_directory
 from titanax.parallel import rules
 from titanax.parallel.sharding import path_string
 
-# Files of an HF model directory that describe its tokenizer and generation defaults.
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-              "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
-              "added_tokens.json", "chat_template.jinja", "chat_template.json")
+# Files of an HF model directory that describe its tokenizer ...
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")
+# ... and its generation defaults.
+GENERATION_FILES = ("generation_config.json",)
+SIDE_FILES = TOKENIZER_FILES + GENERATION_FILES
+
+# Where export_params takes the tokenizer files from by default: the source directory.
+FROM_SOURCE = "source"
 
 # HF's default shard size.
 DEFAULT_MAX_SHARD_BYTES = 5 * 2 ** 30
@@ -46,11 +52,14 @@ def check_target(directory: str) -> str:
 def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
                   dtype: Optional[Any] = None, model_type: Optional[str] = None,
                   source_dir: Optional[str] = None,
+                  tokenizer_dir: Optional[str] = FROM_SOURCE,
                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> str:
     """Writes the HF directory of ``params`` (canonical layout: stacks ``[L, ...]``; global
     jax arrays or numpy) and returns its path. ``dtype``: of the written floats (default: the
-    params'); ``source_dir``: the HF directory the model came from (its token ids, tokenizer and
-    generation files are carried over)."""
+    params'); ``source_dir``: the HF directory the model came from (its token ids and
+    generation files are carried over); ``tokenizer_dir``: the directory of the tokenizer the
+    weights were trained with, whose files are carried over (default: the source's; None: no
+    tokenizer files -- bytes)."""
     writer = jax.process_index() == 0
     # Checked by the writer only: another process may look after it created the files.
     directory = check_target(directory) if writer else os.path.abspath(directory)
@@ -75,9 +84,11 @@ def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
             index = {"metadata": {"total_size": sum(t.nbytes for t in planned)},
                      "weight_map": {t.name: n for n, shard in zip(names, shards) for t in shard}}
             _write_json(os.path.join(directory, INDEX), index)
-        for side in SIDE_FILES if source_dir else ():
-            if os.path.isfile(os.path.join(source_dir, side)):
-                shutil.copyfile(os.path.join(source_dir, side), os.path.join(directory, side))
+        tokenizer_dir = source_dir if tokenizer_dir == FROM_SOURCE else tokenizer_dir
+        for origin, names in ((source_dir, GENERATION_FILES), (tokenizer_dir, TOKENIZER_FILES)):
+            for side in names if origin else ():
+                if os.path.isfile(os.path.join(origin, side)):
+                    shutil.copyfile(os.path.join(origin, side), os.path.join(directory, side))
         _write_json(os.path.join(directory, CONFIG), config)  # Last: the directory is complete.
     return directory
 
