@@ -44,9 +44,10 @@ CONTEXT_SPANS = ["--config.mesh.axes=('context','data')", "--config.mesh.shape=(
 # dispatch and combine all-to-all crosses processes.
 EXPERT_SPANS = ["--config.mesh.axes=('expert','data')", "--config.mesh.shape=(4,2)"]
 # Shakespeare's bytes are all below 128: with the 256-byte vocabulary split over 2 model ranks,
-# rank 1's half of the embedding and the head never meets a token, so the rows rank 1 is fed
-# could be anything and the losses would not show it. 128 splits the letters from the rest.
-BOTH_VOCAB_HALVES = ["--config.model.vocab_size=128"]
+# rank 1's half of the embedding and the head would never meet a token, so the rows rank 1 is fed
+# could be anything and the losses would not show it. A 512-token BPE of the plays uses both
+# halves: its bytes (below 256) and its merges (256 and up).
+BPE_VOCAB = 512
 
 
 def _env():
@@ -115,8 +116,20 @@ def root(tmp_path_factory):
     return str(tmp_path_factory.mktemp("multi_process"))
 
 
+@functools.lru_cache(maxsize=None)
+def _both_vocab_halves(root):
+    """Flags that train on a BPE of the plays whose ids fill both TP halves (BPE_VOCAB)."""
+    from titanax.data import train_tokenizer  # pylint: disable=import-outside-toplevel
+    out = os.path.join(root, "bpe")
+    if not os.path.isdir(out):
+        train_tokenizer.train(train_tokenizer.corpus_files(), vocab_size=BPE_VOCAB, out=out,
+                              progress=False)
+    return (f"--config.train_input.tokenizer.path={out}",
+            f"--config.model.vocab_size={BPE_VOCAB}")
+
+
 @pytest.mark.parametrize("name,layout,extra", [
-    ("gpt_tiny_dp_tp", MODEL_SPANS, BOTH_VOCAB_HALVES), ("gpt_tiny_pp", PIPE_SPANS, []),
+    ("gpt_tiny_dp_tp", MODEL_SPANS, "bpe"), ("gpt_tiny_pp", PIPE_SPANS, []),
     ("llama_tiny_cp", CONTEXT_SPANS, []), ("moe_tiny_ep", EXPERT_SPANS, [])],
     ids=["dp-x-tp-model-spans-processes", "dp-x-pp-pipe-spans-processes",
          "dp-x-cp-context-spans-processes", "dp-x-ep-expert-spans-processes"])
@@ -124,6 +137,7 @@ def test_two_processes_train_like_one(root, name, layout, extra):
     """2 processes x 4 devices with the model (pipe, context, expert) axis across them: the per-step
     losses and the final params of 1 process x 8 devices (a process fed other rows, or another
     part of each row, than its peer on that axis changes both)."""
+    extra = _both_vocab_halves(root) if extra == "bpe" else tuple(extra)
     single = _one_process(name, root, *extra)
     double = os.path.join(root, f"{name}-2p")
     result = _run(name, double, *layout, *extra, processes=2)
@@ -192,7 +206,8 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root,
                  ONE_EVAL_BATCH, *MODEL_SPANS, *saves)
     lines = []
     try:
-        _wait_for(job, {"mid-run": "[0] step      3/", "resumed-before-the-first-step": "[1] W",
+        _wait_for(job, {"mid-run": "[0] step      3/", "resumed-before-the-first-step":
+                        "[1] titanax process 1/2",
                         "resumed-after-periodic-saves": "[0] step      7/"}[when], lines)
         pids = {int(line.split()[-1]) for line in lines if "process 1 of 2 is pid" in line}
         os.kill(pids.pop(), signal.SIGTERM)  # Process 1 only.

@@ -96,6 +96,8 @@ def sweep() -> Dict[str, Dict[str, Tuple[str, ...]]]:
     registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES))
     out: Dict[str, Dict[str, Tuple[str, ...]]] = collections.defaultdict(dict)
     for experiment in registry.experiments():
+        if not experiment.module.startswith(registry.DEFAULT_CONFIG_MODULES):
+            continue  # (Experiments other tests of this process registered.)
         base = experiment.factory()
         for field, kind in numeric_fields(base):
             started = tuple(text for text in PROBES[kind]

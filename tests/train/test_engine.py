@@ -334,6 +334,7 @@ def test_an_evaler_with_fewer_rows_than_its_batches_reads_them_once(tmp_path, ca
         input=Input.default_config().set(source=source, global_batch_size=16), num_batches=5)
     engine = helpers.gpt_engine(data=8, evalers={"heldout": evaler})
     engine.fit(data=iter(helpers.text_batches(batch_size=16, count=1)), steps=1)
+    caplog.set_level("INFO", logger="titanax")  # (Information, not a warning.)
     results = engine.run_evalers(1, only_due=False)
     assert results["heldout"]["count"] == source.instantiate().report.trained_tokens == 20 * 11
     assert "fewer than num_batches=5 x 16: evaluating one pass (2 batch(es)" in caplog.text

@@ -13,7 +13,7 @@ the job within seconds, named, instead of hanging it. ``finish()`` is the job's 
 
 from __future__ import annotations
 
-import logging
+import sys
 import socket
 import time
 from typing import Optional
@@ -22,7 +22,6 @@ from titanax import errors
 from titanax.runtime.cluster import ClusterSpec, resolve_cluster
 from titanax.runtime.peer_watch import LEFT_KEY, PeerWatch
 
-_log = logging.getLogger("titanax")
 
 # Seconds without a heartbeat after which a process counts as dead.
 DEFAULT_HEARTBEAT_TIMEOUT_S = 10
@@ -72,10 +71,11 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
                            num_processes=jax.process_count(), process_id=jax.process_index(),
                            heartbeat_timeout_s=heartbeat_timeout_s).start()
     devices = jax.devices()
-    message = (f"titanax process {jax.process_index()}/{jax.process_count()}: "
-               f"{jax.local_device_count()} local / {jax.device_count()} global "
-               f"{devices[0].platform} device(s) [{spec.source}]")
-    _log.warning(message)
+    # Every process says which devices it holds -- on stderr, which the other processes keep
+    # (only process 0 keeps stdout).
+    print(f"titanax process {jax.process_index()}/{jax.process_count()}: "
+          f"{jax.local_device_count()} local / {jax.device_count()} global "
+          f"{devices[0].platform} device(s) [{spec.source}]", file=sys.stderr, flush=True)
     return spec
 
 

@@ -16,7 +16,7 @@ from titanax.modules.layers.transformer import TransformerBlock
 from titanax.modules.testing import bind
 from titanax.parallel import collectives
 from titanax.runtime.mesh import MeshSpec
-from tests.numerics import assert_close
+from tests.numerics import FLOAT32, assert_close
 
 MESH = MeshSpec(axes=("data", "model"), shape=(None, 2)).build()
 RNG = np.random.default_rng(0)
@@ -124,7 +124,8 @@ def _reference_attention(params, x, num_heads):
     return context @ params["out"]["weight"] + params["out"]["bias"]
 
 
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+# float32: sums of at most 256 terms at the tree's scale (tests/numerics.py); bfloat16: its 8 bits.
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, FLOAT32), (jnp.bfloat16, 2e-2)])
 def test_fused_attention_matches_the_written_out_formula(dtype, tol):
     layer = CausalSelfAttention.default_config().set(name="a", model_dim=16,
                                                      num_heads=4).instantiate()
@@ -139,7 +140,7 @@ def test_fused_attention_matches_the_written_out_formula(dtype, tol):
                                       .astype(jnp.float32)))(params)
     want_grad = jax.grad(lambda p: jnp.sum(_reference_attention(p, x, 4)
                                            .astype(jnp.float32)))(params)
-    assert_close(grad, want_grad, bound=tol * 10, what="gradients")
+    assert_close(grad, want_grad, bound=tol * 10, scale="tree", what="gradients")
     # The written-out path (used for attention dropout in training), dropout off in eval mode.
     qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"]) + params["qkv_bias"]
     with bind(layer, params):

@@ -74,13 +74,21 @@ def test_each_document_gets_what_it_gets_alone(name):
     grad_sum = jax.jit(jax.grad(lambda p, b: _loss_sum(model, p, b)))
     logits = logits_of(params, batch["input_ids"], batch["segment_ids"], batch["positions"])
     packed_grads = grad_sum(params, batch)
-    alone_grads = jax.tree_util.tree_map(jnp.zeros_like, params)
-    for row, start, inputs, targets in documents:  # Each alone: its own unpadded batch.
-        alone = {"input_ids": jnp.asarray(inputs)[None], "target_ids": jnp.asarray(targets)[None]}
-        assert_close(logits[row, start:start + len(inputs)],
-                     logits_of(params, alone["input_ids"])[0],
+    # Each document alone in its own row, padded at its end (causal: the padding comes after
+    # everything the document sees; its targets weigh 0): one compile, not one per length.
+    alone = {"input_ids": np.zeros((len(documents), ROW), np.int32),
+             "target_ids": np.zeros((len(documents), ROW), np.int32),
+             "weights": np.zeros((len(documents), ROW), np.float32)}
+    for index, (_, _, inputs, targets) in enumerate(documents):
+        alone["input_ids"][index, :len(inputs)] = inputs
+        alone["target_ids"][index, :len(inputs)] = targets
+        alone["weights"][index, :len(inputs)] = 1.0
+    alone = {k: jnp.asarray(v) for k, v in alone.items()}
+    own_logits = logits_of(params, alone["input_ids"])
+    for index, (row, start, inputs, _) in enumerate(documents):
+        assert_close(logits[row, start:start + len(inputs)], own_logits[index, :len(inputs)],
                      what=f"logits of a document at row {row}, {start}")
-        alone_grads = jax.tree_util.tree_map(jnp.add, alone_grads, grad_sum(params, alone))
+    alone_grads = grad_sum(params, alone)
     assert_close(packed_grads, alone_grads, what="summed gradients of the packed batch")
     # Without segment ids the documents would see each other: the check can fail.
     crossing = logits_of(params, batch["input_ids"], None, batch["positions"])

@@ -106,13 +106,6 @@ class MoE(BaseLayer):
                 yield "top_k", f"must be <= num_experts={self.num_experts}, got {self.top_k}"
             if not (math.isfinite(self.capacity_factor) and self.capacity_factor > 0):
                 yield "capacity_factor", f"must be a finite number > 0, got {self.capacity_factor}"
-            elif isinstance(self.top_k, int) and isinstance(self.num_experts, int) and \
-                    1 <= self.top_k <= self.num_experts and \
-                    self.capacity_factor > self.num_experts / self.top_k + 1e-9:
-                # At E / top_k every assignment has a slot; more only allocates empty ones.
-                yield "capacity_factor", (f"must be at most num_experts / top_k = "
-                                          f"{self.num_experts / self.top_k:g} (nothing drops "
-                                          f"there), got {self.capacity_factor}")
             if self.shared_hidden_dim < 0:
                 yield "shared_hidden_dim", f"must be >= 0, got {self.shared_hidden_dim}"
             for name in ("aux_loss_weight", "z_loss_weight"):
