@@ -11,7 +11,7 @@ from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Launches without --cpu_devices get the session's 8 devices; see tests/environment.py.
-ENV = child_environment(keep_device_count=True)
+ENV = child_environment(keep_device_count=True, quick_backend=True)
 FIXTURES = "--config_module=tests.config.fixture_experiments"
 
 

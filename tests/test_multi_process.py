@@ -51,7 +51,7 @@ BPE_VOCAB = 512
 
 
 def _env():
-    return child_environment(PYTHONUNBUFFERED="1")
+    return child_environment(PYTHONUNBUFFERED="1", quick_backend=True)
 
 
 def _launch(*args, timeout=300, module="titanax.launch"):

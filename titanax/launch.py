@@ -265,8 +265,8 @@ def _resolved_config():
     cfg = overrides_lib.apply_overrides(cfg, _OVERRIDES)
     if getattr(cfg, "init_from", None):
         cfg = _model_from_hf(cfg, file_overrides + list(_OVERRIDES))
-    from titanax.train.inputs import follow_train_input  # pylint: disable=import-outside-toplevel
-    cfg = follow_train_input(cfg)
+    from titanax.train.inputs import complete_from_train_input  # pylint: disable=import-outside-toplevel
+    cfg = complete_from_train_input(cfg)
     cfg.validate()
     return cfg, overrides_lib.config_diff(named, cfg)
 

@@ -38,7 +38,7 @@ from titanax.train import preemption, run_entry
 from titanax.train import state_sharding as state_sharding_lib
 from titanax.train.compiled_step import CompiledStep
 from titanax.train.evaler import Evaler
-from titanax.train.inputs import RunInputs, follow_train_input
+from titanax.train.inputs import RunInputs, complete_from_train_input
 from titanax.train.metrics_window import MetricsWindow
 from titanax.train.precision import Precision
 from titanax.train.state_manager import StateManager
@@ -114,9 +114,9 @@ class Engine(Configurable):
                  **fields):
         """``hooks``: objects with any of ``before_step(step)``, ``on_batch(step, host_batch)``
         and ``after_step(step, metrics)``, called on the host (runtime objects, not config).
-        Evalers' inputs follow the train input's where they leave it to
-        (``inputs.follow_train_input``)."""
-        super().__init__(follow_train_input(cfg) if cfg is not None else None, **fields)
+        Evalers' inputs and an unset ``model.vocab_size`` follow the train input's where they
+        leave it to (``inputs.complete_from_train_input``)."""
+        super().__init__(complete_from_train_input(cfg) if cfg is not None else None, **fields)
         self.trainer_dir = trainer_dir
         self.hooks = list(hooks)
         self.state: Optional[TrainState] = None

@@ -9,6 +9,7 @@ several processes feed the same rows.
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any, Dict, Mapping, Optional
 
 import jax
@@ -21,6 +22,8 @@ from titanax.modules import input_limits
 from titanax.modules.input_limits import InputLimit
 from titanax.parallel import batch_shards
 from titanax.parallel.plan import Plan
+
+_log = logging.getLogger("titanax")
 
 
 class RunInputs:
@@ -159,20 +162,27 @@ def check_declarations(config: Any, limits: Mapping[str, InputLimit]) -> None:
         _check_declared(input_cfg, declare, limits, where=where, tokenizers=tokenizers)
 
 
-def _check_declared(input_cfg: Any, declare: Any, limits: Mapping[str, InputLimit], *,
-                    where: str, tokenizers: Dict[str, Any]) -> None:
-    """One input's declaration against the limits (``tokenizers``: those built so far, by
-    config)."""
+def _declaration(input_cfg: Any, declare: Any, *, where: str,
+                 tokenizers: Dict[str, Any]) -> Any:
+    """What ``input_cfg``'s source declares (``tokenizers``: those built so far, by config);
+    its errors name ``where``."""
     source = input_cfg.source
     key = input_cfg.tokenizer.debug_string()
     tokenizes = "tokenizer" in inspect.signature(source.klass.__init__).parameters
     try:
         if tokenizes and key not in tokenizers:
             tokenizers[key] = input_cfg.tokenizer.instantiate()
-        declared = declare(source, tokenizer=tokenizers.get(key) if tokenizes else None)
+        return declare(source, tokenizer=tokenizers.get(key) if tokenizes else None)
     except errors.DataError as e:
         raise errors.DataError(e.message, path=f"{where}.{e.path}" if e.path else where,
                                suggestion=e.suggestion) from None
+
+
+def _check_declared(input_cfg: Any, declare: Any, limits: Mapping[str, InputLimit], *,
+                    where: str, tokenizers: Dict[str, Any]) -> None:
+    """One input's declaration against the limits (``tokenizers``: those built so far, by
+    config)."""
+    declared = _declaration(input_cfg, declare, where=where, tokenizers=tokenizers)
     for name, count in declared.ids.items():
         limit = limits.get(name)
         if limit is None or limit.num_ids is None or count <= limit.num_ids:
@@ -202,6 +212,36 @@ def _check_declared(input_cfg: Any, declare: Any, limits: Mapping[str, InputLimi
 # same kind: its files (their held-out split) and record format.
 FOLLOWED_SOURCE_FIELDS = {"files": (), "format": ("text_field", "prompt_field",
                                                   "completion_field", "messages_field")}
+
+
+def complete_from_train_input(config: Any) -> Any:
+    """``config`` (an Engine's) with what it leaves to its train input filled in: the evalers'
+    inputs (``follow_train_input``) and an unset ``model.vocab_size``
+    (``vocab_from_train_input``)."""
+    return vocab_from_train_input(follow_train_input(config))
+
+
+def vocab_from_train_input(config: Any) -> Any:
+    """``config`` (an Engine's) whose model leaves ``vocab_size`` unset (None) with the size its
+    train input declares (its tokenizer's vocabulary, bytes' 256, pre-tokenized rows' largest id
+    + 1), as TorchTitan sizes its model from its tokenizer; the run says so. Unchanged when the
+    size is set or nothing declares one (the model's validation then names the field)."""
+    model = getattr(config, "model", None)
+    train = getattr(config, "train_input", None)
+    if model is None or "vocab_size" not in model.keys() or model.vocab_size is not None:
+        return config
+    declare = getattr(getattr(getattr(train, "source", None), "klass", None), "declare", None)
+    if declare is None:
+        return config
+    declared = _declaration(train, declare, where="train_input", tokenizers={})
+    if not declared.ids:
+        return config
+    size = max(declared.ids.values())
+    out = config.clone()
+    out.model.vocab_size = size
+    _log.info("model.vocab_size unset: %d, the train input's vocabulary (%s)", size,
+              declared.ids_from)
+    return out
 
 
 def follow_train_input(config: Any) -> Any:

@@ -39,7 +39,7 @@ from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.rotary import Llama3RopeScaling
 from titanax.modules.layers.tensor_parallel import tp_active
-from titanax.modules.models.language_model import CausalLanguageModel
+from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
 from titanax.parallel import collectives
 from titanax.modules.module import nowrap
 
@@ -48,8 +48,9 @@ class Decoder(CausalLanguageModel):
     """A Llama / Qwen / Mistral language model. ``forward(batch)`` returns ``(loss, aux)``."""
 
     class Config(CausalLanguageModel.Config):
-        # Real vocabulary size (Llama 3: 128256; Qwen 3: 151936; bytes: 256).
-        vocab_size: int = 32000
+        # Real vocabulary size (Llama 3: 128256; Qwen 3: 151936; bytes: 256). None: the size
+        # the run's train input declares (its tokenizer's), set when the run starts.
+        vocab_size: Optional[int] = 32000
         # The embedding / head tables are padded to a multiple of this (fast matmuls; the
         # table must be divisible by the TP size to be split). Padding ids never get probability.
         vocab_pad_multiple: int = 1
@@ -105,6 +106,8 @@ class Decoder(CausalLanguageModel):
         unroll_layers: Optional[bool] = None
 
         def _validate_values(self):
+            if self.vocab_size is None:
+                yield "vocab_size", UNSET_VOCABULARY
             for name in ("vocab_size", "max_seq_len", "num_layers", "model_dim", "num_heads",
                          "hidden_dim", "vocab_pad_multiple"):
                 value = getattr(self, name)

@@ -26,7 +26,7 @@ from titanax.modules.layers.norm import LayerNorm
 from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.tensor_parallel import tp_rank
 from titanax.modules.layers.transformer import TransformerBlock
-from titanax.modules.models.language_model import CausalLanguageModel
+from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
 from titanax.modules.module import nowrap
 
 
@@ -34,8 +34,9 @@ class GPT(CausalLanguageModel):
     """A GPT-2 language model. ``forward(batch)`` returns ``(loss, aux)``."""
 
     class Config(CausalLanguageModel.Config):
-        # Real vocabulary size (GPT-2: 50257; bytes: 256).
-        vocab_size: int = 50257
+        # Real vocabulary size (GPT-2: 50257; bytes: 256). None: the size the run's train input
+        # declares (its tokenizer's), set when the run starts.
+        vocab_size: Optional[int] = 50257
         # The embedding table is padded to a multiple of this (e.g. 128 for fast matmuls; it
         # must make the table divisible by the TP size). Padding ids never get probability.
         vocab_pad_multiple: int = 1
@@ -71,6 +72,8 @@ class GPT(CausalLanguageModel):
         unroll_layers: Optional[bool] = None
 
         def _validate_values(self):
+            if self.vocab_size is None:
+                yield "vocab_size", UNSET_VOCABULARY
             for name in ("vocab_size", "max_seq_len", "num_layers", "model_dim", "num_heads"):
                 value = getattr(self, name)
                 if isinstance(value, int) and value < 1:

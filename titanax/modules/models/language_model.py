@@ -27,6 +27,11 @@ from titanax.modules.pipeline_parts import StackedStages
 from titanax.parallel import collectives
 from titanax.utils.dtypes import at_least_float32
 
+# What a language model's validation says of a vocab_size left unset with nothing to take it from
+# (a run sets it from its train input: train/inputs.vocab_from_train_input).
+UNSET_VOCABULARY = ("unset (None) and no train input declares a vocabulary to take it from: set "
+                    "it to the tokenizer's size")
+
 
 class CausalLanguageModel(BaseLayer):
     """``forward(batch)`` returns ``(mean next-token cross-entropy, aux)``."""
