@@ -1,6 +1,8 @@
 """Loggers, throughput / MFU helpers."""
 
 import csv
+import subprocess
+import sys
 
 import pytest
 
@@ -60,6 +62,44 @@ def test_csv_and_tensorboard_write_files(tmp_path):
     board.log_dict({"loss": 1.0}, 1)
     board.close()
     assert list((tmp_path / "tensorboard").iterdir())
+
+
+def _scalars(log_dir):
+    """``{(tag, step): value}`` read back from the event files (TFRecord frames of Event
+    protos: length, its CRC, the record, its CRC)."""
+    from tensorboardX.proto.event_pb2 import Event  # pylint: disable=import-outside-toplevel
+    found = {}
+    for path in sorted(log_dir.iterdir()):
+        data = path.read_bytes()
+        while data:
+            length = int.from_bytes(data[:8], "little")
+            event = Event.FromString(data[12:12 + length])
+            data = data[12 + length + 4:]
+            for value in event.summary.value:
+                found[(value.tag, event.step)] = value.simple_value
+    return found
+
+
+def test_tensorboard_events_hold_the_scalars_and_the_writer_leaves_torch_unloaded(tmp_path):
+    """The event files read back as logged; tensorboardX is imported without torch (installed
+    here, for the transformers references), which it would load only to accept torch tensors,
+    and torch still imports normally afterwards."""
+    script = (
+        "import sys\n"
+        "from titanax.observe.loggers import TensorBoard\n"
+        f"board = TensorBoard(trainer_dir={str(tmp_path)!r})\n"
+        "board.log_dict({'loss': 2.5, 'heldout/loss': 3.25}, 1)\n"
+        "board.log_dict({'loss': 1.5}, 2)\n"
+        "board.close()\n"
+        "print('torch loaded:', 'torch' in sys.modules)\n"
+        "import torch\n"
+        "print('torch then:', torch.ones(2).sum().item())\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["torch loaded: False", "torch then: 2.0"]
+    assert _scalars(tmp_path / "tensorboard") == {("loss", 1): 2.5, ("heldout/loss", 1): 3.25,
+                                                  ("loss", 2): 1.5}
 
 
 def test_peak_table_and_mfu():
