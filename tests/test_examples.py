@@ -5,11 +5,16 @@ import re
 import subprocess
 import sys
 
+from tests.environment import child_environment
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The examples as the session would run them (8 devices, the quick backend), with the children's
+# code generation (tests/environment.py).
+ENV = child_environment(keep_device_count=True, quick_backend=True)
 
 
 def test_minimal_dp_script_trains_checkpoints_and_resumes(tmp_path):
-    env = dict(os.environ, MINIMAL_DP_EPOCHS="1")
+    env = dict(ENV, MINIMAL_DP_EPOCHS="1")
     script = os.path.join(REPO_ROOT, "examples", "minimal_dp.py")
     first = subprocess.run([sys.executable, script], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=300, check=False)
@@ -27,7 +32,7 @@ def test_minimal_dp_script_trains_checkpoints_and_resumes(tmp_path):
 def test_reshard_example_moves_from_tp2_to_tp4(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples", "reshard.py"),
                              "--steps", "4", "--dir", str(tmp_path / "ckpt")], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=300, check=False)
+                            env=ENV, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "TP=2: mesh {'data': 4, 'model': 2}" in result.stdout
     assert "local shard (4, 128, 256)" in result.stdout
@@ -41,7 +46,7 @@ def test_reshard_example_moves_from_tp2_to_tp4(tmp_path):
 
 def test_pipeline_example_trains_both_schedules_identically(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples", "pipeline.py"),
-                             "--steps", "3"], cwd=tmp_path, capture_output=True, text=True,
+                             "--steps", "3"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                             timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = {line.split()[0]: line.split("losses:")[1].split()
@@ -55,7 +60,7 @@ def test_pipeline_example_trains_both_schedules_identically(tmp_path):
 def test_pipeline_cnn_example_matches_the_unpipelined_cnn(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples",
                                                           "pipeline_cnn.py"), "--steps", "4"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
                             check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     curves = {line.split(" losses:")[0].strip(): line.split("losses:")[1].split("...")[0].split()

@@ -13,7 +13,7 @@ from tests.environment import child_environment
 from tests.numerics import ADAM, FLOAT32, assert_close
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = child_environment(keep_device_count=True)
+ENV = child_environment(keep_device_count=True, quick_backend=True)
 STEPS, STOP = 8, 4
 
 

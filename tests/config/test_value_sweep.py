@@ -3,12 +3,12 @@ through the command line's own parsing: a clean start or a ``TitanaxError`` nami
 never another exception, a hang or a silent acceptance of what cannot work.
 
 "A clean start" is everything the launcher checks before jax touches a device: the overrides
-parsed and type-checked, the evalers' inputs completed from the train input, ``validate()`` of
-the whole tree, and what every input declares it holds against the model's limits
-(``train/inputs.py``). Which probe values each field accepts is a claim of its own, kept in
-``tests/config/value_sweep.txt`` (one line per field: the values it starts with); a check
-removed from a ``_validate_values`` hook makes a value start that the file says is refused, and
-this test fails naming it. After a deliberate change, rewrite the file with
+parsed and type-checked, the evalers' inputs and an unset vocabulary completed from the train
+input, ``validate()`` of the whole tree, and what every input declares it holds against the
+model's limits (``train/inputs.py``). Which probe values each field accepts is a claim of its
+own, kept in ``tests/config/value_sweep.txt`` (one line per field: the values it starts with);
+a check removed from a ``_validate_values`` hook makes a value start that the file says is
+refused, and this test fails naming it. After a deliberate change, rewrite the file with
 ``TITANAX_WRITE_GOLDEN=1 python -m pytest tests/config/test_value_sweep.py`` and review its
 diff.
 """
@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 from titanax import errors
 from titanax.config import overrides as overrides_lib
 from titanax.config import paths, registry, typecheck
-from titanax.train.inputs import check_declarations, follow_train_input, model_limits
+from titanax.train.inputs import check_declarations, complete_from_train_input, model_limits
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "value_sweep.txt")
 # What each kind of field is set to (as command-line text).
@@ -75,7 +75,7 @@ def start(cfg, field: str, text: str) -> str:
     """"starts" or "refused" (the error names ``field``); anything else fails the test."""
     try:
         cfg = overrides_lib.apply_overrides(cfg, [overrides_lib.Override(path=field, text=text)])
-        cfg = follow_train_input(cfg)
+        cfg = complete_from_train_input(cfg)
         cfg.validate()
         check_declarations(cfg, model_limits(cfg.model))
     except errors.TitanaxError as e:

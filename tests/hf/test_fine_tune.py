@@ -16,8 +16,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 def _run(module, *args, expect=0):
     result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT,
-                            env=child_environment(), capture_output=True, text=True,
-                            timeout=600, check=False)
+                            env=child_environment(quick_backend=True), capture_output=True,
+                            text=True, timeout=600, check=False)
     assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -10,7 +10,7 @@ from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Launches without --cpu_devices get the session's 8 devices; see tests/environment.py.
-ENV = child_environment(keep_device_count=True)
+ENV = child_environment(keep_device_count=True, quick_backend=True)
 
 
 def test_launcher_writes_a_profile_and_logs_compile_time_and_memory(tmp_path):
