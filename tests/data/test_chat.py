@@ -64,6 +64,26 @@ def test_ids_and_assistant_mask_match_transformers(chat_tokenizer, template, con
     assert trained.astype(int).tolist() == hf["assistant_masks"]
 
 
+@pytest.mark.parametrize("template", ["marked", "turn by turn"])
+@pytest.mark.parametrize("turns", [1, 4])
+def test_a_chat_prompt_is_transformers_apply_chat_template_with_the_generation_prompt(
+        chat_tokenizer, template, turns):
+    """What ``generate --chat`` feeds the model: the template rendered with the generation
+    prompt (a {% generation %} block as its plain text), special tokens in the text read as
+    such (the user's literal "<|im_end|>" too), as transformers encodes it."""
+    from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
+    messages = CONVERSATIONS[0][:turns]
+    assert messages[-1][0] in ("system", "user")
+    source = MARKED if template == "marked" else UNMARKED
+    reference = AutoTokenizer.from_pretrained(chat_tokenizer)
+    hf = reference.apply_chat_template(
+        [{"role": r, "content": c} for r, c in messages], chat_template=source, tokenize=True,
+        add_generation_prompt=True, return_dict=True)["input_ids"]
+    ours = Tokenizer.default_config().set(path=chat_tokenizer, chat_template=source).instantiate()
+    assert ours.encode_chat_prompt(messages) == hf
+    assert ours.chat_end_ids() == [reference.convert_tokens_to_ids("<|im_end|>")]
+
+
 def _jsonl(path, conversations):
     with open(path, "w", encoding="utf-8") as f:
         for messages in conversations:

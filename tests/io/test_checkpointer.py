@@ -162,6 +162,19 @@ def test_retention_and_metadata(tmp_path):
     assert not any("tmp" in name for name in os.listdir(tmp_path))
 
 
+def test_close_waits_for_orbaxs_cleanup_of_unfinished_step_directories(tmp_path):
+    """Orbax's manager removes the temporary directories of unfinished saves in a thread it
+    starts when made; ``close()`` returns only after that work is done, so no Orbax thread is
+    left to race the interpreter's shutdown (a refused fresh start printed its traceback)."""
+    directory = tmp_path / "checkpoints"
+    for step in range(500):  # Enough that the cleanup cannot be done the moment close() is.
+        (directory / f"{step}.orbax-checkpoint-tmp-{step}").mkdir(parents=True)
+    checkpointer = OrbaxCheckpoint(trainer_dir=str(tmp_path))
+    assert checkpointer.all_steps() == []
+    checkpointer.close()
+    assert os.listdir(directory) == []
+
+
 def test_plain_orbax_reads_titanax_params(tmp_path):
     engine = _mnist(tmp_path)
     engine.fit(steps=10)

@@ -75,6 +75,15 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Tuple[str, str]], *,
                add_generation_prompt: bool = False) -> str:
+        """The text transformers' ``apply_chat_template(..., tokenize=False)`` renders (a
+        ``{% generation %}`` block is its plain text)."""
+        return self._render_marked(messages, add_generation_prompt=add_generation_prompt
+                                   ).replace(_START, "").replace(_END, "")
+
+    def _render_marked(self, messages: Sequence[Tuple[str, str]], *,
+                       add_generation_prompt: bool = False) -> str:
+        """The rendering with each ``{% generation %}`` block's text between ``_START`` and
+        ``_END``."""
         try:
             return self.template.render(
                 messages=[{"role": role, "content": content} for role, content in messages],
@@ -87,7 +96,7 @@ class ChatTemplate:
         if any(_START in c or _END in c for _, c in messages):
             raise TemplateError("a message holds the private-use characters U+E000 / U+E001")
         if self.marks_generation:
-            return _marked_spans(self.render(messages))
+            return _marked_spans(self._render_marked(messages))
         return self._turn_spans(messages)
 
     def _turn_spans(self, messages: Sequence[Tuple[str, str]]) -> List[Tuple[str, bool]]:

@@ -232,8 +232,17 @@ class OrbaxCheckpoint(Configurable):
         return pending
 
     def close(self) -> None:
+        """Waits for the saves in flight (verified), then for Orbax's own background work, and
+        closes the manager: no Orbax thread outlives it."""
         if self._manager is not None:
             self.wait_until_finished()
+            # The manager removes unfinished temporary step directories in a thread it starts on
+            # construction and waits for only in save(); a manager closed without a save (a
+            # refused fresh start, a restore-only use) left that thread racing the interpreter's
+            # shutdown, which printed its traceback under a refused launch's clean message.
+            await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
+            if callable(await_cleanup):
+                await_cleanup()
             self._manager.close()
             self._manager = None
 
