@@ -37,12 +37,16 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # The heaviest files first (measured, --durations): the two workers take whole files
 # (pytest.ini), and a heavy file started last would run alone at the end of the suite.
 HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_parity.py",
-                  "tests/train/test_sharded_state.py", "tests/test_pipeline_experiments.py",
-                  "tests/test_launch_errors.py", "tests/io/test_preemption.py",
-                  "tests/data/test_packed_resume.py", "tests/hf/test_fine_tune.py",
-                  "tests/test_examples.py", "tests/test_flax_experiments.py",
-                  "tests/train/test_state_updates.py",
-                  "tests/modules/models/test_packing.py", "tests/train/test_decoder_training.py")
+                  "tests/train/test_sharded_state.py", "tests/test_launch_errors.py",
+                  "tests/parallel/test_expert_parallel.py",
+                  "tests/parallel/test_context_parallel.py", "tests/test_pipeline_experiments.py",
+                  "tests/test_moe_experiments.py", "tests/test_context_experiments.py",
+                  "tests/io/test_preemption.py", "tests/train/test_decoder_training.py",
+                  "tests/test_fine_tune_doc.py", "tests/data/test_packed_resume.py",
+                  "tests/test_launch.py", "tests/io/test_checkpointer.py",
+                  "tests/hf/test_fine_tune.py", "tests/test_examples.py",
+                  "tests/train/test_state_updates.py", "tests/modules/models/test_packing.py",
+                  "tests/test_flax_experiments.py")
 
 
 def pytest_collection_modifyitems(items):
