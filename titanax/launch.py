@@ -265,8 +265,8 @@ def _resolved_config():
     cfg = overrides_lib.apply_overrides(cfg, _OVERRIDES)
     if getattr(cfg, "init_from", None):
         cfg = _model_from_hf(cfg, file_overrides + list(_OVERRIDES))
-    from titanax.train.inputs import complete_from_train_input  # pylint: disable=import-outside-toplevel
-    cfg = complete_from_train_input(cfg)
+    from titanax.train import inputs  # pylint: disable=import-outside-toplevel
+    cfg = inputs.complete_from_train_input(cfg)
     cfg.validate()
     return cfg, overrides_lib.config_diff(named, cfg)
 
@@ -284,8 +284,11 @@ def _model_from_hf(cfg, given):
     else:
         recorded = None
     derived = fine_tune.derive_model(cfg, recorded=recorded)
+    # model.vocab_size=None asks for the data's vocabulary: with init_from, the checkpoint's
+    # table is the model's (config.json says it), not something to leave unset again.
     derived = overrides_lib.apply_overrides(
-        derived, [o for o in given if o.path == "model" or o.path.startswith("model.")])
+        derived, [o for o in given if (o.path == "model" or o.path.startswith("model."))
+                  and not (o.path == "model.vocab_size" and o.text.strip() == "None")])
     if recorded is None:  # A fresh run loads the weights: their shapes are checked now.
         fine_tune.check_model_matches(derived.model, derived.init_from)
     derived = fine_tune.with_model_tokenizer(derived, given=given)

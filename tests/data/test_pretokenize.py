@@ -12,6 +12,7 @@ from titanax import errors
 from titanax.data.packed import PackedDocuments
 from titanax.data.pretokenize import PackedRows, write_rows
 from titanax.data.tokenizer import Tokenizer
+from titanax.modules.models.decoder import Decoder
 from tests.data.test_tokenizer import REPO_ROOT
 
 
@@ -110,3 +111,8 @@ def test_the_largest_id_written_is_declared_and_checked_against_the_model(jsonl,
     with pytest.raises(errors.DataError) as info:
         check_declarations(config, limits(256, length=16))
     assert info.value.path == "model.max_seq_len" and "rows of 32 positions" in info.value.message
+    # A model left without a vocabulary takes the tokenizer's the rows were written with (bytes:
+    # 256), not the largest id they happen to hold.
+    from titanax.train.inputs import vocab_from_train_input
+    unsized = config.clone().set(model=Decoder.default_config().set(vocab_size=None))
+    assert vocab_from_train_input(unsized).model.vocab_size == 256 > largest + 1

@@ -49,6 +49,17 @@ def test_a_tokenizer_larger_than_the_model_is_refused_before_the_first_step(chat
     assert "step " not in result.stdout and not (tmp_path / "run" / "config.txt").exists()
 
 
+def test_an_unset_vocabulary_with_init_from_is_the_checkpoints(chat_model):
+    """``model.vocab_size=None`` asks for the data's vocabulary; with init_from the model's
+    table (config.json: 384) is it -- not left unset again by the override."""
+    result = _run("titanax.launch", "--config=llama_tiny_sft", "--cpu_devices=8",
+                  f"--config.init_from={chat_model['model']}",
+                  "--config.train_input.source.format=chat",
+                  f"--config.train_input.source.files=['{chat_model['data']}']",
+                  "--config.model.vocab_size=None", "--print_config")
+    assert "model.vocab_size: 384" in result.stdout
+
+
 def test_rows_longer_than_the_models_positions_are_refused_before_the_first_step(tmp_path):
     result = _run("titanax.launch", "--config=llama_tiny_packed", "--cpu_devices=8",
                   f"--trainer_dir={tmp_path / 'run'}",

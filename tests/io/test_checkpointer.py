@@ -171,6 +171,8 @@ def test_close_waits_for_orbaxs_cleanup_of_unfinished_step_directories(tmp_path)
         (directory / f"{step}.orbax-checkpoint-tmp-{step}").mkdir(parents=True)
     checkpointer = OrbaxCheckpoint(trainer_dir=str(tmp_path))
     assert checkpointer.all_steps() == []
+    # The private Orbax method close() relies on (await_orbax_cleanup) still exists.
+    assert callable(getattr(checkpointer.manager, "_maybe_await_cleanup_tmp_directory", None))
     checkpointer.close()
     assert os.listdir(directory) == []
 

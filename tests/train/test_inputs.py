@@ -48,8 +48,12 @@ def test_an_unset_vocabulary_is_the_tokenizers_and_the_run_says_so(tmp_path, cap
     assert bytes_sized.model.vocab_size == 256
     # A size that is set stays, whatever the tokenizer (the declaration check refuses a small one).
     assert vocab_from_train_input(_engine_config(vocab_size=1000)).model.vocab_size == 1000
-    # The Engine completes its own config the same way.
+    # The Engine completes its own config the same way, however it is built.
     assert Engine(_engine_config(vocab_size=None)).config.model.vocab_size == 256
+    assert _engine_config(vocab_size=None).instantiate().config.model.vocab_size == 256
+    unsized = _engine_config(vocab_size=None)
+    assert Engine(model=unsized.model, train_input=unsized.train_input
+                  ).config.model.vocab_size == 256
 
 
 def test_an_unset_vocabulary_with_nothing_to_take_it_from_names_the_field():

@@ -53,8 +53,14 @@ class Configurable:
         klass: type = REQUIRED
 
         def instantiate(self, **extra: Any) -> Any:
-            self.validate()
-            return self.klass(self, **extra)
+            completed = self.completed()
+            completed.validate()
+            return self.klass(completed, **extra)
+
+        def completed(self) -> "Configurable.Config":
+            """This config with what it leaves to be derived filled in, before it is validated
+            (an Engine's model vocabulary from its train input); itself by default."""
+            return self
 
     @classmethod
     def default_config(cls) -> "Configurable.Config":
@@ -71,7 +77,8 @@ class Configurable:
         """
         if cfg is None:
             cfg = type(self).default_config().set(
-                **{name: _as_config(value) for name, value in fields.items()}).validate()
+                **{name: _as_config(value) for name, value in fields.items()}
+            ).completed().validate()
         elif fields:
             raise errors.ConfigError(
                 f"{type(self).__qualname__} got both a config and field values "

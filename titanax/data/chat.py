@@ -77,8 +77,11 @@ class ChatTemplate:
                add_generation_prompt: bool = False) -> str:
         """The text transformers' ``apply_chat_template(..., tokenize=False)`` renders (a
         ``{% generation %}`` block is its plain text)."""
-        return self._render_marked(messages, add_generation_prompt=add_generation_prompt
-                                   ).replace(_START, "").replace(_END, "")
+        text = self._render_marked(messages, add_generation_prompt=add_generation_prompt)
+        if not self.marks_generation:
+            return text
+        _check_unmarked(messages)
+        return text.replace(_START, "").replace(_END, "")
 
     def _render_marked(self, messages: Sequence[Tuple[str, str]], *,
                        add_generation_prompt: bool = False) -> str:
@@ -93,8 +96,7 @@ class ChatTemplate:
 
     def spans(self, messages: Sequence[Tuple[str, str]]) -> List[Tuple[str, bool]]:
         """The conversation's text as ``(text, trained)`` pieces, in order."""
-        if any(_START in c or _END in c for _, c in messages):
-            raise TemplateError("a message holds the private-use characters U+E000 / U+E001")
+        _check_unmarked(messages)
         if self.marks_generation:
             return _marked_spans(self._render_marked(messages))
         return self._turn_spans(messages)
@@ -124,6 +126,12 @@ class ChatTemplate:
                 "other than a continuation of the turns before it, so the assistant's tokens "
                 "cannot be told apart (mark them with {% generation %} in the template)")
         return after
+
+
+def _check_unmarked(messages: Sequence[Tuple[str, str]]) -> None:
+    """The marks of {% generation %} blocks cannot be told from a message holding them."""
+    if any(_START in c or _END in c for _, c in messages):
+        raise TemplateError("a message holds the private-use characters U+E000 / U+E001")
 
 
 def _marked_spans(text: str) -> List[Tuple[str, bool]]:

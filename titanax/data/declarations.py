@@ -27,13 +27,18 @@ class Declared:
     length: Optional[int] = None
     # The source's config field that says so ("seq_len").
     length_field: str = "seq_len"
+    # The vocabulary its ids come from (its tokenizer's size: bytes 256), None: not known. What
+    # a model left without a vocab_size is sized to -- not the largest id the data holds, which
+    # a prompt or another input of the same tokenizer may exceed.
+    vocabulary: Optional[int] = None
 
     @classmethod
     def of_tokens(cls, tokenizer: Any, *, fields: Tuple[str, ...],
                   length: Optional[int]) -> "Declared":
         """Entries of ``fields`` hold ids of ``tokenizer``; rows of ``length`` positions."""
         return cls(ids={name: int(tokenizer.vocab_size) for name in fields},
-                   ids_from=describe_tokenizer(tokenizer), length=length)
+                   ids_from=describe_tokenizer(tokenizer), length=length,
+                   vocabulary=int(tokenizer.vocab_size))
 
 
 def describe_tokenizer(tokenizer: Any) -> str:

@@ -152,8 +152,10 @@ class PackedRows(Configurable):
         else:
             count = int(description["vocab_size"])
             said = f"the pre-tokenized rows {cfg.path} ({count}-token vocabulary)"
+        vocabulary = description.get("vocab_size")
         return Declared(ids={"input_ids": count, "target_ids": count}, ids_from=said,
-                        length=int(description["seq_len"]))
+                        length=int(description["seq_len"]),
+                        vocabulary=int(vocabulary) if vocabulary is not None else None)
 
     def __len__(self) -> int:
         return len(self._source)

@@ -240,11 +240,11 @@ class OrbaxCheckpoint(Configurable):
             # construction and waits for only in save(); a manager closed without a save (a
             # refused fresh start, a restore-only use) left that thread racing the interpreter's
             # shutdown, which printed its traceback under a refused launch's clean message.
-            await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
-            if callable(await_cleanup):
-                await_cleanup()
-            self._manager.close()
-            self._manager = None
+            manager, self._manager = self._manager, None
+            try:
+                await_orbax_cleanup(manager)
+            finally:
+                manager.close()
 
     def prepare_fresh_start(self) -> None:
         """Called before a run that did not resume starts training.
@@ -512,3 +512,13 @@ def _barrier(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
         multihost_utils.sync_global_devices(name)
+
+
+def await_orbax_cleanup(manager: Any) -> None:
+    """Waits for the thread an Orbax ``CheckpointManager`` starts on construction to remove
+    unfinished temporary step directories (Orbax waits for it only in ``save()``). The method
+    is private: ``tests/io/test_checkpointer.py`` fails if an Orbax renames it, rather than a
+    run failing at its close."""
+    await_cleanup = getattr(manager, "_maybe_await_cleanup_tmp_directory", None)
+    if callable(await_cleanup):
+        await_cleanup()

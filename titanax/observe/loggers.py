@@ -221,6 +221,8 @@ class TensorBoard(Logger):
     def __init__(self, cfg=None, *, trainer_dir=None, run_config=None, **fields):
         super().__init__(cfg, trainer_dir=trainer_dir, run_config=run_config, **fields)
         self.log_dir = os.path.join(trainer_dir or ".", self.config.subdir)
+        # Imported once, when the logger is built (see _summary_writer_class).
+        self._writer_class = _summary_writer_class()
         self._writer = None
         self._purge_step: Optional[int] = None
 
@@ -237,7 +239,7 @@ class TensorBoard(Logger):
     def _open(self):
         """The writer, made on the first event (a run that fails before logging leaves none)."""
         if self._writer is None:
-            self._writer = _summary_writer_class()(self.log_dir, purge_step=self._purge_step)
+            self._writer = self._writer_class(self.log_dir, purge_step=self._purge_step)
         return self._writer
 
     def log_dict(self, metrics: Dict[str, float], step: int) -> None:
@@ -257,7 +259,8 @@ def _summary_writer_class():
     that import costs every run ~0.8 s of start-up (measured, 2 cores: importing tensorboardX
     after jax 0.83 s with torch installed). ``sys.modules["torch"] = None`` makes its optional
     ``import torch`` fail as if torch were absent; the entry is removed at once, so a later
-    ``import torch`` loads it normally."""
+    ``import torch`` loads it normally. (Another thread importing torch in that moment would
+    fail; none of a run's own threads -- data, checkpointing -- imports torch.)"""
     if "torch" in sys.modules:
         from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
         return SummaryWriter

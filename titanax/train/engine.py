@@ -98,6 +98,11 @@ class Engine(Configurable):
         # rendezvous there -- and unbounded (fully asynchronous dispatch) elsewhere.
         max_inflight_steps: Optional[int] = None
 
+        def completed(self) -> "Engine.Config":
+            """Evalers' inputs and an unset ``model.vocab_size`` from the train input's
+            (``inputs.complete_from_train_input``)."""
+            return complete_from_train_input(self)
+
         def _validate_values(self):
             if self.log_every < 1:
                 yield "log_every", "must be >= 1"
@@ -115,8 +120,8 @@ class Engine(Configurable):
         """``hooks``: objects with any of ``before_step(step)``, ``on_batch(step, host_batch)``
         and ``after_step(step, metrics)``, called on the host (runtime objects, not config).
         Evalers' inputs and an unset ``model.vocab_size`` follow the train input's where they
-        leave it to (``inputs.complete_from_train_input``)."""
-        super().__init__(complete_from_train_input(cfg) if cfg is not None else None, **fields)
+        leave it to (``Config.completed``), however the Engine is built."""
+        super().__init__(cfg.completed() if isinstance(cfg, Engine.Config) else cfg, **fields)
         self.trainer_dir = trainer_dir
         self.hooks = list(hooks)
         self.state: Optional[TrainState] = None

@@ -222,10 +222,11 @@ def complete_from_train_input(config: Any) -> Any:
 
 
 def vocab_from_train_input(config: Any) -> Any:
-    """``config`` (an Engine's) whose model leaves ``vocab_size`` unset (None) with the size its
-    train input declares (its tokenizer's vocabulary, bytes' 256, pre-tokenized rows' largest id
-    + 1), as TorchTitan sizes its model from its tokenizer; the run says so. Unchanged when the
-    size is set or nothing declares one (the model's validation then names the field)."""
+    """``config`` (an Engine's) whose model leaves ``vocab_size`` unset (None) with the
+    vocabulary its train input declares (its tokenizer's size, bytes' 256; pre-tokenized rows:
+    the tokenizer they were written with), as TorchTitan sizes its model from its tokenizer; the
+    run says so. Unchanged when the size is set or nothing declares a vocabulary (the model's
+    validation then names the field)."""
     model = getattr(config, "model", None)
     train = getattr(config, "train_input", None)
     if model is None or "vocab_size" not in model.keys() or model.vocab_size is not None:
@@ -234,13 +235,12 @@ def vocab_from_train_input(config: Any) -> Any:
     if declare is None:
         return config
     declared = _declaration(train, declare, where="train_input", tokenizers={})
-    if not declared.ids:
+    if declared.vocabulary is None:
         return config
-    size = max(declared.ids.values())
     out = config.clone()
-    out.model.vocab_size = size
-    _log.info("model.vocab_size unset: %d, the train input's vocabulary (%s)", size,
-              declared.ids_from)
+    out.model.vocab_size = declared.vocabulary
+    _log.info("model.vocab_size unset: %d, the train input's vocabulary (%s)",
+              declared.vocabulary, declared.ids_from)
     return out
 
 
