@@ -155,11 +155,16 @@ def check_declarations(config: Any, limits: Mapping[str, InputLimit]) -> None:
                  for name, e in (getattr(config, "evalers", None) or {}).items()}}
     tokenizers: Dict[str, Any] = {}
     for where, input_cfg in inputs.items():
-        source = getattr(input_cfg, "source", None)
-        declare = getattr(getattr(source, "klass", None), "declare", None)
+        declare = _declarer(input_cfg)
         if not limits or declare is None:
             continue
         _check_declared(input_cfg, declare, limits, where=where, tokenizers=tokenizers)
+
+
+def _declarer(input_cfg: Any) -> Any:
+    """The ``declare`` classmethod of ``input_cfg``'s source; None without one."""
+    source = getattr(input_cfg, "source", None)
+    return getattr(getattr(source, "klass", None), "declare", None)
 
 
 def _declaration(input_cfg: Any, declare: Any, *, where: str,
@@ -231,7 +236,7 @@ def vocab_from_train_input(config: Any) -> Any:
     train = getattr(config, "train_input", None)
     if model is None or "vocab_size" not in model.keys() or model.vocab_size is not None:
         return config
-    declare = getattr(getattr(getattr(train, "source", None), "klass", None), "declare", None)
+    declare = _declarer(train)
     if declare is None:
         return config
     declared = _declaration(train, declare, where="train_input", tokenizers={})
