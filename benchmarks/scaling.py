@@ -65,7 +65,7 @@ def _measure(shape: Dict[str, Any], *, data: int, model: int, batch: int, accumu
         model=GPT.default_config().set(
             name="gpt", vocab_size=shape["vocab_size"], max_seq_len=shape["seq_len"],
             num_layers=shape["num_layers"], model_dim=shape["model_dim"],
-            num_heads=shape["num_heads"], tp_axis="model" if tp else None),
+            num_heads=shape["num_heads"]),
         learner=Learner.default_config().set(optimizer=config_for_function(optimizers.adamw).set(
             learning_rate=1e-4)),
         precision=Precision.default_config().set(bfloat16=shape["dtype"] == "bf16",

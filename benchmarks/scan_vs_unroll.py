@@ -38,7 +38,7 @@ def _engine(depth: int, unroll: bool):
                                        tensor_parallel=TP.default_config()),
         model=GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=64,
                                        num_layers=depth, model_dim=128, num_heads=4,
-                                       tp_axis="model", unroll_layers=unroll),
+                                       unroll_layers=unroll),
         learner=Learner.default_config().set(optimizer=config_for_function(optimizers.adamw).set(
             learning_rate=1e-3)),
         loggers=[]).instantiate()

@@ -80,7 +80,7 @@ def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[
     model = GPT.default_config().set(
         name="gpt", vocab_size=sizes["vocab_size"], max_seq_len=sizes["seq_len"],
         num_layers=sizes["num_layers"], model_dim=sizes["model_dim"],
-        num_heads=sizes["num_heads"], tp_axis="model" if tp else None)
+        num_heads=sizes["num_heads"])
     if unroll is not None:
         model.unroll_layers = unroll
     engine = _engine(cell, model)

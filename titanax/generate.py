@@ -207,7 +207,7 @@ def _engine():
                           expert_parallel=None)
     engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step, run=run,
                                        mesh=_data_and_model_only(run.mesh, plan), plan=plan,
-                                       dtype=FLAGS.dtype, sequence_parallel=False)
+                                       dtype=FLAGS.dtype)
     return engine, saved_run.source_dir(run), _run_tokenizer(run)
 
 

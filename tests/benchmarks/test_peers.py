@@ -53,7 +53,7 @@ def _titanax_run(data: int, model: int, optimizer: str, accumulate: int):
             data_parallel=DP.default_config().set(accumulate_steps=accumulate),
             tensor_parallel=TP.default_config()),
         model=GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=64, num_layers=4,
-                                       model_dim=128, num_heads=4, tp_axis="model"),
+                                       model_dim=128, num_heads=4),
         learner=learner, loggers=[]).instantiate()
     state = engine.init_state()
     initial = jax.tree_util.tree_map(np.asarray, jax.device_get(state.params))

@@ -7,19 +7,21 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from titanax import errors
-from titanax.modules import BaseLayer, ParameterSpec, functional
+from titanax.modules import BaseLayer, ParameterSpec, axis_binding, functional
 from titanax.modules.initializers import Constant, Normal, VarianceScaling
 from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.mlp import MLP
 from titanax.runtime.mesh import MeshSpec
+from titanax.parallel.plan import TP, Plan
 from tests.numerics import assert_close
+
+TP_BINDING = Plan(tensor_parallel=TP(axis="model")).axis_binding()
 
 
 class Tower(BaseLayer):
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
-        self._add_child("mlp", MLP.default_config().set(model_dim=8, hidden_dim=16,
-                                                        tp_axis="model"))
+        self._add_child("mlp", MLP.default_config().set(model_dim=8, hidden_dim=16))
         self._add_child("head", Linear.default_config().set(input_dim=8, output_dim=4,
                                                             dtype="float32"))
 
@@ -46,13 +48,19 @@ def test_dtype_and_param_init_cascade_to_children_unless_set():
 
 
 def test_spec_tree_has_global_shapes_and_declared_layouts():
-    specs = _tower().create_parameter_specs_recursively()
+    # The layers name logical dimensions; the binding in force gives their mesh axes.
+    with axis_binding.bound(TP_BINDING):
+        specs = _tower().create_parameter_specs_recursively()
+        assert _tower().param_partition_specs()["mlp"]["wi"]["bias"] == P("model")
     assert specs["mlp"]["wi"]["weight"].shape == (8, 16)
+    assert specs["mlp"]["wi"]["weight"].logical_axes == (None, "mlp")
     assert specs["mlp"]["wi"]["weight"].mesh_axes == (None, "model")
     assert specs["mlp"]["wo"]["weight"].mesh_axes == ("model", None)
     assert specs["mlp"]["wo"]["bias"].mesh_axes == (None,)
     assert specs["mlp"]["wi"]["bias"].weight_decay_scale == 0.0
-    assert _tower().param_partition_specs()["mlp"]["wi"]["bias"] == P("model")
+    # Without a binding nothing is split.
+    assert _tower().create_parameter_specs_recursively()["mlp"]["wi"]["weight"].mesh_axes == \
+        (None, None)
 
 
 def test_initialisation_is_deterministic_name_based_and_jit_shardable():
@@ -66,8 +74,9 @@ def test_initialisation_is_deterministic_name_based_and_jit_shardable():
     np.testing.assert_allclose(first["mlp"]["wi"]["bias"], 0.0)
     assert abs(float(np.std(first["mlp"]["wi"]["weight"])) - 0.02) < 0.01
     mesh = MeshSpec(axes=("data", "model"), shape=(None, 2)).build()
-    shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s),
-                                       tower.param_partition_specs())
+    with axis_binding.bound(TP_BINDING):
+        shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s),
+                                           tower.param_partition_specs())
     sharded = jax.jit(tower.initialize_parameters_recursively, out_shardings=shardings)(
         jax.random.PRNGKey(0))
     assert sharded["mlp"]["wi"]["weight"].sharding.spec == P(None, "model")

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from titanax import errors
+from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
 from titanax.runtime.mesh import MeshSpec
 
@@ -143,24 +144,21 @@ def _tp_plan(axis="model"):
                 tensor_parallel=TP.default_config().set(axis=axis) if axis else None)
 
 
-def _tp_axes(model_cfg):
-    """Every ``tp_axis`` field of a GPT config tree, by path."""
-    from titanax.parallel.plan import _configs_with_field  # pylint: disable=import-outside-toplevel
-    return {path: cfg.tp_axis for path, cfg in _configs_with_field(model_cfg, "tp_axis",
-                                                                   prefix="model")}
-
-
-def test_tensor_parallelism_is_declared_once_in_the_plan():
-    """Unset tp_axis fields follow plan.tensor_parallel.axis; no TP in the plan switches every
-    one off (even one set by hand); a tp_axis naming another axis is refused."""
+def test_the_axis_binding_is_built_once_from_the_plan():
+    """Layers name logical dimensions; the plan says which mesh axis holds each: TP binds the
+    heads, kv heads, mlp and vocabulary (the residual stream's sequence too with sequence
+    parallelism), CP a row's sequence, EP the experts, PP the stages; logical axis rules to
+    the TP axis or None override; without TP nothing is split."""
+    binding = Plan(data_parallel=DP(), tensor_parallel=TP(axis="tensor", sequence_parallel=True),
+                   context_parallel=CP(axis="context", strategy="ring"),
+                   logical_axis_rules={"vocab": None}).axis_binding()
+    assert binding.table == {"heads": "tensor", "kv_heads": "tensor", "mlp": "tensor",
+                             "vocab": None, "residual_sequence": "tensor",
+                             "sequence": "context"}
+    assert binding.context_strategy == "ring" and binding.tensor_axes() == ("tensor",)
+    assert binding.without("sequence").axis("sequence") is None
+    assert _tp_plan(None).axis_binding().bound_dims() == []
+    # No model config names a mesh axis: a GPT is the same config under any plan.
     from titanax.modules.models.gpt import GPT  # pylint: disable=import-outside-toplevel
-    model = GPT.default_config().set(name="gpt", vocab_size=64, max_seq_len=8, num_layers=2,
-                                     model_dim=16, num_heads=2)
-    followed = _tp_axes(_tp_plan("model").configure_model(model))
-    assert followed == {"model": "model"}, followed  # (GPT hands its tp_axis to its layers.)
-    assert _tp_axes(model) == {"model": None}  # The input is unchanged.
-    by_hand = model.clone().set(tp_axis="model")
-    assert set(_tp_axes(_tp_plan(None).configure_model(by_hand)).values()) == {None}
-    with pytest.raises(errors.PlanError) as info:
-        _tp_plan("tensor").configure_model(by_hand)
-    assert info.value.path.startswith("model") and "tensor" in info.value.message
+    fields = set(GPT.default_config().keys())
+    assert not fields & {"tp_axis", "sequence_parallel", "cp_axis", "cp_strategy", "ep_axis"}

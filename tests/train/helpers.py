@@ -134,7 +134,7 @@ def gpt_engine(*, data: int, model_axis: int = 1, accumulate: int = 1, learner=N
         tensor_parallel=TP.default_config() if tp else None,
         zero=zero_config(zero, **zero_options))
     model = GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
-                                     model_dim=32, num_heads=4, tp_axis="model" if tp else None)
+                                     model_dim=32, num_heads=4)
     cfg = Engine.default_config().set(
         mesh=mesh(shape, axes, devices=list(range(data * fsdp * model_axis))), plan=plan,
         model=model,

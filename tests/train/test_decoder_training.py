@@ -35,7 +35,8 @@ def _engine(*, data, model=1, pipe=1, zero=None, sequence_parallel=False, accumu
     axes = tuple(a for a in sizes if a == "data" or sizes[a] > 1)
     plan = Plan.default_config().set(
         data_parallel=DP.default_config().set(accumulate_steps=accumulate),
-        tensor_parallel=TP.default_config() if model > 1 else None,
+        tensor_parallel=(TP.default_config().set(sequence_parallel=sequence_parallel)
+                         if model > 1 else None),
         pipeline_parallel=(PP.default_config().set(microbatch_size=2, schedule=schedule)
                            if pipe > 1 else None),
         zero=(ZeRO.default_config().set(stage=3, min_shard_size=64, grad_sync="per_step")
@@ -43,8 +44,7 @@ def _engine(*, data, model=1, pipe=1, zero=None, sequence_parallel=False, accumu
     cfg = Engine.default_config().set(
         mesh=helpers.mesh(tuple(sizes[a] for a in axes), axes,
                           devices=list(range(data * model * pipe))),
-        plan=plan, model=Decoder.default_config().set(**MODEL,
-                                                      sequence_parallel=sequence_parallel),
+        plan=plan, model=Decoder.default_config().set(**MODEL),
         learner=_learner(), loggers=[], log_every=1000,
         precision=helpers.test_precision())
     return cfg.instantiate()

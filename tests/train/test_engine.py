@@ -245,14 +245,14 @@ def test_pipeline_plans_the_engine_cannot_run_are_refused():
         assert info.value.path == "plan.pipeline_parallel.stacked_layers"
 
 
-def test_plan_that_forbids_reduce_scatter_rejects_a_sequence_parallel_model():
+def test_plan_that_forbids_reduce_scatter_refuses_sequence_parallelism():
     cfg = helpers.gpt_engine(data=4, model_axis=2).config.clone()
-    cfg.model.sequence_parallel = True
+    cfg.plan.tensor_parallel.sequence_parallel = True
     cfg.instantiate().build()  # Allowed by default.
     cfg.plan.tensor_parallel.prefer_reduce_scatter = False
-    with pytest.raises(errors.PlanError) as info:
+    with pytest.raises(errors.ConfigError) as info:
         cfg.instantiate().build()
-    assert info.value.path == "plan.tensor_parallel.prefer_reduce_scatter"
+    assert "plan.tensor_parallel.sequence_parallel" in str(info.value)
 
 
 def _linear_engine():

@@ -51,8 +51,6 @@ def _pipelined(axes, shape, microbatch_size=1, schedule="gpipe", learner="sgd", 
                                                   microbatch_size=microbatch_size,
                                                   virtual_stages=virtual_stages),
         tensor_parallel=TP.default_config() if "model" in axes else None)
-    if "model" in axes:
-        cfg.model.tp_axis = "model"
     return cfg.instantiate()
 
 

@@ -32,7 +32,7 @@ class RunningStatsGPT(helpers.GPT):
             "feature_mean": ParameterSpec(shape=(cfg.model_dim,), initializer=constant(0.0),
                                           weight_decay_scale=0.0),
             "logit_mean": ParameterSpec(shape=(self.padded_vocab_size,),
-                                        mesh_axes=(cfg.tp_axis,), initializer=constant(0.0),
+                                        logical_axes=("vocab",), initializer=constant(0.0),
                                         weight_decay_scale=0.0),
             "forwards": ParameterSpec(shape=(), initializer=constant(0.0),
                                       weight_decay_scale=0.0),

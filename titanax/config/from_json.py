@@ -4,7 +4,9 @@ A record names the class of every config (``klass``) and the function of every f
 (``fn``) by import path, so the tree it describes can be rebuilt: each config starts from its
 class's defaults and every recorded field is assigned through the usual type-checked setattr
 (JSON lists become tuples where the field is a tuple). A field the class no longer has, or a path
-that no longer imports, is a ``ConfigError`` naming it. Used by commands that act on a finished
+that no longer imports, is a ``ConfigError`` naming it -- except the fields retired on purpose
+(``RETIRED_FIELDS``: the per-layer parallel axes the axis binding replaced), which are dropped and
+handed back to the caller (``retired``) to carry over where they live now. Used by commands that act on a finished
 run (``python -m titanax.export``, ``python -m titanax.generate``).
 """
 
@@ -12,15 +14,28 @@ from __future__ import annotations
 
 import importlib
 import typing
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from titanax import errors
 from titanax.config.base import ConfigBase, _resolve_annotations
 from titanax.config.configurable import config_for_function
 
 
-def config_from_json(data: Dict[str, Any], *, path: str = "config") -> ConfigBase:
-    """The config tree of ``data`` (a dict with a ``klass`` or ``fn`` entry)."""
+# Fields earlier versions recorded on layer configs, retired when layers began to ask the run's
+# axis binding for their mesh axes (modules/axis_binding.py): the plan says all of it now.
+RETIRED_FIELDS = {
+    "tp_axis": "plan.tensor_parallel.axis",
+    "sequence_parallel": "plan.tensor_parallel.sequence_parallel",
+    "cp_axis": "plan.context_parallel.axis",
+    "cp_strategy": "plan.context_parallel.strategy",
+    "ep_axis": "plan.expert_parallel.axis",
+}
+
+
+def config_from_json(data: Dict[str, Any], *, path: str = "config",
+                     retired: Optional[Dict[str, Any]] = None) -> ConfigBase:
+    """The config tree of ``data`` (a dict with a ``klass`` or ``fn`` entry). ``retired``
+    (optional) receives ``{path: value}`` of every retired field the record held."""
     if "klass" in data:
         cfg = _imported(data["klass"], path=f"{path}.klass").default_config()
         skip = "klass"
@@ -35,12 +50,17 @@ def config_from_json(data: Dict[str, Any], *, path: str = "config") -> ConfigBas
     for name, value in data.items():
         if name == skip:
             continue
+        if name not in fields and name in RETIRED_FIELDS:
+            if retired is not None:
+                retired[f"{path}.{name}"] = value
+            continue
         if name not in fields:
             raise errors.ConfigError(f"{type(cfg).__qualname__} has no field {name!r}",
                                      path=f"{path}.{name}",
                                      suggestion="the record was written by another version of "
                                                 "the code: edit it or re-run")
-        setattr(cfg, name, _value(value, annotations.get(name), path=f"{path}.{name}"))
+        setattr(cfg, name, _value(value, annotations.get(name), path=f"{path}.{name}",
+                                  retired=retired))
     return cfg
 
 
@@ -48,15 +68,18 @@ def config_from_json(data: Dict[str, Any], *, path: str = "config") -> ConfigBas
 NON_FINITE = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 
 
-def _value(value: Any, annotation: Any, *, path: str) -> Any:
+def _value(value: Any, annotation: Any, *, path: str,
+           retired: Optional[Dict[str, Any]] = None) -> Any:
     if isinstance(value, str) and value in NON_FINITE and _admits_float(annotation):
         return NON_FINITE[value]
     if isinstance(value, dict) and ("klass" in value or "fn" in value):
-        return config_from_json(value, path=path)
+        return config_from_json(value, path=path, retired=retired)
     if isinstance(value, dict):
-        return {k: _value(v, None, path=f"{path}[{k!r}]") for k, v in value.items()}
+        return {k: _value(v, None, path=f"{path}[{k!r}]", retired=retired)
+                for k, v in value.items()}
     if isinstance(value, list):
-        items = [_value(v, None, path=f"{path}[{i}]") for i, v in enumerate(value)]
+        items = [_value(v, None, path=f"{path}[{i}]", retired=retired)
+                 for i, v in enumerate(value)]
         return items if _is_list(annotation) else tuple(items)
     return value
 

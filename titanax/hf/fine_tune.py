@@ -34,18 +34,18 @@ from titanax.hf.importer import check_tensor_shapes, model_config
 _log = logging.getLogger("titanax")
 
 # Fields of the experiment's model that say how it runs, kept over the checkpoint's.
-RUNTIME_FIELDS = ("name", "dtype", "param_init", "remat_policy", "tp_axis", "sequence_parallel",
-                  "layer_remat_policy", "unroll_layers", "vocab_pad_multiple")
+RUNTIME_FIELDS = ("name", "dtype", "param_init", "remat_policy", "layer_remat_policy",
+                  "unroll_layers", "vocab_pad_multiple")
 # Fields a user may set apart from the checkpoint's without changing what its weights compute
 # (a shorter sequence limit -- a position table's shape is checked when the weights load --
 # and training-time dropout).
 FREE_FIELDS = RUNTIME_FIELDS + ("max_seq_len", "dropout_rate", "attention_dropout_rate")
 # A mixture of experts' fields that say how it runs or trains, not what its weights compute
-# (the expert and TP axes come from the plan; how tokens are dispatched; balancing weights):
+# (how tokens are dispatched; balancing weights -- the expert and TP axes are the plan's):
 # the experiment's are kept over the checkpoint's, and its router's runtime fields too.
 MOE_RUNTIME_FIELDS = ("dtype", "param_init", "remat_policy", "output_param_init", "dispatch",
                       "capacity_factor", "aux_loss_weight", "z_loss_weight")
-MOE_FREE_FIELDS = MOE_RUNTIME_FIELDS + ("ep_axis", "tp_axis", "sequence_parallel")
+MOE_FREE_FIELDS = MOE_RUNTIME_FIELDS
 ROUTER_RUNTIME_FIELDS = ("dtype", "param_init", "remat_policy")
 
 

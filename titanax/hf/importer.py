@@ -43,8 +43,7 @@ def check_tensor_shapes(directory: str, model_cfg: ConfigBase) -> None:
     ``HFError`` naming it, its file and the param it feeds; left-over tensors are found when the
     weights load."""
     source = ModelDir(directory)
-    model = (model_cfg.clone(tp_axis=None) if "tp_axis" in model_cfg.keys()
-             else model_cfg.clone()).instantiate()
+    model = model_cfg.clone().instantiate()
     leaves = jax.tree_util.tree_flatten_with_path(model.create_parameter_specs_recursively(),
                                                   is_leaf=rules.is_param_leaf)[0]
     shapes = {path_string(p): tuple(leaf.shape) for p, leaf in leaves}
@@ -190,7 +189,7 @@ def params_from_state_dict(tensors: Mapping[str, np.ndarray], model_cfg: ConfigB
 def params_as_numpy(directory: str, model_cfg: Optional[ConfigBase] = None) -> Dict[str, Any]:
     """Every param as a float32 numpy array on the host (tests and small models only)."""
     cfg = model_cfg or model_config(directory)
-    model = cfg.clone(tp_axis=None).instantiate() if hasattr(cfg, "tp_axis") else cfg.instantiate()
+    model = cfg.instantiate()
     specs = model.create_parameter_specs_recursively()
     mesh = Mesh(np.array(jax.devices()[:1]), ("one",))
     params = import_params(directory, model_cfg=cfg, parameter_specs=specs, mesh=mesh,

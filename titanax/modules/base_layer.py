@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from titanax import errors
-from titanax.modules import gather_on_use
+from titanax.modules import axis_binding as axis_binding_lib, gather_on_use
 from titanax.modules.context import OutputCollection, current_context, name_key, set_current_context
 from titanax.modules.initializers import Constant, FanAxes, Initializer, Normal
 from titanax.modules.module import Module, nowrap
@@ -45,7 +45,9 @@ class ParameterSpec:
     shape: Tuple[int, ...]
     # Storage dtype; None means the layer's dtype.
     dtype: Any = None
-    # Mesh axis (or None) per dimension: the layer's declared layout. None: replicated.
+    # Mesh axis (or None) per dimension: the declared layout. None: taken from ``logical_axes``
+    # through the run's axis binding (modules/axis_binding.py), else replicated. Titanax's
+    # layers name logical dimensions only; a param written out by hand may name mesh axes.
     mesh_axes: Optional[Tuple[Any, ...]] = None
     # How to initialise it; None means the layer's param_init.
     initializer: Optional[Initializer] = None
@@ -63,8 +65,10 @@ class ParameterSpec:
     # The share of this param each token multiplies by: 1 for a dense weight, top_k / E for a
     # routed expert's (the FLOPs and MFU count active params only).
     active_fraction: float = 1.0
-    # A logical axis name (or None) per dimension, e.g. ("embed", "mlp") from a Flax model's
-    # partitioning metadata: the plan's ``logical_axis_rules`` map them to mesh axes
+    # A logical dimension name (or None) per dimension, e.g. ("embed", "mlp"), from a Titanax
+    # layer or a Flax model's partitioning metadata: the run's axis binding maps them to mesh
+    # axes (the TP-bound ones become the declared layout), and the plan's
+    # ``logical_axis_rules`` can also put the ZeRO / FSDP split on them
     # (parallel/logical_axes.py). None: the layer names none.
     logical_axes: Optional[Tuple[Optional[str], ...]] = None
     # Not trained: the layer writes its next value itself (``add_state_update``: running
@@ -133,6 +137,37 @@ class BaseLayer(Module):
                 child_config.param_init = self.param_init.config.clone()
         return child_config
 
+    # --- What the axis binding splits ----------------------------------------------------------
+
+    @property
+    def axis_binding(self) -> axis_binding_lib.AxisBinding:
+        """Which mesh axis holds each logical dimension in this call (modules/axis_binding.py)."""
+        return axis_binding_lib.current_binding()
+
+    def _own_implemented_dims(self) -> Sequence[str]:
+        """Logical dimensions whose split needs this layer's own code beyond its param layouts
+        (attention: the context-parallel sequence; a mixture of experts: the experts)."""
+        return ()
+
+    @nowrap
+    def implemented_dims(self) -> set:
+        """``_own_implemented_dims`` of this layer and every descendant: a plan that splits a
+        dimension no layer implements is refused before anything compiles."""
+        dims = set(self._own_implemented_dims())
+        for child in self._children.values():
+            if isinstance(child, BaseLayer):
+                dims |= child.implemented_dims()
+        return dims
+
+    @nowrap
+    def check_axis_binding(self, binding: axis_binding_lib.AxisBinding, *, path: str) -> None:
+        """Raises PlanError for a binding this layer (or a descendant) cannot run under, before
+        anything compiles; ``path`` is this layer's config path, for the error. A layer whose
+        options some split cannot carry overrides it (and calls ``super()``)."""
+        for name, child in self._children.items():
+            if isinstance(child, BaseLayer):
+                child.check_axis_binding(binding, path=f"{path}.{name}")
+
     # --- Declaring params ------------------------------------------------------------------------
 
     def _create_layer_parameter_specs(self) -> Dict[str, ParameterSpec]:
@@ -147,8 +182,7 @@ class BaseLayer(Module):
             specs[name] = dataclasses.replace(
                 spec, shape=tuple(spec.shape), dtype=jnp.dtype(spec.dtype or self.dtype),
                 initializer=spec.initializer or self.param_init,
-                mesh_axes=tuple(spec.mesh_axes) if spec.mesh_axes is not None
-                else (None,) * len(spec.shape))
+                mesh_axes=declared_mesh_axes(spec))
         for name, child in self._children.items():
             if isinstance(child, BaseLayer):
                 child_specs = child.create_parameter_specs_recursively()
@@ -187,8 +221,7 @@ class BaseLayer(Module):
             if name not in specs:
                 continue
             given = tuple(specs[name])
-            declared_axes = tuple(declared.mesh_axes) if declared.mesh_axes is not None \
-                else (None,) * len(declared.shape)
+            declared_axes = declared_mesh_axes(declared)
             supported = [declared_axes, (None,) * len(declared.shape)]
             if _pad(given, len(declared.shape)) not in supported:
                 raise errors.ShardingError(
@@ -196,8 +229,8 @@ class BaseLayer(Module):
                     f"this param", path=f"{prefix}/{name}",
                     suggestion="layouts it supports, given its config: "
                                + ", ".join(str(PartitionSpec(*s)) for s in supported)
-                               + " (change the layer's parallel mode in the config, not only the "
-                                 "rule)")
+                               + " (the axis binding decides what the layer splits: change "
+                                 "plan.logical_axis_rules, not only the rule)")
         for name, child in self._children.items():
             if isinstance(child, BaseLayer) and isinstance(specs.get(name), dict):
                 child.check_partition_specs(specs[name], prefix=f"{prefix}/{name}")
@@ -223,6 +256,15 @@ class BaseLayer(Module):
         for field in ("summaries", "state_updates", "module_outputs"):
             getattr(context.output_collection, field).update(getattr(collection, field))
         return outputs
+
+
+def declared_mesh_axes(spec: ParameterSpec) -> Tuple[Any, ...]:
+    """A spec's mesh axes: its own, else its logical dimensions' under the current axis
+    binding, else none (replicated)."""
+    if spec.mesh_axes is not None:
+        return tuple(spec.mesh_axes)
+    resolved = axis_binding_lib.current_binding().mesh_axes(spec.logical_axes)
+    return resolved if resolved is not None else (None,) * len(spec.shape)
 
 
 def _pad(spec: Sequence[Any], rank: int) -> Tuple[Any, ...]:

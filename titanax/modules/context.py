@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from titanax import errors
+from titanax.modules import axis_binding as axis_binding_lib
 from titanax.utils.dtypes import at_least_float32
 
 
@@ -79,6 +80,13 @@ class InvocationContext:
     child_calls: Dict[str, int] = dataclasses.field(default_factory=dict)
     # ``state`` with FSDP-sharded params gathered, made on the first ``parameters`` read.
     gathered_state: Optional[Any] = None
+    # Which mesh axis holds each logical dimension (modules/axis_binding.py): a child's is its
+    # parent's; a root call's the innermost ``axis_binding.bound`` block's (None: none bound).
+    axis_binding: Optional[Any] = None
+
+    def __post_init__(self):
+        if self.axis_binding is None:
+            self.axis_binding = axis_binding_lib.scope_binding()
 
     @property
     def path(self) -> str:
@@ -150,7 +158,8 @@ def child_context(name: str, **overrides: Any) -> InvocationContext:
     child_module = getattr(parent.module, "_children", {}).get(name) if parent.module else None
     values = dict(name=call_name, module=child_module, state=state,
                   is_training=parent.is_training, prng_key=key,
-                  output_collection=parent.output_collection.add_child(call_name), parent=parent)
+                  output_collection=parent.output_collection.add_child(call_name), parent=parent,
+                  axis_binding=parent.axis_binding)
     values.update(overrides)
     return InvocationContext(**values)
 

@@ -70,6 +70,9 @@ class Layout:
     stack_view: Optional[Any] = None
     # The transforms that made this layout, in order.
     history: Tuple[str, ...] = ()
+    # Which mesh axis holds each logical dimension of the model's params and activations
+    # (modules/axis_binding.py): what layers ask while they run in the step.
+    axis_binding: Any = None
 
     @property
     def mesh_shape(self) -> Mapping[str, int]:
@@ -100,10 +103,10 @@ class Layout:
 
 
 def build_layout(transforms: Sequence[LayoutTransform], *, mesh_shape: Mapping[str, int],
-                 parameter_specs: Any) -> Layout:
+                 parameter_specs: Any, axis_binding: Any = None) -> Layout:
     """The layout of ``parameter_specs`` after every transform, in order."""
     layout = Layout(mesh_axes=tuple((a, int(s)) for a, s in mesh_shape.items()),
-                    parameter_specs=parameter_specs)
+                    parameter_specs=parameter_specs, axis_binding=axis_binding)
     for transform in transforms:
         layout = transform.apply(layout)
     return layout

@@ -17,7 +17,9 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
-from titanax.config import ConfigBase, Configurable
+from titanax.config import Configurable
+from titanax.modules import axis_binding as axis_binding_lib
+from titanax.modules.axis_binding import AxisBinding
 from titanax.parallel import interleaved_stack, layout as layout_lib, logical_axes, one_f_one_b
 from titanax.parallel import pipeline
 from titanax.parallel import rules as rules_lib
@@ -57,10 +59,20 @@ class TP(Configurable):
         # {param path pattern: spec}; '*' matches within a path segment, '**' across segments,
         # 're:<regex>' is a regular expression. Example: {'**/mlp/wi/weight': (None, 'model')}.
         rules: Dict[str, Tuple[SpecEntry, ...]] = {}
+        # Sequence parallelism (Megatron): the residual stream between blocks is split over the
+        # sequence on this axis; row-parallel layers end with a reduce-scatter instead of an
+        # all-reduce, and column-parallel ones all-gather their input.
+        sequence_parallel: bool = False
         # Allow row-parallel layers to end with a reduce-scatter over the sequence instead of an
-        # all-reduce (what a model with sequence_parallel=True does). False forbids it: the
-        # engine then rejects a sequence-parallel model, so the plan states every collective kind.
+        # all-reduce (what sequence_parallel does). False forbids it, so the plan states every
+        # collective kind: sequence_parallel=True is then refused.
         prefer_reduce_scatter: bool = True
+
+        def _validate_values(self):
+            if self.sequence_parallel and not self.prefer_reduce_scatter:
+                yield "sequence_parallel", ("ends row-parallel layers with a reduce-scatter, "
+                                            "which prefer_reduce_scatter=False forbids: allow "
+                                            "reduce-scatter, or set sequence_parallel=False")
 
     def spec_for(self, param_path: str, param_shape: Tuple[int, ...],
                  mesh: Optional[Mesh] = None) -> PartitionSpec:
@@ -441,8 +453,8 @@ class Plan(Configurable):
         if self.zero is not None:
             transforms += self.zero.layout_transforms(axis=self.zero_axis)
         # (Context and expert parallelism add none: the params stay whole over the context
-        # axis, and MoE layers declare the expert axis on their experts' first dimension, set
-        # from the plan by configure_model, like the TP axis.)
+        # axis, and MoE layers name their experts' first dimension, which the axis binding
+        # puts on the expert axis, as it puts heads on the TP axis.)
         transforms.append(layout_lib.DropUnitAxes())
         return transforms
 
@@ -452,52 +464,46 @@ class Plan(Configurable):
         if self.expert_parallel is not None:
             self.expert_parallel.check_experts_divide(parameter_specs, dict(mesh.shape))
         return layout_lib.build_layout(self.layout_transforms(), mesh_shape=dict(mesh.shape),
-                                       parameter_specs=parameter_specs)
+                                       parameter_specs=parameter_specs,
+                                       axis_binding=self.axis_binding())
 
-    def configure_model(self, model: Optional[ConfigBase]) -> Optional[ConfigBase]:
-        """A copy of the model config with its layers' TP axis taken from the plan (TP is
-        declared once, in the plan): every ``tp_axis`` left unset follows
-        ``tensor_parallel.axis``; without tensor parallelism every ``tp_axis`` is switched off.
-        A ``tp_axis`` naming another axis than the plan's is refused."""
-        if model is None:
-            return None
-        model = model.clone()
-        self._configure_context_parallel(model)
-        self._configure_expert_parallel(model)
-        tp = self.config.tensor_parallel
-        for path, config in _configs_with_field(model, "tp_axis", prefix="model"):
-            given = config.tp_axis
-            if tp is None and getattr(config, "sequence_parallel", False):
-                raise errors.PlanError(
-                    "sequence parallelism splits the residual stream over the TP axis, and the "
-                    "plan has no tensor parallelism", path=f"{path}.sequence_parallel",
-                    suggestion="set plan.tensor_parallel (e.g. --config.plan.tensor_parallel"
-                               ".axis=model), or sequence_parallel=False")
-            if tp is None:
-                config.tp_axis = None
-            elif given is None:
-                config.tp_axis = tp.axis
-            elif given != tp.axis:
-                raise errors.PlanError(
-                    f"{path}.tp_axis is {given!r} but the plan's tensor parallelism is over "
-                    f"{tp.axis!r}", path=f"{path}.tp_axis",
-                    suggestion="TP is declared in the plan: leave the layer's tp_axis unset "
-                               f"(it follows plan.tensor_parallel.axis), or set it to {tp.axis!r}")
-            if tp is not None and not tp.prefer_reduce_scatter and \
-                    getattr(config, "sequence_parallel", False):
-                raise errors.PlanError(
-                    "the model uses sequence parallelism (reduce-scatter at the end of "
-                    "row-parallel layers) but the plan sets prefer_reduce_scatter=False",
-                    path="plan.tensor_parallel.prefer_reduce_scatter",
-                    suggestion=f"set {path}.sequence_parallel=False, or allow reduce-scatter")
-        return model
+    def axis_binding(self, *, logical_axis_rules: bool = True) -> AxisBinding:
+        """Which mesh axis holds each logical dimension (modules/axis_binding.py), built from
+        the plan's parts: TP binds heads, kv heads, mlp and vocab (and, with sequence
+        parallelism, the residual stream's sequence), CP a row's sequence, EP the experts, PP
+        the stages; ``logical_axis_rules`` that map a name to the TP axis or to None override
+        (those to the ZeRO / FSDP axis place the state split only: parallel/logical_axes.py)."""
+        cfg = self.config
+        dims: Dict[str, Optional[str]] = {}
+        tp = cfg.tensor_parallel
+        if tp is not None:
+            dims.update({dim: tp.axis for dim in axis_binding_lib.TENSOR_PARALLEL_DIMS})
+            if tp.sequence_parallel:
+                dims[axis_binding_lib.RESIDUAL_SEQUENCE] = tp.axis
+        if cfg.context_parallel is not None:
+            dims[axis_binding_lib.SEQUENCE] = cfg.context_parallel.axis
+        if cfg.expert_parallel is not None:
+            dims[axis_binding_lib.EXPERTS] = cfg.expert_parallel.axis
+        if cfg.pipeline_parallel is not None:
+            dims[axis_binding_lib.STAGES] = cfg.pipeline_parallel.axis
+        if logical_axis_rules:
+            for name, axis in cfg.logical_axis_rules.items():
+                if axis is None or axis == self.tp_axis:
+                    dims[name] = axis
+        return AxisBinding(
+            dims=tuple(dims.items()),
+            context_strategy=(cfg.context_parallel.strategy if cfg.context_parallel is not None
+                              else "all_gather"))
 
-    def _configure_context_parallel(self, model: ConfigBase) -> None:
-        """Every attention layer's ``cp_axis`` / ``cp_strategy`` from the plan (CP is declared
-        once, in the plan: switched off, the model is the same)."""
-        cp = self.config.context_parallel
-        layers = list(_configs_with_field(model, "cp_axis", prefix="model"))
-        if cp is not None and not layers:
+    def check_model(self, model: Any) -> None:
+        """What the model cannot run under this plan, refused before anything compiles: a split
+        that no layer of it implements (a row's sequence without context-parallel attention,
+        experts without a mixture of experts), then each layer's own refusals
+        (``BaseLayer.check_axis_binding``: a layer checks the plan it is given)."""
+        binding = self.axis_binding()
+        implemented = model.implemented_dims()
+        if binding.axis(axis_binding_lib.SEQUENCE) is not None \
+                and axis_binding_lib.SEQUENCE not in implemented:
             raise errors.PlanError(
                 "the plan splits each row's sequence over an axis, and the model has no "
                 "attention layer that joins the pieces (context-parallel attention): each "
@@ -505,50 +511,14 @@ class Plan(Configurable):
                 "attention among them)", path="plan.context_parallel",
                 suggestion="use a Titanax decoder (its attention implements the CP strategies), "
                            "or drop context_parallel (--config.plan.context_parallel=None)")
-        for path, config in layers:
-            config.cp_axis = cp.axis if cp is not None else None
-            if cp is None:
-                continue
-            config.cp_strategy = cp.strategy
-            if getattr(config, "attention_dropout_rate", 0.0):
-                raise errors.PlanError(
-                    "attention dropout needs each query's whole row of probabilities, which "
-                    "context parallelism never holds in one place",
-                    path=f"{path}.attention_dropout_rate",
-                    suggestion="set it to 0 under context parallelism (residual dropout is fine)")
-
-    def _configure_expert_parallel(self, model: ConfigBase) -> None:
-        """Every MoE layer's ``ep_axis`` from the plan; what a pipeline cannot carry refused."""
-        ep = self.config.expert_parallel
-        layers = list(_configs_with_field(model, "ep_axis", prefix="model"))
-        if ep is not None and not layers:
+        if binding.axis(axis_binding_lib.EXPERTS) is not None \
+                and axis_binding_lib.EXPERTS not in implemented:
             raise errors.PlanError(
                 "the plan splits experts over an axis, and the model has no mixture-of-experts "
                 "layer", path="plan.expert_parallel",
                 suggestion="give the model MoE layers (e.g. Decoder.Config.moe), or drop "
                            "expert_parallel (--config.plan.expert_parallel=None)")
-        for path, config in layers:
-            config.ep_axis = ep.axis if ep is not None else None
-            if self.config.pipeline_parallel is None:
-                continue
-            # A pipeline stage returns only its activations: a balancing loss or a bias update
-            # written inside it would be dropped.
-            for field in ("aux_loss_weight", "z_loss_weight"):
-                if getattr(config, field, 0.0):
-                    raise errors.PlanError(
-                        "a pipeline stage carries only its activations, so the MoE layers' "
-                        "balancing losses would not reach the objective",
-                        path=f"{path}.{field}",
-                        suggestion="set it to 0 under pipeline_parallel (aux-loss-free "
-                                   "balancing is refused there too), or train without a "
-                                   "pipeline")
-            router = getattr(config, "router", None)
-            if router is not None and router.balance_rate:
-                raise errors.PlanError(
-                    "aux-loss-free balancing writes a state update, which pipelined steps do "
-                    "not carry", path=f"{path}.router.balance_rate",
-                    suggestion="set it to 0 under pipeline_parallel, or train without a "
-                               "pipeline")
+        model.check_axis_binding(binding, path="model")
 
     def describe(self, params: Any, mesh: Mesh, *, specs: Any = None) -> str:
         """A table of every param: path, global shape, spec, local shape, bytes per device.
@@ -584,21 +554,6 @@ class Plan(Configurable):
         lines.append(f"total: {len(rows)} params, {bytes_text(total_global)} global, "
                      f"{bytes_text(total_local)} per device")
         return "\n".join(lines)
-
-
-def _configs_with_field(config: ConfigBase, field: str, *, prefix: str):
-    """``(path, config)`` for ``config`` and every config below it that declares ``field``."""
-    if field in config.keys():
-        yield prefix, config
-    for name, value in config.items():
-        children = (value.items() if isinstance(value, dict)
-                    else enumerate(value) if isinstance(value, (list, tuple)) else None)
-        if isinstance(value, ConfigBase):
-            yield from _configs_with_field(value, field, prefix=f"{prefix}.{name}")
-        elif children is not None:
-            for key, child in children:
-                if isinstance(child, ConfigBase):
-                    yield from _configs_with_field(child, field, prefix=f"{prefix}.{name}[{key!r}]")
 
 
 def _maybe(cfg):

@@ -25,6 +25,7 @@ from titanax import errors
 from titanax.config import Configurable
 from titanax.data.pipeline import Input
 from titanax.io.checkpointer import OrbaxCheckpoint
+from titanax.modules import axis_binding
 from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo
 from titanax.observe.loggers import Basic, Logger
@@ -154,13 +155,15 @@ class Engine(Configurable):
         self.plan.validate(self.mesh)
         self.precision: Precision = cfg.precision.instantiate()
         self.learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
-        model_cfg = self.plan.configure_model(cfg.model)  # TP declared once, in the plan.
-        self.model: Optional[BaseLayer] = model_cfg.instantiate() if model_cfg else None
+        self.model: Optional[BaseLayer] = cfg.model.instantiate() if cfg.model else None
         limits = getattr(self.model, "input_limits", None)
         self.inputs = RunInputs(mesh=self.mesh, plan=self.plan,
                                 limits=limits() if limits is not None else None)
         if self.model is not None:
-            self._set_layout(self.model.create_parameter_specs_recursively())
+            self.plan.check_model(self.model)
+            # The layers' logical dimensions take their mesh axes from the plan's binding.
+            with axis_binding.bound(self.plan.axis_binding()):
+                self._set_layout(self.model.create_parameter_specs_recursively())
         self._built = True
         return self
 
@@ -168,8 +171,9 @@ class Engine(Configurable):
         """The layout pipeline over ``parameter_specs``, and the parts that read it."""
         self.layout = self.plan.layout(parameter_specs, self.mesh)
         if self.model is not None:
-            self.model.check_partition_specs(self.layout.layer_specs,
-                                             mesh_shape=self.layout.mesh_shape)
+            with axis_binding.bound(self.layout.axis_binding):
+                self.model.check_partition_specs(self.layout.layer_specs,
+                                                 mesh_shape=self.layout.mesh_shape)
         strategy = state_sharding_lib.for_layout(self.layout, zero=self.plan.config.zero)
         decay = (learner_lib.decay_scales_from_specs(self.layout.parameter_specs)
                  if self.model is not None else None)

@@ -28,7 +28,9 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
     parts: List[str] = [describe_mesh(mesh)]
     if layout is not None:
         parts.append(plan.describe(layout.parameter_specs, mesh, specs=layout.param_specs)
-                     + "\nlayout pipeline: " + " -> ".join(layout.history))
+                     + "\nlayout pipeline: " + " -> ".join(layout.history)
+                     + ("\naxis binding: " + layout.axis_binding.describe()
+                        if layout.axis_binding is not None else ""))
     if schedule_text:
         parts.append(schedule_text)
     cp = plan.context_parallel

@@ -10,7 +10,7 @@ necessarily the run's: checkpoints restore onto any mesh -- with the plan the co
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from titanax import errors
 from titanax.config import ConfigBase, config_for_function
@@ -34,7 +34,14 @@ def read_run_config(trainer_dir: str) -> ConfigBase:
     data = read_json_object(path, error=errors.CheckpointError,
                             suggestion="restore the file from the run's copy (config.txt holds "
                                        "the same tree)")
-    return config_from_json(data, path="config")
+    retired: Dict[str, Any] = {}
+    cfg = config_from_json(data, path="config", retired=retired)
+    # Written before layers asked the axis binding: a model that split its residual stream
+    # over the sequence said so itself; the plan says it now.
+    if retired.get("config.model.sequence_parallel") and cfg.plan is not None \
+            and cfg.plan.tensor_parallel is not None:
+        cfg.plan.tensor_parallel.sequence_parallel = True
+    return cfg
 
 
 def stateless_learner() -> Learner.Config:
@@ -58,8 +65,7 @@ def restored_engine(trainer_dir: str, *, step: Optional[int] = None,
     """The run's Engine with its params restored from the checkpoint at ``step`` (default: the
     newest) and no optimizer state; ``mesh`` / ``plan`` replace the run's (a model split for the
     command's needs), ``dtype`` its precision, ``model_changes`` set model fields that do not
-    change its params (sequence_parallel); ``run``: the run's config, when the caller read it
-    already."""
+    change its params; ``run``: the run's config, when the caller read it already."""
     cfg = (run or read_run_config(trainer_dir)).clone()
     recorded_text = cfg.debug_string()
     cfg.learner = stateless_learner()
@@ -73,8 +79,6 @@ def restored_engine(trainer_dir: str, *, step: Optional[int] = None,
         cfg.mesh = mesh
     if plan is not None:
         cfg.plan = plan
-        if getattr(cfg.model, "sequence_parallel", False) and plan.tensor_parallel is None:
-            cfg.model.sequence_parallel = False
     for name, value in model_changes.items():
         if name in type(cfg.model).__fields__:
             setattr(cfg.model, name, value)

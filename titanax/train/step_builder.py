@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
+from titanax.modules import axis_binding
 from titanax.modules.module import functional
 from titanax.parallel import collectives
 from titanax.parallel import layout as layout_lib
@@ -107,7 +108,8 @@ class StepBuilder:
                         param_specs=self.layout.param_specs, precision=self.precision)
 
     def _shard_map(self, fn, in_specs, out_specs):
-        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+        return jax.shard_map(bound_to(fn, self.layout.axis_binding), mesh=self.mesh,
+                             in_specs=in_specs, out_specs=out_specs)
 
     def train_step(self, step_fn: Optional[Callable], state_specs: Any) -> CompiledStep:
         """The jitted train step ``(state, batch) -> (state, metrics)``, the state donated."""
@@ -137,7 +139,9 @@ class StepBuilder:
         outputs``, inputs and outputs split over the batch axes on their first dimension, the
         params in the run's layout (FSDP shards gathered first) -- the model's logits on the
         mesh it trains on."""
-        local = self._model_call(method)
+        # Its inputs are whole rows, the same on every context rank: no sequence is split.
+        local = bound_to(self._model_call(method),
+                         self.layout.axis_binding.without(axis_binding.SEQUENCE))
         batch_spec = self._batch_spec()
 
         def run(params, *inputs):
@@ -152,7 +156,9 @@ class StepBuilder:
         """``(params, prompt_ids, key) -> new ids`` through ``model.generate`` on the run's
         mesh (rows over the batch axes, heads over TP); each batch shard folds its place into
         ``key``, so rows sample independently wherever they live."""
-        local = self._model_call("generate")
+        # Decoding has no sequence to split (over a context axis or the TP axis).
+        local = bound_to(self._model_call("generate"), self.layout.axis_binding.without(
+            axis_binding.SEQUENCE, axis_binding.RESIDUAL_SEQUENCE))
         batch_spec = self._batch_spec()
         # Rows only: a context axis holds copies of each prompt, and must sample alike.
         batch_axes = tuple(a for a in self.plan.batch_axes if a not in self._unit_axes)
@@ -188,11 +194,6 @@ class StepBuilder:
                 suggestion="run it on a mesh without the pipe axis: checkpoints restore onto any "
                            "mesh (--config.plan.pipeline_parallel=None)")
         setup, model = self.setup, self.model
-        if self.plan.cp_axis is not None:
-            # Its inputs are whole rows, the same on every context rank: the model runs them
-            # as it would without context parallelism (the same params).
-            whole_rows = self.plan.config.clone(context_parallel=None).instantiate()
-            model = whole_rows.configure_model(model.config).instantiate()
 
         def local(params, inputs):
             if setup.gathering is not None:
@@ -211,3 +212,15 @@ class StepBuilder:
         if self.model is None:
             return {}
         return self.setup.gradients.schedule_metrics(local_rows)
+
+
+def bound_to(fn: Callable, binding: Any) -> Callable:
+    """``fn`` run with ``binding`` as the layers' axis binding (modules/axis_binding.py): the
+    step's functions are traced inside ``shard_map``, where layers ask it for their axes."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with axis_binding.bound(binding):
+            return fn(*args, **kwargs)
+
+    return run

@@ -39,7 +39,7 @@ def test_tensor_parallelism_is_refused_without_collectives():
     assert "plan.tensor_parallel" in message and "flax_nnx.make_gpt" in message
     assert "calls no collective over the tensor-parallel axis 'model'" in message
     megatron = _tp_engine(flax_runs.megatron_model(), mlp="model").build()
-    assert megatron.model.config.tp_axis == "model"
+    assert megatron.layout.axis_binding.tensor_axes() == ("model",)
     with pytest.raises(errors.PlanError) as raised:
         _tp_engine(flax_runs.linen_model()).build()
     assert "plan.tensor_parallel" in str(raised.value) and "FlaxNNX" in str(raised.value)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from titanax.modules import functional
+from titanax.modules import axis_binding, functional
 from titanax.modules.layers.attention import CausalSelfAttention
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.linear import Linear
@@ -15,10 +15,13 @@ from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.transformer import TransformerBlock
 from titanax.modules.testing import bind
 from titanax.parallel import collectives
+from titanax.parallel.plan import TP, Plan
 from titanax.runtime.mesh import MeshSpec
 from tests.numerics import FLOAT32, assert_close
 
+
 MESH = MeshSpec(axes=("data", "model"), shape=(None, 2)).build()
+TP_BINDING = Plan(tensor_parallel=TP(axis="model")).axis_binding()
 RNG = np.random.default_rng(0)
 
 
@@ -39,19 +42,23 @@ def test_linear_matches_numpy():
 @pytest.mark.parametrize("parallel", ["column", "row"])
 def test_linear_parallel_modes_match_one_device(parallel):
     ref = Linear.default_config().set(name="l", input_dim=4, output_dim=6).instantiate()
-    tp = Linear.default_config().set(name="l", input_dim=4, output_dim=6, tp_axis="model",
-                                     parallel=parallel).instantiate()
+    # The layer names its hidden features "mlp" (input: row-parallel; output: column).
+    named = {"row": dict(input_dim_name="mlp"), "column": dict(output_dim_name="mlp")}[parallel]
+    tp = Linear.default_config().set(name="l", input_dim=4, output_dim=6,
+                                     **named).instantiate()
     params = _init(ref)
     params["bias"] = jnp.arange(6.0)
     x = jnp.asarray(RNG.normal(size=(8, 4)), jnp.float32)
     with bind(ref, params):
         want = ref(x)
-    specs = tp.param_partition_specs()
+    with axis_binding.bound(TP_BINDING):
+        specs = tp.param_partition_specs()
     in_x = P("data", "model") if parallel == "row" else P("data")
     out_spec = P("data", "model") if parallel == "column" else P("data")
 
     def local(p, v):
-        return functional(tp, None, p, (v,), is_training=False)[0]
+        with axis_binding.bound(TP_BINDING):
+            return functional(tp, None, p, (v,), is_training=False)[0]
 
     got = jax.jit(jax.shard_map(local, mesh=MESH, in_specs=(specs, in_x), out_specs=out_spec))(
         params, x)
@@ -87,11 +94,14 @@ def test_dropout_rate_scaling_and_eval_identity():
 
 @pytest.mark.parametrize("split_over_tp", [False, True])
 def test_dropout_masks_across_tensor_parallel_ranks(split_over_tp):
-    layer = Dropout.default_config().set(name="d", rate=0.5, tp_axis="model",
-                                         split_over_tp=split_over_tp).instantiate()
+    # Activations split along "heads" (bound to the TP axis) draw a mask per rank.
+    layer = Dropout.default_config().set(name="d", rate=0.5,
+                                         split_dims=("heads",) if split_over_tp else ()
+                                         ).instantiate()
 
     def local(x):
-        mask = functional(layer, jax.random.PRNGKey(0), {}, (x,), is_training=True)[0]
+        with axis_binding.bound(TP_BINDING):
+            mask = functional(layer, jax.random.PRNGKey(0), {}, (x,), is_training=True)[0]
         return collectives.all_gather(mask, "model")[None]
 
     masks = jax.jit(jax.shard_map(local, mesh=MESH, in_specs=P(), out_specs=P(("data", "model"))))(

@@ -11,9 +11,16 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from tests.numerics import parity_floats
-from titanax.modules import functional
+from titanax.modules import axis_binding, functional
 from titanax.parallel import collectives, rules
+from titanax.parallel.plan import TP, Plan
 from titanax.runtime.mesh import MeshSpec
+
+
+def tp_binding(*, sequence_parallel: bool = False) -> axis_binding.AxisBinding:
+    """The axis binding of a plan with TP over ``model`` (what the engine's layers ask)."""
+    return Plan(tensor_parallel=TP(axis="model", sequence_parallel=sequence_parallel)
+                ).axis_binding()
 
 
 def _loss(model, params, batch):
@@ -34,13 +41,16 @@ def one_device(model, *, vocab_size: int, perturb: bool = False):
     return params, batch, value, grads
 
 
-def tensor_parallel(model, params, batch, *, tp_size: int):
-    """``((loss, grads), specs)`` of ``model`` (configured with ``tp_axis="model"``) on a
-    ``data x model`` mesh, in the layout the plan's pipeline resolves (layer layouts)."""
+def tensor_parallel(model, params, batch, *, tp_size: int, sequence_parallel: bool = False):
+    """``((loss, grads), specs)`` of ``model`` under a plan's TP over ``model`` (with
+    ``sequence_parallel``) on a ``data x model`` mesh, in the layout the plan's pipeline
+    resolves (layer layouts)."""
     mesh = MeshSpec(axes=("data", "model"), shape=(None, tp_size)).build()
-    specs = rules.LayerLayouts().specs(model.create_parameter_specs_recursively(),
-                                       dict(mesh.shape))
-    model.check_partition_specs(specs)
+    binding = tp_binding(sequence_parallel=sequence_parallel)
+    with axis_binding.bound(binding):
+        specs = rules.LayerLayouts().specs(model.create_parameter_specs_recursively(),
+                                           dict(mesh.shape))
+        model.check_partition_specs(specs)
 
     def local(p, b):
         p = collectives.cast_varying(p, ("data", "model"))
@@ -53,6 +63,10 @@ def tensor_parallel(model, params, batch, *, tp_size: int):
 
         return collectives.pmean(loss, "data"), jax.tree_util.tree_map(reduce, grads, specs)
 
-    step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs, P("data")),
+    def bound_local(p, b):
+        with axis_binding.bound(binding):
+            return local(p, b)
+
+    step = jax.jit(jax.shard_map(bound_local, mesh=mesh, in_specs=(specs, P("data")),
                                  out_specs=(P(), specs)))
     return step(params, batch), specs

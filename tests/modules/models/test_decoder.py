@@ -31,9 +31,9 @@ def _reference(shape: str):
 
 def _tp_loss_and_grads(shape: str, tp_size: int, sequence_parallel: bool):
     params, batch, _, _ = _reference(shape)
-    model = Decoder.default_config().set(**BASE, **SHAPES[shape], tp_axis="model",
-                                         sequence_parallel=sequence_parallel).instantiate()
-    return tensor_parallel_parity.tensor_parallel(model, params, batch, tp_size=tp_size)
+    model = Decoder.default_config().set(**BASE, **SHAPES[shape]).instantiate()
+    return tensor_parallel_parity.tensor_parallel(model, params, batch, tp_size=tp_size,
+                                                  sequence_parallel=sequence_parallel)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

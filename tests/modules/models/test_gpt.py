@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from titanax import errors
-from titanax.modules import describe_parameter_specs, functional
+from titanax.modules import axis_binding, describe_parameter_specs, functional
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.models.gpt import GPT, gpt2_config
 from titanax.hf.importer import params_from_state_dict
@@ -67,9 +67,9 @@ def _reference():
 
 def _tp_loss_and_grads(tp_size: int, sequence_parallel: bool):
     params, batch, _, _ = _reference()
-    model = GPT.default_config().set(**TINY, tp_axis="model",
-                                     sequence_parallel=sequence_parallel).instantiate()
-    return tensor_parallel_parity.tensor_parallel(model, params, batch, tp_size=tp_size)
+    model = GPT.default_config().set(**TINY).instantiate()
+    return tensor_parallel_parity.tensor_parallel(model, params, batch, tp_size=tp_size,
+                                                  sequence_parallel=sequence_parallel)
 
 
 @pytest.mark.parametrize("tp_size", [2, 4])
@@ -103,7 +103,7 @@ def test_vocab_parallel_cross_entropy_matches_one_device(tp_size):
     def local(x, t):
         def loss(y):
             offset = collectives.axis_index("model") * y.shape[-1]
-            return jnp.sum(vocab_parallel_cross_entropy(y, t, tp_axis="model",
+            return jnp.sum(vocab_parallel_cross_entropy(y, t, vocab_axis="model",
                                                         vocab_offset=offset,
                                                         vocab_size=real_vocab))
         value, grad = jax.value_and_grad(loss)(collectives.cast_varying(x, "data"))
@@ -119,15 +119,20 @@ def test_vocab_parallel_cross_entropy_matches_one_device(tp_size):
 
 def test_tensor_parallel_code_runs_unchanged_without_the_axis():
     params, batch, loss, _ = _reference()
-    model = GPT.default_config().set(**TINY, tp_axis="model").instantiate()
-    value = jax.jit(lambda p, b: functional(model, None, p, (b,), is_training=False)[0][0])(
-        params, batch)
+    model = GPT.default_config().set(**TINY).instantiate()
+
+    def run(p, b):  # The TP axis bound, and no shard_map: the layers run unsplit.
+        with axis_binding.bound(tensor_parallel_parity.tp_binding(sequence_parallel=True)):
+            return functional(model, None, p, (b,), is_training=False)[0][0]
+
+    value = jax.jit(run)(params, batch)
     assert_close(value, loss, what="loss")
 
 
 def test_parameter_spec_tree_prints_every_param():
-    model = gpt2_config("small", tp_axis="model", vocab_pad_multiple=128).instantiate()
-    text = describe_parameter_specs(model.create_parameter_specs_recursively())
+    model = gpt2_config("small", vocab_pad_multiple=128).instantiate()
+    with axis_binding.bound(tensor_parallel_parity.tp_binding()):
+        text = describe_parameter_specs(model.create_parameter_specs_recursively())
     lines = text.splitlines()
     assert len(lines) == 16
     line = next(l for l in lines if l.startswith("decoder/layer/attn/qkv_weight"))
@@ -143,11 +148,12 @@ def test_parameter_spec_tree_prints_every_param():
 
 
 def test_layer_rejects_a_layout_it_cannot_implement():
-    model = GPT.default_config().set(**TINY, tp_axis="model").instantiate()
-    specs = model.param_partition_specs()
-    model.check_partition_specs(specs)
-    specs["decoder"]["layer"]["mlp"]["wi"]["weight"] = P(None, "model", None)  # Row, not column.
-    with pytest.raises(errors.ShardingError) as info:
+    model = GPT.default_config().set(**TINY).instantiate()
+    with axis_binding.bound(tensor_parallel_parity.tp_binding()):
+        specs = model.param_partition_specs()
         model.check_partition_specs(specs)
+        specs["decoder"]["layer"]["mlp"]["wi"]["weight"] = P(None, "model", None)  # Not column.
+        with pytest.raises(errors.ShardingError) as info:
+            model.check_partition_specs(specs)
     assert info.value.path == "gpt/decoder/layer/mlp/wi/weight"
     assert "P(None, 'model')" in info.value.suggestion

@@ -115,8 +115,7 @@ def test_packed_rows_under_data_and_tensor_parallelism_match_one_device(name, tp
             for i in range(shards)]))
 
     loss, grads = jax.jit(jax.value_and_grad(mean_of_shard_means))(params)
-    tp_model = MODELS[name].clone(tp_axis="model").instantiate()
-    (tp_loss, tp_grads), _ = tensor_parallel_parity.tensor_parallel(tp_model, params, batch,
+    (tp_loss, tp_grads), _ = tensor_parallel_parity.tensor_parallel(model, params, batch,
                                                                     tp_size=tp_size)
     assert_close(tp_loss, loss, what="packed loss under DP x TP")
     assert_close(tp_grads, grads, what="packed gradients under DP x TP")

@@ -62,16 +62,14 @@ class FlaxLinen(FlaxModule):
                                  "NNX module's does: a Linen module gets its RNGs at init and "
                                  "apply (an NNX module goes in titanax.modules.FlaxNNX)")
 
-    def __init__(self, cfg=None, *, parent=None, **fields):
-        super().__init__(cfg, parent=parent, **fields)
-        if self.config.tp_axis is not None:
-            raise errors.PlanError(
-                f"{self.title}: Linen checks every param a module reads against the shape its "
-                "init made, so a param split over the tensor-parallel axis "
-                f"{self.config.tp_axis!r} cannot reach the module", path="plan.tensor_parallel",
-                suggestion="train it with data parallelism, ZeRO-1/2 or FSDP "
-                           "(--config.plan.tensor_parallel=None); a module that splits itself "
-                           "over a TP axis runs through FlaxNNX")
+    def _refuse_tensor_parallel(self, axes):
+        raise errors.PlanError(
+            f"{self.title}: Linen checks every param a module reads against the shape its init "
+            f"made, so a param split over the tensor-parallel axis {axes[0]!r} cannot reach the "
+            "module", path="plan.tensor_parallel",
+            suggestion="train it with data parallelism, ZeRO-1/2 or FSDP "
+                       "(--config.plan.tensor_parallel=None); a module that splits itself over "
+                       "a TP axis runs through FlaxNNX")
 
     # --- The module --------------------------------------------------------------------------
 

@@ -136,10 +136,9 @@ class FlaxModule(BaseLayer):
         # use_running_average / inference / eval (given its negation) that the call declares;
         # None passes none.
         mode_argument: Optional[str] = "auto"
-        # The TP axis, set from the plan (TP is declared once, in the plan). Only a module that
-        # calls titanax.parallel.collectives over it (a Megatron-style module; seen in its
-        # trace) runs under tensor parallelism.
-        tp_axis: Optional[str] = None
+        # (The TP axis comes from the run's axis binding. Only a module that calls
+        # titanax.parallel.collectives over it -- a Megatron-style module, seen in its trace --
+        # runs under tensor parallelism.)
 
         def _validate_values(self):
             yield from super()._validate_values()
@@ -178,9 +177,14 @@ class FlaxModule(BaseLayer):
 
     def _from_factory(self, module_type: type, *, type_name: str, other_adapter: str,
                       **extra: Any) -> Any:
-        """The factory's module (the factory called with ``extra``), checked to be a
-        ``module_type``; the factory's own errors come back naming it."""
+        """The factory's module (the factory called with ``extra``, and with the TP axis as
+        ``tp_axis`` when it takes one), checked to be a ``module_type``; the factory's own
+        errors come back naming it."""
         factory = self.config.module
+        if "tp_axis" in factory.keys() and factory.tp_axis is None and self._tensor_axes():
+            # A Megatron-style factory is told the TP axis it splits itself over (the run's
+            # axis binding's; the module is built inside the run's binding).
+            extra.setdefault("tp_axis", self._tensor_axes()[0])
         try:
             module = factory.instantiate(**extra)
         except errors.TitanaxError:
@@ -230,28 +234,33 @@ class FlaxModule(BaseLayer):
         values = self._abstract_values()
         # A module that calls the collectives needs its TP axis bound: one device's worth here
         # (the whole params are that device's shard).
-        program = self._trace(values, tp_size=1)
+        program = self._trace(values, axis_sizes={a: 1 for a in self._tensor_axes()})
         order = sorted(values)  # The flattening order of a dict: its sorted keys.
         positions = module_trace.scanned_positions(program)
         return tuple(order[i] for i in sorted(positions) if i < len(order))
 
-    def _trace(self, values: Dict[str, Any], *, tp_size: int,
+    def _tensor_axes(self) -> Tuple[str, ...]:
+        """The mesh axes the run's axis binding splits weights over (TP's)."""
+        return self.axis_binding.tensor_axes()
+
+    def _trace(self, values: Dict[str, Any], *, axis_sizes: Dict[str, int],
                param_specs: Optional[Dict[str, PartitionSpec]] = None) -> Any:
         """The module's program on its example inputs (``jax.make_jaxpr``: shapes only), with
-        ``values`` the params' whole shapes; under a TP axis, in a ``tp_size``-device abstract
-        mesh of it, the params split by ``param_specs`` (the module sees its shards)."""
+        ``values`` the params' whole shapes; under TP axes (``axis_sizes``), in an abstract
+        mesh of them, the params split by ``param_specs`` (the module sees its shards)."""
         inputs = [self.example_inputs()[name] for name in self.config.inputs]
 
         def trace(values, inputs):
             return self._run(values, self._full_call(False), inputs, is_training=False,
                              key=None)[0]
 
-        tp_axis = self.config.tp_axis
-        if tp_axis is not None:
+        if axis_sizes:
             specs = {path: (param_specs or {}).get(path, PartitionSpec()) for path in values}
-            trace = jax.shard_map(trace, mesh=AbstractMesh((tp_size,), (tp_axis,)),
+            trace = jax.shard_map(trace, mesh=AbstractMesh(tuple(axis_sizes.values()),
+                                                           tuple(axis_sizes)),
                                   in_specs=(specs, PartitionSpec()), out_specs=PartitionSpec(),
                                   check_vma=False)
+        split = {a: n for a, n in axis_sizes.items() if n > 1}
         try:
             return jax.make_jaxpr(trace)(values, inputs)
         except errors.TitanaxError:
@@ -260,7 +269,7 @@ class FlaxModule(BaseLayer):
             raise errors.ModuleError(
                 f"{self.title} failed when called on its example inputs "
                 f"{dict(self.config.example_inputs)}"
-                + (f" (split over {tp_axis!r} of {tp_size} devices)" if tp_size > 1 else "")
+                + "".join(f" (split over {a!r} of {n} devices)" for a, n in split.items())
                 + f": {type(e).__name__}: {e}", path="model",
                 suggestion="check the module's arguments (model.module.*), and that "
                            "model.example_inputs is a batch it accepts (model.inputs: the "
@@ -347,16 +356,19 @@ class FlaxModule(BaseLayer):
         its shards (``specs``: the layer layouts, the TP rules applied) in a mesh of the TP
         axis's size, and one that calls no collective over it is refused."""
         del prefix
-        tp_axis = self.config.tp_axis
-        size = int((mesh_shape or {}).get(tp_axis, 1)) if tp_axis is not None else 1
-        if size == 1:
+        sizes = {a: int((mesh_shape or {}).get(a, 1)) for a in self._tensor_axes()}
+        sizes = {a: n for a, n in sizes.items() if n > 1}
+        if not sizes:
             return
-        only_tp = lambda spec: PartitionSpec(*(e if e == tp_axis else None for e in spec))  # noqa: E731
+        self._refuse_tensor_parallel(tuple(sizes))
+        only_tp = lambda spec: PartitionSpec(*(e if e in sizes else None for e in spec))  # noqa: E731
         flat = {path_string(path): only_tp(spec) for path, spec in
                 jax.tree_util.tree_flatten_with_path(
                     specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]}
-        program = self._trace(self._abstract_values(), tp_size=size, param_specs=flat)
-        if tp_axis not in module_trace.communicated_axes(program):
+        program = self._trace(self._abstract_values(), axis_sizes=sizes, param_specs=flat)
+        silent = [a for a in sizes if a not in module_trace.communicated_axes(program)]
+        if silent:
+            tp_axis = silent[0]
             raise errors.PlanError(
                 f"{self.title} is a module written for one device: it calls no collective over "
                 f"the tensor-parallel axis {tp_axis!r}, so splitting its weights over that axis "
@@ -366,6 +378,10 @@ class FlaxModule(BaseLayer):
                            "(--config.plan.tensor_parallel=None), or have the module call "
                            "titanax.parallel.collectives over the TP axis it is given "
                            "(docs/flax.md)")
+
+    def _refuse_tensor_parallel(self, axes: Tuple[str, ...]) -> None:
+        """An adapter that cannot run on split weights at all raises here (Linen)."""
+        del axes
 
     # --- Calls -----------------------------------------------------------------------------------
 

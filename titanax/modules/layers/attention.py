@@ -1,9 +1,11 @@
 """Causal multi-head self-attention with a fused QKV projection, split by heads under TP.
 
 The QKV weight is stored ``[model_dim, 3, num_heads, head_dim]`` (q, k, v stacked, each head's
-columns contiguous), so splitting dimension 2 over the TP axis gives every device whole heads of
-q, k and v -- no collective until the output projection, a row-parallel Linear whose input
-features are exactly this device's heads. Softmax runs in float32. The attention itself is
+columns contiguous). Its heads are the logical ``heads`` dimension: where the axis binding splits
+it (TP), every device holds whole heads of q, k and v -- no collective until the output
+projection, a Linear whose input features (``heads``) are exactly this device's heads. Where the
+binding splits the ``sequence`` (context parallelism), keys cross devices as
+parallel/context_attention.py says. Softmax runs in float32. The attention itself is
 ``jax.nn.dot_product_attention`` (causal, implementation chosen by jax: cuDNN flash attention on
 GPUs), except in training with attention dropout, which needs the probabilities written out.
 """
@@ -16,13 +18,15 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from titanax import errors
 from titanax.config import REQUIRED, Required
+from titanax.modules.axis_binding import HEADS, RESIDUAL_SEQUENCE, SEQUENCE
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.grouped_query_attention import same_segment
 from titanax.modules.layers.linear import Linear
-from titanax.modules.layers.tensor_parallel import tp_active
+from titanax.modules.module import nowrap
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
 from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
@@ -38,14 +42,6 @@ class CausalSelfAttention(BaseLayer):
         num_heads: Required[int] = REQUIRED
         # Dropout on the attention probabilities (training only).
         attention_dropout_rate: float = 0.0
-        # Tensor-parallel axis heads are split over; None: unsplit.
-        tp_axis: Optional[str] = None
-        # Activations outside the layer are split over the sequence on the TP axis.
-        sequence_parallel: bool = False
-        # Context-parallel axis the sequence is split over, and how keys cross it (set from
-        # plan.context_parallel; parallel/context_attention.py); None: whole sequences.
-        cp_axis: Optional[str] = None
-        cp_strategy: str = "all_gather"
         # Initializer of the output projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
 
@@ -59,11 +55,10 @@ class CausalSelfAttention(BaseLayer):
         cfg = self.config
         # The output projection: row-parallel under TP (its input features are this device's heads).
         self._add_child("out", Linear.default_config().set(
-            input_dim=cfg.model_dim, output_dim=cfg.model_dim, tp_axis=cfg.tp_axis,
-            parallel="row" if cfg.tp_axis else "none", sequence_parallel=cfg.sequence_parallel,
+            input_dim=cfg.model_dim, output_dim=cfg.model_dim, input_dim_name=HEADS,
             param_init=cfg.output_param_init))
         self._add_child("dropout", Dropout.default_config().set(
-            rate=cfg.attention_dropout_rate, tp_axis=cfg.tp_axis, split_over_tp=True))
+            rate=cfg.attention_dropout_rate, split_dims=(HEADS,)))
 
     @property
     def head_dim(self) -> int:
@@ -73,11 +68,19 @@ class CausalSelfAttention(BaseLayer):
         cfg = self.config
         shape = (cfg.model_dim, 3, cfg.num_heads, self.head_dim)
         return {
-            "qkv_weight": ParameterSpec(shape=shape, mesh_axes=(None, None, cfg.tp_axis, None),
+            "qkv_weight": ParameterSpec(shape=shape, logical_axes=(None, None, HEADS, None),
                                         fan_axes=FanAxes(in_axes=(0,), out_axes=(1, 2, 3))),
-            "qkv_bias": ParameterSpec(shape=shape[1:], mesh_axes=(None, cfg.tp_axis, None),
+            "qkv_bias": ParameterSpec(shape=shape[1:], logical_axes=(None, HEADS, None),
                                       initializer=constant(0.0), weight_decay_scale=0.0),
         }
+
+    def _own_implemented_dims(self):
+        return (SEQUENCE,)
+
+    @nowrap
+    def check_axis_binding(self, binding, *, path):
+        refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
+        super().check_axis_binding(binding, path=path)
 
     def forward(self, x, segment_ids=None, positions=None):
         """``segment_ids`` ``[batch, seq]`` (packed rows): a position attends only to earlier
@@ -85,16 +88,18 @@ class CausalSelfAttention(BaseLayer):
         parallelism (the causal mask follows them)."""
         cfg = self.config
         params = self.parameters
-        if cfg.sequence_parallel and tp_active(cfg.tp_axis):
-            x = collectives.all_gather(x, cfg.tp_axis, axis_index=1)
+        binding = self.axis_binding
+        if binding.active(RESIDUAL_SEQUENCE) is not None:
+            x = collectives.all_gather(x, binding.active(RESIDUAL_SEQUENCE), axis_index=1)
         qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"].astype(x.dtype))
         qkv = qkv + params["qkv_bias"].astype(x.dtype)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [batch, seq, local heads, head_dim]
         dropout = self.is_training and cfg.attention_dropout_rate > 0
         documents = same_segment(segment_ids)
-        if cfg.cp_axis is not None:  # (The plan refuses attention dropout here.)
+        if binding.axis(SEQUENCE) is not None:  # (check_axis_binding refuses dropout here.)
             context = context_attention(q, k, v, positions=positions, segment_ids=segment_ids,
-                                        axis=cfg.cp_axis, strategy=cfg.cp_strategy,
+                                        axis=binding.axis(SEQUENCE),
+                                        strategy=binding.context_strategy,
                                         scale=1.0 / math.sqrt(self.head_dim))
         elif dropout or not fused_attention_fits(q.dtype):
             context = self._attention_written_out(q, k, v, documents)
@@ -119,3 +124,13 @@ class CausalSelfAttention(BaseLayer):
         scores = jnp.where(allowed, scores, lowest(scores.dtype))
         probs = self.dropout(jax.nn.softmax(scores, axis=-1)).astype(v.dtype)
         return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def refuse_split_attention_dropout(rate: float, binding, *, path: str) -> None:
+    """Attention dropout under context parallelism, refused before anything compiles (``path``:
+    the config holding ``attention_dropout_rate``)."""
+    if binding.axis(SEQUENCE) is not None and rate:
+        raise errors.PlanError(
+            "attention dropout needs each query's whole row of probabilities, which context "
+            "parallelism never holds in one place", path=f"{path}.attention_dropout_rate",
+            suggestion="set it to 0 under context parallelism (residual dropout is fine)")

@@ -1,6 +1,6 @@
 """Softmax cross-entropy over logits that may be split over the vocabulary.
 
-With the vocabulary split over a TP axis each device holds ``[..., V / tp]`` logits. The loss needs
+With the vocabulary split over a mesh axis (TP) each device holds ``[..., V / tp]`` logits. The loss needs
 only three reductions over the axis, each of ``[...]`` (one number per token), never the logits:
 the max (for stability), the sum of exponentials, and the target's logit (held by exactly one
 device). On one device, or with the axis absent, the same function is ordinary cross-entropy.
@@ -13,13 +13,13 @@ from typing import Optional, Union
 import jax
 import jax.numpy as jnp
 
-from titanax.modules.layers.tensor_parallel import tp_active
+from titanax.modules.axis_binding import active_axis
 from titanax.parallel import collectives
 from titanax.utils.dtypes import at_least_float32
 
 
 def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
-                                 tp_axis: Optional[str] = None,
+                                 vocab_axis: Optional[str] = None,
                                  vocab_offset: Union[int, jax.Array] = 0,
                                  vocab_size: Optional[int] = None) -> jax.Array:
     """Per-token ``-log softmax(logits)[target]`` in float32 (float64 for float64 logits).
@@ -27,7 +27,7 @@ def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
     Args:
         logits: ``[..., V_local]``, this device's slice of the vocabulary.
         targets: ``[...]`` integer ids in the *global* vocabulary.
-        tp_axis: The axis the vocabulary is split over (None: not split).
+        vocab_axis: The axis the vocabulary is split over (None: not split).
         vocab_offset: Global id of this device's first logit.
         vocab_size: The real vocabulary size; logits of padding ids (>= vocab_size) are ignored.
     """
@@ -36,10 +36,10 @@ def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
     ids = vocab_offset + jnp.arange(local_vocab)
     if vocab_size is not None:
         logits = jnp.where(ids < vocab_size, logits, -jnp.inf)
-    split = tp_active(tp_axis)
+    split = active_axis(vocab_axis) is not None
     # The max only shifts for stability; its gradient contribution cancels, so stop it.
     local_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
-    top = collectives.pmax(local_max, tp_axis) if split else local_max
+    top = collectives.pmax(local_max, vocab_axis) if split else local_max
     sum_exp = jnp.sum(jnp.exp(logits - top[..., None]), axis=-1)
     local_targets = targets - vocab_offset
     held = (local_targets >= 0) & (local_targets < local_vocab)
@@ -47,5 +47,5 @@ def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
         logits, jnp.where(held, local_targets, 0)[..., None], axis=-1)[..., 0]
     target_logit = jnp.where(held, target_logit, 0.0)
     if split:
-        sum_exp, target_logit = collectives.psum((sum_exp, target_logit), tp_axis)
+        sum_exp, target_logit = collectives.psum((sum_exp, target_logit), vocab_axis)
     return jnp.log(sum_exp) + top - target_logit

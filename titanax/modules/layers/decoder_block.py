@@ -8,7 +8,7 @@ these models uses it).
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Union
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer
@@ -24,28 +24,23 @@ class DecoderBlock(BaseLayer):
     class Config(BaseLayer.Config):
         # Residual-stream width.
         model_dim: Required[int] = REQUIRED
-        # The attention (its model_dim and TP fields follow the block's).
+        # The attention (its model_dim follows the block's).
         attention: GroupedQueryAttention.Config = GroupedQueryAttention.default_config()
-        # The feed-forward block, dense or a mixture of experts (its model_dim and TP fields
-        # follow the block's).
+        # The feed-forward block, dense or a mixture of experts (its model_dim follows the
+        # block's).
         mlp: Union[GatedMLP.Config, MoE.Config] = GatedMLP.default_config()
         # RMSNorm epsilon.
         norm_eps: float = 1e-6
-        # Tensor-parallel axis; None: unsplit.
-        tp_axis: Optional[str] = None
-        # Residual stream split over the sequence on the TP axis (Megatron sequence parallelism).
-        sequence_parallel: bool = False
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
-        tp = dict(tp_axis=cfg.tp_axis, sequence_parallel=cfg.sequence_parallel)
         self._add_child("input_norm", RMSNorm.default_config().set(input_dim=cfg.model_dim,
                                                                    eps=cfg.norm_eps))
-        self._add_child("attn", cfg.attention.clone(model_dim=cfg.model_dim, **tp))
+        self._add_child("attn", cfg.attention.clone(model_dim=cfg.model_dim))
         self._add_child("post_attention_norm", RMSNorm.default_config().set(
             input_dim=cfg.model_dim, eps=cfg.norm_eps))
-        self._add_child("mlp", cfg.mlp.clone(model_dim=cfg.model_dim, **tp))
+        self._add_child("mlp", cfg.mlp.clone(model_dim=cfg.model_dim))
 
     def forward(self, x, *, segment_ids=None, positions=None):
         """``segment_ids`` / ``positions`` (``[batch, seq]``): packed documents (attention stays

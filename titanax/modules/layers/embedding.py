@@ -1,6 +1,7 @@
 """Embeddings: a plain table, and a vocab-parallel table that doubles as a tied LM head.
 
-``VocabParallelEmbedding`` splits the vocabulary (rows) over the TP axis. A lookup gathers the rows
+``VocabParallelEmbedding`` splits the vocabulary (rows) over the mesh axis the run binds to
+``vocab`` (the TP axis). A lookup gathers the rows
 this device holds, zeroes the ids it does not hold, and sums over the axis -- one all-reduce of
 ``[batch, seq, model_dim]`` (or a reduce-scatter over the sequence under sequence parallelism).
 ``attend()`` multiplies by the transposed table to produce this device's *slice* of the logits,
@@ -13,15 +14,13 @@ every row is here -- and then looks up, attends and lets the loss run without an
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
+from titanax.modules.axis_binding import RESIDUAL_SEQUENCE, VOCAB
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.modules.initializers import FanAxes
-from titanax.modules.layers.tensor_parallel import tp_active, tp_rank
 from titanax.parallel import collectives
 
 
@@ -51,43 +50,40 @@ class VocabParallelEmbedding(BaseLayer):
         num_embeddings: Required[int] = REQUIRED
         # Width of each row.
         dim: Required[int] = REQUIRED
-        # Tensor-parallel axis the vocabulary is split over; None: replicated.
-        tp_axis: Optional[str] = None
-        # Leave the lookup's result split over the sequence (reduce-scatter, not all-reduce).
-        sequence_parallel: bool = False
-        # The sequence dimension of the lookup's result.
+        # The sequence dimension of the lookup's result (left split over it, by a
+        # reduce-scatter instead of an all-reduce, where the binding splits the residual
+        # stream's sequence).
         sequence_dim: int = 1
 
     def _create_layer_parameter_specs(self):
         cfg = self.config
         return {"weight": ParameterSpec(shape=(cfg.num_embeddings, cfg.dim),
-                                        mesh_axes=(cfg.tp_axis, None),
+                                        logical_axes=(VOCAB, None),
                                         fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))}
 
     def is_split(self) -> bool:
         """Whether this device holds only a slice of the vocabulary (the layout may keep the
         table whole on every device, or the TP axis may be absent or of size 1)."""
-        cfg = self.config
-        return tp_active(cfg.tp_axis) and \
-            self.parameters["weight"].shape[0] < cfg.num_embeddings
+        return self.axis_binding.active(VOCAB) is not None and \
+            self.parameters["weight"].shape[0] < self.config.num_embeddings
 
     def forward(self, ids):
         cfg = self.config
         table = self.parameters["weight"]
+        sequence = self.axis_binding.active(RESIDUAL_SEQUENCE)
         if not self.is_split():
-            if cfg.sequence_parallel and tp_active(cfg.tp_axis):  # Keep this device's part.
-                return _sequence_shard(jnp.take(table, ids, axis=0), cfg.tp_axis,
-                                       cfg.sequence_dim)
+            if sequence is not None:  # Keep this device's part.
+                return _sequence_shard(jnp.take(table, ids, axis=0), sequence, cfg.sequence_dim)
             return jnp.take(table, ids, axis=0)
+        vocab = self.axis_binding.active(VOCAB)
         rows = table.shape[0]
-        local_ids = ids - tp_rank(cfg.tp_axis) * rows
+        local_ids = ids - collectives.axis_index(vocab) * rows
         held = (local_ids >= 0) & (local_ids < rows)
         gathered = jnp.take(table, jnp.where(held, local_ids, 0), axis=0)
         partial = jnp.where(held[..., None], gathered, jnp.zeros_like(gathered))
-        if cfg.sequence_parallel:
-            return collectives.reduce_scatter(partial, cfg.tp_axis,
-                                              scatter_dimension=cfg.sequence_dim)
-        return collectives.psum(partial, cfg.tp_axis)
+        if sequence is not None:
+            return collectives.reduce_scatter(partial, vocab, scatter_dimension=cfg.sequence_dim)
+        return collectives.psum(partial, vocab)
 
     def attend(self, x):
         """``x @ table.T``: this device's slice of the logits, ``[..., num_embeddings / tp]``."""
@@ -96,11 +92,16 @@ class VocabParallelEmbedding(BaseLayer):
 
     def vocab_offset(self):
         """Index of this device's first vocabulary row."""
-        return tp_rank(self.config.tp_axis) * self.parameters["weight"].shape[0] \
+        return self.axis_binding.rank(VOCAB) * self.parameters["weight"].shape[0] \
             if self.is_split() else 0
+
+    @property
+    def vocab_axis(self):
+        """The mesh axis this device's slice of the vocabulary is one of (None: whole)."""
+        return self.axis_binding.active(VOCAB) if self.is_split() else None
 
 
 def _sequence_shard(x, axis: str, dim: int):
-    """This TP rank's slice of ``x`` along ``dim`` (the sequence-parallel residual stream)."""
+    """This rank's slice of ``x`` along ``dim`` (the sequence-parallel residual stream)."""
     size = x.shape[dim] // collectives.axis_size(axis)
-    return jax.lax.dynamic_slice_in_dim(x, tp_rank(axis) * size, size, axis=dim)
+    return jax.lax.dynamic_slice_in_dim(x, collectives.axis_index(axis) * size, size, axis=dim)

@@ -2,8 +2,9 @@
 
 The gate and up projections are one weight ``[model_dim, 2, hidden_dim]`` (``[:, 0]`` is Hugging
 Face's ``gate_proj``, ``[:, 1]`` its ``up_proj``, both stored ``[in, out]``): one matmul, and under
-sequence parallelism one all-gather of the input instead of two. Under TP the hidden features are
-split (column-parallel) and ``down`` is a row-parallel ``Linear``: the only collective is
+sequence parallelism one all-gather of the input instead of two. The hidden features are the
+logical ``mlp`` dimension: where the axis binding splits it (TP) the gate/up projection is
+column-parallel and ``down`` a row-parallel ``Linear``: the only collective is
 ``down``'s all-reduce (a reduce-scatter under sequence parallelism), as in the GPT MLP.
 """
 
@@ -15,10 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
+from titanax.modules.axis_binding import MLP, RESIDUAL_SEQUENCE
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers.linear import Linear
-from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.parallel import collectives
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
@@ -36,10 +37,6 @@ class GatedMLP(BaseLayer):
         activation: Literal["silu", "gelu_tanh"] = "silu"
         # Biases on the three projections (HF mlp_bias).
         bias: bool = False
-        # Tensor-parallel axis the hidden features are split over; None: unsplit.
-        tp_axis: Optional[str] = None
-        # Activations outside the block are split over the sequence on the TP axis.
-        sequence_parallel: bool = False
         # Initializer of the down-projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
 
@@ -48,17 +45,16 @@ class GatedMLP(BaseLayer):
         cfg = self.config
         self._add_child("down", Linear.default_config().set(
             input_dim=cfg.hidden_dim, output_dim=cfg.model_dim, bias=cfg.bias,
-            tp_axis=cfg.tp_axis, parallel="row" if cfg.tp_axis else "none",
-            sequence_parallel=cfg.sequence_parallel, param_init=cfg.output_param_init))
+            input_dim_name=MLP, param_init=cfg.output_param_init))
 
     def _create_layer_parameter_specs(self):
         cfg = self.config
         specs = {"gate_up_weight": ParameterSpec(
-            shape=(cfg.model_dim, 2, cfg.hidden_dim), mesh_axes=(None, None, cfg.tp_axis),
+            shape=(cfg.model_dim, 2, cfg.hidden_dim), logical_axes=(None, None, MLP),
             fan_axes=FanAxes(in_axes=(0,), out_axes=(2,)))}
         if cfg.bias:
             specs["gate_up_bias"] = ParameterSpec(shape=(2, cfg.hidden_dim),
-                                                  mesh_axes=(None, cfg.tp_axis),
+                                                  logical_axes=(None, MLP),
                                                   initializer=constant(0.0),
                                                   weight_decay_scale=0.0)
         return specs
@@ -66,8 +62,9 @@ class GatedMLP(BaseLayer):
     def forward(self, x):
         cfg = self.config
         params = self.parameters
-        if cfg.sequence_parallel and tp_active(cfg.tp_axis):
-            x = collectives.all_gather(x, cfg.tp_axis, axis_index=1)
+        sequence = self.axis_binding.active(RESIDUAL_SEQUENCE)
+        if sequence is not None:
+            x = collectives.all_gather(x, sequence, axis_index=1)
         gate_up = jnp.einsum("...d,dtf->...tf", x, params["gate_up_weight"].astype(x.dtype))
         if cfg.bias:
             gate_up = gate_up + params["gate_up_bias"].astype(x.dtype)

@@ -6,8 +6,10 @@ own dimension: ``q_weight [model_dim, num_heads, head_dim]``, ``k_weight`` / ``v
 from ``num_heads * head_dim`` features. Query head ``h`` reads key/value head
 ``h // (num_heads / num_kv_heads)`` (HF's ``repeat_kv``; ``num_kv_heads = 1`` is multi-query).
 
-Under tensor parallelism the query heads are split over the TP axis. The key/value heads are
-split too when ``num_kv_heads`` is divisible by the TP size (each rank then holds exactly the kv
+The layer names its logical dimensions (``heads``, ``kv_heads``; the ``sequence`` under context
+parallelism) and the axis binding says where each lives. Under tensor parallelism the query
+heads are split over the TP axis. The key/value heads are split too when ``num_kv_heads`` is
+divisible by the TP size (each rank then holds exactly the kv
 heads its query heads read); otherwise the layout keeps them whole on every rank
 (``ParameterSpec.replicated_if_indivisible``) and each rank picks, per local query head, the kv
 head it reads -- the same attention, a little more kv compute, never a wrong grouping. The layer
@@ -33,7 +35,7 @@ from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import rotary
 from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.norm import RMSNorm
-from titanax.modules.layers.tensor_parallel import tp_active, tp_rank
+from titanax.modules.axis_binding import HEADS, KV_HEADS, RESIDUAL_SEQUENCE, SEQUENCE
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
 from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
@@ -66,14 +68,6 @@ class GroupedQueryAttention(BaseLayer):
         # Attend only to the last this many positions (the position itself included); None:
         # every earlier position (Mistral's sliding_window).
         sliding_window: Optional[int] = None
-        # Tensor-parallel axis the heads are split over; None: unsplit.
-        tp_axis: Optional[str] = None
-        # Activations outside the layer are split over the sequence on the TP axis.
-        sequence_parallel: bool = False
-        # Context-parallel axis the sequence is split over, and how keys cross it (set from
-        # plan.context_parallel; parallel/context_attention.py); None: whole sequences.
-        cp_axis: Optional[str] = None
-        cp_strategy: str = "all_gather"
         # Initializer of the output projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
 
@@ -98,9 +92,7 @@ class GroupedQueryAttention(BaseLayer):
         cfg = self.config
         self._add_child("o", Linear.default_config().set(
             input_dim=cfg.num_heads * cfg.head_dim, output_dim=cfg.model_dim,
-            bias=cfg.output_bias, tp_axis=cfg.tp_axis,
-            parallel="row" if cfg.tp_axis else "none", sequence_parallel=cfg.sequence_parallel,
-            param_init=cfg.output_param_init))
+            bias=cfg.output_bias, input_dim_name=HEADS, param_init=cfg.output_param_init))
         if cfg.qk_norm:
             for name in ("q_norm", "k_norm"):
                 self._add_child(name, RMSNorm.default_config().set(input_dim=cfg.head_dim,
@@ -112,21 +104,24 @@ class GroupedQueryAttention(BaseLayer):
         cfg = self.config
         fan = FanAxes(in_axes=(0,), out_axes=(1, 2))
         specs = {"q_weight": ParameterSpec(shape=(cfg.model_dim, cfg.num_heads, cfg.head_dim),
-                                           mesh_axes=(None, cfg.tp_axis, None), fan_axes=fan)}
+                                           logical_axes=(None, HEADS, None), fan_axes=fan)}
         for name in ("k_weight", "v_weight"):
             specs[name] = ParameterSpec(shape=(cfg.model_dim, cfg.num_kv_heads, cfg.head_dim),
-                                        mesh_axes=(None, cfg.tp_axis, None), fan_axes=fan,
+                                        logical_axes=(None, KV_HEADS, None), fan_axes=fan,
                                         replicated_if_indivisible=True)
         if cfg.qkv_bias:
             specs["q_bias"] = ParameterSpec(shape=(cfg.num_heads, cfg.head_dim),
-                                            mesh_axes=(cfg.tp_axis, None),
+                                            logical_axes=(HEADS, None),
                                             initializer=constant(0.0), weight_decay_scale=0.0)
             for name in ("k_bias", "v_bias"):
                 specs[name] = ParameterSpec(shape=(cfg.num_kv_heads, cfg.head_dim),
-                                            mesh_axes=(cfg.tp_axis, None),
+                                            logical_axes=(KV_HEADS, None),
                                             initializer=constant(0.0), weight_decay_scale=0.0,
                                             replicated_if_indivisible=True)
         return specs
+
+    def _own_implemented_dims(self):
+        return (SEQUENCE,)
 
     def _project(self, x, name: str):
         params = self.parameters
@@ -139,7 +134,7 @@ class GroupedQueryAttention(BaseLayer):
         """Under TP with kv heads kept whole: per local query head, the kv head it reads."""
         cfg = self.config
         group = cfg.num_heads // cfg.num_kv_heads
-        first = tp_rank(cfg.tp_axis) * local_heads
+        first = self.axis_binding.rank(HEADS) * local_heads
         return jnp.take(kv, (first + jnp.arange(local_heads)) // group, axis=2)
 
     def forward(self, x, positions: Optional[jax.Array] = None,
@@ -148,8 +143,9 @@ class GroupedQueryAttention(BaseLayer):
         ``positions`` ``[seq]`` or ``[batch, seq]`` (default ``0 .. seq-1``); ``segment_ids``
         ``[batch, seq]``: a token attends only to earlier tokens of its own segment."""
         cfg = self.config
-        if cfg.sequence_parallel and tp_active(cfg.tp_axis):
-            x = collectives.all_gather(x, cfg.tp_axis, axis_index=1)
+        binding = self.axis_binding
+        if binding.active(RESIDUAL_SEQUENCE) is not None:
+            x = collectives.all_gather(x, binding.active(RESIDUAL_SEQUENCE), axis_index=1)
         q, k, v = (self._project(x, name) for name in ("q", "k", "v"))
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -161,9 +157,10 @@ class GroupedQueryAttention(BaseLayer):
         if k.shape[2] == cfg.num_kv_heads and local_heads < cfg.num_heads:
             k = self._kv_for_local_queries(k, local_heads)
             v = self._kv_for_local_queries(v, local_heads)
-        if cfg.cp_axis is not None:
+        if binding.axis(SEQUENCE) is not None:
             context = context_attention(q, k, v, positions=positions, segment_ids=segment_ids,
-                                        axis=cfg.cp_axis, strategy=cfg.cp_strategy,
+                                        axis=binding.axis(SEQUENCE),
+                                        strategy=binding.context_strategy,
                                         scale=1.0 / math.sqrt(cfg.head_dim),
                                         sliding_window=cfg.sliding_window)
         else:

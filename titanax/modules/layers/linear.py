@@ -1,25 +1,27 @@
-"""Linear layer, with column- and row-parallel modes.
+"""Linear layer, split over whatever mesh axes the run binds to its input or output dimension.
 
-Weights are stored ``[input_dim, output_dim]``.
+Weights are stored ``[input_dim, output_dim]``. The layer names the logical dimension of each
+(``input_dim_name`` / ``output_dim_name``: ``"mlp"``, ``"heads"``, ...) and asks the axis binding
+(modules/axis_binding.py) which mesh axis holds it:
 
-* ``parallel="column"``: output features are split over the TP axis. The forward pass needs no
-  collective (each device computes its slice of the outputs); with sequence parallelism the input
-  arrives split over the sequence and is all-gathered first.
-* ``parallel="row"``: input features are split. Each device computes a partial sum of the
-  outputs, completed by a ``psum`` -- or, with sequence parallelism, a reduce-scatter that leaves
-  each device its slice of the sequence. The bias is added after the reduction, once.
+* output dimension bound (column-parallel): each device computes its slice of the outputs, no
+  collective; with the residual stream split over the sequence (sequence parallelism) the input
+  arrives split and is all-gathered first.
+* input dimension bound (row-parallel): each device computes a partial sum of the outputs,
+  completed by a ``psum`` -- or, under sequence parallelism, a reduce-scatter that leaves each
+  device its slice of the sequence. The bias is added after the reduction, once.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Optional
 
 import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
+from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes
-from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.parallel import collectives
 
 
@@ -33,41 +35,44 @@ class Linear(BaseLayer):
         output_dim: Required[int] = REQUIRED
         # Add a bias.
         bias: bool = True
-        # Tensor-parallel mesh axis; None: never split.
-        tp_axis: Optional[str] = None
-        # "none": unsplit; "column": output features split; "row": input features split.
-        parallel: Literal["none", "column", "row"] = "none"
-        # Sequence parallelism: activations outside this layer are split over the sequence on
-        # the TP axis (column: all-gather the input first; row: reduce-scatter the output).
-        sequence_parallel: bool = False
+        # Logical name of the input features (e.g. "mlp": the layer is row-parallel wherever
+        # the binding splits it); None: never split. At most one of the two is named.
+        input_dim_name: Optional[str] = None
+        # Logical name of the output features (column-parallel where split); None: never split.
+        output_dim_name: Optional[str] = None
         # Which dimension of the activations is the sequence (for sequence parallelism).
         sequence_dim: int = 1
 
+        def _validate_values(self):
+            if self.input_dim_name is not None and self.output_dim_name is not None:
+                yield "output_dim_name", ("a linear layer splits its input or its output "
+                                          "features, not both: name one")
+
     def _create_layer_parameter_specs(self):
         cfg = self.config
-        tp = cfg.tp_axis if cfg.parallel != "none" else None
-        weight_axes = {"none": (None, None), "column": (None, tp), "row": (tp, None)}[cfg.parallel]
         specs = {"weight": ParameterSpec(shape=(cfg.input_dim, cfg.output_dim),
-                                         mesh_axes=weight_axes,
+                                         logical_axes=(cfg.input_dim_name, cfg.output_dim_name),
                                          fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))}
         if cfg.bias:
             specs["bias"] = ParameterSpec(shape=(cfg.output_dim,),
-                                          mesh_axes=(tp if cfg.parallel == "column" else None,),
+                                          logical_axes=(cfg.output_dim_name,),
                                           initializer=constant(0.0), weight_decay_scale=0.0)
         return specs
 
     def forward(self, x):
         cfg = self.config
         params = self.parameters
-        active = cfg.parallel != "none" and tp_active(cfg.tp_axis)
-        if active and cfg.parallel == "column" and cfg.sequence_parallel:
-            x = collectives.all_gather(x, cfg.tp_axis, axis_index=cfg.sequence_dim)
+        binding = self.axis_binding
+        column, row = binding.active(cfg.output_dim_name), binding.active(cfg.input_dim_name)
+        sequence = binding.active(RESIDUAL_SEQUENCE)
+        if column is not None and sequence is not None:
+            x = collectives.all_gather(x, sequence, axis_index=cfg.sequence_dim)
         y = jnp.einsum("...i,io->...o", x, params["weight"].astype(x.dtype))
-        if active and cfg.parallel == "row":
-            if cfg.sequence_parallel:
-                y = collectives.reduce_scatter(y, cfg.tp_axis, scatter_dimension=cfg.sequence_dim)
+        if row is not None:
+            if sequence is not None:
+                y = collectives.reduce_scatter(y, row, scatter_dimension=cfg.sequence_dim)
             else:
-                y = collectives.psum(y, cfg.tp_axis)
+                y = collectives.psum(y, row)
         if cfg.bias:
             y = y + params["bias"].astype(y.dtype)
         return y

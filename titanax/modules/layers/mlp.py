@@ -1,7 +1,8 @@
-"""The transformer feed-forward block: column-parallel up-projection, GELU, row-parallel down.
+"""The transformer feed-forward block: up-projection, GELU, down-projection.
 
-Under TP the hidden (ffn) features are split, so the only collective is the down-projection's
-all-reduce (or reduce-scatter with sequence parallelism).
+The hidden features are the logical ``mlp`` dimension: where the axis binding splits it (TP),
+the up-projection is column-parallel and the down-projection row-parallel, so the only
+collective is the down-projection's all-reduce (or reduce-scatter with sequence parallelism).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Literal, Optional
 import jax
 
 from titanax.config import REQUIRED, Required
+from titanax.modules.axis_binding import MLP as MLP_DIM
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.initializers import Initializer
 from titanax.modules.layers.linear import Linear
@@ -26,23 +28,16 @@ class MLP(BaseLayer):
         hidden_dim: Required[int] = REQUIRED
         # "gelu_tanh" (GPT-2's approximation) or "gelu" (exact).
         activation: Literal["gelu_tanh", "gelu", "relu"] = "gelu_tanh"
-        # Tensor-parallel axis the hidden features are split over; None: unsplit.
-        tp_axis: Optional[str] = None
-        # Activations outside the block are split over the sequence on the TP axis.
-        sequence_parallel: bool = False
         # Initializer of the down-projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
-        split = cfg.tp_axis is not None
         self._add_child("wi", Linear.default_config().set(
-            input_dim=cfg.model_dim, output_dim=cfg.hidden_dim, tp_axis=cfg.tp_axis,
-            parallel="column" if split else "none", sequence_parallel=cfg.sequence_parallel))
+            input_dim=cfg.model_dim, output_dim=cfg.hidden_dim, output_dim_name=MLP_DIM))
         self._add_child("wo", Linear.default_config().set(
-            input_dim=cfg.hidden_dim, output_dim=cfg.model_dim, tp_axis=cfg.tp_axis,
-            parallel="row" if split else "none", sequence_parallel=cfg.sequence_parallel,
+            input_dim=cfg.hidden_dim, output_dim=cfg.model_dim, input_dim_name=MLP_DIM,
             param_init=cfg.output_param_init))
 
     def forward(self, x):

@@ -4,8 +4,9 @@
 picks for each token (``router.py``). It takes the place of the decoder block's ``GatedMLP``
 (Mixtral, Qwen 3 MoE, DeepSeek-V3's routed layers).
 
-**Expert parallelism** (``ep_axis``, set from ``plan.expert_parallel``): the experts' weights
-``[E, ...]`` are split over the axis on their first dimension, and the batch is split over it too
+**Expert parallelism** (the logical ``experts`` dimension, which the axis binding puts on
+``plan.expert_parallel.axis``): the experts' weights ``[E, ...]`` are split over the axis on
+their first dimension, and the batch is split over it too
 (it is a batch axis: each rank routes its own tokens). Tokens reach their experts with one
 ``all_to_all`` over the axis and come back with another (``expert_dispatch.py``); autodiff gives
 the same two in the backward pass. An expert's gradient therefore already sums every rank's
@@ -20,8 +21,8 @@ padded). With it, a dropless exchange needs ``ragged_all_to_all``, which XLA:CPU
 implement; here it is emulated by slots for every token (``C = T``: nothing can drop, at E / top_k
 times the slots' memory) -- said by ``--explain``.
 
-**Tensor parallelism** splits each expert's hidden features over ``tp_axis`` (as in
-``GatedMLP``); the partial outputs of the routed and shared experts are summed over it once, at
+**Tensor parallelism** splits each expert's hidden features (the logical ``mlp`` dimension, as
+in ``GatedMLP``); the partial outputs of the routed and shared experts are summed over it once, at
 the end (a reduce-scatter under sequence parallelism).
 
 **Losses and metrics.** Training adds ``aux_loss_weight x`` the load-balancing loss and
@@ -42,14 +43,16 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from titanax import errors
 from titanax.config import REQUIRED, Required
+from titanax.modules.axis_binding import EXPERTS, MLP, RESIDUAL_SEQUENCE, STAGES
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.modules.context import VectorSummary
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import expert_dispatch
 from titanax.modules.layers.gated_mlp import ACTIVATIONS
 from titanax.modules.layers.router import Router, load_balancing_loss, router_z_loss
-from titanax.modules.layers.tensor_parallel import tp_active
+from titanax.modules.module import nowrap
 from titanax.modules.saved_values import EXPERT_EXCHANGE
 from titanax.parallel import collectives
 
@@ -87,13 +90,6 @@ class MoE(BaseLayer):
         aux_loss_weight: float = 0.0
         # Weight of the router z-loss of this layer in the training objective.
         z_loss_weight: float = 0.0
-        # Expert-parallel mesh axis the experts are split over: set from
-        # plan.expert_parallel.axis (None: every device holds every expert).
-        ep_axis: Optional[str] = None
-        # Tensor-parallel axis each expert's hidden features are split over; None: unsplit.
-        tp_axis: Optional[str] = None
-        # Activations outside the block are split over the sequence on the TP axis.
-        sequence_parallel: bool = False
         # Initializer of the down projections; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
 
@@ -127,36 +123,45 @@ class MoE(BaseLayer):
         active = cfg.top_k / experts
         specs = {
             "gate_up_weight": ParameterSpec(
-                shape=(experts, width, 2, hidden), mesh_axes=(cfg.ep_axis, None, None, cfg.tp_axis),
+                shape=(experts, width, 2, hidden), logical_axes=(EXPERTS, None, None, MLP),
                 fan_axes=FanAxes(in_axes=(1,), out_axes=(3,)), active_fraction=active),
             "down_weight": ParameterSpec(
-                shape=(experts, hidden, width), mesh_axes=(cfg.ep_axis, cfg.tp_axis, None),
+                shape=(experts, hidden, width), logical_axes=(EXPERTS, MLP, None),
                 initializer=output_init, fan_axes=FanAxes(in_axes=(1,), out_axes=(2,)),
                 active_fraction=active),
         }
         if cfg.shared_hidden_dim:
             shared = cfg.shared_hidden_dim
             specs["shared_gate_up_weight"] = ParameterSpec(
-                shape=(width, 2, shared), mesh_axes=(None, None, cfg.tp_axis),
+                shape=(width, 2, shared), logical_axes=(None, None, MLP),
                 fan_axes=FanAxes(in_axes=(0,), out_axes=(2,)))
             specs["shared_down_weight"] = ParameterSpec(
-                shape=(shared, width), mesh_axes=(cfg.tp_axis, None), initializer=output_init,
+                shape=(shared, width), logical_axes=(MLP, None), initializer=output_init,
                 fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))
         return specs
+
+    def _own_implemented_dims(self):
+        return (EXPERTS,)
+
+    @nowrap
+    def check_axis_binding(self, binding, *, path):
+        check_moe_binding(self.config, binding, path=path)
+        super().check_axis_binding(binding, path=path)
 
     def forward(self, x: jax.Array, *, segment_ids: Optional[jax.Array] = None) -> jax.Array:
         """``segment_ids`` ``[batch, seq]`` (packed rows): tokens of segment 0 are padding and
         are not routed (their routed output is 0)."""
         cfg = self.config
         params = self.parameters
-        tensor_parallel = tp_active(cfg.tp_axis)
-        if cfg.sequence_parallel and tensor_parallel:
-            x = collectives.all_gather(x, cfg.tp_axis, axis_index=1)
+        binding = self.axis_binding
+        tensor_parallel, sequence = binding.active(MLP), binding.active(RESIDUAL_SEQUENCE)
+        if sequence is not None:
+            x = collectives.all_gather(x, sequence, axis_index=1)
         tokens = x.reshape(-1, x.shape[-1])
         valid = None if segment_ids is None else (segment_ids.reshape(-1) != 0)
         routing = self.router(tokens, valid)
         activation = ACTIVATIONS[cfg.activation]
-        if cfg.dispatch == "dropless" and not tp_active(cfg.ep_axis):
+        if cfg.dispatch == "dropless" and binding.active(EXPERTS) is None:
             out = expert_dispatch.ragged_experts(
                 tokens, routing.expert_ids, routing.gates, params["gate_up_weight"],
                 params["down_weight"], activation)
@@ -169,9 +174,9 @@ class MoE(BaseLayer):
             hidden = activation(both[:, 0]) * both[:, 1]
             out = out + hidden @ params["shared_down_weight"].astype(tokens.dtype)
         out = out.reshape(x.shape)
-        if tensor_parallel:  # Every expert's hidden features are split: sum the parts once.
-            out = (collectives.reduce_scatter(out, cfg.tp_axis, scatter_dimension=1)
-                   if cfg.sequence_parallel else collectives.psum(out, cfg.tp_axis))
+        if tensor_parallel is not None:  # Every expert's hidden features are split: sum once.
+            out = (collectives.reduce_scatter(out, tensor_parallel, scatter_dimension=1)
+                   if sequence is not None else collectives.psum(out, tensor_parallel))
         self._report(routing, kept)
         return out
 
@@ -195,9 +200,9 @@ class MoE(BaseLayer):
                                                    valid=routing.valid, slots=slots)
         buffer = expert_dispatch.dispatch(tokens, routing.expert_ids, positions,
                                           num_experts=cfg.num_experts, slots=slots)
-        parallel = tp_active(cfg.ep_axis)
-        if parallel:
-            buffer = checkpoint_name(expert_dispatch.exchange(buffer, cfg.ep_axis),
+        parallel = self.axis_binding.active(EXPERTS)
+        if parallel is not None:
+            buffer = checkpoint_name(expert_dispatch.exchange(buffer, parallel),
                                      EXPERT_EXCHANGE)
         local_experts = params["gate_up_weight"].shape[0]
         # [E, C, D] -> [local experts, ranks x C, D]: every rank's slots for each local expert.
@@ -206,8 +211,8 @@ class MoE(BaseLayer):
             grouped.reshape(local_experts, -1, buffer.shape[-1]), params["gate_up_weight"],
             params["down_weight"], activation)
         outputs = outputs.reshape(grouped.shape).transpose(1, 0, 2, 3).reshape(buffer.shape)
-        if parallel:  # (Both exchanges are named: remat policies save them, saved_values.py.)
-            outputs = checkpoint_name(expert_dispatch.exchange(outputs, cfg.ep_axis),
+        if parallel is not None:  # (Both exchanges are named: remat policies save them.)
+            outputs = checkpoint_name(expert_dispatch.exchange(outputs, parallel),
                                       EXPERT_EXCHANGE)
         kept = jnp.sum((positions < slots).astype(float))  # (jax's default float.)
         return expert_dispatch.combine(outputs, routing.expert_ids, positions,
@@ -230,6 +235,27 @@ class MoE(BaseLayer):
         if self.is_training and (cfg.aux_loss_weight or cfg.z_loss_weight):
             self.add_module_output(MOE_OBJECTIVE, cfg.aux_loss_weight * aux
                                    + cfg.z_loss_weight * z)
+
+
+def check_moe_binding(config: MoE.Config, binding, *, path: str) -> None:
+    """What a pipeline cannot carry, refused before anything compiles: a stage returns only its
+    activations, so a balancing loss or a bias update written inside it would be dropped.
+    ``path``: the MoE config's path (a model that builds its layers from one MoE config checks
+    it under that config's path)."""
+    if binding.axis(STAGES) is None:
+        return
+    for field in ("aux_loss_weight", "z_loss_weight"):
+        if getattr(config, field):
+            raise errors.PlanError(
+                "a pipeline stage carries only its activations, so the MoE layers' balancing "
+                "losses would not reach the objective", path=f"{path}.{field}",
+                suggestion="set it to 0 under pipeline_parallel (aux-loss-free balancing is "
+                           "refused there too), or train without a pipeline")
+    if config.router is not None and config.router.balance_rate:
+        raise errors.PlanError(
+            "aux-loss-free balancing writes a state update, which pipelined steps do not carry",
+            path=f"{path}.router.balance_rate",
+            suggestion="set it to 0 under pipeline_parallel, or train without a pipeline")
 
 
 def add_moe_objective(loss: jax.Array, module_outputs) -> jax.Array:

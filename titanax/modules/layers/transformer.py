@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from titanax.config import REQUIRED, Required
+from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.initializers import Initializer
 from titanax.modules.layers.attention import CausalSelfAttention
@@ -29,14 +30,6 @@ class TransformerBlock(BaseLayer):
         attention_dropout_rate: float = 0.0
         # LayerNorm epsilon (GPT-2: 1e-5).
         norm_eps: float = 1e-5
-        # Tensor-parallel axis; None: unsplit.
-        tp_axis: Optional[str] = None
-        # Residual stream split over the sequence on the TP axis (Megatron sequence parallelism).
-        sequence_parallel: bool = False
-        # Context-parallel axis the sequence is split over, and how attention's keys cross it:
-        # set from plan.context_parallel (parallel/context_attention.py); None: whole sequences.
-        cp_axis: Optional[str] = None
-        cp_strategy: str = "all_gather"
         # Initializer of the two projections that write into the residual stream (attention
         # output, MLP down-projection); None: the block's param_init.
         output_param_init: Optional[Initializer.Config] = None
@@ -44,22 +37,20 @@ class TransformerBlock(BaseLayer):
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
-        tp = dict(tp_axis=cfg.tp_axis, sequence_parallel=cfg.sequence_parallel)
         self._add_child("ln1", LayerNorm.default_config().set(input_dim=cfg.model_dim,
                                                               eps=cfg.norm_eps))
         self._add_child("attn", CausalSelfAttention.default_config().set(
             model_dim=cfg.model_dim, num_heads=cfg.num_heads,
             attention_dropout_rate=cfg.attention_dropout_rate,
-            output_param_init=cfg.output_param_init, cp_axis=cfg.cp_axis,
-            cp_strategy=cfg.cp_strategy, **tp))
+            output_param_init=cfg.output_param_init))
         self._add_child("ln2", LayerNorm.default_config().set(input_dim=cfg.model_dim,
                                                               eps=cfg.norm_eps))
         self._add_child("mlp", MLP.default_config().set(
             model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim,
-            output_param_init=cfg.output_param_init, **tp))
-        # Under sequence parallelism the residual stream is split over the TP axis.
+            output_param_init=cfg.output_param_init))
+        # Under sequence parallelism the residual stream is split over the sequence.
         self._add_child("dropout", Dropout.default_config().set(
-            rate=cfg.dropout_rate, tp_axis=cfg.tp_axis, split_over_tp=cfg.sequence_parallel))
+            rate=cfg.dropout_rate, split_dims=(RESIDUAL_SEQUENCE,)))
 
     def forward(self, x, *, segment_ids=None, positions=None):
         """``segment_ids`` (``[batch, seq]``, packed rows): attention stays inside each

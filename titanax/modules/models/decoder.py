@@ -12,8 +12,9 @@ One model covers the family, as Hugging Face's modeling files differ only in swi
 
 Tensor parallelism splits the vocabulary (embedding rows and head rows), the query heads (and
 the kv heads when their count divides the TP size; otherwise each rank keeps them whole), and the
-MLP's hidden features; the loss never gathers the logits. ``sequence_parallel`` splits the
-residual stream over the sequence between blocks. Pipelines cut the ``decoder`` stack like
+MLP's hidden features (the axis binding puts those logical dimensions on the TP axis); the loss
+never gathers the logits. Sequence parallelism (``plan.tensor_parallel.sequence_parallel``)
+splits the residual stream over the sequence between blocks. Pipelines cut the ``decoder`` stack like
 GPT's (``CausalLanguageModel.pipeline_parts``); FSDP and ZeRO come from the plan's layout.
 
 ``titanax.hf`` maps a Hugging Face ``config.json`` onto ``Decoder.Config`` and the weights onto
@@ -29,16 +30,16 @@ import jax
 import jax.numpy as jnp
 
 from titanax.modules import sampling
+from titanax.modules.axis_binding import HEADS, MLP
 from titanax.modules.initializers import Normal
 from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.embedding import VocabParallelEmbedding
 from titanax.modules.layers.gated_mlp import GatedMLP
 from titanax.modules.layers.grouped_query_attention import GroupedQueryAttention
-from titanax.modules.layers.moe import MoE
+from titanax.modules.layers.moe import MoE, check_moe_binding
 from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.rotary import Llama3RopeScaling
-from titanax.modules.layers.tensor_parallel import tp_active
 from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
 from titanax.parallel import collectives
 from titanax.modules.module import nowrap
@@ -69,8 +70,8 @@ class Decoder(CausalLanguageModel):
         head_dim: Optional[int] = None
         # MLP hidden width (HF intermediate_size; a mixture of experts' own width is moe's).
         hidden_dim: int = 11008
-        # Every block's MLP a mixture of experts (Mixtral, Qwen 3 MoE): its model_dim and
-        # parallel axes follow the model's; None: dense SwiGLU MLPs of hidden_dim.
+        # Every block's MLP a mixture of experts (Mixtral, Qwen 3 MoE): its model_dim follows
+        # the model's; None: dense SwiGLU MLPs of hidden_dim.
         moe: Optional[MoE.Config] = None
         # RMSNorm epsilon (HF rms_norm_eps).
         norm_eps: float = 1e-6
@@ -90,15 +91,6 @@ class Decoder(CausalLanguageModel):
         sliding_window: Optional[int] = None
         # The LM head is the token embedding (HF tie_word_embeddings).
         tie_embeddings: bool = False
-        # Tensor-parallel mesh axis. In an Engine it is the plan's (plan.tensor_parallel.axis;
-        # None here follows it); used alone, None runs the model unsplit.
-        tp_axis: Optional[str] = None
-        # Split the residual stream over the sequence on the TP axis between blocks.
-        sequence_parallel: bool = False
-        # Context-parallel axis the sequence is split over, and how attention's keys cross it:
-        # set from plan.context_parallel (parallel/context_attention.py); None: whole sequences.
-        cp_axis: Optional[str] = None
-        cp_strategy: str = "all_gather"
         # jax.checkpoint policy per block in training (None: keep activations).
         layer_remat_policy: Optional[str] = None
         # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
@@ -138,9 +130,8 @@ class Decoder(CausalLanguageModel):
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
-        tp = dict(tp_axis=cfg.tp_axis, sequence_parallel=cfg.sequence_parallel)
         table = VocabParallelEmbedding.default_config().set(
-            num_embeddings=self.padded_vocab_size, dim=cfg.model_dim, **tp)
+            num_embeddings=self.padded_vocab_size, dim=cfg.model_dim)
         self._add_child("token_emb", table)
         if not cfg.tie_embeddings:
             self._add_child("lm_head", table.clone())
@@ -149,15 +140,14 @@ class Decoder(CausalLanguageModel):
             model_dim=cfg.model_dim, num_heads=cfg.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
             output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-            sliding_window=cfg.sliding_window, output_param_init=output_init,
-            cp_axis=cfg.cp_axis, cp_strategy=cfg.cp_strategy)
+            sliding_window=cfg.sliding_window, output_param_init=output_init)
         if cfg.moe is not None:
             mlp = cfg.moe.clone(model_dim=cfg.model_dim, output_param_init=output_init)
         else:
             mlp = GatedMLP.default_config().set(model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim,
                                                 bias=cfg.mlp_bias, output_param_init=output_init)
         block = DecoderBlock.default_config().set(model_dim=cfg.model_dim, attention=attention,
-                                                  mlp=mlp, norm_eps=cfg.norm_eps, **tp)
+                                                  mlp=mlp, norm_eps=cfg.norm_eps)
         self._add_child("decoder", Repeat.default_config().set(
             layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy,
             unroll=cfg.unroll_layers))
@@ -173,6 +163,12 @@ class Decoder(CausalLanguageModel):
         return self.config.head_dim or self.config.model_dim // self.config.num_heads
 
     @nowrap
+    def check_axis_binding(self, binding, *, path):
+        if self.config.moe is not None:  # Under the path the user sets it by.
+            check_moe_binding(self.config.moe, binding, path=f"{path}.moe")
+        super().check_axis_binding(binding, path=path)
+
+    @nowrap
     def head(self) -> VocabParallelEmbedding:
         return self.token_emb if self.config.tie_embeddings else self.lm_head
 
@@ -186,11 +182,14 @@ class Decoder(CausalLanguageModel):
         del positions
         x = self.token_emb(input_ids)
         cfg = self.config
-        if (cfg.attention_output_bias or cfg.mlp_bias) and tp_active(cfg.tp_axis):
+        binding = self.axis_binding
+        biased = ([binding.active(HEADS)] if cfg.attention_output_bias else []) + \
+            ([binding.active(MLP)] if cfg.mlp_bias else [])
+        for axis in sorted({a for a in biased if a is not None}):
             # A bias added after a row-parallel psum varies over the TP axis as the params do,
             # so the residual stream does from the first block on; the layer loop's carry must
             # have one type, so it starts so (the first block would cast it anyway).
-            x = collectives.cast_varying(x, cfg.tp_axis)
+            x = collectives.cast_varying(x, axis)
         return x
 
 
@@ -204,8 +203,8 @@ class Decoder(CausalLanguageModel):
         alone over the cache. Greedy without a temperature (``sampling.next_token``). Runs in
         local view like ``forward``: heads split over TP, rows over the batch axes."""
         if self._split_sequence():
-            raise NotImplementedError("decoding has no sequence to split: generate with "
-                                      "sequence_parallel=False")
+            raise NotImplementedError("decoding has no sequence to split: generate under a "
+                                      "binding without residual_sequence")
         batch, prompt = prompt_ids.shape
         total = prompt + max_new_tokens
         k_weight = self.parameters["decoder"]["layer"]["attn"]["k_weight"]

@@ -5,10 +5,11 @@ transformer blocks (LayerNorm eps 1e-5, GELU with the tanh approximation, fused 
 LayerNorm, and an LM head tied to the token embedding. Sizes run from a tiny CPU model to GPT-2
 small (124M: 12 layers, 768 wide, 12 heads) and beyond.
 
-With ``tp_axis`` set, the same model runs tensor-parallel in local view inside ``shard_map``:
-the vocabulary (embedding rows = LM-head columns), attention heads and MLP hidden features are split
-over the axis; the loss is a vocab-parallel cross-entropy that never gathers the logits. With
-``sequence_parallel`` the residual stream between blocks is also split over the sequence.
+Under a plan with tensor parallelism the same model runs tensor-parallel in local view inside
+``shard_map``: the axis binding puts the vocabulary (embedding rows = LM-head columns), attention
+heads and MLP hidden features on the TP axis; the loss is a vocab-parallel cross-entropy that
+never gathers the logits. With sequence parallelism (``plan.tensor_parallel.sequence_parallel``)
+the residual stream between blocks is also split over the sequence.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
+from titanax.modules.layers.attention import refuse_split_attention_dropout
 from titanax.modules.initializers import Normal
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.embedding import Embedding, VocabParallelEmbedding
 from titanax.modules.layers.norm import LayerNorm
 from titanax.modules.layers.repeat import Repeat
-from titanax.modules.layers.tensor_parallel import tp_rank
 from titanax.modules.layers.transformer import TransformerBlock
 from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
 from titanax.modules.module import nowrap
@@ -56,15 +58,6 @@ class GPT(CausalLanguageModel):
         attention_dropout_rate: float = 0.0
         # LayerNorm epsilon.
         norm_eps: float = 1e-5
-        # Tensor-parallel mesh axis. In an Engine it is the plan's (plan.tensor_parallel.axis;
-        # None here follows it); used alone, None runs the model unsplit.
-        tp_axis: Optional[str] = None
-        # Split the residual stream over the sequence on the TP axis between blocks.
-        sequence_parallel: bool = False
-        # Context-parallel axis the sequence is split over, and how attention's keys cross it:
-        # set from plan.context_parallel (parallel/context_attention.py); None: whole sequences.
-        cp_axis: Optional[str] = None
-        cp_strategy: str = "all_gather"
         # jax.checkpoint policy per block in training (None: keep activations).
         layer_remat_policy: Optional[str] = None
         # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
@@ -95,26 +88,30 @@ class GPT(CausalLanguageModel):
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
-        tp = dict(tp_axis=cfg.tp_axis, sequence_parallel=cfg.sequence_parallel)
         self._add_child("token_emb", VocabParallelEmbedding.default_config().set(
-            num_embeddings=self.padded_vocab_size, dim=cfg.model_dim, **tp))
+            num_embeddings=self.padded_vocab_size, dim=cfg.model_dim))
         self._add_child("pos_emb", Embedding.default_config().set(
             num_embeddings=cfg.max_seq_len, dim=cfg.model_dim))
         self._add_child("emb_dropout", Dropout.default_config().set(
-            rate=cfg.dropout_rate, tp_axis=cfg.tp_axis, split_over_tp=cfg.sequence_parallel))
+            rate=cfg.dropout_rate, split_dims=(RESIDUAL_SEQUENCE,)))
         block = TransformerBlock.default_config().set(
             model_dim=cfg.model_dim, num_heads=cfg.num_heads,
             hidden_dim=cfg.hidden_dim or 4 * cfg.model_dim, dropout_rate=cfg.dropout_rate,
             attention_dropout_rate=cfg.attention_dropout_rate, norm_eps=cfg.norm_eps,
             # GPT-2 scales the init of residual-stream projections by 1/sqrt(2 x layers).
             output_param_init=Normal.default_config().set(
-                stddev=0.02 / math.sqrt(2 * cfg.num_layers)),
-            cp_axis=cfg.cp_axis, cp_strategy=cfg.cp_strategy, **tp)
+                stddev=0.02 / math.sqrt(2 * cfg.num_layers)))
         self._add_child("decoder", Repeat.default_config().set(
             layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy,
             unroll=cfg.unroll_layers))
         self._add_child("final_norm", LayerNorm.default_config().set(
             input_dim=cfg.model_dim, eps=cfg.norm_eps))
+
+    @nowrap
+    def check_axis_binding(self, binding, *, path):
+        # The model's own field (its blocks' attention takes it from here).
+        refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
+        super().check_axis_binding(binding, path=path)
 
     @nowrap
     def head(self) -> VocabParallelEmbedding:
@@ -134,9 +131,11 @@ class GPT(CausalLanguageModel):
         if positions is not None:
             if self._split_sequence():  # This rank's part of the sequence.
                 positions = jax.lax.dynamic_slice_in_dim(
-                    positions, tp_rank(self.config.tp_axis) * length, length, axis=1)
+                    positions, self.axis_binding.rank(RESIDUAL_SEQUENCE) * length, length,
+                    axis=1)
             return self.emb_dropout(x + self.pos_emb(positions))
-        start = tp_rank(self.config.tp_axis) * length if self._split_sequence() else 0
+        start = self.axis_binding.rank(RESIDUAL_SEQUENCE) * length if self._split_sequence() \
+            else 0
         x = x + self.pos_emb(start + jnp.arange(length))
         return self.emb_dropout(x)
 

@@ -21,7 +21,7 @@ from titanax.modules.input_limits import InputLimit
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.layers.embedding import VocabParallelEmbedding
 from titanax.modules.layers.moe import add_moe_objective
-from titanax.modules.layers.tensor_parallel import tp_active
+from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules.module import nowrap
 from titanax.modules.pipeline_parts import StackedStages
 from titanax.parallel import collectives
@@ -75,7 +75,8 @@ class CausalLanguageModel(BaseLayer):
         return -(-self.config.vocab_size // multiple) * multiple
 
     def _split_sequence(self) -> bool:
-        return self.config.sequence_parallel and tp_active(self.config.tp_axis)
+        """Whether the residual stream is split over the sequence here (sequence parallelism)."""
+        return self.axis_binding.active(RESIDUAL_SEQUENCE) is not None
 
     def hidden_states(self, input_ids: jax.Array, segment_ids: Optional[jax.Array] = None,
                       positions: Optional[jax.Array] = None) -> jax.Array:
@@ -85,7 +86,8 @@ class CausalLanguageModel(BaseLayer):
 
     def _logits_of(self, hidden: jax.Array) -> jax.Array:
         if self._split_sequence():
-            hidden = collectives.all_gather(hidden, self.config.tp_axis, axis_index=1)
+            hidden = collectives.all_gather(hidden, self.axis_binding.active(RESIDUAL_SEQUENCE),
+                                            axis_index=1)
         return self.head().attend(hidden)
 
     def logits(self, input_ids: jax.Array, segment_ids: Optional[jax.Array] = None,
@@ -97,8 +99,9 @@ class CausalLanguageModel(BaseLayer):
 
     def full_logits(self, local_logits: jax.Array) -> jax.Array:
         """This device's slice of the (padded) vocabulary -> the whole real vocabulary."""
-        if self.head().is_split():
-            local_logits = collectives.all_gather(local_logits, self.config.tp_axis,
+        vocab = self.head().vocab_axis
+        if vocab is not None:
+            local_logits = collectives.all_gather(local_logits, vocab,
                                                   axis_index=local_logits.ndim - 1)
         return local_logits[..., :self.config.vocab_size]
 
@@ -125,7 +128,7 @@ class CausalLanguageModel(BaseLayer):
         logits = self._logits_of(self.final_norm(decoded))
         per_token = vocab_parallel_cross_entropy(
             logits, batch["target_ids"],
-            tp_axis=self.config.tp_axis if head.is_split() else None,
+            vocab_axis=head.vocab_axis,
             vocab_offset=head.vocab_offset(), vocab_size=self.config.vocab_size)
         return token_mean(per_token, batch)
 

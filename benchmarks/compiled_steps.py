@@ -1,0 +1,145 @@
+"""The compiled train steps of every step_speed cell and of the parallel layouts, as text.
+
+A refactor that should not change what runs proves it here: dump the steps before and after
+(each checkout with its own code) and diff. Each step is compiled only (nothing runs), its HLO
+written with the metadata stripped (source lines, op names: they move with any edit), so two
+dumps differ exactly where the programs do.
+
+    python benchmarks/compiled_steps.py --out /tmp/after            # this checkout
+    git worktree add /tmp/before <rev> && cd /tmp/before && \
+        PYTHONPATH=/tmp/before python /work/main/benchmarks/compiled_steps.py --out /tmp/before_hlo
+    diff -r /tmp/before_hlo /tmp/after && echo identical
+
+Steps: the 24 cells of ``benchmarks/step_speed.py`` (small and large GPT, 8x1 / 4x2 / 2x4,
+K=1/4, f32/bf16) and one step per parallel layout the tests train -- sequence parallelism, PP
+(1F1B, GPipe, circular), FSDP, HSDP, CP (all-gather, ring, Ulysses), EP -- taken from the
+registered experiments with their sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import sys
+from typing import Any, Callable, Dict, List, Tuple
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (experiment, overrides): the parallel layouts the tests train, at the experiments' sizes.
+LAYOUTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "tp_sp": ("gpt_tiny_dp_tp", {"plan.tensor_parallel.sequence_parallel": True}),
+    "llama_tp_sp": ("llama_tiny_dp_tp", {"plan.tensor_parallel.sequence_parallel": True}),
+    "pp_1f1b": ("gpt_tiny_pp", {}),
+    "pp_gpipe": ("gpt_tiny_pp", {"plan.pipeline_parallel.schedule": "gpipe"}),
+    "pp_tp": ("gpt_tiny_pp_tp", {}),
+    "fsdp": ("gpt_tiny_fsdp", {}),
+    "hsdp": ("gpt_tiny_hsdp", {}),
+    "cp_all_gather": ("llama_tiny_cp", {}),
+    "cp_ring": ("llama_tiny_cp", {"plan.context_parallel.strategy": "ring"}),
+    "cp_ulysses": ("llama_tiny_cp", {"plan.context_parallel.strategy": "ulysses"}),
+    "ep": ("moe_tiny_ep", {}),
+}
+
+
+def strip_metadata(text: str) -> str:
+    """HLO text without what moves with any source edit: metadata, the source file / function /
+    stack-frame tables, and the module's name."""
+    kept, skipping = [], False
+    for line in text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            skipping = True
+        elif skipping and not line.strip():
+            skipping = False
+        elif not skipping:
+            kept.append(line)
+    text = "\n".join(kept) + "\n"
+    text = re.sub(r", metadata=\{[^}]*\}", "", text)
+    text = re.sub(r"^HloModule \S+", "HloModule step", text, flags=re.M)
+    return text
+
+
+def _compiled(engine: Any, batch: Any) -> Any:
+    engine.init_state()
+    return engine.compile(example_batch=batch).compiled_for(engine.state,
+                                                            engine.inputs.placed(batch))
+
+
+def _cell_steps() -> List[Tuple[str, Callable[[], Any]]]:
+    sys.path.insert(0, REPO_ROOT)
+    from benchmarks import step_speed  # pylint: disable=import-outside-toplevel
+    from titanax.modules.models.gpt import GPT  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    steps = []
+    for cell in step_speed._cells(quick=False):  # pylint: disable=protected-access
+        sizes = step_speed.SHAPES[cell.shape]
+
+        def build(cell=cell, sizes=sizes):
+            model = GPT.default_config().set(
+                name="gpt", vocab_size=sizes["vocab_size"], max_seq_len=sizes["seq_len"],
+                num_layers=sizes["num_layers"], model_dim=sizes["model_dim"],
+                num_heads=sizes["num_heads"])
+            engine = step_speed._engine(cell, model)  # pylint: disable=protected-access
+            ids = np.random.default_rng(0).integers(
+                0, sizes["vocab_size"], (sizes["batch_size"], sizes["seq_len"] + 1))
+            batch = {"input_ids": ids[:, :-1].astype(np.int32),
+                     "target_ids": ids[:, 1:].astype(np.int32)}
+            return _compiled(engine, batch)
+
+        steps.append((cell.label.replace(" ", "_").replace("=", ""), build))
+    return steps
+
+
+def _layout_steps() -> List[Tuple[str, Callable[[], Any]]]:
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from titanax.config import registry  # pylint: disable=import-outside-toplevel
+    registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES))
+
+    steps = []
+    for name, (experiment, overrides) in LAYOUTS.items():
+
+        def build(experiment=experiment, overrides=overrides):
+            cfg = registry.get_config(experiment).clone()
+            for path, value in overrides.items():
+                if path == "plan.tensor_parallel.sequence_parallel" and \
+                        "sequence_parallel" not in cfg.plan.tensor_parallel.keys():
+                    path = "model.sequence_parallel"  # (Where code before the binding had it.)
+                cfg.set_recursively(path, value)
+            cfg.loggers, cfg.evalers, cfg.checkpoint = [], {}, None
+            engine = cfg.instantiate()
+            source = cfg.train_input.source
+            rows, length = cfg.train_input.global_batch_size, source.seq_len
+            vocab = cfg.model.vocab_size or 256
+            ids = np.random.default_rng(0).integers(0, vocab, (rows, length + 1))
+            batch = {"input_ids": ids[:, :-1].astype(np.int32),
+                     "target_ids": ids[:, 1:].astype(np.int32)}
+            return _compiled(engine, batch)
+
+        steps.append((name, build))
+    return steps
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for <step>.hlo files")
+    parser.add_argument("--only", default="", help="comma-separated step names (default: all)")
+    args = parser.parse_args(argv)
+    from titanax.runtime.cpu_devices import simulate_cpu_devices  # pylint: disable=import-outside-toplevel
+    simulate_cpu_devices(8)
+    os.makedirs(args.out, exist_ok=True)
+    wanted = {n for n in args.only.split(",") if n}
+    steps = (_cell_steps() if not wanted or wanted - set(LAYOUTS) else []) + _layout_steps()
+    for name, build in steps:
+        if wanted and name not in wanted:
+            continue
+        text = strip_metadata(build().as_text())
+        with open(os.path.join(args.out, f"{name}.hlo"), "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"{name}: {hashlib.sha256(text.encode()).hexdigest()[:16]} "
+              f"({len(text.splitlines())} lines)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
