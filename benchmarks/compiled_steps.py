@@ -9,6 +9,11 @@ dumps differ exactly where the programs do.
     git worktree add /tmp/before <rev> && cd /tmp/before && \
         PYTHONPATH=/tmp/before python /work/main/benchmarks/compiled_steps.py --out /tmp/before_hlo
     diff -r /tmp/before_hlo /tmp/after && echo identical
+    python benchmarks/compiled_steps.py --compare /tmp/before_hlo /tmp/after
+
+``--compare`` says, per step, "identical" (the same text), "same ops" (the same multiset of
+instructions once instruction names, parameter numbers and the order of tuple elements are set
+aside: params whose tree keys were renamed sort into another order) or how many differ.
 
 Steps: the 24 cells of ``benchmarks/step_speed.py`` (small and large GPT, 8x1 / 4x2 / 2x4,
 K=1/4, f32/bf16) and one step per parallel layout the tests train -- sequence parallelism, PP
@@ -19,6 +24,7 @@ registered experiments with their sizes.
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import os
 import re
@@ -60,6 +66,45 @@ def strip_metadata(text: str) -> str:
     return text
 
 
+def instruction_counts(text: str) -> collections.Counter:
+    """The multiset of a program's instructions -- result type, opcode, attributes -- with the
+    names of values and computations, parameter numbers and tuple order left out."""
+    counts: collections.Counter = collections.Counter()
+    for line in strip_metadata(text).splitlines():
+        match = re.match(r"\s*(?:ROOT )?%[\w.\-]+ = (\S+(?: \S+)*?) ([a-z][a-z0-9\-]*)\((.*)$",
+                         line)
+        if not match:
+            continue
+        result, opcode, rest = match.groups()
+        rest = re.sub(r"%[\w.\-]+", "%", rest)
+        rest = re.sub(r"(channel_id|index)=\d+", r"\1=N", rest)
+        if opcode == "parameter":
+            rest = "N)" + rest.split(")", 1)[1]
+        result = re.sub(r"/\*index=\d+\*/", "", result)
+        if result.startswith("("):
+            result = "(" + ", ".join(sorted(re.split(r", (?![^{]*\})", result[1:-1]))) + ")"
+        counts[(result, opcode, rest)] += 1
+    return counts
+
+
+def compare(before: str, after: str) -> None:
+    """One line per step dumped in both directories."""
+    for name in sorted(os.listdir(after)):
+        if not name.endswith(".hlo") or not os.path.exists(os.path.join(before, name)):
+            continue
+        with open(os.path.join(before, name), encoding="utf-8") as f:
+            old = strip_metadata(f.read())
+        with open(os.path.join(after, name), encoding="utf-8") as f:
+            new = strip_metadata(f.read())
+        if old == new:
+            print(f"{name[:-4]}: identical")
+            continue
+        a, b = instruction_counts(old), instruction_counts(new)
+        print(f"{name[:-4]}: " + ("same ops" if a == b else
+                                  f"differ ({sum((a - b).values())} instructions only before, "
+                                  f"{sum((b - a).values())} only after)"))
+
+
 def _compiled(engine: Any, batch: Any) -> Any:
     engine.init_state()
     return engine.compile(example_batch=batch).compiled_for(engine.state,
@@ -69,7 +114,6 @@ def _compiled(engine: Any, batch: Any) -> Any:
 def _cell_steps() -> List[Tuple[str, Callable[[], Any]]]:
     sys.path.insert(0, REPO_ROOT)
     from benchmarks import step_speed  # pylint: disable=import-outside-toplevel
-    from titanax.modules.models.gpt import GPT  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     steps = []
@@ -77,7 +121,7 @@ def _cell_steps() -> List[Tuple[str, Callable[[], Any]]]:
         sizes = step_speed.SHAPES[cell.shape]
 
         def build(cell=cell, sizes=sizes):
-            model = GPT.default_config().set(
+            model = step_speed.gpt_model_config().set(
                 name="gpt", vocab_size=sizes["vocab_size"], max_seq_len=sizes["seq_len"],
                 num_layers=sizes["num_layers"], model_dim=sizes["model_dim"],
                 num_heads=sizes["num_heads"])
@@ -123,9 +167,16 @@ def _layout_steps() -> List[Tuple[str, Callable[[], Any]]]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="directory for <step>.hlo files")
+    parser.add_argument("--out", help="directory for <step>.hlo files")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="compare two directories of dumps instead")
     parser.add_argument("--only", default="", help="comma-separated step names (default: all)")
     args = parser.parse_args(argv)
+    if args.compare:
+        compare(*args.compare)
+        return
+    if not args.out:
+        parser.error("--out (or --compare) is required")
     from titanax.runtime.cpu_devices import simulate_cpu_devices  # pylint: disable=import-outside-toplevel
     simulate_cpu_devices(8)
     os.makedirs(args.out, exist_ok=True)

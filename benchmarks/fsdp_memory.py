@@ -33,7 +33,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from titanax.config import config_for_function  # noqa: E402
-from titanax.modules.models.gpt import GPT  # noqa: E402
+from titanax.modules.models.decoder import gpt_config  # noqa: E402
 from titanax.observe import state_report  # noqa: E402
 from titanax.parallel.plan import DP, Plan, ZeRO  # noqa: E402
 from titanax.runtime.mesh import MeshSpec  # noqa: E402
@@ -53,7 +53,7 @@ STRATEGIES = {
 
 
 def _engine(zero, *, layers: int, width: int, unroll: bool) -> Engine:
-    model = GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16,
+    model = gpt_config().set(name="gpt", vocab_size=256, max_seq_len=16,
                                      num_layers=layers, model_dim=width, num_heads=4,
                                      unroll_layers=unroll)
     plan = Plan.default_config().set(data_parallel=DP.default_config(),

@@ -69,7 +69,7 @@ def main() -> None:
     import jax
     import numpy as np
     from titanax.config import config_for_function
-    from titanax.modules.models.gpt import GPT
+    from titanax.modules.models.decoder import gpt_config
     from titanax.observe import memory, throughput
     from titanax.parallel.plan import DP, Plan
     from titanax.runtime.mesh import MeshSpec
@@ -91,7 +91,7 @@ def main() -> None:
         layers, width, heads, vocab = (model.num_layers, model.model_dim, model.num_heads,
                                        model.vocab_size)
     else:
-        model = GPT.default_config().set(name="gpt", vocab_size=vocab, max_seq_len=seq,
+        model = gpt_config().set(name="gpt", vocab_size=vocab, max_seq_len=seq,
                                          num_layers=layers, model_dim=width, num_heads=heads,
                                          layer_remat_policy=args.remat)
     if args.unroll != "default":

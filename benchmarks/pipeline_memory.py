@@ -23,7 +23,7 @@ MICROBATCH = 2
 
 def _engine(schedule: str, ratio: float, pipe: int):
     from titanax.config import config_for_function
-    from titanax.modules.models.gpt import GPT
+    from titanax.modules.models.decoder import gpt_config
     from titanax.parallel.plan import DP, PP, Plan
     from titanax.runtime.mesh import MeshSpec
     from titanax.train import optimizers
@@ -40,7 +40,7 @@ def _engine(schedule: str, ratio: float, pipe: int):
         mesh=MeshSpec.default_config().set(axes=axes, shape=(1, pipe) if pipe > 1 else (1,),
                                            devices=list(range(pipe))),
         plan=plan,
-        model=GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=64, num_layers=4,
+        model=gpt_config().set(name="gpt", vocab_size=256, max_seq_len=64, num_layers=4,
                                        model_dim=128, num_heads=4),
         learner=Learner.default_config().set(optimizer=config_for_function(optimizers.sgd).set(
             learning_rate=0.1)),

@@ -45,7 +45,7 @@ def _measure(shape: Dict[str, Any], *, data: int, model: int, batch: int, accumu
     import jax
     import numpy as np
     from titanax.config import config_for_function
-    from titanax.modules.models.gpt import GPT
+    from titanax.modules.models.decoder import gpt_config
     from titanax.observe import memory
     from titanax.parallel.plan import DP, TP, Plan
     from titanax.runtime.mesh import MeshSpec
@@ -62,7 +62,7 @@ def _measure(shape: Dict[str, Any], *, data: int, model: int, batch: int, accumu
         plan=Plan.default_config().set(
             data_parallel=DP.default_config().set(accumulate_steps=accumulate),
             tensor_parallel=TP.default_config() if tp else None),
-        model=GPT.default_config().set(
+        model=gpt_config().set(
             name="gpt", vocab_size=shape["vocab_size"], max_seq_len=shape["seq_len"],
             num_layers=shape["num_layers"], model_dim=shape["model_dim"],
             num_heads=shape["num_heads"]),

@@ -25,7 +25,7 @@ sys.path.insert(0, REPO_ROOT)
 
 def _engine(depth: int, unroll: bool):
     from titanax.config import config_for_function
-    from titanax.modules.models.gpt import GPT
+    from titanax.modules.models.decoder import gpt_config
     from titanax.parallel.plan import DP, TP, Plan
     from titanax.runtime.mesh import MeshSpec
     from titanax.train import optimizers
@@ -36,7 +36,7 @@ def _engine(depth: int, unroll: bool):
         mesh=MeshSpec.default_config().set(axes=("data", "model"), shape=(4, 2)),
         plan=Plan.default_config().set(data_parallel=DP.default_config(),
                                        tensor_parallel=TP.default_config()),
-        model=GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=64,
+        model=gpt_config().set(name="gpt", vocab_size=256, max_seq_len=64,
                                        num_layers=depth, model_dim=128, num_heads=4,
                                        unroll_layers=unroll),
         learner=Learner.default_config().set(optimizer=config_for_function(optimizers.adamw).set(

@@ -73,11 +73,9 @@ class Runner:
 def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[bool],
                     name: str):
     import jax
-    from titanax.modules.models.gpt import GPT
 
     sizes = SHAPES[cell.shape]
-    tp = cell.model > 1
-    model = GPT.default_config().set(
+    model = gpt_model_config().set(
         name="gpt", vocab_size=sizes["vocab_size"], max_seq_len=sizes["seq_len"],
         num_layers=sizes["num_layers"], model_dim=sizes["model_dim"],
         num_heads=sizes["num_heads"])
@@ -87,6 +85,17 @@ def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[
     engine.init_state()
     params = jax.tree_util.tree_map(lambda x: jax.device_get(x), engine.state.params)
     return params, _engine_runner(engine, batch_host, name=name)
+
+
+def gpt_model_config() -> Any:
+    """GPT-2's model config, from this checkout or an older one (before_after.py runs both):
+    the decoder family's GPT-2 configuration, or the GPT class it replaced."""
+    try:
+        from titanax.modules.models.decoder import gpt_config  # pylint: disable=import-outside-toplevel
+    except ImportError:  # Before GPT-2 became a configuration of the decoder.
+        from titanax.modules.models.gpt import GPT  # pylint: disable=import-outside-toplevel
+        return GPT.default_config()
+    return gpt_config()
 
 
 def _engine(cell: Cell, model: Any):

@@ -21,7 +21,7 @@ simulate_cpu_devices(8)
 import titanax as tx  # noqa: E402
 from titanax.data.pipeline import Input  # noqa: E402
 from titanax.data.sources import TextWindows  # noqa: E402
-from titanax.modules.models.gpt import GPT  # noqa: E402
+from titanax.modules.models.decoder import gpt_config  # noqa: E402
 
 
 def train(schedule: str, steps: int):
@@ -29,7 +29,7 @@ def train(schedule: str, steps: int):
         mesh=tx.MeshSpec(axes=("data", "pipe"), shape=(4, 2)),
         plan=tx.Plan(data_parallel=tx.DP(axis="data"),
                      pipeline_parallel=tx.PP(axis="pipe", schedule=schedule, microbatch_size=1)),
-        model=GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=64,
+        model=gpt_config().set(name="gpt", vocab_size=256, max_seq_len=64,
                                        num_layers=4, model_dim=128, num_heads=4),
         train_input=Input.default_config().set(
             source=TextWindows.default_config().set(seq_len=64), global_batch_size=16),

@@ -38,13 +38,13 @@ def main():
     first = engine_for(2, args.dir)
     first.fit(steps=args.steps)
     first.close()
-    weight = first.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
-    print(f"TP=2: mesh {dict(first.mesh.shape)}, mlp/wi/weight {weight.sharding.spec}, "
+    weight = first.state.params["decoder"]["layer"]["mlp"]["up"]["weight"]
+    print(f"TP=2: mesh {dict(first.mesh.shape)}, mlp/up/weight {weight.sharding.spec}, "
           f"local shard {weight.addressable_shards[0].data.shape}")
     second = engine_for(4, args.dir)
     second.fit(steps=2 * args.steps)  # Restores step `steps` onto the TP=4 mesh, continues.
-    weight = second.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
-    print(f"TP=4: mesh {dict(second.mesh.shape)}, mlp/wi/weight {weight.sharding.spec}, "
+    weight = second.state.params["decoder"]["layer"]["mlp"]["up"]["weight"]
+    print(f"TP=4: mesh {dict(second.mesh.shape)}, mlp/up/weight {weight.sharding.spec}, "
           f"local shard {weight.addressable_shards[0].data.shape}; restored from "
           f"{second.restored_from}; now at step {int(second.state.step)}")
     second.close()

@@ -17,7 +17,7 @@ held out); ``--config.train_input.source.files='["my/*.txt"]'`` trains on your o
 """
 
 from titanax.config import register_experiment
-from titanax.modules.models.gpt import GPT, gpt2_config
+from titanax.modules.models.decoder import Decoder, gpt2_config, gpt_config
 from titanax.parallel.plan import PP, TP, ZeRO
 from titanax.runtime.mesh import MeshSpec
 from titanax.train.engine import Engine
@@ -25,8 +25,8 @@ from titanax.train.engine import Engine
 from .language_runs import language_model_run
 
 
-def _tiny_gpt() -> GPT.Config:
-    return GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=64, num_layers=4,
+def _tiny_gpt() -> Decoder.Config:
+    return gpt_config().set(name="gpt", vocab_size=256, max_seq_len=64, num_layers=4,
                                     model_dim=128, num_heads=4, dropout_rate=0.0)
 
 

@@ -12,7 +12,7 @@ def test_seed_names_resolve():
     from titanax.parallel import collectives  # pylint: disable=import-outside-toplevel
     assert tx.collectives is collectives
     plan = tx.Plan(data_parallel=tx.DP(axis="data"),
-                   tensor_parallel=tx.TP(axis="model", rules={"**/wi/weight": (None, "model")}))
+                   tensor_parallel=tx.TP(axis="model", rules={"**/up/weight": (None, "model")}))
     assert plan.dp_axis == "data" and plan.tp_axis == "model"
     engine = tx.Engine(mesh=tx.MeshSpec(devices="all", axes=("data",)),
                        plan=tx.Plan(data_parallel=tx.DP(axis="data")),

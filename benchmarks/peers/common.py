@@ -46,7 +46,7 @@ class GPTSizes:
         return cls(vocab_size=vocab_size or padded_vocab, padded_vocab=padded_vocab,
                    max_seq_len=np.shape(params["pos_emb"]["weight"])[0], num_layers=num_layers,
                    model_dim=model_dim, num_heads=num_heads,
-                   hidden_dim=np.shape(layer["mlp"]["wi"]["weight"])[-1], norm_eps=norm_eps)
+                   hidden_dim=np.shape(layer["mlp"]["up"]["weight"])[-1], norm_eps=norm_eps)
 
 
 def make_optimizer(*, kind: str, learning_rate: float, weight_decay: float,

@@ -25,20 +25,20 @@ def titanax_to_flax(params: Mapping[str, Any]) -> dict:
     layer = p["decoder"]["layer"]
     attn, mlp = layer["attn"], layer["mlp"]
     num_layers, _, _, heads, head_dim = attn["qkv_weight"].shape
-    out_weight = attn["out"]["weight"]
+    out_weight = attn["o"]["weight"]
     return {
         "wte": {"embedding": p["token_emb"]["weight"]},
         "wpe": {"embedding": p["pos_emb"]["weight"]},
         "blocks": {
-            "ln1": dict(layer["ln1"]),
-            "ln2": dict(layer["ln2"]),
+            "ln1": dict(layer["input_norm"]),
+            "ln2": dict(layer["post_attention_norm"]),
             "attn": {
                 "qkv": {"kernel": attn["qkv_weight"], "bias": attn["qkv_bias"]},
                 "out": {"kernel": out_weight.reshape(num_layers, heads, head_dim, -1),
-                        "bias": attn["out"]["bias"]},
+                        "bias": attn["o"]["bias"]},
             },
-            "fc_in": {"kernel": mlp["wi"]["weight"], "bias": mlp["wi"]["bias"]},
-            "fc_out": {"kernel": mlp["wo"]["weight"], "bias": mlp["wo"]["bias"]},
+            "fc_in": {"kernel": mlp["up"]["weight"], "bias": mlp["up"]["bias"]},
+            "fc_out": {"kernel": mlp["down"]["weight"], "bias": mlp["down"]["bias"]},
         },
         "ln_f": dict(p["final_norm"]),
     }
@@ -53,12 +53,12 @@ def titanax_to_plain(params: Mapping[str, Any]) -> dict:
         "wte": p["token_emb"]["weight"],
         "wpe": p["pos_emb"]["weight"],
         "layers": {
-            "ln1_g": layer["ln1"]["scale"], "ln1_b": layer["ln1"]["bias"],
+            "ln1_g": layer["input_norm"]["scale"], "ln1_b": layer["input_norm"]["bias"],
             "w_qkv": attn["qkv_weight"], "b_qkv": attn["qkv_bias"],
-            "w_attn_out": attn["out"]["weight"], "b_attn_out": attn["out"]["bias"],
-            "ln2_g": layer["ln2"]["scale"], "ln2_b": layer["ln2"]["bias"],
-            "w_fc": mlp["wi"]["weight"], "b_fc": mlp["wi"]["bias"],
-            "w_proj": mlp["wo"]["weight"], "b_proj": mlp["wo"]["bias"],
+            "w_attn_out": attn["o"]["weight"], "b_attn_out": attn["o"]["bias"],
+            "ln2_g": layer["post_attention_norm"]["scale"], "ln2_b": layer["post_attention_norm"]["bias"],
+            "w_fc": mlp["up"]["weight"], "b_fc": mlp["up"]["bias"],
+            "w_proj": mlp["down"]["weight"], "b_proj": mlp["down"]["bias"],
         },
         "lnf_g": p["final_norm"]["scale"], "lnf_b": p["final_norm"]["bias"],
     }

@@ -20,7 +20,7 @@ pytest.importorskip("flax", reason="install the 'benchmarks' extra: pip install 
 
 from benchmarks.peers import common, flax_gpt, plain_jax_gpt  # noqa: E402
 from titanax.config import config_for_function  # noqa: E402
-from titanax.modules.models.gpt import GPT  # noqa: E402
+from titanax.modules.models.decoder import gpt_config  # noqa: E402
 from titanax.parallel.plan import DP, TP, Plan  # noqa: E402
 from titanax.runtime.mesh import MeshSpec  # noqa: E402
 from titanax.train import optimizers  # noqa: E402
@@ -52,7 +52,7 @@ def _titanax_run(data: int, model: int, optimizer: str, accumulate: int):
         plan=Plan.default_config().set(
             data_parallel=DP.default_config().set(accumulate_steps=accumulate),
             tensor_parallel=TP.default_config()),
-        model=GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=64, num_layers=4,
+        model=gpt_config().set(name="gpt", vocab_size=256, max_seq_len=64, num_layers=4,
                                        model_dim=128, num_heads=4),
         learner=learner, loggers=[]).instantiate()
     state = engine.init_state()

@@ -64,8 +64,8 @@ def test_restore_on_another_mesh_and_continue(saved_on_4x2, tmp_path, data, mode
     for got, want in zip(jax.tree_util.tree_leaves(_host(engine.state.opt_state)),
                          jax.tree_util.tree_leaves(opt_5)):
         np.testing.assert_array_equal(got, want)
-    spec = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"].sharding.spec
-    assert spec == engine.param_specs["decoder"]["layer"]["mlp"]["wi"]["weight"]
+    spec = engine.state.params["decoder"]["layer"]["mlp"]["up"]["weight"].sharding.spec
+    assert spec == engine.param_specs["decoder"]["layer"]["mlp"]["up"]["weight"]
     engine.fit(steps=10)  # The data position was restored too: same batches as the original.
     assert_close([h["loss"] for h in engine.history], losses[5:], what="losses after the restore")
 
@@ -230,3 +230,34 @@ def test_a_remote_checkpoint_path_is_kept_as_a_url():
     """gs://, s3://... go to Orbax as given (through etils.epath), never made a local path."""
     assert OrbaxCheckpoint(path="gs://bucket/runs/a").directory == "gs://bucket/runs/a"
     assert OrbaxCheckpoint(path="rel/dir").directory == os.path.abspath("rel/dir")
+
+
+def test_a_checkpoint_under_the_former_gpt_param_names_restores(tmp_path):
+    """GPT checkpoints written before GPT-2 became a configuration of the decoder family hold
+    ``decoder/layer/ln1``, ``attn/out``, ``mlp/wi`` ...: written here as such (the state's
+    params and Adam moments renamed back, through the checkpointer the old code used), a
+    resume reads them under today's names, values and step intact."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    from titanax.io import path_renames  # pylint: disable=import-outside-toplevel
+    from titanax.modules.models.decoder import GPT_CHECKPOINT_RENAMES  # pylint: disable=import-outside-toplevel
+    from titanax.train import state_sharding  # pylint: disable=import-outside-toplevel
+    path = tmp_path / "ckpt"
+    engine = _gpt(path, 8, 1)
+    engine.fit(steps=2)
+    older = path_renames.reversed_renames(GPT_CHECKPOINT_RENAMES)
+    state = engine.states.canonical_state(engine.state)
+    old = dataclasses.replace(state, params=path_renames.renamed(state.params, older),
+                              opt_state=path_renames.renamed(state.opt_state, older))
+    assert "ln1" in old.params["decoder"]["layer"] and "up" not in old.params["decoder"]["layer"]["mlp"]
+    ckpt = OrbaxCheckpoint.default_config().set(path=str(tmp_path / "old")).instantiate()
+    metadata = {"config": engine.config.debug_string(),
+                "optimizer_state_layout": dict(state_sharding.CHECKPOINT_LAYOUT)}
+    assert ckpt.save(old, 2, metadata=metadata)
+    ckpt.wait_until_finished()
+    ckpt.close()
+    resumed = _gpt(tmp_path / "old", 8, 1)
+    assert resumed.restore() and int(resumed.state.step) == 2
+    assert_close(_host(resumed.state.params), _host(engine.state.params), bound=0.0,
+                 what="params read under today's names")
+    assert_close(_host(resumed.state.opt_state), _host(engine.state.opt_state), bound=0.0,
+                 what="Adam moments read under today's names")

@@ -21,7 +21,8 @@ TP_BINDING = Plan(tensor_parallel=TP(axis="model")).axis_binding()
 class Tower(BaseLayer):
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
-        self._add_child("mlp", MLP.default_config().set(model_dim=8, hidden_dim=16))
+        self._add_child("mlp", MLP.default_config().set(model_dim=8, hidden_dim=16, gated=False,
+                                                        bias=True))
         self._add_child("head", Linear.default_config().set(input_dim=8, output_dim=4,
                                                             dtype="float32"))
 
@@ -40,9 +41,9 @@ def _tower(**changes):
 def test_dtype_and_param_init_cascade_to_children_unless_set():
     tower = _tower(dtype="bfloat16", param_init=Normal.default_config().set(stddev=0.5))
     specs = tower.create_parameter_specs_recursively()
-    assert specs["mlp"]["wi"]["weight"].dtype == jnp.bfloat16
+    assert specs["mlp"]["up"]["weight"].dtype == jnp.bfloat16
     assert specs["head"]["weight"].dtype == jnp.float32  # Set explicitly on the child.
-    assert specs["mlp"]["wo"]["weight"].initializer.config.stddev == 0.5
+    assert specs["mlp"]["down"]["weight"].initializer.config.stddev == 0.5
     assert specs["gain"].initializer.config.value == 1.5
     assert tower.mlp.config.dtype == "bfloat16"
 
@@ -51,15 +52,15 @@ def test_spec_tree_has_global_shapes_and_declared_layouts():
     # The layers name logical dimensions; the binding in force gives their mesh axes.
     with axis_binding.bound(TP_BINDING):
         specs = _tower().create_parameter_specs_recursively()
-        assert _tower().param_partition_specs()["mlp"]["wi"]["bias"] == P("model")
-    assert specs["mlp"]["wi"]["weight"].shape == (8, 16)
-    assert specs["mlp"]["wi"]["weight"].logical_axes == (None, "mlp")
-    assert specs["mlp"]["wi"]["weight"].mesh_axes == (None, "model")
-    assert specs["mlp"]["wo"]["weight"].mesh_axes == ("model", None)
-    assert specs["mlp"]["wo"]["bias"].mesh_axes == (None,)
-    assert specs["mlp"]["wi"]["bias"].weight_decay_scale == 0.0
+        assert _tower().param_partition_specs()["mlp"]["up"]["bias"] == P("model")
+    assert specs["mlp"]["up"]["weight"].shape == (8, 16)
+    assert specs["mlp"]["up"]["weight"].logical_axes == (None, "mlp")
+    assert specs["mlp"]["up"]["weight"].mesh_axes == (None, "model")
+    assert specs["mlp"]["down"]["weight"].mesh_axes == ("model", None)
+    assert specs["mlp"]["down"]["bias"].mesh_axes == (None,)
+    assert specs["mlp"]["up"]["bias"].weight_decay_scale == 0.0
     # Without a binding nothing is split.
-    assert _tower().create_parameter_specs_recursively()["mlp"]["wi"]["weight"].mesh_axes == \
+    assert _tower().create_parameter_specs_recursively()["mlp"]["up"]["weight"].mesh_axes == \
         (None, None)
 
 
@@ -67,21 +68,21 @@ def test_initialisation_is_deterministic_name_based_and_jit_shardable():
     tower = _tower()
     first = tower.initialize_parameters_recursively(jax.random.PRNGKey(0))
     again = jax.jit(tower.initialize_parameters_recursively)(jax.random.PRNGKey(0))
-    assert_close(first["mlp"]["wi"]["weight"], again["mlp"]["wi"]["weight"],
+    assert_close(first["mlp"]["up"]["weight"], again["mlp"]["up"]["weight"],
                  what="jitted init")
-    assert not np.allclose(first["mlp"]["wi"]["weight"][:, :8], first["mlp"]["wo"]["weight"][:8])
+    assert not np.allclose(first["mlp"]["up"]["weight"][:, :8], first["mlp"]["down"]["weight"][:8])
     np.testing.assert_allclose(first["gain"], 1.5)
-    np.testing.assert_allclose(first["mlp"]["wi"]["bias"], 0.0)
-    assert abs(float(np.std(first["mlp"]["wi"]["weight"])) - 0.02) < 0.01
+    np.testing.assert_allclose(first["mlp"]["up"]["bias"], 0.0)
+    assert abs(float(np.std(first["mlp"]["up"]["weight"])) - 0.02) < 0.01
     mesh = MeshSpec(axes=("data", "model"), shape=(None, 2)).build()
     with axis_binding.bound(TP_BINDING):
         shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s),
                                            tower.param_partition_specs())
     sharded = jax.jit(tower.initialize_parameters_recursively, out_shardings=shardings)(
         jax.random.PRNGKey(0))
-    assert sharded["mlp"]["wi"]["weight"].sharding.spec == P(None, "model")
-    assert sharded["mlp"]["wi"]["weight"].addressable_shards[0].data.shape == (8, 8)
-    assert_close(sharded["mlp"]["wi"]["weight"], first["mlp"]["wi"]["weight"],
+    assert sharded["mlp"]["up"]["weight"].sharding.spec == P(None, "model")
+    assert sharded["mlp"]["up"]["weight"].addressable_shards[0].data.shape == (8, 8)
+    assert_close(sharded["mlp"]["up"]["weight"], first["mlp"]["up"]["weight"],
                  what="sharded init")
 
 

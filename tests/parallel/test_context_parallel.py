@@ -17,7 +17,7 @@ from tests.train import helpers
 from tests.train.test_decoder_training import MODEL, _packed
 from titanax import errors
 from titanax.modules.models.decoder import Decoder
-from titanax.modules.models.gpt import GPT
+from titanax.modules.models.decoder import gpt_config
 from titanax.parallel.context_parallel import CP, causal_work, dual_chunk_order
 from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
 from titanax.train.engine import Engine
@@ -49,7 +49,7 @@ def _engine(model: str, sizes=None, *, strategy="all_gather", load_balance="dual
         zero=(ZeRO.default_config().set(stage=3, min_shard_size=64,
                                         grad_sync="per_microbatch") if fsdp else None))
     network = (Decoder.default_config().set(**MODEL) if model == "decoder"
-               else GPT.default_config().set(**GPT_MODEL)).set(**model_changes)
+               else gpt_config().set(**GPT_MODEL)).set(**model_changes)
     cfg = Engine.default_config().set(
         mesh=helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape))))), plan=plan,
         model=network, learner=_learner(), loggers=[], log_every=1000,

@@ -9,7 +9,7 @@ import numpy as np
 from titanax.config import config_for_function
 from titanax.data.sources import MNIST, TextWindows
 from titanax.modules.models.classifier import MLPClassifier
-from titanax.modules.models.gpt import GPT
+from titanax.modules.models.decoder import Decoder, gpt_config
 from titanax.parallel.plan import DP, TP, Plan, ZeRO
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import optimizers
@@ -53,9 +53,9 @@ def text_batches(batch_size: int = 8, seq_len: int = 16, count: int = 10,
     return out
 
 
-class SummarizingGPT(GPT):
-    """A GPT whose head also writes its loss with ``add_summary`` (tests of the summaries path:
-    GPT itself writes none -- it would only repeat the loss metric)."""
+class SummarizingGPT(Decoder):
+    """A decoder whose head also writes its loss with ``add_summary`` (tests of the summaries path:
+    the model itself writes none -- it would only repeat the loss metric)."""
 
     def head_loss(self, decoded, batch):
         loss, aux = super().head_loss(decoded, batch)
@@ -133,7 +133,7 @@ def gpt_engine(*, data: int, model_axis: int = 1, accumulate: int = 1, learner=N
         data_parallel=DP.default_config().set(accumulate_steps=accumulate),
         tensor_parallel=TP.default_config() if tp else None,
         zero=zero_config(zero, **zero_options))
-    model = GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
+    model = gpt_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
                                      model_dim=32, num_heads=4)
     cfg = Engine.default_config().set(
         mesh=mesh(shape, axes, devices=list(range(data * fsdp * model_axis))), plan=plan,

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from titanax.modules.models.gpt import GPT
+from titanax.modules.models.decoder import gpt_config
 from titanax.observe import hlo
 from titanax.parallel import collectives
 from titanax.parallel.plan import DP, TP, Plan
@@ -103,7 +103,7 @@ def _tp_engine(*, data: int, model: int, rules=None):
         plan=Plan.default_config().set(
             data_parallel=DP.default_config(),
             tensor_parallel=TP.default_config().set(rules=rules or {})),
-        model=GPT.default_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
+        model=gpt_config().set(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2,
                                        model_dim=32, num_heads=4),
         learner=helpers.sgd(0.1), loggers=[], log_every=1000)
     engine = cfg.instantiate()

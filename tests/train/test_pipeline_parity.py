@@ -66,7 +66,7 @@ def test_sgd_update_matches_one_device(axes, shape, schedule):
     losses, params = helpers.train(engine, BATCHES)
     assert_close(losses, want_losses, what="losses")
     assert_close(params, want_params, what="params")
-    stacked = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
+    stacked = engine.state.params["decoder"]["layer"]["mlp"]["up"]["weight"]
     if schedule == "circular":  # The view [v, S, L/(vS), ...]: device s holds stages s, S + s.
         assert stacked.shape[:3] == (2, 2, 1) and stacked.sharding.spec[1] == "pipe"
     else:  # Canonical [L, ...].
@@ -212,7 +212,7 @@ def test_a_checkpoint_of_4_stages_restores_onto_2(tmp_path):
                                  checkpoint=checkpoint))
     assert two.restore() and int(two.state.step) == 2
     assert_identical(jax.device_get(two.state.params), jax.device_get(four.state.params))
-    assert two.state.params["decoder"]["layer"]["ln1"]["scale"].sharding.spec[0] == "pipe"
+    assert two.state.params["decoder"]["layer"]["input_norm"]["scale"].sharding.spec[0] == "pipe"
 
 
 def test_a_pipelined_run_resumes_bit_identically(tmp_path):
@@ -241,7 +241,7 @@ def test_explain_and_metrics_show_the_pipeline():
     text = engine.explain()
     assert "pipeline: schedule 1f1b, 2 stages on axis 'pipe', 1 of 2 layers per stage" in text
     assert "microbatches M = 2 of 1 per data shard" in text and "bubble" in text
-    assert "decoder/layer/mlp/wi/weight" in text and "P('pipe'" in text  # Plan.describe().
+    assert "decoder/layer/mlp/up/weight" in text and "P('pipe'" in text  # Plan.describe().
 
 
 def test_explain_shows_the_circular_view():
@@ -252,7 +252,7 @@ def test_explain_shows_the_circular_view():
     text = engine.explain()
     assert "2 virtual stages per device" in text and "held as [2, 2, 1, ...]" in text
     assert "5 ticks per step; bubble 20.0%" in text  # (S-1)/(vM+S-1) = 1/5.
-    row = next(line for line in text.splitlines() if line.startswith("decoder/layer/mlp/wi/w"))
+    row = next(line for line in text.splitlines() if line.startswith("decoder/layer/mlp/up/w"))
     assert "  (2, 2, 1, " in row and "P(None, 'pipe'" in row and "  (2, 1, 1, " in row
 
 

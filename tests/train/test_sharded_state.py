@@ -81,7 +81,7 @@ def test_sgd_update_matches_one_device(data, fsdp, model_axis, accumulate, stage
     engine = _sharded(data=data, fsdp=fsdp, model_axis=model_axis, accumulate=accumulate,
                       stage=stage, **options)
     _assert_trains_like_one_device(engine)
-    wi = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
+    wi = engine.state.params["decoder"]["layer"]["mlp"]["up"]["weight"]
     # [L, D, 4D]: the ZeRO axis (data; fsdp under HSDP) on the largest dimension not split
     # already (4D is TP's).
     axis = "fsdp" if fsdp > 1 else "data"
@@ -110,7 +110,7 @@ def test_fsdp_under_a_pipeline_matches_one_device(hsdp):
         zero=ZeRO.default_config().set(stage=3, grad_sync="per_step", axis=axis, **SMALL))
     engine = cfg.instantiate()
     _assert_trains_like_one_device(engine)
-    wi = engine.state.params["decoder"]["layer"]["mlp"]["wi"]["weight"]
+    wi = engine.state.params["decoder"]["layer"]["mlp"]["up"]["weight"]
     assert tuple(wi.sharding.spec)[:3] == ("pipe", None, axis)
 
 
@@ -198,10 +198,10 @@ def test_fsdp_per_microbatch_under_a_pipeline_is_refused_naming_grad_sync():
 
 def test_a_bad_dimension_override_is_refused_naming_the_param():
     engine = helpers.gpt_engine(data=8, zero=3, zero_options={
-        "dim_overrides": {"**/mlp/wi/weight": 0}})
+        "dim_overrides": {"**/mlp/up/weight": 0}})
     with pytest.raises(errors.PlanError) as info:
         engine.build()
-    assert "decoder/layer/mlp/wi/weight" in info.value.message and "stacks the layers" in \
+    assert "decoder/layer/mlp/up/weight" in info.value.message and "stacks the layers" in \
         info.value.message
     assert info.value.path == "plan.zero.dim_overrides"
 

@@ -21,7 +21,7 @@ MOMENTUM = 0.75
 LEARNING_RATE = 0.5
 
 
-class RunningStatsGPT(helpers.GPT):
+class RunningStatsGPT(helpers.Decoder):
     """A GPT that keeps three non-trained statistics of its head: a running mean of the final
     hidden features (replicated over TP), a running mean of its logits (split over the vocab,
     i.e. over TP like the head) and a count of training forwards."""
@@ -107,7 +107,7 @@ def test_running_statistics_match_the_one_device_run(data, model_axis, accumulat
 
 
 def test_a_state_update_for_no_param_is_refused_with_its_path():
-    class Stray(helpers.GPT):
+    class Stray(helpers.Decoder):
         def head_loss(self, decoded, batch):
             self.add_state_update("seen", jnp.float32(1.0))
             return super().head_loss(decoded, batch)

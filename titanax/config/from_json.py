@@ -32,11 +32,22 @@ RETIRED_FIELDS = {
 }
 
 
+# Configurable classes earlier versions recorded that are now configurations of another one:
+# recorded class -> the function giving the config that replaces it (its fields keep their
+# names). GPT-2 became a configuration of the decoder family.
+RETIRED_CLASSES = {
+    "titanax.modules.models.gpt.GPT": "titanax.modules.models.decoder.gpt_config",
+}
+
+
 def config_from_json(data: Dict[str, Any], *, path: str = "config",
                      retired: Optional[Dict[str, Any]] = None) -> ConfigBase:
     """The config tree of ``data`` (a dict with a ``klass`` or ``fn`` entry). ``retired``
     (optional) receives ``{path: value}`` of every retired field the record held."""
-    if "klass" in data:
+    if "klass" in data and data["klass"] in RETIRED_CLASSES:
+        cfg = _imported(RETIRED_CLASSES[data["klass"]], path=f"{path}.klass")()
+        skip = "klass"
+    elif "klass" in data:
         cfg = _imported(data["klass"], path=f"{path}.klass").default_config()
         skip = "klass"
     elif "fn" in data:

@@ -94,8 +94,8 @@ def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
 
 
 def _is_gpt(cfg: ConfigBase) -> bool:
-    from titanax.modules.models.gpt import GPT  # pylint: disable=import-outside-toplevel
-    return isinstance(cfg, GPT.Config)
+    from titanax.modules.models.decoder import is_gpt2  # pylint: disable=import-outside-toplevel
+    return is_gpt2(cfg)
 
 
 def _source_config(source_dir: Optional[str]) -> Dict[str, Any]:

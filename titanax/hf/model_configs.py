@@ -15,8 +15,7 @@ from titanax import errors
 from titanax.config import ConfigBase
 from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.rotary import Llama3RopeScaling
-from titanax.modules.models.decoder import Decoder
-from titanax.modules.models.gpt import GPT
+from titanax.modules.models.decoder import Decoder, gpt_config, is_gpt2
 
 # Keys of any HF config that do not change the model's numbers.
 NEUTRAL_KEYS = frozenset({
@@ -87,8 +86,8 @@ def model_type_of(hf: Mapping[str, Any], *, where: str) -> str:
 
 
 def model_config_from_hf(hf: Mapping[str, Any], *, where: str = "config.json") -> ConfigBase:
-    """The Titanax model config of an HF ``config.json`` (a ``GPT.Config`` or
-    ``Decoder.Config``); refuses what it cannot reproduce exactly."""
+    """The Titanax model config of an HF ``config.json`` (a ``Decoder.Config``: GPT-2's
+    configuration of it for gpt2); refuses what it cannot reproduce exactly."""
     model_type = model_type_of(hf, where=where)
     reader = _Reader(hf, where)
     cfg = _gpt2(reader) if model_type == "gpt2" else _decoder(reader, model_type)
@@ -96,7 +95,7 @@ def model_config_from_hf(hf: Mapping[str, Any], *, where: str = "config.json") -
     return cfg
 
 
-def _gpt2(r: _Reader) -> GPT.Config:
+def _gpt2(r: _Reader) -> Decoder.Config:
     r.expect("activation_function", lambda v: v in ("gelu_new", "gelu_pytorch_tanh"),
              "Titanax's GPT uses GELU with the tanh approximation (gelu_new)", "gelu_new")
     r.expect("scale_attn_by_inverse_layer_idx", lambda v: not v, "not implemented", False)
@@ -117,8 +116,8 @@ def _gpt2(r: _Reader) -> GPT.Config:
     r.expect("embd_pdrop", lambda v: v == dropout,
              f"Titanax's GPT uses one dropout rate for embeddings and residuals "
              f"(resid_pdrop={dropout})", dropout)
-    return GPT.default_config().set(
-        name="gpt", vocab_size=r.required("vocab_size"), max_seq_len=r.required("n_positions"),
+    return gpt_config(
+        vocab_size=r.required("vocab_size"), max_seq_len=r.required("n_positions"),
         num_layers=r.required("n_layer"), model_dim=r.required("n_embd"),
         num_heads=r.required("n_head"), hidden_dim=r.get("n_inner"),
         norm_eps=float(r.get("layer_norm_epsilon", 1e-5)), dropout_rate=float(dropout),
@@ -276,13 +275,13 @@ def hf_config_from_model(cfg: ConfigBase, *, model_type: Optional[str] = None,
     of a ``Decoder`` (default: the one its options need -- qwen3 with QK-norm, qwen2 with q/k/v
     biases only, mistral with a sliding window, llama otherwise); ``extra`` adds keys (token
     ids of the imported model)."""
-    if isinstance(cfg, GPT.Config):
+    if isinstance(cfg, Decoder.Config) and is_gpt2(cfg):
         out = _gpt2_to_hf(cfg)
     elif isinstance(cfg, Decoder.Config):
         out = _decoder_to_hf(cfg, model_type or default_model_type(cfg))
     else:
         raise errors.HFError(f"no Hugging Face form for a {type(cfg).__qualname__}",
-                             path="model", suggestion="export a GPT or Decoder model")
+                             path="model", suggestion="export a Decoder model")
     out.update(dict(extra or {}))
     return out
 
@@ -323,7 +322,21 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     return problems
 
 
-def _gpt2_to_hf(cfg: GPT.Config) -> Dict[str, Any]:
+def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
+    # Learned positions make it GPT-2's family: everything else must be GPT-2's too, or the
+    # HF model would load and compute something else.
+    gpt2 = gpt_config()
+    switches = ("norm", "fused_qkv", "qkv_bias", "attention_output_bias", "mlp_bias",
+                "gated_mlp", "mlp_activation", "tie_embeddings", "moe", "qk_norm",
+                "sliding_window", "num_kv_heads", "head_dim")
+    misfits = [f"{name}={getattr(cfg, name)!r} (GPT-2: {getattr(gpt2, name)!r})"
+               for name in switches if getattr(cfg, name) != getattr(gpt2, name)]
+    if misfits:
+        raise errors.HFError(
+            "learned positions are GPT-2's, and the rest of this model is not: "
+            + "; ".join(misfits), path="model",
+            suggestion="export a model configured as titanax.modules.models.decoder.gpt_config, "
+                       "or with rotary positions (a Llama-family export)")
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
             "vocab_size": cfg.vocab_size, "n_positions": cfg.max_seq_len,
             "n_embd": cfg.model_dim, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
@@ -358,7 +371,7 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
         "num_hidden_layers": cfg.num_layers, "hidden_size": cfg.model_dim,
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads or cfg.num_heads, "head_dim": head_dim,
-        "intermediate_size": cfg.hidden_dim, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
+        "intermediate_size": cfg.hidden_dim or 4 * cfg.model_dim, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
         "tie_word_embeddings": cfg.tie_embeddings, "attention_dropout": 0.0,
         "rope_parameters": rope,
         # The older spelling too, for transformers 4.x readers.

@@ -16,8 +16,7 @@ from typing import Callable, List, Sequence, Tuple
 import numpy as np
 
 from titanax.config import ConfigBase
-from titanax.modules.models.decoder import Decoder
-from titanax.modules.models.gpt import GPT
+from titanax.modules.models.decoder import Decoder, is_gpt2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +116,9 @@ class TensorMap:
 
 
 def tensor_maps(cfg: ConfigBase) -> List[TensorMap]:
-    """Every param of a GPT or Decoder config, with its HF tensors."""
-    if isinstance(cfg, GPT.Config):
+    """Every param of a Decoder config (GPT-2's configuration of it: GPT-2's names), with its
+    HF tensors."""
+    if is_gpt2(cfg):
         return _gpt2(cfg)
     return _decoder(cfg)
 
@@ -127,7 +127,7 @@ def _padded(cfg) -> int:
     return -(-cfg.vocab_size // cfg.vocab_pad_multiple) * cfg.vocab_pad_multiple
 
 
-def _gpt2(cfg: GPT.Config) -> List[TensorMap]:
+def _gpt2(cfg: Decoder.Config) -> List[TensorMap]:
     d, heads, layers = cfg.model_dim, cfg.num_heads, cfg.num_layers
     head_dim = d // heads
     pre = "transformer.h.{i}."
@@ -139,14 +139,15 @@ def _gpt2(cfg: GPT.Config) -> List[TensorMap]:
         TensorMap("token_emb/weight", ("transformer.wte.weight",),
                   padded_rows(_padded(cfg), cfg.vocab_size)),
         TensorMap("pos_emb/weight", ("transformer.wpe.weight",), same()),
-        layer("ln1/scale", "ln_1.weight"), layer("ln1/bias", "ln_1.bias"),
+        layer("input_norm/scale", "ln_1.weight"), layer("input_norm/bias", "ln_1.bias"),
         layer("attn/qkv_weight", "attn.c_attn.weight",
               reshaped((d, 3, heads, head_dim), (d, 3 * d))),
         layer("attn/qkv_bias", "attn.c_attn.bias", reshaped((3, heads, head_dim), (3 * d,))),
-        layer("attn/out/weight", "attn.c_proj.weight"), layer("attn/out/bias", "attn.c_proj.bias"),
-        layer("ln2/scale", "ln_2.weight"), layer("ln2/bias", "ln_2.bias"),
-        layer("mlp/wi/weight", "mlp.c_fc.weight"), layer("mlp/wi/bias", "mlp.c_fc.bias"),
-        layer("mlp/wo/weight", "mlp.c_proj.weight"), layer("mlp/wo/bias", "mlp.c_proj.bias"),
+        layer("attn/o/weight", "attn.c_proj.weight"), layer("attn/o/bias", "attn.c_proj.bias"),
+        layer("post_attention_norm/scale", "ln_2.weight"),
+        layer("post_attention_norm/bias", "ln_2.bias"),
+        layer("mlp/up/weight", "mlp.c_fc.weight"), layer("mlp/up/bias", "mlp.c_fc.bias"),
+        layer("mlp/down/weight", "mlp.c_proj.weight"), layer("mlp/down/bias", "mlp.c_proj.bias"),
         TensorMap("final_norm/scale", ("transformer.ln_f.weight",), same()),
         TensorMap("final_norm/bias", ("transformer.ln_f.bias",), same()),
     ]
@@ -156,7 +157,7 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
     d, heads, layers = cfg.model_dim, cfg.num_heads, cfg.num_layers
     kv = cfg.num_kv_heads or heads
     head_dim = cfg.head_dim or d // heads
-    hidden = cfg.hidden_dim
+    hidden = cfg.hidden_dim or 4 * d
     pre = "model.layers.{i}."
 
     def layer(path, names, form):

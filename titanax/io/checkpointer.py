@@ -27,13 +27,14 @@ import hashlib
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Protocol, Tuple
 
 import jax
 import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
+from titanax.io import path_renames
 from titanax.utils.files import unused_path
 
 _log = logging.getLogger("titanax")
@@ -308,8 +309,8 @@ class OrbaxCheckpoint(Configurable):
 
     def restore(self, *, params_target: Any, train_state_target: Any = None,
                 step: Optional[int] = None, mode: Optional[str] = None,
-                check_metadata: Optional[Callable[[Dict[str, Any], str], None]] = None
-                ) -> Optional[Restored]:
+                check_metadata: Optional[Callable[[Dict[str, Any], str], None]] = None,
+                renames: Optional[Mapping[str, str]] = None) -> Optional[Restored]:
         """The newest readable checkpoint (or ``step``), read into the targets' shardings.
 
         ``params_target`` / ``train_state_target`` are trees of ``jax.ShapeDtypeStruct`` with
@@ -317,7 +318,9 @@ class OrbaxCheckpoint(Configurable):
         fails to read is reported by name and moved aside (``<step>.damaged-<time>``, kept), so
         it cannot block later saves, and the next older one is tried (unless ``step`` was asked
         for explicitly). ``check_metadata(metadata, where)`` may refuse a full restore (raise
-        CheckpointError) before any array is read.
+        CheckpointError) before any array is read. ``renames`` (``{old path: new path}``,
+        io/path_renames.py): a checkpoint that holds the old param names is read under them and
+        handed back under the new ones, said on stdout.
         """
         mode = mode or self.config.restore_mode
         candidates = [step] if step is not None else list(reversed(self.all_steps()))
@@ -325,7 +328,7 @@ class OrbaxCheckpoint(Configurable):
         for candidate in candidates:
             try:
                 restored = self._restore_step(candidate, params_target, train_state_target, mode,
-                                              check_metadata)
+                                              check_metadata, renames or {})
             except errors.CheckpointError:
                 raise
             except Exception as e:  # pylint: disable=broad-except
@@ -366,11 +369,22 @@ class OrbaxCheckpoint(Configurable):
         return None
 
     def _restore_step(self, step: int, params_target, train_state_target, mode,
-                      check_metadata) -> Restored:
+                      check_metadata, renames: Mapping[str, str]) -> Restored:
         import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
         where = str(_path(self.directory, str(step)))
         metadata = self.read_metadata(step)
         saved = self.manager.item_metadata(step)
+        older = path_renames.reversed_renames(renames)
+        renamed_names = bool(renames) and set(_flatten_metadata(saved["params"])) == set(
+            _flatten_metadata(path_renames.renamed(params_target, older))) != set(
+                _flatten_metadata(params_target))
+        if renamed_names:  # Written under older param names: read under them.
+            params_target = path_renames.renamed(params_target, older)
+            if train_state_target is not None:
+                train_state_target = path_renames.renamed(train_state_target, older)
+            if jax.process_index() == 0:
+                print(f"titanax: {where} holds params under older names; read as "
+                      + ", ".join(f"{old} -> {new}" for old, new in renames.items()), flush=True)
         _check_matches(saved["params"], params_target, where=f"{where}/params")
         items = {"params": ocp.args.StandardRestore(params_target)}
         if mode == "full":
@@ -380,7 +394,11 @@ class OrbaxCheckpoint(Configurable):
                            where=f"{where}/train_state")
             items["train_state"] = ocp.args.StandardRestore(train_state_target)
             items["data"] = ocp.args.JsonRestore()
-        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        restored = dict(self.manager.restore(step, args=ocp.args.Composite(**items)))
+        if renamed_names:
+            for item in ("params", "train_state"):
+                if restored.get(item) is not None:
+                    restored[item] = path_renames.renamed(restored[item], renames)
         return Restored(step=step, params=restored["params"],
                         train_state=restored["train_state"] if mode == "full" else None,
                         data_state=(restored["data"] or None) if mode == "full" else None,

@@ -30,7 +30,7 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
     if engine.model is None:
         raise errors.StepError(
             "this experiment has no model, so the launcher has nothing to train", path="model",
-            suggestion="set model in the experiment's Engine config (e.g. GPT.default_config() "
+            suggestion="set model in the experiment's Engine config (e.g. gpt_config() "
                        "or MLPClassifier.default_config()); to train a hand-written @step_fn, "
                        "call engine.fit(step_fn, data=...) from a script")
     engine.check_inputs()

@@ -166,7 +166,8 @@ class StateManager:
         mode = mode or ckpt.config.restore_mode
         restored = ckpt.restore(params_target=template.params,
                                 train_state_target=checkpoint_lib.train_state_tree(template),
-                                step=step, mode=mode, check_metadata=check_state_layout)
+                                step=step, mode=mode, check_metadata=check_state_layout,
+                                renames=getattr(self.model, "checkpoint_renames", None))
         if restored is None:
             return None
         if mode == "params" or restored.train_state is None:

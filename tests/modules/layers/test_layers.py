@@ -7,12 +7,12 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from titanax.modules import axis_binding, functional
-from titanax.modules.layers.attention import CausalSelfAttention
+from titanax.modules.layers.attention import Attention, attend
+from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.norm import LayerNorm, RMSNorm
 from titanax.modules.layers.repeat import Repeat
-from titanax.modules.layers.transformer import TransformerBlock
 from titanax.modules.testing import bind
 from titanax.parallel import collectives
 from titanax.parallel.plan import TP, Plan
@@ -111,8 +111,7 @@ def test_dropout_masks_across_tensor_parallel_ranks(split_over_tp):
 
 
 def test_attention_is_causal():
-    layer = CausalSelfAttention.default_config().set(name="a", model_dim=8,
-                                                     num_heads=2).instantiate()
+    layer = Attention.default_config().set(name="a", model_dim=8, num_heads=2).instantiate()
     params = _init(layer)
     x = jnp.asarray(RNG.normal(size=(1, 6, 8)), jnp.float32)
     changed = x.at[:, 4:].set(5.0)
@@ -131,14 +130,16 @@ def _reference_attention(params, x, num_heads):
     probs = jax.nn.softmax(jnp.where(causal, scores, jnp.finfo(jnp.float32).min), axis=-1)
     context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
     context = context.reshape(context.shape[:2] + (-1,))
-    return context @ params["out"]["weight"] + params["out"]["bias"]
+    return context @ params["o"]["weight"] + params["o"]["bias"]
 
 
 # float32: sums of at most 256 terms at the tree's scale (tests/numerics.py); bfloat16: its 8 bits.
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, FLOAT32), (jnp.bfloat16, 2e-2)])
 def test_fused_attention_matches_the_written_out_formula(dtype, tol):
-    layer = CausalSelfAttention.default_config().set(name="a", model_dim=16,
-                                                     num_heads=4).instantiate()
+    # GPT-2's form: fused q/k/v with biases, an output bias, no rotation.
+    layer = Attention.default_config().set(name="a", model_dim=16, num_heads=4, fused_qkv=True,
+                                           qkv_bias=True, output_bias=True,
+                                           rotary=False).instantiate()
     params = jax.tree_util.tree_map(
         lambda p: jnp.asarray(RNG.normal(size=p.shape) * 0.3, dtype), _init(layer))
     x = jnp.asarray(RNG.normal(size=(2, 12, 16)), dtype)
@@ -151,22 +152,23 @@ def test_fused_attention_matches_the_written_out_formula(dtype, tol):
     want_grad = jax.grad(lambda p: jnp.sum(_reference_attention(p, x, 4)
                                            .astype(jnp.float32)))(params)
     assert_close(grad, want_grad, bound=tol * 10, scale="tree", what="gradients")
-    # The written-out path (used for attention dropout in training), dropout off in eval mode.
+    # The written-out path (used for attention dropout in training), with an identity dropout.
     qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"]) + params["qkv_bias"]
-    with bind(layer, params):
-        written = layer._attention_written_out(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
-        fused = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2],
-                                             is_causal=True, scale=1 / np.sqrt(4))
+    written = attend(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout=lambda probs: probs)
+    fused = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2],
+                                         is_causal=True, scale=1 / np.sqrt(4))
     assert_close(np.asarray(written, np.float32), np.asarray(fused, np.float32), bound=tol,
                  what="written-out attention")
 
 
 def test_repeat_equals_applying_the_layer_n_times():
-    block = TransformerBlock.default_config().set(model_dim=8, num_heads=2, hidden_dim=16)
+    block = DecoderBlock.default_config().set(model_dim=8)
+    block.attention.set(model_dim=8, num_heads=2)
+    block.mlp.set(model_dim=8, hidden_dim=16, gated=False)
     stack = Repeat.default_config().set(name="stack", layer=block, num_layers=3).instantiate()
     single = block.clone(name="block").instantiate()
     params = _init(stack)
-    assert params["layer"]["mlp"]["wi"]["weight"].shape == (3, 8, 16)
+    assert params["layer"]["mlp"]["up"]["weight"].shape == (3, 8, 16)
     x = jnp.asarray(RNG.normal(size=(2, 4, 8)), jnp.float32)
     want = x
     for index in range(3):

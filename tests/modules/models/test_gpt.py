@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from titanax import errors
 from titanax.modules import axis_binding, describe_parameter_specs, functional
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
-from titanax.modules.models.gpt import GPT, gpt2_config
+from titanax.modules.models.decoder import gpt2_config, gpt_config
 from titanax.hf.importer import params_from_state_dict
 from titanax.parallel import collectives
 from titanax.runtime.mesh import MeshSpec
@@ -29,7 +29,7 @@ TINY = dict(name="gpt", vocab_size=64, max_seq_len=16, num_layers=2, model_dim=3
 def test_logits_match_hugging_face_gpt2():
     golden = np.load(GOLDEN)
     config = {k.split("/", 1)[1]: int(golden[k]) for k in golden.files if k.startswith("config/")}
-    cfg = GPT.default_config().set(
+    cfg = gpt_config().set(
         name="gpt", vocab_size=config["vocab_size"], max_seq_len=config["n_positions"],
         num_layers=config["n_layer"], model_dim=config["n_embd"], num_heads=config["n_head"],
         vocab_pad_multiple=8)
@@ -48,7 +48,7 @@ def test_converter_errors_name_the_tensor():
     32 does not fit."""
     golden = np.load(GOLDEN)
     state = {k.split("/", 1)[1]: golden[k] for k in golden.files if k.startswith("state/")}
-    cfg = GPT.default_config().set(name="gpt", vocab_size=101, max_seq_len=32, num_layers=3,
+    cfg = gpt_config().set(name="gpt", vocab_size=101, max_seq_len=32, num_layers=3,
                                    model_dim=64, num_heads=4)
     with pytest.raises(errors.HFError) as info:
         params_from_state_dict(state, cfg)
@@ -56,18 +56,18 @@ def test_converter_errors_name_the_tensor():
     with pytest.raises(errors.HFError) as info:
         params_from_state_dict(state, cfg.clone(num_layers=2, model_dim=32))
     assert "transformer.h.0.attn.c_proj.bias (64,) cannot make Titanax param " \
-        "decoder/layer/attn/out/bias of shape (32,)" in info.value.message
+        "decoder/layer/attn/o/bias of shape (32,)" in info.value.message
 
 
 @functools.lru_cache(maxsize=None)
 def _reference():
-    return tensor_parallel_parity.one_device(GPT.default_config().set(**TINY).instantiate(),
+    return tensor_parallel_parity.one_device(gpt_config().set(**TINY).instantiate(),
                                              vocab_size=TINY["vocab_size"])
 
 
 def _tp_loss_and_grads(tp_size: int, sequence_parallel: bool):
     params, batch, _, _ = _reference()
-    model = GPT.default_config().set(**TINY).instantiate()
+    model = gpt_config().set(**TINY).instantiate()
     return tensor_parallel_parity.tensor_parallel(model, params, batch, tp_size=tp_size,
                                                   sequence_parallel=sequence_parallel)
 
@@ -81,7 +81,7 @@ def test_tensor_parallel_loss_and_every_gradient_match_one_device(tp_size, seque
     assert_close(tp_grads, grads, what="gradients")
     # The layout really is split: every big matrix is sharded over the model axis.
     assert specs["decoder"]["layer"]["attn"]["qkv_weight"] == P(None, None, None, "model", None)
-    assert specs["decoder"]["layer"]["mlp"]["wo"]["weight"] == P(None, "model", None)
+    assert specs["decoder"]["layer"]["mlp"]["down"]["weight"] == P(None, "model", None)
     assert specs["token_emb"]["weight"] == P("model", None)
 
 
@@ -119,7 +119,7 @@ def test_vocab_parallel_cross_entropy_matches_one_device(tp_size):
 
 def test_tensor_parallel_code_runs_unchanged_without_the_axis():
     params, batch, loss, _ = _reference()
-    model = GPT.default_config().set(**TINY).instantiate()
+    model = gpt_config().set(**TINY).instantiate()
 
     def run(p, b):  # The TP axis bound, and no shard_map: the layers run unsplit.
         with axis_binding.bound(tensor_parallel_parity.tp_binding(sequence_parallel=True)):
@@ -140,7 +140,7 @@ def test_parameter_spec_tree_prints_every_param():
     assert "mesh_axes=(None, None, None, 'model', None)" in line and "init=Normal(stddev=0.02" in line
     line = next(l for l in lines if l.startswith("token_emb/weight"))
     assert "shape=(50304, 768)" in line and "mesh_axes=('model', None)" in line
-    line = next(l for l in lines if l.startswith("decoder/layer/mlp/wo/bias"))
+    line = next(l for l in lines if l.startswith("decoder/layer/mlp/down/bias"))
     assert "init=Constant(value=0.0)" in line and "wd_scale=0.0" in line
     total = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(
         model.create_parameter_specs_recursively(), is_leaf=lambda x: hasattr(x, "mesh_axes")))
@@ -148,12 +148,12 @@ def test_parameter_spec_tree_prints_every_param():
 
 
 def test_layer_rejects_a_layout_it_cannot_implement():
-    model = GPT.default_config().set(**TINY).instantiate()
+    model = gpt_config().set(**TINY).instantiate()
     with axis_binding.bound(tensor_parallel_parity.tp_binding()):
         specs = model.param_partition_specs()
         model.check_partition_specs(specs)
-        specs["decoder"]["layer"]["mlp"]["wi"]["weight"] = P(None, "model", None)  # Not column.
+        specs["decoder"]["layer"]["mlp"]["up"]["weight"] = P(None, "model", None)  # Not column.
         with pytest.raises(errors.ShardingError) as info:
             model.check_partition_specs(specs)
-    assert info.value.path == "gpt/decoder/layer/mlp/wi/weight"
+    assert info.value.path == "gpt/decoder/layer/mlp/up/weight"
     assert "P(None, 'model')" in info.value.suggestion

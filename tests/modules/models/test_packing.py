@@ -16,7 +16,7 @@ from tests.modules.models import tensor_parallel_parity
 from tests.numerics import assert_close, parity_floats
 from titanax.modules import functional
 from titanax.modules.models.decoder import Decoder
-from titanax.modules.models.gpt import GPT
+from titanax.modules.models.decoder import gpt_config
 
 pytestmark = pytest.mark.usefixtures("float64_numerics")
 
@@ -24,7 +24,7 @@ VOCAB, ROW = 64, 16
 # Each row's documents (their lengths in input/target pairs); the rest of a row is padding.
 ROWS = [(5, 8, 3), (7, 6), (16,), (4, 4, 4, 2), (9, 5), (3, 3, 3, 3, 3), (10,), (6, 6, 2)]
 MODELS = {
-    "gpt": GPT.default_config().set(name="gpt", vocab_size=VOCAB, max_seq_len=ROW, num_layers=2,
+    "gpt": gpt_config().set(name="gpt", vocab_size=VOCAB, max_seq_len=ROW, num_layers=2,
                                     model_dim=32, num_heads=4),
     "decoder": Decoder.default_config().set(name="decoder", vocab_size=VOCAB, max_seq_len=ROW,
                                             num_layers=2, model_dim=32, num_heads=4,

@@ -1,78 +1,178 @@
-"""Causal multi-head self-attention with a fused QKV projection, split by heads under TP.
+"""Causal self-attention of the decoder family: GPT-2's, and Llama's / Qwen's / Mistral's.
 
-The QKV weight is stored ``[model_dim, 3, num_heads, head_dim]`` (q, k, v stacked, each head's
-columns contiguous). Its heads are the logical ``heads`` dimension: where the axis binding splits
-it (TP), every device holds whole heads of q, k and v -- no collective until the output
-projection, a Linear whose input features (``heads``) are exactly this device's heads. Where the
-binding splits the ``sequence`` (context parallelism), keys cross devices as
-parallel/context_attention.py says. Softmax runs in float32. The attention itself is
-``jax.nn.dot_product_attention`` (causal, implementation chosen by jax: cuDNN flash attention on
-GPUs), except in training with attention dropout, which needs the probabilities written out.
+Weights are stored ``[in, out]`` with the heads as their own dimension:
+
+* ``fused_qkv`` (GPT-2): one ``qkv_weight [model_dim, 3, num_heads, head_dim]`` (q, k and v
+  stacked, each head's columns contiguous) and ``qkv_bias [3, num_heads, head_dim]``: one matmul;
+  query and key/value heads are the same heads.
+* otherwise (Hugging Face's per-projection split): ``q_weight [model_dim, num_heads, head_dim]``,
+  ``k_weight`` / ``v_weight [model_dim, num_kv_heads, head_dim]`` (grouped-query attention: query
+  head ``h`` reads key/value head ``h // (num_heads / num_kv_heads)``, HF's ``repeat_kv``;
+  ``num_kv_heads = 1`` is multi-query), biases optional (Qwen 2).
+
+The output projection ``o`` is a ``Linear`` from ``num_heads * head_dim`` features.
+
+The layer names its logical dimensions (``heads``, ``kv_heads``; the ``sequence`` under context
+parallelism) and the axis binding says where each lives. Under tensor parallelism the query heads
+are split over the TP axis: every device holds whole heads, and the output projection -- whose
+input features are exactly this device's heads -- ends with the layer's only collective. The
+key/value heads are split too when ``num_kv_heads`` is divisible by the TP size (each rank then
+holds exactly the kv heads its query heads read); otherwise the layout keeps them whole on every
+rank (``ParameterSpec.replicated_if_indivisible``) and each rank picks, per local query head, the
+kv head it reads. The layer sees which of the two it runs from its own shard of ``k_weight``.
+Where the binding splits the ``sequence`` (context parallelism), keys cross devices as
+parallel/context_attention.py says.
+
+Options: rotary positions (``rotary``; GPT-2 adds learned positions at the embedding instead),
+RMSNorm of each q and k head before the rotation (Qwen 3's QK-norm), a sliding window (Mistral),
+dropout on the attention probabilities (GPT-2). Scores and softmax in float32, through
+``jax.nn.dot_product_attention`` (cuDNN flash attention on GPUs) except where the probabilities
+must be written out (attention dropout, a query block at an offset into a cache, and the dtypes
+jax's fused attention does not fit: float16 on XLA:CPU, float64).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import REQUIRED, Required
-from titanax.modules.axis_binding import HEADS, RESIDUAL_SEQUENCE, SEQUENCE
+from titanax.modules.axis_binding import HEADS, KV_HEADS, RESIDUAL_SEQUENCE, SEQUENCE
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
+from titanax.modules.layers import rotary
 from titanax.modules.layers.dropout import Dropout
-from titanax.modules.layers.grouped_query_attention import same_segment
 from titanax.modules.layers.linear import Linear
+from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
 from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
 
 
-class CausalSelfAttention(BaseLayer):
-    """GPT-style attention: each position attends to itself and earlier positions."""
+class Attention(BaseLayer):
+    """Each position attends to itself and earlier positions (within the window, if any)."""
 
     class Config(BaseLayer.Config):
-        # Width of the input and output.
+        # Width of the input and output (the residual stream).
         model_dim: Required[int] = REQUIRED
-        # Attention heads; must divide model_dim (and be divisible by the TP size).
+        # Query heads (divisible by the TP size).
         num_heads: Required[int] = REQUIRED
-        # Dropout on the attention probabilities (training only).
+        # Key/value heads; must divide num_heads (None: num_heads, plain multi-head; 1:
+        # multi-query).
+        num_kv_heads: Optional[int] = None
+        # Width of each head (Qwen 3 sets it apart from model_dim / num_heads); None:
+        # model_dim / num_heads.
+        head_dim: Optional[int] = None
+        # One [model_dim, 3, heads, head_dim] projection for q, k and v (GPT-2's c_attn);
+        # needs num_kv_heads == num_heads.
+        fused_qkv: bool = False
+        # Biases on the q, k and v projections (GPT-2, Qwen 2).
+        qkv_bias: bool = False
+        # Bias on the output projection (GPT-2; Llama's attention_bias sets both).
+        output_bias: bool = False
+        # Rotate q and k by their positions (RoPE); False: positions reach the model otherwise
+        # (GPT-2's learned table, added at the embedding).
+        rotary: bool = True
+        # Rotary base (Llama 3: 500000; Qwen: 1000000; Mistral: 10000 or 1000000).
+        rope_theta: float = 10000.0
+        # Llama 3.1 frequency rescaling; None: plain RoPE.
+        rope_scaling: Optional[rotary.Llama3RopeScaling.Config] = None
+        # RMSNorm each query and key head (over head_dim) before the rotation (Qwen 3).
+        qk_norm: bool = False
+        # Epsilon of the QK-norm.
+        norm_eps: float = 1e-6
+        # Attend only to the last this many positions (the position itself included); None:
+        # every earlier position (Mistral's sliding_window).
+        sliding_window: Optional[int] = None
+        # Dropout on the attention probabilities (training only; GPT-2's attn_pdrop).
         attention_dropout_rate: float = 0.0
         # Initializer of the output projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
 
         def _validate_values(self):
-            if isinstance(self.model_dim, int) and isinstance(self.num_heads, int) \
-                    and self.num_heads > 0 and self.model_dim % self.num_heads:
-                yield "num_heads", f"must divide model_dim={self.model_dim}"
+            for name in ("model_dim", "num_heads", "num_kv_heads", "head_dim"):
+                value = getattr(self, name)
+                if isinstance(value, int) and value < 1:
+                    yield name, f"must be >= 1, got {value}"
+            heads, kv = self.num_heads, self.num_kv_heads
+            if isinstance(heads, int) and isinstance(kv, int) and kv > 0 and heads % kv:
+                yield "num_kv_heads", (f"must divide num_heads={heads} (each kv head serves a "
+                                       "whole group of query heads)")
+            if self.fused_qkv and kv is not None and kv != heads:
+                yield "fused_qkv", "one q/k/v projection has as many kv heads as query heads"
+            if self.head_dim is None and isinstance(heads, int) and heads > 0 and \
+                    isinstance(self.model_dim, int) and self.model_dim % heads:
+                yield "num_heads", f"must divide model_dim={self.model_dim}, or set head_dim"
+            width = self.head_dim or (self.model_dim // heads
+                                      if isinstance(heads, int) and heads > 0
+                                      and isinstance(self.model_dim, int) else 2)
+            if self.rotary and width % 2:
+                yield "head_dim", f"must be even (RoPE rotates pairs), got {width}"
+            if self.sliding_window is not None and self.sliding_window < 1:
+                yield "sliding_window", f"must be >= 1 (or None), got {self.sliding_window}"
+            if self.rope_theta <= 0:
+                yield "rope_theta", f"must be > 0, got {self.rope_theta}"
+            if not 0.0 <= self.attention_dropout_rate < 1.0:
+                yield "attention_dropout_rate", (f"must be in [0, 1), got "
+                                                 f"{self.attention_dropout_rate}")
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
-        # The output projection: row-parallel under TP (its input features are this device's heads).
-        self._add_child("out", Linear.default_config().set(
-            input_dim=cfg.model_dim, output_dim=cfg.model_dim, input_dim_name=HEADS,
-            param_init=cfg.output_param_init))
+        # Row-parallel under TP: its input features are this device's heads.
+        self._add_child("o", Linear.default_config().set(
+            input_dim=cfg.num_heads * self.head_dim, output_dim=cfg.model_dim,
+            bias=cfg.output_bias, input_dim_name=HEADS, param_init=cfg.output_param_init))
         self._add_child("dropout", Dropout.default_config().set(
             rate=cfg.attention_dropout_rate, split_dims=(HEADS,)))
+        if cfg.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                self._add_child(name, RMSNorm.default_config().set(input_dim=self.head_dim,
+                                                                   eps=cfg.norm_eps))
+        self._inv_freq = None
+        if cfg.rotary:
+            scaling = cfg.rope_scaling.instantiate() if cfg.rope_scaling is not None else None
+            self._inv_freq = rotary.inverse_frequencies(self.head_dim, cfg.rope_theta, scaling)
 
     @property
     def head_dim(self) -> int:
-        return self.config.model_dim // self.config.num_heads
+        return self.config.head_dim or self.config.model_dim // self.config.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_kv_heads or self.config.num_heads
 
     def _create_layer_parameter_specs(self):
         cfg = self.config
-        shape = (cfg.model_dim, 3, cfg.num_heads, self.head_dim)
-        return {
-            "qkv_weight": ParameterSpec(shape=shape, logical_axes=(None, None, HEADS, None),
-                                        fan_axes=FanAxes(in_axes=(0,), out_axes=(1, 2, 3))),
-            "qkv_bias": ParameterSpec(shape=shape[1:], logical_axes=(None, HEADS, None),
-                                      initializer=constant(0.0), weight_decay_scale=0.0),
-        }
+        heads, kv, width = cfg.num_heads, self.num_kv_heads, self.head_dim
+        bias = dict(initializer=constant(0.0), weight_decay_scale=0.0)
+        if cfg.fused_qkv:
+            specs = {"qkv_weight": ParameterSpec(
+                shape=(cfg.model_dim, 3, heads, width), logical_axes=(None, None, HEADS, None),
+                fan_axes=FanAxes(in_axes=(0,), out_axes=(1, 2, 3)))}
+            if cfg.qkv_bias:
+                specs["qkv_bias"] = ParameterSpec(shape=(3, heads, width),
+                                                  logical_axes=(None, HEADS, None), **bias)
+            return specs
+        fan = FanAxes(in_axes=(0,), out_axes=(1, 2))
+        specs = {"q_weight": ParameterSpec(shape=(cfg.model_dim, heads, width),
+                                           logical_axes=(None, HEADS, None), fan_axes=fan)}
+        for name in ("k_weight", "v_weight"):
+            specs[name] = ParameterSpec(shape=(cfg.model_dim, kv, width),
+                                        logical_axes=(None, KV_HEADS, None), fan_axes=fan,
+                                        replicated_if_indivisible=True)
+        if cfg.qkv_bias:
+            specs["q_bias"] = ParameterSpec(shape=(heads, width), logical_axes=(HEADS, None),
+                                            **bias)
+            for name in ("k_bias", "v_bias"):
+                specs[name] = ParameterSpec(shape=(kv, width), logical_axes=(KV_HEADS, None),
+                                            replicated_if_indivisible=True, **bias)
+        return specs
 
     def _own_implemented_dims(self):
         return (SEQUENCE,)
@@ -82,48 +182,93 @@ class CausalSelfAttention(BaseLayer):
         refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
         super().check_axis_binding(binding, path=path)
 
-    def forward(self, x, segment_ids=None, positions=None):
-        """``segment_ids`` ``[batch, seq]`` (packed rows): a position attends only to earlier
-        positions of its own document. ``positions`` ``[batch, seq]``: only read under context
-        parallelism (the causal mask follows them)."""
+    @nowrap
+    def cache_shape(self, stacked_params, *, layers: int, batch: int, length: int):
+        """The key/value cache of ``layers`` stacked attentions (``stacked_params``: their
+        params, this device's shards): ``[layers, batch, length, local kv heads, head_dim]``."""
+        weight = stacked_params["qkv_weight" if self.config.fused_qkv else "k_weight"]
+        return (layers, batch, length) + tuple(weight.shape[-2:])
+
+    # --- The forward pass ------------------------------------------------------------------------
+
+    def _qkv(self, x, positions):
+        """q ``[batch, seq, local heads, head_dim]``, k and v ``[.., local kv heads, ..]``:
+        projected, QK-normed and rotated."""
         cfg = self.config
         params = self.parameters
+        if cfg.fused_qkv:
+            qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"].astype(x.dtype))
+            if cfg.qkv_bias:
+                qkv = qkv + params["qkv_bias"].astype(x.dtype)
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        else:
+            q, k, v = (self._project(x, name) for name in ("q", "k", "v"))
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cfg.rotary:
+            q = rotary.rotate(q, positions, self._inv_freq)
+            k = rotary.rotate(k, positions, self._inv_freq)
+        return q, k, v
+
+    def _project(self, x, name: str):
+        params = self.parameters
+        y = jnp.einsum("bsd,dhk->bshk", x, params[f"{name}_weight"].astype(x.dtype))
+        if self.config.qkv_bias:
+            y = y + params[f"{name}_bias"].astype(x.dtype)
+        return y
+
+    def _kv_for_local_queries(self, kv, local_heads: int):
+        """Under TP with kv heads kept whole: per local query head, the kv head it reads."""
+        cfg = self.config
+        if kv.shape[2] != self.num_kv_heads or local_heads == cfg.num_heads \
+                or self.num_kv_heads == cfg.num_heads:
+            return kv
+        group = cfg.num_heads // self.num_kv_heads
+        first = self.axis_binding.rank(HEADS) * local_heads
+        return jnp.take(kv, (first + jnp.arange(local_heads)) // group, axis=2)
+
+    def forward(self, x, positions: Optional[jax.Array] = None,
+                segment_ids: Optional[jax.Array] = None):
+        """``x`` ``[batch, seq, model_dim]`` (seq-split under sequence parallelism);
+        ``positions`` ``[seq]`` or ``[batch, seq]`` (default ``0 .. seq-1``; read by RoPE, and
+        by the causal mask under context parallelism); ``segment_ids`` ``[batch, seq]``: a
+        token attends only to earlier tokens of its own segment."""
+        cfg = self.config
         binding = self.axis_binding
         if binding.active(RESIDUAL_SEQUENCE) is not None:
             x = collectives.all_gather(x, binding.active(RESIDUAL_SEQUENCE), axis_index=1)
-        qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"].astype(x.dtype))
-        qkv = qkv + params["qkv_bias"].astype(x.dtype)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [batch, seq, local heads, head_dim]
-        dropout = self.is_training and cfg.attention_dropout_rate > 0
-        documents = same_segment(segment_ids)
+        if positions is None:
+            positions = jnp.arange(x.shape[1])
+        q, k, v = self._qkv(x, positions)
+        k = self._kv_for_local_queries(k, q.shape[2])
+        v = self._kv_for_local_queries(v, q.shape[2])
         if binding.axis(SEQUENCE) is not None:  # (check_axis_binding refuses dropout here.)
-            context = context_attention(q, k, v, positions=positions, segment_ids=segment_ids,
-                                        axis=binding.axis(SEQUENCE),
-                                        strategy=binding.context_strategy,
-                                        scale=1.0 / math.sqrt(self.head_dim))
-        elif dropout or not fused_attention_fits(q.dtype):
-            context = self._attention_written_out(q, k, v, documents)
+            context = context_attention(
+                q, k, v, positions=positions, segment_ids=segment_ids, axis=binding.axis(SEQUENCE),
+                strategy=binding.context_strategy, scale=1.0 / math.sqrt(self.head_dim),
+                sliding_window=cfg.sliding_window)
         else:
-            # jax's fused attention: cuDNN flash attention on GPUs (no S x S mask or
-            # probabilities in memory), XLA's softmax(QK^T)V elsewhere; logits in float32.
-            context = jax.nn.dot_product_attention(q, k, v, mask=documents, is_causal=True,
-                                                   scale=1.0 / math.sqrt(self.head_dim),
-                                                   implementation=None)
-        context = context.reshape(context.shape[:2] + (-1,))
-        return self.out(context)
+            dropout = self.dropout if self.is_training and cfg.attention_dropout_rate else None
+            context = attend(q, k, v, sliding_window=cfg.sliding_window,
+                             segment_ids=segment_ids, dropout=dropout)
+        return self.o(context.reshape(context.shape[:2] + (-1,)))
 
-    def _attention_written_out(self, q, k, v, documents=None):
-        """The same attention written out: attention dropout needs the probabilities, XLA:CPU
-        cannot compile jax's fused float16 attention, and its float64 rounds through float32
-        (``fused_attention_fits``; dropout is the identity outside training)."""
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
-                            preferred_element_type=wide_float(q.dtype)) / math.sqrt(self.head_dim)
-        length = q.shape[1]
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        allowed = causal if documents is None else causal & documents
-        scores = jnp.where(allowed, scores, lowest(scores.dtype))
-        probs = self.dropout(jax.nn.softmax(scores, axis=-1)).astype(v.dtype)
-        return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    def decode(self, x, cache, *, start):
+        """Attention of ``x`` ``[batch, t, model_dim]`` -- the tokens at positions ``start ..
+        start + t - 1`` -- over a key/value cache ``(k, v)``, each ``[batch, max_len, local kv
+        heads, head_dim]`` holding positions ``0 .. start - 1``: returns the output and the cache
+        with these tokens' keys and values written in (a prompt's prefill is ``start=0``, then
+        one token at a time). No sequence parallelism here: decoding has no sequence to split."""
+        cfg = self.config
+        q, k, v = self._qkv(x, start + jnp.arange(x.shape[1]))
+        k_cache, v_cache = cache
+        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, 1)
+        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, 1)
+        keys = self._kv_for_local_queries(k_cache, q.shape[2])
+        values = self._kv_for_local_queries(v_cache, q.shape[2])
+        context = attend(q, keys.astype(q.dtype), values.astype(q.dtype),
+                         sliding_window=cfg.sliding_window, kv_length=start + x.shape[1])
+        return self.o(context.reshape(context.shape[:2] + (-1,))), (k_cache, v_cache)
 
 
 def refuse_split_attention_dropout(rate: float, binding, *, path: str) -> None:
@@ -134,3 +279,47 @@ def refuse_split_attention_dropout(rate: float, binding, *, path: str) -> None:
             "attention dropout needs each query's whole row of probabilities, which context "
             "parallelism never holds in one place", path=f"{path}.attention_dropout_rate",
             suggestion="set it to 0 under context parallelism (residual dropout is fine)")
+
+
+def same_segment(segment_ids: Optional[jax.Array]) -> Optional[jax.Array]:
+    """``[batch, 1, seq, seq]``: which key each query may see by document (None: all)."""
+    if segment_ids is None:
+        return None
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+
+
+def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
+           segment_ids: Optional[jax.Array] = None,
+           dropout: Optional[Callable[[jax.Array], jax.Array]] = None):
+    """Causal attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g``
+    dividing ``n``): queries are the last ``t`` of the ``s`` positions (``t = s`` in training;
+    decoding with a cache has ``t < s``). ``kv_length`` (decoding): how many of the ``s``
+    cached positions are filled; the queries then sit at ``kv_length - t .. kv_length - 1``.
+    ``segment_ids`` ``[b, s]`` (training): no query sees a key of another document.
+    ``dropout``: applied to the probabilities (which it then writes out)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    t, s = q.shape[1], k.shape[1]
+    documents = same_segment(segment_ids)
+    if kv_length is None and t == s and dropout is None and fused_attention_fits(q.dtype):
+        window = (sliding_window - 1, 0) if sliding_window is not None else None
+        return jax.nn.dot_product_attention(q, k, v, mask=documents, is_causal=True,
+                                            scale=scale, local_window_size=window,
+                                            implementation=None)
+    filled = s if kv_length is None else kv_length
+    query_pos = filled - t + jnp.arange(t)
+    key_pos = jnp.arange(s)
+    allowed = (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] < filled)
+    if sliding_window is not None:
+        allowed &= key_pos[None, :] > query_pos[:, None] - sliding_window
+    if documents is not None:  # [b, 1, t, s] -> [b, 1, 1, t, s] against [b, g, q, t, s].
+        allowed = allowed & documents[:, :, None]
+    group = q.shape[2] // k.shape[2]
+    qg = q.reshape(q.shape[:2] + (k.shape[2], group, q.shape[3]))
+    scores = jnp.einsum("btgqd,bsgd->bgqts", qg, k, preferred_element_type=wide_float(q.dtype)
+                        ) * scale
+    scores = jnp.where(allowed, scores, lowest(scores.dtype))
+    probs = jax.nn.softmax(scores, axis=-1)
+    if dropout is not None:
+        probs = dropout(probs)
+    out = jnp.einsum("bgqts,bsgd->btgqd", probs.astype(v.dtype), v)
+    return out.reshape(q.shape[:3] + (v.shape[-1],))

@@ -1,21 +1,26 @@
-"""One layer of today's decoders (Llama, Qwen, Mistral): pre-RMSNorm attention and SwiGLU MLP
-(or a mixture of SwiGLU experts: Mixtral, Qwen 3 MoE).
+"""One layer of the decoder family: pre-norm attention, then a pre-norm feed-forward block.
 
-``x + attn(input_norm(x))``, then ``x + mlp(post_attention_norm(x))``: Hugging Face's
-``input_layernorm`` / ``self_attn`` / ``post_attention_layernorm`` / ``mlp``. No dropout (none of
-these models uses it).
+``x + attn(input_norm(x))``, then ``x + mlp(post_attention_norm(x))`` -- Hugging Face's
+``input_layernorm`` / ``self_attn`` / ``post_attention_layernorm`` / ``mlp`` (GPT-2's ``ln_1`` /
+``attn`` / ``ln_2`` / ``mlp``). The norms are RMSNorm (Llama, Qwen, Mistral) or LayerNorm with a
+bias (GPT-2); the feed-forward block a (gated) MLP or a mixture of experts (Mixtral, Qwen 3 MoE);
+each residual branch may end in dropout (GPT-2's resid_pdrop; training only).
 """
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Literal, Union
 
 from titanax.config import REQUIRED, Required
+from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules.base_layer import BaseLayer
-from titanax.modules.layers.gated_mlp import GatedMLP
-from titanax.modules.layers.grouped_query_attention import GroupedQueryAttention
+from titanax.modules.layers.attention import Attention
+from titanax.modules.layers.dropout import Dropout
+from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE
-from titanax.modules.layers.norm import RMSNorm
+from titanax.modules.layers.norm import LayerNorm, RMSNorm
+
+NORMS = {"rms": RMSNorm, "layer": LayerNorm}
 
 
 class DecoderBlock(BaseLayer):
@@ -25,34 +30,41 @@ class DecoderBlock(BaseLayer):
         # Residual-stream width.
         model_dim: Required[int] = REQUIRED
         # The attention (its model_dim follows the block's).
-        attention: GroupedQueryAttention.Config = GroupedQueryAttention.default_config()
+        attention: Attention.Config = Attention.default_config()
         # The feed-forward block, dense or a mixture of experts (its model_dim follows the
         # block's).
-        mlp: Union[GatedMLP.Config, MoE.Config] = GatedMLP.default_config()
-        # RMSNorm epsilon.
+        mlp: Union[MLP.Config, MoE.Config] = MLP.default_config()
+        # "rms": RMSNorm (Llama, Qwen, Mistral); "layer": LayerNorm with a bias (GPT-2).
+        norm: Literal["rms", "layer"] = "rms"
+        # The norms' epsilon.
         norm_eps: float = 1e-6
+        # Dropout on each residual branch's output (training only).
+        dropout_rate: float = 0.0
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
-        self._add_child("input_norm", RMSNorm.default_config().set(input_dim=cfg.model_dim,
-                                                                   eps=cfg.norm_eps))
+        norm = NORMS[cfg.norm].default_config().set(input_dim=cfg.model_dim, eps=cfg.norm_eps)
+        self._add_child("input_norm", norm)
         self._add_child("attn", cfg.attention.clone(model_dim=cfg.model_dim))
-        self._add_child("post_attention_norm", RMSNorm.default_config().set(
-            input_dim=cfg.model_dim, eps=cfg.norm_eps))
+        self._add_child("post_attention_norm", norm.clone())
         self._add_child("mlp", cfg.mlp.clone(model_dim=cfg.model_dim))
+        # Under sequence parallelism the residual stream is split over the sequence.
+        self._add_child("dropout", Dropout.default_config().set(
+            rate=cfg.dropout_rate, split_dims=(RESIDUAL_SEQUENCE,)))
 
     def forward(self, x, *, segment_ids=None, positions=None):
         """``segment_ids`` / ``positions`` (``[batch, seq]``): packed documents (attention stays
         inside each; RoPE restarts in each)."""
-        x = x + self.attn(self.input_norm(x), positions=positions, segment_ids=segment_ids)
+        x = x + self.dropout(self.attn(self.input_norm(x), positions=positions,
+                                       segment_ids=segment_ids))
         # A mixture of experts routes no padding (segment 0) token.
         routing = {"segment_ids": segment_ids} if isinstance(self.mlp, MoE) else {}
-        return x + self.mlp(self.post_attention_norm(x), **routing)
+        return x + self.dropout(self.mlp(self.post_attention_norm(x), **routing))
 
     def decode(self, x, cache, *, start):
         """``forward`` for tokens at ``start ..`` over the attention's key/value ``cache``;
-        returns ``(x, cache)`` (see ``GroupedQueryAttention.decode``)."""
+        returns ``(x, cache)`` (see ``Attention.decode``)."""
         attended, cache = self.attn.decode(self.input_norm(x), cache, start=start)
         x = x + attended
         return x + self.mlp(self.post_attention_norm(x)), cache

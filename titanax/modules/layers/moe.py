@@ -50,7 +50,7 @@ from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.modules.context import VectorSummary
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import expert_dispatch
-from titanax.modules.layers.gated_mlp import ACTIVATIONS
+from titanax.modules.layers.mlp import ACTIVATIONS
 from titanax.modules.layers.router import Router, load_balancing_loss, router_z_loss
 from titanax.modules.module import nowrap
 from titanax.modules.saved_values import EXPERT_EXCHANGE

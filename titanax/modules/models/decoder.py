@@ -1,62 +1,80 @@
-"""Today's decoders -- Llama 2/3, Qwen 2/3, Mistral, and the MoE Mixtral / Qwen 3 MoE -- top to
-bottom.
+"""The decoder family -- GPT-2, Llama 2/3, Qwen 2/3, Mistral, and the MoE Mixtral / Qwen 3 MoE --
+top to bottom.
 
 One model covers the family, as Hugging Face's modeling files differ only in switches:
 
-    token embedding (no position table: RoPE rotates q and k inside attention)
-    -> num_layers x DecoderBlock: x + attn(rmsnorm(x)); x + swiglu_mlp(rmsnorm(x))
-         (or x + moe(rmsnorm(x)): routed SwiGLU experts, modules/layers/moe.py)
-         attention: grouped-query (num_kv_heads), RoPE (theta, Llama 3 scaling), optional
-         q/k/v biases (Qwen 2), QK-norm (Qwen 3), sliding window (Mistral)
-    -> final RMSNorm -> LM head (tied to the embedding, or its own table)
+    token embedding (+ a learned position table: GPT-2; RoPE models rotate q and k instead)
+    -> num_layers x DecoderBlock: x + attn(norm(x)); x + mlp(norm(x))
+         norms: RMSNorm, or LayerNorm with a bias (GPT-2)
+         attention: fused q/k/v (GPT-2) or per projection with grouped-query kv heads,
+         RoPE (theta, Llama 3 scaling) or none, q/k/v and output biases (GPT-2, Qwen 2),
+         QK-norm (Qwen 3), sliding window (Mistral), attention dropout (GPT-2)
+         mlp: SwiGLU (gated) or GPT-2's GELU MLP, or routed experts (modules/layers/moe.py)
+         dropout on the embeddings and each residual branch (GPT-2)
+    -> final norm -> LM head (tied to the embedding, or its own table)
 
 Tensor parallelism splits the vocabulary (embedding rows and head rows), the query heads (and
 the kv heads when their count divides the TP size; otherwise each rank keeps them whole), and the
 MLP's hidden features (the axis binding puts those logical dimensions on the TP axis); the loss
 never gathers the logits. Sequence parallelism (``plan.tensor_parallel.sequence_parallel``)
-splits the residual stream over the sequence between blocks. Pipelines cut the ``decoder`` stack like
-GPT's (``CausalLanguageModel.pipeline_parts``); FSDP and ZeRO come from the plan's layout.
+splits the residual stream over the sequence between blocks. Pipelines cut the ``decoder`` stack
+(``CausalLanguageModel.pipeline_parts``); FSDP and ZeRO come from the plan's layout.
 
 ``titanax.hf`` maps a Hugging Face ``config.json`` onto ``Decoder.Config`` and the weights onto
-its params, both ways (``llama_config`` / ``qwen3_config`` here give the published sizes).
+its params, both ways (``gpt2_config`` / ``llama_config`` / ``qwen3_config`` here give the
+published sizes).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
 
 from titanax.modules import sampling
-from titanax.modules.axis_binding import HEADS, MLP
+from titanax.modules.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUENCE
 from titanax.modules.initializers import Normal
+from titanax.modules.layers.attention import Attention, refuse_split_attention_dropout
 from titanax.modules.layers.decoder_block import DecoderBlock
-from titanax.modules.layers.embedding import VocabParallelEmbedding
-from titanax.modules.layers.gated_mlp import GatedMLP
-from titanax.modules.layers.grouped_query_attention import GroupedQueryAttention
+from titanax.modules.layers.dropout import Dropout
+from titanax.modules.layers.embedding import Embedding, VocabParallelEmbedding
+from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE, check_moe_binding
-from titanax.modules.layers.norm import RMSNorm
+from titanax.modules.layers.norm import LayerNorm, RMSNorm
 from titanax.modules.layers.repeat import Repeat
 from titanax.modules.layers.rotary import Llama3RopeScaling
 from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
-from titanax.parallel import collectives
 from titanax.modules.module import nowrap
+from titanax.parallel import collectives
+
+# Param paths of GPT checkpoints written before GPT-2 became a configuration of this model
+# (``titanax.modules.models.gpt.GPT``): old -> new. A restore maps them (io/checkpointer.py).
+GPT_CHECKPOINT_RENAMES = {
+    "decoder/layer/ln1": "decoder/layer/input_norm",
+    "decoder/layer/ln2": "decoder/layer/post_attention_norm",
+    "decoder/layer/attn/out": "decoder/layer/attn/o",
+    "decoder/layer/mlp/wi": "decoder/layer/mlp/up",
+    "decoder/layer/mlp/wo": "decoder/layer/mlp/down",
+}
 
 
 class Decoder(CausalLanguageModel):
-    """A Llama / Qwen / Mistral language model. ``forward(batch)`` returns ``(loss, aux)``."""
+    """A GPT-2 / Llama / Qwen / Mistral language model. ``forward(batch)`` returns
+    ``(loss, aux)``."""
 
     class Config(CausalLanguageModel.Config):
-        # Real vocabulary size (Llama 3: 128256; Qwen 3: 151936; bytes: 256). None: the size
-        # the run's train input declares (its tokenizer's), set when the run starts.
+        # Real vocabulary size (GPT-2: 50257; Llama 3: 128256; Qwen 3: 151936; bytes: 256).
+        # None: the size the run's train input declares (its tokenizer's), set when the run
+        # starts.
         vocab_size: Optional[int] = 32000
         # The embedding / head tables are padded to a multiple of this (fast matmuls; the
         # table must be divisible by the TP size to be split). Padding ids never get probability.
         vocab_pad_multiple: int = 1
-        # Longest sequence the model is meant for (HF max_position_embeddings): inputs longer
-        # than this are refused before the first step.
+        # Longest sequence the model is meant for (HF max_position_embeddings; with learned
+        # positions, the rows of the position table): longer inputs are refused before the
+        # first step.
         max_seq_len: int = 4096
         # Decoder layers.
         num_layers: int = 32
@@ -68,29 +86,45 @@ class Decoder(CausalLanguageModel):
         num_kv_heads: Optional[int] = None
         # Width of each head; None: model_dim / num_heads.
         head_dim: Optional[int] = None
-        # MLP hidden width (HF intermediate_size; a mixture of experts' own width is moe's).
-        hidden_dim: int = 11008
+        # MLP hidden width (HF intermediate_size; a mixture of experts' own width is moe's);
+        # None: 4 x model_dim (GPT-2).
+        hidden_dim: Optional[int] = 11008
+        # A gated MLP (SwiGLU: Llama, Qwen, Mistral); False: GPT-2's up -> GELU -> down.
+        gated_mlp: bool = True
+        # The MLP's activation: "silu" (SwiGLU), "gelu_tanh" (GPT-2), "gelu", "relu".
+        mlp_activation: Literal["silu", "gelu_tanh", "gelu", "relu"] = "silu"
         # Every block's MLP a mixture of experts (Mixtral, Qwen 3 MoE): its model_dim follows
-        # the model's; None: dense SwiGLU MLPs of hidden_dim.
+        # the model's; None: dense MLPs of hidden_dim.
         moe: Optional[MoE.Config] = None
-        # RMSNorm epsilon (HF rms_norm_eps).
+        # "rms": RMSNorm (Llama, Qwen, Mistral); "layer": LayerNorm with a bias (GPT-2).
+        norm: Literal["rms", "layer"] = "rms"
+        # The norms' epsilon (HF rms_norm_eps / layer_norm_epsilon).
         norm_eps: float = 1e-6
+        # "rotary": RoPE in every attention; "learned": a table of max_seq_len positions added
+        # to the token embeddings (GPT-2).
+        position_embedding: Literal["rotary", "learned"] = "rotary"
         # Rotary base (HF rope_theta).
         rope_theta: float = 10000.0
         # Llama 3.1 frequency rescaling (HF rope_type "llama3"); None: plain RoPE.
         rope_scaling: Optional[Llama3RopeScaling.Config] = None
-        # Biases on q, k, v (Qwen 2; Llama's attention_bias sets this and output_bias).
+        # One q/k/v projection (GPT-2's c_attn; needs num_kv_heads None).
+        fused_qkv: bool = False
+        # Biases on q, k, v (GPT-2, Qwen 2; Llama's attention_bias sets this and output_bias).
         qkv_bias: bool = False
         # Bias on the attention output projection.
         attention_output_bias: bool = False
-        # Biases on the MLP projections (HF mlp_bias).
+        # Biases on the MLP projections (GPT-2; HF mlp_bias).
         mlp_bias: bool = False
         # RMSNorm of every q and k head before RoPE (Qwen 3).
         qk_norm: bool = False
         # Mistral's sliding-window attention (positions attended, itself included); None: full.
         sliding_window: Optional[int] = None
-        # The LM head is the token embedding (HF tie_word_embeddings).
+        # The LM head is the token embedding (HF tie_word_embeddings; GPT-2: always).
         tie_embeddings: bool = False
+        # Dropout on the embeddings and each residual branch (GPT-2: 0.1; training only).
+        dropout_rate: float = 0.0
+        # Dropout on the attention probabilities (training only).
+        attention_dropout_rate: float = 0.0
         # jax.checkpoint policy per block in training (None: keep activations).
         layer_remat_policy: Optional[str] = None
         # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
@@ -112,10 +146,12 @@ class Decoder(CausalLanguageModel):
             heads, kv = self.num_heads, self.num_kv_heads
             if kv is not None and heads >= 1 and kv >= 1 and heads % kv:
                 yield "num_kv_heads", f"must divide num_heads={heads}"
+            if self.fused_qkv and kv is not None and kv != heads:
+                yield "fused_qkv", "one q/k/v projection has as many kv heads as query heads"
             if self.head_dim is None and heads >= 1 and self.model_dim % heads:
                 yield "num_heads", (f"must divide model_dim={self.model_dim}, or set head_dim")
             width = self.head_dim or (self.model_dim // heads if heads >= 1 else 0)
-            if width % 2:
+            if width % 2 and self.position_embedding == "rotary":
                 yield ("head_dim" if self.head_dim else "model_dim",
                        f"gives heads of width {width}: RoPE rotates pairs, the width must be even")
             if self.norm_eps <= 0:
@@ -126,6 +162,10 @@ class Decoder(CausalLanguageModel):
                 yield "sliding_window", f"must be >= 1 (or None), got {self.sliding_window}"
             if self.moe is not None and self.mlp_bias:
                 yield "mlp_bias", "a mixture of experts has no MLP biases: set it False with moe"
+            for name in ("dropout_rate", "attention_dropout_rate"):
+                value = getattr(self, name)
+                if not 0.0 <= value < 1.0:
+                    yield name, f"must be in [0, 1), got {value}"
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
@@ -133,26 +173,43 @@ class Decoder(CausalLanguageModel):
         table = VocabParallelEmbedding.default_config().set(
             num_embeddings=self.padded_vocab_size, dim=cfg.model_dim)
         self._add_child("token_emb", table)
+        if cfg.position_embedding == "learned":
+            self._add_child("pos_emb", Embedding.default_config().set(
+                num_embeddings=cfg.max_seq_len, dim=cfg.model_dim))
+        self._add_child("emb_dropout", Dropout.default_config().set(
+            rate=cfg.dropout_rate, split_dims=(RESIDUAL_SEQUENCE,)))
         if not cfg.tie_embeddings:
             self._add_child("lm_head", table.clone())
+        # The projections that write into the residual stream start smaller, by
+        # 1 / sqrt(2 x layers) (GPT-2's scheme).
         output_init = Normal.default_config().set(stddev=0.02 / math.sqrt(2 * cfg.num_layers))
-        attention = GroupedQueryAttention.default_config().set(
-            model_dim=cfg.model_dim, num_heads=cfg.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
+        attention = Attention.default_config().set(
+            model_dim=cfg.model_dim, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, fused_qkv=cfg.fused_qkv,
+            rotary=cfg.position_embedding == "rotary", rope_theta=cfg.rope_theta,
+            rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
             output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-            sliding_window=cfg.sliding_window, output_param_init=output_init)
+            sliding_window=cfg.sliding_window, attention_dropout_rate=cfg.attention_dropout_rate,
+            output_param_init=output_init)
         if cfg.moe is not None:
             mlp = cfg.moe.clone(model_dim=cfg.model_dim, output_param_init=output_init)
         else:
-            mlp = GatedMLP.default_config().set(model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim,
-                                                bias=cfg.mlp_bias, output_param_init=output_init)
-        block = DecoderBlock.default_config().set(model_dim=cfg.model_dim, attention=attention,
-                                                  mlp=mlp, norm_eps=cfg.norm_eps)
+            mlp = MLP.default_config().set(
+                model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim or 4 * cfg.model_dim,
+                gated=cfg.gated_mlp, activation=cfg.mlp_activation, bias=cfg.mlp_bias,
+                output_param_init=output_init)
+        block = DecoderBlock.default_config().set(
+            model_dim=cfg.model_dim, attention=attention, mlp=mlp, norm=cfg.norm,
+            norm_eps=cfg.norm_eps, dropout_rate=cfg.dropout_rate)
         self._add_child("decoder", Repeat.default_config().set(
             layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy,
             unroll=cfg.unroll_layers))
-        self._add_child("final_norm", RMSNorm.default_config().set(input_dim=cfg.model_dim,
-                                                                   eps=cfg.norm_eps))
+        norm = LayerNorm if cfg.norm == "layer" else RMSNorm
+        self._add_child("final_norm", norm.default_config().set(input_dim=cfg.model_dim,
+                                                                eps=cfg.norm_eps))
+        # (A checkpoint of the former GPT class restores with its param paths mapped.)
+        self.checkpoint_renames = (GPT_CHECKPOINT_RENAMES
+                                   if cfg.position_embedding == "learned" else {})
 
     @property
     def num_kv_heads(self) -> int:
@@ -164,7 +221,9 @@ class Decoder(CausalLanguageModel):
 
     @nowrap
     def check_axis_binding(self, binding, *, path):
-        if self.config.moe is not None:  # Under the path the user sets it by.
+        # Options set on the model, refused under the path the user sets them by.
+        refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
+        if self.config.moe is not None:
             check_moe_binding(self.config.moe, binding, path=f"{path}.moe")
         super().check_axis_binding(binding, path=path)
 
@@ -178,20 +237,29 @@ class Decoder(CausalLanguageModel):
 
     def embed(self, input_ids: jax.Array, positions: Optional[jax.Array] = None) -> jax.Array:
         """The token embeddings ``[batch, seq, model_dim]`` (this rank's part of the sequence
-        under sequence parallelism); the positions are RoPE's, read in attention."""
-        del positions
+        under sequence parallelism), plus the learned positions' (GPT-2: ``positions`` --
+        packed rows: each token's place in its document -- pick the rows, by default
+        ``0 .. seq-1``); rotary models read the positions in attention."""
         x = self.token_emb(input_ids)
         cfg = self.config
+        if cfg.position_embedding == "learned":
+            length = x.shape[1]
+            start = self.axis_binding.rank(RESIDUAL_SEQUENCE) * length
+            if positions is None:
+                positions = (start if self._split_sequence() else 0) + jnp.arange(length)
+            elif self._split_sequence():  # This rank's part of the sequence.
+                positions = jax.lax.dynamic_slice_in_dim(positions, start, length, axis=1)
+            return self.emb_dropout(x + self.pos_emb(positions))
         binding = self.axis_binding
         biased = ([binding.active(HEADS)] if cfg.attention_output_bias else []) + \
-            ([binding.active(MLP)] if cfg.mlp_bias else [])
+            ([binding.active(MLP_DIM)] if cfg.mlp_bias else [])
         for axis in sorted({a for a in biased if a is not None}):
             # A bias added after a row-parallel psum varies over the TP axis as the params do,
             # so the residual stream does from the first block on; the layer loop's carry must
-            # have one type, so it starts so (the first block would cast it anyway).
+            # have one type, so it starts so (the first block would cast it anyway). (A learned
+            # position table, replicated over TP, makes it vary from the start.)
             x = collectives.cast_varying(x, axis)
-        return x
-
+        return self.emb_dropout(x)
 
     # --- Generation: a key/value cache, one token at a time --------------------------------------
 
@@ -207,10 +275,11 @@ class Decoder(CausalLanguageModel):
                                       "binding without residual_sequence")
         batch, prompt = prompt_ids.shape
         total = prompt + max_new_tokens
-        k_weight = self.parameters["decoder"]["layer"]["attn"]["k_weight"]
         table = self.parameters["token_emb"]["weight"]
-        cache_shape = (self.config.num_layers, batch, total) + tuple(k_weight.shape[-2:])
-        cache = (jnp.zeros(cache_shape, table.dtype), jnp.zeros(cache_shape, table.dtype))
+        shape = self.decoder.layer.attn.cache_shape(
+            self.parameters["decoder"]["layer"]["attn"], layers=self.config.num_layers,
+            batch=batch, length=total)
+        cache = (jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype))
 
         def choose(x, cache_out, step):
             logits = self.full_logits(self._logits_of(self.final_norm(x[:, -1:])))[:, -1]
@@ -223,12 +292,40 @@ class Decoder(CausalLanguageModel):
 
         def step(carry, index):
             token, cache_in = carry
-            x, cache_out = self.decoder.decode(self.embed(token[:, None]), cache_in,
+            position = jnp.full((batch, 1), prompt + index)  # (The learned table's row.)
+            x, cache_out = self.decoder.decode(self.embed(token[:, None], position), cache_in,
                                                start=prompt + index)
             return choose(x, cache_out, index + 1), token
 
         (last, _), tokens = jax.lax.scan(step, (first, cache), jnp.arange(max_new_tokens - 1))
         return jnp.concatenate([tokens.T, last[:, None]], axis=1)
+
+
+def gpt_config(**overrides) -> Decoder.Config:
+    """GPT-2's switches of the family (learned positions, LayerNorm, fused q/k/v with biases,
+    GELU MLP with biases, tied head) at GPT-2 small's size, then ``overrides``."""
+    return Decoder.default_config().set(
+        name="gpt", vocab_size=50257, max_seq_len=1024, num_layers=12, model_dim=768,
+        num_heads=12, hidden_dim=None, gated_mlp=False, mlp_activation="gelu_tanh",
+        norm="layer", norm_eps=1e-5, position_embedding="learned", fused_qkv=True,
+        qkv_bias=True, attention_output_bias=True, mlp_bias=True,
+        tie_embeddings=True).set(**overrides)
+
+
+def is_gpt2(cfg) -> bool:
+    """Whether a model config is GPT-2's configuration of the family (its HF names)."""
+    return getattr(cfg, "position_embedding", None) == "learned"
+
+
+def gpt2_config(size: str, **overrides) -> Decoder.Config:
+    """Standard GPT-2 sizes: "small" (124M), "medium" (350M), "large" (774M), "xl" (1.5B)."""
+    shapes = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20),
+              "xl": (48, 1600, 25)}
+    if size not in shapes:
+        raise ValueError(f"unknown GPT-2 size {size!r}; one of {', '.join(shapes)}")
+    num_layers, model_dim, num_heads = shapes[size]
+    return gpt_config(num_layers=num_layers, model_dim=model_dim, num_heads=num_heads,
+                      **overrides)
 
 
 def llama_config(size: str, **overrides) -> Decoder.Config:
