@@ -30,7 +30,8 @@ def hf_greedy(directory, prompt_ids, new_tokens=NEW_TOKENS):
 
 
 @pytest.mark.parametrize("kind,data,model", [
-    ("llama", 1, 1), ("llama", 4, 2), ("qwen3", 1, 1), ("qwen3", 4, 2), ("mistral", 2, 4)])
+    ("llama", 1, 1), ("llama", 4, 2), ("qwen3", 1, 1), ("qwen3", 4, 2), ("mistral", 2, 4),
+    ("gpt2", 1, 1), ("gpt2", 4, 2)])  # (GPT-2 decodes by the family's KV cache too.)
 def test_greedy_tokens_equal_transformers(kind, data, model, root):
     import jax
     directory = ref.saved_model(kind, root)
