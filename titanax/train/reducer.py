@@ -220,39 +220,28 @@ class GradientReducer:
                                 if not self.param_split_over_data[i]]
             partly_reduced = self._psum_by_axes(leaves, partly)
             divided_with_data.update(partly)
-            # What the data all-reduce's gradients are divided by: its size, or (below) the
-            # summed weight when that is complete.
-            divisor = self.data_size
             if summed or carried or averaged_updates:
                 reduced = collectives.psum([leaves[i] for i in summed]
                                            + [metrics[i] for i in carried]
                                            + [updates[i] for i in averaged_updates],
                                            sharding.axis_entry(self.data_axes))
                 size = self.data_size
-                # The shards' weights are all summed here when the data all-reduce spans every
-                # batch axis: the weighted mean is then the sum over the weight, in the pass
-                # that would divide by the size anyway (else a factor follows step 2).
-                if weighted:
-                    total = reduced[len(summed) + carried.index(metric_names.index(_WEIGHT))]
-                    if self._weights_complete_after_data(total):
-                        divisor = jnp.where(total > 0, total, 1.0)
-                        weighted = False
+                # Divided by the size (a constant XLA folds into the optimizer update and the
+                # norm's reduction); a token weight's factor follows step 2. Dividing here by the
+                # summed weight instead (a runtime scalar) wrote each gradient out twice more:
+                # the divide, and the norm's square after it.
                 for position, index in enumerate(summed):
-                    leaves[index] = reduced[position] / (
-                        divisor if isinstance(divisor, int) else divisor.astype(
-                            reduced[position].dtype))
+                    leaves[index] = reduced[position] / size
                 averaged = all(a in self.loss_relation.mean_over for a in self.data_axes)
                 for position, index in enumerate(carried):
                     value = reduced[len(summed) + position]
                     mean = averaged and index < len(mean_metrics)
-                    metrics[index] = value / (divisor if metric_names[index] == "loss"
-                                              else size) if mean else value
+                    metrics[index] = value / size if mean else value
                 offset = len(summed) + len(carried)
                 for position, index in enumerate(averaged_updates):
                     updates[index] = reduced[offset + position] / size
             for index, value in partly_reduced.items():
-                leaves[index] = value / (divisor if isinstance(divisor, int)
-                                         else divisor.astype(value.dtype))
+                leaves[index] = value / self.data_size
         sizes = dict(self.mesh_shape)
         for index, axes in enumerate(self.layer_summed_axes):
             if axes and index not in divided_with_data:
@@ -294,15 +283,6 @@ class GradientReducer:
             reduced = collectives.psum([leaves[i] for i in group], sharding.axis_entry(axes))
             out.update(zip(group, reduced))
         return out
-
-    def _weights_complete_after_data(self, total: jax.Array) -> bool:
-        """Whether the data all-reduce summed the weights over every batch axis, into a value
-        the same on every device (not a copy still typed as varying over a model axis), and
-        carried every gradient (none split over the data axis: scaling those here would make
-        their norm wait for this all-reduce, which XLA then cannot merge with theirs)."""
-        batch = set(self.loss_relation.mean_over)
-        return (batch <= set(self.data_axes) and not collectives.varying_axes(total)
-                and not any(self.data_axis in axes for axes in self.split_axes))
 
     def _reduce_other_axes(self, leaves: List[jax.Array], metrics: List[jax.Array],
                            updates: Dict[int, jax.Array], *, mean_metric_count: int,
