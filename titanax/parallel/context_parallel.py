@@ -18,9 +18,12 @@ order does not change it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Literal, Mapping, Optional
 
+import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from titanax import errors
 from titanax.config import Configurable
@@ -108,6 +111,33 @@ class CP(Configurable):
             out = {k: (np.asarray(v)[:, order] if np.ndim(v) >= 2 and np.shape(v)[1] == length
                        else v) for k, v in out.items()}
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceSplit:
+    """CP's transform in the layout pipeline (parallel/layout.py): each row's sequence split
+    over ``axis`` in ``order``'s chunks, and that axis crossed by the data all-reduce (the
+    params stay whole over it, so their gradients are reduced there like over a data axis)."""
+
+    axis: str
+    # How the host cuts and orders each row (the plan's CP part: chunks, prepare).
+    order: Any
+    name: str = "sequence split (CP)"
+
+    def apply(self, layout):
+        from titanax.parallel import rules  # pylint: disable=import-outside-toplevel
+        split = [spec for spec in jax.tree_util.tree_leaves(
+            layout.param_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+            if self.axis in rules.spec_axes(spec)] if layout.param_specs is not None else []
+        if split:
+            raise errors.PlanError(
+                f"a param is split over {self.axis!r}, which the data all-reduce crosses as a "
+                "batch axis", path="plan.context_parallel",
+                suggestion="keep params whole over the context axis")
+        batch = dataclasses.replace(layout.batch, sequence_axis=self.axis,
+                                    sequence_order=self.order,
+                                    fold_axes=layout.batch.fold_axes + (self.axis,))
+        return layout.evolve(self.name, batch=batch)
 
 
 def dual_chunk_order(length: int, size: int) -> np.ndarray:

@@ -15,6 +15,7 @@ contributions home), so they cross the data axis only (``train/reducer.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, List, Mapping, Tuple
 
 import jax
@@ -66,6 +67,25 @@ class EP(Configurable):
                          f"rank, top-{cfg.top_k}; {slots}; each all-to-all carries "
                          f"{cfg.num_experts} x C x {cfg.model_dim} values per device")
         return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertRows:
+    """EP's transform in the layout pipeline (parallel/layout.py): the rows split over the
+    expert axis too; that axis crossed by the data all-reduce for the params replicated over
+    it, while the experts' own gradients -- split over it, and already summed over it by the
+    layers' all-to-alls -- skip it. (The experts' dimension carries the axis from the axis
+    binding, as heads carry TP's.)"""
+
+    axis: str
+    name: str = "expert rows (EP)"
+
+    def apply(self, layout):
+        batch = layout.batch
+        batch = dataclasses.replace(batch, row_axes=batch.row_axes + (self.axis,),
+                                    fold_axes=batch.fold_axes + (self.axis,),
+                                    layer_summed_axes=batch.layer_summed_axes + (self.axis,))
+        return layout.evolve(self.name, batch=batch)
 
 
 def moe_layers(module: Any, path: str = "") -> List[Tuple[str, Any]]:

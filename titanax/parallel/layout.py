@@ -29,6 +29,7 @@ import jax
 from jax.sharding import PartitionSpec
 
 from titanax.parallel import rules
+from titanax.parallel.batch_layout import BatchLayout
 
 
 class LayoutTransform(Protocol):
@@ -73,6 +74,9 @@ class Layout:
     # Which mesh axis holds each logical dimension of the model's params and activations
     # (modules/axis_binding.py): what layers ask while they run in the step.
     axis_binding: Any = None
+    # Where the batch's rows and sequence live, and what that asks of the reduction
+    # (parallel/batch_layout.py).
+    batch: BatchLayout = BatchLayout()
 
     @property
     def mesh_shape(self) -> Mapping[str, int]:
@@ -148,4 +152,4 @@ class DropUnitAxes:
         if not dropped:
             return layout
         specs = map_specs(lambda spec: without_axes(spec, dropped), layout.param_specs)
-        return layout.evolve(self.name, param_specs=specs)
+        return layout.evolve(self.name, param_specs=specs, batch=layout.batch.without(dropped))

@@ -17,13 +17,18 @@ grow with the stage's depth. Bubble: ``(S - 1) / (M + S - 1)``.
 et al. 2021's interleaving applied to GPipe): the microbatches go round the ring ``v`` times, each
 round through the next slice of every device; ``vM + S - 1`` ticks, each ``1/v`` of a GPipe
 tick's work, so the bubble shrinks to ``(S - 1) / (vM + S - 1)`` at the price of ``v`` times the
-ppermutes.
+ppermutes. Device ``s`` holds model stages ``c = r S + s`` for ``r = 0 .. v - 1`` (leaf ``r`` of
+the stage params' leading dimension); microbatch ``m`` in round ``r`` is stream item
+``i = r M + m``, which device ``s`` works on at tick ``t = i + s``. What the last device computes
+in a round that is not the last goes round the ring to device 0, which keeps it in a buffer of M
+activations until round ``r + 1`` reaches that microbatch, ``M - S + 1`` ticks after it arrives:
+``M >= S`` is all the schedule needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Dict
 
 import jax
 import jax.numpy as jnp
@@ -60,31 +65,17 @@ def gpipe(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches: j
 def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches: jax.Array, *,
              axis: str, virtual_stages: int, remat_ticks: bool = False,
              with_summaries: bool = False) -> Any:
-    """GPipe with ``v = virtual_stages`` stage slices per device, the microbatches going round
-    the ring ``v`` times (``v = 1`` is plain GPipe).
-
-    The model's stages are ``c = 0 .. vS - 1``; device ``s`` holds ``c = r S + s`` for
-    ``r = 0 .. v - 1`` (leaf ``r`` of ``stage_params``'s leading dimension). Microbatch ``m`` in
-    round ``r`` is stream item ``i = r M + m``; device ``s`` works on item ``t - s`` at tick
-    ``t``, so a schedule takes ``vM + S - 1`` ticks and the bubble is ``(S - 1) / (vM + S - 1)``.
-    With ``with_summaries``, ``stage_fn`` returns ``(y, {name: scalar})`` and the result is
-    ``(outputs, summaries)``: each summary summed over this device's ``vM`` real (not idle)
-    ticks and divided by ``vMS`` -- summed over the pipe axis, the mean over every stage and
-    microbatch.
-    What the last device computes in a round that is not the last goes round the ring to device 0,
-    which keeps it in a buffer of M activations until round ``r + 1`` reaches that microbatch
-    (``M - S + 1`` ticks after it arrives: M >= S is all the schedule needs). ``stage_fn`` is called with the
-    model stage index ``c`` as its last argument.
-    """
+    """GPipe with ``v = virtual_stages`` stage slices per device (the module docstring; ``v = 1``
+    is plain GPipe). ``stage_fn(params, x, microbatch, c)`` runs model stage ``c``; with
+    ``with_summaries`` it returns ``(y, {name: scalar})`` and the result is ``(outputs,
+    summaries)``: each summed over this device's real ticks and divided by ``vMS`` (summed over
+    the pipe axis: the mean over every stage and microbatch)."""
     num_stages = collectives.axis_size(axis)
     count = microbatches.shape[0]
     check_fills(num_microbatches=count, num_stages=num_stages)
     rounds = virtual_stages
     stage = collectives.axis_index(axis)
-    if rounds > 1:
-        ring = [(i, (i + 1) % num_stages) for i in range(num_stages)]
-    else:
-        ring = [(i, i + 1) for i in range(num_stages - 1)]
+    ring = [(i, (i + 1) % num_stages) for i in range(num_stages if rounds > 1 else num_stages - 1)]
     microbatches = collectives.cast_varying(microbatches, axis)
     zero = jnp.zeros_like(microbatches[0])
     items = rounds * count
@@ -120,17 +111,21 @@ def circular(stage_fn: Callable[..., jax.Array], stage_params: Any, microbatches
         return (sent, looped, outputs, summed), None
 
     looped = jnp.zeros_like(microbatches) if rounds > 1 else jnp.zeros((0,), zero.dtype)
-    summed = {}
-    if with_summaries:  # Their names and shapes, from the stage itself.
-        first = jax.eval_shape(run_stage, stage_params, zero, 0, 0)[1]
-        summed = {k: collectives.cast_varying(jnp.zeros(v.shape, wide_float(v.dtype)),
-                                              collectives.manual_axes())
-                  for k, v in first.items()}
+    summed = (_summary_sums(run_stage, stage_params, zero) if with_summaries else {})
     init = (zero, collectives.cast_varying(looped, axis), jnp.zeros_like(microbatches), summed)
     (_, _, outputs, summed), _ = jax.lax.scan(tick, init, jnp.arange(items + num_stages - 1))
     if with_summaries:
         return outputs, {k: v / (items * num_stages) for k, v in summed.items()}
     return outputs
+
+
+def _summary_sums(run_stage: Callable, stage_params: Any, zero: jax.Array) -> Dict[str, Any]:
+    """Zero accumulators for the stage's summaries (names and shapes from the stage itself),
+    varying over every manual axis as the summaries are."""
+    first = jax.eval_shape(run_stage, stage_params, zero, 0, 0)[1]
+    return {k: collectives.cast_varying(jnp.zeros(v.shape, wide_float(v.dtype)),
+                                        collectives.manual_axes())
+            for k, v in first.items()}
 
 
 def _rematerialised(run_stage: Callable, *, remat_ticks: bool, rounds: int) -> Callable:

@@ -20,12 +20,13 @@ from titanax import errors
 from titanax.config import Configurable
 from titanax.modules import axis_binding as axis_binding_lib
 from titanax.modules.axis_binding import AxisBinding
+from titanax.parallel import batch_layout as batch_layout_lib
 from titanax.parallel import interleaved_stack, layout as layout_lib, logical_axes, one_f_one_b
 from titanax.parallel import pipeline
 from titanax.parallel import rules as rules_lib
 from titanax.parallel import sharding, state_dims
-from titanax.parallel.context_parallel import CP
-from titanax.parallel.expert_parallel import EP
+from titanax.parallel.context_parallel import CP, SequenceSplit
+from titanax.parallel.expert_parallel import EP, ExpertRows
 
 SpecEntry = Optional[Union[str, Tuple[str, ...]]]
 
@@ -320,13 +321,9 @@ class Plan(Configurable):
 
     @property
     def batch_axes(self) -> Tuple[str, ...]:
-        """The mesh axes the batch's rows are split over: the data axis, under HSDP the ZeRO
-        axis too (each device of a ZeRO group runs its own rows), and the expert axis (each
-        expert-parallel rank routes its own rows' tokens)."""
-        axes: Tuple[str, ...] = ()
-        if self.dp_axis is not None:
-            axes = (self.dp_axis, self.zero_axis) if self.hsdp else (self.dp_axis,)
-        return axes + ((self.ep_axis,) if self.ep_axis else ())
+        """The mesh axes the batch's rows are split over (``batch_layout().row_axes``): the
+        data axis, under HSDP the ZeRO axis too, and the expert axis."""
+        return self.batch_layout().row_axes
 
     @property
     def ep_axis(self) -> Optional[str]:
@@ -338,9 +335,8 @@ class Plan(Configurable):
 
     @property
     def token_axes(self) -> Tuple[str, ...]:
-        """The mesh axes a batch's tokens are split over: the batch axes (rows), and the
-        context axis (each row's sequence). The loss is a token-weighted mean over them."""
-        return self.batch_axes + ((self.cp_axis,) if self.cp_axis else ())
+        """The mesh axes a batch's tokens are split over (rows, and each row's sequence)."""
+        return self.batch_layout().token_axes
 
     @property
     def batch_axis(self) -> sharding.AxisEntry:
@@ -441,22 +437,51 @@ class Plan(Configurable):
 
     def layout_transforms(self) -> List[layout_lib.LayoutTransform]:
         """The layout pipeline's transforms, in their fixed order (parallel/layout.py): logical
-        axis rules, layer layouts + TP rules, then each plan part's, then size-1 axes dropped."""
+        axis rules, layer layouts + TP rules, the rows' split (DP), then PP's and ZeRO's, the
+        sequence's (CP) and the experts' rows (EP), then size-1 axes dropped."""
         transforms: List[layout_lib.LayoutTransform] = [
             logical_axes.LogicalAxisRules(
                 rules=tuple(self.config.logical_axis_rules.items()), tp_axis=self.tp_axis,
                 state_axis=self.zero_axis, roles=tuple(self.roles().items())),
             rules_lib.LayerLayouts(rules=tuple(self.sharding_rules()),
                                    undeclared_replicated=self.tp_axis is None)]
+        batch = self.batch_transforms()
+        transforms += batch[:1] if self.data_parallel is not None else []
         if self.pipeline_parallel is not None:
             transforms += self.pipeline_parallel.layout_transforms()
         if self.zero is not None:
             transforms += self.zero.layout_transforms(axis=self.zero_axis)
-        # (Context and expert parallelism add none: the params stay whole over the context
-        # axis, and MoE layers name their experts' first dimension, which the axis binding
-        # puts on the expert axis, as it puts heads on the TP axis.)
+        # (The params stay whole over the context axis, and MoE layers name their experts'
+        # first dimension, which the axis binding puts on the expert axis, as it puts heads
+        # on the TP axis: CP and EP split the batch.)
+        transforms += batch[1:] if self.data_parallel is not None else batch
         transforms.append(layout_lib.DropUnitAxes())
         return transforms
+
+    def batch_transforms(self) -> List[layout_lib.LayoutTransform]:
+        """The transforms that split the batch: its rows over the data axis (and the ZeRO
+        axis under HSDP), each row's sequence over the context axis, the rows over the expert
+        axis too."""
+        out: List[layout_lib.LayoutTransform] = []
+        dp = self.config.data_parallel
+        if dp is not None:
+            out.append(batch_layout_lib.BatchRows(
+                row_axes=(dp.axis, self.zero_axis) if self.hsdp else (dp.axis,),
+                data_axis=dp.axis))
+        if self.context_parallel is not None:
+            out.append(SequenceSplit(axis=self.context_parallel.config.axis,
+                                     order=self.context_parallel))
+        if self.expert_parallel is not None:
+            out.append(ExpertRows(axis=self.expert_parallel.config.axis))
+        return out
+
+    def batch_layout(self) -> batch_layout_lib.BatchLayout:
+        """Where the batch lives on any mesh (the size-1 axes kept: the layout drops them):
+        what the inputs place, before any param is known."""
+        layout = layout_lib.Layout(mesh_axes=(), parameter_specs=None)
+        for transform in self.batch_transforms():
+            layout = transform.apply(layout)
+        return layout.batch
 
     def layout(self, parameter_specs: Any, mesh: Mesh) -> layout_lib.Layout:
         """Where every param of ``parameter_specs`` (ParameterSpecs, arrays or

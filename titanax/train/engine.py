@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Seque
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from titanax import errors
 from titanax.config import Configurable
@@ -30,6 +31,7 @@ from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo
 from titanax.observe.loggers import Basic, Logger
 from titanax.observe.profiler import Profile
+from titanax.parallel import sharding
 from titanax.parallel.plan import DP, Plan
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import evaluation as evaluation_lib
@@ -462,6 +464,12 @@ class Engine(Configurable):
                 layout=self.layout, local_batch=self._local_batch_rows,
                 itemsize=np.dtype(self.precision.param_dtype).itemsize,
                 temp_bytes=getattr(analysis, "temp_size_in_bytes", None) if analysis else None)
+            paths = [sharding.path_string(path) for path, _ in
+                     jax.tree_util.tree_flatten_with_path(
+                         self.layout.param_specs,
+                         is_leaf=lambda x: isinstance(x, PartitionSpec))[0]]
+            schedule = "\n".join(t for t in (schedule, self.steps.setup.reducer.describe(
+                paths=paths)) if t)
         return explain_lib.explain(
             mesh=self.mesh, plan=self.plan, layout=self.layout,
             param_dtype=self.precision.param_dtype,

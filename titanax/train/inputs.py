@@ -34,26 +34,26 @@ class RunInputs:
         """``limits``: what the model's inputs may hold (``model.input_limits()``); every host
         batch is checked against them before it is placed."""
         self.mesh, self.plan = mesh, plan
+        # Where the rows and the sequence go (parallel/batch_layout.py).
+        self.batch = plan.batch_layout()
         self.limits = dict(limits or {})
 
     def process_batch_shards(self):
         """``(shards, num_shards)``: the batch shards this process's devices hold, in order."""
-        return batch_shards.process_shards(self.mesh, self.plan.batch_axis)
+        return batch_shards.process_shards(self.mesh, self.batch.row_entry)
 
     def global_batch(self, host_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
-        """Global arrays from this process's rows (checked against the plan first). Under
-        context parallelism every row's sequence is split too, in the plan's order, with each
-        token's positions (``CP.prepare``)."""
+        """Global arrays from this process's rows (checked against the plan first). Where the
+        layout splits each row's sequence, it is split too, in the layout's order, with each
+        token's positions (``BatchLayout.prepared``)."""
         shards, num_shards = self.process_batch_shards()
         leaves = jax.tree_util.tree_leaves(host_batch)
         if leaves and np.ndim(leaves[0]):
             self.plan.check_batch_size(np.shape(leaves[0])[0] // len(shards) * num_shards,
                                        self.mesh)
-        cp = self.plan.context_parallel
-        if cp is not None:
-            host_batch = cp.prepare(host_batch, size=self.mesh.shape[cp.config.axis])
-        return batch_shards.place_batch(self.mesh, self.plan.batch_axis, host_batch, shards,
-                                        num_shards, seq_axis=self.plan.cp_axis)
+        host_batch = self.batch.prepared(host_batch, dict(self.mesh.shape))
+        return batch_shards.place_batch(self.mesh, self.batch.row_entry, host_batch, shards,
+                                        num_shards, seq_axis=self.batch.sequence_axis)
 
     def placed(self, batch: Any) -> Any:
         """A host batch as global arrays; global arrays as they are."""
@@ -92,13 +92,12 @@ class RunInputs:
             self._check_sequence_split(input_cfg, where=where)
         check_declarations(config, self.limits)
     def _check_sequence_split(self, input_cfg: Any, *, where: str) -> None:
-        """Under context parallelism a source's rows must cut into the plan's chunks: said
+        """Where the layout splits the sequence, a source's rows must cut into its chunks: said
         before the first step (not at the first batch, or the first evaluation)."""
-        cp = self.plan.context_parallel
         length = getattr(getattr(input_cfg, "source", None), "seq_len", None)
-        if cp is None or not isinstance(length, int):
+        chunks = self.batch.sequence_chunks(dict(self.mesh.shape))
+        if chunks == 1 or not isinstance(length, int):
             return
-        chunks = cp.chunks(self.mesh.shape[cp.config.axis])
         if length % chunks:
             raise errors.PlanError(
                 f"rows of {length} tokens do not split into the {chunks} equal chunks context "

@@ -1,10 +1,17 @@
 """The gradient reducer: every gradient reduced once per step, in as few collectives as possible.
 
-Planned once on the host from the final param specs (DESIGN section 7), run once per step in
-local view after the gradient computer. Each gradient must be summed over every mesh axis its
-param is replicated on: averaged over the axes the batch is split over (data; under HSDP also
-fsdp), summed over the others (a TP-replicated param collects its gradient from every model rank). Written naively that is one all-reduce per group of
-leaves, plus one for each metric, plus one for the global norm's squares and one for the finite
+A plan and an executor. The plan is made once on the host from the final param specs (DESIGN
+section 7): ``GradientReducer.buckets``, one ``Bucket`` per collective -- its axes, the gradients
+it carries, what it divides them by, the norm's squares riding in it -- printed by
+``--explain``. The executor (``reduce``, once per step in local view after the gradient
+computer) reduces each bucket and divides; the step's metrics and state updates join the bucket
+of their axes (known when the step is traced, from their varying axes), and a token-weighted
+step scales the result once at the end.
+
+Each gradient must be summed over every mesh axis its param is replicated on: averaged over the
+axes the batch is split over (data; under HSDP also fsdp), summed over the others (a
+TP-replicated param collects its gradient from every model rank). Written naively that is one
+all-reduce per group of leaves, plus one for each metric, plus one for the global norm's squares and one for the finite
 check: six small collectives where two suffice. The reducer issues
 
 1. **one** all-reduce over the data axis carrying every gradient *and* the step's metrics (the
@@ -43,6 +50,7 @@ averaged over ``fsdp`` in step 2's collective, like any other axis they are repl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -125,11 +133,11 @@ class GradientReducer:
         layout = jax.tree_util.tree_leaves(param_layout if param_layout is not None
                                            else param_specs, is_leaf=is_spec)
         whole_over = tuple(a for a in fold if a not in layer_summed)
-        if any(a in rules.spec_axes(spec) for spec in specs + layout for a in whole_over):
-            raise errors.PlanError(f"a param is split over {whole_over}, which the data "
-                                   "all-reduce crosses as a batch axis",
-                                   path="plan.context_parallel",
-                                   suggestion="keep params whole over the context axis")
+        split = [a for spec in specs + layout for a in whole_over if a in rules.spec_axes(spec)]
+        if split:  # (The transform that folds an axis refuses it first, naming its plan part.)
+            raise errors.PlanError(f"a param is split over {split[0]!r}, which the data "
+                                   "all-reduce crosses as a batch axis", path="plan",
+                                   suggestion=f"keep params whole over {split[0]!r}")
 
         def others(spec) -> Tuple[str, ...]:
             """The axes a leaf of ``spec`` is reduced over after the data all-reduce."""
@@ -168,6 +176,68 @@ class GradientReducer:
         sizes = dict(self.mesh_shape)
         return math.prod(sizes[a] for a in self.loss_relation.mean_over if a in sizes)
 
+    # --- The plan: one bucket per collective, fixed at build time --------------------------------
+
+    @functools.cached_property
+    def buckets(self) -> Tuple[Bucket, ...]:
+        """Every collective the reduction issues for the gradients, in order (see the module
+        docstring): the reduce-scatters into the ZeRO layout, the all-reduces of gradients
+        their layer summed over part of the batch axes, the data all-reduce, then one
+        all-reduce per set of other axes (the norm's squares riding where they can), and the
+        squares that need their own. Metrics and state updates join the bucket of their axes
+        when the step runs (or add one of their own)."""
+        sizes = dict(self.mesh_shape)
+        out: List[Bucket] = [Bucket(kind="reduce-scatter", axes=(self.shard_axis,), grads=(i,),
+                                    dim=dim)
+                             for i, dim in enumerate(self.scatter_dims) if dim is not None]
+        if self.data_axis is not None:
+            crossing = [i for i, axes in enumerate(self.split_axes) if self.data_axis not in axes]
+            groups: Dict[Tuple[str, ...], List[int]] = {}
+            for index in (i for i in crossing if self._summed_by_layer(i)):
+                axes = tuple(a for a in self.data_axes if a not in self.layer_summed_axes[index])
+                groups.setdefault(axes, []).append(index)
+            out += [Bucket(kind="layer-summed", axes=axes, grads=tuple(group),
+                           divisor=self.data_size) for axes, group in sorted(groups.items())]
+            out.append(Bucket(kind="data", axes=self.data_axes, divisor=self.data_size,
+                              grads=tuple(i for i in crossing if not self._summed_by_layer(i))))
+        early, late, _ = self._square_groups()
+        replicated: Dict[Tuple[str, ...], List[int]] = {}
+        for index, axes in enumerate(self.replicated_axes):
+            if axes:
+                replicated.setdefault(axes, []).append(index)
+        for key in sorted(set(replicated) | set(early)):
+            out.append(Bucket(kind="other", axes=key, grads=tuple(replicated.get(key, ())),
+                              divisor=math.prod(sizes[a] for a in key
+                                                if a in self.loss_relation.mean_over),
+                              squares=tuple(early.get(key, ()))))
+        out += [Bucket(kind="squares", axes=key, squares=tuple(indices))
+                for key, indices in sorted(late.items())]
+        return tuple(out)
+
+    @functools.cached_property
+    def layer_divisions(self) -> Tuple[Tuple[int, int], ...]:
+        """``(leaf, divisor)`` of gradients a layer summed over batch axes that no bucket
+        divides: their shards' mean."""
+        sizes = dict(self.mesh_shape)
+        divided = {i for b in self.buckets if b.kind == "layer-summed" for i in b.grads}
+        return tuple((i, math.prod(sizes[a] for a in axes))
+                     for i, axes in enumerate(self.layer_summed_axes)
+                     if axes and i not in divided)
+
+    def describe(self, *, paths: Optional[Sequence[str]] = None) -> str:
+        """--explain's lines: one per collective, what it carries and divides by."""
+        lines = [f"gradient reduction: {len(self.buckets)} collective(s) for the gradients "
+                 "(metrics and state updates ride in the bucket of their axes)"]
+        lines += ["  " + bucket.describe(paths) for bucket in self.buckets]
+        if self.layer_divisions:
+            lines.append(f"  {len(self.layer_divisions)} gradient(s) their layer summed over a "
+                         "batch axis: divided by its size, no collective")
+        lines.append("  token-weighted steps: gradients, norm and loss x (batch shards / summed "
+                     "weight) afterwards (the weight rides as a summed metric)")
+        return "\n".join(lines)
+
+    # --- The executor: reduce each bucket, divide ------------------------------------------------
+
     def reduce(self, grads: Any, *, mean_metrics: Dict[str, jax.Array],
                sum_metrics: Dict[str, jax.Array], weight: Optional[jax.Array] = None,
                sync_data: bool = True,
@@ -185,84 +255,116 @@ class GradientReducer:
         over every axis their param is replicated on -- always, whatever ``sync_data`` says,
         since every copy of a param must stay equal -- riding in the same collectives.
         """
-        weighted = weight is not None
-        if weighted:
-            # The plain mean over the shards below is then mean(weight x value); divided by
-            # mean(weight) afterwards it is the weighted mean.
-            if sync_data and "loss" in mean_metrics:
-                mean_metrics = {**mean_metrics, "loss": mean_metrics["loss"] * weight}
-            sum_metrics = {**sum_metrics, _WEIGHT: weight}
-        leaves, treedef = jax.tree_util.tree_flatten(grads)
-        metric_names = list(mean_metrics) + list(sum_metrics)
-        metrics = [mean_metrics[k] for k in mean_metrics] + [sum_metrics[k] for k in sum_metrics]
-        # Which metrics cross the batch axes: all of them, or (sync_data=False) only the
-        # shards' weight, which the gradients need.
-        synced = [sync_data or name == _WEIGHT for name in metric_names]
-        updates = dict(state_updates or {})
-        leaves = list(leaves)
-        for index, dim in enumerate(self.scatter_dims):
-            if dim is not None:  # Each device keeps the mean of its part.
-                leaves[index] = collectives.reduce_scatter(leaves[index], self.shard_axis, "mean",
-                                                           scatter_dimension=dim)
-        data = self.data_axis
-        # Gradients divided like the data all-reduce's (their layer summed the rest).
-        divided_with_data: set = set()
-        if data is not None:
-            # Gradients split over the data axis (scattered above, or FSDP's, whose gather's
-            # transpose reduced them) already hold their own part: only the others cross here.
-            crossing = [i for i, axes in enumerate(self.split_axes) if data not in axes]
-            # A gradient its layer summed over a fold axis crosses the rest in its own
-            # all-reduce (experts': the data axis alone).
-            summed = [i for i in crossing if not self._summed_by_layer(i)]
-            partly = [i for i in crossing if self._summed_by_layer(i)]
-            carried = [i for i, crosses in enumerate(synced) if crosses]
-            averaged_updates = [i for i in sorted(updates)
-                                if not self.param_split_over_data[i]]
-            partly_reduced = self._psum_by_axes(leaves, partly)
-            divided_with_data.update(partly)
-            if summed or carried or averaged_updates:
-                reduced = collectives.psum([leaves[i] for i in summed]
-                                           + [metrics[i] for i in carried]
-                                           + [updates[i] for i in averaged_updates],
-                                           sharding.axis_entry(self.data_axes))
-                size = self.data_size
-                # Divided by the size (a constant XLA folds into the optimizer update and the
-                # norm's reduction); a token weight's factor follows step 2. Dividing here by the
-                # summed weight instead (a runtime scalar) wrote each gradient out twice more:
-                # the divide, and the norm's square after it.
-                for position, index in enumerate(summed):
-                    leaves[index] = reduced[position] / size
-                averaged = all(a in self.loss_relation.mean_over for a in self.data_axes)
-                for position, index in enumerate(carried):
-                    value = reduced[len(summed) + position]
-                    mean = averaged and index < len(mean_metrics)
-                    metrics[index] = value / size if mean else value
-                offset = len(summed) + len(carried)
-                for position, index in enumerate(averaged_updates):
-                    updates[index] = reduced[offset + position] / size
-            for index, value in partly_reduced.items():
-                leaves[index] = value / self.data_size
-        sizes = dict(self.mesh_shape)
-        for index, axes in enumerate(self.layer_summed_axes):
-            if axes and index not in divided_with_data:
-                # Summed over these batch axes by its layer, reduced over no more of them
-                # here: their shards' mean.
-                leaves[index] = leaves[index] / math.prod(sizes[a] for a in axes)
-        leaves, metrics, updates, norm_squared = self._reduce_other_axes(
-            leaves, metrics, updates, mean_metric_count=len(mean_metrics), synced=synced)
-        out_metrics = dict(zip(metric_names, metrics))
-        out_metrics.pop(_WEIGHT, None)
-        if weighted:
-            total = dict(zip(metric_names, metrics))[_WEIGHT]
-            # No trained token anywhere: every sum is 0, and so is the mean.
+        values = _Values.of(grads, mean_metrics=mean_metrics, sum_metrics=sum_metrics,
+                            weight=weight, sync_data=sync_data, state_updates=state_updates)
+        for bucket in self.buckets:
+            if bucket.kind == "reduce-scatter":  # Each device keeps the mean of its part.
+                index = bucket.grads[0]
+                values.leaves[index] = collectives.reduce_scatter(
+                    values.leaves[index], self.shard_axis, "mean", scatter_dimension=bucket.dim)
+        if self.data_axis is not None:
+            self._reduce_data(values)
+        for index, divisor in self.layer_divisions:
+            values.leaves[index] = values.leaves[index] / divisor
+        norm_squared = self._reduce_other_axes(values)
+        return self._reduced(values, norm_squared, sync_data=sync_data)
+
+    def _reduce_data(self, values: "_Values") -> None:
+        """The data all-reduce: the gradients that cross it, every synced metric and the state
+        updates of params not split over it, in one collective (and the layer-summed
+        gradients' own, over the data axes their layer did not sum)."""
+        partly = {}
+        for bucket in (b for b in self.buckets if b.kind == "layer-summed"):
+            reduced = collectives.psum([values.leaves[i] for i in bucket.grads],
+                                       sharding.axis_entry(bucket.axes))
+            partly.update((i, (r, bucket.divisor)) for i, r in zip(bucket.grads, reduced))
+        data = next(b for b in self.buckets if b.kind == "data")
+        carried = [i for i, crosses in enumerate(values.synced) if crosses]
+        updates = [i for i in sorted(values.updates) if not self.param_split_over_data[i]]
+        if data.grads or carried or updates:
+            reduced = collectives.psum([values.leaves[i] for i in data.grads]
+                                       + [values.metrics[i] for i in carried]
+                                       + [values.updates[i] for i in updates],
+                                       sharding.axis_entry(data.axes))
+            for position, index in enumerate(data.grads):
+                values.leaves[index] = reduced[position] / data.divisor
+            averaged = all(a in self.loss_relation.mean_over for a in self.data_axes)
+            for position, index in enumerate(carried):
+                value = reduced[len(data.grads) + position]
+                mean = averaged and index < values.mean_count
+                values.metrics[index] = value / data.divisor if mean else value
+            offset = len(data.grads) + len(carried)
+            for position, index in enumerate(updates):
+                values.updates[index] = reduced[offset + position] / data.divisor
+        for index, (value, divisor) in partly.items():
+            values.leaves[index] = value / divisor
+
+    def _reduce_other_axes(self, values: "_Values") -> jax.Array:
+        """One all-reduce per set of non-data axes; the norm's squares ride along; returns the
+        squared global norm.
+
+        A gradient replicated over axes R is summed over R, and averaged over those of R the
+        batch is split over (HSDP's FSDP axis: each device there saw its own rows; the mean
+        metrics are averaged there too, the sum metrics summed). A gradient split over axes S
+        (and replicated over none) has its squared norm summed over S -- in the same collective
+        as the gradients replicated over S, when there are any. Metrics that are identical
+        copies over some axes are averaged there, also in that collective, and so are state
+        updates over the axes their param is replicated on (copies there: the average leaves
+        them unchanged, and makes them invariant).
+        """
+        relation, sizes = self.loss_relation, dict(self.mesh_shape)
+        planned = {b.axes: b for b in self.buckets if b.kind == "other"}
+        metric_groups, update_groups = self._value_groups(values)
+        norm_parts: List[jax.Array] = []
+        for key in sorted(set(planned) | set(metric_groups) | set(update_groups)):
+            bucket = planned.get(key, Bucket(kind="other", axes=key))
+            metric_indices, update_indices = metric_groups.get(key, []), update_groups.get(key, [])
+            payload = ([values.leaves[i] for i in bucket.grads]
+                       + [values.metrics[i] for i in metric_indices]
+                       + [values.updates[i] for i in update_indices])
+            if bucket.squares:
+                payload.append(_square_sum([values.leaves[i] for i in bucket.squares]))
+            reduced = collectives.psum(payload, key)
+            # Partial sums (sum_over) add up; copies count once; over batch axes (mean_over)
+            # means are averaged and counts summed.
+            batch_split = math.prod(sizes[a] for a in key if a in relation.mean_over)
+            copies = math.prod(sizes[a] for a in key
+                               if a not in relation.sum_over and a not in relation.mean_over)
+            for position, index in enumerate(bucket.grads):
+                values.leaves[index] = reduced[position] / bucket.divisor \
+                    if bucket.divisor > 1 else reduced[position]
+            for position, index in enumerate(metric_indices):
+                divisor = copies * (batch_split if index < values.mean_count else 1)
+                values.metrics[index] = reduced[len(bucket.grads) + position] / divisor
+            offset = len(bucket.grads) + len(metric_indices)
+            for position, index in enumerate(update_indices):
+                values.updates[index] = reduced[offset + position] / math.prod(
+                    sizes[a] for a in key)
+            if bucket.squares:
+                norm_parts.append(reduced[-1])
+        for bucket in (b for b in self.buckets if b.kind == "squares"):
+            norm_parts.append(collectives.psum(
+                _square_sum([values.leaves[i] for i in bucket.squares]), bucket.axes))
+        local = self._square_groups()[2]
+        if local:
+            norm_parts.append(_square_sum([values.leaves[i] for i in local]))
+        return sum(norm_parts) if norm_parts else jnp.float32(0.0)
+
+    def _reduced(self, values: "_Values", norm_squared: jax.Array, *,
+                 sync_data: bool) -> Reduced:
+        """What the learner gets; token-weighted steps scaled by batch shards / summed weight
+        (no trained token anywhere: every sum is 0, and so is the mean)."""
+        metrics = dict(zip(values.names, values.metrics))
+        total = metrics.pop(_WEIGHT, None)
+        leaves = values.leaves
+        if values.weighted:
             factor = self.batch_shards / jnp.where(total > 0, total, 1.0)
             leaves = [(at_least_float32(leaf) * factor).astype(leaf.dtype) for leaf in leaves]
             norm_squared = norm_squared * jnp.square(factor)
-            if sync_data and "loss" in out_metrics:
-                out_metrics["loss"] = out_metrics["loss"] * factor
-        return Reduced(grads=jax.tree_util.tree_unflatten(treedef, leaves),
-                       metrics=out_metrics, norm_squared=norm_squared,
-                       state_updates=updates)
+            if sync_data and "loss" in metrics:
+                metrics["loss"] = metrics["loss"] * factor
+        return Reduced(grads=jax.tree_util.tree_unflatten(values.treedef, leaves),
+                       metrics=metrics, norm_squared=norm_squared, state_updates=values.updates)
 
     def _summed_by_layer(self, index: int) -> bool:
         """Whether gradient ``index`` was summed over a fold axis by its layer (see
@@ -270,102 +372,29 @@ class GradientReducer:
         return bool(self.layer_summed_axes) and bool(
             set(self.layer_summed_axes[index]) & set(self.fold_axes))
 
-    def _psum_by_axes(self, leaves: List[jax.Array], indices: Sequence[int]
-                      ) -> Dict[int, jax.Array]:
-        """Leaves ``indices`` summed over the data all-reduce's axes less those their layer
-        summed them over: one all-reduce per set of axes."""
-        groups: Dict[Tuple[str, ...], List[int]] = {}
-        for index in indices:
-            axes = tuple(a for a in self.data_axes if a not in self.layer_summed_axes[index])
-            groups.setdefault(axes, []).append(index)
-        out: Dict[int, jax.Array] = {}
-        for axes, group in sorted(groups.items()):
-            reduced = collectives.psum([leaves[i] for i in group], sharding.axis_entry(axes))
-            out.update(zip(group, reduced))
-        return out
-
-    def _reduce_other_axes(self, leaves: List[jax.Array], metrics: List[jax.Array],
-                           updates: Dict[int, jax.Array], *, mean_metric_count: int,
-                           synced: Sequence[bool]):
-        """One all-reduce per set of non-data axes; the norm's squares ride along.
-
-        A gradient replicated over axes R is summed over R, and averaged over those of R the
-        batch is split over (HSDP's FSDP axis: each device there saw its own rows; the mean
-        metrics are averaged there too, the sum metrics summed). A gradient split over axes S (and
-        replicated over none) has its squared norm summed over S -- in the same collective as
-        the gradients replicated over S, when there are any. Metrics that are identical copies
-        over some axes are averaged there, also in that collective, and so are state updates over
-        the axes their param is replicated on (copies there: the average leaves them unchanged,
-        and makes them invariant).
-        """
+    def _value_groups(self, values: "_Values"
+                      ) -> Tuple[Dict[Tuple[str, ...], List[int]], Dict[Tuple[str, ...], List[int]]]:
+        """Indices of the metrics and state updates by the axes each is reduced over outside
+        the data axis (known when the step is traced: from the values' varying axes)."""
         relation = self.loss_relation
-        out, out_metrics, out_updates = list(leaves), list(metrics), dict(updates)
-        grad_groups, metric_groups, update_groups = self._groups(metrics, updates,
-                                                                 synced=synced)
-        early_squares, late_squares, local_squares = self._square_groups()
-        norm_parts: List[jax.Array] = []
-        sizes = dict(self.mesh_shape)
-        for key in sorted(set(grad_groups) | set(metric_groups) | set(early_squares)
-                          | set(update_groups)):
-            grad_indices = grad_groups.get(key, [])
-            metric_indices = metric_groups.get(key, [])
-            update_indices = update_groups.get(key, [])
-            payload = ([out[i] for i in grad_indices] + [out_metrics[i] for i in metric_indices]
-                       + [out_updates[i] for i in update_indices])
-            if key in early_squares:
-                payload.append(_square_sum([out[i] for i in early_squares[key]]))
-            reduced = collectives.psum(payload, key)
-            # Partial sums (sum_over) add up; copies count once; over batch axes (mean_over)
-            # means are averaged and counts summed.
-            batch_split = math.prod(sizes[a] for a in key if a in relation.mean_over)
-            copies = math.prod(sizes[a] for a in key
-                               if a not in relation.sum_over and a not in relation.mean_over)
-            for position, index in enumerate(grad_indices):
-                out[index] = reduced[position] / batch_split if batch_split > 1 \
-                    else reduced[position]
-            for position, index in enumerate(metric_indices):
-                divisor = copies * (batch_split if index < mean_metric_count else 1)
-                out_metrics[index] = reduced[len(grad_indices) + position] / divisor
-            offset = len(grad_indices) + len(metric_indices)
-            for position, index in enumerate(update_indices):
-                out_updates[index] = reduced[offset + position] / math.prod(sizes[a] for a in key)
-            if key in early_squares:
-                norm_parts.append(reduced[-1])
-        for key, indices in sorted(late_squares.items()):
-            norm_parts.append(collectives.psum(_square_sum([out[i] for i in indices]), key))
-        if local_squares:
-            norm_parts.append(_square_sum([out[i] for i in local_squares]))
-        norm_squared = sum(norm_parts) if norm_parts else jnp.float32(0.0)
-        return out, out_metrics, out_updates, norm_squared
-
-
-    def _groups(self, metrics: List[jax.Array], updates: Dict[int, jax.Array], *,
-                synced: Sequence[bool]) -> Tuple[Dict[Tuple[str, ...], List[int]], ...]:
-        """Indices of the gradients, metrics and state updates, by the axes each is reduced
-        over outside the data axis (``synced[i]``: metric i crosses the batch axes)."""
-        relation = self.loss_relation
-        grad_groups: Dict[Tuple[str, ...], List[int]] = {}
-        for index, axes in enumerate(self.replicated_axes):
-            if axes:
-                grad_groups.setdefault(axes, []).append(index)
         metric_groups: Dict[Tuple[str, ...], List[int]] = {}
-        for index, value in enumerate(metrics):
+        for index, value in enumerate(values.metrics):
             # Unsynced metrics stay per batch shard: they cross no batch axis.
-            metric_excluded = set(self.data_axes) | (set() if synced[index]
-                                                     else set(relation.mean_over))
+            excluded = set(self.data_axes) | (set() if values.synced[index]
+                                              else set(relation.mean_over))
             # Over a batch axis every shard's value is its own, varying-typed or not (a token
             # count of sum(ones) is not): psum counts it once per shard.
             varying = set(collectives.varying_axes(value)) | set(relation.mean_over)
-            key = tuple(a for a, _ in self.mesh_shape if a in varying and a not in metric_excluded)
+            key = tuple(a for a, _ in self.mesh_shape if a in varying and a not in excluded)
             if key:
                 metric_groups.setdefault(key, []).append(index)
         update_groups: Dict[Tuple[str, ...], List[int]] = {}
-        for index, value in sorted(updates.items()):
+        for index, value in sorted(values.updates.items()):
             varying = collectives.varying_axes(value)
             key = tuple(a for a in self.param_replicated_axes[index] if a in varying)
             if key:
                 update_groups.setdefault(key, []).append(index)
-        return grad_groups, metric_groups, update_groups
+        return metric_groups, update_groups
 
     def _square_groups(self):
         """``(early, late, local)``: gradients only split (not replicated) can have their
@@ -382,6 +411,77 @@ class GradientReducer:
             else:
                 late.setdefault(split, []).append(index)
         return early, late, local
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """One collective of the reduction (``GradientReducer.buckets``)."""
+
+    # "reduce-scatter" (ZeRO-2 / FSDP per-step), "layer-summed", "data" (the one data
+    # all-reduce), "other" (one per set of other axes), "squares" (a norm's own).
+    kind: str
+    # The mesh axes it crosses.
+    axes: Tuple[str, ...]
+    # The gradients it carries (flattened param order).
+    grads: Tuple[int, ...] = ()
+    # What each summed gradient is divided by (1: a sum).
+    divisor: int = 1
+    # Gradients whose squared norm rides in it, summed into one scalar.
+    squares: Tuple[int, ...] = ()
+    # The dimension a reduce-scatter splits.
+    dim: Optional[int] = None
+
+    def describe(self, paths: Optional[Sequence[str]] = None) -> str:
+        what = f"{len(self.grads)} gradient(s)" if self.grads else "no gradient"
+        if paths is not None and self.grads:
+            shown = [paths[i] for i in self.grads[:3]]
+            what += " (" + ", ".join(shown) + (", ..." if len(self.grads) > 3 else "") + ")"
+        op = "reduce-scatter (mean)" if self.kind == "reduce-scatter" else "all-reduce"
+        text = f"{self.kind}: {op} over {' x '.join(self.axes)}: {what}"
+        if self.kind == "reduce-scatter":
+            text += f", dimension {self.dim}"
+        elif self.grads:
+            text += f", / {self.divisor}" if self.divisor > 1 else ", summed"
+        if self.squares:
+            text += f"; squared norms of {len(self.squares)} split gradient(s)"
+        if self.kind == "data":
+            text += "; + the metrics and state updates"
+        return text
+
+
+@dataclasses.dataclass
+class _Values:
+    """What one reduction works on, updated in place bucket by bucket."""
+
+    leaves: List[jax.Array]
+    treedef: Any
+    names: List[str]
+    metrics: List[jax.Array]
+    # Per metric: whether it crosses the batch axes (all, or with sync_data=False only the
+    # shards' weight, which the gradients need).
+    synced: List[bool]
+    # How many of the metrics are means (the first ones).
+    mean_count: int
+    updates: Dict[int, jax.Array]
+    weighted: bool
+
+    @classmethod
+    def of(cls, grads, *, mean_metrics, sum_metrics, weight, sync_data, state_updates):
+        weighted = weight is not None
+        if weighted:
+            # The plain mean over the shards is then mean(weight x value); divided by
+            # mean(weight) afterwards it is the weighted mean.
+            if sync_data and "loss" in mean_metrics:
+                mean_metrics = {**mean_metrics, "loss": mean_metrics["loss"] * weight}
+            sum_metrics = {**sum_metrics, _WEIGHT: weight}
+        leaves, treedef = jax.tree_util.tree_flatten(grads)
+        names = list(mean_metrics) + list(sum_metrics)
+        return cls(leaves=list(leaves), treedef=treedef, names=names,
+                   metrics=[mean_metrics[k] for k in mean_metrics]
+                   + [sum_metrics[k] for k in sum_metrics],
+                   synced=[sync_data or name == _WEIGHT for name in names],
+                   mean_count=len(mean_metrics), updates=dict(state_updates or {}),
+                   weighted=weighted)
 
 
 # The name the shards' weight rides under among the metrics (never reported).

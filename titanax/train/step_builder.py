@@ -22,7 +22,6 @@ from titanax.modules import axis_binding
 from titanax.modules.module import functional
 from titanax.parallel import collectives
 from titanax.parallel import layout as layout_lib
-from titanax.parallel import sharding
 from titanax.parallel.layout import Layout
 from titanax.parallel.plan import Plan
 from titanax.train import learner as learner_lib
@@ -54,27 +53,24 @@ class StepBuilder:
     def setup(self) -> step_lib.StepSetup:
         """What the model's local step needs, fixed at compile time."""
         dp = self.plan.config.data_parallel
-        # The loss is a token-weighted mean over every axis the tokens are split over (rows,
-        # and the sequence under context parallelism).
-        batch_axes = tuple(a for a in self.plan.token_axes if a not in self._unit_axes)
-        data_axis = self.plan.dp_axis if self.plan.dp_axis in batch_axes else None
+        batch = self.layout.batch  # (Its size-1 axes dropped by the layout.)
         return step_lib.StepSetup(
             model=self.model, precision=self.precision, adapter=self.adapter,
-            learner=self.learner, mesh_shape=dict(self.mesh.shape), data_axis=data_axis,
-            batch_axes=batch_axes, accumulate_steps=self.plan.accumulate_steps,
+            learner=self.learner, mesh_shape=dict(self.mesh.shape), data_axis=batch.data_axis,
+            # The loss is a token-weighted mean over every axis the tokens are split over.
+            batch_axes=batch.token_axes, accumulate_steps=self.plan.accumulate_steps,
             state_sharding=self.strategy, nan_policy=self.nan_policy,
             sync_metrics=dp.sync_metrics if dp is not None else True,
-            pipeline=self.plan.config.pipeline_parallel,
-            fold_axes=tuple(a for a in (self.plan.cp_axis, self.plan.ep_axis) if a in batch_axes),
-            layer_summed_axes=tuple(a for a in (self.plan.ep_axis,) if a in batch_axes))
+            pipeline=self.plan.config.pipeline_parallel, fold_axes=batch.fold_axes,
+            layer_summed_axes=batch.layer_summed_axes)
 
     # --- Batches -------------------------------------------------------------------------------
 
     def batch_specs(self, batch: Any) -> Any:
-        """The batch split over the batch axes on its leading dimension."""
-        return layout_lib.map_specs(
-            lambda spec: layout_lib.without_axes(spec, self._unit_axes),
-            sharding.shard_batch_specs(batch, self.plan.batch_axis, seq_axis=self.plan.cp_axis))
+        """The batch split as the layout says (rows on the leading dimension, the sequence on
+        the second when it is split)."""
+        return layout_lib.map_specs(lambda spec: layout_lib.without_axes(spec, self._unit_axes),
+                                    self.layout.batch.specs(batch))
 
     def check_batch(self, batch: Any) -> None:
         """A batch of global arrays must split into the plan's shards and microbatches (host
@@ -160,8 +156,8 @@ class StepBuilder:
         local = bound_to(self._model_call("generate"), self.layout.axis_binding.without(
             axis_binding.SEQUENCE, axis_binding.RESIDUAL_SEQUENCE))
         batch_spec = self._batch_spec()
-        # Rows only: a context axis holds copies of each prompt, and must sample alike.
-        batch_axes = tuple(a for a in self.plan.batch_axes if a not in self._unit_axes)
+        # Rows only: a sequence axis holds copies of each prompt, and must sample alike.
+        batch_axes = self.layout.batch.row_axes
 
         def shard(params, prompt_ids, key):
             for axis in batch_axes:
@@ -178,7 +174,7 @@ class StepBuilder:
         return jax.jit(run)
 
     def _batch_spec(self) -> PartitionSpec:
-        return layout_lib.without_axes(PartitionSpec(self.plan.batch_axis), self._unit_axes)
+        return layout_lib.without_axes(self.layout.batch.row_spec(), self._unit_axes)
 
     def _model_call(self, method: str) -> Callable:
         """``(local params, inputs) -> model.<method>(*inputs)`` in evaluation mode, in local
