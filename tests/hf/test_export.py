@@ -231,3 +231,25 @@ def test_broken_files_and_targets_are_named_not_tracebacks(root, tmp_path):
         json.dump(config, open(os.path.join(bad, "config.json"), "w"))
         with pytest.raises(errors.HFError, match="llama3 scaling needs"):
             importer.model_config(bad)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(norm="layer"), "norm='rms'"),
+    (dict(mlp_activation="gelu_tanh"), "mlp_activation='silu'"),
+    (dict(gated_mlp=False), "gated_mlp=True"),
+    (dict(position_embedding="learned"), "learned positions are GPT-2's"),
+])
+def test_a_decoder_no_hugging_face_family_computes_is_refused(changes, message):
+    """The family's GPT-2 switches on a RoPE model (or learned positions on a Llama): no HF
+    family would compute it, so the export says so instead of writing a model that loads and
+    is wrong."""
+    from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
+    from titanax.modules.models.decoder import Decoder, gpt2_config  # pylint: disable=import-outside-toplevel
+    cfg = Decoder.default_config().set(vocab_size=64, max_seq_len=16, num_layers=2,
+                                       model_dim=32, num_heads=4, hidden_dim=64, **changes)
+    with pytest.raises(errors.HFError) as raised:
+        hf_config_from_model(cfg)
+    assert message in str(raised.value)
+    # GPT-2 written out with its heads' default values is still GPT-2.
+    gpt2 = gpt2_config("small").set(num_kv_heads=12, head_dim=64)
+    assert hf_config_from_model(gpt2)["model_type"] == "gpt2"

@@ -107,3 +107,43 @@ def test_the_data_axis_under_hsdp_is_refused():
     assert "copies of the state under HSDP" in str(raised.value) and "'fsdp'" in str(raised.value)
     assert _specs(_layout({"embed": "fsdp"}, mesh=mesh, zero=ZeRO(
         stage=3, axis="fsdp", min_shard_size=0)).param_specs)["table"] == P(None, "fsdp")
+
+
+def test_rules_reach_a_decoders_stacked_params_on_their_own_dimensions():
+    """Titanax's layers name their dimensions too (a Repeat stack's first one unnamed): a rule
+    puts the ZeRO split on the named dimension, another keeps the vocabulary whole under TP."""
+    from titanax.modules import axis_binding  # pylint: disable=import-outside-toplevel
+    from titanax.modules.models.decoder import Decoder  # pylint: disable=import-outside-toplevel
+    model = Decoder.default_config().set(name="d", vocab_size=64, max_seq_len=16, num_layers=2,
+                                         model_dim=32, num_heads=4, num_kv_heads=2,
+                                         hidden_dim=64).instantiate()
+    plan = Plan(data_parallel=DP(), zero=ZeRO(stage=3, min_shard_size=0),
+                logical_axis_rules={"mlp": "data"})
+    with axis_binding.bound(plan.axis_binding()):
+        layout = plan.layout(model.create_parameter_specs_recursively(), DATA)
+    mlp = _specs(layout.param_specs)["decoder"]["layer"]["mlp"]
+    assert mlp["gate_up_weight"] == P(None, None, None, "data"), mlp  # [L, D, 2, F]: on F.
+    assert mlp["down"]["weight"] == P(None, "data"), mlp              # [L, F, D]: on F.
+    mesh = MeshSpec(axes=("data", "model"), shape=(4, 2)).build()
+    tp = Plan(data_parallel=DP(), tensor_parallel=TP(), logical_axis_rules={"vocab": None})
+    with axis_binding.bound(tp.axis_binding()):
+        specs = _specs(tp.layout(model.create_parameter_specs_recursively(), mesh).param_specs)
+    assert specs["token_emb"]["weight"] == P() and specs["lm_head"]["weight"] == P()
+    assert specs["decoder"]["layer"]["attn"]["q_weight"] == P(None, None, "model")
+
+
+def test_rules_cannot_move_what_a_plan_part_splits_nor_split_kv_heads_under_whole_queries():
+    from titanax.modules.models.decoder import Decoder  # pylint: disable=import-outside-toplevel
+    for name in ("sequence", "residual_sequence", "experts", "stages"):
+        with pytest.raises(errors.ConfigError) as raised:
+            Plan(data_parallel=DP(), logical_axis_rules={name: None})
+        assert f"logical_axis_rules[{name!r}]" in str(raised.value)
+    model = Decoder.default_config().set(name="d", vocab_size=64, max_seq_len=16, num_layers=2,
+                                         model_dim=32, num_heads=4, num_kv_heads=2,
+                                         hidden_dim=64).instantiate()
+    plan = Plan(data_parallel=DP(), tensor_parallel=TP(), logical_axis_rules={"heads": None})
+    with pytest.raises(errors.PlanError) as raised:
+        plan.check_model(model)
+    assert raised.value.path == "plan.logical_axis_rules['heads']"
+    Plan(data_parallel=DP(), tensor_parallel=TP(),
+         logical_axis_rules={"heads": None, "kv_heads": None}).check_model(model)

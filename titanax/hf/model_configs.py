@@ -304,6 +304,12 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     """What of ``cfg`` the HF family ``model_type`` would not compute (its loader would drop
     or ignore it: a model that loads and is wrong)."""
     problems: List[str] = moe_misfits(cfg, model_type)
+    # The family's GPT-2 switches, which no RoPE family computes.
+    for name, want in (("norm", "rms"), ("mlp_activation", "silu"), ("gated_mlp", True),
+                       ("fused_qkv", False)):
+        if getattr(cfg, name) != want:
+            problems.append(f"{model_type} has {name}={want!r} (this model: "
+                            f"{getattr(cfg, name)!r})")
     if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe")):
         problems.append("qwen3 and qwen3_moe have QK-norm and no other family does")
     if model_type == "qwen2" and (not cfg.qkv_bias or cfg.attention_output_bias):
@@ -328,9 +334,14 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
     gpt2 = gpt_config()
     switches = ("norm", "fused_qkv", "qkv_bias", "attention_output_bias", "mlp_bias",
                 "gated_mlp", "mlp_activation", "tie_embeddings", "moe", "qk_norm",
-                "sliding_window", "num_kv_heads", "head_dim")
+                "sliding_window")
     misfits = [f"{name}={getattr(cfg, name)!r} (GPT-2: {getattr(gpt2, name)!r})"
                for name in switches if getattr(cfg, name) != getattr(gpt2, name)]
+    # (Heads written out at their default values are GPT-2's too.)
+    if cfg.num_kv_heads not in (None, cfg.num_heads):
+        misfits.append(f"num_kv_heads={cfg.num_kv_heads} (GPT-2: one per query head)")
+    if cfg.head_dim not in (None, cfg.model_dim // cfg.num_heads):
+        misfits.append(f"head_dim={cfg.head_dim} (GPT-2: model_dim / num_heads)")
     if misfits:
         raise errors.HFError(
             "learned positions are GPT-2's, and the rest of this model is not: "

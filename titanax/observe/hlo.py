@@ -73,8 +73,8 @@ _WRAPPED = re.compile(r"^(?P<outer>[\w.]+)\((?P<inner>.*)\)$")
 
 def source_scopes(source: str) -> Tuple[str, str]:
     """``(layer, pass)`` of a collective from its ``op_name`` metadata, e.g.
-    ``jit(step)/jit(main)/shard_map/transpose(jvp(decoder))/layer/mlp/wo/psum`` ->
-    ``("decoder/layer/mlp/wo", "backward")``: the named scopes (a module's path), with jax's own
+    ``jit(step)/jit(main)/shard_map/transpose(jvp(decoder))/layer/mlp/down/psum`` ->
+    ``("decoder/layer/mlp/down", "backward")``: the named scopes (a module's path), with jax's own
     levels (``jit(...)``, ``shard_map``, ``while/body``, ...) and the primitive left out."""
     if not source:
         return "", ""

@@ -58,7 +58,7 @@ class TP(Configurable):
         # Mesh axis weights are split over.
         axis: str = "model"
         # {param path pattern: spec}; '*' matches within a path segment, '**' across segments,
-        # 're:<regex>' is a regular expression. Example: {'**/mlp/wi/weight': (None, 'model')}.
+        # 're:<regex>' is a regular expression. Example: {'**/mlp/up/weight': (None, 'model')}.
         rules: Dict[str, Tuple[SpecEntry, ...]] = {}
         # Sequence parallelism (Megatron): the residual stream between blocks is split over the
         # sequence on this axis; row-parallel layers end with a reduce-scatter instead of an
@@ -249,6 +249,15 @@ class Plan(Configurable):
                 seen.setdefault(axis, role)
             if self.zero is not None and self.data_parallel is None:
                 yield "zero", "ZeRO shards the state over the data axis: add data_parallel"
+            owners = {axis_binding_lib.SEQUENCE: "context_parallel",
+                      axis_binding_lib.RESIDUAL_SEQUENCE: "tensor_parallel.sequence_parallel",
+                      axis_binding_lib.EXPERTS: "expert_parallel",
+                      axis_binding_lib.STAGES: "pipeline_parallel"}
+            for name in self.logical_axis_rules:
+                if name in owners:
+                    yield f"logical_axis_rules[{name!r}]", (
+                        f"{name!r} is split by the layers' own code, which plan.{owners[name]} "
+                        "configures; a rule cannot move or unbind it")
             cp, pp = self.context_parallel, self.pipeline_parallel
             if cp is not None and cp.strategy == "ring" and pp is not None \
                     and pp.schedule == "1f1b":
@@ -513,7 +522,8 @@ class Plan(Configurable):
             dims[axis_binding_lib.STAGES] = cfg.pipeline_parallel.axis
         if logical_axis_rules:
             for name, axis in cfg.logical_axis_rules.items():
-                if axis is None or axis == self.tp_axis:
+                if (axis is None or axis == self.tp_axis) and \
+                        name not in axis_binding_lib.NOT_WEIGHT_DIMS:
                     dims[name] = axis
         return AxisBinding(
             dims=tuple(dims.items()),

@@ -24,6 +24,7 @@ from titanax import errors
 from titanax.config import overrides
 from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
+from titanax.modules import axis_binding
 from titanax.parallel import rules, sharding
 from titanax.parallel.layout import Layout
 from titanax.train import prng
@@ -101,7 +102,8 @@ class StateManager:
             shardings = sharding.named_shardings(self.mesh, self.layout.param_specs)
             init = jax.jit(lambda key: self.layout.as_view(self.precision.cast_params_for_storage(
                 self.model.initialize_parameters_recursively(key))), out_shardings=shardings)
-            params = init(prng.stream_key(self.seed, "init"))
+            with axis_binding.bound(self.layout.axis_binding):  # (Traced here: a Flax factory
+                params = init(prng.stream_key(self.seed, "init"))  # is told the TP axis.)
         else:
             params = sharding.apply_named_sharding(
                 self.layout.as_view(self.precision.cast_params_for_storage(params)), self.mesh,

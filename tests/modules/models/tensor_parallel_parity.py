@@ -17,10 +17,12 @@ from titanax.parallel.plan import TP, Plan
 from titanax.runtime.mesh import MeshSpec
 
 
-def tp_binding(*, sequence_parallel: bool = False) -> axis_binding.AxisBinding:
-    """The axis binding of a plan with TP over ``model`` (what the engine's layers ask)."""
-    return Plan(tensor_parallel=TP(axis="model", sequence_parallel=sequence_parallel)
-                ).axis_binding()
+def tp_binding(*, sequence_parallel: bool = False,
+               rules=None) -> axis_binding.AxisBinding:
+    """The axis binding of a plan with TP over ``model`` (what the engine's layers ask), with
+    ``rules`` as its logical axis rules."""
+    return Plan(tensor_parallel=TP(axis="model", sequence_parallel=sequence_parallel),
+                logical_axis_rules=dict(rules or {})).axis_binding()
 
 
 def _loss(model, params, batch):
@@ -41,12 +43,13 @@ def one_device(model, *, vocab_size: int, perturb: bool = False):
     return params, batch, value, grads
 
 
-def tensor_parallel(model, params, batch, *, tp_size: int, sequence_parallel: bool = False):
+def tensor_parallel(model, params, batch, *, tp_size: int, sequence_parallel: bool = False,
+                    logical_axis_rules=None):
     """``((loss, grads), specs)`` of ``model`` under a plan's TP over ``model`` (with
     ``sequence_parallel``) on a ``data x model`` mesh, in the layout the plan's pipeline
-    resolves (layer layouts)."""
+    resolves (layer layouts; ``logical_axis_rules``: the plan's)."""
     mesh = MeshSpec(axes=("data", "model"), shape=(None, tp_size)).build()
-    binding = tp_binding(sequence_parallel=sequence_parallel)
+    binding = tp_binding(sequence_parallel=sequence_parallel, rules=logical_axis_rules)
     with axis_binding.bound(binding):
         specs = rules.LayerLayouts().specs(model.create_parameter_specs_recursively(),
                                            dict(mesh.shape))

@@ -67,3 +67,18 @@ def test_flops_per_token_counts_what_each_token_multiplies_by():
     # Qwen 3's attention width is heads x 128, not model_dim.
     qwen = qwen3_config("0.6b").instantiate()
     assert qwen.attention_width() == 16 * 128 != qwen.config.model_dim
+
+
+def test_a_rule_that_keeps_the_mlp_whole_under_sequence_parallelism_matches_one_device():
+    """``{'mlp': None}`` under TP with sequence parallelism: the MLP runs whole on each rank's
+    part of the sequence (no gather, no scatter), attention stays split by heads."""
+    shape = sorted(SHAPES)[0]
+    _, _, loss, grads = _reference(shape)
+    params, batch, _, _ = _reference(shape)
+    model = Decoder.default_config().set(**BASE, **SHAPES[shape]).instantiate()
+    (tp_loss, tp_grads), specs = tensor_parallel_parity.tensor_parallel(
+        model, params, batch, tp_size=2, sequence_parallel=True, logical_axis_rules={"mlp": None})
+    assert_close(tp_loss, loss, what="loss")
+    assert_close(tp_grads, grads, what="gradients")
+    assert tuple(specs["decoder"]["layer"]["mlp"]["gate_up_weight"]) in ((), (None,) * 4)
+    assert specs["decoder"]["layer"]["attn"]["q_weight"] == P(None, None, "model", None)

@@ -180,6 +180,16 @@ class Attention(BaseLayer):
     @nowrap
     def check_axis_binding(self, binding, *, path):
         refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
+        if binding.axis(HEADS) is None and (binding.axis(KV_HEADS) is not None
+                                            or binding.axis(RESIDUAL_SEQUENCE) is not None):
+            split = ("the key/value heads are split" if binding.axis(KV_HEADS) is not None
+                     else "the residual stream is split over the sequence")
+            raise errors.PlanError(
+                f"the query heads are whole on every device while {split}: attention would "
+                "group queries with other ranks' keys, or hand back the whole sequence",
+                path="plan.logical_axis_rules['heads']",
+                suggestion="leave heads on the TP axis, or map kv_heads to None too (and "
+                           "no sequence parallelism)")
         super().check_axis_binding(binding, path=path)
 
     @nowrap

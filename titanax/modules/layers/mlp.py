@@ -80,8 +80,9 @@ class MLP(BaseLayer):
         if not cfg.gated:  # (The up Linear all-gathers a sequence-split input itself.)
             return self.down(activation(self.up(x)))
         params = self.parameters
+        # A split sequence meets split hidden features: gathered here, scattered by down.
         sequence = self.axis_binding.active(RESIDUAL_SEQUENCE)
-        if sequence is not None:
+        if sequence is not None and self.axis_binding.active(MLP_DIM) is not None:
             x = collectives.all_gather(x, sequence, axis_index=1)
         gate_up = jnp.einsum("...d,dtf->...tf", x, params["gate_up_weight"].astype(x.dtype))
         if cfg.bias:

@@ -1,7 +1,7 @@
 """A mixture-of-experts feed-forward block: a router, routed SwiGLU experts, optional shared ones.
 
 ``y = sum_j gate_j(x) expert_{e_j}(x) + shared(x)`` over the ``top_k`` experts ``e_j`` the router
-picks for each token (``router.py``). It takes the place of the decoder block's ``GatedMLP``
+picks for each token (``router.py``). It takes the place of the decoder block's gated ``MLP``
 (Mixtral, Qwen 3 MoE, DeepSeek-V3's routed layers).
 
 **Expert parallelism** (the logical ``experts`` dimension, which the axis binding puts on
@@ -22,7 +22,7 @@ implement; here it is emulated by slots for every token (``C = T``: nothing can 
 times the slots' memory) -- said by ``--explain``.
 
 **Tensor parallelism** splits each expert's hidden features (the logical ``mlp`` dimension, as
-in ``GatedMLP``); the partial outputs of the routed and shared experts are summed over it once, at
+in the gated ``MLP``); the partial outputs of the routed and shared experts are summed over it once, at
 the end (a reduce-scatter under sequence parallelism).
 
 **Losses and metrics.** Training adds ``aux_loss_weight x`` the load-balancing loss and
@@ -155,7 +155,7 @@ class MoE(BaseLayer):
         params = self.parameters
         binding = self.axis_binding
         tensor_parallel, sequence = binding.active(MLP), binding.active(RESIDUAL_SEQUENCE)
-        if sequence is not None:
+        if sequence is not None and tensor_parallel is not None:
             x = collectives.all_gather(x, sequence, axis_index=1)
         tokens = x.reshape(-1, x.shape[-1])
         valid = None if segment_ids is None else (segment_ids.reshape(-1) != 0)

@@ -59,6 +59,8 @@ class Repeat(BaseLayer):
             return dataclasses.replace(
                 spec, shape=(num_layers,) + tuple(spec.shape),
                 mesh_axes=(None,) + tuple(spec.mesh_axes), stacked_dims=spec.stacked_dims + 1,
+                logical_axes=((None,) + tuple(spec.logical_axes)
+                              if spec.logical_axes is not None else None),
                 fan_axes=FanAxes(in_axes=[a + 1 for a in fan.in_axes],
                                  out_axes=[a + 1 for a in fan.out_axes]))
 
