@@ -33,10 +33,11 @@ def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
     """
     logits = at_least_float32(logits)
     local_vocab = logits.shape[-1]
-    ids = vocab_offset + jnp.arange(local_vocab)
-    if vocab_size is not None:
-        logits = jnp.where(ids < vocab_size, logits, -jnp.inf)
     split = active_axis(vocab_axis) is not None
+    padded = local_vocab * (collectives.axis_size(vocab_axis) if split else 1)
+    if vocab_size is not None and vocab_size < padded:  # (A pass over the logits: only when
+        ids = vocab_offset + jnp.arange(local_vocab)    # the table has padding rows.)
+        logits = jnp.where(ids < vocab_size, logits, -jnp.inf)
     # The max only shifts for stability; its gradient contribution cancels, so stop it.
     local_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
     top = collectives.pmax(local_max, vocab_axis) if split else local_max
