@@ -124,6 +124,14 @@ def test_rules_reach_a_decoders_stacked_params_on_their_own_dimensions():
     mlp = _specs(layout.param_specs)["decoder"]["layer"]["mlp"]
     assert mlp["gate_up_weight"] == P(None, None, None, "data"), mlp  # [L, D, 2, F]: on F.
     assert mlp["down"]["weight"] == P(None, "data"), mlp              # [L, F, D]: on F.
+    # Kept whole by a rule, F leaves the split to an unnamed dimension: D, not F (a name on
+    # the wrong dimension would keep the "2" whole and let the split land on F).
+    whole = Plan(data_parallel=DP(), zero=ZeRO(stage=3, min_shard_size=0),
+                 logical_axis_rules={"mlp": None})
+    with axis_binding.bound(whole.axis_binding()):
+        kept = whole.layout(model.create_parameter_specs_recursively(), DATA)
+    assert _specs(kept.param_specs)["decoder"]["layer"]["mlp"]["gate_up_weight"] == \
+        P(None, "data"), kept.param_specs
     mesh = MeshSpec(axes=("data", "model"), shape=(4, 2)).build()
     tp = Plan(data_parallel=DP(), tensor_parallel=TP(), logical_axis_rules={"vocab": None})
     with axis_binding.bound(tp.axis_binding()):

@@ -157,7 +157,7 @@ def test_the_axis_binding_is_built_once_from_the_plan():
                              "sequence": "context"}
     assert binding.context_strategy == "ring" and binding.tensor_axes() == ("tensor",)
     assert binding.without("sequence").axis("sequence") is None
-    assert _tp_plan(None).axis_binding().bound_dims() == []
+    assert not any(_tp_plan(None).axis_binding().table.values())
     # No model config names a mesh axis: a GPT is the same config under any plan.
     from titanax.modules.models.decoder import gpt_config  # pylint: disable=import-outside-toplevel
     fields = set(gpt_config().keys())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from typing import Iterator, List, Mapping, Optional, Tuple, Union
 
@@ -29,7 +30,6 @@ HEADS = "heads"                  # Attention query heads (TP).
 KV_HEADS = "kv_heads"            # Key / value heads (TP, when their count divides it).
 MLP = "mlp"                      # Feed-forward hidden features, dense or per expert (TP).
 VOCAB = "vocab"                  # Embedding / LM-head rows (TP).
-EMBED = "embed"                  # The residual stream's width (never split for compute).
 EXPERTS = "experts"              # A mixture of experts' experts (EP).
 SEQUENCE = "sequence"            # A row's tokens, split across devices in attention (CP).
 RESIDUAL_SEQUENCE = "residual_sequence"  # The residual stream's sequence between blocks (SP).
@@ -53,8 +53,9 @@ class AxisBinding:
     # (parallel/context_attention.py; from plan.context_parallel.strategy).
     context_strategy: str = "all_gather"
 
-    @property
+    @functools.cached_property
     def table(self) -> Mapping[str, Optional[str]]:
+        """``dims`` as a dict (made once: every layer call reads it)."""
         return dict(self.dims)
 
     def axis(self, dim: Optional[str]) -> Optional[str]:
@@ -90,10 +91,6 @@ class AxisBinding:
             if axis is not None and dim not in NOT_WEIGHT_DIMS and axis not in axes:
                 axes.append(axis)
         return tuple(axes)
-
-    def bound_dims(self) -> List[str]:
-        """The dimensions bound to a mesh axis."""
-        return [d for d, a in self.dims if a is not None]
 
     def describe(self) -> str:
         """``heads -> model, sequence -> context, ...`` (``--explain``)."""

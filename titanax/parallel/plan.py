@@ -301,6 +301,7 @@ class Plan(Configurable):
         self.zero: Optional[ZeRO] = _maybe(cfg.zero)
         self.context_parallel: Optional[CP] = _maybe(cfg.context_parallel)
         self.expert_parallel: Optional[EP] = _maybe(cfg.expert_parallel)
+        self._batch_layout: Optional[batch_layout_lib.BatchLayout] = None
 
     # --- Roles -----------------------------------------------------------------------------------
 
@@ -486,11 +487,14 @@ class Plan(Configurable):
 
     def batch_layout(self) -> batch_layout_lib.BatchLayout:
         """Where the batch lives on any mesh (the size-1 axes kept: the layout drops them):
-        what the inputs place, before any param is known."""
-        layout = layout_lib.Layout(mesh_axes=(), parameter_specs=None)
-        for transform in self.batch_transforms():
-            layout = transform.apply(layout)
-        return layout.batch
+        what the inputs place, before any param is known. Built once (every host batch's size
+        check reads it)."""
+        if self._batch_layout is None:
+            layout = layout_lib.Layout(mesh_axes=(), parameter_specs=None)
+            for transform in self.batch_transforms():
+                layout = transform.apply(layout)
+            self._batch_layout = layout.batch
+        return self._batch_layout
 
     def layout(self, parameter_specs: Any, mesh: Mesh) -> layout_lib.Layout:
         """Where every param of ``parameter_specs`` (ParameterSpecs, arrays or
