@@ -33,7 +33,8 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.parallel import collectives
-from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
+from titanax.modules.layers.softmax_attention import masked_attention
+from titanax.utils.dtypes import wide_float
 
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
@@ -225,21 +226,3 @@ def visible(query_positions: jax.Array, key_positions: jax.Array,
     if query_segments is not None:
         allowed &= query_segments[:, :, None] == key_segments[:, None, :]
     return allowed[:, None]
-
-
-def masked_attention(q, k, v, allowed, *, scale: float) -> jax.Array:
-    """Softmax attention of ``q`` over ``k``/``v`` where ``allowed`` (``[b, 1, t, s]``), scores in
-    float32 (jax's fused attention; written out for float16 on XLA:CPU, which cannot compile
-    it)."""
-    if fused_attention_fits(q.dtype):
-        return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
-                                            mask=allowed, is_causal=False, scale=scale,
-                                            implementation=None)
-    group = q.shape[2] // k.shape[2]
-    qg = q.reshape(q.shape[:2] + (k.shape[2], group, q.shape[3]))
-    scores = jnp.einsum("btgqd,bsgd->bgqts", qg, k, preferred_element_type=wide_float(q.dtype)
-                        ) * scale
-    scores = jnp.where(allowed[:, :, None], scores, lowest(scores.dtype))
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bgqts,bsgd->btgqd", probs, v)
-    return out.reshape(q.shape[:3] + (v.shape[-1],))

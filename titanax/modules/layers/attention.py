@@ -25,10 +25,10 @@ parallel/context_attention.py says.
 
 Options: rotary positions (``rotary``; GPT-2 adds learned positions at the embedding instead),
 RMSNorm of each q and k head before the rotation (Qwen 3's QK-norm), a sliding window (Mistral),
-dropout on the attention probabilities (GPT-2). Scores and softmax in float32, through
-``jax.nn.dot_product_attention`` (cuDNN flash attention on GPUs) except where the probabilities
-must be written out (attention dropout, a query block at an offset into a cache, and the dtypes
-jax's fused attention does not fit: float16 on XLA:CPU, float64).
+dropout on the attention probabilities (GPT-2). Scores and softmax in float32; on a GPU through
+``jax.nn.dot_product_attention`` (cuDNN flash attention) except where the probabilities must be
+written out (attention dropout, a query block at an offset into a cache, float64); written out
+(``softmax_attention.py``) on other backends, where jax's call is the same XLA math.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
-from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
+from titanax.modules.layers.softmax_attention import masked_attention
+from titanax.utils.dtypes import fused_attention_fits
 
 
 class Attention(BaseLayer):
@@ -321,15 +322,6 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
     allowed = (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] < filled)
     if sliding_window is not None:
         allowed &= key_pos[None, :] > query_pos[:, None] - sliding_window
-    if documents is not None:  # [b, 1, t, s] -> [b, 1, 1, t, s] against [b, g, q, t, s].
-        allowed = allowed & documents[:, :, None]
-    group = q.shape[2] // k.shape[2]
-    qg = q.reshape(q.shape[:2] + (k.shape[2], group, q.shape[3]))
-    scores = jnp.einsum("btgqd,bsgd->bgqts", qg, k, preferred_element_type=wide_float(q.dtype)
-                        ) * scale
-    scores = jnp.where(allowed, scores, lowest(scores.dtype))
-    probs = jax.nn.softmax(scores, axis=-1)
-    if dropout is not None:
-        probs = dropout(probs)
-    out = jnp.einsum("bgqts,bsgd->btgqd", probs.astype(v.dtype), v)
-    return out.reshape(q.shape[:3] + (v.shape[-1],))
+    if documents is not None:  # [t, s] & [b, 1, t, s].
+        allowed = allowed & documents
+    return masked_attention(q, k, v, allowed, scale=scale, dropout=dropout)
