@@ -203,3 +203,23 @@ def test_the_first_failing_process_stops_the_job_and_is_named():
     assert "process 1 of 2 failed with exit status 1; stopped the other processes" in \
         result.stderr
     assert "[1] RuntimeError: a user error in process 1" in result.stdout
+
+
+def test_compile_only_prints_memory_per_device_and_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    result = _launch("--config=llama_tiny_dp_tp", "--cpu_devices=8", "--compile_only",
+                     f"--trainer_dir={run_dir}", "--config.mesh.shape=(8,1)",
+                     "--config.train_input.global_batch_size=8", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(report) == {"temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
+                           "peak_bytes"}
+    assert all(isinstance(v, int) and v >= 0 for v in report.values())
+    assert report["peak_bytes"] == (report["argument_bytes"] + report["output_bytes"]
+                                    + report["temp_bytes"] - report["alias_bytes"])
+    assert report["argument_bytes"] > 0 and report["temp_bytes"] > 0
+    assert "compiled the train step for 8 devices (data 8 x model 1)" in result.stdout
+    assert not run_dir.exists()  # No run record, no checkpoint directory.
+    both = _launch("--config=llama_tiny_dp_tp", "--cpu_devices=8", "--compile_only", "--explain",
+                   f"--trainer_dir={run_dir}")
+    assert both.returncode != 0 and "--compile_only" in both.stderr

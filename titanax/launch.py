@@ -84,6 +84,10 @@ _MODULE = flags.DEFINE_string(
 _EXPLAIN = flags.DEFINE_bool(
     "explain", False, "Build the run, compile its train step on the first batch, print the mesh, "
     "every param's layout and the compiled step's collectives, then exit.")
+_COMPILE_ONLY = flags.DEFINE_bool(
+    "compile_only", False, "Build the run from shapes alone (no param, optimizer state or batch "
+    "allocated, no data read, nothing written), compile its train step for the configured mesh, "
+    "print the memory per device -- last line one JSON object of byte counts -- and exit.")
 _SHOW_TRACEBACK = flags.DEFINE_bool(
     "show_traceback", False, "Show the Python traceback of Titanax errors.")
 
@@ -208,8 +212,8 @@ def launch(argv: Sequence[str]) -> int:
     cfg, diff = _resolved_config() if _CONFIG.value else (None, [])
     trainer_dir = _TRAINER_DIR.value or os.path.join("runs", _CONFIG.value or "user_module")
     # The run record is written only for a run that really starts (or where asked for).
-    record = cfg is not None and (_TRAINER_DIR.value is not None
-                                  or not (_PRINT_CONFIG.value or _EXPLAIN.value))
+    record = cfg is not None and not _COMPILE_ONLY.value and (
+        _TRAINER_DIR.value is not None or not (_PRINT_CONFIG.value or _EXPLAIN.value))
     if record:
         check_trainer_dir(trainer_dir)
     if _PRINT_CONFIG.value:
@@ -246,6 +250,16 @@ def launch(argv: Sequence[str]) -> int:
             save_run_record(trainer_dir, cfg, diff)
 
     extra = {"explain": True} if _EXPLAIN.value else {}
+    if _COMPILE_ONLY.value:
+        if "compile_only" not in inspect.signature(run).parameters or _EXPLAIN.value:
+            raise errors.LaunchFlagError(
+                "--compile_only compiles an Engine's train step from shapes"
+                + (", and --explain compiles it on the first batch: choose one" if _EXPLAIN.value
+                   else f"; experiment {_CONFIG.value!r} builds a "
+                        f"{type(component).__qualname__}"), path="--compile_only",
+                suggestion="drop one of the two flags" if _EXPLAIN.value else
+                "use it with an Engine experiment")
+        extra["compile_only"] = True
     if "on_start" in inspect.signature(run).parameters:
         extra["on_start"] = on_start
     else:  # A root of its own making: its run() starts right away.
@@ -415,7 +429,7 @@ def run_main() -> None:
         main_module.__doc__ = __doc__
     for name in ("config", "list", "config_module", "print_config", "trainer_dir", "cpu_devices",
                  "coordinator_address", "num_processes", "process_id", "local_processes",
-                 "config_file", "module", "explain", "show_traceback"):
+                 "config_file", "module", "explain", "compile_only", "show_traceback"):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     app.run(main, flags_parser=_parse_flags)
 

@@ -149,9 +149,10 @@ def test_rules_cannot_move_what_a_plan_part_splits_nor_split_kv_heads_under_whol
     model = Decoder.default_config().set(name="d", vocab_size=64, max_seq_len=16, num_layers=2,
                                          model_dim=32, num_heads=4, num_kv_heads=2,
                                          hidden_dim=64).instantiate()
+    mesh = MeshSpec(axes=("data", "model"), shape=(4, 2)).build()
     plan = Plan(data_parallel=DP(), tensor_parallel=TP(), logical_axis_rules={"heads": None})
     with pytest.raises(errors.PlanError) as raised:
-        plan.check_model(model)
+        plan.check_model(model, mesh)
     assert raised.value.path == "plan.logical_axis_rules['heads']"
     Plan(data_parallel=DP(), tensor_parallel=TP(),
-         logical_axis_rules={"heads": None, "kv_heads": None}).check_model(model)
+         logical_axis_rules={"heads": None, "kv_heads": None}).check_model(model, mesh)

@@ -88,6 +88,9 @@ class PackedDocuments(Configurable):
     """Rows ``{"input_ids", "target_ids", "segment_ids", "positions": int32 [seq_len],
     "weights": float32 [seq_len]}`` of packed, tokenized documents."""
 
+    # What each row holds, each [seq_len] (what --compile_only builds a batch's shape from).
+    FIELDS = {name: "float32" if name == "weights" else "int32" for name in FIELDS}
+
     class Config(Configurable.Config):
         # Glob(s) of .jsonl / .parquet files (records) or text files (one document per
         # blank-line-separated paragraph); None: the Shakespeare plays bundled with Titanax, as

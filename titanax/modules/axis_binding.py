@@ -52,6 +52,9 @@ class AxisBinding:
     # How attention's keys cross the SEQUENCE axis: "all_gather", "ring" or "ulysses"
     # (parallel/context_attention.py; from plan.context_parallel.strategy).
     context_strategy: str = "all_gather"
+    # (mesh axis, devices) of the mesh a plan is checked against (Plan.check_model); empty in
+    # the bindings layers run under, which read sizes from their shard_map instead.
+    mesh_shape: Tuple[Tuple[str, int], ...] = ()
 
     @functools.cached_property
     def table(self) -> Mapping[str, Optional[str]]:
@@ -67,6 +70,12 @@ class AxisBinding:
         current ``shard_map`` with more than one device (else None: the layer runs its unsplit
         code, with no collective)."""
         return active_axis(self.axis(dim))
+
+    def size(self, dim: Optional[str]) -> int:
+        """How many devices split ``dim`` on the mesh this binding was checked against (1:
+        unbound, or no mesh known): what a layer's ``check_axis_binding`` divides by."""
+        axis = self.axis(dim)
+        return dict(self.mesh_shape).get(axis, 1) if axis is not None else 1
 
     def rank(self, dim: Optional[str]) -> Union[int, jax.Array]:
         """This device's index along ``dim``'s axis (0 where it is not active)."""

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from titanax import errors
 from titanax.parallel import collectives
 from titanax.modules.layers.softmax_attention import masked_attention
-from titanax.utils.dtypes import wide_float
+from titanax.utils.dtypes import fused_attention_fits, wide_float
 
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
@@ -68,7 +68,7 @@ def _all_gather(q, k, v, *, positions, segment_ids, axis, scale, sliding_window)
                     else collectives.all_gather(segment_ids, axis, axis_index=1))
     allowed = visible(positions, key_positions, segment_ids, key_segments,
                       sliding_window=sliding_window)
-    return masked_attention(q, kv[0], kv[1], allowed, scale=scale)
+    return _attend_rows(q, kv[0], kv[1], allowed, scale=scale)
 
 
 def _ulysses(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
@@ -89,8 +89,18 @@ def _ulysses(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
                     else collectives.all_gather(segment_ids, axis, axis_index=1))
     allowed = visible(row_positions, row_positions, row_segments, row_segments,
                       sliding_window=sliding_window)
-    out = masked_attention(to_heads(q), to_heads(k), to_heads(v), allowed, scale=scale)
+    out = _attend_rows(to_heads(q), to_heads(k), to_heads(v), allowed, scale=scale)
     return collectives.all_to_all(out, axis, split_dimension=1, concat_dimension=2)
+
+
+def _attend_rows(q, k, v, allowed, *, scale):
+    """Attention under ``allowed`` ``[b, 1, t, s]``: jax's fused call on a GPU, else written
+    out."""
+    if fused_attention_fits(q.dtype):
+        return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
+                                            mask=allowed, is_causal=False, scale=scale,
+                                            implementation=None)
+    return masked_attention(q, k, v, allowed, scale=scale)
 
 
 # --- Ring attention: an online softmax over the blocks that pass by, a custom VJP ------------------

@@ -16,11 +16,9 @@ contributions home), so they cross the data axis only (``train/reducer.py``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Mapping, Tuple
+from typing import Any, List, Tuple
 
-import jax
 
-from titanax import errors
 from titanax.config import Configurable
 
 
@@ -30,23 +28,6 @@ class EP(Configurable):
     class Config(Configurable.Config):
         # Mesh axis the experts (and the batch's rows) are split over.
         axis: str = "expert"
-
-    def check_experts_divide(self, parameter_specs: Any, mesh_shape: Mapping[str, int]) -> None:
-        """Every param declared split over the expert axis has its experts dimension divisible
-        by the axis size -- refused naming the MoE field (before the layout would refuse the
-        param by its path)."""
-        axis = self.config.axis
-        size = int(mesh_shape.get(axis, 1))
-        for spec in jax.tree_util.tree_leaves(parameter_specs,
-                                              is_leaf=lambda x: hasattr(x, "mesh_axes")):
-            axes = tuple(getattr(spec, "mesh_axes", None) or ())
-            if axis in axes and spec.shape[axes.index(axis)] % size:
-                experts = spec.shape[axes.index(axis)]
-                raise errors.PlanError(
-                    f"{experts} experts do not split evenly over the {size} devices of the "
-                    f"expert axis {axis!r}", path="model.moe.num_experts",
-                    suggestion=f"use a multiple of {size} experts, or an expert axis whose size "
-                               f"divides {experts} (--config.mesh.shape=...)")
 
     def describe(self, *, size: int, layers: List[Tuple[str, Any]]) -> str:
         """--explain's lines: experts per rank and what each MoE layer sends (``layers``: the

@@ -12,6 +12,8 @@ line (``--config.plan.data_parallel.accumulate_steps=4``).
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 from jax.sharding import Mesh, PartitionSpec
@@ -499,8 +501,6 @@ class Plan(Configurable):
     def layout(self, parameter_specs: Any, mesh: Mesh) -> layout_lib.Layout:
         """Where every param of ``parameter_specs`` (ParameterSpecs, arrays or
         ShapeDtypeStructs) and its optimizer state live on ``mesh`` under this plan."""
-        if self.expert_parallel is not None:
-            self.expert_parallel.check_experts_divide(parameter_specs, dict(mesh.shape))
         return layout_lib.build_layout(self.layout_transforms(), mesh_shape=dict(mesh.shape),
                                        parameter_specs=parameter_specs,
                                        axis_binding=self.axis_binding())
@@ -534,12 +534,41 @@ class Plan(Configurable):
             context_strategy=(cfg.context_parallel.strategy if cfg.context_parallel is not None
                               else "all_gather"))
 
-    def check_model(self, model: Any) -> None:
-        """What the model cannot run under this plan, refused before anything compiles: a split
-        that no layer of it implements (a row's sequence without context-parallel attention,
-        experts without a mixture of experts), then each layer's own refusals
-        (``BaseLayer.check_axis_binding``: a layer checks the plan it is given)."""
-        binding = self.axis_binding()
+    def check_hand_written_step(self) -> None:
+        """What a hand-written ``@step_fn`` (it sees whole params and applies its gradients to
+        the whole state) cannot run under: a pipeline, ZeRO / FSDP."""
+        if self.pp_axis is not None:
+            raise errors.PlanError(
+                "a hand-written @step_fn cannot run a pipeline yet: it would see each stage's "
+                "slice of the stacked layers", path="plan.pipeline_parallel",
+                suggestion="train the configured model (fit() without a step function), or drop "
+                           "pipeline_parallel")
+        if self.zero is not None:
+            raise errors.PlanError(
+                "ZeRO / FSDP lay out and update the state inside the engine's model step; a "
+                "hand-written @step_fn applies its gradients to the whole state itself",
+                path="plan.zero", suggestion="drop plan.zero for this step, or configure a "
+                "model and let the engine run its step")
+
+    def check_whole_model_call(self, call: str, mesh: Mesh) -> None:
+        """``call`` (``model.generate`` and the like: the whole stack on each device) refused on
+        a pipelined layout, where each pipe rank holds a slice of the layer stack and only the
+        pipeline schedule runs it."""
+        if self.pp_axis is not None and mesh.shape[self.pp_axis] > 1:
+            raise errors.PlanError(
+                f"{call} cannot run on a pipelined layout (each pipe rank holds a slice of the "
+                "layer stack)", path="plan.pipeline_parallel",
+                suggestion="run it on a mesh without the pipe axis: checkpoints restore onto any "
+                           "mesh (--config.plan.pipeline_parallel=None)")
+
+    def check_model(self, model: Any, mesh: Mesh) -> None:
+        """What the model cannot run under this plan on ``mesh``, refused before anything
+        compiles: a split that no layer of it implements (a row's sequence without
+        context-parallel attention, experts without a mixture of experts), then each layer's
+        own refusals (``BaseLayer.check_axis_binding``: a layer checks the plan it is given,
+        the mesh's sizes included)."""
+        binding = dataclasses.replace(self.axis_binding(),
+                                      mesh_shape=tuple(dict(mesh.shape).items()))
         implemented = model.implemented_dims()
         if binding.axis(axis_binding_lib.SEQUENCE) is not None \
                 and axis_binding_lib.SEQUENCE not in implemented:

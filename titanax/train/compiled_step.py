@@ -56,6 +56,11 @@ class CompiledStep:
         # Per-device bytes the most recent executable needs (XLA memory analysis, read once).
         self.latest_step_bytes: Optional[int] = None
 
+    def lower(self, *args) -> Any:
+        """The step lowered for ``args`` (arrays, or ShapeDtypeStructs with shardings: what
+        ``--compile_only`` compiles without allocating anything)."""
+        return self._jitted.lower(*args)
+
     def compiled_for(self, *args) -> Any:
         """The compiled executable for these arguments (compiling if needed)."""
         signature = signature_of(args)

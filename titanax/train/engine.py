@@ -162,7 +162,7 @@ class Engine(Configurable):
         self.inputs = RunInputs(mesh=self.mesh, plan=self.plan,
                                 limits=limits() if limits is not None else None)
         if self.model is not None:
-            self.plan.check_model(self.model)
+            self.plan.check_model(self.model, self.mesh)
             # The layers' logical dimensions take their mesh axes from the plan's binding.
             with axis_binding.bound(self.plan.axis_binding()):
                 self._set_layout(self.model.create_parameter_specs_recursively())
@@ -480,11 +480,12 @@ class Engine(Configurable):
     # --- Launcher entry point ------------------------------------------------------------------
 
     def run(self, *, trainer_dir: Optional[str] = None, cluster=None, explain: bool = False,
-            on_start: Optional[Callable[[], None]] = None) -> int:
+            compile_only: bool = False, on_start: Optional[Callable[[], None]] = None) -> int:
         """What ``python -m titanax.launch`` calls (``run_entry.run``): train, evaluate,
-        report; with ``explain`` only compile the train step and print ``explain()``."""
+        report; with ``explain`` only compile the train step and print ``explain()``; with
+        ``compile_only`` compile it from shapes and print its memory per device."""
         return run_entry.run(self, trainer_dir=trainer_dir, cluster=cluster, explain=explain,
-                             on_start=on_start)
+                             compile_only=compile_only, on_start=on_start)
 
     def train_to_the_end(self, on_start: Optional[Callable[[], None]]) -> None:
         """``fit()`` with ``on_start`` called once the run really trains (run_entry.py)."""

@@ -15,11 +15,11 @@ import jax
 
 from titanax import errors
 from titanax.runtime.mesh import describe_mesh
-from titanax.train import preemption
+from titanax.train import abstract_compile, preemption
 
 
 def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain: bool = False,
-        on_start: Optional[Callable[[], None]] = None) -> int:
+        compile_only: bool = False, on_start: Optional[Callable[[], None]] = None) -> int:
     """``on_start`` is called (on process 0) once everything was checked and the run really
     starts: the launcher writes the run's config record there."""
     from titanax.runtime import distributed  # pylint: disable=import-outside-toplevel
@@ -33,6 +33,11 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
             suggestion="set model in the experiment's Engine config (e.g. gpt_config() "
                        "or MLPClassifier.default_config()); to train a hand-written @step_fn, "
                        "call engine.fit(step_fn, data=...) from a script")
+    if compile_only:  # Shapes only: nothing allocated, no data read, nothing written.
+        report = abstract_compile.compile_only(engine)
+        print(abstract_compile.describe(report, mesh=engine.mesh), flush=True)
+        print(abstract_compile.json_line(report), flush=True)
+        return 0
     engine.check_inputs()
     preemption.exit_if_requested("while the run was built")
     if explain:  # Shapes are all it needs: fresh params, no checkpoint read.

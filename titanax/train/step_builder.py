@@ -88,18 +88,7 @@ class StepBuilder:
                 raise errors.StepError("no model and no step function", path="engine.model",
                                        suggestion="configure a model, or pass a @step_fn to fit")
             return step_lib.ModelStep(self.setup)
-        if self.plan.pp_axis is not None:
-            raise errors.PlanError(
-                "a hand-written @step_fn cannot run a pipeline yet: it would see each stage's "
-                "slice of the stacked layers", path="plan.pipeline_parallel",
-                suggestion="train the configured model (fit() without a step function), or drop "
-                           "pipeline_parallel")
-        if self.strategy.shard_axis is not None:
-            raise errors.PlanError(
-                "ZeRO / FSDP lay out and update the state inside the engine's model step; a "
-                "hand-written @step_fn applies its gradients to the whole state itself",
-                path="plan.zero", suggestion="drop plan.zero for this step, or configure a "
-                "model and let the engine run its step")
+        self.plan.check_hand_written_step()
         return UserStep(step_fn, axes=self.axes, data_axis=self.plan.dp_axis,
                         param_specs=self.layout.param_specs, precision=self.precision)
 
@@ -178,17 +167,12 @@ class StepBuilder:
 
     def _model_call(self, method: str) -> Callable:
         """``(local params, inputs) -> model.<method>(*inputs)`` in evaluation mode, in local
-        view. A pipelined layout is refused: the stack is split over the pipe axis and only the
-        pipeline schedule runs it."""
+        view, where the plan lets the whole model run on each device (Plan.check_whole_model_call).
+        """
         if self.model is None:
             raise errors.StepError("there is no model", path="engine.model",
                                    suggestion="configure a model")
-        if self.plan.pp_axis is not None and self.mesh.shape[self.plan.pp_axis] > 1:
-            raise errors.PlanError(
-                f"model.{method} cannot run on a pipelined layout (each pipe rank holds a slice "
-                "of the layer stack)", path="plan.pipeline_parallel",
-                suggestion="run it on a mesh without the pipe axis: checkpoints restore onto any "
-                           "mesh (--config.plan.pipeline_parallel=None)")
+        self.plan.check_whole_model_call(f"model.{method}", self.mesh)
         setup, model = self.setup, self.model
 
         def local(params, inputs):

@@ -33,6 +33,7 @@ written out (attention dropout, a query block at an offset into a cache, float64
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Optional
 
@@ -51,6 +52,7 @@ from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
+from titanax.modules.layers.blockwise_attention import blockwise_attention
 from titanax.modules.layers.softmax_attention import masked_attention
 from titanax.utils.dtypes import fused_attention_fits
 
@@ -94,6 +96,14 @@ class Attention(BaseLayer):
         attention_dropout_rate: float = 0.0
         # Initializer of the output projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
+        # How scores become outputs (IMPLEMENTATIONS): "dense" writes the [t, s] scores out
+        # (softmax_attention.py), "blockwise" folds key blocks into query blocks in O(S) memory
+        # (blockwise_attention.py), "fused" is jax.nn.dot_product_attention (cuDNN's kernel
+        # where jax picks it, else XLA's dense math); "auto": cuDNN's kernel on a GPU where it
+        # takes the inputs, else blockwise from BLOCKWISE_FROM keys on, dense below.
+        implementation: str = "auto"
+        # Query and key block length of the blockwise implementation.
+        block_size: int = 512
 
         def _validate_values(self):
             for name in ("model_dim", "num_heads", "num_kv_heads", "head_dim"):
@@ -121,6 +131,9 @@ class Attention(BaseLayer):
             if not 0.0 <= self.attention_dropout_rate < 1.0:
                 yield "attention_dropout_rate", (f"must be in [0, 1), got "
                                                  f"{self.attention_dropout_rate}")
+            yield from check_implementation(self.implementation, self.attention_dropout_rate)
+            if self.block_size < 1:
+                yield "block_size", f"must be >= 1, got {self.block_size}"
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
@@ -261,7 +274,8 @@ class Attention(BaseLayer):
         else:
             dropout = self.dropout if self.is_training and cfg.attention_dropout_rate else None
             context = attend(q, k, v, sliding_window=cfg.sliding_window,
-                             segment_ids=segment_ids, dropout=dropout)
+                             segment_ids=segment_ids, dropout=dropout,
+                             implementation=cfg.implementation, block_size=cfg.block_size)
         return self.o(context.reshape(context.shape[:2] + (-1,)))
 
     def decode(self, x, cache, *, start):
@@ -278,7 +292,8 @@ class Attention(BaseLayer):
         keys = self._kv_for_local_queries(k_cache, q.shape[2])
         values = self._kv_for_local_queries(v_cache, q.shape[2])
         context = attend(q, keys.astype(q.dtype), values.astype(q.dtype),
-                         sliding_window=cfg.sliding_window, kv_length=start + x.shape[1])
+                         sliding_window=cfg.sliding_window, kv_length=start + x.shape[1],
+                         implementation=cfg.implementation, block_size=cfg.block_size)
         return self.o(context.reshape(context.shape[:2] + (-1,))), (k_cache, v_cache)
 
 
@@ -299,24 +314,67 @@ def same_segment(segment_ids: Optional[jax.Array]) -> Optional[jax.Array]:
     return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
 
 
+IMPLEMENTATIONS = ("auto", "dense", "blockwise", "fused")
+# "auto" attends blockwise from this many keys on (off a GPU's fused kernel).
+BLOCKWISE_FROM = 1024
+
+
+def check_implementation(implementation: str, dropout_rate: float):
+    """``(field, message)`` for an attention implementation a config cannot use."""
+    if implementation not in IMPLEMENTATIONS:
+        yield "implementation", (f"must be one of {', '.join(map(repr, IMPLEMENTATIONS))}, got "
+                                 f"{implementation!r}")
+    elif implementation in ("blockwise", "fused") and dropout_rate:
+        yield "implementation", (f"{implementation!r} never writes the probabilities out, so it "
+                                 "cannot drop them: use 'dense' (or 'auto') with attention "
+                                 "dropout, or set attention_dropout_rate to 0")
+
+
+def choose_implementation(implementation: str, *, queries: int, keys: int, dtype,
+                          dropout: bool, decoding: bool) -> str:
+    """The implementation ``"auto"`` stands for at these sizes (others stand for themselves)."""
+    if implementation != "auto":
+        return implementation
+    if not (dropout or decoding) and queries == keys and fused_attention_fits(dtype):
+        return "fused"
+    return "blockwise" if keys >= BLOCKWISE_FROM and not dropout else "dense"
+
+
 def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
            segment_ids: Optional[jax.Array] = None,
-           dropout: Optional[Callable[[jax.Array], jax.Array]] = None):
+           dropout: Optional[Callable[[jax.Array], jax.Array]] = None,
+           implementation: str = "auto", block_size: int = 512):
     """Causal attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g``
     dividing ``n``): queries are the last ``t`` of the ``s`` positions (``t = s`` in training;
     decoding with a cache has ``t < s``). ``kv_length`` (decoding): how many of the ``s``
     cached positions are filled; the queries then sit at ``kv_length - t .. kv_length - 1``.
     ``segment_ids`` ``[b, s]`` (training): no query sees a key of another document.
-    ``dropout``: applied to the probabilities (which it then writes out)."""
+    ``dropout``: applied to the probabilities (which it then writes out). ``implementation``:
+    one of IMPLEMENTATIONS (``Attention.Config.implementation``)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[1], k.shape[1]
-    documents = same_segment(segment_ids)
-    if kv_length is None and t == s and dropout is None and fused_attention_fits(q.dtype):
-        window = (sliding_window - 1, 0) if sliding_window is not None else None
-        return jax.nn.dot_product_attention(q, k, v, mask=documents, is_causal=True,
-                                            scale=scale, local_window_size=window,
-                                            implementation=None)
+    chosen = choose_implementation(implementation, queries=t, keys=s, dtype=q.dtype,
+                                   dropout=dropout is not None, decoding=kv_length is not None)
     filled = s if kv_length is None else kv_length
+    if chosen == "blockwise":
+        return blockwise_attention(
+            q, k, v, scale=scale, q_positions=filled - t + jnp.arange(t),
+            k_positions=jnp.arange(s), q_segments=segment_ids, k_segments=segment_ids,
+            sliding_window=sliding_window, kv_length=kv_length, block_q=block_size,
+            block_k=block_size)
+    documents = same_segment(segment_ids)
+    if chosen == "fused" and kv_length is None and t == s:
+        window = (sliding_window - 1, 0) if sliding_window is not None else None
+        fused = functools.partial(jax.nn.dot_product_attention, q, k, v, mask=documents,
+                                  is_causal=True, scale=scale, local_window_size=window)
+        if implementation == "auto":  # cuDNN's kernel where it takes these inputs, else ours.
+            try:
+                return fused(implementation="cudnn")
+            except Exception:  # pylint: disable=broad-except  (jax's own checks refuse them)
+                return attend(q, k, v, sliding_window=sliding_window, segment_ids=segment_ids,
+                              implementation="blockwise" if s >= BLOCKWISE_FROM else "dense",
+                              block_size=block_size)
+        return fused(implementation=None)
     query_pos = filled - t + jnp.arange(t)
     key_pos = jnp.arange(s)
     allowed = (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] < filled)

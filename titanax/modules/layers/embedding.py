@@ -90,6 +90,10 @@ class VocabParallelEmbedding(BaseLayer):
         table = self.parameters["weight"]
         return jnp.einsum("...d,vd->...v", x, table.astype(x.dtype))
 
+    def local_rows(self) -> int:
+        """How many rows of the table this device holds (its slice of the logits' width)."""
+        return int(self.parameters["weight"].shape[0])
+
     def vocab_offset(self):
         """Index of this device's first vocabulary row."""
         return self.axis_binding.rank(VOCAB) * self.parameters["weight"].shape[0] \

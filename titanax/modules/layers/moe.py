@@ -238,10 +238,18 @@ class MoE(BaseLayer):
 
 
 def check_moe_binding(config: MoE.Config, binding, *, path: str) -> None:
-    """What a pipeline cannot carry, refused before anything compiles: a stage returns only its
-    activations, so a balancing loss or a bias update written inside it would be dropped.
+    """What the plan cannot split or carry, refused before anything compiles: experts that do not
+    divide over the expert axis, and, under a pipeline, what a stage cannot return (it returns
+    only its activations, so a balancing loss or a bias update written inside it is dropped).
     ``path``: the MoE config's path (a model that builds its layers from one MoE config checks
     it under that config's path)."""
+    experts, split = config.num_experts, binding.size(EXPERTS)
+    if experts % split:
+        raise errors.PlanError(
+            f"{experts} experts do not split evenly over the {split} devices of the expert "
+            f"axis {binding.axis(EXPERTS)!r}", path=f"{path}.num_experts",
+            suggestion=f"use a multiple of {split} experts, or an expert axis whose size "
+                       f"divides {experts} (--config.mesh.shape=...)")
     if binding.axis(STAGES) is None:
         return
     for field in ("aux_loss_weight", "z_loss_weight"):

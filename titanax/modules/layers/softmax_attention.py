@@ -1,8 +1,8 @@
 """Softmax attention under an explicit mask, the S x S probabilities written out.
 
 The one written-out attention both attention paths share: the decoder's (``layers/attention.py``:
-attention dropout, a query block at an offset into a cache, and every backend but a GPU) and
-context parallelism's per-block attention (``parallel/context_attention.py``).
+``implementation="dense"``, which attention dropout needs) and context parallelism's
+(``parallel/context_attention.py``).
 
 Off a GPU, ``jax.nn.dot_product_attention`` is this same XLA math, vmapped over each kv head's
 group of query heads; without grouped queries that leaves a unit group dimension in the scores,
@@ -18,21 +18,16 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from titanax.utils.dtypes import fused_attention_fits, lowest, wide_float
+from titanax.utils.dtypes import lowest, wide_float
 
 
 def masked_attention(q, k, v, allowed, *, scale: float,
                      dropout: Optional[Callable[[jax.Array], jax.Array]] = None) -> jax.Array:
     """Attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g`` dividing
     ``n``) where ``allowed`` (broadcastable to ``[b, 1, t, s]``) holds; scores and softmax in
-    float32 or wider. ``dropout`` is applied to the probabilities. A GPU without dropout runs
-    ``jax.nn.dot_product_attention`` (cuDNN's fused kernel where it fits)."""
+    float32 or wider. ``dropout`` is applied to the probabilities."""
     allowed = jnp.asarray(allowed)
     allowed = allowed.reshape((1,) * (4 - allowed.ndim) + allowed.shape)  # [b | 1, 1, t, s]
-    if dropout is None and fused_attention_fits(q.dtype):
-        return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
-                                            mask=allowed, is_causal=False, scale=scale,
-                                            implementation=None)
     group = q.shape[2] // k.shape[2]
     if group == 1:  # As many kv heads as query heads: scores [b, n, t, s].
         scores = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=wide_float(q.dtype))

@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from titanax.modules import sampling
 from titanax.modules.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUENCE
 from titanax.modules.initializers import Normal
-from titanax.modules.layers.attention import Attention, refuse_split_attention_dropout
+from titanax.modules.layers.attention import (Attention, check_implementation,
+                                               refuse_split_attention_dropout)
 from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.embedding import Embedding, VocabParallelEmbedding
@@ -125,6 +126,11 @@ class Decoder(CausalLanguageModel):
         dropout_rate: float = 0.0
         # Dropout on the attention probabilities (training only).
         attention_dropout_rate: float = 0.0
+        # How attention runs (Attention.Config.implementation): "auto", "dense", "blockwise"
+        # (O(S) memory) or "fused" (jax.nn.dot_product_attention: cuDNN on a GPU).
+        attention_implementation: str = "auto"
+        # Query / key block length of blockwise attention.
+        attention_block_size: int = 512
         # jax.checkpoint policy per block in training (None: keep activations).
         layer_remat_policy: Optional[str] = None
         # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
@@ -132,6 +138,7 @@ class Decoder(CausalLanguageModel):
         unroll_layers: Optional[bool] = None
 
         def _validate_values(self):
+            yield from super()._validate_values()
             if self.vocab_size is None:
                 yield "vocab_size", UNSET_VOCABULARY
             for name in ("vocab_size", "max_seq_len", "num_layers", "model_dim", "num_heads",
@@ -166,6 +173,11 @@ class Decoder(CausalLanguageModel):
                 value = getattr(self, name)
                 if not 0.0 <= value < 1.0:
                     yield name, f"must be in [0, 1), got {value}"
+            for _, message in check_implementation(self.attention_implementation,
+                                                   self.attention_dropout_rate):
+                yield "attention_implementation", message
+            if self.attention_block_size < 1:
+                yield "attention_block_size", f"must be >= 1, got {self.attention_block_size}"
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
@@ -190,6 +202,7 @@ class Decoder(CausalLanguageModel):
             rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
             output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
             sliding_window=cfg.sliding_window, attention_dropout_rate=cfg.attention_dropout_rate,
+            implementation=cfg.attention_implementation, block_size=cfg.attention_block_size,
             output_param_init=output_init)
         if cfg.moe is not None:
             mlp = cfg.moe.clone(model_dim=cfg.model_dim, output_param_init=output_init)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.input_limits import InputLimit
+from titanax.modules.layers.chunked_loss import chunk_length, chunked_token_losses
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.layers.embedding import VocabParallelEmbedding
 from titanax.modules.layers.moe import add_moe_objective
@@ -35,6 +36,16 @@ UNSET_VOCABULARY = ("unset (None) and no train input declares a vocabulary to ta
 
 class CausalLanguageModel(BaseLayer):
     """``forward(batch)`` returns ``(mean next-token cross-entropy, aux)``."""
+
+    class Config(BaseLayer.Config):
+        # Tokens per chunk of the LM head and loss (layers/chunked_loss.py: the full logits
+        # never exist); None: as many as keep one chunk's logits within 2^24 elements (all the
+        # tokens, unchunked, at small vocabularies).
+        loss_chunk_tokens: Optional[int] = None
+
+        def _validate_values(self):
+            if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
+                yield "loss_chunk_tokens", f"must be >= 1 (or None), got {self.loss_chunk_tokens}"
 
     def embed(self, input_ids: jax.Array, positions: Optional[jax.Array] = None) -> jax.Array:
         """What enters the decoder stack, ``[batch, seq, model_dim]`` (seq-split under SP);
@@ -124,13 +135,26 @@ class CausalLanguageModel(BaseLayer):
                   ) -> Tuple[jax.Array, Dict[str, Any]]:
         """Final norm, LM head and loss of the decoder's output (what a pipeline's last stage
         runs); returns ``(loss, aux)`` as ``forward`` does."""
+        return token_mean(self.token_losses(self.final_norm(decoded), batch["target_ids"]),
+                          batch)
+
+    def token_losses(self, hidden: jax.Array, target_ids: jax.Array) -> jax.Array:
+        """Per-token ``-log p(target)`` ``[batch, seq]`` from the final-normed residual stream,
+        the LM head and cross-entropy run in chunks of tokens (``loss_chunk_tokens``): the full
+        logits are never held. Negated, the targets' log-probabilities."""
         head = self.head()
-        logits = self._logits_of(self.final_norm(decoded))
-        per_token = vocab_parallel_cross_entropy(
-            logits, batch["target_ids"],
-            vocab_axis=head.vocab_axis,
-            vocab_offset=head.vocab_offset(), vocab_size=self.config.vocab_size)
-        return token_mean(per_token, batch)
+        if self._split_sequence():
+            hidden = collectives.all_gather(hidden, self.axis_binding.active(RESIDUAL_SEQUENCE),
+                                            axis_index=1)
+
+        def loss_of_chunk(hidden_chunk, targets_chunk):
+            return vocab_parallel_cross_entropy(
+                head.attend(hidden_chunk), targets_chunk, vocab_axis=head.vocab_axis,
+                vocab_offset=head.vocab_offset(), vocab_size=self.config.vocab_size)
+
+        chunk = chunk_length(tokens=int(target_ids.size), local_vocab=head.local_rows(),
+                             requested=self.config.loss_chunk_tokens)
+        return chunked_token_losses(hidden, target_ids, loss_of_chunk=loss_of_chunk, chunk=chunk)
 
     @nowrap
     def input_limits(self) -> Dict[str, InputLimit]:
