@@ -107,8 +107,25 @@ def compare(before: str, after: str) -> None:
 
 def _compiled(engine: Any, batch: Any) -> Any:
     engine.init_state()
-    return engine.compile(example_batch=batch).compiled_for(engine.state,
-                                                            engine.inputs.placed(batch))
+    placed = engine.inputs.placed(batch)
+    compiled = engine.compile(example_batch=batch).compiled_for(engine.state, placed)
+    compiled.timed = lambda steps: _median_step_ms(engine, compiled, placed, steps)
+    return compiled
+
+
+def _median_step_ms(engine: Any, compiled: Any, batch: Any, steps: int) -> float:
+    """Median wall time of ``steps`` runs of the compiled step (after one warm-up)."""
+    import statistics  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+    import jax  # pylint: disable=import-outside-toplevel
+    times = []
+    for index in range(steps + 1):
+        started = time.perf_counter()
+        engine.state, metrics = compiled(engine.state, batch)
+        jax.block_until_ready((engine.state, metrics))
+        if index:
+            times.append(1e3 * (time.perf_counter() - started))
+    return statistics.median(times)
 
 
 def _cell_steps() -> List[Tuple[str, Callable[[], Any]]]:
@@ -171,6 +188,9 @@ def main(argv=None) -> None:
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                         help="compare two directories of dumps instead")
     parser.add_argument("--only", default="", help="comma-separated step names (default: all)")
+    parser.add_argument("--time", type=int, default=0, metavar="STEPS",
+                        help="also run each step STEPS times and print its median ms (a "
+                             "before/after pair: run both checkouts alternately, twice)")
     args = parser.parse_args(argv)
     if args.compare:
         compare(*args.compare)
@@ -185,11 +205,13 @@ def main(argv=None) -> None:
     for name, build in steps:
         if wanted and name not in wanted:
             continue
-        text = strip_metadata(build().as_text())
+        compiled = build()
+        text = strip_metadata(compiled.as_text())
         with open(os.path.join(args.out, f"{name}.hlo"), "w", encoding="utf-8") as f:
             f.write(text)
+        timing = f"; median {compiled.timed(args.time):.1f} ms" if args.time else ""
         print(f"{name}: {hashlib.sha256(text.encode()).hexdigest()[:16]} "
-              f"({len(text.splitlines())} lines)", flush=True)
+              f"({len(text.splitlines())} lines){timing}", flush=True)
 
 
 if __name__ == "__main__":
