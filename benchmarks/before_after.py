@@ -105,7 +105,7 @@ def main() -> None:
         print(f"before: {args.before}; after: this checkout; {args.rounds} rounds of "
               f"{args.steps} steps, order alternating\n")
         print("cell               | before ms | after ms | after/before (paired median) | "
-              "first losses equal")
+              "first losses: relative difference")
         results: List[Dict] = []
         for label in args.cells.split(","):
             label = label.strip()
@@ -119,10 +119,14 @@ def main() -> None:
                 process.stdin.close()
                 process.wait()
             ratio = statistics.median(a / b for a, b in zip(times["after"], times["before"]))
-            same = abs(workers["before"].first_loss - workers["after"].first_loss) < 1e-6
+            # The same program computes the same first loss; a reordered float32 sum (another
+            # fusion, another attention formula) moves it by ~1e-7 of itself, a defect by far more.
+            before_loss, after_loss = workers["before"].first_loss, workers["after"].first_loss
+            difference = abs(before_loss - after_loss) / max(abs(before_loss), 1e-30)
             results.append({"cell": label, "ratio": ratio})
             print(f"{label:18s} | {1e3 * statistics.median(times['before']):9.1f} | "
-                  f"{1e3 * statistics.median(times['after']):8.1f} | {ratio:28.3f} | {same}",
+                  f"{1e3 * statistics.median(times['after']):8.1f} | {ratio:28.3f} | {difference:.1e} "
+                  f"({before_loss:.6f} vs {after_loss:.6f})",
                   flush=True)
         worst = max(r["ratio"] for r in results)
         print(f"\nworst after/before: {worst:.3f}")
