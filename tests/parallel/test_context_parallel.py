@@ -251,3 +251,19 @@ def test_each_tokens_loss_is_its_loss_on_one_device(strategy):
         got.append(split.eval(data=[single])["loss"])
     assert_close(got, want, what="per-token losses", scale="leaf")
     assert len(set(np.round(want, 4))) > 10  # The tokens' losses differ: the check can fail.
+
+
+@pytest.mark.parametrize("sliding_window", [None, 3])
+def test_the_ring_folds_each_visiting_block_in_tiles_like_one_device(monkeypatch, sliding_window):
+    """Ring tiles shorter than a rank's chunk (2-token tiles of 4-token chunks, dual-chunk order,
+    packed documents): each visiting block is folded tile by tile, the tiles no local query sees
+    skipped, forward and backward -- as one device computes it."""
+    from titanax.parallel import context_attention  # pylint: disable=import-outside-toplevel
+    want_losses, want_params = helpers.train(_engine("decoder", sliding_window=sliding_window),
+                                             _batches(True))
+    monkeypatch.setattr(context_attention, "RING_TILE", 2)
+    engine = _engine("decoder", {"data": 1, "context": 4}, strategy="ring",
+                     sliding_window=sliding_window)
+    losses, params = helpers.train(engine, _batches(True))
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")

@@ -10,13 +10,13 @@ load-balanced one included).
   (one all-gather of K and V stacked, per layer; its transpose reduce-scatters their gradients),
   then each rank attends its queries over the whole row. Memory: the whole row's K/V per rank.
 - ``ring``: the K/V blocks travel around a ``ppermute`` ring, C steps, each rank folding the
-  block it holds into its queries' output with an online softmax (running max and sum, as flash
-  attention does); a block none of whose keys a query block may see is skipped. The backward
-  pass is a ring too (a custom VJP): each block travels with its gradient accumulators and is
-  home after C steps. Only the local block, one visiting block and the outputs' log-sum-exp are
-  kept: memory stays flat in C. (With contiguous chunks, a sliding window or packed documents
-  some blocks are skipped; under the default dual-chunk order every block holds keys some query
-  sees, so the ring computes every block: about twice the causal minimum of work.)
+  block it holds into its queries' online softmax (running max and sum, as flash attention does)
+  tile by tile (``modules/layers/blockwise_attention.fold_keys``: no score tensor larger than one
+  ``RING_TILE`` x ``RING_TILE`` tile, and a tile none of whose keys its queries may see is never
+  visited -- under the dual-chunk order that skips the masked half of each visiting block). The
+  backward pass is a ring too (a custom VJP): each block travels with its gradient accumulators
+  and is home after C steps. Only the local queries, one visiting block and the outputs'
+  log-sum-exp are kept: memory is flat in C and linear in the local sequence.
 - ``ulysses``: an all-to-all turns sequence shards into head shards (each rank: the whole row,
   heads / C of them), attention runs as on one device, and another all-to-all turns the output
   back. Needs the local heads divisible by C (kv heads that C does not divide are repeated to
@@ -33,6 +33,9 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.parallel import collectives
+from titanax.modules.layers.blockwise_attention import (Static, empty_state, finish, fold_key_grads,
+                                                        fold_keys, padded_keys, padded_queries,
+                                                        query_grad_blocks, unblocked)
 from titanax.modules.layers.softmax_attention import masked_attention
 from titanax.utils.dtypes import fused_attention_fits, wide_float
 
@@ -105,60 +108,31 @@ def _attend_rows(q, k, v, allowed, *, scale):
 
 # --- Ring attention: an online softmax over the blocks that pass by, a custom VJP ------------------
 
-def _block_scores(q, k, scale):
-    """``[b, g, r, t, s]`` scores of queries ``[b, t, g*r, d]`` against keys ``[b, s, g, d]``
-    (r query heads read each of the g kv heads), in float32 (or wider)."""
-    b, t, n, d = q.shape
-    g = k.shape[2]
-    qg = q.reshape(b, t, g, n // g, d)
-    return jnp.einsum("btgrd,bsgd->bgrts", qg, k, preferred_element_type=wide_float(q.dtype)) * scale
+# Query / key tile length inside each ring step (a visiting block is folded in tiles of this).
+RING_TILE = 512
 
 
-def _block_mask(q_pos, q_seg, k_pos, k_seg, window):
-    """``[b, 1, 1, t, s]``: which keys of a block each query may see."""
-    return visible(q_pos, k_pos, q_seg, k_seg, sliding_window=window)[:, :, None]
+def _ring_static(scale, window, queries: int, keys: int) -> Static:
+    return Static(scale, window, min(RING_TILE, queries), min(RING_TILE, keys))
 
 
 def _ring_forward(q, k, v, positions, segments, axis, scale, window):
     """``(out, lse)``: attention of the local queries over every rank's block, and the
-    log-sum-exp of each query's scores ``[b, g, r, t]``."""
+    log-sum-exp of each query's scores ``[b, g, r, t]``. Each visiting block is folded into
+    the queries' online softmax tile by tile (blockwise_attention.fold_keys): no score tensor
+    larger than a tile, and tiles no query sees are skipped."""
     size = collectives.axis_size(axis)
-    b, t, n, d = q.shape
-    g = k.shape[2]
-    shape = (b, g, n // g, t)
-    wide = wide_float(q.dtype)
-    init = _like(q, k, v, positions, segments)(
-        (jnp.full(shape, -jnp.inf, wide), jnp.zeros(shape, wide),
-         jnp.zeros(shape + (d,), wide)))
-
-    def fold(carry, block):
-        running_max, total, acc = carry
-        k_blk, v_blk, k_pos, k_seg = block
-        allowed = _block_mask(positions, segments, k_pos, k_seg, window)
-
-        def update(_):
-            scores = jnp.where(allowed, _block_scores(q, k_blk, scale), -jnp.inf)
-            new_max = jnp.maximum(running_max, scores.max(-1))
-            safe = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
-            probs = jnp.where(allowed, jnp.exp(scores - safe[..., None]), 0.0)
-            rescale = jnp.exp(jnp.where(jnp.isfinite(running_max), running_max - safe, -jnp.inf))
-            values = jnp.einsum("bgrts,bsgd->bgrtd", probs, v_blk.astype(wide))
-            return (new_max, total * rescale + probs.sum(-1),
-                    acc * rescale[..., None] + values)
-
-        # A block none of whose keys these queries may see costs nothing.
-        return jax.lax.cond(allowed.any(), update, lambda _: carry, None)
-
-    carry, block = init, (k, v, positions, segments)
+    t = q.shape[1]
+    static = _ring_static(scale, window, t, k.shape[1])
+    q_p, q_pos, q_seg = padded_queries(q, positions, segments, static.block_q)
+    block = padded_keys(k, v, positions, segments, static.block_k)
+    state = empty_state(q_p, k.shape[2], static.block_q, like=(k, v, positions, segments))
     for step in range(size):
-        carry = fold(carry, block)
+        state = fold_keys(state, q_p, q_pos, q_seg, *block, static)
         if step + 1 < size:
             block = collectives.shift(block, axis)
-    running_max, total, acc = carry
-    out = acc / total[..., None]  # Every query sees at least itself: total > 0.
-    lse = running_max + jnp.log(total)
-    out = jnp.moveaxis(out, 3, 1).reshape(b, t, n, d)  # [b, g, r, t, d] -> [b, t, n, d]
-    return out.astype(q.dtype), lse
+    out, lse = finish(state, q.dtype)
+    return out[:, :t], lse[..., :t]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
@@ -172,46 +146,35 @@ def _ring_fwd(q, k, v, positions, segments, axis, scale, window):
 
 
 def _ring_bwd(axis, scale, window, residuals, d_out):
+    """The ring again: each block travels with its gradient accumulators, each rank adding its
+    queries' share tile by tile (blockwise_attention.fold_key_grads); after C moves the
+    gradients are home."""
     q, k, v, positions, segments, out, lse = residuals
     size = collectives.axis_size(axis)
-    b, t, n, d = q.shape
-    g = k.shape[2]
-    wide = wide_float(q.dtype)
-    grouped = lambda x: jnp.moveaxis(  # noqa: E731  [b, t, n, d] -> [b, g, r, t, d]
-        x.astype(wide).reshape(b, t, g, n // g, d), 1, 3)
-    d_out_g, out_g = grouped(d_out), grouped(out)
-    # D = rowsum(dO * O): the softmax backward's correction, per query.
-    correction = jnp.sum(d_out_g * out_g, axis=-1)
-
-    def fold(d_q, block):
-        k_blk, v_blk, k_pos, k_seg, d_k, d_v = block
-        allowed = _block_mask(positions, segments, k_pos, k_seg, window)
-
-        def update(_):
-            scores = _block_scores(q, k_blk, scale)
-            probs = jnp.where(allowed, jnp.exp(scores - lse[..., None]), 0.0)
-            d_probs = jnp.einsum("bgrtd,bsgd->bgrts", d_out_g, v_blk.astype(wide))
-            d_scores = probs * (d_probs - correction[..., None]) * scale
-            qg = grouped(q)
-            return (d_q + jnp.einsum("bgrts,bsgd->bgrtd", d_scores, k_blk.astype(wide)),
-                    d_k + jnp.einsum("bgrts,bgrtd->bsgd", d_scores, qg),
-                    d_v + jnp.einsum("bgrts,bgrtd->bsgd", probs, d_out_g))
-
-        d_q, d_k, d_v = jax.lax.cond(allowed.any(), update, lambda _: (d_q, d_k, d_v), None)
-        return d_q, (k_blk, v_blk, k_pos, k_seg, d_k, d_v)
-
+    t, s = q.shape[1], k.shape[1]
+    static = _ring_static(scale, window, t, s)
+    q_p, q_pos, q_seg = padded_queries(q, positions, segments, static.block_q)
+    pad = q_p.shape[1] - t
+    rows = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q_blocks = query_grad_blocks(
+        q_p, q_pos, q_seg, jnp.pad(d_out, rows), jnp.pad(out, rows),
+        jnp.pad(lse, ((0, 0), (0, 0), (0, 0), (0, pad)), constant_values=-jnp.inf),
+        static.block_q)
+    keys = padded_keys(k, v, positions, segments, static.block_k)
     typed = _like(q, k, v, positions, segments, d_out, lse)
-    zeros = typed(jnp.zeros(k.shape, wide))
-    d_q = typed(jnp.zeros((b, g, n // g, t, d), wide))
-    block = (k, v, positions, segments, zeros, zeros)
+    wide = wide_float(q.dtype)
+    d_q = typed(jnp.zeros(q_blocks[0].shape, wide))
+    zeros = typed(jnp.zeros(keys[0].shape, wide))
+    block = keys + (zeros, zeros)
     for step in range(size):
-        d_q, block = fold(d_q, block)
+        d_q, d_k, d_v = fold_key_grads(d_q, q_blocks, *block[:4], static)
+        block = block[:4] + (block[4] + d_k, block[5] + d_v)
         # The block and its gradients move on; after the C-th move the gradients are home.
         block = (collectives.shift(block, axis) if step + 1 < size
                  else block[:4] + collectives.shift(block[4:], axis))
-    d_k, d_v = block[4], block[5]
-    d_q = jnp.moveaxis(d_q, 3, 1).reshape(b, t, n, d)
-    return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None, None)
+    d_q = unblocked(d_q)[:, :t]
+    return (d_q.astype(q.dtype), block[4][:, :s].astype(k.dtype),
+            block[5][:, :s].astype(v.dtype), None, None)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

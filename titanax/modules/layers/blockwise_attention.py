@@ -54,22 +54,16 @@ def blockwise_attention(q, k, v, *, scale: float, q_positions, k_positions,
     q_seg = jnp.zeros((b, t), jnp.int32) if q_segments is None else q_segments.astype(jnp.int32)
     k_seg = jnp.zeros((b, s), jnp.int32) if k_segments is None else k_segments.astype(jnp.int32)
     block_q, block_k = min(block_q, t), min(block_k, s)
-    pad_q, pad_k = -t % block_q, -s % block_k
-    if pad_q:
-        q = jnp.pad(q, ((0, 0), (0, pad_q), (0, 0), (0, 0)))
-        q_pos = jnp.pad(q_pos, ((0, 0), (0, pad_q)), constant_values=-1)
-        q_seg = jnp.pad(q_seg, ((0, 0), (0, pad_q)))
-    if pad_k:
-        k, v = (jnp.pad(x, ((0, 0), (0, pad_k), (0, 0), (0, 0))) for x in (k, v))
-        k_pos = jnp.pad(k_pos, ((0, 0), (0, pad_k)), constant_values=_NEVER)
-        k_seg = jnp.pad(k_seg, ((0, 0), (0, pad_k)))
+    q, q_pos, q_seg = padded_queries(q, q_pos, q_seg, block_q)
+    k, v, k_pos, k_seg = padded_keys(k, v, k_pos, k_seg, block_k)
     out = _attention(q, k, v, q_pos, k_pos, q_seg, k_seg,
-                     _Static(float(scale), sliding_window, block_q, block_k))
+                     Static(float(scale), sliding_window, block_q, block_k))
     return out[:, :t]
 
 
-class _Static(NamedTuple):
-    """The kernel's static arguments (hashable: custom_vjp's nondiff argument)."""
+class Static(NamedTuple):
+    """The kernel's static arguments (hashable: custom_vjp's nondiff argument): the score
+    scale, the sliding window (None: none), and the query and key block lengths."""
 
     scale: float
     window: Optional[int]
@@ -84,8 +78,8 @@ def _blocks(x, size):
     return jnp.moveaxis(x.reshape((x.shape[0], x.shape[1] // size, size) + x.shape[2:]), 1, 0)
 
 
-def _unblocks(x):
-    """The inverse of ``_blocks``."""
+def unblocked(x):
+    """The inverse of ``_blocks``: ``[n, b, size, ...]`` -> ``[b, n * size, ...]``."""
     x = jnp.moveaxis(x, 0, 1)
     return x.reshape((x.shape[0], x.shape[1] * x.shape[2]) + x.shape[3:])
 
@@ -149,20 +143,51 @@ def _visible_blocks(pos, seg, blocks_pos, blocks_seg, window, *, keys_of_queries
     return order, jnp.sum(visible, dtype=jnp.int32)
 
 
-def _forward(q, k, v, q_pos, k_pos, q_seg, k_seg, static: _Static):
-    """``(out [b, t, n, d], lse [b, g, r, t])``: the attention and each query's log-sum-exp of
-    its visible scores (-inf for a query that sees none)."""
+def padded_queries(q, q_pos, q_seg, block: int):
+    """``q`` / positions / segments padded to a whole number of ``block``-long query blocks
+    (padding queries sit at position -1: they see no key)."""
+    pad = -q.shape[1] % block
+    if not pad:
+        return q, q_pos, q_seg
+    return (jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))),
+            jnp.pad(q_pos, ((0, 0), (0, pad)), constant_values=-1),
+            jnp.pad(q_seg, ((0, 0), (0, pad))))
+
+
+def padded_keys(k, v, k_pos, k_seg, block: int):
+    """Keys / values / positions / segments padded to whole ``block``-long key blocks (padding
+    keys sit at a position no query reaches)."""
+    pad = -k.shape[1] % block
+    if not pad:
+        return k, v, k_pos, k_seg
+    k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (k, v))
+    return (k, v, jnp.pad(k_pos, ((0, 0), (0, pad)), constant_values=_NEVER),
+            jnp.pad(k_seg, ((0, 0), (0, pad))))
+
+
+def empty_state(q, groups: int, block_q: int, *, like=()):
+    """The online softmax's starting state of the (padded) queries ``q`` ``[b, t, g*r, d]``, per
+    query block: running maximum and sum ``[nq, b, g, r, bq]``, weighted values
+    ``[nq, b, g, r, bq, d]`` (cast to vary as ``q`` and ``like`` do, inside a shard_map)."""
+    b, t, n, d = q.shape
+    shape = (t // block_q, b, groups, n // groups, block_q)
+    wide = wide_float(q.dtype)
+    return _like(q, *like)((jnp.full(shape, -jnp.inf, wide), jnp.zeros(shape, wide),
+                            jnp.zeros(shape + (d,), wide)))
+
+
+def fold_keys(state, q, q_pos, q_seg, k, v, k_pos, k_seg, static: "Static"):
+    """``state`` with the keys ``k``/``v`` (any number of whole ``block_k`` blocks) folded into
+    every query block's online softmax, tile by tile, visiting only the key blocks each query
+    block may see. Queries and keys padded to whole blocks (``padded_queries``/``padded_keys``).
+    Context parallelism's ring folds each visiting block in with this."""
     groups = k.shape[2]
     wide = wide_float(q.dtype)
     k_blocks = tuple(_blocks(x, static.block_k) for x in (k, v, k_pos, k_seg))
 
     def one_query_block(args):
-        q_blk, qp, qs = args
+        q_blk, qp, qs, carry = args
         qg = _grouped(q_blk, groups)  # [b, g, r, bq, d]
-        shape = qg.shape[:-1]
-        typed = _like(q_blk, qp, qs, *k_blocks)
-        init = typed((jnp.full(shape, -jnp.inf, wide), jnp.zeros(shape, wide),
-                      jnp.zeros(qg.shape, wide)))
         order, count = _visible_blocks(qp, qs, k_blocks[2], k_blocks[3], static.window)
 
         def fold(step, carry):
@@ -180,16 +205,28 @@ def _forward(q, k, v, q_pos, k_pos, q_seg, k_seg, static: _Static):
 
         # Only the visible key blocks (a loop of data-dependent length: masked tiles cost
         # nothing, and the loop is never differentiated, only the custom VJP below).
-        running_max, total, acc = jax.lax.fori_loop(0, count, fold, init)
-        seen = total > 0
-        out = jnp.where(seen[..., None], acc / jnp.where(seen, total, 1.0)[..., None], 0.0)
-        lse = jnp.where(seen, running_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
-        return _ungrouped(out).astype(q.dtype), lse
+        return jax.lax.fori_loop(0, count, fold, carry)
 
     q_blocks = tuple(_blocks(x, static.block_q) for x in (q, q_pos, q_seg))
-    out, lse = jax.lax.map(one_query_block, q_blocks)
-    # out [nq, b, bq, n, d] -> [b, t, n, d]; lse [nq, b, g, r, bq] -> [b, g, r, t].
-    return _unblocks(out), jnp.moveaxis(lse, 0, 3).reshape(lse.shape[1:4] + (-1,))
+    return jax.lax.map(one_query_block, q_blocks + (state,))
+
+
+def finish(state, dtype):
+    """``(out [b, t, n, d], lse [b, g, r, t])`` from a folded state: the attention and each
+    query's log-sum-exp of its visible scores (zeros and -inf for a query that saw none)."""
+    running_max, total, acc = state
+    seen = total > 0
+    out = jnp.where(seen[..., None], acc / jnp.where(seen, total, 1.0)[..., None], 0.0)
+    lse = jnp.where(seen, running_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+    # [nq, b, g, r, bq, d] -> [b, t, n, d]; [nq, b, g, r, bq] -> [b, g, r, t].
+    out = jax.vmap(_ungrouped)(out)
+    return unblocked(out).astype(dtype), jnp.moveaxis(lse, 0, 3).reshape(lse.shape[1:4] + (-1,))
+
+
+def _forward(q, k, v, q_pos, k_pos, q_seg, k_seg, static: Static):
+    """``(out [b, t, n, d], lse [b, g, r, t])`` of the padded queries over the padded keys."""
+    state = empty_state(q, k.shape[2], static.block_q, like=(k, v, q_pos, k_pos))
+    return finish(fold_keys(state, q, q_pos, q_seg, k, v, k_pos, k_seg, static), q.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
@@ -204,20 +241,27 @@ def _attention_fwd(q, k, v, q_pos, k_pos, q_seg, k_seg, static):
 
 # --- Backward: every tile's probabilities recomputed from the log-sum-exp --------------------------
 
-def _attention_bwd(static: _Static, residuals, d_out):
-    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = residuals
-    groups = k.shape[2]
-    wide = wide_float(q.dtype)
-    # D = rowsum(dO * O) per query: the softmax backward's correction.
+def query_grad_blocks(q, q_pos, q_seg, d_out, out, lse, block_q: int):
+    """What the backward reads per query block, blocked: q, positions, segments, dO, and each
+    query's log-sum-exp and softmax correction D = rowsum(dO * O) (``[nq, b, bq, g, r]``)."""
+    groups = lse.shape[1]
     correction = jnp.sum(_grouped(d_out, groups) * _grouped(out, groups), axis=-1)
-    bq = static.block_q
-    q_blocks = (_blocks(q, bq), _blocks(q_pos, bq), _blocks(q_seg, bq), _blocks(d_out, bq),
-                _blocks(jnp.moveaxis(lse, 3, 1), bq), _blocks(jnp.moveaxis(correction, 3, 1), bq))
-    typed = _like(q, k, v, d_out, lse)
+    return (_blocks(q, block_q), _blocks(q_pos, block_q), _blocks(q_seg, block_q),
+            _blocks(d_out, block_q), _blocks(jnp.moveaxis(lse, 3, 1), block_q),
+            _blocks(jnp.moveaxis(correction, 3, 1), block_q))
+
+
+def fold_key_grads(d_q, q_blocks, k, v, k_pos, k_seg, static: "Static"):
+    """``(d_q, d_k, d_v)``: ``d_q`` (blocked ``[nq, b, bq, n, d]``, float32 or wider) plus the
+    keys' share of the queries' gradient, and the keys' own gradients, each tile's
+    probabilities recomputed from the saved log-sum-exp; each key block visits only the query
+    blocks that see it. ``q_blocks``: ``query_grad_blocks``. The ring folds each visiting block
+    with this."""
+    groups = k.shape[2]
+    wide = wide_float(k.dtype)
+    typed = _like(d_q, k, v, *q_blocks)
 
     def one_key_block(d_q, block):
-        """Over the query blocks that see it: this key block's dK and dV, and its share of
-        their dQ."""
         k_blk, v_blk, kp, ks = block
         zeros = typed(jnp.zeros(k_blk.shape, wide))
         order, count = _visible_blocks(kp, ks, q_blocks[1], q_blocks[2], static.window,
@@ -243,11 +287,18 @@ def _attention_bwd(static: _Static, residuals, d_out):
         d_k, d_v, d_q = jax.lax.fori_loop(0, count, fold, (zeros, zeros, d_q))
         return d_q, (d_k, d_v)
 
-    d_q0 = typed(jnp.zeros(q_blocks[0].shape, wide))
     k_blocks = tuple(_blocks(x, static.block_k) for x in (k, v, k_pos, k_seg))
-    d_q, (d_k, d_v) = jax.lax.scan(one_key_block, d_q0, k_blocks)
-    return (_unblocks(d_q).astype(q.dtype), _unblocks(d_k).astype(k.dtype),
-            _unblocks(d_v).astype(v.dtype), None, None, None, None)
+    d_q, (d_k, d_v) = jax.lax.scan(one_key_block, d_q, k_blocks)
+    return d_q, unblocked(d_k), unblocked(d_v)
+
+
+def _attention_bwd(static: Static, residuals, d_out):
+    q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = residuals
+    q_blocks = query_grad_blocks(q, q_pos, q_seg, d_out, out, lse, static.block_q)
+    d_q0 = _like(q, k, v, d_out, lse)(jnp.zeros(q_blocks[0].shape, wide_float(q.dtype)))
+    d_q, d_k, d_v = fold_key_grads(d_q0, q_blocks, k, v, k_pos, k_seg, static)
+    return (unblocked(d_q).astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype),
+            None, None, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
