@@ -267,3 +267,19 @@ def test_the_ring_folds_each_visiting_block_in_tiles_like_one_device(monkeypatch
     losses, params = helpers.train(engine, _batches(True))
     assert_close(losses, want_losses, what="losses")
     assert_close(params, want_params, what="params")
+
+
+@pytest.mark.parametrize("strategy", ["all_gather", "ulysses"])
+def test_gathered_rows_attend_blockwise_like_one_device(monkeypatch, strategy):
+    """All-gather and Ulysses attend over whole rows blockwise from BLOCKWISE_FROM keys on
+    (here from 1, in 2-token tiles: the rows' dual-chunk positions and packed documents decide
+    which tiles are visited)."""
+    from titanax.parallel import context_attention  # pylint: disable=import-outside-toplevel
+    want_losses, want_params = helpers.train(_engine("decoder", sliding_window=3),
+                                             _batches(True))
+    monkeypatch.setattr(context_attention, "BLOCKWISE_FROM", 1)
+    monkeypatch.setattr(context_attention, "RING_TILE", 2)
+    engine = _engine("decoder", {"data": 1, "context": 4}, strategy=strategy, sliding_window=3)
+    losses, params = helpers.train(engine, _batches(True))
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params")

@@ -8,7 +8,9 @@ load-balanced one included).
 
 - ``all_gather``: keys, values, and their positions and segments are gathered over the axis
   (one all-gather of K and V stacked, per layer; its transpose reduce-scatters their gradients),
-  then each rank attends its queries over the whole row. Memory: the whole row's K/V per rank.
+  then each rank attends its queries over the whole row -- blockwise from BLOCKWISE_FROM keys on
+  (``modules/layers/blockwise_attention.py``: tiles chosen by the tokens' positions). Memory: the
+  whole row's K/V per rank.
 - ``ring``: the K/V blocks travel around a ``ppermute`` ring, C steps, each rank folding the
   block it holds into its queries' online softmax (running max and sum, as flash attention does)
   tile by tile (``modules/layers/blockwise_attention.fold_keys``: no score tensor larger than one
@@ -33,11 +35,12 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.parallel import collectives
-from titanax.modules.layers.blockwise_attention import (Static, empty_state, finish, fold_key_grads,
+from titanax.modules.layers.blockwise_attention import (BLOCKWISE_FROM, Static, blockwise_attention,
+                                                        empty_state, finish, fold_key_grads,
                                                         fold_keys, padded_keys, padded_queries,
                                                         query_grad_blocks, unblocked)
 from titanax.modules.layers.softmax_attention import masked_attention
-from titanax.utils.dtypes import fused_attention_fits, wide_float
+from titanax.utils.dtypes import wide_float
 
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
@@ -69,9 +72,8 @@ def _all_gather(q, k, v, *, positions, segment_ids, axis, scale, sliding_window)
     key_positions = collectives.all_gather(positions, axis, axis_index=1)
     key_segments = (None if segment_ids is None
                     else collectives.all_gather(segment_ids, axis, axis_index=1))
-    allowed = visible(positions, key_positions, segment_ids, key_segments,
-                      sliding_window=sliding_window)
-    return _attend_rows(q, kv[0], kv[1], allowed, scale=scale)
+    return _attend_rows(q, kv[0], kv[1], scale=scale, queries=(positions, segment_ids),
+                        keys=(key_positions, key_segments), sliding_window=sliding_window)
 
 
 def _ulysses(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
@@ -90,19 +92,22 @@ def _ulysses(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
     row_positions = collectives.all_gather(positions, axis, axis_index=1)
     row_segments = (None if segment_ids is None
                     else collectives.all_gather(segment_ids, axis, axis_index=1))
-    allowed = visible(row_positions, row_positions, row_segments, row_segments,
-                      sliding_window=sliding_window)
-    out = _attend_rows(to_heads(q), to_heads(k), to_heads(v), allowed, scale=scale)
+    out = _attend_rows(to_heads(q), to_heads(k), to_heads(v), scale=scale,
+                       queries=(row_positions, row_segments), keys=(row_positions, row_segments),
+                       sliding_window=sliding_window)
     return collectives.all_to_all(out, axis, split_dimension=1, concat_dimension=2)
 
 
-def _attend_rows(q, k, v, allowed, *, scale):
-    """Attention under ``allowed`` ``[b, 1, t, s]``: jax's fused call on a GPU, else written
-    out."""
-    if fused_attention_fits(q.dtype):
-        return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
-                                            mask=allowed, is_causal=False, scale=scale,
-                                            implementation=None)
+def _attend_rows(q, k, v, *, scale, queries, keys, sliding_window):
+    """Attention of ``q`` over ``k``/``v`` by the tokens' ``(positions, segments)``: blockwise
+    (O(S) memory, masked tiles skipped) from BLOCKWISE_FROM keys on, written out below."""
+    (q_pos, q_seg), (k_pos, k_seg) = queries, keys
+    if k.shape[1] >= BLOCKWISE_FROM:
+        return blockwise_attention(q, k, v, scale=scale, q_positions=q_pos, k_positions=k_pos,
+                                   q_segments=q_seg, k_segments=k_seg,
+                                   sliding_window=sliding_window, block_q=RING_TILE,
+                                   block_k=RING_TILE)
+    allowed = visible(q_pos, k_pos, q_seg, k_seg, sliding_window=sliding_window)
     return masked_attention(q, k, v, allowed, scale=scale)
 
 

@@ -52,7 +52,7 @@ from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
-from titanax.modules.layers.blockwise_attention import blockwise_attention
+from titanax.modules.layers.blockwise_attention import BLOCKWISE_FROM, blockwise_attention
 from titanax.modules.layers.softmax_attention import masked_attention
 from titanax.utils.dtypes import fused_attention_fits
 
@@ -315,8 +315,6 @@ def same_segment(segment_ids: Optional[jax.Array]) -> Optional[jax.Array]:
 
 
 IMPLEMENTATIONS = ("auto", "dense", "blockwise", "fused")
-# "auto" attends blockwise from this many keys on (off a GPU's fused kernel).
-BLOCKWISE_FROM = 1024
 
 
 def check_implementation(implementation: str, dropout_rate: float):

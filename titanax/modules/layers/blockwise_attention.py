@@ -32,6 +32,10 @@ import jax.numpy as jnp
 from titanax.parallel import collectives
 from titanax.utils.dtypes import wide_float
 
+# From this many keys on, blockwise attention is what "auto" picks off a GPU's fused kernel (and
+# context parallelism's all-gather / Ulysses strategies): below, the written-out scores are small.
+BLOCKWISE_FROM = 1024
+
 # A key position no query sees (padding keys up to a whole block).
 _NEVER = jnp.iinfo(jnp.int32).max
 
