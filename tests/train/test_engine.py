@@ -338,3 +338,22 @@ def test_an_evaler_with_fewer_rows_than_its_batches_reads_them_once(tmp_path, ca
     results = engine.run_evalers(1, only_due=False)
     assert results["heldout"]["count"] == source.instantiate().report.trained_tokens == 20 * 11
     assert "fewer than num_batches=5 x 16: evaluating one pass (2 batch(es)" in caplog.text
+
+
+def test_a_hand_written_step_under_a_split_state_or_a_pipeline_is_refused():
+    @step_fn
+    def train_step(state, batch):
+        loss, grads = jax.value_and_grad(_loss)(state.params, batch)
+        return state.apply_gradients(grads=collectives.pmean(grads, axis="data")), {"loss": loss}
+
+    with pytest.raises(errors.PlanError, match="ZeRO / FSDP lay out") as info:
+        helpers.gpt_engine(data=8, zero=True).fit(train_step, data=iter(_linear_batches()),
+                                                  steps=1)
+    assert info.value.path == "plan.zero"
+    from titanax.parallel.plan import PP  # pylint: disable=import-outside-toplevel
+    cfg = helpers.gpt_engine(data=4).config.clone()
+    cfg.mesh = helpers.mesh((4, 2), ("data", "pipe"))
+    cfg.plan.pipeline_parallel = PP.default_config()
+    with pytest.raises(errors.PlanError, match="cannot run a pipeline") as info:
+        cfg.instantiate().fit(train_step, data=iter(_linear_batches()), steps=1)
+    assert info.value.path == "plan.pipeline_parallel"

@@ -35,10 +35,9 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.parallel import collectives
-from titanax.modules.layers.blockwise_attention import (BLOCKWISE_FROM, Static, blockwise_attention,
-                                                        empty_state, finish, fold_key_grads,
-                                                        fold_keys, padded_keys, padded_queries,
-                                                        query_grad_blocks, unblocked)
+from titanax.modules.layers.blockwise_attention import (
+    BLOCKWISE_FROM, Static, blockwise_attention, cast_like, empty_state, finish, fold_key_grads,
+    fold_keys, padded_keys, padded_queries, query_grad_blocks, unblocked)
 from titanax.modules.layers.softmax_attention import masked_attention
 from titanax.utils.dtypes import wide_float
 
@@ -166,7 +165,7 @@ def _ring_bwd(axis, scale, window, residuals, d_out):
         jnp.pad(lse, ((0, 0), (0, 0), (0, 0), (0, pad)), constant_values=-jnp.inf),
         static.block_q)
     keys = padded_keys(k, v, positions, segments, static.block_k)
-    typed = _like(q, k, v, positions, segments, d_out, lse)
+    typed = cast_like(q, k, v, positions, segments, d_out, lse)
     wide = wide_float(q.dtype)
     d_q = typed(jnp.zeros(q_blocks[0].shape, wide))
     zeros = typed(jnp.zeros(keys[0].shape, wide))
@@ -183,13 +182,6 @@ def _ring_bwd(axis, scale, window, residuals, d_out):
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
-
-
-def _like(*values):
-    """Casts a loop's starting values to vary over every mesh axis ``values`` vary over: a
-    skipped block (``lax.cond``) returns them as they are, the other branch as computed."""
-    axes = tuple(sorted(set().union(*(collectives.varying_axes(x) for x in values))))
-    return lambda tree: collectives.cast_varying(tree, axes) if axes else tree
 
 
 def visible(query_positions: jax.Array, key_positions: jax.Array,

@@ -10,11 +10,10 @@ or None}`` -- and what a rule asks for depends on the role of its axis:
   asks for nothing: the params are whole on every data shard.
 - the TP axis: the param's declared layout (the layer then runs on its shard, which only a module
   that calls the collectives itself can do: the Flax adapters refuse it otherwise). Such rules
-  are part of the plan's axis binding (``Plan.axis_binding``), which a Titanax layer's logical
-  dimensions resolve through too; the mesh axis a named param dimension gets is the binding's.
-  Only a *named rule* splits an adapted Flax param: the binding also puts Titanax's own
-  dimensions (heads, mlp, vocab) on the TP axis, which a Flax module that does not call the
-  collectives could not run on.
+  are also part of the plan's axis binding (``Plan.axis_binding``), which a Titanax layer's
+  logical dimensions resolve through. Only a *named rule* splits an adapted Flax param: the
+  binding also puts Titanax's own dimensions (heads, mlp, vocab) on the TP axis, which a Flax
+  module that does not call the collectives could not run on.
 - None: the dimension stays whole -- under ZeRO too. So does a named dimension without a rule:
   with rules, only what they map is split (a dimension with no name is ZeRO's to choose).
 
@@ -32,7 +31,6 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 
 from titanax import errors
-from titanax.modules.axis_binding import AxisBinding
 from titanax.parallel import rules
 
 WHERE = "plan.logical_axis_rules"
@@ -66,7 +64,6 @@ class LogicalAxisRules:
         if not self.rules:
             return layout
         table = dict(self.rules)
-        binding = layout.axis_binding or AxisBinding(dims=self.rules)
         used = _names_in_use(layout.parameter_specs)
         self._check(table, used, layout.mesh_shape)
         preferences = {}
@@ -80,9 +77,7 @@ class LogicalAxisRules:
             for dim, logical in enumerate(names):
                 axis = table.get(logical) if logical is not None else None
                 if axis is not None and axis == self.tp_axis:
-                    # Where the layers' own dimensions are bound: the plan's binding, which
-                    # holds every rule to the TP axis (Plan.axis_binding).
-                    mesh_axes[dim] = binding.axis(logical)
+                    mesh_axes[dim] = axis
                 elif axis is not None and axis == self.state_axis:
                     wanted = dim if wanted is None else wanted
                 elif logical is not None:

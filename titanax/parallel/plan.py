@@ -534,16 +534,17 @@ class Plan(Configurable):
             context_strategy=(cfg.context_parallel.strategy if cfg.context_parallel is not None
                               else "all_gather"))
 
-    def check_hand_written_step(self) -> None:
+    def check_hand_written_step(self, *, state_split: bool) -> None:
         """What a hand-written ``@step_fn`` (it sees whole params and applies its gradients to
-        the whole state) cannot run under: a pipeline, ZeRO / FSDP."""
+        the whole state) cannot run under: a pipeline, a state ZeRO / FSDP split
+        (``state_split``: the run's state-sharding strategy splits it)."""
         if self.pp_axis is not None:
             raise errors.PlanError(
                 "a hand-written @step_fn cannot run a pipeline yet: it would see each stage's "
                 "slice of the stacked layers", path="plan.pipeline_parallel",
                 suggestion="train the configured model (fit() without a step function), or drop "
                            "pipeline_parallel")
-        if self.zero is not None:
+        if state_split:
             raise errors.PlanError(
                 "ZeRO / FSDP lay out and update the state inside the engine's model step; a "
                 "hand-written @step_fn applies its gradients to the whole state itself",

@@ -12,7 +12,6 @@ MaxText's ``train_compile.py`` does for a target topology).
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict
 
 import jax
@@ -76,7 +75,3 @@ def describe(report: Dict[str, int], *, mesh: Any) -> str:
         f"compiled the train step for {devices} devices ({shape}); per device:",
         *(f"  {name[:-6]:>8}: {report[name] / GIB:9.3f} GiB" for name in
           ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes"))])
-
-
-def json_line(report: Dict[str, int]) -> str:
-    return json.dumps(report, sort_keys=False)

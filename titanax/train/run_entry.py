@@ -8,6 +8,7 @@ every evaler once more at the end and says where it stands.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable, Optional
 
@@ -33,12 +34,12 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
             suggestion="set model in the experiment's Engine config (e.g. gpt_config() "
                        "or MLPClassifier.default_config()); to train a hand-written @step_fn, "
                        "call engine.fit(step_fn, data=...) from a script")
+    engine.check_inputs()  # (From declarations: no example is read.)
     if compile_only:  # Shapes only: nothing allocated, no data read, nothing written.
         report = abstract_compile.compile_only(engine)
         print(abstract_compile.describe(report, mesh=engine.mesh), flush=True)
-        print(abstract_compile.json_line(report), flush=True)
+        print(json.dumps(report), flush=True)
         return 0
-    engine.check_inputs()
     preemption.exit_if_requested("while the run was built")
     if explain:  # Shapes are all it needs: fresh params, no checkpoint read.
         engine.init_state()

@@ -88,7 +88,7 @@ class StepBuilder:
                 raise errors.StepError("no model and no step function", path="engine.model",
                                        suggestion="configure a model, or pass a @step_fn to fit")
             return step_lib.ModelStep(self.setup)
-        self.plan.check_hand_written_step()
+        self.plan.check_hand_written_step(state_split=self.strategy.shard_axis is not None)
         return UserStep(step_fn, axes=self.axes, data_axis=self.plan.dp_axis,
                         param_specs=self.layout.param_specs, precision=self.precision)
 

@@ -335,6 +335,12 @@ def choose_implementation(implementation: str, *, queries: int, keys: int, dtype
         return implementation
     if not (dropout or decoding) and queries == keys and fused_attention_fits(dtype):
         return "fused"
+    return _unfused(keys=keys, dropout=dropout)
+
+
+def _unfused(*, keys: int, dropout: bool) -> str:
+    """Off a fused kernel: blockwise from BLOCKWISE_FROM keys on (dropout needs the probabilities
+    written out), dense below."""
     return "blockwise" if keys >= BLOCKWISE_FROM and not dropout else "dense"
 
 
@@ -368,9 +374,9 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
         if implementation == "auto":  # cuDNN's kernel where it takes these inputs, else ours.
             try:
                 return fused(implementation="cudnn")
-            except Exception:  # pylint: disable=broad-except  (jax's own checks refuse them)
+            except (RuntimeError, ValueError, NotImplementedError):  # jax's cuDNN checks refuse
                 return attend(q, k, v, sliding_window=sliding_window, segment_ids=segment_ids,
-                              implementation="blockwise" if s >= BLOCKWISE_FROM else "dense",
+                              implementation=_unfused(keys=s, dropout=False),
                               block_size=block_size)
         return fused(implementation=None)
     query_pos = filled - t + jnp.arange(t)

@@ -176,7 +176,7 @@ def empty_state(q, groups: int, block_q: int, *, like=()):
     b, t, n, d = q.shape
     shape = (t // block_q, b, groups, n // groups, block_q)
     wide = wide_float(q.dtype)
-    return _like(q, *like)((jnp.full(shape, -jnp.inf, wide), jnp.zeros(shape, wide),
+    return cast_like(q, *like)((jnp.full(shape, -jnp.inf, wide), jnp.zeros(shape, wide),
                             jnp.zeros(shape + (d,), wide)))
 
 
@@ -263,7 +263,7 @@ def fold_key_grads(d_q, q_blocks, k, v, k_pos, k_seg, static: "Static"):
     with this."""
     groups = k.shape[2]
     wide = wide_float(k.dtype)
-    typed = _like(d_q, k, v, *q_blocks)
+    typed = cast_like(d_q, k, v, *q_blocks)
 
     def one_key_block(d_q, block):
         k_blk, v_blk, kp, ks = block
@@ -299,7 +299,7 @@ def fold_key_grads(d_q, q_blocks, k, v, k_pos, k_seg, static: "Static"):
 def _attention_bwd(static: Static, residuals, d_out):
     q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = residuals
     q_blocks = query_grad_blocks(q, q_pos, q_seg, d_out, out, lse, static.block_q)
-    d_q0 = _like(q, k, v, d_out, lse)(jnp.zeros(q_blocks[0].shape, wide_float(q.dtype)))
+    d_q0 = cast_like(q, k, v, d_out, lse)(jnp.zeros(q_blocks[0].shape, wide_float(q.dtype)))
     d_q, d_k, d_v = fold_key_grads(d_q0, q_blocks, k, v, k_pos, k_seg, static)
     return (unblocked(d_q).astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype),
             None, None, None, None)
@@ -308,8 +308,8 @@ def _attention_bwd(static: Static, residuals, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _like(*values):
+def cast_like(*values):
     """Casts loop starting values to vary over every mesh axis ``values`` vary over (inside a
-    ``shard_map``): a skipped tile (``lax.cond``) returns them as they are."""
+    ``shard_map``): a loop's carry keeps one type, and zeros start typed invariant."""
     axes = tuple(sorted(set().union(*(collectives.varying_axes(x) for x in values))))
     return lambda tree: collectives.cast_varying(tree, axes) if axes else tree

@@ -95,11 +95,15 @@ class CausalLanguageModel(BaseLayer):
         documents = document_inputs({"segment_ids": segment_ids, "positions": positions})
         return self.final_norm(self.decoder(self.embed(input_ids, positions), **documents))
 
-    def _logits_of(self, hidden: jax.Array) -> jax.Array:
+    def _whole_sequence(self, hidden: jax.Array) -> jax.Array:
+        """``hidden`` with its sequence whole (gathered where sequence parallelism split it)."""
         if self._split_sequence():
             hidden = collectives.all_gather(hidden, self.axis_binding.active(RESIDUAL_SEQUENCE),
                                             axis_index=1)
-        return self.head().attend(hidden)
+        return hidden
+
+    def _logits_of(self, hidden: jax.Array) -> jax.Array:
+        return self.head().attend(self._whole_sequence(hidden))
 
     def logits(self, input_ids: jax.Array, segment_ids: Optional[jax.Array] = None,
                positions: Optional[jax.Array] = None) -> jax.Array:
@@ -143,9 +147,7 @@ class CausalLanguageModel(BaseLayer):
         the LM head and cross-entropy run in chunks of tokens (``loss_chunk_tokens``): the full
         logits are never held. Negated, the targets' log-probabilities."""
         head = self.head()
-        if self._split_sequence():
-            hidden = collectives.all_gather(hidden, self.axis_binding.active(RESIDUAL_SEQUENCE),
-                                            axis_index=1)
+        hidden = self._whole_sequence(hidden)
 
         def loss_of_chunk(hidden_chunk, targets_chunk):
             return vocab_parallel_cross_entropy(
