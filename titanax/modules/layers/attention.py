@@ -53,6 +53,7 @@ from titanax.modules.module import nowrap
 from titanax.parallel import collectives
 from titanax.parallel.context_attention import context_attention
 from titanax.modules.layers.blockwise_attention import BLOCKWISE_FROM, blockwise_attention
+from titanax.modules.layers.pallas_attention import pallas_attention
 from titanax.modules.layers.softmax_attention import masked_attention
 from titanax.utils.dtypes import fused_attention_fits
 
@@ -99,7 +100,9 @@ class Attention(BaseLayer):
         # How scores become outputs (IMPLEMENTATIONS): "dense" writes the [t, s] scores out
         # (softmax_attention.py), "blockwise" folds key blocks into query blocks in O(S) memory
         # (blockwise_attention.py), "fused" is jax.nn.dot_product_attention (cuDNN's kernel
-        # where jax picks it, else XLA's dense math); "auto": cuDNN's kernel on a GPU where it
+        # where jax picks it, else XLA's dense math), "pallas" jax's Pallas flash-attention
+        # kernel (pallas_attention.py: any float dtype, packed documents; no sliding window;
+        # off a GPU in interpret mode, for tests); "auto": cuDNN's kernel on a GPU where it
         # takes the inputs, else blockwise from BLOCKWISE_FROM keys on, dense below.
         implementation: str = "auto"
         # Query and key block length of the blockwise implementation.
@@ -131,7 +134,8 @@ class Attention(BaseLayer):
             if not 0.0 <= self.attention_dropout_rate < 1.0:
                 yield "attention_dropout_rate", (f"must be in [0, 1), got "
                                                  f"{self.attention_dropout_rate}")
-            yield from check_implementation(self.implementation, self.attention_dropout_rate)
+            yield from check_implementation(self.implementation, self.attention_dropout_rate,
+                                            sliding_window=self.sliding_window)
             if self.block_size < 1:
                 yield "block_size", f"must be >= 1, got {self.block_size}"
 
@@ -314,18 +318,23 @@ def same_segment(segment_ids: Optional[jax.Array]) -> Optional[jax.Array]:
     return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
 
 
-IMPLEMENTATIONS = ("auto", "dense", "blockwise", "fused")
+IMPLEMENTATIONS = ("auto", "dense", "blockwise", "fused", "pallas")
 
 
-def check_implementation(implementation: str, dropout_rate: float):
+def check_implementation(implementation: str, dropout_rate: float, *,
+                         sliding_window: Optional[int] = None):
     """``(field, message)`` for an attention implementation a config cannot use."""
     if implementation not in IMPLEMENTATIONS:
         yield "implementation", (f"must be one of {', '.join(map(repr, IMPLEMENTATIONS))}, got "
                                  f"{implementation!r}")
-    elif implementation in ("blockwise", "fused") and dropout_rate:
+    elif implementation in ("blockwise", "fused", "pallas") and dropout_rate:
         yield "implementation", (f"{implementation!r} never writes the probabilities out, so it "
                                  "cannot drop them: use 'dense' (or 'auto') with attention "
                                  "dropout, or set attention_dropout_rate to 0")
+    elif implementation == "pallas" and sliding_window is not None:
+        yield "implementation", ("the Pallas flash kernel masks causally and by document only, "
+                                 "not by a sliding window: use 'fused' (cuDNN), 'blockwise' or "
+                                 "'auto' with sliding_window")
 
 
 def choose_implementation(implementation: str, *, queries: int, keys: int, dtype,
@@ -366,6 +375,12 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
             k_positions=jnp.arange(s), q_segments=segment_ids, k_segments=segment_ids,
             sliding_window=sliding_window, kv_length=kv_length, block_q=block_size,
             block_k=block_size)
+    if chosen == "pallas" and kv_length is None and t == s:
+        return pallas_attention(q, k, v, scale=scale, segment_ids=segment_ids,
+                                block_size=block_size)
+    if chosen == "pallas":  # Decoding against a cache: the kernel's rows are whole.
+        return attend(q, k, v, sliding_window=sliding_window, kv_length=kv_length,
+                      segment_ids=segment_ids, implementation="blockwise", block_size=block_size)
     documents = same_segment(segment_ids)
     if chosen == "fused" and kv_length is None and t == s:
         window = (sliding_window - 1, 0) if sliding_window is not None else None

@@ -127,7 +127,8 @@ class Decoder(CausalLanguageModel):
         # Dropout on the attention probabilities (training only).
         attention_dropout_rate: float = 0.0
         # How attention runs (Attention.Config.implementation): "auto", "dense", "blockwise"
-        # (O(S) memory) or "fused" (jax.nn.dot_product_attention: cuDNN on a GPU).
+        # (O(S) memory), "fused" (jax.nn.dot_product_attention: cuDNN on a GPU) or "pallas"
+        # (jax's Pallas flash kernel: packed documents, any float dtype, no sliding window).
         attention_implementation: str = "auto"
         # Query / key block length of blockwise attention.
         attention_block_size: int = 512
@@ -174,7 +175,8 @@ class Decoder(CausalLanguageModel):
                 if not 0.0 <= value < 1.0:
                     yield name, f"must be in [0, 1), got {value}"
             for _, message in check_implementation(self.attention_implementation,
-                                                   self.attention_dropout_rate):
+                                                   self.attention_dropout_rate,
+                                                   sliding_window=self.sliding_window):
                 yield "attention_implementation", message
             if self.attention_block_size < 1:
                 yield "attention_block_size", f"must be >= 1, got {self.attention_block_size}"
