@@ -65,7 +65,9 @@ def llama_tiny_cp():
 @register_experiment
 def llama3_8b_cp():
     """Llama 3.1 8B on 64k-token rows: FSDP over ``data`` x ring attention over 8 ``context``
-    devices (each holds 8k tokens of every row and one visiting K/V block)."""
+    devices (each holds 8k tokens of every row and one visiting K/V block). Sized for 64
+    80 GB devices (data 8 x context 8): 61.6 GiB peak each by ``--compile_only
+    --cpu_devices=64`` (docs/performance.md)."""
     model = llama_config("3.1-8b", layer_remat_policy="dots_with_no_batch_dims_saveable")
     cfg = _fsdp(language_model_run(model=model, tp_axis=None, seq_len=65536, batch_size=8,
                                    steps=2000, peak_lr=2e-4, eval_batches=10))
@@ -76,7 +78,8 @@ def llama3_8b_cp():
 
 @register_experiment
 def llama3_1b_fsdp():
-    """Llama 3.2 1B (16 layers, 2048 wide, GQA 32/8, tied head) with FSDP over every device."""
+    """Llama 3.2 1B (16 layers, 2048 wide, GQA 32/8, tied head) with FSDP over every device.
+    Sized for 8 80 GB devices: 10.4 GiB peak each by ``--compile_only --cpu_devices=8``."""
     model = llama_config("3.2-1b", layer_remat_policy="dots_with_no_batch_dims_saveable")
     return _fsdp(language_model_run(model=model, tp_axis=None, seq_len=2048, batch_size=16,
                                     steps=5000, peak_lr=3e-4, eval_batches=20))
@@ -84,7 +87,9 @@ def llama3_1b_fsdp():
 
 @register_experiment
 def llama3_8b_fsdp_tp():
-    """Llama 3.1 8B with FSDP over ``data`` and tensor parallelism (8) over ``model``."""
+    """Llama 3.1 8B with FSDP over ``data`` and tensor parallelism (8) over ``model``. Sized
+    for 32 80 GB devices (data 4 x model 8): 58.0 GiB peak each by ``--compile_only
+    --cpu_devices=32``."""
     model = llama_config("3.1-8b", layer_remat_policy="dots_with_no_batch_dims_saveable")
     cfg = _fsdp(language_model_run(model=model, tp_axis="model", seq_len=4096, batch_size=32,
                                    steps=5000, peak_lr=2e-4, eval_batches=20))
@@ -144,7 +149,8 @@ def llama3_8b_sft_fsdp_tp():
     """llama3_8b_fsdp_tp fine-tuned on the user's JSONL prompt/completion records
     (--config.train_input.source.files, usually with --config.init_from=<the HF model>, whose
     tokenizer then reads them): completion tokens only, packed rows of 4096; for
-    accelerators."""
+    accelerators: 32 80 GB devices (data 4 x model 8), 58.0 GiB peak each by
+    ``--compile_only --cpu_devices=32``."""
     cfg = llama3_8b_fsdp_tp()
     cfg.train_input = _packed_input("train", fmt="prompt_completion", batch_size=32,
                                     seq_len=4096)
