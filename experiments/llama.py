@@ -23,6 +23,7 @@ from typing import Optional
 from titanax.config import register_experiment
 from titanax.data.packed import PackedDocuments
 from titanax.data.pipeline import Input
+from titanax.modules.lora import LoRA
 from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import ZeRO
@@ -145,6 +146,17 @@ def llama_tiny_sft():
 
 
 @register_experiment
+def llama_tiny_lora_sft():
+    """llama_tiny_sft with LoRA: rank-8 adapters (alpha 16) on every attention and MLP projection,
+    every other weight frozen (no gradient, no reduction, no optimizer state). Usually with
+    --config.init_from=<HF dir> (the base) and --config.train_input.source.files=<JSONL>;
+    export the adapters with ``python -m titanax.export --format=peft``."""
+    cfg = llama_tiny_sft()
+    cfg.lora = LoRA.default_config()
+    return cfg
+
+
+@register_experiment
 def llama3_8b_sft_fsdp_tp():
     """llama3_8b_fsdp_tp fine-tuned on the user's JSONL prompt/completion records
     (--config.train_input.source.files, usually with --config.init_from=<the HF model>, whose
@@ -160,4 +172,16 @@ def llama3_8b_sft_fsdp_tp():
         input_cfg.source.long_documents = "truncate"
     cfg.learner.optimizer.learning_rate.peak_value = 2e-5
     cfg.max_steps = 1000
+    return cfg
+
+
+@register_experiment
+def llama3_8b_lora_sft():
+    """llama3_8b_sft_fsdp_tp with LoRA: rank-16 adapters (alpha 32) on every attention and MLP
+    projection of Llama 3.1 8B, the base frozen (no gradient, no reduction, no optimizer state);
+    usually with --config.init_from=<the HF model>. Sized for 32 80 GB devices (data 4 x
+    model 8) by ``--compile_only --cpu_devices=32`` (docs/performance.md)."""
+    cfg = llama3_8b_sft_fsdp_tp()
+    cfg.lora = LoRA.default_config().set(rank=16, alpha=32.0)
+    cfg.learner.optimizer.learning_rate.peak_value = 2e-4
     return cfg

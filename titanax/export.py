@@ -1,5 +1,5 @@
-"""``python -m titanax.export --trainer_dir=<run> [--step=N] --to=<dir>``: a run as a Hugging Face
-model directory.
+"""``python -m titanax.export --trainer_dir=<run> [--step=N] --to=<dir> [--format=merged|peft]``: a
+run as a Hugging Face model directory, or a LoRA run's adapters as a PEFT adapter directory.
 
 The run's model (GPT-2 or the Llama / Qwen / Mistral ``Decoder``) is rebuilt from its config
 record, its params restored from the checkpoint at ``--step`` (default: the newest) onto the
@@ -35,6 +35,10 @@ def _define_flags() -> None:
     flags.DEFINE_enum("model_type", None, ["llama", "mistral", "qwen2", "qwen3"],
                       "HF family of a Decoder (default: its source's, or the one its "
                       "options need).")
+    flags.DEFINE_enum("format", "merged", ["merged", "peft"],
+                      "merged: the whole model (a LoRA run's adapters folded into their "
+                      "weights); peft: a LoRA run's adapters as a PEFT adapter directory "
+                      "(adapter_config.json + adapter_model.safetensors).")
     flags.DEFINE_integer("cpu_devices", None, "Simulate this many CPU devices (tests, no "
                          "accelerator).")
 
@@ -67,7 +71,24 @@ def export(argv: Sequence[str]) -> int:
                                        mesh=MeshSpec.default_config().set(axes=("data",)))
     source = saved_run.source_dir(run)
     tokenizer_dir = _trained_tokenizer_dir(run, source)
-    written = exporter.export_params(engine.canonical_params(), model_cfg=engine.model.config,
+    params = engine.canonical_params()
+    if FLAGS.format == "peft":
+        if engine.lora is None:
+            raise errors.LaunchFlagError(
+                "the run trained every weight (lora: None): it has no adapters",
+                path="--format", suggestion="export it with --format=merged")
+        from titanax.hf import peft_export  # pylint: disable=import-outside-toplevel
+        written = peft_export.export_peft(params, model_cfg=engine.model.config,
+                                          specs=engine.model_specs(),
+                                          lora_cfg=engine.lora.config, directory=target,
+                                          base_model=source)
+        print(f"titanax: exported the LoRA adapters of {engine.restored_from} to {written}",
+              flush=True)
+        return 0
+    if engine.lora is not None:
+        from titanax.modules import lora  # pylint: disable=import-outside-toplevel
+        params = lora.merged_params(params, engine.model_specs(), scale=engine.lora.scale)
+    written = exporter.export_params(params, model_cfg=engine.model.config,
                                      directory=target, dtype=FLAGS.dtype,
                                      model_type=FLAGS.model_type, source_dir=source,
                                      tokenizer_dir=tokenizer_dir)

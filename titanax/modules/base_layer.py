@@ -13,7 +13,7 @@ inside ``shard_map`` and sees only its shard.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +74,9 @@ class ParameterSpec:
     # Not trained: the layer writes its next value itself (``add_state_update``: running
     # statistics). ZeRO / FSDP keep it whole, since the update replaces the whole value.
     layer_state: bool = False
+    # Trained by the optimizer. False: frozen (a LoRA run's base weights, modules/lora.py) --
+    # no gradient is computed, reduced or given optimizer state (train/trainable.py).
+    trainable: bool = True
 
     @property
     def ndim(self) -> int:
@@ -101,6 +104,9 @@ def remat_policy(name: Optional[str]) -> Optional[Callable]:
 
 class BaseLayer(Module):
     """A Module with parameters."""
+
+    # Weights whose product this layer's code adds a LoRA update to (modules/lora.py).
+    ADAPTABLE_WEIGHTS: Tuple[str, ...] = ()
 
     class Config(Module.Config):
         # Param storage dtype, e.g. "float32" or "bfloat16"; None: inherit from the parent
@@ -189,6 +195,16 @@ class BaseLayer(Module):
                 if child_specs:
                     specs[name] = child_specs
         return specs
+
+    @nowrap
+    def adaptable_weight_paths(self, prefix: str = "") -> List[str]:
+        """'/'-joined paths (as in the spec tree) of the weights whose layers add a LoRA update
+        to their product (``ADAPTABLE_WEIGHTS``: modules/lora.py)."""
+        paths = [f"{prefix}{name}" for name in self.ADAPTABLE_WEIGHTS]
+        for name, child in self._children.items():
+            if isinstance(child, BaseLayer):
+                paths += child.adaptable_weight_paths(f"{prefix}{name}/")
+        return paths
 
     @nowrap
     def initialize_parameters_recursively(self, prng_key: jax.Array,

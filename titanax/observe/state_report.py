@@ -35,15 +35,19 @@ def _tree_bytes(parameter_specs, specs, mesh_shape, itemsize) -> int:
 
 def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_state: Any,
              mesh_shape: Mapping[str, int], itemsize: int, title: str,
-             axis: Optional[str], dims: Any, gathers: Optional[str]) -> str:
+             axis: Optional[str], dims: Any, gathers: Optional[str],
+             trainable: Any = None) -> str:
     """The table: params / gradients / optimizer state per device, and the gathered working set.
 
     ``opt_state``: the optimizer state as ShapeDtypeStructs with shardings (a restore target);
     ``title``: the strategy's name for the layout; ``dims``: per param, the dimension split over
     ``axis`` (None: whole); ``gathers``: when params are gathered while the step runs
-    ("per_step" / "per_microbatch"), None when they are stored whole."""
+    ("per_step" / "per_microbatch"), None when they are stored whole; ``trainable``: the
+    trainable params (train/trainable.py; None: all) -- ``grad_specs`` cover those only."""
     params = _tree_bytes(parameter_specs, param_specs, mesh_shape, itemsize)
-    grads = _tree_bytes(parameter_specs, grad_specs, mesh_shape, itemsize)
+    trained_specs = trainable.select(parameter_specs) if trainable is not None else \
+        parameter_specs
+    grads = _tree_bytes(trained_specs, grad_specs, mesh_shape, itemsize)
     state = 0
     for leaf in jax.tree_util.tree_leaves(opt_state):
         sharded = getattr(leaf, "sharding", None) is not None
@@ -54,6 +58,11 @@ def describe(*, parameter_specs: Any, param_specs: Any, grad_specs: Any, opt_sta
              f"  gradients        {bytes_text(grads)} (reduced)",
              f"  optimizer state  {bytes_text(state)}",
              f"  total            {bytes_text(params + grads + state)}"]
+    if trainable is not None and not trainable.everything:
+        lines += _frozen_lines(parameter_specs, param_specs, trainable, mesh_shape, itemsize,
+                               trained_bytes=_tree_bytes(
+                                   trained_specs, trainable.select(param_specs), mesh_shape,
+                                   itemsize), state_bytes=state)
     if gathers is not None:
         whole, layer = _gathered(parameter_specs, param_specs, dims, mesh_shape, axis, itemsize)
         if gathers == "per_step":
@@ -100,3 +109,18 @@ def one_layer_bytes(parameter_specs: Any, itemsize: int) -> int:
         if stacked:
             total += int(math.prod(leaf.shape[stacked:])) * itemsize
     return total
+
+
+def _frozen_lines(parameter_specs, param_specs, trainable, mesh_shape, itemsize, *,
+                  trained_bytes: int, state_bytes: int):
+    """What freezing saves: the trainable share of the params, and the gradient and optimizer
+    state the frozen ones would have needed (the state at the trainable ones' bytes per byte)."""
+    counts = trainable.count(parameter_specs, lambda spec: int(math.prod(spec.shape)))
+    total = counts["trainable"] + counts["frozen"]
+    frozen_bytes = _tree_bytes(parameter_specs, param_specs, mesh_shape, itemsize) - trained_bytes
+    per_byte = state_bytes / trained_bytes if trained_bytes else 0.0
+    return [f"  trainable params {counts['trainable']:,} of {total:,} "
+            f"({100.0 * counts['trainable'] / max(total, 1):.2f}%); the frozen "
+            f"{bytes_text(frozen_bytes)} per device get no gradient and no optimizer state: "
+            f"{bytes_text(frozen_bytes)} of gradients and about "
+            f"{bytes_text(int(per_byte * frozen_bytes))} of optimizer state saved per device"]

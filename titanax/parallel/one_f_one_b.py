@@ -169,6 +169,8 @@ class _Ticks:
         self.stage_index = collectives.axis_index(axis)
         activation = jax.eval_shape(lambda: functions.first_input(outside, 0))
         everywhere = collectives.manual_axes()
+        # Every branch of a tick sends activations typed alike: varying everywhere (a stage of
+        # a bias-free TP model returns its residual stream invariant over the model axis).
         self.varying = lambda x: collectives.cast_varying(x, everywhere)  # noqa: E731
         self.zeros_act = self.varying(jnp.zeros(activation.shape, activation.dtype))
         self.activation = activation
@@ -203,11 +205,11 @@ class _Ticks:
         x = self.f.first_input(self.outside, m)
         carry = dict(carry, acts=carry["acts"].at[m % self.stages].set(x))
         y, summaries = self.f.run_stage(self.staged, x, m)
-        return self._with_stage_summaries(carry, summaries), y, self.zeros_act
+        return self._with_stage_summaries(carry, summaries), self.varying(y), self.zeros_act
 
     def forward_middle(self, carry, m):
         y, summaries = self.f.run_stage(self.staged, carry["acts"][m % self.stages], m)
-        return self._with_stage_summaries(carry, summaries), y, self.zeros_act
+        return self._with_stage_summaries(carry, summaries), self.varying(y), self.zeros_act
 
     def forward_last(self, carry, m):  # The input is kept; the backward runs the stage and head.
         del m
@@ -229,7 +231,8 @@ class _Ticks:
         _, vjp = jax.vjp(lambda sp, xx: self.f.run_stage(sp, xx, m)[0], self.staged, x)
         d_stage, dx = vjp(carry["grads_in"][m % self.stages])
         carry = dict(carry, g_stage=_add(carry["g_stage"], d_stage))
-        if first:
+        if first and jax.tree_util.tree_leaves(self.outside):
+            # (Outside params all frozen -- LoRA: train/trainable.py -- have no gradient.)
             _, input_vjp = jax.vjp(lambda op: self.f.first_input(op, m), self.outside)
             carry = dict(carry, g_outside=_add(carry["g_outside"], input_vjp(dx)[0]))
             return carry, self.zeros_act, self.zeros_act

@@ -28,6 +28,8 @@ from titanax.data.pipeline import Input
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules import axis_binding
 from titanax.modules.base_layer import BaseLayer
+from titanax.modules import lora as lora_lib
+from titanax.modules.lora import LoRA
 from titanax.observe import hlo
 from titanax.observe.loggers import Basic, Logger
 from titanax.observe.profiler import Profile
@@ -83,6 +85,9 @@ class Engine(Configurable):
         # and a fresh run loads its weights at step 0 with a fresh optimizer; a run with
         # checkpoints of its own resumes from those. None: params from the model's initializers.
         init_from: Optional[str] = None
+        # Low-rank adapters on the model's weights, every other param frozen (modules/lora.py);
+        # None: every param is trained.
+        lora: Optional[LoRA.Config] = None
         # Global seed of every PRNG stream.
         seed: int = 0
         # Log (and check the loss for NaN/Inf) every this many steps.
@@ -161,13 +166,26 @@ class Engine(Configurable):
         limits = getattr(self.model, "input_limits", None)
         self.inputs = RunInputs(mesh=self.mesh, plan=self.plan,
                                 limits=limits() if limits is not None else None)
+        self.lora: Optional[LoRA] = cfg.lora.instantiate() if cfg.lora is not None else None
+        if self.lora is not None and self.model is None:
+            raise errors.ConfigError("LoRA adapts a configured model's weights; a hand-written "
+                                     "step has none", path="lora",
+                                     suggestion="configure a model, or set lora=None")
         if self.model is not None:
             self.plan.check_model(self.model, self.mesh)
             # The layers' logical dimensions take their mesh axes from the plan's binding.
             with axis_binding.bound(self.plan.axis_binding()):
-                self._set_layout(self.model.create_parameter_specs_recursively())
+                self._set_layout(self.model_specs())
         self._built = True
         return self
+
+    def model_specs(self) -> Any:
+        """The model's ParameterSpecs, with its LoRA adapters beside their weights (and the
+        rest frozen) when the run has them."""
+        specs = self.model.create_parameter_specs_recursively()
+        if self.lora is None:
+            return specs
+        return self.lora.adapter_specs(specs, adaptable=self.model.adaptable_weight_paths())
 
     def _set_layout(self, parameter_specs: Any) -> None:
         """The layout pipeline over ``parameter_specs``, and the parts that read it."""
@@ -177,18 +195,24 @@ class Engine(Configurable):
                 self.model.check_partition_specs(self.layout.layer_specs,
                                                  mesh_shape=self.layout.mesh_shape)
         strategy = state_sharding_lib.for_layout(self.layout, zero=self.plan.config.zero)
-        decay = (learner_lib.decay_scales_from_specs(self.layout.parameter_specs)
+        # (The optimizer sees the trainable params only: train/trainable.py.)
+        decay = (learner_lib.decay_scales_from_specs(
+            strategy.trainable.select(self.layout.parameter_specs))
                  if self.model is not None else None)
         adapter = (learner_lib.OptimizerAdapter(self.config.optimizer)
                    if self.config.optimizer is not None else self.learner.build(decay))
         self.states = StateManager(mesh=self.mesh, layout=self.layout, strategy=strategy,
                                    adapter=adapter, precision=self.precision, model=self.model,
-                                   seed=self.config.seed, checkpointer=self.checkpointer())
+                                   seed=self.config.seed, checkpointer=self.checkpointer(),
+                                   model_specs=parameter_specs if self.model is not None
+                                   else None)
         self.steps = StepBuilder(mesh=self.mesh, plan=self.plan, layout=self.layout,
                                  strategy=strategy, model=self.model, precision=self.precision,
                                  adapter=adapter, learner=self.learner,
                                  nan_policy=self.config.nan_policy,
-                                 recompile_policy=self.config.recompile_policy)
+                                 recompile_policy=self.config.recompile_policy,
+                                 lora_settings=self.lora.settings() if self.lora is not None
+                                 else None)
 
     def _declare(self, params: Any) -> None:
         """Layouts for a hand-written step's params (the plan's rules over their shapes)."""
@@ -250,6 +274,8 @@ class Engine(Configurable):
         self.build()
         fine_tune.check_model_matches(self.model.config, self.config.init_from)
         params = importer.params_for_engine(self, self.config.init_from)
+        if self.lora is not None:  # The directory holds the base; the adapters start fresh.
+            params = lora_lib.join_adapters(params, self.states.initial_adapters())
         if jax.process_index() == 0:
             print(f"titanax: params from Hugging Face {self.config.init_from} (step 0, fresh "
                   "optimizer)", flush=True)

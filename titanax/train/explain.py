@@ -49,7 +49,8 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
             parameter_specs=layout.parameter_specs, param_specs=layout.param_specs,
             grad_specs=strategy.grad_specs, opt_state=opt_state, mesh_shape=layout.mesh_shape,
             itemsize=np.dtype(param_dtype).itemsize, title=strategy.title,
-            axis=strategy.shard_axis, dims=strategy.dims, gathers=strategy.gathers))
+            axis=strategy.shard_axis, dims=strategy.dims, gathers=strategy.gathers,
+            trainable=strategy.trainable))
     if compiled is not None:
         ops = hlo.collectives_report(compiled.as_text(), mesh)
         parts.append("collectives of the train step:\n" + hlo.format_report(ops) + "\n"

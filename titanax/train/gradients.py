@@ -44,6 +44,7 @@ from titanax.parallel import collectives
 from titanax.train import state_updates
 from titanax.train.param_gathering import ParamGathering
 from titanax.train.precision import Precision
+from titanax.train.trainable import Trainable
 from titanax.utils.dtypes import at_least_float32
 
 
@@ -132,9 +133,12 @@ class ModelGradients:
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  batch_axes: Sequence[str] = (), accumulate_steps: int = 1,
-                 gathering: Optional[ParamGathering] = None):
+                 gathering: Optional[ParamGathering] = None,
+                 trainable: Optional[Trainable] = None):
         self.model = model
         self.gathering = gathering
+        # The params differentiated (None: all); the frozen ones only run the forward.
+        self.trainable = trainable
         self.precision = precision
         self.mesh_shape = dict(mesh_shape)
         # The axes the batch is split over (data; under HSDP data and the FSDP axis).
@@ -188,9 +192,16 @@ class ModelGradients:
     def _gradients(self, params, batch, key, loss_scale, stored) -> LocalGradients:
         # Every microbatch's weight is counted against the whole shard's capacity, so their
         # weights add up to the shard's.
-        grad_fn = jax.value_and_grad(
-            functools.partial(self._objective, stored=stored, capacity=loss_capacity(batch)),
-            has_aux=True)
+        objective = functools.partial(self._objective, stored=stored,
+                                      capacity=loss_capacity(batch))
+        trainable = self.trainable
+        if trainable is not None and not trainable.everything:
+            # Differentiated by the trainable params only: the frozen ones enter as constants.
+            whole = params
+            objective = functools.partial(
+                lambda trained, *args, f: f(trainable.merge(whole, trained), *args), f=objective)
+            params = trainable.select(params)
+        grad_fn = jax.value_and_grad(objective, has_aux=True)
         count = self.accumulate_steps
         if count == 1:
             (_, (loss, aux, summaries, updates, weight)), grads = grad_fn(params, batch, key,

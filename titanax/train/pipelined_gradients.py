@@ -30,6 +30,7 @@ per step, after it.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -48,6 +49,7 @@ from titanax.train.gradients import (LocalGradients, LossRelation, loss_capacity
                                      weighs_shards)
 from titanax.train.param_gathering import ParamGathering
 from titanax.train.precision import Precision
+from titanax.train.trainable import Trainable
 from titanax.utils.dtypes import at_least_float32, wide_float
 
 
@@ -56,9 +58,13 @@ class PipelinedGradients:
 
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  batch_axes: Sequence[str], pipeline: PP,
-                 gathering: Optional[ParamGathering] = None):
-        """``pipeline``: the plan's PP part (axis, schedule, microbatch size, stages)."""
+                 gathering: Optional[ParamGathering] = None,
+                 trainable: Optional[Trainable] = None):
+        """``pipeline``: the plan's PP part (axis, schedule, microbatch size, stages);
+        ``trainable``: the params differentiated (None: all; train/trainable.py)."""
         cfg = pipeline.config
+        self.trainable = trainable if trainable is not None and not trainable.everything \
+            else None
         # FSDP (per_step): the stored shards, gathered once before the schedule runs.
         self.gathering = gathering
         self.plan_part = pipeline
@@ -113,7 +119,13 @@ class PipelinedGradients:
             params = self.gathering.gather_all(params)
         if self.schedule == "1f1b":
             return self._one_f_one_b(params, batch, key, loss_scale)
-        grad_fn = jax.value_and_grad(self._objective, has_aux=True)
+        objective, trainable = self._objective, self.trainable
+        if trainable is not None:  # The frozen params enter as constants (as in gradients.py).
+            whole = params
+            objective = functools.partial(
+                lambda trained, *args, f: f(trainable.merge(whole, trained), *args), f=objective)
+            params = trainable.select(params)
+        grad_fn = jax.value_and_grad(objective, has_aux=True)
         weight = self._shard_weight(batch)
         (_, (loss, aux, summaries)), grads = grad_fn(params, batch, key, loss_scale, weight)
         return LocalGradients(grads=grads, loss=loss, aux=aux, summaries=summaries,
@@ -206,6 +218,9 @@ class PipelinedGradients:
         parts = self.parts.for_inputs(precision.cast_for_compute(params),
                                       jax.tree_util.tree_map(lambda v: v[0], compute_batches))
         outside, staged = parts.split_params(params)
+        # Frozen params (train/trainable.py) enter the stages' vjps as constants.
+        stage_params, outside_params = _trained_views(self.trainable, parts, staged, outside)
+        staged, outside = stage_params.select(staged), outside_params.select(outside)
         stage_index = collectives.axis_index(self.pipe_axis)
         total_weight = _weight(parts, self._for_counting(batch))
         shard_weight = self._shard_weight(batch)
@@ -214,12 +229,13 @@ class PipelinedGradients:
             return jax.tree_util.tree_map(lambda v: v[m], compute_batches)
 
         def run_stage(sp, x, m):
-            return parts.run_stage(precision.cast_for_compute(sp), x, m, stage_index, key, True,
-                                   compute_batches)
+            return parts.run_stage(precision.cast_for_compute(stage_params.whole(sp)), x, m,
+                                   stage_index, key, True, compute_batches)
 
         def head_objective(sp, op, x, m):
             decoded, stage_summaries = run_stage(sp, x, m)
-            _, aux, head_summaries = parts.head_loss(precision.cast_for_compute(op), decoded,
+            _, aux, head_summaries = parts.head_loss(
+                precision.cast_for_compute(outside_params.whole(op)), decoded,
                                                      row(m), part_key(key, m, 2), True)
             # Token-weighted over the shard (see _head), not a mean of microbatch means.
             loss = at_least_float32(aux["loss_sum"]) / total_weight
@@ -231,13 +247,15 @@ class PipelinedGradients:
                     (loss, aux, summaries))
 
         functions = one_f_one_b.StageFunctions(
-            first_input=lambda op, m: parts.first_stage_input(precision.cast_for_compute(op),
-                                                              row(m), m, key, True),
+            first_input=lambda op, m: parts.first_stage_input(
+                precision.cast_for_compute(outside_params.whole(op)), row(m), m, key, True),
             run_stage=run_stage, head_objective=head_objective)
         result = one_f_one_b.one_f_one_b(functions, staged, outside, axis=self.pipe_axis,
                                          num_microbatches=count)
         grads = parts.join_grads(result.outside_grads, result.staged_grads)
-        grads = {k: grads[k] for k in params}  # The params' key order.
+        # The params' key order (the trainable ones').
+        trained = self.trainable.select(params) if self.trainable is not None else params
+        grads = {k: grads[k] for k in trained}
         return LocalGradients(grads=grads, loss=result.loss, aux=result.aux,
                               summaries=result.summaries, weight=shard_weight)
 
@@ -252,3 +270,28 @@ class PipelinedGradients:
 def _weight(parts: PipelineParts, batch: Any) -> jax.Array:
     """What the data shard's loss is a mean over (never 0: an all-padding shard has loss 0)."""
     return jnp.maximum(at_least_float32(parts.loss_weight(batch)), 1e-12)
+
+
+class _PartView:
+    """One side of a pipeline's params (outside the stages, or staged) cut to its trainable
+    part: ``select`` cuts a whole tree, ``whole`` puts the frozen part back around a cut one."""
+
+    def __init__(self, trainable: Optional[Trainable], frozen: Any):
+        self.trainable, self.frozen = trainable, frozen
+
+    def select(self, tree: Any) -> Any:
+        return tree if self.trainable is None else self.trainable.select(tree)
+
+    def whole(self, part: Any) -> Any:
+        return part if self.trainable is None else self.trainable.merge(self.frozen, part)
+
+
+def _trained_views(trainable: Optional[Trainable], parts: PipelineParts, staged: Any,
+                   outside: Any) -> Tuple[_PartView, _PartView]:
+    """``(staged view, outside view)`` of the run's trainable params (both the identity when
+    every param is trained)."""
+    if trainable is None:
+        return _PartView(None, staged), _PartView(None, outside)
+    outside_mask, staged_mask = parts.split_params(trainable.mask)
+    return (_PartView(Trainable(mask=staged_mask), staged),
+            _PartView(Trainable(mask=outside_mask), outside))

@@ -24,7 +24,7 @@ from titanax import errors
 from titanax.config import overrides
 from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.modules import axis_binding
+from titanax.modules import axis_binding, lora
 from titanax.parallel import rules, sharding
 from titanax.parallel.layout import Layout
 from titanax.train import prng
@@ -53,7 +53,8 @@ class StateManager:
 
     def __init__(self, *, mesh: Mesh, layout: Layout, strategy: state_sharding_lib.StateSharding,
                  adapter: OptimizerAdapter, precision: Precision, model: Any = None,
-                 seed: int = 0, checkpointer: Optional[OrbaxCheckpoint] = None):
+                 seed: int = 0, checkpointer: Optional[OrbaxCheckpoint] = None,
+                 model_specs: Any = None):
         self.mesh = mesh
         self.layout = layout
         self.strategy = strategy
@@ -62,6 +63,9 @@ class StateManager:
         self.model = model
         self.seed = seed
         self.checkpointer = checkpointer
+        # The model's ParameterSpecs as the run declares them (LoRA adapters included; None:
+        # the model's own).
+        self.model_specs = model_specs
         # The jitted view <-> canonical conversions, built once each (see _layout_converter).
         self._converters: Dict[str, Any] = {}
         self._init_opt = None
@@ -101,7 +105,8 @@ class StateManager:
                                        suggestion="pass params= to fit() or init_state()")
             shardings = sharding.named_shardings(self.mesh, self.layout.param_specs)
             init = jax.jit(lambda key: self.layout.as_view(self.precision.cast_params_for_storage(
-                self.model.initialize_parameters_recursively(key))), out_shardings=shardings)
+                self.model.initialize_parameters_recursively(key, specs=self.model_specs))),
+                out_shardings=shardings)
             with axis_binding.bound(self.layout.axis_binding):  # (Traced here: a Flax factory
                 params = init(prng.stream_key(self.seed, "init"))  # is told the TP axis.)
         else:
@@ -109,6 +114,18 @@ class StateManager:
                 self.layout.as_view(self.precision.cast_params_for_storage(params)), self.mesh,
                 self.layout.param_specs)
         return self.state_around(params, self._init_opt_fn()(params))
+
+    def initial_adapters(self) -> Any:
+        """A LoRA run's adapters as a fresh run initialises them (the same keys: each param's
+        comes from its path), in the canonical layout: what joins a base loaded from elsewhere
+        (``init_from``)."""
+        _, specs = lora.split_adapters(self.model_specs)
+        _, partition_specs = lora.split_adapters(self.layout.canonical_param_specs)
+        init = jax.jit(lambda key: self.precision.cast_params_for_storage(
+            self.model.initialize_parameters_recursively(key, specs=specs)),
+            out_shardings=sharding.named_shardings(self.mesh, partition_specs))
+        with axis_binding.bound(self.layout.axis_binding):
+            return init(prng.stream_key(self.seed, "init"))
 
     def state_around(self, params: Any, opt_state: Any, step: Any = None, rngs: Any = None,
                      loss_scale: Any = None) -> TrainState:

@@ -25,6 +25,11 @@ its gradients' layout, its reduce-scatter dimensions and how the computer sees t
 - ``FullySharded`` (ZeRO-3 / FSDP): the params carry the axis too (the engine added it to their
   specs), so params, gradients and optimizer state are all local shards and the update is the
   replicated one on them; the gradient computer gathers the params where they are used.
+
+Frozen params (``trainable.py``) are stored and gathered like the others, and are nothing else
+here: a strategy's gradients, optimizer state and update cover the trainable params only
+(``self.trainable`` cuts every param-shaped tree), and the update hands the frozen ones back as
+they came.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ import jax
 import optax
 from jax.sharding import PartitionSpec
 
-from titanax.parallel import collectives, state_dims
+from titanax.parallel import collectives, rules, state_dims
 from titanax.parallel.layout import Layout
 from titanax.train import learner as learner_lib
 from titanax.train.param_gathering import ParamGathering
+from titanax.train.trainable import Trainable
 
 # Saved in checkpoint metadata: under every strategy the optimizer state's global arrays are laid
 # out like the params (older checkpoints may say "zero1_flat_chunks", see StateManager).
@@ -54,18 +60,28 @@ class StateSharding(abc.ABC):
     # Per param, the dimension split over ``shard_axis`` (None: not split anywhere).
     dims: Any = None
 
-    def __init__(self, *, param_specs: Any):
+    def __init__(self, *, param_specs: Any, trainable: Optional[Trainable] = None):
         self.param_specs = param_specs
+        # The params the optimizer trains (None: all).
+        self.trainable = trainable if trainable is not None else Trainable(
+            mask=jax.tree_util.tree_map(lambda _: True, param_specs,
+                                        is_leaf=lambda x: isinstance(x, PartitionSpec)))
+
+    @property
+    def trained_param_specs(self) -> Any:
+        """The layout of the trainable params."""
+        return self.trainable.select(self.param_specs)
 
     @property
     def grad_specs(self) -> Any:
-        """The layout of the reduced gradients (what the reducer plans from)."""
-        return self.param_specs
+        """The layout of the reduced gradients, trainable params only (what the reducer plans
+        from)."""
+        return self.trained_param_specs
 
     @property
     def scatter_dims(self) -> Optional[Any]:
-        """Per param, the dimension the reducer reduce-scatters its gradient along over
-        ``shard_axis`` (None: no scatter anywhere)."""
+        """Per trainable param, the dimension the reducer reduce-scatters its gradient along
+        over ``shard_axis`` (None: no scatter anywhere)."""
         return None
 
     def param_gathering(self) -> Optional[ParamGathering]:
@@ -84,25 +100,38 @@ class StateSharding(abc.ABC):
         return None
 
     def opt_state_specs(self, adapter: learner_lib.OptimizerAdapter, local_params: Any) -> Any:
-        """Out-specs of the state built on ``local_params`` (ShapeDtypeStructs, local view)."""
-        return _state_specs(adapter, jax.eval_shape(adapter.init, local_params),
-                            self.param_specs)
+        """Out-specs of the state built on ``local_params`` (ShapeDtypeStructs, local view, all
+        params: the state covers the trainable ones)."""
+        return _state_specs(adapter, jax.eval_shape(adapter.init,
+                                                    self.trainable.select(local_params)),
+                            self.trained_param_specs)
 
     def init(self, adapter: learner_lib.OptimizerAdapter, params: Any) -> Any:
-        """The state in local view (inside shard_map)."""
-        return adapter.init(params)
+        """The state in local view (inside shard_map) for the trainable part of ``params``."""
+        return adapter.init(self.trainable.select(params))
 
-    @abc.abstractmethod
     def update(self, *, learner: learner_lib.Learner, adapter: learner_lib.OptimizerAdapter,
                params: Any, opt_state: Any, grads: Any, norm_squared: jax.Array
                ) -> Tuple[Any, Any, jax.Array]:
-        """``(new params, new state, global grad norm)`` from the reduced gradients."""
+        """``(new params, new state, global grad norm)`` from the reduced gradients of the
+        trainable params (``params``: all of them; the frozen come back as they are)."""
+        trained = self.trainable.select(params)
+        new, new_state, norm = self._update_trained(learner=learner, adapter=adapter,
+                                                    params=trained, opt_state=opt_state,
+                                                    grads=grads, norm_squared=norm_squared)
+        return self.trainable.merge(params, new), new_state, norm
+
+    @abc.abstractmethod
+    def _update_trained(self, *, learner: learner_lib.Learner,
+                        adapter: learner_lib.OptimizerAdapter, params: Any, opt_state: Any,
+                        grads: Any, norm_squared: jax.Array) -> Tuple[Any, Any, jax.Array]:
+        """``update`` on the trainable params only."""
 
 
 class Replicated(StateSharding):
     """The optimizer state laid out like the params (no sharding over the data axis)."""
 
-    def update(self, *, learner, adapter, params, opt_state, grads, norm_squared):
+    def _update_trained(self, *, learner, adapter, params, opt_state, grads, norm_squared):
         return _update_as_stored(learner, adapter, params, opt_state, grads, norm_squared)
 
 
@@ -110,13 +139,15 @@ class ShardedOptimizerState(StateSharding):
     """ZeRO-1 (``scatter_gradients=False``) or ZeRO-2 over ``axis``, on the dims ``dims``."""
 
     def __init__(self, *, param_specs: Any, axis: str, axis_size: int, dims: Any,
-                 scatter_gradients: bool):
-        super().__init__(param_specs=param_specs)
+                 scatter_gradients: bool, trainable: Optional[Trainable] = None):
+        super().__init__(param_specs=param_specs, trainable=trainable)
         self.shard_axis = axis
         self.axis_size = axis_size
         self.dims = dims
         self.scatter_gradients = scatter_gradients
-        self.state_leaf_specs = state_dims.add_axis(param_specs, dims, axis)
+        # The trainable params' optimizer state (and ZeRO-2 gradient) layout, and split dims.
+        self.state_leaf_specs = self.trainable.select(state_dims.add_axis(param_specs, dims, axis))
+        self.trained_dims = self.trainable.select(dims)
 
     @property
     def title(self) -> str:
@@ -124,15 +155,16 @@ class ShardedOptimizerState(StateSharding):
 
     @property
     def grad_specs(self) -> Any:
-        return self.state_leaf_specs if self.scatter_gradients else self.param_specs
+        return self.state_leaf_specs if self.scatter_gradients else self.trained_param_specs
 
     @property
     def scatter_dims(self) -> Optional[Any]:
-        return self.dims if self.scatter_gradients else None
+        return self.trained_dims if self.scatter_gradients else None
 
     def opt_state_specs(self, adapter, local_params):
-        return _state_specs(adapter, jax.eval_shape(adapter.init, self._part_shapes(local_params)),
-                            self.state_leaf_specs)
+        return _state_specs(adapter, jax.eval_shape(
+            adapter.init, self._part_shapes(self.trainable.select(local_params))),
+            self.state_leaf_specs)
 
     def _part_shapes(self, local_params: Any) -> Any:
         def part(s, dim):
@@ -142,13 +174,14 @@ class ShardedOptimizerState(StateSharding):
             shape[dim] //= self.axis_size
             return jax.ShapeDtypeStruct(tuple(shape), s.dtype)
 
-        return jax.tree_util.tree_map(part, local_params, self.dims)
+        return jax.tree_util.tree_map(part, local_params, self.trained_dims)
 
     def init(self, adapter, params):
-        return adapter.init(self._local_part(params))
+        return adapter.init(self._local_part(self.trainable.select(params)))
 
     def _local_part(self, tree: Any) -> Any:
-        """This device's part of values identical over the axis (params, ZeRO-1 gradients)."""
+        """This device's part of values identical over the axis (trainable params, ZeRO-1
+        gradients)."""
         axis = self.shard_axis
 
         def part(x, dim):
@@ -158,9 +191,9 @@ class ShardedOptimizerState(StateSharding):
             return jax.lax.dynamic_slice_in_dim(x, collectives.axis_index(axis) * size, size,
                                                 axis=dim)
 
-        return jax.tree_util.tree_map(part, tree, self.dims)
+        return jax.tree_util.tree_map(part, tree, self.trained_dims)
 
-    def update(self, *, learner, adapter, params, opt_state, grads, norm_squared):
+    def _update_trained(self, *, learner, adapter, params, opt_state, grads, norm_squared):
         norm = jax.numpy.sqrt(norm_squared)
         grad_parts = grads if self.scatter_gradients else self._local_part(grads)
         new_parts, new_state = learner.apply_update(adapter=adapter, grads=grad_parts, norm=norm,
@@ -169,7 +202,7 @@ class ShardedOptimizerState(StateSharding):
         axis = self.shard_axis
         new_params = jax.tree_util.tree_map(
             lambda new, dim: new if dim is None else collectives.all_gather(
-                new, axis, axis_index=dim, invariant=True), new_parts, self.dims)
+                new, axis, axis_index=dim, invariant=True), new_parts, self.trained_dims)
         return new_params, new_state, norm
 
 
@@ -182,8 +215,8 @@ class FullySharded(StateSharding):
     ``"per_microbatch"`` gathers each layer where it runs and autodiff reduce-scatters."""
 
     def __init__(self, *, param_specs: Any, axis: str, axis_size: int, dims: Any,
-                 grad_sync: str):
-        super().__init__(param_specs=param_specs)
+                 grad_sync: str, trainable: Optional[Trainable] = None):
+        super().__init__(param_specs=param_specs, trainable=trainable)
         self.shard_axis = axis
         self.axis_size = axis_size
         self.dims = dims
@@ -199,13 +232,13 @@ class FullySharded(StateSharding):
 
     @property
     def scatter_dims(self) -> Optional[Any]:
-        return self.dims if self.grad_sync == "per_step" else None
+        return self.trainable.select(self.dims) if self.grad_sync == "per_step" else None
 
     def param_gathering(self) -> Optional[ParamGathering]:
         return ParamGathering(axis=self.shard_axis, axis_size=self.axis_size, dims=self.dims,
                               per_microbatch=self.grad_sync == "per_microbatch")
 
-    def update(self, *, learner, adapter, params, opt_state, grads, norm_squared):
+    def _update_trained(self, *, learner, adapter, params, opt_state, grads, norm_squared):
         return _update_as_stored(learner, adapter, params, opt_state, grads, norm_squared)
 
 
@@ -227,14 +260,17 @@ def _state_specs(adapter: learner_lib.OptimizerAdapter, state_shapes: Any, leaf_
 
 
 def for_layout(layout: Layout, *, zero: Any) -> StateSharding:
-    """The strategy for ``layout`` (the state split its ``StateSplit`` transform chose) and the
-    plan's ZeRO part (``zero``: its config; None: replicated)."""
+    """The strategy for ``layout`` (the state split its ``StateSplit`` transform chose; which
+    params are trainable, from their specs) and the plan's ZeRO part (``zero``: its config;
+    None: replicated)."""
+    trainable = Trainable.from_specs(layout.parameter_specs, is_leaf=rules.is_param_leaf)
     if zero is None or layout.state_axis is None:
-        return Replicated(param_specs=layout.param_specs)
+        return Replicated(param_specs=layout.param_specs, trainable=trainable)
     size = int(layout.mesh_shape[layout.state_axis])
     if layout.params_sharded:
         return FullySharded(param_specs=layout.param_specs, axis=layout.state_axis,
-                            axis_size=size, dims=layout.state_dims, grad_sync=zero.grad_sync)
+                            axis_size=size, dims=layout.state_dims, grad_sync=zero.grad_sync,
+                            trainable=trainable)
     return ShardedOptimizerState(param_specs=layout.param_specs, axis=layout.state_axis,
                                  axis_size=size, dims=layout.state_dims,
-                                 scatter_gradients=zero.stage == 2)
+                                 scatter_gradients=zero.stage == 2, trainable=trainable)

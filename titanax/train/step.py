@@ -93,10 +93,11 @@ class StepSetup:
             return PipelinedGradients(
                 model=self.model, precision=self.precision, mesh_shape=self.mesh_shape,
                 batch_axes=self.batch_axes, pipeline=self.pipeline.instantiate(),
-                gathering=self.gathering)
+                gathering=self.gathering, trainable=self.state_sharding.trainable)
         return ModelGradients(model=self.model, precision=self.precision,
                               mesh_shape=self.mesh_shape, batch_axes=self.batch_axes,
-                              accumulate_steps=self.accumulate_steps, gathering=self.gathering)
+                              accumulate_steps=self.accumulate_steps, gathering=self.gathering,
+                trainable=self.state_sharding.trainable)
 
     @functools.cached_property
     def gathering(self) -> Optional[ParamGathering]:
@@ -111,7 +112,7 @@ class StepSetup:
                                     loss_relation=self.gradients.loss_relation,
                                     scatter_dims=strategy.scatter_dims,
                                     shard_axis=strategy.shard_axis,
-                                    param_layout=strategy.param_specs,
+                                    param_layout=strategy.trained_param_specs,
                                     fold_axes=self.fold_axes,
                                     layer_summed=self.layer_summed_axes)
 

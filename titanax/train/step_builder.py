@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
-from titanax.modules import axis_binding
+from titanax.modules import axis_binding, lora
 from titanax.modules.module import functional
 from titanax.parallel import collectives
 from titanax.parallel import layout as layout_lib
@@ -38,8 +38,11 @@ class StepBuilder:
     def __init__(self, *, mesh: Mesh, plan: Plan, layout: Layout, strategy: StateSharding,
                  model: Any, precision: Precision, adapter: learner_lib.OptimizerAdapter,
                  learner: learner_lib.Learner, nan_policy: str = "stop",
-                 recompile_policy: str = "error"):
+                 recompile_policy: str = "error",
+                 lora_settings: Optional[lora.AdapterSettings] = None):
         self.mesh, self.plan, self.layout, self.strategy = mesh, plan, layout, strategy
+        # How the model's LoRA adapters run (modules/lora.py; None: it has none).
+        self.lora_settings = lora_settings
         self.model, self.precision = model, precision
         self.adapter, self.learner = adapter, learner
         self.nan_policy, self.recompile_policy = nan_policy, recompile_policy
@@ -93,7 +96,8 @@ class StepBuilder:
                         param_specs=self.layout.param_specs, precision=self.precision)
 
     def _shard_map(self, fn, in_specs, out_specs):
-        return jax.shard_map(bound_to(fn, self.layout.axis_binding), mesh=self.mesh,
+        return jax.shard_map(bound_to(fn, self.layout.axis_binding, self.lora_settings),
+                             mesh=self.mesh,
                              in_specs=in_specs, out_specs=out_specs)
 
     def train_step(self, step_fn: Optional[Callable], state_specs: Any) -> CompiledStep:
@@ -126,7 +130,8 @@ class StepBuilder:
         mesh it trains on."""
         # Its inputs are whole rows, the same on every context rank: no sequence is split.
         local = bound_to(self._model_call(method),
-                         self.layout.axis_binding.without(axis_binding.SEQUENCE))
+                         self.layout.axis_binding.without(axis_binding.SEQUENCE),
+                         self.lora_settings)
         batch_spec = self._batch_spec()
 
         def run(params, *inputs):
@@ -143,7 +148,7 @@ class StepBuilder:
         ``key``, so rows sample independently wherever they live."""
         # Decoding has no sequence to split (over a context axis or the TP axis).
         local = bound_to(self._model_call("generate"), self.layout.axis_binding.without(
-            axis_binding.SEQUENCE, axis_binding.RESIDUAL_SEQUENCE))
+            axis_binding.SEQUENCE, axis_binding.RESIDUAL_SEQUENCE), self.lora_settings)
         batch_spec = self._batch_spec()
         # Rows only: a sequence axis holds copies of each prompt, and must sample alike.
         batch_axes = self.layout.batch.row_axes
@@ -194,13 +199,15 @@ class StepBuilder:
         return self.setup.gradients.schedule_metrics(local_rows)
 
 
-def bound_to(fn: Callable, binding: Any) -> Callable:
-    """``fn`` run with ``binding`` as the layers' axis binding (modules/axis_binding.py): the
-    step's functions are traced inside ``shard_map``, where layers ask it for their axes."""
+def bound_to(fn: Callable, binding: Any,
+             lora_settings: Optional[lora.AdapterSettings] = None) -> Callable:
+    """``fn`` run with ``binding`` as the layers' axis binding (modules/axis_binding.py) and
+    ``lora_settings`` for their adapters (modules/lora.py): the step's functions are traced
+    inside ``shard_map``, where layers ask for them."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with axis_binding.bound(binding):
+        with axis_binding.bound(binding), lora.scope(lora_settings):
             return fn(*args, **kwargs)
 
     return run

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.modules.axis_binding import HEADS, KV_HEADS, RESIDUAL_SEQUENCE, SEQUENCE
+from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import rotary
@@ -60,6 +61,8 @@ from titanax.utils.dtypes import fused_attention_fits
 
 class Attention(BaseLayer):
     """Each position attends to itself and earlier positions (within the window, if any)."""
+
+    ADAPTABLE_WEIGHTS = ("q_weight", "k_weight", "v_weight", "qkv_weight")
 
     class Config(BaseLayer.Config):
         # Width of the input and output (the residual stream).
@@ -226,6 +229,9 @@ class Attention(BaseLayer):
         params = self.parameters
         if cfg.fused_qkv:
             qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"].astype(x.dtype))
+            update = lora.low_rank_update(self, "bsd,dthk->bsthk", x, "qkv_weight")
+            if update is not None:
+                qkv = qkv + update
             if cfg.qkv_bias:
                 qkv = qkv + params["qkv_bias"].astype(x.dtype)
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -241,6 +247,9 @@ class Attention(BaseLayer):
     def _project(self, x, name: str):
         params = self.parameters
         y = jnp.einsum("bsd,dhk->bshk", x, params[f"{name}_weight"].astype(x.dtype))
+        update = lora.low_rank_update(self, "bsd,dhk->bshk", x, f"{name}_weight")
+        if update is not None:
+            y = y + update
         if self.config.qkv_bias:
             y = y + params[f"{name}_bias"].astype(x.dtype)
         return y

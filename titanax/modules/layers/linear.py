@@ -19,6 +19,7 @@ from typing import Optional
 
 from titanax.config import REQUIRED, Required
 from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
+from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes
 from titanax.parallel import collectives
@@ -26,6 +27,8 @@ from titanax.parallel import collectives
 
 class Linear(BaseLayer):
     """``y = x @ weight + bias`` over the last dimension of ``x``."""
+
+    ADAPTABLE_WEIGHTS = ("weight",)
 
     class Config(BaseLayer.Config):
         # Input features (global).
@@ -70,7 +73,11 @@ class Linear(BaseLayer):
         # dims: the backward then hands the bias reduction, the weight gradient and the input
         # gradient the same [tokens, out] array. Batched, XLA:CPU re-fused the norm backward
         # feeding that gradient into each of the three (3% of a GPT step; step_speed.py).
-        y = x.reshape((-1, x.shape[-1])) @ params["weight"].astype(x.dtype)
+        tokens = x.reshape((-1, x.shape[-1]))
+        y = tokens @ params["weight"].astype(x.dtype)
+        update = lora.low_rank_update(self, "td,df->tf", tokens, "weight")
+        if update is not None:
+            y = y + update
         y = y.reshape(x.shape[:-1] + (y.shape[-1],))
         if row is not None:
             if sequence is not None:

@@ -1,0 +1,134 @@
+"""A LoRA fine-tune from a Hugging Face directory through the launcher (``llama_tiny_lora_sft``),
+exported both ways: the PEFT adapter loaded by ``peft.PeftModel.from_pretrained`` onto the base,
+and the merged model in plain transformers, each with Titanax's logits; the base weights in the
+run's checkpoint are the directory's, bit for bit."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.environment import child_environment
+from tests.numerics import CROSS_FRAMEWORK, assert_close, assert_identical
+from titanax.hf import importer
+from titanax.modules import lora
+from titanax.train import saved_run
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(module, *args, expect=0):
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT,
+                            env=child_environment(quick_backend=True), capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """``(base HF dir, run dir)``: a tiny random byte-level Llama fine-tuned with LoRA on
+    prompt/completion records."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("lora")
+    base = str(root / "base")
+    LlamaForCausalLM(LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        initializer_range=0.1, bos_token_id=1, eos_token_id=2)).save_pretrained(base)
+    data = root / "pairs.jsonl"
+    rng = np.random.default_rng(0)
+    with open(data, "w", encoding="utf-8") as f:
+        for _ in range(400):
+            a, b = (int(x) for x in rng.integers(0, 50, 2))
+            f.write(json.dumps({"prompt": f"{a} plus {b} is", "completion": f" {a + b}."}) + "\n")
+    run = str(root / "run")
+    _run("titanax.launch", "--config=llama_tiny_lora_sft", f"--config.init_from={base}",
+         f"--config.train_input.source.files=['{data}']", f"--trainer_dir={run}",
+         "--cpu_devices=8", "--config.max_steps=8", "--config.log_every=1",
+         "--config.learner.optimizer.learning_rate.warmup_steps=2",
+         "--config.evalers={}")
+    return base, run
+
+
+def _ids():
+    return np.random.default_rng(1).integers(0, 256, (4, 20)).astype(np.int32)
+
+
+def _titanax_logits(run):
+    engine = saved_run.restored_engine(run)
+    return engine, np.asarray(engine.steps.model_method("logits")(engine.state.params, _ids()))
+
+
+def test_the_base_stays_the_directorys_and_the_adapters_moved(lora_run):
+    base, run = lora_run
+    engine, _ = _titanax_logits(run)
+    params = {k: np.asarray(v) for k, v in _flat(engine.canonical_params()).items()}
+    frozen = {k: v for k, v in params.items() if not lora.is_adapter(k)}
+    assert_identical(frozen, {k: v for k, v in _flat(importer.params_as_numpy(base)).items()},
+                     what="frozen weights after training")
+    moved = [k for k, v in params.items() if k.endswith(lora.B_SUFFIX) and np.abs(v).max() > 0]
+    assert len(moved) == 6, moved  # Every B left zero: the adapters trained.
+
+
+def test_the_peft_adapter_on_the_base_gives_titanax_logits(lora_run, tmp_path):
+    base, run = lora_run
+    target = str(tmp_path / "adapter")
+    _run("titanax.export", f"--trainer_dir={run}", f"--to={target}", "--format=peft",
+         "--cpu_devices=8")
+    assert sorted(os.listdir(target)) == ["adapter_config.json", "adapter_model.safetensors"]
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), target).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor(_ids())).logits.numpy()
+        with model.disable_adapter():
+            plain = model(torch.tensor(_ids())).logits.numpy()
+    _, ours = _titanax_logits(run)
+    assert_close(theirs, ours, bound=CROSS_FRAMEWORK, what="peft's logits of the adapter")
+    assert np.abs(plain - theirs).max() > 1e-3  # The adapter changes the model.
+
+
+def test_the_merged_export_gives_titanax_logits_in_plain_transformers(lora_run, tmp_path):
+    _, run = lora_run
+    target = str(tmp_path / "merged")
+    _run("titanax.export", f"--trainer_dir={run}", f"--to={target}", "--cpu_devices=8")
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor(_ids())).logits.numpy()
+    _, ours = _titanax_logits(run)
+    assert_close(theirs, ours, bound=CROSS_FRAMEWORK, what="the merged model's logits")
+    # The run (adapters applied by its layers) and its merged export generate alike.
+    prompt = "--prompt_ids=52,32,112,108,117,115"
+    from_run = _run("titanax.generate", f"--trainer_dir={run}", prompt, "--max_new_tokens=8",
+                    "--cpu_devices=8")
+    from_hf = _run("titanax.generate", f"--hf={target}", prompt, "--max_new_tokens=8")
+    ids_line = [line for line in from_run.stdout.splitlines() if line.startswith("ids: ")]
+    assert len(ids_line) == 1 and ids_line[0] in from_hf.stdout.splitlines(), (
+        from_run.stdout, from_hf.stdout)
+
+
+def test_a_peft_export_of_a_run_without_adapters_is_refused(tmp_path):
+    run = str(tmp_path / "plain")
+    _run("titanax.launch", "--config=gpt_tiny_dp", f"--trainer_dir={run}", "--cpu_devices=8",
+         "--config.max_steps=1", "--config.evalers={}")
+    refused = _run("titanax.export", f"--trainer_dir={run}", f"--to={tmp_path / 'x'}",
+                   "--format=peft", "--cpu_devices=8", expect=2)
+    assert "--format" in refused.stderr and "no adapters" in refused.stderr
+
+
+def _flat(tree, prefix=""):
+    out = {}
+    for name, value in tree.items():
+        path = f"{prefix}/{name}" if prefix else name
+        out.update(_flat(value, path) if isinstance(value, dict) else {path: value})
+    return out

@@ -1,0 +1,136 @@
+"""LoRA adapters in the decoder (modules/lora.py): where they go and what shape they take, the
+model unchanged at the start, and the gradients of A and B against an independent computation
+-- the base model run with the merged weight ``W + scale * A B`` written out by hand."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.modules import lora_reference
+from tests.numerics import assert_close, parity_floats
+from titanax.errors import ConfigError
+from titanax.modules import functional, lora
+from titanax.modules.lora import A_SUFFIX, B_SUFFIX, LoRA
+from titanax.modules.models.decoder import Decoder
+
+pytestmark = pytest.mark.usefixtures("float64_numerics")
+
+BASE = dict(name="decoder", vocab_size=64, max_seq_len=16, num_layers=2, model_dim=32,
+            hidden_dim=48, num_heads=4, num_kv_heads=2, rope_theta=10000.0)
+RANK = 4
+
+
+def _model():
+    return Decoder.default_config().set(**BASE).instantiate()
+
+
+def _adapted(model, **lora_fields):
+    adapters = LoRA.default_config().set(rank=RANK, alpha=8.0, **lora_fields).instantiate()
+    specs = adapters.adapter_specs(model.create_parameter_specs_recursively(),
+                                   adaptable=model.adaptable_weight_paths())
+    return adapters, specs
+
+
+def _batch():
+    ids = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, BASE["vocab_size"])
+    return {"input_ids": ids, "target_ids": jnp.roll(ids, -1, axis=1)}
+
+
+def test_adapters_sit_beside_their_weights_with_its_roles_and_everything_else_is_frozen():
+    _, specs = _adapted(_model())
+    layer = specs["decoder"]["layer"]
+    attn, mlp = layer["attn"], layer["mlp"]
+    # q [L, d, heads, head_dim]: A over the input, B over the heads.
+    assert attn["q_weight" + A_SUFFIX].shape == (2, 32, RANK)
+    assert attn["q_weight" + B_SUFFIX].shape == (2, RANK, 4, 8)
+    assert attn["k_weight" + B_SUFFIX].shape == (2, RANK, 2, 8)
+    # The output projection (a Linear [heads x head_dim, d]).
+    assert attn["o"]["weight" + A_SUFFIX].shape == (2, 32, RANK)
+    assert attn["o"]["weight" + B_SUFFIX].shape == (2, RANK, 32)
+    # gate / up [L, d, 2, hidden]: one adapter each (dimension 2 is neither input nor output).
+    assert mlp["gate_up_weight" + A_SUFFIX].shape == (2, 2, 32, RANK)
+    assert mlp["gate_up_weight" + B_SUFFIX].shape == (2, 2, RANK, 48)
+    assert mlp["down"]["weight" + B_SUFFIX].shape == (2, RANK, 32)
+    trainable = {jax.tree_util.keystr(p) for p, s in jax.tree_util.tree_flatten_with_path(
+        specs, is_leaf=lambda x: hasattr(x, "trainable"))[0] if s.trainable}
+    assert trainable and all(k.endswith(("_lora_a']", "_lora_b']")) for k in trainable)
+    assert len(trainable) == 2 * 6  # q, k, v, o, gate_up, down.
+
+
+def test_targets_that_match_nothing_or_a_weight_no_layer_adapts_are_refused():
+    with pytest.raises(ConfigError, match="match"):
+        _adapted(_model(), targets=(r"nothing_here$",))
+    with pytest.raises(ConfigError, match="does not adapt"):
+        _adapted(_model(), targets=(r"token_emb/weight$",))
+
+
+def _loss(model, params):
+    return functional(model, None, params, (_batch(),), is_training=False)[0][0]
+
+
+def test_the_model_starts_as_its_base_and_adapter_gradients_equal_the_merged_weights():
+    model = _model()
+    adapters, specs = _adapted(model)
+    settings = adapters.settings()
+    params = parity_floats(model.initialize_parameters_recursively(jax.random.PRNGKey(0),
+                                                                   specs=specs))
+    base = parity_floats(model.initialize_parameters_recursively(jax.random.PRNGKey(0)))
+    with lora.scope(settings):
+        start = _loss(model, params)
+    # B starts at zero: the same model, bit for bit (each param's key is its path's).
+    assert float(start) == float(_loss(model, base))
+
+    # Move every B off zero, then differentiate by the adapters both ways.
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(len(str(p))), x.shape)
+        if jax.tree_util.keystr(p).endswith("_lora_b']") else x, params)
+
+    def factored(p):
+        with lora.scope(settings):
+            return _loss(model, p)
+
+    def merged(p):
+        return _loss(model, lora_reference.merged(p, settings.scale))
+
+    want, want_grads = jax.value_and_grad(merged)(params)
+    got, got_grads = jax.value_and_grad(factored)(params)
+    assert abs(float(want) - float(start)) > 1e-4  # The adapters changed the model.
+    assert_close(got, want, what="loss")
+    pick = lambda g: jax.tree_util.tree_map_with_path(  # noqa: E731
+        lambda p, x: x if "_lora_" in jax.tree_util.keystr(p) else jnp.zeros(()), g)
+    assert_close(pick(got_grads), pick(want_grads), what="adapter gradients")
+
+
+def test_disabled_runs_the_base_weights():
+    model = _model()
+    adapters, specs = _adapted(model)
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0), specs=specs)
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, x: x + 0.1 if jax.tree_util.keystr(p).endswith("_lora_b']") else x, params)
+    base = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    with lora.disabled():
+        off = _loss(model, params)
+    with lora.scope(adapters.settings()):
+        on = _loss(model, params)
+    assert float(off) == float(_loss(model, base)) != float(on)
+
+
+def test_rslora_scales_by_the_square_root_of_the_rank():
+    assert LoRA.default_config().set(rank=16, alpha=8.0).instantiate().scale == 0.5
+    assert LoRA.default_config().set(rank=16, alpha=8.0, rslora=True).instantiate().scale == 2.0
+    assert np.isclose(LoRA.default_config().set(rank=4, alpha=8.0).instantiate().scale, 2.0)
+
+
+def test_a_mixture_of_experts_adapts_its_attention_and_refuses_expert_targets():
+    """The default targets pass over the experts (their layer does not add an update); a
+    pattern naming them is refused."""
+    from titanax.modules.layers.moe import MoE
+    model = Decoder.default_config().set(
+        **BASE, moe=MoE.default_config().set(num_experts=4, top_k=2, hidden_dim=16)).instantiate()
+    _, specs = _adapted(model)
+    layer = specs["decoder"]["layer"]
+    assert "q_weight" + A_SUFFIX in layer["attn"]
+    assert not any(lora.is_adapter(name) for name in layer["mlp"])
+    with pytest.raises(ConfigError, match="does not adapt"):
+        _adapted(model, targets=(r"mlp/gate_up_weight$",))
