@@ -81,8 +81,9 @@ def test_the_models_tokenizer_reads_the_training_and_evaluation_data(walked):
 
 def test_chat_generation_equals_transformers_greedy_on_apply_chat_template(walked):
     folder, outputs = walked
-    answers = [re.search(r"^ids: (.*)$", out, re.M).group(1).split()
-               for out in _output(outputs, "titanax.generate") + _output(outputs, "snippet_")]
+    found = [re.search(r"^ids: (.*)$", out, re.M)
+             for out in _output(outputs, "titanax.generate") + _output(outputs, "snippet_")]
+    answers = [m.group(1).split() for m in found if m]  # (The PEFT snippet prints no ids.)
     from_run, from_export, transformers_ids = answers
     assert from_run == from_export == transformers_ids, answers
     assert len(from_run) >= 2
@@ -104,3 +105,12 @@ def test_chat_generation_equals_transformers_greedy_on_apply_chat_template(walke
     assert int(from_run[-1]) == end, "the answer stops at the template's end-of-turn token"
     np.testing.assert_array_equal(
         np.asarray(from_run, np.int64), out.sequences[0, ids.shape[1]:].numpy()[:len(from_run)])
+
+
+def test_the_lora_run_trains_adapters_only_and_exports_them_for_peft(walked):
+    folder, outputs = walked
+    record = (folder / "runs" / "chat_lora" / "config.txt").read_text()
+    assert "lora.rank: 8" in record
+    adapter = folder / "exported" / "chat_lora"
+    assert sorted(os.listdir(adapter)) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert _output(outputs, "snippet_")  # The page's PEFT snippet loaded it (exit 0).

@@ -132,7 +132,7 @@ def with_model_tokenizer(cfg: ConfigBase, *, given: Sequence[Any]) -> ConfigBase
     klass = getattr(train.source, "klass", None)
     if klass is None or "tokenizer" not in inspect.signature(klass.__init__).parameters:
         return cfg
-    from titanax.data.tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE, Tokenizer  # pylint: disable=import-outside-toplevel
+    from titanax.data.tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE  # pylint: disable=import-outside-toplevel
     if not any(os.path.isfile(os.path.join(cfg.init_from, name))
                for name in (TOKENIZER_FILE, SENTENCEPIECE_FILE)):
         print(f"titanax: warning: {cfg.init_from} ships no {TOKENIZER_FILE} or "
