@@ -78,10 +78,14 @@ class RecordFormat:
             return Document(text=record[self.completion_field],
                             prompt=record[self.prompt_field], where=where)
         return Document(text="", where=where,
-                        messages=_messages(record[self.messages_field], self.messages_field))
+                        messages=chat_messages(record[self.messages_field], self.messages_field))
 
 
-def _messages(value: Any, field: str) -> Tuple[Tuple[str, str], ...]:
+def chat_messages(value: Any, field: str, *,
+                  needs_assistant: bool = True) -> Tuple[Tuple[str, str], ...]:
+    """The ``(role, content)`` pairs of a record's message list (``needs_assistant``: one of
+    them must be the assistant's, which is what is trained on); a ``ValueError`` naming what is
+    wrong."""
     if not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"{field!r} is not a non-empty list of messages")
     out = []
@@ -94,7 +98,7 @@ def _messages(value: Any, field: str) -> Tuple[Tuple[str, str], ...]:
             raise ValueError(f"{field}[{index}] has role {message['role']!r}, not one of "
                              f"{', '.join(CHAT_ROLES)}")
         out.append((message["role"], message["content"]))
-    if not any(role == "assistant" for role, _ in out):
+    if needs_assistant and not any(role == "assistant" for role, _ in out):
         raise ValueError("the conversation has no assistant message to train on")
     return tuple(out)
 

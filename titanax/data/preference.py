@@ -1,0 +1,261 @@
+"""Preference pairs: a prompt with a chosen and a rejected completion, as two rows side by side.
+
+Records are JSONL (or Parquet) lines in one of the two forms preference data comes in:
+
+- text: ``{"prompt": "...", "chosen": "...", "rejected": "..."}``;
+- conversational (TRL's): ``{"chosen": [messages], "rejected": [messages]}``, the shared prompt
+  inside both lists (TRL's implicit prompt), or apart as ``"prompt": [messages]``. Rendered by
+  the tokenizer's chat template (``data/chat.py``); only the assistant's tokens are scored.
+
+Each pair becomes one example of two rows of ``seq_len`` positions, ``chosen_*`` and
+``rejected_*`` (``input_ids``, ``target_ids``, ``weights``): a row is ``prompt + completion``
+shifted by one, padded at the end, and ``weights`` mark the targets that are the completion's
+tokens -- so the sum of a row's weighted target log-probs is the completion's log-prob given the
+prompt (and the completion before each token). Both rows of a pair live in the same example, so
+they are always in the same batch shard. Text pairs: ``[bos] + prompt`` and ``completion +
+[eos]``, the tokenizer's special tokens where it has them; without a tokenizer (bytes) the
+prompt and completions are their UTF-8 bytes, no start or end token (a pair with an empty
+prompt then cannot score its completion's first token, which has nothing before it).
+
+**Long pairs** (``prompt + completion`` over ``seq_len + 1`` tokens) are cut by one rule, stated
+here and counted in the log: the prompt keeps its *last* tokens, at most as many as leave room
+for the longer completion, but never fewer than half a row (if it has them); then each completion
+keeps its *first* tokens, as many as fit. Both rows of a pair keep the same prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Dict, List, Literal, Optional, Tuple
+
+import numpy as np
+
+from titanax import errors
+from titanax.config import Configurable
+from titanax.data import chat
+from titanax.data.declarations import Declared
+from titanax.data.documents import ReadReport, chat_messages, matching_files, read_documents
+from titanax.data.tokenizer import Tokenizer
+
+_log = logging.getLogger("titanax")
+
+SIDES = ("chosen", "rejected")
+ROW_FIELDS = ("input_ids", "target_ids", "weights")
+# What each example holds, each [seq_len] (what --compile_only builds a batch's shape from).
+FIELDS = {f"{side}_{name}": "float32" if name == "weights" else "int32"
+          for side in SIDES for name in ROW_FIELDS}
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferencePair:
+    """One record: its prompt and completions (text, or chat messages) and where it came from."""
+
+    prompt: Any
+    chosen: Any
+    rejected: Any
+    conversational: bool
+    where: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceFormat:
+    """Which fields of a record make a pair (``read_documents``' record format)."""
+
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    kind: str = "preference"
+
+    @property
+    def fields(self) -> Tuple[str, ...]:
+        """The columns a Parquet file must have."""
+        return (self.prompt_field, self.chosen_field, self.rejected_field)
+
+    def document(self, record: Any, where: str) -> PreferencePair:
+        """The pair of one record; a ``ValueError`` saying what is wrong with it."""
+        if not isinstance(record, dict):
+            raise ValueError("the record is not a JSON object")
+        for name in (self.chosen_field, self.rejected_field):
+            if record.get(name) is None:
+                raise ValueError(f"no field {name!r} (fields: {', '.join(sorted(record))})")
+        chosen, rejected = record[self.chosen_field], record[self.rejected_field]
+        prompt = record.get(self.prompt_field)
+        if isinstance(chosen, str) and isinstance(rejected, str):
+            if not isinstance(prompt, str):
+                raise ValueError(f"a text pair needs a text field {self.prompt_field!r}")
+            return PreferencePair(prompt, chosen, rejected, conversational=False, where=where)
+        if isinstance(chosen, list) and isinstance(rejected, list):
+            head = () if prompt is None else chat_messages(prompt, self.prompt_field,
+                                                           needs_assistant=False)
+            return PreferencePair(head, chat_messages(chosen, self.chosen_field),
+                                  chat_messages(rejected, self.rejected_field), conversational=True,
+                                  where=where)
+        raise ValueError(f"{self.chosen_field!r} and {self.rejected_field!r} must both be text or "
+                         "both lists of chat messages")
+
+
+@dataclasses.dataclass
+class PairReport:
+    """What became of the pairs."""
+
+    seq_len: int
+    pairs: int = 0
+    truncated: int = 0
+    truncated_tokens: int = 0
+    dropped: int = 0
+
+    def text(self) -> str:
+        return (f"{self.pairs} pair(s) into rows of {self.seq_len}; {self.truncated} truncated "
+                f"({self.truncated_tokens} tokens: the prompt's start, then the completions' "
+                f"ends); {self.dropped} dropped (nothing of a completion left to score)")
+
+
+class PreferencePairs(Configurable):
+    """Examples ``{"chosen_input_ids", "chosen_target_ids", "chosen_weights", "rejected_..."}``,
+    each ``[seq_len]``, of tokenized preference pairs."""
+
+    FIELDS = FIELDS
+
+    class Config(Configurable.Config):
+        # Glob(s) of .jsonl / .parquet files of pairs (see the module docstring for the forms).
+        files: Optional[List[str]] = None
+        # Fields of a record.
+        prompt_field: str = "prompt"
+        chosen_field: str = "chosen"
+        rejected_field: str = "rejected"
+        # Tokens per row (both rows of a pair).
+        seq_len: int = 128
+        # "train" or "test": the last held_out_fraction of the pairs (in file order) is the
+        # test split.
+        split: Literal["train", "test"] = "train"
+        # In [0, 1).
+        held_out_fraction: float = 0.1
+        # A record that is not JSON, lacks a field, or (chat) that the template refuses: "stop"
+        # (an error naming file:line) or "skip" (counted and logged).
+        on_bad_record: Literal["stop", "skip"] = "stop"
+        # The pairs' order, from this seed (None: file order).
+        seed: Optional[int] = 0
+
+        def _validate_values(self):
+            if self.seq_len < 2:
+                yield "seq_len", f"must be >= 2 (a prompt token and a completion token), got " \
+                                 f"{self.seq_len}"
+            if not 0.0 <= self.held_out_fraction < 1.0:
+                yield "held_out_fraction", f"must be in [0, 1), got {self.held_out_fraction}"
+            if self.seed is not None and not 0 <= self.seed < 2 ** 32:
+                yield "seed", f"must be in [0, 2**32) (or None: file order), got {self.seed}"
+
+    def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
+        """``tokenizer``: the input's (``Input.Config.tokenizer``); default bytes."""
+        super().__init__(cfg, **fields)
+        cfg = self.config
+        if cfg.files is None:
+            raise errors.DataError("preference pairs come from your files", path="files",
+                                   suggestion="give globs of .jsonl files of {\"prompt\", "
+                                              "\"chosen\", \"rejected\"} records")
+        self.tokenizer = tokenizer or Tokenizer.default_config().instantiate()
+        self.read_report, self.report = ReadReport(), PairReport(seq_len=cfg.seq_len)
+        rows = [self._rows(pair) for pair in self._pairs()]
+        rows = [r for r in rows if r is not None]
+        if not rows:
+            raise errors.DataError(f"the {cfg.split} split has no pair ({self.report.text()})",
+                                   path="files", suggestion="give more pairs or lower "
+                                                            "held_out_fraction")
+        self.rows = {name: np.stack([r[name] for r in rows]) for name in FIELDS}
+        self.report.pairs = len(rows)
+        _log.info("%s split: %s; %s", cfg.split, self.read_report.text(), self.report.text())
+
+    @property
+    def record_kind(self) -> str:
+        return "preference"
+
+    @classmethod
+    def declare(cls, cfg: "PreferencePairs.Config", *, tokenizer: Tokenizer) -> Declared:
+        """Both rows hold ids of the tokenizer, ``seq_len`` positions each."""
+        return Declared.of_tokens(tokenizer, fields=tuple(
+            f"{side}_{name}" for side in SIDES for name in ("input_ids", "target_ids")),
+            length=cfg.seq_len)
+
+    def _pairs(self) -> List[PreferencePair]:
+        cfg = self.config
+        record_format = PreferenceFormat(prompt_field=cfg.prompt_field,
+                                         chosen_field=cfg.chosen_field,
+                                         rejected_field=cfg.rejected_field)
+        pairs = list(read_documents(matching_files(cfg.files, where="files"),
+                                    record_format=record_format,
+                                    on_bad_record=cfg.on_bad_record, report=self.read_report))
+        cut = int(round(len(pairs) * (1.0 - cfg.held_out_fraction)))
+        chosen = pairs[:cut] if cfg.split == "train" else pairs[cut:]
+        if cfg.seed is not None:
+            order = np.random.default_rng(cfg.seed).permutation(len(chosen))
+            chosen = [chosen[i] for i in order]
+        return chosen
+
+    def _tokens(self, pair: PreferencePair) -> Optional[Dict[str, Tuple[np.ndarray, np.ndarray]]]:
+        """Per side, ``(tokens, scored)``: the ids and which of them are the completion's (the
+        template's assistant tokens, for a conversation)."""
+        tok = self.tokenizer
+        if not pair.conversational:
+            bos = [tok.bos_id] if tok.bos_id is not None else []
+            eos = [tok.eos_id] if tok.eos_id is not None else []
+            prompt = bos + tok.encode(pair.prompt).tolist()
+            out = {}
+            for side in SIDES:
+                completion = tok.encode(getattr(pair, side)).tolist() + eos
+                out[side] = (np.asarray(prompt + completion, np.int32),
+                             np.asarray([False] * len(prompt) + [True] * len(completion)))
+            return out
+        out = {}
+        for side in SIDES:
+            try:
+                out[side] = tok.encode_conversation(tuple(pair.prompt)
+                                                    + tuple(getattr(pair, side)))
+            except chat.TemplateError as e:
+                if self.config.on_bad_record != "skip":
+                    raise errors.DataError(f"bad record: {e}", path=pair.where,
+                                           suggestion="fix the conversation or the template, or "
+                                                      "skip bad records with "
+                                                      "on_bad_record='skip'") from e
+                self.read_report.skipped += 1
+                _log.warning("skipped %s: %s", pair.where, e)
+                return None
+        return out
+
+    def _rows(self, pair: PreferencePair) -> Optional[Dict[str, np.ndarray]]:
+        sides = self._tokens(pair)
+        if sides is None:
+            return None
+        seq_len = self.config.seq_len
+        budget = seq_len + 1  # Tokens a row of seq_len next-token pairs holds.
+        # The prompt: what comes before a side's first scored token.
+        starts = {side: int(np.argmax(scored)) if scored.any() else len(scored)
+                  for side, (_, scored) in sides.items()}
+        longest = max(len(tokens) - starts[side] for side, (tokens, _) in sides.items())
+        keep_prompt = min(max(starts.values()), max(budget - longest, budget // 2))
+        out: Dict[str, np.ndarray] = {}
+        cut_any = False
+        for side, (tokens, scored) in sides.items():
+            drop = max(0, starts[side] - keep_prompt)  # The prompt's first tokens go first.
+            tokens, scored = tokens[drop:][:budget], scored[drop:][:budget]
+            cut = len(sides[side][0]) - len(tokens)
+            if cut:
+                cut_any = True
+                self.report.truncated_tokens += cut
+            weights = scored[1:].astype(np.float32)  # A target is scored when its token is.
+            if not weights.any():
+                self.report.dropped += 1
+                return None
+            for name, values in (("input_ids", tokens[:-1]), ("target_ids", tokens[1:]),
+                                 ("weights", weights)):
+                row = np.zeros(seq_len, np.float32 if name == "weights" else np.int32)
+                row[:len(values)] = values
+                out[f"{side}_{name}"] = row
+        self.report.truncated += int(cut_any)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.rows["chosen_input_ids"])
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        return {name: values[index] for name, values in self.rows.items()}
