@@ -73,7 +73,7 @@ def test_the_base_stays_the_directorys_and_the_adapters_moved(lora_run):
     assert_identical(frozen, {k: v for k, v in _flat(importer.params_as_numpy(base)).items()},
                      what="frozen weights after training")
     moved = [k for k, v in params.items() if k.endswith(lora.B_SUFFIX) and np.abs(v).max() > 0]
-    assert len(moved) == 6, moved  # Every B left zero: the adapters trained.
+    assert len(moved) == 6, moved  # Every B moved off zero: the adapters trained.
 
 
 def test_the_peft_adapter_on_the_base_gives_titanax_logits(lora_run, tmp_path):

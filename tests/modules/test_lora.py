@@ -12,7 +12,7 @@ from tests.numerics import assert_close, parity_floats
 from titanax.errors import ConfigError
 from titanax.modules import functional, lora
 from titanax.modules.lora import A_SUFFIX, B_SUFFIX, LoRA
-from titanax.modules.models.decoder import Decoder
+from titanax.modules.models.decoder import Decoder, gpt_config
 
 pytestmark = pytest.mark.usefixtures("float64_numerics")
 
@@ -59,8 +59,11 @@ def test_adapters_sit_beside_their_weights_with_its_roles_and_everything_else_is
 
 
 def test_targets_that_match_nothing_or_a_weight_no_layer_adapts_are_refused():
-    with pytest.raises(ConfigError, match="match"):
+    with pytest.raises(ConfigError, match="matches no adaptable weight"):
         _adapted(_model(), targets=(r"nothing_here$",))
+    # A misspelled pattern beside a good one is refused too (v would train nothing).
+    with pytest.raises(ConfigError, match=r"'atn/v_weight\$' matches no adaptable weight"):
+        _adapted(_model(), targets=(r"attn/q_weight$", r"atn/v_weight$"))
     with pytest.raises(ConfigError, match="does not adapt"):
         _adapted(_model(), targets=(r"token_emb/weight$",))
 
@@ -69,8 +72,11 @@ def _loss(model, params):
     return functional(model, None, params, (_batch(),), is_training=False)[0][0]
 
 
-def test_the_model_starts_as_its_base_and_adapter_gradients_equal_the_merged_weights():
-    model = _model()
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_model_starts_as_its_base_and_adapter_gradients_equal_the_merged_weights(family):
+    model = _model() if family == "llama" else gpt_config(
+        name="decoder", vocab_size=64, max_seq_len=16, num_layers=2, model_dim=32,
+        num_heads=4).instantiate()
     adapters, specs = _adapted(model)
     settings = adapters.settings()
     params = parity_floats(model.initialize_parameters_recursively(jax.random.PRNGKey(0),
@@ -134,3 +140,44 @@ def test_a_mixture_of_experts_adapts_its_attention_and_refuses_expert_targets():
     assert not any(lora.is_adapter(name) for name in layer["mlp"])
     with pytest.raises(ConfigError, match="does not adapt"):
         _adapted(model, targets=(r"mlp/gate_up_weight$",))
+
+
+def _saved_activations(use_lora: bool):
+    """Shapes of what the backward keeps of the forward (not params, not constants) under a
+    remat policy that saves dot outputs."""
+    import contextlib  # pylint: disable=import-outside-toplevel
+    import io  # pylint: disable=import-outside-toplevel
+    from jax.ad_checkpoint import print_saved_residuals  # pylint: disable=import-outside-toplevel
+    from titanax.train.trainable import Trainable  # pylint: disable=import-outside-toplevel
+    model = Decoder.default_config().set(
+        **BASE, layer_remat_policy="dots_with_no_batch_dims_saveable",
+        unroll_layers=False).instantiate()
+    adapters = LoRA.default_config().set(rank=RANK).instantiate()
+    specs = model.create_parameter_specs_recursively()
+    if use_lora:
+        specs = adapters.adapter_specs(specs, adaptable=model.adaptable_weight_paths())
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0), specs=specs)
+    trainable = Trainable.from_specs(specs, is_leaf=lambda x: hasattr(x, "trainable"))
+
+    def loss(trained):
+        with lora.scope(adapters.settings()):
+            return functional(model, jax.random.PRNGKey(1), trainable.merge(params, trained),
+                              (_batch(),), is_training=True)[0][0]
+
+    printed = io.StringIO()  # (jax's public view of them is this printout: "f32[2,16] <why>".)
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(loss, trainable.select(params))
+    lines = [line.split(" ", 1) for line in printed.getvalue().splitlines() if line.strip()]
+    assert lines, "jax printed no residuals"
+    return sorted(shape for shape, why in lines
+                  if not why.startswith(("from the argument", "from a constant")))
+
+
+def test_the_adapters_add_no_saved_activation():
+    """Their updates (each the size of its weight's output) are recomputed in the backward,
+    never kept: what is saved is what training every weight saves, less what the frozen
+    embedding's and head's gradients would have needed."""
+    import collections  # pylint: disable=import-outside-toplevel
+    extra = collections.Counter(_saved_activations(True)) - collections.Counter(
+        _saved_activations(False))
+    assert not extra, extra

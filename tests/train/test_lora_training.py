@@ -24,32 +24,36 @@ from titanax.train.engine import Engine
 pytestmark = pytest.mark.usefixtures("float64_numerics")
 
 BATCHES = helpers.text_batches(batch_size=16, count=2)
-MODEL = dict(name="llama", vocab_size=256, max_seq_len=128, num_layers=2, model_dim=32,
+MODEL = dict(name="llama", vocab_size=256, max_seq_len=128, model_dim=32,
              num_heads=8, num_kv_heads=2, hidden_dim=48, unroll_layers=False)
 LR, MOMENTUM = 0.5, 0.9
 LORA = dict(rank=4, alpha=8.0)
 
 
-def _engine(*, data, model=1, pipe=1, context=1, zero=False, schedule="1f1b",
-            checkpoint=None, remat=None, use_lora=True):
+def _engine(*, data, model=1, pipe=1, context=1, zero=None, schedule="1f1b",
+            checkpoint=None, remat=None, use_lora=True, layers=2, accumulate=1,
+            grad_sync="per_step"):
+    """``zero``: the ZeRO stage (None: none)."""
     sizes = {"data": data, "pipe": pipe, "context": context, "model": model}
     axes = tuple(a for a in sizes if a == "data" or sizes[a] > 1)
     learner = helpers.sgd(LR)
     learner.optimizer.momentum = MOMENTUM
     plan = Plan.default_config().set(
-        data_parallel=DP.default_config(),
+        data_parallel=DP.default_config().set(accumulate_steps=accumulate),
         tensor_parallel=TP.default_config() if model > 1 else None,
-        pipeline_parallel=(PP.default_config().set(microbatch_size=2, schedule=schedule)
-                           if pipe > 1 else None),
+        pipeline_parallel=(PP.default_config().set(
+            microbatch_size=2, schedule=schedule,
+            virtual_stages=2 if schedule == "circular" else 1) if pipe > 1 else None),
         context_parallel=CP.default_config().set(axis="context") if context > 1 else None,
-        zero=(ZeRO.default_config().set(stage=3, min_shard_size=16, grad_sync="per_step")
+        zero=(ZeRO.default_config().set(stage=zero, min_shard_size=16, grad_sync=grad_sync)
               if zero else None))
     cfg = Engine.default_config().set(
         mesh=helpers.mesh(tuple(sizes[a] for a in axes), axes,
                           devices=list(range(data * model * pipe * context))),
-        plan=plan, model=Decoder.default_config().set(**MODEL, layer_remat_policy=remat),
-        lora=LoRA.default_config().set(**LORA) if use_lora else None, learner=learner, loggers=[], log_every=1000,
-        precision=helpers.test_precision(),
+        plan=plan, model=Decoder.default_config().set(**MODEL, layer_remat_policy=remat,
+                                                      num_layers=layers),
+        lora=LoRA.default_config().set(**LORA) if use_lora else None, learner=learner,
+        loggers=[], log_every=1000, precision=helpers.test_precision(),
         checkpoint=(OrbaxCheckpoint.default_config().set(path=str(checkpoint))
                     if checkpoint is not None else None))
     return cfg.instantiate()
@@ -62,10 +66,10 @@ def _split(params):
 
 
 @functools.lru_cache(maxsize=None)
-def _reference():
+def _reference(layers=2):
     """``(initial params, adapters after the batches)``: SGD with momentum by hand on the
     gradients of the merged model's mean loss over each whole batch."""
-    engine = _engine(data=1)
+    engine = _engine(data=1, layers=layers)
     engine.init_or_restore()
     start = jax.tree_util.tree_map(np.asarray, jax.device_get(engine.canonical_params()))
     model = engine.model
@@ -99,17 +103,20 @@ def _unflatten(flat):
 
 
 @pytest.mark.parametrize("layout", [
-    dict(data=8), dict(data=4, model=2), dict(data=4, zero=True),
-    dict(data=2, pipe=2, model=2), dict(data=4, pipe=2, schedule="gpipe"),
+    dict(data=8), dict(data=4, model=2), dict(data=4, zero=3),
+    dict(data=4, zero=3, grad_sync="per_microbatch", accumulate=2), dict(data=8, zero=1),
+    dict(data=4, model=2, zero=2), dict(data=2, pipe=2, model=2),
+    dict(data=4, pipe=2, schedule="gpipe"), dict(data=4, pipe=2, schedule="circular", layers=4),
     dict(data=2, context=4)],
-    ids=["dp8", "dp4-tp2", "fsdp4", "dp2-pp2-tp2-1f1b", "dp4-pp2-gpipe", "dp2-cp4"])
+    ids=["dp8", "dp4-tp2", "fsdp4", "fsdp4-per-microbatch-acc2", "zero1-dp8", "zero2-dp4-tp2",
+         "dp2-pp2-tp2-1f1b", "dp4-pp2-gpipe", "dp4-pp2-circular-v2", "dp2-cp4"])
 def test_adapters_train_as_by_hand_and_frozen_weights_stay_bit_identical(layout):
-    start, want = _reference()
+    start, want = _reference(layout.get("layers", 2))
     engine = _engine(**layout)
     _, params = helpers.train(engine, BATCHES)
     adapters, frozen = _split(params)
     start_adapters, start_frozen = _split(start)
-    assert set(adapters) == set(want) and len(want) == 2 * 6 * 1
+    assert set(adapters) == set(want) and len(want) == 2 * 6
     assert_close(adapters, want, what="adapters after 2 SGD-momentum steps")
     assert any(np.abs(adapters[k] - start_adapters[k]).max() > 1e-3 for k in adapters)
     assert_identical(frozen, start_frozen, what="frozen weights")
@@ -173,3 +180,40 @@ def test_adapters_keep_no_activation_beside_their_weights_products():
     adapted = _temp_bytes(use_lora=True, batch=batch)
     full = _temp_bytes(use_lora=False, batch=batch)
     assert adapted <= full + 4096, (adapted, full)
+
+
+def test_a_mixture_with_router_state_updates_trains_its_adapters():
+    """Aux-loss-free balancing writes the router's bias as a state update (numbered among all
+    params, frozen ones included): with adapters it still lands on the bias, and only there."""
+    from titanax.modules.layers.moe import MoE  # pylint: disable=import-outside-toplevel
+    from titanax.modules.layers.router import Router  # pylint: disable=import-outside-toplevel
+    learner = helpers.sgd(LR)
+    cfg = Engine.default_config().set(
+        mesh=helpers.mesh((2,), ("data",), devices=[0, 1]),
+        plan=Plan.default_config().set(data_parallel=DP.default_config()),
+        model=Decoder.default_config().set(
+            **MODEL, num_layers=2, moe=MoE.default_config().set(
+                num_experts=4, top_k=2, hidden_dim=16,
+                router=Router.default_config().set(balance_rate=0.01))),
+        lora=LoRA.default_config().set(**LORA), learner=learner, loggers=[], log_every=1000,
+        precision=helpers.test_precision())
+    engine = cfg.instantiate()
+    engine.init_or_restore()
+    start = helpers.flat(jax.device_get(engine.canonical_params()))
+    _, params = helpers.train(engine, BATCHES)
+    moved = {k for k, v in helpers.flat(params).items()
+             if not np.array_equal(v, start[k]) and not lora_reference.is_adapter(k)}
+    assert moved and all("router" in k and "bias" in k for k in moved), moved
+
+
+def test_a_hand_written_step_is_refused_when_params_are_frozen():
+    from titanax import errors  # pylint: disable=import-outside-toplevel
+    from titanax.train.user_step import step_fn  # pylint: disable=import-outside-toplevel
+
+    @step_fn
+    def step(state, batch):
+        return state, {"loss": jnp.zeros(())}
+
+    engine = _engine(data=8)
+    with pytest.raises(errors.StepError, match="freezes some"):
+        engine.fit(step, data=iter(BATCHES), steps=1)

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import Configurable
+from titanax.modules.axis_binding import SEQUENCE
 from titanax.modules.initializers import Constant, FanAxes, VarianceScaling
 
 # The adapters' names beside their weight.
@@ -112,11 +113,14 @@ class LoRA(Configurable):
     def adapter_specs(self, specs: Dict[str, Any], *, adaptable: Sequence[str]) -> Dict[str, Any]:
         """``specs`` (a model's resolved ParameterSpecs) with every param frozen and an adapter
         pair beside each targeted weight. ``adaptable``: the paths of the weights whose layers
-        add the update (``BaseLayer.adaptable_weight_paths``). Refuses targets that match
-        nothing, and a matched param no layer would adapt (it would train nothing, silently)."""
+        add the update (``BaseLayer.adaptable_weight_paths``). A default pattern passes over a
+        weight its layer does not adapt (a mixture's experts; GPT-2 has no gated MLP); a pattern
+        of the user's must match adaptable weights only, and at least one -- a misspelled or
+        unadaptable target would otherwise train nothing, silently."""
         from titanax.modules.base_layer import ParameterSpec  # pylint: disable=import-outside-toplevel
         cfg = self.config
-        patterns = [re.compile(p) for p in cfg.targets]
+        patterns = [(p, re.compile(p), p in DEFAULT_TARGETS) for p in cfg.targets]
+        used = {p: False for p in cfg.targets}
         adapted: List[str] = []
 
         def visit(tree: Dict[str, Any], prefix: str) -> Dict[str, Any]:
@@ -127,26 +131,30 @@ class LoRA(Configurable):
                     out[name] = visit(spec, path)
                     continue
                 out[name] = self._frozen(spec)
-                if any(p.search(path) for p in patterns):
-                    if path not in adaptable and tuple(cfg.targets) == DEFAULT_TARGETS:
-                        continue  # (The defaults pass over what a layer cannot adapt.)
-                    if path not in adaptable:
+                matching = [(text, default) for text, pattern, default in patterns
+                            if pattern.search(path)]
+                if not matching:
+                    continue
+                if path not in adaptable:
+                    mine = [text for text, default in matching if not default]
+                    if mine:
                         raise errors.ConfigError(
-                            f"the LoRA targets match {path}, which its layer does not adapt",
-                            path="lora.targets",
-                            suggestion="adaptable weights of this model: "
-                                       + ", ".join(sorted(adaptable)[:12]))
-                    out[name + A_SUFFIX], out[name + B_SUFFIX] = self._pair(spec, path)
-                    adapted.append(path)
+                            f"the LoRA target {mine[0]!r} matches {path}, which its layer does "
+                            "not adapt", path="lora.targets", suggestion=_adaptable_text(adaptable))
+                    continue
+                for text, _ in matching:
+                    used[text] = True
+                out[name + A_SUFFIX], out[name + B_SUFFIX] = self._pair(spec, path)
+                adapted.append(path)
             return out
 
         result = visit(specs, "")
-        if not adapted:
-            raise errors.ConfigError(
-                "no param of the model matches the LoRA targets "
-                f"{list(cfg.targets)}", path="lora.targets",
-                suggestion="name weights by their paths (--explain lists them), e.g. "
-                           r"'(^|/)attn/q_weight$'")
+        unused = [text for text, _, default in patterns if not default and not used[text]]
+        if unused or not adapted:
+            what = (f"the LoRA target {unused[0]!r} matches no adaptable weight" if unused else
+                    f"no weight of the model matches the LoRA targets {list(cfg.targets)}")
+            raise errors.ConfigError(what, path="lora.targets",
+                                     suggestion=_adaptable_text(adaptable))
         return result
 
     @staticmethod
@@ -187,6 +195,15 @@ class LoRA(Configurable):
                              out_axes=range(len(b_dims) + 1, len(b_dims) + 1 + len(roles.outputs))),
             trainable=True)
         return a, b
+
+
+def _adaptable_text(adaptable: Sequence[str]) -> str:
+    if not adaptable:
+        return ("this model's layers adapt no weight (a Flax module's do not): train it without "
+                "LoRA (lora=None)")
+    shown = sorted(adaptable)
+    return ("patterns over these paths (regular expressions): " + ", ".join(shown[:12])
+            + (f" and {len(shown) - 12} more" if len(shown) > 12 else ""))
 
 
 def is_adapter(name: str) -> bool:
@@ -268,11 +285,26 @@ def low_rank_update(layer, equation: str, x: jax.Array, name: str) -> Optional[j
     rate = settings.dropout_rate if layer.is_training else 0.0
     x_in = x
     if rate:
-        keep = jax.random.bernoulli(jax.random.fold_in(layer.prng_key, _name_salt(name)),
-                                    1.0 - rate, x.shape)
+        keep = jax.random.bernoulli(_dropout_key(layer, spec, name), 1.0 - rate, x.shape)
         x_in = jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
     return _low_rank_product(x_in, a.astype(x.dtype), b.astype(x.dtype), a_eq=a_eq, b_eq=b_eq,
                              scale=settings.scale)
+
+
+def _dropout_key(layer, spec, name: str) -> jax.Array:
+    """The key of the dropout on the adapter's input: the layer's, salted by the weight, and
+    folded with this device's place along every dimension of ``x`` split across devices -- the
+    weight's input features (a row-parallel projection's heads / mlp) and a context-parallel
+    sequence -- so each shard of ``x`` gets its own mask, as one device would draw (a dimension
+    whose copies every device holds keeps one mask)."""
+    key = jax.random.fold_in(layer.prng_key, _name_salt(name))
+    binding = layer.axis_binding
+    names = [spec.logical_axes[d] for d in weight_roles(spec, path=name).inputs] \
+        if spec.logical_axes is not None else []
+    for dim in names + [SEQUENCE]:
+        if dim is not None and binding.active(dim) is not None:
+            key = jax.random.fold_in(key, binding.rank(dim))
+    return key
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))

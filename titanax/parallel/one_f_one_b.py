@@ -231,10 +231,11 @@ class _Ticks:
         _, vjp = jax.vjp(lambda sp, xx: self.f.run_stage(sp, xx, m)[0], self.staged, x)
         d_stage, dx = vjp(carry["grads_in"][m % self.stages])
         carry = dict(carry, g_stage=_add(carry["g_stage"], d_stage))
-        if first and jax.tree_util.tree_leaves(self.outside):
+        if first:
             # (Outside params all frozen -- LoRA: train/trainable.py -- have no gradient.)
-            _, input_vjp = jax.vjp(lambda op: self.f.first_input(op, m), self.outside)
-            carry = dict(carry, g_outside=_add(carry["g_outside"], input_vjp(dx)[0]))
+            if jax.tree_util.tree_leaves(self.outside):
+                _, input_vjp = jax.vjp(lambda op: self.f.first_input(op, m), self.outside)
+                carry = dict(carry, g_outside=_add(carry["g_outside"], input_vjp(dx)[0]))
             return carry, self.zeros_act, self.zeros_act
         return carry, self.zeros_act, dx
 

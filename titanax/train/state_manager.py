@@ -246,7 +246,10 @@ class StateManager:
         return state.replace(params=params, opt_state=opt_state)
 
     def _paths(self) -> Any:
-        return sharding.tree_paths(self.layout.parameter_specs, is_leaf=rules.is_param_leaf)
+        """The paths of the params the optimizer state covers (the trainable ones): how the
+        stack view finds each state leaf's param."""
+        return self.strategy.trainable.select(
+            sharding.tree_paths(self.layout.parameter_specs, is_leaf=rules.is_param_leaf))
 
     def _layout_converter(self, direction: str):
         """The jitted conversion between the view and the canonical layout (built once per

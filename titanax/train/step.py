@@ -112,7 +112,9 @@ class StepSetup:
                                     loss_relation=self.gradients.loss_relation,
                                     scatter_dims=strategy.scatter_dims,
                                     shard_axis=strategy.shard_axis,
-                                    param_layout=strategy.trained_param_specs,
+                                    # Every param's (state updates are numbered among all
+                                    # of them, frozen ones included).
+                                    param_layout=strategy.param_specs,
                                     fold_axes=self.fold_axes,
                                     layer_summed=self.layer_summed_axes)
 

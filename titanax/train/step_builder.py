@@ -92,6 +92,12 @@ class StepBuilder:
                                        suggestion="configure a model, or pass a @step_fn to fit")
             return step_lib.ModelStep(self.setup)
         self.plan.check_hand_written_step(state_split=self.strategy.shard_axis is not None)
+        if not self.strategy.trainable.everything:
+            raise errors.StepError(
+                "a hand-written @step_fn applies its gradients to every param, and this run "
+                "freezes some (lora)", path="lora",
+                suggestion="set lora=None for a hand-written step, or let the engine run its "
+                           "model step")
         return UserStep(step_fn, axes=self.axes, data_axis=self.plan.dp_axis,
                         param_specs=self.layout.param_specs, precision=self.precision)
 
