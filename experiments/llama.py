@@ -22,9 +22,11 @@ from typing import Optional
 
 from titanax.config import register_experiment
 from titanax.data.packed import PackedDocuments
+from titanax.data.preference import PreferencePairs
 from titanax.data.pipeline import Input
 from titanax.modules.lora import LoRA
 from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
+from titanax.modules.preference import Preference
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import ZeRO
 from titanax.runtime.mesh import MeshSpec
@@ -153,6 +155,34 @@ def llama_tiny_lora_sft():
     export the adapters with ``python -m titanax.export --format=peft``."""
     cfg = llama_tiny_sft()
     cfg.lora = LoRA.default_config()
+    return cfg
+
+
+def _preference_input(split: str, *, batch_size: int, seq_len: int, seed: int = 0):
+    return Input.default_config().set(
+        source=PreferencePairs.default_config().set(seq_len=seq_len, split=split),
+        global_batch_size=batch_size, seed=seed)
+
+
+@register_experiment
+def llama_tiny_dpo():
+    """llama_tiny's model tuned with DPO (the sigmoid loss, beta 0.1) on the user's JSONL
+    {"prompt", "chosen", "rejected"} records (or TRL's conversational form) given by
+    --config.train_input.source.files, usually with --config.init_from=<HF dir>; the reference
+    is the starting weights (a frozen copy; with --config.lora: the base, adapters off) or
+    --config.reference_from=<HF dir>. The evaler reads the held-out pairs: its accuracy is
+    rewards/accuracies there."""
+    cfg = llama_tiny_dp_tp()
+    cfg.train_input = _preference_input("train", batch_size=16, seq_len=64)
+    cfg.evalers["heldout"].input = _preference_input("test", batch_size=16, seq_len=64, seed=1)
+    cfg.evalers["heldout"].num_batches = 2
+    cfg.evalers["heldout"].every_n_steps = 50
+    cfg.preference = Preference.default_config()
+    cfg.learner.optimizer.learning_rate.peak_value = 5e-4
+    cfg.learner.optimizer.learning_rate.warmup_steps = 10
+    cfg.learner.optimizer.weight_decay = 0.0
+    cfg.max_steps = 200
+    cfg.log_every = 10
     return cfg
 
 

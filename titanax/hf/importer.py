@@ -208,8 +208,10 @@ def params_for_engine(engine: Any, directory: str) -> Any:
     config must be the one the directory describes (``model_config``)."""
     engine.build()
     model_cfg = engine.model.config
-    # A LoRA run's adapters are not in the directory (the engine adds them).
+    # A LoRA run's adapters and a preference run's reference copy are not in the directory
+    # (the engine adds them).
     partition_specs, _ = lora.split_adapters(engine.layout.canonical_param_specs)
+    partition_specs = {k: v for k, v in partition_specs.items() if k != "reference"}
     return import_params(directory, model_cfg=model_cfg,
                          parameter_specs=engine.model.create_parameter_specs_recursively(),
                          mesh=engine.mesh, partition_specs=partition_specs,

@@ -16,6 +16,7 @@ the metrics window, evaluation and ``explain``. It never asks which parallel kin
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence
 
 import jax
@@ -27,9 +28,11 @@ from titanax.config import Configurable
 from titanax.data.pipeline import Input
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules import axis_binding
-from titanax.modules.base_layer import BaseLayer
+from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.modules import lora as lora_lib
 from titanax.modules.lora import LoRA
+from titanax.modules.models.language_model import REFERENCE
+from titanax.modules.preference import Preference
 from titanax.observe import hlo
 from titanax.observe.loggers import Basic, Logger
 from titanax.observe.profiler import Profile
@@ -88,6 +91,12 @@ class Engine(Configurable):
         # Low-rank adapters on the model's weights, every other param frozen (modules/lora.py);
         # None: every param is trained.
         lora: Optional[LoRA.Config] = None
+        # Train on preference pairs (data/preference.py) with this loss (modules/preference.py:
+        # DPO and its family); None: the model's own loss.
+        preference: Optional[Preference.Config] = None
+        # A Hugging Face directory of the reference model of a preference loss; None: the
+        # starting weights (with LoRA: the base, its adapters off -- no second copy).
+        reference_from: Optional[str] = None
         # Global seed of every PRNG stream.
         seed: int = 0
         # Log (and check the loss for NaN/Inf) every this many steps.
@@ -171,6 +180,9 @@ class Engine(Configurable):
             raise errors.ConfigError("LoRA adapts a configured model's weights; a hand-written "
                                      "step has none", path="lora",
                                      suggestion="configure a model, or set lora=None")
+        self.preference: Optional[Preference] = (cfg.preference.instantiate()
+                                                 if cfg.preference is not None else None)
+        self._check_preference()
         if self.model is not None:
             self.plan.check_model(self.model, self.mesh)
             # The layers' logical dimensions take their mesh axes from the plan's binding.
@@ -179,13 +191,41 @@ class Engine(Configurable):
         self._built = True
         return self
 
+    def _check_preference(self) -> None:
+        cfg = self.config
+        if cfg.reference_from is not None and (self.preference is None
+                                               or not self.preference.needs_reference):
+            raise errors.ConfigError(
+                "names the reference of a preference loss, and this run has "
+                + ("none" if self.preference is None else
+                   f"a reference-free one ({self.preference.config.loss})"),
+                path="reference_from", suggestion="set preference.loss to sigmoid, ipo or "
+                                                  "hinge, or drop reference_from")
+        if self.preference is not None and cfg.plan.context_parallel is not None:
+            raise errors.PlanError(
+                "a preference loss sums each completion's log-probs over its whole row, which "
+                "context parallelism splits", path="plan.context_parallel",
+                suggestion="train preferences without context parallelism (DP, TP, FSDP)")
+
+    @property
+    def holds_reference(self) -> bool:
+        """Whether the params hold a frozen copy of the reference model (``reference``): a
+        preference loss with a reference, unless LoRA's base (adapters off) is it."""
+        return (self.preference is not None and self.preference.needs_reference
+                and (self.lora is None or self.config.reference_from is not None))
+
     def model_specs(self) -> Any:
         """The model's ParameterSpecs, with its LoRA adapters beside their weights (and the
-        rest frozen) when the run has them."""
-        specs = self.model.create_parameter_specs_recursively()
-        if self.lora is None:
-            return specs
-        return self.lora.adapter_specs(specs, adaptable=self.model.adaptable_weight_paths())
+        rest frozen) when the run has them, and a frozen copy of them as the reference model
+        when its preference loss needs one (``holds_reference``)."""
+        own = self.model.create_parameter_specs_recursively()
+        specs = own if self.lora is None else self.lora.adapter_specs(
+            own, adaptable=self.model.adaptable_weight_paths())
+        if self.holds_reference:
+            specs = dict(specs, **{REFERENCE: jax.tree_util.tree_map(
+                lambda s: dataclasses.replace(s, trainable=False), own,
+                is_leaf=lambda x: isinstance(x, ParameterSpec))})
+        return specs
 
     def _set_layout(self, parameter_specs: Any) -> None:
         """The layout pipeline over ``parameter_specs``, and the parts that read it."""
@@ -212,7 +252,7 @@ class Engine(Configurable):
                                  nan_policy=self.config.nan_policy,
                                  recompile_policy=self.config.recompile_policy,
                                  lora_settings=self.lora.settings() if self.lora is not None
-                                 else None)
+                                 else None, objective=self.preference)
 
     def _declare(self, params: Any) -> None:
         """Layouts for a hand-written step's params (the plan's rules over their shapes)."""
@@ -240,9 +280,14 @@ class Engine(Configurable):
     # --- The train state (built, restored and saved by self.states) -----------------------------
 
     def init_state(self, params: Any = None) -> TrainState:
-        """A fresh state: params initialised (or ``params`` placed) in their shards."""
+        """A fresh state: params initialised (or ``params`` placed) in their shards; a
+        preference run's reference copy, when initialised here, is the starting weights."""
         self._declare(params)
         self.state = self.states.init_state(params)
+        if params is None and self.model is not None and self.holds_reference:
+            start = self.state.params
+            self.state = self.state.replace(params=dict(start, **{REFERENCE: _copies(
+                lora_lib.split_adapters({k: v for k, v in start.items() if k != REFERENCE})[0])}))
         return self.state
 
     def restore(self, *, params: Any = None, step: Optional[int] = None,
@@ -274,6 +319,12 @@ class Engine(Configurable):
         self.build()
         fine_tune.check_model_matches(self.model.config, self.config.init_from)
         params = importer.params_for_engine(self, self.config.init_from)
+        if self.holds_reference:  # The reference: another directory, or the starting weights.
+            reference = self.config.reference_from
+            if reference is not None:
+                fine_tune.check_model_matches(self.model.config, reference)
+            params = dict(params, **{REFERENCE: importer.params_for_engine(
+                self, reference) if reference is not None else _copies(params)})
         if self.lora is not None:  # The directory holds the base; the adapters start fresh.
             params = lora_lib.join_adapters(params, self.states.initial_adapters())
         if jax.process_index() == 0:
@@ -529,3 +580,8 @@ class Engine(Configurable):
         for logger in self._loggers or []:
             logger.close()
 
+
+def _copies(tree: Any) -> Any:
+    """Arrays of their own with the same values and shardings (a state holds no buffer twice:
+    the step donates it)."""
+    return jax.tree_util.tree_map(lambda x: x.copy(), tree)

@@ -134,8 +134,11 @@ class ModelGradients:
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  batch_axes: Sequence[str] = (), accumulate_steps: int = 1,
                  gathering: Optional[ParamGathering] = None,
-                 trainable: Optional[Trainable] = None):
+                 trainable: Optional[Trainable] = None, objective: Optional[Any] = None):
         self.model = model
+        # A preference objective (modules/preference.py): the model's preference_forward with
+        # it, instead of its forward (None).
+        self.objective = objective
         self.gathering = gathering
         # The params differentiated (None: all); the frozen ones only run the forward.
         self.trainable = trainable
@@ -158,9 +161,16 @@ class ModelGradients:
     def eval_loss(self, params: Any, batch: Any) -> Tuple[jax.Array, Dict[str, jax.Array]]:
         """``(loss, aux)`` of a forward pass in evaluation mode, on this device's rows."""
         inputs = self.precision.cast_for_compute(batch)
+        call_inputs, method = self.call(inputs)
         (loss, aux), _ = functional(self.model, None, self.precision.cast_for_compute(params),
-                                    (inputs,), is_training=False)
+                                    call_inputs, is_training=False, **method)
         return at_least_float32(loss), aux
+
+    def call(self, inputs: Any) -> Tuple[Tuple[Any, ...], Dict[str, str]]:
+        """``(inputs, {"method": ...})`` of the model call that gives ``(loss, aux)``."""
+        if self.objective is None:
+            return (inputs,), {}
+        return (inputs, self.objective), {"method": "preference_forward"}
 
     @staticmethod
     def schedule_metrics(local_rows: int) -> Dict[str, float]:
@@ -245,8 +255,9 @@ class ModelGradients:
     def _objective(self, params, batch, key, loss_scale, *, stored, capacity):
         compute_params = self.precision.cast_for_compute(params)
         inputs = self.precision.cast_for_compute(batch)
-        (loss, aux), collection = functional(self.model, key, compute_params, (inputs,),
-                                             is_training=True)
+        call_inputs, method = self.call(inputs)
+        (loss, aux), collection = functional(self.model, key, compute_params, call_inputs,
+                                             is_training=True, **method)
         loss = at_least_float32(loss)
         count = loss_count(aux) if self.weighted else None
         weight = None if count is None else jax.lax.stop_gradient(count) / capacity

@@ -29,8 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from titanax import errors
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.context import expand_vector_metrics
+from titanax.modules.models.language_model import OBJECTIVE_METRICS
 from titanax.parallel import collectives, sharding
 from titanax.train import learner as learner_lib
 from titanax.train import state_updates
@@ -75,6 +77,8 @@ class StepSetup:
     # Batch axes whose layers sum the gradients of the params split over them (the expert
     # axis: reducer.py's layer_summed_axes).
     layer_summed_axes: Tuple[str, ...] = ()
+    # A preference objective (modules/preference.py; None: the model's own loss).
+    objective: Optional[Any] = None
 
     @property
     def axes(self) -> Tuple[str, ...]:
@@ -90,6 +94,11 @@ class StepSetup:
         """The gradient computer: pipelined when the plan has a pipeline, else plain or
         microbatched."""
         if self.pipeline is not None:
+            if self.objective is not None:
+                raise errors.PlanError(
+                    "a preference objective runs the model's preference_forward, which the "
+                    "pipeline schedules do not stage yet", path="plan.pipeline_parallel",
+                    suggestion="train preferences without pipeline_parallel (DP, TP, FSDP)")
             return PipelinedGradients(
                 model=self.model, precision=self.precision, mesh_shape=self.mesh_shape,
                 batch_axes=self.batch_axes, pipeline=self.pipeline.instantiate(),
@@ -97,7 +106,7 @@ class StepSetup:
         return ModelGradients(model=self.model, precision=self.precision,
                               mesh_shape=self.mesh_shape, batch_axes=self.batch_axes,
                               accumulate_steps=self.accumulate_steps, gathering=self.gathering,
-                trainable=self.state_sharding.trainable)
+                trainable=self.state_sharding.trainable, objective=self.objective)
 
     @functools.cached_property
     def gathering(self) -> Optional[ParamGathering]:
@@ -176,6 +185,13 @@ def _apply_update(setup: StepSetup, state: TrainState, reduced: Reduced):
                        "loss_finite": loss_finite.astype(jnp.float32)}
 
 
+def objective_metrics_by_name(metrics: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
+    """The model's objective metrics (summaries ``metrics/<name>`` of its root: a preference
+    objective's ``rewards/chosen`` ...) under their own names, as TRL reports them."""
+    prefix = f"summaries/{OBJECTIVE_METRICS}/"
+    return {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in metrics.items()}
+
+
 def _all_devices(flag: jax.Array) -> jax.Array:
     """True on every device iff ``flag`` is true on every device (an invariant result)."""
     axes = tuple(sorted(collectives.varying_axes(flag)))
@@ -186,7 +202,7 @@ def _all_devices(flag: jax.Array) -> jax.Array:
 
 def _metrics(setup: StepSetup, state: TrainState, reduced_metrics: Dict[str, jax.Array],
              stats) -> Dict[str, jax.Array]:
-    metrics = expand_vector_metrics(reduced_metrics)
+    metrics = objective_metrics_by_name(expand_vector_metrics(reduced_metrics))
     if setup.batch_axes and not setup.sync_metrics:
         metrics = {k: v[None] for k, v in metrics.items()}
         stats = {k: v[None] for k, v in stats.items()}

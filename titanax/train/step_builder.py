@@ -39,10 +39,13 @@ class StepBuilder:
                  model: Any, precision: Precision, adapter: learner_lib.OptimizerAdapter,
                  learner: learner_lib.Learner, nan_policy: str = "stop",
                  recompile_policy: str = "error",
-                 lora_settings: Optional[lora.AdapterSettings] = None):
+                 lora_settings: Optional[lora.AdapterSettings] = None,
+                 objective: Optional[Any] = None):
         self.mesh, self.plan, self.layout, self.strategy = mesh, plan, layout, strategy
         # How the model's LoRA adapters run (modules/lora.py; None: it has none).
         self.lora_settings = lora_settings
+        # A preference objective the model's step trains (None: the model's own loss).
+        self.objective = objective
         self.model, self.precision = model, precision
         self.adapter, self.learner = adapter, learner
         self.nan_policy, self.recompile_policy = nan_policy, recompile_policy
@@ -65,7 +68,7 @@ class StepBuilder:
             state_sharding=self.strategy, nan_policy=self.nan_policy,
             sync_metrics=dp.sync_metrics if dp is not None else True,
             pipeline=self.plan.config.pipeline_parallel, fold_axes=batch.fold_axes,
-            layer_summed_axes=batch.layer_summed_axes)
+            layer_summed_axes=batch.layer_summed_axes, objective=self.objective)
 
     # --- Batches -------------------------------------------------------------------------------
 

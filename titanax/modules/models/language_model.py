@@ -160,11 +160,82 @@ class CausalLanguageModel(BaseLayer):
 
     @nowrap
     def input_limits(self) -> Dict[str, InputLimit]:
-        """Ids below vocab_size, at most max_seq_len positions (checked on the host)."""
+        """Ids below vocab_size, at most max_seq_len positions (checked on the host) -- of
+        plain rows and of preference pairs' two rows."""
         cfg = self.config
         limit = InputLimit(num_ids=cfg.vocab_size, num_ids_field="vocab_size",
                            max_length=cfg.max_seq_len, max_length_field="max_seq_len")
-        return {"input_ids": limit, "target_ids": limit}
+        names = [f"{side}{name}" for side in ("", "chosen_", "rejected_")
+                 for name in ("input_ids", "target_ids")]
+        return {name: limit for name in names}
+
+    # --- Preference tuning (modules/preference.py) ----------------------------------------------
+
+    def sequence_logps(self, input_ids: jax.Array, target_ids: jax.Array,
+                       weights: jax.Array) -> jax.Array:
+        """Per row, the summed log-probs of its weighted targets (a completion's log-prob
+        given what precedes each of its tokens), float32 or wider."""
+        per_token = self.token_losses(self.hidden_states(input_ids), target_ids)
+        return -jnp.sum(at_least_float32(per_token) * at_least_float32(weights), axis=-1)
+
+    def preference_forward(self, batch: Dict[str, jax.Array], objective: Any
+                           ) -> Tuple[jax.Array, Dict[str, Any]]:
+        """``objective``'s loss (a ``Preference``) on pairs ``batch["chosen_*"]`` /
+        ``batch["rejected_*"]`` (data/preference.py), both completions in one pass. The
+        reference's log-probs: from the frozen copy of the weights under ``reference`` (the
+        engine adds it), else -- a LoRA run -- this model with its adapters off; evaluation
+        mode, no gradient. Returns ``(mean loss over the pairs, aux)``: ``loss_sum``,
+        ``num_examples`` and ``num_correct`` (pairs whose chosen reward is higher); TRL's
+        metrics as summaries ``metrics/rewards/chosen`` ... ``metrics/logps/rejected``."""
+        from titanax.modules import lora  # pylint: disable=import-outside-toplevel
+        from titanax.modules.module import functional  # pylint: disable=import-outside-toplevel
+        sides = ("chosen", "rejected")
+        rows = {name: jnp.concatenate([batch[f"{side}_{name}"] for side in sides])
+                for name in ("input_ids", "target_ids", "weights")}
+        pairs = batch["chosen_input_ids"].shape[0]
+        row_inputs = (rows["input_ids"], rows["target_ids"], rows["weights"])
+
+        def halves(values):
+            return {"chosen": values[:pairs], "rejected": values[pairs:]}
+
+        policy = halves(self.sequence_logps(*row_inputs))
+        reference = None
+        if objective.needs_reference:
+            params = self.parameters
+            own = params.get(REFERENCE) if isinstance(params, dict) else None
+            if own is not None:
+                values, _ = functional(self, None, own, row_inputs, method="sequence_logps",
+                                       is_training=False)
+            else:
+                with lora.disabled():
+                    values, _ = functional(self, None, params, row_inputs,
+                                           method="sequence_logps", is_training=False)
+            reference = halves(jax.lax.stop_gradient(values))
+        tokens = halves(jnp.sum(at_least_float32(rows["weights"]), axis=-1))
+        out = objective.pair_losses(policy=policy, reference=reference, tokens=tokens)
+        weights = batch.get("weights")  # Per pair: 0 for a padding row of the last batch.
+        weights = (jnp.ones((pairs,), out.loss.dtype) if weights is None
+                   else at_least_float32(weights).reshape(pairs))
+        count = jnp.sum(weights)
+        loss_sum = jnp.sum(out.loss * weights)
+        loss = loss_sum / jnp.maximum(count, 1.0)
+        if objective.config.loss == "orpo":  # Its SFT term: the chosen completions' NLL.
+            nll = -jnp.sum(policy["chosen"] * weights) / jnp.maximum(
+                jnp.sum(tokens["chosen"] * weights), 1.0)
+            loss = loss + nll
+            loss_sum = loss * count
+        mean = lambda v: jnp.sum(v * weights) / jnp.maximum(count, 1.0)  # noqa: E731
+        correct = (out.chosen_rewards > out.rejected_rewards).astype(weights.dtype)
+        for name, value in (("rewards/chosen", out.chosen_rewards),
+                            ("rewards/rejected", out.rejected_rewards),
+                            ("rewards/accuracies", correct),
+                            ("rewards/margins", out.chosen_rewards - out.rejected_rewards),
+                            ("logps/chosen", policy["chosen"]),
+                            ("logps/rejected", policy["rejected"])):
+            self.add_summary(f"{OBJECTIVE_METRICS}/{name}", mean(jax.lax.stop_gradient(value)))
+        loss = add_moe_objective(loss, self.collected_outputs())
+        return loss, {"loss_sum": loss_sum, "num_examples": count,
+                      "num_correct": jnp.sum(correct * weights)}
 
     # --- Pipeline parallelism: how the model splits into stages (modules/pipeline_parts.py) -----
 
@@ -189,6 +260,12 @@ class CausalLanguageModel(BaseLayer):
     def loss_weight(self, batch: Dict[str, jax.Array]) -> jax.Array:
         """What ``forward``'s loss is a mean over: the (weighted) number of target tokens."""
         return jnp.sum(token_weights(batch, batch["target_ids"].shape))
+
+
+# The params key of a preference run's frozen reference weights (the engine adds it), and the
+# summaries an objective reports under its own metric names (``metrics/<name>`` -> ``<name>``).
+REFERENCE = "reference"
+OBJECTIVE_METRICS = "metrics"
 
 
 def document_inputs(batch: Dict[str, Any]) -> Dict[str, jax.Array]:

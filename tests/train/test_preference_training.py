@@ -1,0 +1,145 @@
+"""Preference tuning through the engine (``--config.preference``): every loss at the start, where
+the policy is its reference (DPO's is log 2, hinge's 1, IPO's 1 / (2 beta)^2, the rewards 0);
+the reference -- a frozen copy of the starting weights, or with LoRA the base -- never moves;
+TRL's metric names in metrics.csv; and ``llama_tiny_dpo`` learning a synthetic preference with
+and without LoRA."""
+
+import csv
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from tests.environment import child_environment
+from tests.numerics import assert_identical
+from tests.train import helpers
+from titanax import errors
+from titanax.data.pipeline import Input
+from titanax.data.preference import PreferencePairs
+from titanax.modules.lora import LoRA
+from titanax.modules.models.decoder import Decoder
+from titanax.modules.preference import Preference
+from titanax.parallel.context_parallel import CP
+from titanax.parallel.plan import DP, TP, Plan
+from titanax.train.engine import Engine
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = dict(name="llama", vocab_size=256, max_seq_len=32, num_layers=2, model_dim=32,
+             num_heads=4, num_kv_heads=2, hidden_dim=48)
+WORDS = ["apple", "river", "stone", "cloud", "ember", "maple", "tiger", "lemon", "quill", "ocean"]
+
+
+def synthetic_pairs(path, count=600, seed=0):
+    """Prompts "<a> <b> ->": the chosen answer swaps the words, the rejected one echoes them."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(count):
+            a, b = rng.sample(WORDS, 2)
+            f.write(json.dumps({"prompt": f"{a} {b} ->", "chosen": f" {b} {a}.",
+                                "rejected": f" {a} {b}."}) + "\n")
+    return str(path)
+
+
+def _engine(files, *, loss="sigmoid", lora=False, model=1, **changes):
+    plan = Plan.default_config().set(data_parallel=DP.default_config(),
+                                     tensor_parallel=TP.default_config() if model > 1 else None)
+    axes = ("data", "model") if model > 1 else ("data",)
+    cfg = Engine.default_config().set(
+        mesh=helpers.mesh((8 // model, model) if model > 1 else (8,), axes),
+        plan=plan, model=Decoder.default_config().set(**MODEL),
+        train_input=Input.default_config().set(
+            source=PreferencePairs.default_config().set(files=[files], seq_len=32),
+            global_batch_size=16),
+        preference=Preference.default_config().set(loss=loss),
+        lora=LoRA.default_config().set(rank=4) if lora else None,
+        learner=helpers.adam(1e-3), loggers=[], log_every=1, max_steps=3)
+    return cfg.set(**changes).instantiate()
+
+
+# loss -> its value where the policy is its reference (beta 0.1), None: depends on the model.
+AT_THE_START = {"sigmoid": math.log(2.0), "hinge": 1.0, "ipo": (1 / (2 * 0.1)) ** 2,
+                "simpo": None, "orpo": None}
+
+
+@pytest.mark.parametrize("loss", sorted(AT_THE_START))
+def test_each_loss_starts_where_the_policy_is_its_reference_and_trains(tmp_path, loss):
+    engine = _engine(synthetic_pairs(tmp_path / "p.jsonl"), loss=loss)
+    engine.fit(steps=3)
+    first, last = engine.history[0], engine.history[-1]
+    if AT_THE_START[loss] is not None:
+        assert abs(first["loss"] - AT_THE_START[loss]) < 1e-5 * AT_THE_START[loss], first
+        assert first["rewards/chosen"] == first["rewards/rejected"] == 0.0
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                 "logps/chosen", "logps/rejected"):
+        assert np.isfinite(last[name]), (name, last)
+    assert last["logps/chosen"] < 0 and last["loss"] < first["loss"], (first, last)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["frozen-copy", "lora-base"])
+def test_the_reference_never_moves(tmp_path, lora):
+    engine = _engine(synthetic_pairs(tmp_path / "p.jsonl"), lora=lora, model=2)
+    engine.init_or_restore()
+    params = jax.device_get(engine.canonical_params())
+    assert ("reference" in params) == (not lora)
+    start = helpers.flat(params)
+    engine.fit(steps=3)
+    end = helpers.flat(jax.device_get(engine.canonical_params()))
+    frozen = [k for k in start if k.startswith("reference/") or (lora and "_lora_" not in k)]
+    assert frozen
+    assert_identical({k: end[k] for k in frozen}, {k: start[k] for k in frozen},
+                     what="the reference")
+    if not lora:  # The copy is the starting policy; the policy moved.
+        policy = [k for k in start if not k.startswith("reference/")]
+        for k in policy:
+            np.testing.assert_array_equal(start[f"reference/{k}"], start[k])
+        assert any(not np.array_equal(end[k], start[k]) for k in policy)
+    # The optimizer holds state for the trained params only.
+    sizes = sorted(x.size for x in jax.tree_util.tree_leaves(engine.state.opt_state)
+                   if x.size > 1)
+    trained = sorted(v.size for k, v in end.items()
+                     if (("_lora_" in k) if lora else not k.startswith("reference/")))
+    assert sizes == sorted(trained * 2)  # Adam: two moments each.
+
+
+def test_misplaced_reference_options_are_refused(tmp_path):
+    files = synthetic_pairs(tmp_path / "p.jsonl", count=40)
+    with pytest.raises(errors.ConfigError, match="reference-free"):
+        _engine(files, loss="simpo", reference_from=str(tmp_path)).build()
+    with pytest.raises(errors.ConfigError, match="has none"):
+        _engine(files, reference_from=str(tmp_path), preference=None).build()
+    with pytest.raises(errors.PlanError, match="context parallelism"):
+        _engine(files, mesh=helpers.mesh((2, 4), ("data", "context")),
+                plan=Plan.default_config().set(
+                    data_parallel=DP.default_config(),
+                    context_parallel=CP.default_config().set(axis="context"))).build()
+
+
+def _launch(tmp_path, name, *flags):
+    run = str(tmp_path / name)
+    result = subprocess.run(
+        [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_dpo", "--cpu_devices=8",
+         f"--trainer_dir={run}", *flags], cwd=REPO_ROOT, env=child_environment(quick_backend=True),
+        capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(os.path.join(run, "metrics.csv"), encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_llama_tiny_dpo_learns_a_synthetic_preference(tmp_path, lora):
+    files = synthetic_pairs(tmp_path / "pairs.jsonl")
+    rows = _launch(tmp_path, "run", f"--config.train_input.source.files=['{files}']",
+                   *(["--config.lora.rank=8"] if lora else []))  # 200 steps, ~25 s.
+    for name in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                 "rewards/margins"):
+        assert name in rows[0], sorted(rows[0])
+    held_out = [float(r["heldout/accuracy"]) for r in rows if r.get("heldout/accuracy")]
+    train = [float(r["rewards/accuracies"]) for r in rows if r.get("rewards/accuracies")]
+    assert held_out and held_out[-1] >= 0.9, held_out
+    assert np.mean(train[-5:]) >= 0.9, train

@@ -1,0 +1,100 @@
+"""Preference losses: how a policy's log-probs of a chosen and a rejected completion (and a
+reference model's) become a loss per pair -- DPO (``sigmoid``), IPO, ``hinge``, SimPO, ORPO.
+
+Inputs per pair: the summed log-probs of each completion's tokens under the policy (``pc``,
+``pr``) and the reference (``rc``, ``rr``; the reference-free losses take none), and each
+completion's token count (``nc``, ``nr``). With ``beta``:
+
+- ``sigmoid`` (DPO): ``-log sigmoid(beta * ((pc - rc) - (pr - rr)))``;
+- ``hinge``: ``relu(1 - beta * ((pc - rc) - (pr - rr)))``;
+- ``ipo``: ``((pc - rc) / nc - (pr - rr) / nr - 1 / (2 beta))^2`` -- the log-ratios per
+  completion token, as TRL's IPO (its authors' normalisation);
+- ``simpo`` (reference-free): ``-log sigmoid(beta * (pc / nc - pr / nr) - simpo_gamma)``, the
+  log-probs per token and a target margin ``simpo_gamma`` (TRL's ``simpo_gamma / beta`` inside);
+- ``orpo`` (reference-free): the chosen completions' NLL (the mean over their tokens) plus
+  ``-beta * log sigmoid(log odds(chosen) - log odds(rejected))``, each completion's odds from its
+  per-token log-prob ``l``: ``log odds = l - log(1 - exp(l))``.
+
+The rewards TRL logs: ``beta * (p - r)`` with a reference, ``beta * p / n`` without. Numbers in
+float32 (or wider).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Literal, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from titanax.config import Configurable
+
+LOSSES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
+
+
+class PairLosses(NamedTuple):
+    """Per pair: the loss (ORPO's without its NLL term, which is a mean over tokens, not pairs),
+    and the rewards of the chosen and the rejected completion."""
+
+    loss: jax.Array
+    chosen_rewards: jax.Array
+    rejected_rewards: jax.Array
+
+
+class Preference(Configurable):
+    """A preference objective (``--config.preference``)."""
+
+    class Config(Configurable.Config):
+        # sigmoid (DPO) | ipo | hinge | simpo | orpo.
+        loss: Literal["sigmoid", "ipo", "hinge", "simpo", "orpo"] = "sigmoid"
+        # The loss's temperature (DPO's beta; IPO's tau; ORPO's lambda on its odds-ratio term).
+        beta: float = 0.1
+        # SimPO's target reward margin gamma (in units of beta x per-token log-prob).
+        simpo_gamma: float = 0.5
+
+        def _validate_values(self):
+            if self.loss not in LOSSES:
+                yield "loss", f"must be one of {', '.join(LOSSES)}, got {self.loss!r}"
+            if not (math.isfinite(self.beta) and self.beta > 0):
+                yield "beta", f"must be a finite number > 0, got {self.beta}"
+            if not math.isfinite(self.simpo_gamma):
+                yield "simpo_gamma", f"must be finite, got {self.simpo_gamma}"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.config.loss not in ("simpo", "orpo")
+
+    def pair_losses(self, *, policy: Dict[str, jax.Array],
+                    reference: Optional[Dict[str, jax.Array]],
+                    tokens: Dict[str, jax.Array]) -> PairLosses:
+        """``policy`` / ``reference``: ``{"chosen": [pairs], "rejected": [pairs]}`` summed
+        log-probs; ``tokens``: the completions' token counts, alike."""
+        cfg = self.config
+        beta = cfg.beta
+        pc, pr = policy["chosen"], policy["rejected"]
+        nc, nr = (jnp.maximum(tokens[s], 1.0) for s in ("chosen", "rejected"))
+        if self.needs_reference:
+            chosen_ratio, rejected_ratio = pc - reference["chosen"], pr - reference["rejected"]
+            margin = chosen_ratio - rejected_ratio
+            if cfg.loss == "sigmoid":
+                loss = -jax.nn.log_sigmoid(beta * margin)
+            elif cfg.loss == "hinge":
+                loss = jax.nn.relu(1.0 - beta * margin)
+            else:  # ipo
+                loss = (chosen_ratio / nc - rejected_ratio / nr - 1.0 / (2.0 * beta)) ** 2
+            rewards = (beta * chosen_ratio, beta * rejected_ratio)
+        else:
+            chosen_mean, rejected_mean = pc / nc, pr / nr
+            if cfg.loss == "simpo":
+                loss = -jax.nn.log_sigmoid(beta * (chosen_mean - rejected_mean) - cfg.simpo_gamma)
+            else:  # orpo
+                log_odds = ((chosen_mean - rejected_mean)
+                            - (_log1mexp(chosen_mean) - _log1mexp(rejected_mean)))
+                loss = -beta * jax.nn.log_sigmoid(log_odds)
+            rewards = (beta * chosen_mean, beta * rejected_mean)
+        return PairLosses(loss, *(jax.lax.stop_gradient(r) for r in rewards))
+
+
+def _log1mexp(x: jax.Array) -> jax.Array:
+    """``log(1 - exp(x))`` for ``x < 0``, accurate near 0 and far below it."""
+    return jnp.where(x > -math.log(2.0), jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(x)))
