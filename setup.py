@@ -11,7 +11,8 @@ BENCHMARK_EXTRAS = ["matplotlib>=3.8"]
 # Reference implementations for the Hugging Face parity tests (tiny random models built in the
 # test). torch is pinned to the CPU build this machine kind keeps on disk: a looser range pulls a
 # CUDA build of several GB from PyPI.
-HF_REFERENCE_EXTRAS = ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.4", "peft>=0.17"]
+HF_REFERENCE_EXTRAS = ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.4", "peft>=0.17",
+                       "trl>=1.16,<2"]
 # Parquet document sources (titanax.data.documents).
 PARQUET_EXTRAS = ["pyarrow>=15"]
 # SentencePiece tokenizer models (titanax.data.tokenizer_backends).

@@ -215,3 +215,22 @@ def llama3_8b_lora_sft():
     cfg.lora = LoRA.default_config().set(rank=16, alpha=32.0)
     cfg.learner.optimizer.learning_rate.peak_value = 2e-4
     return cfg
+
+
+@register_experiment
+def llama3_8b_dpo():
+    """Llama 3.1 8B tuned with DPO (sigmoid, beta 0.1) on the user's preference pairs
+    (--config.train_input.source.files, usually --config.init_from=<the HF model>): pairs of
+    2048-token rows, 32 pairs a step, the reference a frozen copy of the starting weights split
+    like the policy. FSDP over ``data`` x TP (8) over ``model``; sized for 32 80 GB devices by
+    ``--compile_only --cpu_devices=32`` (docs/performance.md)."""
+    cfg = llama3_8b_fsdp_tp()
+    cfg.train_input = _preference_input("train", batch_size=32, seq_len=2048)
+    cfg.evalers["heldout"].input = _preference_input("test", batch_size=32, seq_len=2048,
+                                                     seed=1)
+    cfg.model.max_seq_len = 2048
+    cfg.preference = Preference.default_config()
+    cfg.learner.optimizer.learning_rate.peak_value = 5e-7
+    cfg.learner.optimizer.weight_decay = 0.0
+    cfg.max_steps = 1000
+    return cfg

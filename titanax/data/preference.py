@@ -8,9 +8,10 @@ Records are JSONL (or Parquet) lines in one of the two forms preference data com
   the tokenizer's chat template (``data/chat.py``); only the assistant's tokens are scored.
 
 Each pair becomes one example of two rows of ``seq_len`` positions, ``chosen_*`` and
-``rejected_*`` (``input_ids``, ``target_ids``, ``weights``): a row is ``prompt + completion``
-shifted by one, padded at the end, and ``weights`` mark the targets that are the completion's
-tokens -- so the sum of a row's weighted target log-probs is the completion's log-prob given the
+``rejected_*`` (``input_ids``, ``target_ids``, ``weights``, ``valid``): a row is ``prompt +
+completion`` shifted by one, padded at the end; ``weights`` mark the targets that are the
+completion's tokens, ``valid`` every target that is a token (not padding: ORPO's SFT term covers
+the prompt too) -- so the sum of a row's weighted target log-probs is the completion's log-prob given the
 prompt (and the completion before each token). Both rows of a pair live in the same example, so
 they are always in the same batch shard. Text pairs: ``[bos] + prompt`` and ``completion +
 [eos]``, the tokenizer's special tokens where it has them; without a tokenizer (bytes) the
@@ -41,9 +42,9 @@ from titanax.data.tokenizer import Tokenizer
 _log = logging.getLogger("titanax")
 
 SIDES = ("chosen", "rejected")
-ROW_FIELDS = ("input_ids", "target_ids", "weights")
+ROW_FIELDS = ("input_ids", "target_ids", "weights", "valid")
 # What each example holds, each [seq_len] (what --compile_only builds a batch's shape from).
-FIELDS = {f"{side}_{name}": "float32" if name == "weights" else "int32"
+FIELDS = {f"{side}_{name}": "int32" if name.endswith("ids") else "float32"
           for side in SIDES for name in ROW_FIELDS}
 
 
@@ -247,8 +248,8 @@ class PreferencePairs(Configurable):
                 self.report.dropped += 1
                 return None
             for name, values in (("input_ids", tokens[:-1]), ("target_ids", tokens[1:]),
-                                 ("weights", weights)):
-                row = np.zeros(seq_len, np.float32 if name == "weights" else np.int32)
+                                 ("weights", weights), ("valid", np.ones(len(tokens) - 1))):
+                row = np.zeros(seq_len, np.int32 if name.endswith("ids") else np.float32)
                 row[:len(values)] = values
                 out[f"{side}_{name}"] = row
         self.report.truncated += int(cut_any)

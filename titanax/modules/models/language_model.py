@@ -171,12 +171,16 @@ class CausalLanguageModel(BaseLayer):
 
     # --- Preference tuning (modules/preference.py) ----------------------------------------------
 
+    def token_logps(self, input_ids: jax.Array, target_ids: jax.Array) -> jax.Array:
+        """Per target, its log-prob given what precedes it, float32 or wider."""
+        return -at_least_float32(self.token_losses(self.hidden_states(input_ids), target_ids))
+
     def sequence_logps(self, input_ids: jax.Array, target_ids: jax.Array,
                        weights: jax.Array) -> jax.Array:
         """Per row, the summed log-probs of its weighted targets (a completion's log-prob
         given what precedes each of its tokens), float32 or wider."""
-        per_token = self.token_losses(self.hidden_states(input_ids), target_ids)
-        return -jnp.sum(at_least_float32(per_token) * at_least_float32(weights), axis=-1)
+        return jnp.sum(self.token_logps(input_ids, target_ids) * at_least_float32(weights),
+                       axis=-1)
 
     def preference_forward(self, batch: Dict[str, jax.Array], objective: Any
                            ) -> Tuple[jax.Array, Dict[str, Any]]:
@@ -198,7 +202,8 @@ class CausalLanguageModel(BaseLayer):
         def halves(values):
             return {"chosen": values[:pairs], "rejected": values[pairs:]}
 
-        policy = halves(self.sequence_logps(*row_inputs))
+        per_token = self.token_logps(rows["input_ids"], rows["target_ids"])
+        policy = halves(jnp.sum(per_token * at_least_float32(rows["weights"]), axis=-1))
         reference = None
         if objective.needs_reference:
             params = self.parameters
@@ -219,9 +224,12 @@ class CausalLanguageModel(BaseLayer):
         count = jnp.sum(weights)
         loss_sum = jnp.sum(out.loss * weights)
         loss = loss_sum / jnp.maximum(count, 1.0)
-        if objective.config.loss == "orpo":  # Its SFT term: the chosen completions' NLL.
-            nll = -jnp.sum(policy["chosen"] * weights) / jnp.maximum(
-                jnp.sum(tokens["chosen"] * weights), 1.0)
+        if objective.config.loss == "orpo":
+            # Its SFT term: the NLL of the chosen rows' tokens -- prompt and completion, as TRL's
+            # ORPO (batch["chosen_valid"]: the targets that are tokens, not padding) -- a mean
+            # over them.
+            valid = at_least_float32(batch["chosen_valid"]) * weights[:, None]
+            nll = -jnp.sum(per_token[:pairs] * valid) / jnp.maximum(jnp.sum(valid), 1.0)
             loss = loss + nll
             loss_sum = loss * count
         mean = lambda v: jnp.sum(v * weights) / jnp.maximum(count, 1.0)  # noqa: E731
