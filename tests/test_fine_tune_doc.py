@@ -9,59 +9,24 @@ export -- gives transformers' greedy answer to ``apply_chat_template`` token for
 
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.environment import child_environment
+from tests import doc_walk
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(REPO_ROOT, "docs", "fine_tune.md")
-
-
-def _blocks():
-    with open(PAGE, encoding="utf-8") as f:
-        text = f.read()
-    return re.findall(r"```(bash|python)\n(.*?)\n```", text, flags=re.S)
-
-
-def _commands(script: str):
-    """A bash block's commands (continuation lines joined)."""
-    return [c.strip() for c in script.replace("\\\n", " ").split("\n") if c.strip()]
 
 
 @pytest.fixture(scope="module")
 def walked(tmp_path_factory):
     """``(folder, [(command, stdout)])`` after running the whole page."""
     folder = tmp_path_factory.mktemp("newcomer")
-    env = child_environment()
-    outputs = []
-    for kind, body in _blocks():
-        if kind == "python":
-            script = folder / f"snippet_{len(outputs)}.py"
-            script.write_text(body)
-            commands = [[sys.executable, str(script)]]
-        else:
-            commands = []
-            for command in _commands(body):
-                assert command.startswith("python "), command
-                command = command.replace("examples/", os.path.join(REPO_ROOT, "examples/"))
-                commands.append(["bash", "-c", f"{sys.executable} {command[len('python '):]}"])
-        for command in commands:
-            result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True,
-                                    timeout=600, check=False)
-            assert result.returncode == 0, (command, result.stdout[-3000:], result.stderr[-3000:])
-            assert "Traceback" not in result.stderr, result.stderr[-3000:]
-            outputs.append((" ".join(command), result.stdout))
-    return folder, outputs
+    return folder, doc_walk.walk(PAGE, folder)
 
 
-def _output(outputs, fragment):
-    found = [out for command, out in outputs if fragment in command]
-    assert found, f"no command with {fragment!r}"
-    return found
+_output = doc_walk.output
 
 
 def test_the_models_tokenizer_reads_the_training_and_evaluation_data(walked):

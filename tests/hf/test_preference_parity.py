@@ -4,6 +4,7 @@ tokenizes and batches them -- TRL's DPOTrainer for sigmoid / ipo / hinge, its CP
 (``loss_type="simpo"``, no SFT term) for SimPO, its ORPOTrainer for ORPO. Titanax's
 ``preference_forward`` on TRL's rows gives TRL's loss and rewards."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -120,3 +121,27 @@ def test_the_loss_and_rewards_equal_trls(models, loss, tmp_path):
         assert_close(float(summaries[f"summaries/metrics/{name}"]), metrics[name],
                      bound=1e-5, scale="tree", what=f"{loss} {name} vs TRL's")
     assert float(aux["num_examples"]) == len(PAIRS)
+
+
+def test_reference_from_loads_another_directory_as_the_frozen_reference(models):
+    """``init_from`` gives the policy, ``reference_from`` the reference copy, each its own
+    directory's weights in the run's shards."""
+    from tests.train import helpers
+    from titanax.parallel.plan import DP, TP, Plan
+    from titanax.train.engine import Engine
+    _, policy_dir, reference_dir = models
+    engine = Engine.default_config().set(
+        mesh=helpers.mesh((4, 2), ("data", "model")),
+        plan=Plan.default_config().set(data_parallel=DP.default_config(),
+                                       tensor_parallel=TP.default_config()),
+        model=importer.model_config(policy_dir), init_from=policy_dir,
+        reference_from=reference_dir, preference=Preference.default_config(),
+        learner=helpers.adam(), loggers=[]).instantiate()
+    engine.init_or_restore()
+    params = jax.device_get(engine.canonical_params())
+    want_policy = importer.params_as_numpy(policy_dir)
+    want_reference = importer.params_as_numpy(reference_dir)
+    assert_close(helpers.flat({k: v for k, v in params.items() if k != "reference"}),
+                 helpers.flat(want_policy), bound=0.0, what="the policy")
+    assert_close(helpers.flat(params["reference"]), helpers.flat(want_reference), bound=0.0,
+                 what="the reference")

@@ -1,0 +1,54 @@
+"""A docs page run as a newcomer would: its ``bash`` blocks line by line (``python`` is this
+interpreter; ``examples/`` the repository's), its ``python`` blocks as scripts, in order, in a
+fresh folder; every command must exit 0 without a traceback."""
+
+import os
+import re
+import subprocess
+import sys
+from typing import List, Tuple
+
+from tests.environment import child_environment
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def blocks(page: str) -> List[Tuple[str, str]]:
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    return re.findall(r"```(bash|python)\n(.*?)\n```", text, flags=re.S)
+
+
+def commands(script: str) -> List[str]:
+    """A bash block's commands (continuation lines joined)."""
+    return [c.strip() for c in script.replace("\\\n", " ").split("\n") if c.strip()]
+
+
+def walk(page: str, folder) -> List[Tuple[str, str]]:
+    """``[(command, stdout)]`` after running the whole page in ``folder``."""
+    env = child_environment()
+    outputs = []
+    for kind, body in blocks(page):
+        if kind == "python":
+            script = folder / f"snippet_{len(outputs)}.py"
+            script.write_text(body)
+            argv_list = [[sys.executable, str(script)]]
+        else:
+            argv_list = []
+            for command in commands(body):
+                assert command.startswith("python "), command
+                command = command.replace("examples/", os.path.join(REPO_ROOT, "examples/"))
+                argv_list.append(["bash", "-c", f"{sys.executable} {command[len('python '):]}"])
+        for argv in argv_list:
+            result = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
+                                    timeout=600, check=False)
+            assert result.returncode == 0, (argv, result.stdout[-3000:], result.stderr[-3000:])
+            assert "Traceback" not in result.stderr, result.stderr[-3000:]
+            outputs.append((" ".join(argv), result.stdout))
+    return outputs
+
+
+def output(outputs, fragment) -> List[str]:
+    found = [out for command, out in outputs if fragment in command]
+    assert found, f"no command with {fragment!r}"
+    return found
