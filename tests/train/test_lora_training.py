@@ -32,7 +32,7 @@ LORA = dict(rank=4, alpha=8.0)
 
 def _engine(*, data, model=1, pipe=1, context=1, zero=None, schedule="1f1b",
             checkpoint=None, remat=None, use_lora=True, layers=2, accumulate=1,
-            grad_sync="per_step"):
+            grad_sync="per_step", frozen_dtype=None):
     """``zero``: the ZeRO stage (None: none)."""
     sizes = {"data": data, "pipe": pipe, "context": context, "model": model}
     axes = tuple(a for a in sizes if a == "data" or sizes[a] > 1)
@@ -52,7 +52,8 @@ def _engine(*, data, model=1, pipe=1, context=1, zero=None, schedule="1f1b",
                           devices=list(range(data * model * pipe * context))),
         plan=plan, model=Decoder.default_config().set(**MODEL, layer_remat_policy=remat,
                                                       num_layers=layers),
-        lora=LoRA.default_config().set(**LORA) if use_lora else None, learner=learner,
+        lora=LoRA.default_config().set(**LORA, frozen_dtype=frozen_dtype) if use_lora else None,
+        learner=learner,
         loggers=[], log_every=1000, precision=helpers.test_precision(),
         checkpoint=(OrbaxCheckpoint.default_config().set(path=str(checkpoint))
                     if checkpoint is not None else None))
@@ -217,3 +218,19 @@ def test_a_hand_written_step_is_refused_when_params_are_frozen():
     engine = _engine(data=8)
     with pytest.raises(errors.StepError, match="freezes some"):
         engine.fit(step, data=iter(BATCHES), steps=1)
+
+
+def test_a_bfloat16_base_is_stored_so_and_stays_bit_identical():
+    """``lora.frozen_dtype="bfloat16"``: the frozen weights in half the bytes (and their
+    checkpoints), the adapters and their optimizer state in the precision's float32."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    engine = _engine(data=4, model=2, frozen_dtype="bfloat16")
+    engine.init_or_restore()
+    start = helpers.flat(jax.device_get(engine.canonical_params()))
+    adapters, frozen = _split(jax.device_get(engine.canonical_params()))
+    assert {v.dtype for v in frozen.values()} == {np.dtype(jnp.bfloat16)}
+    assert {v.dtype for v in adapters.values()} != {np.dtype(jnp.bfloat16)}
+    _, params = helpers.train(engine, BATCHES)
+    end_adapters, end_frozen = _split(params)
+    assert_identical(end_frozen, {k: start[k] for k in end_frozen}, what="the bfloat16 base")
+    assert any(np.abs(end_adapters[k] - adapters[k]).max() > 1e-3 for k in adapters)

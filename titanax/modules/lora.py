@@ -81,6 +81,10 @@ class LoRA(Configurable):
         dropout_rate: float = 0.0
         # Rank-stabilised scaling, alpha / sqrt(rank) (PEFT's use_rslora).
         rslora: bool = False
+        # Storage dtype of the frozen params (e.g. "bfloat16": half the memory of a float32
+        # base; they are cast to the compute dtype where used, as every param); None: the
+        # precision's param dtype.
+        frozen_dtype: Optional[str] = None
         # Regular expressions over '/'-joined param paths; a matching weight is adapted
         # (default: attention q / k / v / output and the MLP projections, passing over those
         # whose layer does not adapt them -- a mixture of experts' experts; a pattern of your
@@ -96,6 +100,13 @@ class LoRA(Configurable):
                 yield "dropout_rate", f"must be in [0, 1), got {self.dropout_rate}"
             if not self.targets:
                 yield "targets", "name at least one weight pattern"
+            if self.frozen_dtype is not None:
+                try:
+                    floating = jnp.issubdtype(jnp.dtype(self.frozen_dtype), jnp.floating)
+                except TypeError:
+                    floating = False
+                if not floating:
+                    yield "frozen_dtype", f"must be a float dtype, got {self.frozen_dtype!r}"
             for pattern in self.targets:
                 try:
                     re.compile(pattern)

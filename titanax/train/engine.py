@@ -245,7 +245,9 @@ class Engine(Configurable):
                                    adapter=adapter, precision=self.precision, model=self.model,
                                    seed=self.config.seed, checkpointer=self.checkpointer(),
                                    model_specs=parameter_specs if self.model is not None
-                                   else None)
+                                   else None,
+                                   frozen_dtype=self.lora.config.frozen_dtype
+                                   if self.lora is not None else None)
         self.steps = StepBuilder(mesh=self.mesh, plan=self.plan, layout=self.layout,
                                  strategy=strategy, model=self.model, precision=self.precision,
                                  adapter=adapter, learner=self.learner,

@@ -54,7 +54,7 @@ class StateManager:
     def __init__(self, *, mesh: Mesh, layout: Layout, strategy: state_sharding_lib.StateSharding,
                  adapter: OptimizerAdapter, precision: Precision, model: Any = None,
                  seed: int = 0, checkpointer: Optional[OrbaxCheckpoint] = None,
-                 model_specs: Any = None):
+                 model_specs: Any = None, frozen_dtype: Optional[str] = None):
         self.mesh = mesh
         self.layout = layout
         self.strategy = strategy
@@ -66,6 +66,9 @@ class StateManager:
         # The model's ParameterSpecs as the run declares them (LoRA adapters included; None:
         # the model's own).
         self.model_specs = model_specs
+        # The storage dtype of frozen params (LoRA's base: "bfloat16" halves it); None: the
+        # precision's param dtype, as every other param.
+        self.frozen_dtype = jnp.dtype(frozen_dtype) if frozen_dtype is not None else None
         # The jitted view <-> canonical conversions, built once each (see _layout_converter).
         self._converters: Dict[str, Any] = {}
         self._init_opt = None
@@ -104,16 +107,32 @@ class StateManager:
                                        path="engine.model",
                                        suggestion="pass params= to fit() or init_state()")
             shardings = sharding.named_shardings(self.mesh, self.layout.param_specs)
-            init = jax.jit(lambda key: self.layout.as_view(self.precision.cast_params_for_storage(
+            init = jax.jit(lambda key: self.layout.as_view(self.cast_for_storage(
                 self.model.initialize_parameters_recursively(key, specs=self.model_specs))),
                 out_shardings=shardings)
             with axis_binding.bound(self.layout.axis_binding):  # (Traced here: a Flax factory
                 params = init(prng.stream_key(self.seed, "init"))  # is told the TP axis.)
         else:
             params = sharding.apply_named_sharding(
-                self.layout.as_view(self.precision.cast_params_for_storage(params)), self.mesh,
+                self.layout.as_view(self.cast_for_storage(params)), self.mesh,
                 self.layout.param_specs)
         return self.state_around(params, self._init_opt_fn()(params))
+
+    def storage_dtypes(self) -> Any:
+        """Per param, the float dtype it is stored in: the precision's param dtype, or for a
+        frozen param the run's ``frozen_dtype`` when it has one."""
+        dtype, frozen = self.precision.param_dtype, self.frozen_dtype
+        return jax.tree_util.tree_map(
+            lambda trained: dtype if trained or frozen is None else frozen,
+            self.strategy.trainable.mask)
+
+    def cast_for_storage(self, params: Any) -> Any:
+        """``params``' floats in their storage dtypes (``storage_dtypes``)."""
+        if self.frozen_dtype is None:
+            return self.precision.cast_params_for_storage(params)
+        return jax.tree_util.tree_map(
+            lambda p, dtype: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p,
+            params, self.storage_dtypes())
 
     def initial_adapters(self) -> Any:
         """A LoRA run's adapters as a fresh run initialises them (the same keys: each param's
@@ -144,11 +163,10 @@ class StateManager:
 
     def state_template(self) -> TrainState:
         """The train state as ShapeDtypeStructs with this run's shardings (restore targets)."""
-        dtype = self.precision.param_dtype
         params_shapes = jax.tree_util.tree_map(
-            lambda s: jax.ShapeDtypeStruct(tuple(s.shape), dtype
-                                           if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype),
-            self.layout.parameter_specs, is_leaf=rules.is_param_leaf)
+            lambda s, dtype: jax.ShapeDtypeStruct(
+                tuple(s.shape), dtype if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype),
+            self.layout.parameter_specs, self.storage_dtypes(), is_leaf=rules.is_param_leaf)
         opt_shapes = jax.eval_shape(self._init_opt_fn(), params_shapes)
 
         def with_sharding(shapes, specs):
