@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check a session with a lent GPU runs (the device tool), in under 8 minutes on one H100:
-# dense vs fused vs blockwise attention at 8k tokens (time, memory, parity), then tokens/s and
-# MFU of GPT-2 124M and Llama 3.2 1B. Each part is time-boxed so one slow part cannot eat the rest.
-#   bash benchmarks/gpu_check.sh                 (results also under $OUT when it is set)
+# The GPU checks a session with a lent GPU runs (the device tool), each time-boxed so one slow
+# part cannot eat the rest (results also under $OUT when it is set):
+#   bash benchmarks/gpu_check.sh            dense vs fused vs blockwise attention at 8k tokens
+#                                           (time, memory, parity), then tokens/s and MFU of
+#                                           GPT-2 124M and Llama 3.2 1B (under 8 min on an H100)
+#   bash benchmarks/gpu_check.sh attention  the attention kernels only, at 8k: causal bf16, rows
+#                                           packing 4 documents, float32 (about 6 min)
 set -u
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -10,6 +13,17 @@ RESULTS=${OUT:-/tmp/gpu_check}
 mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
+if [ "${1:-}" = "attention" ]; then
+  timeout 150 "$PY" benchmarks/attention_kernels.py --seq 8192 --json "$RESULTS/attention_8k.json"
+  echo "causal bf16 exit $?"
+  timeout 150 "$PY" benchmarks/attention_kernels.py --seq 8192 --documents 4 \
+    --json "$RESULTS/attention_8k_documents.json"
+  echo "documents bf16 exit $?"
+  timeout 150 "$PY" benchmarks/attention_kernels.py --seq 8192 --dtype float32 \
+    --json "$RESULTS/attention_8k_f32.json"
+  echo "causal f32 exit $?"
+  exit 0
+fi
 timeout 170 "$PY" benchmarks/attention_kernels.py --seq 8192 --json "$RESULTS/attention_8k.json"
 echo "attention_kernels exit $?"
 timeout 140 "$PY" benchmarks/gpu_throughput.py --model gpt2_124m --steps 10

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from tests.data.test_chat import MARKED, chat_tokenizer  # noqa: F401  (a fixture)
 from titanax import errors
 from titanax.data.preference import PreferencePairs
 from titanax.data.tokenizer import Tokenizer
@@ -62,7 +61,7 @@ def test_long_pairs_keep_the_prompts_end_and_the_completions_start(tmp_path):
     assert source.report.truncated == 2
 
 
-def test_trl_conversational_pairs_score_the_assistant_tokens(tmp_path, chat_tokenizer):  # noqa: F811
+def test_trl_conversational_pairs_score_the_assistant_tokens(tmp_path, chat_tokenizer):
     tokenizer = Tokenizer.default_config().set(path=chat_tokenizer).instantiate()
     user = {"role": "user", "content": "What is 2+2?"}
     files = _write(tmp_path / "c.jsonl", [

@@ -1,25 +1,18 @@
 """Fine-tuning from a Hugging Face directory through the launcher, exporting, generating."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.environment import child_environment
+from tests.commands import run_module
 from tests.numerics import CROSS_FRAMEWORK, assert_close
 from titanax.train import saved_run
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run(module, *args, expect=0):
-    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT,
-                            env=child_environment(quick_backend=True), capture_output=True,
-                            text=True, timeout=600, check=False)
-    assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
+_run = run_module
 
 
 @pytest.fixture(scope="module")

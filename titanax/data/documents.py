@@ -228,3 +228,39 @@ def _paragraphs(path: str, record_format: RecordFormat) -> Iterator[Tuple[str, A
                                suggestion="convert it to UTF-8 or leave it out") from e
     for index, paragraph in enumerate(p for p in text.split("\n\n") if p.strip()):
         yield f"{path}:paragraph {index + 1}", {record_format.text_field: paragraph.strip("\n")}
+
+
+# --- What every source of records shares -------------------------------------------------------
+
+
+def split_field_problems(cfg: Any):
+    """``(field, message)`` for a source config's ``held_out_fraction`` and ``seed``."""
+    if not 0.0 <= cfg.held_out_fraction < 1.0:
+        yield "held_out_fraction", f"must be in [0, 1), got {cfg.held_out_fraction}"
+    if cfg.seed is not None and not 0 <= cfg.seed < 2 ** 32:
+        yield "seed", f"must be in [0, 2**32) (or None: file order), got {cfg.seed}"
+
+
+def split_of(items: List[Any], *, split: str, held_out_fraction: float,
+             seed: Optional[int]) -> List[Any]:
+    """The ``split`` ("train" / "test": the last ``held_out_fraction`` of ``items``, in file
+    order) in an order from ``seed`` (None: file order)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    cut = int(round(len(items) * (1.0 - held_out_fraction)))
+    chosen = items[:cut] if split == "train" else items[cut:]
+    if seed is not None:
+        order = np.random.default_rng(seed).permutation(len(chosen))
+        chosen = [chosen[i] for i in order]
+    return chosen
+
+
+def bad_record(error: Exception, *, where: str, on_bad_record: str,
+               report: "ReadReport") -> None:
+    """A record the chat template refuses: a ``DataError`` naming it (``on_bad_record``
+    "stop"), or counted and logged ("skip")."""
+    if on_bad_record != "skip":
+        raise errors.DataError(f"bad record: {error}", path=where,
+                               suggestion="fix the conversation or the template, or skip bad "
+                                          "records with on_bad_record='skip'") from error
+    report.skipped += 1
+    _log.warning("skipped %s: %s", where, error)

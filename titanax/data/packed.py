@@ -31,8 +31,9 @@ from titanax import errors
 from titanax.config import Configurable
 from titanax.data import chat
 from titanax.data.declarations import Declared
-from titanax.data.documents import (Document, ReadReport, RecordFormat, matching_files,
-                                    read_documents)
+from titanax.data.documents import (Document, ReadReport, RecordFormat, bad_record,
+                                    matching_files, read_documents, split_field_problems,
+                                    split_of)
 from titanax.data.tokenizer import Tokenizer
 
 _log = logging.getLogger("titanax")
@@ -140,10 +141,7 @@ class PackedDocuments(Configurable):
         def _validate_values(self):
             if self.seq_len < 1:
                 yield "seq_len", f"must be >= 1, got {self.seq_len}"
-            if not 0.0 <= self.held_out_fraction < 1.0:
-                yield "held_out_fraction", f"must be in [0, 1), got {self.held_out_fraction}"
-            if self.seed is not None and not 0 <= self.seed < 2 ** 32:
-                yield "seed", f"must be in [0, 2**32) (or None: file order), got {self.seed}"
+            yield from split_field_problems(self)
             if self.weights is not None:
                 if self.files is None or len(self.weights) != len(self.files):
                     yield "weights", (f"one weight per glob of files: {len(self.weights)} "
@@ -212,12 +210,8 @@ class PackedDocuments(Configurable):
         documents = list(read_documents(paths, record_format=record_format,
                                         on_bad_record=cfg.on_bad_record,
                                         report=self.read_report))
-        cut = int(round(len(documents) * (1.0 - cfg.held_out_fraction)))
-        chosen = documents[:cut] if cfg.split == "train" else documents[cut:]
-        if cfg.seed is not None:
-            order = np.random.default_rng(cfg.seed).permutation(len(chosen))
-            chosen = [chosen[i] for i in order]
-        return chosen
+        return split_of(documents, split=cfg.split, held_out_fraction=cfg.held_out_fraction,
+                        seed=cfg.seed)
 
     def _pairs(self, documents: List[Document]) -> List[Tuple[np.ndarray, np.ndarray,
                                                              np.ndarray]]:
@@ -255,13 +249,8 @@ class PackedDocuments(Configurable):
                 try:
                     yield tok.encode_conversation(document.messages)
                 except chat.TemplateError as e:
-                    if self.config.on_bad_record != "skip":
-                        raise errors.DataError(f"bad record: {e}", path=document.where,
-                                               suggestion="fix the conversation or the "
-                                                          "template, or skip bad records with "
-                                                          "on_bad_record='skip'") from e
-                    self.read_report.skipped += 1
-                    _log.warning("skipped %s: %s", document.where, e)
+                    bad_record(e, where=document.where, on_bad_record=self.config.on_bad_record,
+                               report=self.read_report)
             return
         bos = [tok.bos_id] if tok.bos_id is not None else []
         eos = [tok.eos_id] if tok.eos_id is not None else []

@@ -36,7 +36,8 @@ from titanax import errors
 from titanax.config import Configurable
 from titanax.data import chat
 from titanax.data.declarations import Declared
-from titanax.data.documents import ReadReport, chat_messages, matching_files, read_documents
+from titanax.data.documents import (ReadReport, bad_record, chat_messages, matching_files,
+                                    read_documents, split_field_problems, split_of)
 from titanax.data.tokenizer import Tokenizer
 
 _log = logging.getLogger("titanax")
@@ -142,10 +143,7 @@ class PreferencePairs(Configurable):
             if self.seq_len < 2:
                 yield "seq_len", f"must be >= 2 (a prompt token and a completion token), got " \
                                  f"{self.seq_len}"
-            if not 0.0 <= self.held_out_fraction < 1.0:
-                yield "held_out_fraction", f"must be in [0, 1), got {self.held_out_fraction}"
-            if self.seed is not None and not 0 <= self.seed < 2 ** 32:
-                yield "seed", f"must be in [0, 2**32) (or None: file order), got {self.seed}"
+            yield from split_field_problems(self)
 
     def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
         """``tokenizer``: the input's (``Input.Config.tokenizer``); default bytes."""
@@ -186,12 +184,8 @@ class PreferencePairs(Configurable):
         pairs = list(read_documents(matching_files(cfg.files, where="files"),
                                     record_format=record_format,
                                     on_bad_record=cfg.on_bad_record, report=self.read_report))
-        cut = int(round(len(pairs) * (1.0 - cfg.held_out_fraction)))
-        chosen = pairs[:cut] if cfg.split == "train" else pairs[cut:]
-        if cfg.seed is not None:
-            order = np.random.default_rng(cfg.seed).permutation(len(chosen))
-            chosen = [chosen[i] for i in order]
-        return chosen
+        return split_of(pairs, split=cfg.split, held_out_fraction=cfg.held_out_fraction,
+                        seed=cfg.seed)
 
     def _tokens(self, pair: PreferencePair) -> Optional[Dict[str, Tuple[np.ndarray, np.ndarray]]]:
         """Per side, ``(tokens, scored)``: the ids and which of them are the completion's (the
@@ -213,13 +207,8 @@ class PreferencePairs(Configurable):
                 out[side] = tok.encode_conversation(tuple(pair.prompt)
                                                     + tuple(getattr(pair, side)))
             except chat.TemplateError as e:
-                if self.config.on_bad_record != "skip":
-                    raise errors.DataError(f"bad record: {e}", path=pair.where,
-                                           suggestion="fix the conversation or the template, or "
-                                                      "skip bad records with "
-                                                      "on_bad_record='skip'") from e
-                self.read_report.skipped += 1
-                _log.warning("skipped %s: %s", pair.where, e)
+                bad_record(e, where=pair.where, on_bad_record=self.config.on_bad_record,
+                           report=self.read_report)
                 return None
         return out
 
