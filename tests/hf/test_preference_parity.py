@@ -123,9 +123,10 @@ def test_the_loss_and_rewards_equal_trls(models, loss, tmp_path):
     assert float(aux["num_examples"]) == len(PAIRS)
 
 
-def test_reference_from_loads_another_directory_as_the_frozen_reference(models):
-    """``init_from`` gives the policy, ``reference_from`` the reference copy, each its own
-    directory's weights in the run's shards."""
+@pytest.mark.parametrize("init_from", [True, False], ids=["policy-from-hf", "policy-random"])
+def test_reference_from_loads_another_directory_as_the_frozen_reference(models, init_from):
+    """``reference_from`` is the reference copy's weights, in the run's shards -- beside a
+    policy from ``init_from`` (its own directory's weights) or from the initializers."""
     from tests.train import helpers
     from titanax.parallel.plan import DP, TP, Plan
     from titanax.train.engine import Engine
@@ -134,14 +135,15 @@ def test_reference_from_loads_another_directory_as_the_frozen_reference(models):
         mesh=helpers.mesh((4, 2), ("data", "model")),
         plan=Plan.default_config().set(data_parallel=DP.default_config(),
                                        tensor_parallel=TP.default_config()),
-        model=importer.model_config(policy_dir), init_from=policy_dir,
+        model=importer.model_config(policy_dir), init_from=policy_dir if init_from else None,
         reference_from=reference_dir, preference=Preference.default_config(),
         learner=helpers.adam(), loggers=[]).instantiate()
     engine.init_or_restore()
     params = jax.device_get(engine.canonical_params())
     want_policy = importer.params_as_numpy(policy_dir)
     want_reference = importer.params_as_numpy(reference_dir)
-    assert_close(helpers.flat({k: v for k, v in params.items() if k != "reference"}),
-                 helpers.flat(want_policy), bound=0.0, what="the policy")
+    if init_from:
+        assert_close(helpers.flat({k: v for k, v in params.items() if k != "reference"}),
+                     helpers.flat(want_policy), bound=0.0, what="the policy")
     assert_close(helpers.flat(params["reference"]), helpers.flat(want_reference), bound=0.0,
                  what="the reference")

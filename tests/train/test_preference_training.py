@@ -124,6 +124,8 @@ def test_llama_tiny_dpo_learns_a_synthetic_preference(tmp_path, lora):
     files = synthetic_pairs(tmp_path / "pairs.jsonl")
     cfg.train_input.source.files = [files]
     cfg.evalers["heldout"].input.source.files = [files]
+    for source in (cfg.train_input.source, cfg.evalers["heldout"].input.source):
+        source.seq_len = 32  # (The pairs are under 30 bytes: half the experiment's rows.)
     cfg.evalers["heldout"].every_n_steps = 1000  # (Evaluated once, at the end, below.)
     cfg.checkpoint = None
     cfg.loggers = []

@@ -288,9 +288,23 @@ class Engine(Configurable):
         self.state = self.states.init_state(params)
         if params is None and self.model is not None and self.holds_reference:
             start = self.state.params
-            self.state = self.state.replace(params=dict(start, **{REFERENCE: _copies(
-                lora_lib.split_adapters({k: v for k, v in start.items() if k != REFERENCE})[0])}))
+            directory = self.config.reference_from
+            if directory is None:  # The starting weights.
+                reference = _copies(lora_lib.split_adapters(
+                    {k: v for k, v in start.items() if k != REFERENCE})[0])
+            else:
+                reference = self._reference_from_hf(directory)
+            self.state = self.state.replace(params=dict(start, **{REFERENCE: reference}))
         return self.state
+
+    def _reference_from_hf(self, directory: str) -> Any:
+        """The weights of the HF ``directory`` as this run's reference, in its shards and
+        storage dtype."""
+        from titanax.hf import fine_tune, importer  # pylint: disable=import-outside-toplevel
+        fine_tune.check_model_matches(self.model.config, directory)
+        whole = dict(self.state.params, **{REFERENCE: importer.params_for_engine(self, directory)})
+        return sharding.apply_named_sharding(self.states.cast_for_storage(whole)[REFERENCE],
+                                             self.mesh, self.layout.param_specs[REFERENCE])
 
     def restore(self, *, params: Any = None, step: Optional[int] = None,
                 mode: Optional[str] = None) -> bool:
