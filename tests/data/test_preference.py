@@ -91,3 +91,22 @@ def test_bad_records_are_named_by_file_and_line(tmp_path):
                                                "rejected": [{"role": "user", "content": "c"}]}])
     with pytest.raises(errors.DataError, match="both be text or both lists"):
         _source(mixed)
+
+
+def test_a_multi_turn_pair_scores_only_its_final_answer(tmp_path, chat_tokenizer):
+    """Earlier assistant turns are part of the prompt (TRL compares the final messages)."""
+    tokenizer = Tokenizer.default_config().set(path=chat_tokenizer).instantiate()
+    history = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."},
+               {"role": "user", "content": "What is 2+2?"}]
+    files = _write(tmp_path / "m.jsonl", [
+        {"chosen": history + [{"role": "assistant", "content": "Four."}],
+         "rejected": history + [{"role": "assistant", "content": "Five."}]}])
+    example = PreferencePairs.default_config().set(
+        files=[files], held_out_fraction=0.0, seed=None, seq_len=64).instantiate(
+            tokenizer=tokenizer)[0]
+    ids, trained = tokenizer.encode_conversation(
+        tuple((m["role"], m["content"]) for m in history) + (("assistant", "Four."),))
+    last = ids[trained][-int(trained[::-1].argmin()):]  # The final assistant span's tokens.
+    scored = example["chosen_target_ids"][example["chosen_weights"].astype(bool)]
+    np.testing.assert_array_equal(scored, last)
+    assert len(scored) < int(trained.sum())  # "Hello." is not scored.

@@ -113,6 +113,20 @@ class PairReport:
                 f"ends); {self.dropped} dropped (nothing of a completion left to score)")
 
 
+def _last_span(trained: np.ndarray) -> np.ndarray:
+    """``trained`` with only its last run of True kept: the final assistant message -- the
+    completion a pair compares (TRL's); earlier assistant turns belong to the prompt."""
+    if not trained.any():
+        return trained
+    end = len(trained) - int(np.argmax(trained[::-1]))
+    start = end
+    while start > 0 and trained[start - 1]:
+        start -= 1
+    out = np.zeros_like(trained)
+    out[start:end] = True
+    return out
+
+
 class PreferencePairs(Configurable):
     """Examples ``{"chosen_input_ids", "chosen_target_ids", "chosen_weights", "rejected_..."}``,
     each ``[seq_len]``, of tokenized preference pairs."""
@@ -204,12 +218,13 @@ class PreferencePairs(Configurable):
         out = {}
         for side in SIDES:
             try:
-                out[side] = tok.encode_conversation(tuple(pair.prompt)
-                                                    + tuple(getattr(pair, side)))
+                tokens, trained = tok.encode_conversation(tuple(pair.prompt)
+                                                          + tuple(getattr(pair, side)))
             except chat.TemplateError as e:
                 bad_record(e, where=pair.where, on_bad_record=self.config.on_bad_record,
                            report=self.read_report)
                 return None
+            out[side] = (tokens, _last_span(trained))
         return out
 
     def _rows(self, pair: PreferencePair) -> Optional[Dict[str, np.ndarray]]:

@@ -96,5 +96,11 @@ class Preference(Configurable):
 
 
 def _log1mexp(x: jax.Array) -> jax.Array:
-    """``log(1 - exp(x))`` for ``x < 0``, accurate near 0 and far below it."""
-    return jnp.where(x > -math.log(2.0), jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(x)))
+    """``log(1 - exp(x))`` for ``x < 0``, accurate near 0 and far below it. Each branch sees
+    only inputs it is finite at (``where`` differentiates both), and ``x`` stays below 0 by the
+    smallest step: a completion the policy is sure of (mean log-prob -1e-8) gives a finite
+    gradient, not NaN."""
+    x = jnp.minimum(x, -jnp.finfo(x.dtype).tiny)
+    near = x > -math.log(2.0)
+    return jnp.where(near, jnp.log(-jnp.expm1(jnp.where(near, x, -1.0))),
+                     jnp.log1p(-jnp.exp(jnp.where(near, -1.0, x))))

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec
 from titanax import errors
 from titanax.config import Configurable
 from titanax.data.pipeline import Input
+from titanax.data.preference import PreferencePairs
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules import axis_binding
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
@@ -201,6 +202,17 @@ class Engine(Configurable):
                    f"a reference-free one ({self.preference.config.loss})"),
                 path="reference_from", suggestion="set preference.loss to sigmoid, ipo or "
                                                   "hinge, or drop reference_from")
+        for where, input_cfg in [("train_input", cfg.train_input)] + [
+                (f"evalers[{name!r}].input", e.input) for name, e in cfg.evalers.items()]:
+            kind = getattr(getattr(input_cfg, "source", None), "klass", None)
+            pairs = kind is not None and issubclass(kind, PreferencePairs)
+            if kind is not None and pairs != (self.preference is not None):
+                raise errors.ConfigError(
+                    "reads preference pairs, and this run has no preference loss" if pairs else
+                    f"reads {kind.__name__} rows, and a preference loss trains on pairs",
+                    path=f"{where}.source",
+                    suggestion="set preference (e.g. --config.preference.loss=sigmoid)" if pairs
+                    else "give it a PreferencePairs source, or set preference=None")
         if self.preference is not None and cfg.plan.context_parallel is not None:
             raise errors.PlanError(
                 "a preference loss sums each completion's log-probs over its whole row, which "
