@@ -183,3 +183,37 @@ def test_a_preference_loss_and_its_data_must_agree(tmp_path):
     text.source = TextWindows.default_config().set(seq_len=32)
     with pytest.raises(errors.ConfigError, match="a preference loss trains on pairs"):
         _engine(files, train_input=text).build()
+
+
+def test_dpo_with_accumulation_trains_like_the_whole_batch(tmp_path):
+    """Microbatches of a pair batch (each shard's pairs in 2 parts) give the whole batch's
+    losses and params: the pairs' weights add up across the parts."""
+    files = synthetic_pairs(tmp_path / "p.jsonl")
+    runs = []
+    for accumulate in (1, 2):
+        engine = _engine(files, learner=helpers.sgd(0.5), plan=Plan.default_config().set(
+            data_parallel=DP.default_config().set(accumulate_steps=accumulate)))
+        engine.fit(steps=3)
+        runs.append(([h["loss"] for h in engine.history],
+                     jax.device_get(engine.canonical_params())))
+    assert_close(runs[1][0], runs[0][0], what="losses")
+    assert_close(runs[1][1], runs[0][1], what="params after 3 SGD steps")
+
+
+def test_a_dpo_run_resumes_bit_identically_with_its_reference(tmp_path):
+    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
+    files = synthetic_pairs(tmp_path / "p.jsonl")
+
+    def engine(name):
+        return _engine(files, checkpoint=OrbaxCheckpoint.default_config().set(
+            path=str(tmp_path / name)))
+
+    straight = engine("straight")
+    straight.fit(steps=4)
+    first = engine("resumed")
+    first.fit(steps=2)
+    first.close()
+    second = engine("resumed")
+    second.fit(steps=4)
+    assert second.restored_from.endswith("/2")
+    assert_identical(jax.device_get(second.state.params), jax.device_get(straight.state.params))
