@@ -107,6 +107,8 @@ def test_misplaced_reference_options_are_refused(tmp_path):
         _engine(files, loss="simpo", reference_from=str(tmp_path)).build()
     with pytest.raises(errors.ConfigError, match="has none"):
         _engine(files, reference_from=str(tmp_path), preference=None).build()
+    with pytest.raises(errors.ConfigError, match="no config.json"):
+        _engine(files, reference_from=str(tmp_path / "missing")).build()
     with pytest.raises(errors.PlanError, match="context parallelism"):
         _engine(files, mesh=helpers.mesh((2, 4), ("data", "context")),
                 plan=Plan.default_config().set(

@@ -17,6 +17,7 @@ the metrics window, evaluation and ``explain``. It never asks which parallel kin
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence
 
 import jax
@@ -202,6 +203,13 @@ class Engine(Configurable):
                    f"a reference-free one ({self.preference.config.loss})"),
                 path="reference_from", suggestion="set preference.loss to sigmoid, ipo or "
                                                   "hinge, or drop reference_from")
+        if cfg.reference_from is not None and not os.path.isfile(
+                os.path.join(cfg.reference_from, "config.json")):
+            raise errors.ConfigError(
+                f"{cfg.reference_from} is not a Hugging Face model directory (no config.json)",
+                path="reference_from",
+                suggestion="give the directory of the reference model (config.json and "
+                           "*.safetensors), or drop reference_from: the starting weights")
         for where, input_cfg in [("train_input", cfg.train_input)] + [
                 (f"evalers[{name!r}].input", e.input) for name, e in cfg.evalers.items()]:
             kind = getattr(getattr(input_cfg, "source", None), "klass", None)

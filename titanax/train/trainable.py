@@ -41,10 +41,6 @@ class Trainable:
         """Every param is trained (select and merge are then the identity)."""
         return all(jax.tree_util.tree_leaves(self.mask))
 
-    @property
-    def nothing(self) -> bool:
-        return not any(jax.tree_util.tree_leaves(self.mask))
-
     def select(self, tree: Any) -> Any:
         """``tree`` (shaped like the params, its leaves any objects) cut to its trainable
         leaves; dicts left empty are dropped."""
