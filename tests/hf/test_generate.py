@@ -75,3 +75,44 @@ def test_generation_folds_pipe_and_hsdp_axes_into_data():
         plan = run.plan.clone(pipeline_parallel=None, zero=None)
         mesh = _data_and_model_only(run.mesh, plan)
         assert (tuple(mesh.axes), tuple(mesh.shape)) == (axes, shape), name
+
+
+@pytest.mark.parametrize("kind,data,model", [("llama", 4, 2), ("gpt2", 2, 1)])
+def test_left_padded_prompts_of_different_lengths_sample_as_transformers(kind, data, model,
+                                                                        root):
+    """Prompts of 3..7 tokens left-padded into one batch: the greedy tokens equal transformers'
+    (its attention mask and positions from it), and each token's reported log-prob and entropy
+    equal those of transformers' logits at that step."""
+    import jax
+    import torch
+    from transformers import AutoModelForCausalLM
+    directory = ref.saved_model(kind, root)
+    engine = ref.engine_for(directory, data=data, model=model)
+    lengths = np.array([7, 3, 5, 4], np.int32)
+    ids = ref.token_ids(rows=4, length=7, seed=5)
+    mask = np.arange(7)[None, :] >= (7 - lengths)[:, None]
+    prompts = np.where(mask, ids, 0).astype(np.int32)
+    out = engine.steps.sampler(max_new_tokens=12)(engine.state.params, prompts, lengths,
+                                                  jax.random.PRNGKey(0))
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = hf.generate(torch.tensor(prompts), attention_mask=torch.tensor(mask.astype(int)),
+                           do_sample=False, max_new_tokens=12, min_new_tokens=12,
+                           eos_token_id=None, pad_token_id=0, output_logits=True,
+                           return_dict_in_generate=True)
+    expected = want.sequences.numpy()[:, 7:]
+    assert np.array_equal(np.asarray(out["tokens"]), expected)
+    logps = torch.log_softmax(torch.stack(want.logits, 1), -1)
+    want_logp = logps.gather(-1, torch.tensor(expected)[..., None])[..., 0].numpy()
+    want_entropy = -(logps.exp() * logps).sum(-1).numpy()
+    np.testing.assert_allclose(np.asarray(out["logps"]), want_logp, atol=1e-5 * max(
+        1.0, np.abs(want_logp).max()))
+    np.testing.assert_allclose(np.asarray(out["entropy"]), want_entropy, atol=1e-5 * max(
+        1.0, want_entropy.max()))
+    # Alone, each prompt (unpadded) gives its row's tokens.
+    alone = engine.steps.generation(max_new_tokens=12)
+    for row in range(0, 4, 2):
+        real = ids[row:row + 1, 7 - lengths[row]:]
+        got = np.asarray(alone(engine.state.params, np.repeat(real, data, 0),
+                               jax.random.PRNGKey(0)))[0]
+        assert np.array_equal(got, expected[row])

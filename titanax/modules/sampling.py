@@ -8,7 +8,7 @@ reaches ``top_p`` (at least the most likely one).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -31,3 +31,14 @@ def next_token(logits: jax.Array, key: Optional[jax.Array], *, temperature: Opti
             jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
         logits = jnp.where(keep, logits, -jnp.inf)
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def token_logp_and_entropy(logits: jax.Array, token: jax.Array, *,
+                           temperature: Optional[float]) -> Tuple[jax.Array, jax.Array]:
+    """``(log p(token), entropy)`` per row of ``[batch, vocab]`` logits under the distribution
+    a sample is drawn from before top-p: ``softmax(logits / temperature)`` (greedy: the
+    temperature is 1). Float32."""
+    logits = logits.astype(jnp.float32) / (temperature or 1.0)
+    logps = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(logps, token[:, None], axis=-1)[:, 0]
+    return chosen, -jnp.sum(jnp.exp(logps) * logps, axis=-1)

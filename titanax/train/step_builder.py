@@ -153,26 +153,42 @@ class StepBuilder:
     def generation(self, *, max_new_tokens: int, temperature: Optional[float] = None,
                    top_p: float = 1.0) -> Callable:
         """``(params, prompt_ids, key) -> new ids`` through ``model.generate`` on the run's
-        mesh (rows over the batch axes, heads over TP); each batch shard folds its place into
-        ``key``, so rows sample independently wherever they live."""
+        mesh (``sampler``'s tokens, every prompt of one length)."""
+        sample = self.sampler(max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p)
+        return jax.jit(lambda params, prompt_ids, key: sample(params, prompt_ids, None,
+                                                              key)["tokens"])
+
+    def sampler(self, *, max_new_tokens: int, temperature: Optional[float] = None,
+                top_p: float = 1.0) -> Callable:
+        """``(params, prompt_ids, prompt_lengths, key) -> {"tokens", "logps", "entropy"}``
+        through ``model.sample`` on the run's mesh (rows over the batch axes, heads over TP;
+        ``prompt_lengths`` None: every prompt fills its row, else they are left-padded);
+        each batch shard folds its place into ``key``, so rows sample independently wherever
+        they live."""
         # Decoding has no sequence to split (over a context axis or the TP axis).
-        local = bound_to(self._model_call("generate"), self.layout.axis_binding.without(
+        local = bound_to(self._model_call("sample"), self.layout.axis_binding.without(
             axis_binding.SEQUENCE, axis_binding.RESIDUAL_SEQUENCE), self.lora_settings)
         batch_spec = self._batch_spec()
         # Rows only: a sequence axis holds copies of each prompt, and must sample alike.
         batch_axes = self.layout.batch.row_axes
 
-        def shard(params, prompt_ids, key):
+        def shard(params, prompt_ids, prompt_lengths, key):
             for axis in batch_axes:
                 key = jax.random.fold_in(key, collectives.axis_index(axis))
             return local(params, {"prompt_ids": prompt_ids, "key": key,
                                   "max_new_tokens": max_new_tokens, "temperature": temperature,
-                                  "top_p": top_p})
+                                  "top_p": top_p, "prompt_lengths": prompt_lengths})
 
-        def run(params, prompt_ids, key):
-            return jax.shard_map(shard, mesh=self.mesh,
-                                 in_specs=(self.layout.param_specs, batch_spec, PartitionSpec()),
-                                 out_specs=batch_spec, check_vma=False)(params, prompt_ids, key)
+        def run(params, prompt_ids, prompt_lengths, key):
+            if prompt_lengths is None:
+                fn, args = (lambda p, ids, k: shard(p, ids, None, k)), (params, prompt_ids, key)
+            else:
+                fn, args = shard, (params, prompt_ids, prompt_lengths, key)
+            in_specs = (self.layout.param_specs,) + (batch_spec,) * (len(args) - 2) + (
+                PartitionSpec(),)
+            return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=batch_spec,
+                                 check_vma=False)(*args)
 
         return jax.jit(run)
 

@@ -291,14 +291,22 @@ class Attention(BaseLayer):
                              implementation=cfg.implementation, block_size=cfg.block_size)
         return self.o(context.reshape(context.shape[:2] + (-1,)))
 
-    def decode(self, x, cache, *, start):
+    def decode(self, x, cache, *, start, offsets: Optional[jax.Array] = None):
         """Attention of ``x`` ``[batch, t, model_dim]`` -- the tokens at positions ``start ..
         start + t - 1`` -- over a key/value cache ``(k, v)``, each ``[batch, max_len, local kv
         heads, head_dim]`` holding positions ``0 .. start - 1``: returns the output and the cache
         with these tokens' keys and values written in (a prompt's prefill is ``start=0``, then
-        one token at a time). No sequence parallelism here: decoding has no sequence to split."""
+        one token at a time). ``offsets`` ``[batch]``: left-padded prompts -- row ``i``'s first
+        ``offsets[i]`` cache positions are padding no query sees, and its tokens' own positions
+        (RoPE's) start after them. No sequence parallelism here: decoding has no sequence to
+        split."""
         cfg = self.config
-        q, k, v = self._qkv(x, start + jnp.arange(x.shape[1]))
+        places = start + jnp.arange(x.shape[1])
+        key_valid = None
+        if offsets is not None:
+            places = jnp.maximum(places[None, :] - offsets[:, None], 0)
+            key_valid = jnp.arange(cache[0].shape[1])[None, :] >= offsets[:, None]
+        q, k, v = self._qkv(x, places)
         k_cache, v_cache = cache
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, 1)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, 1)
@@ -306,7 +314,8 @@ class Attention(BaseLayer):
         values = self._kv_for_local_queries(v_cache, q.shape[2])
         context = attend(q, keys.astype(q.dtype), values.astype(q.dtype),
                          sliding_window=cfg.sliding_window, kv_length=start + x.shape[1],
-                         implementation=cfg.implementation, block_size=cfg.block_size)
+                         key_valid=key_valid, implementation=cfg.implementation,
+                         block_size=cfg.block_size)
         return self.o(context.reshape(context.shape[:2] + (-1,))), (k_cache, v_cache)
 
 
@@ -363,7 +372,7 @@ def _unfused(*, keys: int, dropout: bool) -> str:
 
 
 def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
-           segment_ids: Optional[jax.Array] = None,
+           segment_ids: Optional[jax.Array] = None, key_valid: Optional[jax.Array] = None,
            dropout: Optional[Callable[[jax.Array], jax.Array]] = None,
            implementation: str = "auto", block_size: int = 512):
     """Causal attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g``
@@ -371,6 +380,8 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
     decoding with a cache has ``t < s``). ``kv_length`` (decoding): how many of the ``s``
     cached positions are filled; the queries then sit at ``kv_length - t .. kv_length - 1``.
     ``segment_ids`` ``[b, s]`` (training): no query sees a key of another document.
+    ``key_valid`` ``[b, s]`` (decoding left-padded prompts): no query sees a key where it is
+    False.
     ``dropout``: applied to the probabilities (which it then writes out). ``implementation``:
     one of IMPLEMENTATIONS (``Attention.Config.implementation``)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -378,10 +389,13 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
     chosen = choose_implementation(implementation, queries=t, keys=s, dtype=q.dtype,
                                    dropout=dropout is not None, decoding=kv_length is not None)
     filled = s if kv_length is None else kv_length
+    q_segments = k_segments = segment_ids
+    if key_valid is not None:  # (Decoding: no segment ids; a padding key is "another document".)
+        q_segments, k_segments = jnp.ones((q.shape[0], t), jnp.int32), key_valid
     if chosen == "blockwise":
         return blockwise_attention(
             q, k, v, scale=scale, q_positions=filled - t + jnp.arange(t),
-            k_positions=jnp.arange(s), q_segments=segment_ids, k_segments=segment_ids,
+            k_positions=jnp.arange(s), q_segments=q_segments, k_segments=k_segments,
             sliding_window=sliding_window, kv_length=kv_length, block_q=block_size,
             block_k=block_size)
     if chosen == "pallas" and kv_length is None and t == s:
@@ -389,7 +403,8 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
                                 block_size=block_size)
     if chosen == "pallas":  # Decoding against a cache: the kernel's rows are whole.
         return attend(q, k, v, sliding_window=sliding_window, kv_length=kv_length,
-                      segment_ids=segment_ids, implementation="blockwise", block_size=block_size)
+                      segment_ids=segment_ids, key_valid=key_valid, implementation="blockwise",
+                      block_size=block_size)
     documents = same_segment(segment_ids)
     if chosen == "fused" and kv_length is None and t == s:
         window = (sliding_window - 1, 0) if sliding_window is not None else None
@@ -410,4 +425,6 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
         allowed &= key_pos[None, :] > query_pos[:, None] - sliding_window
     if documents is not None:  # [t, s] & [b, 1, t, s].
         allowed = allowed & documents
+    if key_valid is not None:
+        allowed = allowed & key_valid[:, None, None, :]
     return masked_attention(q, k, v, allowed, scale=scale, dropout=dropout)

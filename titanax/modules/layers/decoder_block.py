@@ -62,9 +62,10 @@ class DecoderBlock(BaseLayer):
         routing = {"segment_ids": segment_ids} if isinstance(self.mlp, MoE) else {}
         return x + self.dropout(self.mlp(self.post_attention_norm(x), **routing))
 
-    def decode(self, x, cache, *, start):
+    def decode(self, x, cache, *, start, offsets=None):
         """``forward`` for tokens at ``start ..`` over the attention's key/value ``cache``;
-        returns ``(x, cache)`` (see ``Attention.decode``)."""
-        attended, cache = self.attn.decode(self.input_norm(x), cache, start=start)
+        returns ``(x, cache)`` (see ``Attention.decode``; ``offsets``: left padding)."""
+        attended, cache = self.attn.decode(self.input_norm(x), cache, start=start,
+                                           offsets=offsets)
         x = x + attended
         return x + self.mlp(self.post_attention_norm(x)), cache

@@ -97,12 +97,12 @@ class Repeat(BaseLayer):
         return x
 
 
-    def decode(self, x, cache, *, start):
-        """Each layer's ``decode(x, cache_i, start=start)`` in turn, ``cache`` stacked over the
-        layers on its leading dimension; returns ``(x, cache)`` (the layer's own decode says what
-        a cache is: keys and values for attention)."""
+    def decode(self, x, cache, *, start, offsets=None):
+        """Each layer's ``decode(x, cache_i, start=start, offsets=offsets)`` in turn, ``cache``
+        stacked over the layers on its leading dimension; returns ``(x, cache)`` (the layer's own
+        decode says what a cache is: keys and values for attention)."""
         def body(carry, layer_cache):
-            return self.layer.decode(carry, layer_cache, start=start)
+            return self.layer.decode(carry, layer_cache, start=start, offsets=offsets)
 
         return scan_in_context(body, carry=x, xs=cache, child_name="layer",
                                num_iterations=self.config.num_layers, unroll=self.unrolled)

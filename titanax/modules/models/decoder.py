@@ -28,7 +28,7 @@ published sizes).
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Dict, Literal, Optional
 
 import jax
 import jax.numpy as jnp
@@ -279,12 +279,30 @@ class Decoder(CausalLanguageModel):
     # --- Generation: a key/value cache, one token at a time --------------------------------------
 
     def generate(self, prompt_ids: jax.Array, key: Optional[jax.Array], *, max_new_tokens: int,
-                 temperature: Optional[float] = None, top_p: float = 1.0) -> jax.Array:
-        """``[batch, max_new_tokens]`` tokens following ``prompt_ids`` ``[batch, prompt]`` (all
-        prompts of one length): the prompt runs once through the stack (prefill), filling a
-        key/value cache of ``prompt + max_new_tokens`` positions; then each new token runs
-        alone over the cache. Greedy without a temperature (``sampling.next_token``). Runs in
-        local view like ``forward``: heads split over TP, rows over the batch axes."""
+                 temperature: Optional[float] = None, top_p: float = 1.0,
+                 prompt_lengths: Optional[jax.Array] = None) -> jax.Array:
+        """``[batch, max_new_tokens]`` tokens following ``prompt_ids`` (``sample``'s
+        ``tokens``)."""
+        return self.sample(prompt_ids, key, max_new_tokens=max_new_tokens,
+                           temperature=temperature, top_p=top_p,
+                           prompt_lengths=prompt_lengths)["tokens"]
+
+    def sample(self, prompt_ids: jax.Array, key: Optional[jax.Array], *, max_new_tokens: int,
+               temperature: Optional[float] = None, top_p: float = 1.0,
+               prompt_lengths: Optional[jax.Array] = None) -> Dict[str, jax.Array]:
+        """``max_new_tokens`` tokens after each prompt of ``prompt_ids`` ``[batch, prompt]``:
+        the prompts run once through the stack (prefill), filling a key/value cache of ``prompt
+        + max_new_tokens`` positions; then each new token runs alone over the cache. Greedy
+        without a temperature (``sampling.next_token``). ``prompt_lengths`` ``[batch]``: the
+        prompts are left-padded to one length, row ``i``'s real tokens its last
+        ``prompt_lengths[i]`` (None: all real) -- padding is seen by no token and shifts no
+        position, so a row samples as it would alone.
+
+        Returns ``tokens`` ``[batch, max_new_tokens]`` and, per token, ``logps`` -- its
+        log-probability under the distribution it was drawn from before top-p (the logits
+        divided by the temperature, as an RL trainer scores it) -- and ``entropy`` of that
+        distribution, both float32. Runs in local view like ``forward``: heads split over TP,
+        rows over the batch axes."""
         if self._split_sequence():
             raise NotImplementedError("decoding has no sequence to split: generate under a "
                                       "binding without residual_sequence")
@@ -295,25 +313,34 @@ class Decoder(CausalLanguageModel):
             self.parameters["decoder"]["layer"]["attn"], layers=self.config.num_layers,
             batch=batch, length=total)
         cache = (jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype))
+        offsets = None if prompt_lengths is None else prompt - prompt_lengths.astype(jnp.int32)
+
+        def positions(first, length):
+            places = jnp.broadcast_to(first + jnp.arange(length), (batch, length))
+            return places if offsets is None else jnp.maximum(places - offsets[:, None], 0)
 
         def choose(x, cache_out, step):
             logits = self.full_logits(self._logits_of(self.final_norm(x[:, -1:])))[:, -1]
             step_key = None if key is None else jax.random.fold_in(key, step)
-            return sampling.next_token(logits, step_key, temperature=temperature,
-                                       top_p=top_p), cache_out
+            token = sampling.next_token(logits, step_key, temperature=temperature, top_p=top_p)
+            logp, entropy = sampling.token_logp_and_entropy(logits, token,
+                                                            temperature=temperature)
+            return (token, logp, entropy), cache_out
 
-        x, cache = self.decoder.decode(self.embed(prompt_ids), cache, start=0)
+        x, cache = self.decoder.decode(self.embed(prompt_ids, positions(0, prompt)), cache,
+                                       start=0, offsets=offsets)
         first, cache = choose(x, cache, 0)
 
         def step(carry, index):
-            token, cache_in = carry
-            position = jnp.full((batch, 1), prompt + index)  # (The learned table's row.)
-            x, cache_out = self.decoder.decode(self.embed(token[:, None], position), cache_in,
-                                               start=prompt + index)
-            return choose(x, cache_out, index + 1), token
+            chosen, cache_in = carry
+            x, cache_out = self.decoder.decode(
+                self.embed(chosen[0][:, None], positions(prompt + index, 1)), cache_in,
+                start=prompt + index, offsets=offsets)
+            return choose(x, cache_out, index + 1), chosen
 
-        (last, _), tokens = jax.lax.scan(step, (first, cache), jnp.arange(max_new_tokens - 1))
-        return jnp.concatenate([tokens.T, last[:, None]], axis=1)
+        (last, _), chosen = jax.lax.scan(step, (first, cache), jnp.arange(max_new_tokens - 1))
+        return {name: jnp.concatenate([values.T, final[:, None]], axis=1)
+                for name, values, final in zip(("tokens", "logps", "entropy"), chosen, last)}
 
 
 def gpt_config(**overrides) -> Decoder.Config:
