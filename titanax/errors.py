@@ -139,3 +139,7 @@ class CheckpointError(TitanaxError):
 class HFError(TitanaxError):
     """A Hugging Face model directory (config.json, safetensors, tokenizer) cannot be read into
     Titanax, or a Titanax model cannot be written as one."""
+
+
+class RewardError(TitanaxError):
+    """A reward function that cannot be imported, or returned what a reward cannot be."""

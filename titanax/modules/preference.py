@@ -60,6 +60,9 @@ class Preference(Configurable):
             if not math.isfinite(self.simpo_gamma):
                 yield "simpo_gamma", f"must be finite, got {self.simpo_gamma}"
 
+    # The model method the gradient computer calls with this objective.
+    model_method = "preference_forward"
+
     @property
     def needs_reference(self) -> bool:
         return self.config.loss not in ("simpo", "orpo")

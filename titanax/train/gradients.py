@@ -136,8 +136,8 @@ class ModelGradients:
                  gathering: Optional[ParamGathering] = None,
                  trainable: Optional[Trainable] = None, objective: Optional[Any] = None):
         self.model = model
-        # A preference objective (modules/preference.py): the model's preference_forward with
-        # it, instead of its forward (None).
+        # An objective (a preference loss, modules/preference.py; GRPO, rl/grpo.py): the
+        # model's method it names (``model_method``) with it, instead of its forward (None).
         self.objective = objective
         self.gathering = gathering
         # The params differentiated (None: all); the frozen ones only run the forward.
@@ -170,7 +170,7 @@ class ModelGradients:
         """``(inputs, {"method": ...})`` of the model call that gives ``(loss, aux)``."""
         if self.objective is None:
             return (inputs,), {}
-        return (inputs, self.objective), {"method": "preference_forward"}
+        return (inputs, self.objective), {"method": self.objective.model_method}
 
     @staticmethod
     def schedule_metrics(local_rows: int) -> Dict[str, float]:

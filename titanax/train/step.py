@@ -96,9 +96,10 @@ class StepSetup:
         if self.pipeline is not None:
             if self.objective is not None:
                 raise errors.PlanError(
-                    "a preference objective runs the model's preference_forward, which the "
-                    "pipeline schedules do not stage yet", path="plan.pipeline_parallel",
-                    suggestion="train preferences without pipeline_parallel (DP, TP, FSDP)")
+                    f"the {type(self.objective).__name__} objective runs the model's "
+                    f"{self.objective.model_method}, which the pipeline schedules do not stage "
+                    "yet", path="plan.pipeline_parallel",
+                    suggestion="train it without pipeline_parallel (DP, TP, FSDP)")
             return PipelinedGradients(
                 model=self.model, precision=self.precision, mesh_shape=self.mesh_shape,
                 batch_axes=self.batch_axes, pipeline=self.pipeline.instantiate(),

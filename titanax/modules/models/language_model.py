@@ -10,6 +10,7 @@ tokens or examples.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Dict, Optional, Tuple
 
@@ -142,16 +143,21 @@ class CausalLanguageModel(BaseLayer):
         return token_mean(self.token_losses(self.final_norm(decoded), batch["target_ids"]),
                           batch)
 
-    def token_losses(self, hidden: jax.Array, target_ids: jax.Array) -> jax.Array:
+    def token_losses(self, hidden: jax.Array, target_ids: jax.Array, *,
+                     temperature: Optional[float] = None) -> jax.Array:
         """Per-token ``-log p(target)`` ``[batch, seq]`` from the final-normed residual stream,
         the LM head and cross-entropy run in chunks of tokens (``loss_chunk_tokens``): the full
-        logits are never held. Negated, the targets' log-probabilities."""
+        logits are never held. Negated, the targets' log-probabilities. ``temperature``: of
+        the logits divided by it (a sampler's distribution)."""
         head = self.head()
         hidden = self._whole_sequence(hidden)
 
         def loss_of_chunk(hidden_chunk, targets_chunk):
+            logits = head.attend(hidden_chunk)
+            if temperature is not None and temperature != 1.0:
+                logits = logits / jnp.asarray(temperature, logits.dtype)
             return vocab_parallel_cross_entropy(
-                head.attend(hidden_chunk), targets_chunk, vocab_axis=head.vocab_axis,
+                logits, targets_chunk, vocab_axis=head.vocab_axis,
                 vocab_offset=head.vocab_offset(), vocab_size=self.config.vocab_size)
 
         chunk = chunk_length(tokens=int(target_ids.size), local_vocab=head.local_rows(),
@@ -171,9 +177,31 @@ class CausalLanguageModel(BaseLayer):
 
     # --- Preference tuning (modules/preference.py) ----------------------------------------------
 
-    def token_logps(self, input_ids: jax.Array, target_ids: jax.Array) -> jax.Array:
-        """Per target, its log-prob given what precedes it, float32 or wider."""
-        return -at_least_float32(self.token_losses(self.hidden_states(input_ids), target_ids))
+    def token_logps(self, input_ids: jax.Array, target_ids: jax.Array,
+                    segment_ids: Optional[jax.Array] = None,
+                    positions: Optional[jax.Array] = None, *,
+                    temperature: Optional[float] = None) -> jax.Array:
+        """Per target, its log-prob given what precedes it (of the logits divided by
+        ``temperature``), float32 or wider; ``segment_ids`` / ``positions`` as ``forward``'s."""
+        hidden = self.hidden_states(input_ids, segment_ids, positions)
+        return -at_least_float32(self.token_losses(hidden, target_ids, temperature=temperature))
+
+    def _reference_values(self, method: str, inputs: Any) -> jax.Array:
+        """``method(*inputs)`` of the reference model, without gradient: the frozen copy of the
+        weights under ``reference`` (the engine adds it), else -- a LoRA run -- this model with
+        its adapters off; evaluation mode."""
+        from titanax.modules import lora  # pylint: disable=import-outside-toplevel
+        from titanax.modules.module import functional  # pylint: disable=import-outside-toplevel
+        params = self.parameters
+        own = params.get(REFERENCE) if isinstance(params, dict) else None
+        call = functools.partial(functional, self, None, own if own is not None else params,
+                                 inputs, method=method, is_training=False)
+        if own is not None:
+            values, _ = call()
+        else:
+            with lora.disabled():
+                values, _ = call()
+        return jax.lax.stop_gradient(values)
 
     def sequence_logps(self, input_ids: jax.Array, target_ids: jax.Array,
                        weights: jax.Array) -> jax.Array:
@@ -191,8 +219,6 @@ class CausalLanguageModel(BaseLayer):
         mode, no gradient. Returns ``(mean loss over the pairs, aux)``: ``loss_sum``,
         ``num_examples`` and ``num_correct`` (pairs whose chosen reward is higher); TRL's
         metrics as summaries ``metrics/rewards/chosen`` ... ``metrics/logps/rejected``."""
-        from titanax.modules import lora  # pylint: disable=import-outside-toplevel
-        from titanax.modules.module import functional  # pylint: disable=import-outside-toplevel
         sides = ("chosen", "rejected")
         rows = {name: jnp.concatenate([batch[f"{side}_{name}"] for side in sides])
                 for name in ("input_ids", "target_ids", "weights")}
@@ -206,16 +232,7 @@ class CausalLanguageModel(BaseLayer):
         policy = halves(jnp.sum(per_token * at_least_float32(rows["weights"]), axis=-1))
         reference = None
         if objective.needs_reference:
-            params = self.parameters
-            own = params.get(REFERENCE) if isinstance(params, dict) else None
-            if own is not None:
-                values, _ = functional(self, None, own, row_inputs, method="sequence_logps",
-                                       is_training=False)
-            else:
-                with lora.disabled():
-                    values, _ = functional(self, None, params, row_inputs,
-                                           method="sequence_logps", is_training=False)
-            reference = halves(jax.lax.stop_gradient(values))
+            reference = halves(self._reference_values("sequence_logps", row_inputs))
         tokens = halves(jnp.sum(at_least_float32(rows["weights"]), axis=-1))
         out = objective.pair_losses(policy=policy, reference=reference, tokens=tokens)
         weights = batch.get("weights")  # Per pair: 0 for a padding row of the last batch.
@@ -244,6 +261,33 @@ class CausalLanguageModel(BaseLayer):
         loss = add_moe_objective(loss, self.collected_outputs())
         return loss, {"loss_sum": loss_sum, "num_examples": count,
                       "num_correct": jnp.sum(correct * weights)}
+
+    # --- Reinforcement learning (rl/grpo.py) ----------------------------------------------------
+
+    def policy_gradient_forward(self, batch: Dict[str, jax.Array], objective: Any
+                                ) -> Tuple[jax.Array, Dict[str, Any]]:
+        """``objective``'s policy loss (a ``GRPO``) on rollout rows (rl/rollouts.py): ``input_ids``
+        / ``target_ids`` / ``segment_ids`` / ``positions`` of prompt + completion, ``weights``
+        marking the completion's targets, ``old_logps`` (the sampler's, at those targets),
+        ``advantages`` and ``row_weights`` per row. The log-probs are of the logits divided by
+        the sampling temperature; the reference's (KL) as ``preference_forward``'s. Returns
+        ``(loss, aux)`` with the count the loss is a mean over (``num_examples`` or
+        ``num_tokens``) and ``loss_sum``; summaries ``metrics/kl`` and ``metrics/clip_ratio/*``
+        (token means)."""
+        row_inputs = dict(document_inputs(batch), input_ids=batch["input_ids"],
+                          target_ids=batch["target_ids"], temperature=objective.temperature)
+        logps = self.token_logps(**row_inputs)
+        reference = None
+        if objective.needs_reference:
+            reference = self._reference_values("token_logps", row_inputs)
+        out = objective.loss(logps=logps, old_logps=at_least_float32(batch["old_logps"]),
+                             advantages=at_least_float32(batch["advantages"]),
+                             mask=at_least_float32(batch["weights"]), ref_logps=reference,
+                             row_weights=at_least_float32(batch["row_weights"]))
+        for name, value in out.stats.items():
+            self.add_summary(f"{OBJECTIVE_METRICS}/{name}", value)
+        loss = add_moe_objective(out.loss, self.collected_outputs())
+        return loss, {"loss_sum": out.loss * out.count, out.count_name: out.count}
 
     # --- Pipeline parallelism: how the model splits into stages (modules/pipeline_parts.py) -----
 
