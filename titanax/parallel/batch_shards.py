@@ -67,3 +67,15 @@ def place_batch(mesh: Mesh, batch_axis: sharding.AxisEntry, host_batch: Any,
         return jax.make_array_from_single_device_arrays(global_shape, layout, arrays)
 
     return jax.tree_util.tree_map(place, host_batch, specs)
+
+
+def process_rows(array: jax.Array) -> np.ndarray:
+    """This process's rows of a global array split over its first dimension: the shards its
+    devices hold, in increasing order, each once (the inverse of ``place_batch``)."""
+    pieces = {}
+    for shard in array.addressable_shards:
+        start = shard.index[0].start or 0 if shard.index else 0
+        if start not in pieces:
+            pieces[start] = np.asarray(shard.data)
+    return np.concatenate([pieces[s] for s in sorted(pieces)]) if len(pieces) > 1 \
+        else next(iter(pieces.values()))

@@ -54,9 +54,11 @@ class GRPO(Configurable):
         temperature: float = 1.0
         # Nucleus sampling (1: the whole distribution).
         top_p: float = 1.0
-        # Optimizer steps on each rollout batch (GRPO's mu), split into as many equal parts;
-        # the rollout's own log-probs are the old policy of the ratio.
+        # Optimizer steps on each rollout batch, split into as many equal parts (TRL's
+        # steps_per_generation); the rollout's own log-probs are the old policy of the ratio.
         updates_per_rollout: int = 1
+        # Passes over each rollout's updates (GRPO's mu, TRL's num_iterations).
+        iterations: int = 1
         # Clipping of the importance ratio: [1 - epsilon_low, 1 + epsilon_high] (None: the
         # variant's).
         epsilon_low: Optional[float] = None
@@ -99,6 +101,8 @@ class GRPO(Configurable):
                 yield "top_p", f"must be in (0, 1], got {self.top_p}"
             if self.updates_per_rollout < 1:
                 yield "updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}"
+            if self.iterations < 1:
+                yield "iterations", f"must be >= 1, got {self.iterations}"
             for name in ("epsilon_low", "epsilon_high"):
                 value = getattr(self, name)
                 if value is not None and not (math.isfinite(value) and value >= 0):

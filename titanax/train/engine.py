@@ -28,6 +28,7 @@ from titanax import errors
 from titanax.config import Configurable
 from titanax.data.pipeline import Input
 from titanax.data.preference import PreferencePairs
+from titanax.data.prompts import Prompts
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules import axis_binding
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
@@ -40,6 +41,9 @@ from titanax.observe.loggers import Basic, Logger
 from titanax.observe.profiler import Profile
 from titanax.parallel import sharding
 from titanax.parallel.plan import DP, Plan
+from titanax.rl.grpo import GRPO
+from titanax.rl.rewards import RewardSet
+from titanax.rl.rollouts import RolloutStream
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import evaluation as evaluation_lib
 from titanax.train import explain as explain_lib
@@ -96,8 +100,12 @@ class Engine(Configurable):
         # Train on preference pairs (data/preference.py) with this loss (modules/preference.py:
         # DPO and its family); None: the model's own loss.
         preference: Optional[Preference.Config] = None
-        # A Hugging Face directory of the reference model of a preference loss; None: the
-        # starting weights (with LoRA: the base, its adapters off -- no second copy).
+        # Reinforcement learning from rewards on completions the model samples (rl/grpo.py:
+        # GRPO, Dr. GRPO, DAPO, GSPO), its train_input a Prompts source; None: no RL.
+        grpo: Optional[GRPO.Config] = None
+        # A Hugging Face directory of the reference model of a preference loss (or of GRPO's
+        # KL); None: the starting weights (with LoRA: the base, its adapters off -- no second
+        # copy).
         reference_from: Optional[str] = None
         # Global seed of every PRNG stream.
         seed: int = 0
@@ -184,7 +192,9 @@ class Engine(Configurable):
                                      suggestion="configure a model, or set lora=None")
         self.preference: Optional[Preference] = (cfg.preference.instantiate()
                                                  if cfg.preference is not None else None)
+        self.grpo: Optional[GRPO] = cfg.grpo.instantiate() if cfg.grpo is not None else None
         self._check_preference()
+        self._check_grpo()
         if self.model is not None:
             self.plan.check_model(self.model, self.mesh)
             # The layers' logical dimensions take their mesh axes from the plan's binding.
@@ -193,16 +203,24 @@ class Engine(Configurable):
         self._built = True
         return self
 
+    @property
+    def objective(self) -> Optional[Any]:
+        """What the model's step trains instead of its own loss: a preference loss or GRPO."""
+        return self.preference if self.preference is not None else self.grpo
+
     def _check_preference(self) -> None:
         cfg = self.config
-        if cfg.reference_from is not None and (self.preference is None
-                                               or not self.preference.needs_reference):
+        objective = self.objective
+        if cfg.reference_from is not None and (objective is None
+                                               or not objective.needs_reference):
             raise errors.ConfigError(
-                "names the reference of a preference loss, and this run has "
-                + ("none" if self.preference is None else
-                   f"a reference-free one ({self.preference.config.loss})"),
+                "names the reference of a preference loss or of GRPO's KL, and this run has "
+                + ("neither" if objective is None else
+                   f"a reference-free one ({objective.config.loss}"
+                   + (", beta 0)" if self.grpo is not None else ")")),
                 path="reference_from", suggestion="set preference.loss to sigmoid, ipo or "
-                                                  "hinge, or drop reference_from")
+                                                  "hinge (or grpo.beta > 0), or drop "
+                                                  "reference_from")
         if cfg.reference_from is not None and not os.path.isfile(
                 os.path.join(cfg.reference_from, "config.json")):
             raise errors.ConfigError(
@@ -227,11 +245,49 @@ class Engine(Configurable):
                 "context parallelism splits", path="plan.context_parallel",
                 suggestion="train preferences without context parallelism (DP, TP, FSDP)")
 
+    def _check_grpo(self) -> None:
+        cfg = self.config
+        kind = getattr(getattr(cfg.train_input, "source", None), "klass", None)
+        prompts = kind is not None and issubclass(kind, Prompts)
+        if self.grpo is None:
+            if prompts:
+                raise errors.ConfigError(
+                    "reads prompts to complete, and this run has no RL objective",
+                    path="train_input.source",
+                    suggestion="set grpo (e.g. --config.grpo.reward_functions=\"['mod.fn']\")")
+            return
+        if self.preference is not None:
+            raise errors.ConfigError("a run trains one objective: preference pairs or GRPO",
+                                     path="grpo", suggestion="set preference=None or grpo=None")
+        if cfg.train_input is not None and not prompts:
+            raise errors.ConfigError(
+                f"reads {getattr(kind, '__name__', 'no source')} rows, and GRPO samples "
+                "completions of prompts", path="train_input.source",
+                suggestion="give it a Prompts source (data/prompts.py)")
+        if cfg.plan.context_parallel is not None or cfg.plan.pipeline_parallel is not None:
+            which = ("context_parallel" if cfg.plan.context_parallel is not None
+                     else "pipeline_parallel")
+            raise errors.PlanError(
+                "GRPO samples whole rows on the training mesh and trains on them whole",
+                path=f"plan.{which}", suggestion="train GRPO with DP, TP and ZeRO / FSDP")
+        grpo = self.grpo.config
+        if prompts and self.model is not None:
+            max_seq_len = getattr(self.model.config, "max_seq_len", None)
+            prompt_tokens = cfg.train_input.source.max_prompt_tokens
+            if max_seq_len is not None and prompt_tokens + grpo.max_new_tokens > max_seq_len:
+                raise errors.ConfigError(
+                    f"prompts of {prompt_tokens} tokens and completions of "
+                    f"{grpo.max_new_tokens} make rows the model (max_seq_len {max_seq_len}) "
+                    "cannot read", path="grpo.max_new_tokens",
+                    suggestion=f"lower it (or train_input.source.max_prompt_tokens) to fit "
+                               f"{max_seq_len}")
+
     @property
     def holds_reference(self) -> bool:
-        """Whether the params hold a frozen copy of the reference model (``reference``): a
-        preference loss with a reference, unless LoRA's base (adapters off) is it."""
-        return (self.preference is not None and self.preference.needs_reference
+        """Whether the params hold a frozen copy of the reference model (``reference``): an
+        objective with a reference, unless LoRA's base (adapters off) is it."""
+        objective = self.objective
+        return (objective is not None and objective.needs_reference
                 and (self.lora is None or self.config.reference_from is not None))
 
     def model_specs(self) -> Any:
@@ -274,7 +330,7 @@ class Engine(Configurable):
                                  nan_policy=self.config.nan_policy,
                                  recompile_policy=self.config.recompile_policy,
                                  lora_settings=self.lora.settings() if self.lora is not None
-                                 else None, objective=self.preference)
+                                 else None, objective=self.objective)
 
     def _declare(self, params: Any) -> None:
         """Layouts for a hand-written step's params (the plan's rules over their shapes)."""
@@ -499,11 +555,32 @@ class Engine(Configurable):
         return int(total)
 
     def _configured_iterator(self):
-        """The configured input: one stream per engine, continued by later fit() calls."""
+        """The configured input: one stream per engine, continued by later fit() calls (a
+        GRPO run's: the rollout stream over its prompts)."""
         if self._train_iterator is None:
-            self._train_iterator = iter(self.make_input(self.config.train_input,
-                                                        where="train_input"))
+            made = self.make_input(self.config.train_input, where="train_input")
+            self._train_iterator = (self._rollout_stream(made) if self.grpo is not None
+                                    else iter(made))
         return self._train_iterator
+
+    def _rollout_stream(self, prompts: Input) -> RolloutStream:
+        grpo = self.grpo.config
+        rewards = RewardSet(functions=grpo.reward_functions, weights=grpo.reward_weights,
+                            rewards=grpo.rewards)
+        end_ids = list(grpo.end_ids) if grpo.end_ids is not None else prompts.source.end_ids()
+        shards, _ = self.process_batch_shards()
+        return RolloutStream(
+            prompts=iter(prompts), source=prompts.source, grpo=self.grpo, rewards=rewards,
+            sample=self.steps.sampler(max_new_tokens=grpo.max_new_tokens,
+                                      temperature=grpo.temperature, top_p=grpo.top_p),
+            params=lambda: self.state.params, place=self.inputs.placed, shards=shards,
+            seed=self.config.seed, end_ids=end_ids, iterations=grpo.iterations)
+
+    def _rollout_train_step(self, item) -> Dict[str, Any]:
+        """A GRPO step: the rollout rows trained on, the rollout's host metrics added."""
+        rows, host_metrics = item
+        metrics = self.train_step(rows)
+        return dict(metrics, **host_metrics)
 
     def _loop(self, total: int) -> TrainingLoop:
         cfg = self.config
@@ -516,7 +593,8 @@ class Engine(Configurable):
         if limit is None and self.mesh.devices.flat[0].platform == "cpu":
             limit = 1
         return TrainingLoop(
-            train_step=self.train_step, current_step=lambda: int(jax.device_get(self.state.step)),
+            train_step=self._rollout_train_step if self.grpo is not None else self.train_step,
+            current_step=lambda: int(jax.device_get(self.state.step)),
             hooks=self.hooks, window=window, log_every=cfg.log_every, inflight_limit=limit,
             evals_due=self.evaluation.due,
             run_evals=lambda step, only_due: self.run_evalers(step, only_due=only_due),

@@ -167,12 +167,12 @@ class CausalLanguageModel(BaseLayer):
     @nowrap
     def input_limits(self) -> Dict[str, InputLimit]:
         """Ids below vocab_size, at most max_seq_len positions (checked on the host) -- of
-        plain rows and of preference pairs' two rows."""
+        plain rows, of preference pairs' two rows and of prompts to complete."""
         cfg = self.config
         limit = InputLimit(num_ids=cfg.vocab_size, num_ids_field="vocab_size",
                            max_length=cfg.max_seq_len, max_length_field="max_seq_len")
         names = [f"{side}{name}" for side in ("", "chosen_", "rejected_")
-                 for name in ("input_ids", "target_ids")]
+                 for name in ("input_ids", "target_ids")] + ["prompt_ids"]
         return {name: limit for name in names}
 
     # --- Preference tuning (modules/preference.py) ----------------------------------------------

@@ -1,0 +1,230 @@
+"""The rollout stream: a GRPO run's train batches, each made from completions the model samples
+with its current params on its own mesh.
+
+Per rollout: the next batch of prompts (this process's rows of the prompt input), each repeated
+``num_generations`` times (a group: its rows stay in one batch shard), sampled by the run's
+KV-cache sampler (``StepBuilder.sampler``: the params and mesh the train step uses -- no weights
+move); on the host, the completions cut at their first end token and decoded, scored by the
+rewards, the scores gathered from every process, the advantages computed over the global batch
+(``advantages.py``), this process's rows kept (``rows.py``). The rollout batch then feeds
+``updates_per_rollout`` optimizer steps (equal parts of each shard's rows), ``iterations`` times
+over, the rollout's own log-probs the old policy of every one.
+
+The rollout key is ``fold_in(key(seed), rollout number)``; the stream's state -- the prompt
+input's position and the rollout number -- is saved with every checkpoint, so a resumed run
+samples what the uninterrupted run sampled. (A checkpoint taken inside a rollout's updates, with
+``updates_per_rollout`` or ``iterations`` above 1, resumes at the next rollout: the updates
+left of that one are skipped, and the log says so.)
+
+Each step's metrics gain the host's: ``reward`` (the mean reward of its rollout),
+``reward_std``, ``rewards/<name>/mean|std``, ``frac_reward_zero_std``, ``entropy`` (of the
+sampled tokens' distributions), ``completions/mean_length``, ``completions/clipped_ratio`` (no
+end token within the budget), ``rollout/kept_fraction`` (rows left after dropping all-equal
+groups), ``time/rollout_s`` and ``time/train_s`` (the previous step's), ``time/rollout_share``,
+``rollout/tokens_per_s`` and ``train/tokens_per_s`` (completion tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from titanax.data.prompts import Prompts
+from titanax.parallel import batch_shards
+from titanax.rl.advantages import group_advantages
+from titanax.rl.grpo import GRPO
+from titanax.rl.rewards import RewardSet
+from titanax.rl.rows import completion_mask, rollout_rows
+
+_log = logging.getLogger("titanax")
+
+
+class RolloutStream:
+    """Iterator of ``(train rows, host metrics)`` (see the module docstring)."""
+
+    def __init__(self, *, prompts: Any, source: Prompts, grpo: GRPO, rewards: RewardSet,
+                 sample: Any, params: Any, place: Any, shards: Sequence[int], seed: int,
+                 end_ids: Sequence[int], iterations: int = 1):
+        """``prompts``: an iterator of this process's prompt rows (``get_state`` /
+        ``set_state``); ``sample(params, prompt_ids, prompt_lengths, key)``: the run's
+        sampler; ``params()``: the current params; ``place(host batch)``: global arrays;
+        ``shards``: this process's batch shards (their number of rows each is equal)."""
+        self.prompts, self.source, self.grpo, self.rewards = prompts, source, grpo, rewards
+        self.sample, self.params, self.place = sample, params, place
+        self.shards = tuple(shards)
+        self.key = jax.random.fold_in(jax.random.PRNGKey(seed), 0x5A3)  # (Its own stream.)
+        self.end_ids = list(end_ids)
+        self.iterations = iterations
+        self.rollouts = 0  # Rollouts sampled so far.
+        self.queue: List[Tuple[Dict[str, np.ndarray], Dict[str, float]]] = []
+        self._handed_at: Optional[float] = None
+        self._last_train_tokens = 0.0
+
+    # --- The checkpointed position --------------------------------------------------------------
+
+    def get_state(self) -> Dict[str, Any]:
+        return {"prompts": self.prompts.get_state(), "rollouts": self.rollouts,
+                "updates_left": len(self.queue)}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        self.prompts.set_state(state["prompts"])
+        self.rollouts = int(state["rollouts"])
+        self.queue = []
+        if state.get("updates_left"):
+            _log.warning("resumed inside rollout %d: its %d update(s) left are skipped (the "
+                         "checkpoint was taken before they ran)", self.rollouts,
+                         state["updates_left"])
+
+    # --- Iteration ------------------------------------------------------------------------------
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Tuple[Dict[str, np.ndarray], Dict[str, float]]:
+        train_s = None
+        if self._handed_at is not None:
+            jax.block_until_ready(self.params())  # The previous step has finished.
+            train_s = time.perf_counter() - self._handed_at
+        if not self.queue:
+            self.queue = self._rollout()
+        rows, metrics = self.queue.pop(0)
+        metrics = dict(metrics)
+        if train_s is not None:
+            metrics["time/train_s"] = train_s
+            metrics["train/tokens_per_s"] = self._last_train_tokens / max(train_s, 1e-9)
+            metrics["time/rollout_share"] = metrics["time/rollout_s"] / (
+                metrics["time/rollout_s"] + train_s)
+        self._last_train_tokens = float(np.sum(rows["weights"]))
+        self._handed_at = time.perf_counter()
+        return rows, metrics
+
+    def _rollout(self) -> List[Tuple[Dict[str, np.ndarray], Dict[str, float]]]:
+        cfg = self.grpo.config
+        started = time.perf_counter()
+        prompts = next(self.prompts)  # (StopIteration ends the run: the prompts ran out.)
+        group = cfg.num_generations
+        prompt_ids = np.repeat(prompts["prompt_ids"], group, axis=0)
+        lengths = np.repeat(prompts["prompt_lengths"], group, axis=0)
+        records = np.repeat(prompts["record_index"], group, axis=0)
+        placed = self.place({"prompt_ids": prompt_ids, "prompt_lengths": lengths})
+        out = self.sample(self.params(), placed["prompt_ids"], placed["prompt_lengths"],
+                          jax.random.fold_in(self.key, self.rollouts))
+        tokens, logps, entropy = (batch_shards.process_rows(out[name]).astype(dtype) for
+                                  name, dtype in (("tokens", np.int64), ("logps", np.float64),
+                                                  ("entropy", np.float64)))
+        self.rollouts += 1
+        rollout_s = time.perf_counter() - started
+        mask = completion_mask(tokens, self.end_ids)
+        ended = np.isin(tokens, np.asarray(self.end_ids, np.int64)).any(axis=1)
+        per_reward = self._score(tokens, mask, records)
+        # Every process's rows, once each, in the global batch's order.
+        columns = [per_reward, (entropy * mask).sum(axis=1, keepdims=True),
+                   mask.sum(axis=1, keepdims=True), ended[:, None].astype(float)]
+        merged, mine = _global_rows(np.concatenate(columns, axis=1), self.shards)
+        width = per_reward.shape[1]
+        scores = merged[:, :width]
+        total = self.rewards.total(scores)
+        result = group_advantages(total, num_generations=group,
+                                  scale_rewards=self.grpo.scale_rewards)
+        keep = ~result.equal_group if self.grpo.drop_equal_groups else np.ones(len(total), bool)
+        metrics = self._metrics(scores, total, result.equal_group, keep,
+                                entropy_sum=merged[:, width], lengths=merged[:, width + 1],
+                                ended=merged[:, width + 2] > 0, rollout_s=rollout_s)
+        rows = rollout_rows(prompt_ids=prompt_ids, prompt_lengths=lengths, completion_ids=tokens,
+                            completion_mask=mask, old_logps=logps,
+                            advantages=result.advantages[mine],
+                            row_weights=keep[mine].astype(np.float32))
+        parts = _parts(rows, shards=len(self.shards), count=cfg.updates_per_rollout)
+        steps = len(parts) * self.iterations
+        metrics["time/rollout_s"] = rollout_s / steps
+        return [(part, metrics) for _ in range(self.iterations) for part in parts]
+
+    def _score(self, tokens: np.ndarray, mask: np.ndarray, records: np.ndarray) -> np.ndarray:
+        """``[rows, rewards]`` of this process's completions."""
+        source, tok = self.source, self.source.tokenizer
+        ends = set(self.end_ids)
+        completion_ids = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
+        texts = [tok.decode([i for i in ids if i not in ends]) for ids in completion_ids]
+        fields: Dict[str, List[Any]] = {}
+        for index in records:
+            for name, value in source.fields_of(int(index)).items():
+                fields.setdefault(name, [])
+        for index in records:
+            own = source.fields_of(int(index))
+            for name in fields:
+                fields[name].append(own.get(name))
+        return self.rewards.score(prompts=[source.prompt_of(int(i)) for i in records],
+                                  completions=texts, completion_ids=completion_ids,
+                                  fields=fields, budget=self.grpo.config.max_new_tokens)
+
+    def _metrics(self, scores, total, equal, keep, *, entropy_sum, lengths, ended,
+                 rollout_s) -> Dict[str, float]:
+        out: Dict[str, float] = {}
+        for column, name in enumerate(self.rewards.names):
+            out[f"rewards/{name}/mean"] = _mean(scores[:, column])
+            out[f"rewards/{name}/std"] = _std(scores[:, column])
+        out["reward"] = _mean(total)
+        out["reward_std"] = _std(total)
+        out["frac_reward_zero_std"] = float(np.mean(equal))
+        out["rollout/kept_fraction"] = float(np.mean(keep))
+        tokens = float(lengths.sum())
+        out["completions/mean_length"] = float(lengths.mean())
+        out["completions/clipped_ratio"] = float(np.mean(~ended))
+        out["entropy"] = float(entropy_sum.sum() / max(tokens, 1.0))
+        out["rollout/tokens_per_s"] = tokens / max(rollout_s, 1e-9)
+        return out
+
+
+def _mean(values: np.ndarray) -> float:
+    """The mean of the scored values (NaN: abstained); 0 when none is."""
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else 0.0
+
+
+def _std(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.std(finite, ddof=1)) if finite.size > 1 else 0.0
+
+
+def _global_rows(local: np.ndarray, shards: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
+    """``(every batch shard's rows of local [rows, k] in shard order, the indices of this
+    process's rows in it)``: gathered from every process (a shard several processes hold is
+    taken once, from the first)."""
+    shards = np.asarray(shards, np.int64)
+    per_shard = len(local) // len(shards)
+    if jax.process_count() == 1:
+        held = {int(s): local[i * per_shard:(i + 1) * per_shard] for i, s in enumerate(shards)}
+    else:
+        from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+        rows = np.asarray(multihost_utils.process_allgather(local))
+        owners = np.asarray(multihost_utils.process_allgather(shards))
+        held = {}
+        for process_rows, process_shards in zip(rows, owners):
+            for i, s in enumerate(process_shards):
+                held.setdefault(int(s), process_rows[i * per_shard:(i + 1) * per_shard])
+    order = sorted(held)
+    merged = np.concatenate([held[s] for s in order])
+    start = {s: k * per_shard for k, s in enumerate(order)}
+    mine = np.concatenate([np.arange(start[int(s)], start[int(s)] + per_shard) for s in shards])
+    return merged, mine
+
+
+def _parts(rows: Dict[str, np.ndarray], *, shards: int,
+           count: int) -> List[Dict[str, np.ndarray]]:
+    """``rows`` (``shards`` equal blocks of rows) cut into ``count`` batches, each holding an
+    equal part of every block (so every batch shard keeps its own rows)."""
+    if count == 1:
+        return [rows]
+    out = []
+    for part in range(count):
+        def take(values, part=part):
+            blocks = values.reshape((shards, -1) + values.shape[1:])
+            size = blocks.shape[1] // count
+            piece = blocks[:, part * size:(part + 1) * size]
+            return piece.reshape((-1,) + values.shape[1:])
+        out.append({k: take(v) for k, v in rows.items()})
+    return out
