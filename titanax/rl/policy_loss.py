@@ -84,7 +84,8 @@ def policy_loss(*, logps: jax.Array, old_logps: jax.Array, advantages: jax.Array
 
     low = (coef < 1.0 - epsilon_low) & (a < 0)
     high = (coef > 1.0 + epsilon_high) & (a > 0)
-    stats = {"clip_ratio/low_mean": token_mean(low.astype(logps.dtype)),
+    stats = {"sampling/logp_difference/mean": token_mean(jnp.abs(logps - old_logps)),
+             "clip_ratio/low_mean": token_mean(low.astype(logps.dtype)),
              "clip_ratio/high_mean": token_mean(high.astype(logps.dtype)),
              "clip_ratio/region_mean": token_mean((low | high).astype(logps.dtype))}
     if kl is not None:

@@ -193,8 +193,8 @@ class Engine(Configurable):
         self.preference: Optional[Preference] = (cfg.preference.instantiate()
                                                  if cfg.preference is not None else None)
         self.grpo: Optional[GRPO] = cfg.grpo.instantiate() if cfg.grpo is not None else None
-        self._check_preference()
         self._check_grpo()
+        self._check_preference()
         if self.model is not None:
             self.plan.check_model(self.model, self.mesh)
             # The layers' logical dimensions take their mesh axes from the plan's binding.
@@ -249,6 +249,9 @@ class Engine(Configurable):
         cfg = self.config
         kind = getattr(getattr(cfg.train_input, "source", None), "klass", None)
         prompts = kind is not None and issubclass(kind, Prompts)
+        if self.grpo is not None and self.preference is not None:
+            raise errors.ConfigError("a run trains one objective: preference pairs or GRPO",
+                                     path="grpo", suggestion="set preference=None or grpo=None")
         if self.grpo is None:
             if prompts:
                 raise errors.ConfigError(
@@ -256,9 +259,6 @@ class Engine(Configurable):
                     path="train_input.source",
                     suggestion="set grpo (e.g. --config.grpo.reward_functions=\"['mod.fn']\")")
             return
-        if self.preference is not None:
-            raise errors.ConfigError("a run trains one objective: preference pairs or GRPO",
-                                     path="grpo", suggestion="set preference=None or grpo=None")
         if cfg.train_input is not None and not prompts:
             raise errors.ConfigError(
                 f"reads {getattr(kind, '__name__', 'no source')} rows, and GRPO samples "

@@ -11,7 +11,7 @@ without the mesh axes of size 1 (nothing moves over those; parallel/layout.py).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import numpy as np
@@ -132,11 +132,12 @@ class StepBuilder:
 
         return CompiledStep(jax.jit(run), name="eval step", policy="allow")
 
-    def model_method(self, method: str) -> Callable:
+    def model_method(self, method: str, *, constants: Tuple[Any, ...] = ()) -> Callable:
         """``jit(shard_map(model.<method>))`` over the run's mesh: ``(params, *inputs) ->
         outputs``, inputs and outputs split over the batch axes on their first dimension, the
         params in the run's layout (FSDP shards gathered first) -- the model's logits on the
-        mesh it trains on."""
+        mesh it trains on. ``constants``: Python values passed after the inputs (a sampling
+        temperature)."""
         # Its inputs are whole rows, the same on every context rank: no sequence is split.
         local = bound_to(self._model_call(method),
                          self.layout.axis_binding.without(axis_binding.SEQUENCE),
@@ -145,7 +146,8 @@ class StepBuilder:
 
         def run(params, *inputs):
             in_specs = (self.layout.param_specs,) + (batch_spec,) * len(inputs)
-            return jax.shard_map(lambda p, *xs: local(p, xs), mesh=self.mesh, in_specs=in_specs,
+            return jax.shard_map(lambda p, *xs: local(p, xs + tuple(constants)), mesh=self.mesh,
+                                 in_specs=in_specs,
                                  out_specs=batch_spec, check_vma=False)(params, *inputs)
 
         return jax.jit(run)

@@ -179,7 +179,7 @@ class CausalLanguageModel(BaseLayer):
 
     def token_logps(self, input_ids: jax.Array, target_ids: jax.Array,
                     segment_ids: Optional[jax.Array] = None,
-                    positions: Optional[jax.Array] = None, *,
+                    positions: Optional[jax.Array] = None,
                     temperature: Optional[float] = None) -> jax.Array:
         """Per target, its log-prob given what precedes it (of the logits divided by
         ``temperature``), float32 or wider; ``segment_ids`` / ``positions`` as ``forward``'s."""

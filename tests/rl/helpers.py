@@ -1,0 +1,55 @@
+"""A GRPO engine on the bundled sums' tokenizer (16 ids), for the rl tests."""
+
+import json
+import os
+import random
+
+from tests.train import helpers
+from titanax.data.pipeline import Input
+from titanax.data.prompts import Prompts
+from titanax.modules.models.decoder import Decoder
+from titanax.parallel.plan import DP, TP, Plan, ZeRO
+from titanax.rl.grpo import GRPO
+from titanax.rl.rewards import AnswerMatch
+from titanax.train.engine import Engine
+
+import titanax
+
+SUMS = os.path.join(os.path.dirname(titanax.__file__), "data", "bundled", "sums")
+MODEL = dict(name="llama", vocab_size=16, max_seq_len=24, num_layers=2, model_dim=32,
+             num_heads=4, num_kv_heads=2, hidden_dim=48)
+# Mesh shape and axes, plan pieces, per layout.
+LAYOUTS = {
+    "dp": ((8,), ("data",), {}),
+    "dp_tp": ((4, 2), ("data", "model"), {"tensor_parallel": TP.default_config()}),
+    "fsdp": ((8,), ("data",), {"zero": ZeRO.default_config().set(stage=3)}),
+}
+
+
+def sums_file(path, count=64, seed=0):
+    """Sums of numbers of 1 to 3 digits ("12+345="): prompts of 4 to 8 tokens."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(count):
+            a, b = rng.randrange(10 ** rng.randint(1, 3)), rng.randrange(10 ** rng.randint(1, 3))
+            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+    return str(path)
+
+
+DEFAULT = object()
+
+
+def engine(files, *, layout="dp", prompts=8, grpo=DEFAULT, **changes) -> Engine:
+    shape, axes, plan = LAYOUTS[layout]
+    source = Prompts.default_config().set(files=[files], max_prompt_tokens=8)
+    prompt_input = Input.default_config().set(source=source, global_batch_size=prompts)
+    prompt_input.tokenizer.path = SUMS
+    cfg = Engine.default_config().set(
+        mesh=helpers.mesh(shape, axes),
+        plan=Plan.default_config().set(data_parallel=DP.default_config(), **plan),
+        model=Decoder.default_config().set(**MODEL), train_input=prompt_input,
+        grpo=GRPO.default_config().set(
+            num_generations=4, max_new_tokens=8, temperature=0.8,
+            rewards={"answer": AnswerMatch.default_config()}) if grpo is DEFAULT else grpo,
+        learner=helpers.adam(1e-3), loggers=[], log_every=1, max_steps=2)
+    return cfg.set(**changes).instantiate()
