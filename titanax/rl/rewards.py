@@ -66,6 +66,8 @@ class AnswerMatch(Reward):
 
         def _validate_values(self):
             yield from super()._validate_values()
+            if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
+                yield "tolerance", f"must be a finite number >= 0, got {self.tolerance}"
             if self.extract is not None:
                 try:
                     if re.compile(self.extract).groups < 1:
@@ -90,10 +92,11 @@ class AnswerMatch(Reward):
         cfg = self.config
         answers = fields.get(cfg.answer_field)
         if answers is None:
+            have = sorted(k for k in fields if k not in ("prompts", "completion_ids", "budget"))
             raise errors.RewardError(
                 f"the prompt records have no field {cfg.answer_field!r} (they have "
-                f"{', '.join(sorted(k for k in fields if k not in ('prompts', 'completion_ids', 'budget'))) or 'none'})",
-                path="answer_field", suggestion="name the field holding the right answer")
+                f"{', '.join(have) or 'none'})", path="answer_field",
+                suggestion="name the field holding the right answer")
         out = []
         for text, answer in zip(completions, answers):
             given = self._given(text)
@@ -167,9 +170,10 @@ def import_function(path: str, *, where: str) -> Callable:
                                             "from its directory)") from None
     function = getattr(module, name, None)
     if not callable(function):
+        defined = ", ".join(n for n in dir(module) if not n.startswith("_"))
         raise errors.RewardError(f"{module_name} has no function {name!r}", path=where,
                                  suggestion=f"check the name: {module_name} defines "
-                                            f"{', '.join(n for n in dir(module) if not n.startswith('_'))[:200]}")
+                                            f"{defined[:200]}")
     return function
 
 
