@@ -19,6 +19,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from titanax import errors
+from titanax.rl import rows as rollout_rows
+
+# Rollout-row fields with one value per row (the rest are per token).
+PER_ROW = ("advantages", "row_weights")
 
 GIB = float(1 << 30)
 
@@ -31,6 +35,10 @@ def batch_template(engine: Any) -> Dict[str, jax.ShapeDtypeStruct]:
     fields = getattr(getattr(source, "klass", None), "FIELDS", None)
     length = getattr(source, "seq_len", None)
     rows = getattr(input_cfg, "global_batch_size", None)
+    if engine.grpo is not None:  # Rollout rows: prompt + completion, a group per prompt.
+        grpo = engine.grpo.config
+        fields, length = rollout_rows.FIELDS, source.max_prompt_tokens + grpo.max_new_tokens - 1
+        rows = rows * grpo.num_generations // grpo.updates_per_rollout
     if fields is None or not isinstance(length, int) or not isinstance(rows, int):
         kind = getattr(getattr(source, "klass", None), "__name__", type(source).__name__)
         raise errors.LaunchFlagError(
@@ -38,7 +46,8 @@ def batch_template(engine: Any) -> Dict[str, jax.ShapeDtypeStruct]:
             f"({kind}) declares no fields, seq_len or global_batch_size", path="train_input",
             suggestion="use a TextWindows or PackedDocuments source, or compile with --explain "
                        "(which reads the first batch)")
-    host = {name: np.zeros((rows, length), dtype) for name, dtype in fields.items()}
+    host = {name: np.zeros((rows,) + ((length,) if name not in PER_ROW else ()), dtype)
+            for name, dtype in fields.items()}
     host = engine.inputs.batch.prepared(host, dict(engine.mesh.shape))
     specs = engine.steps.batch_specs(host)
     return jax.tree_util.tree_map(
@@ -64,7 +73,33 @@ def compile_only(engine: Any) -> Dict[str, int]:
     }
     report["peak_bytes"] = (report["argument_bytes"] + report["output_bytes"]
                             + report["temp_bytes"] - report["alias_bytes"])
+    if engine.grpo is not None:
+        report.update(_sampler_report(engine, state, train_arguments=report["argument_bytes"]))
+        report["peak_bytes"] = max(report["peak_bytes"], report["rollout_peak_bytes"])
     return report
+
+
+def _sampler_report(engine: Any, state: Any, *, train_arguments: int) -> Dict[str, int]:
+    """A GRPO run's sampler, compiled for one rollout's prompts: its temporaries (the key/value
+    cache, a step's logits) and outputs come on top of the whole train state, which stays on the
+    devices while it samples (``rollout_peak_bytes`` counts the train step's arguments: the
+    state and one train batch)."""
+    grpo = engine.grpo.config
+    input_cfg = engine.config.train_input
+    rows = input_cfg.global_batch_size * grpo.num_generations
+    host = {"prompt_ids": np.zeros((rows, input_cfg.source.max_prompt_tokens), np.int32),
+            "prompt_lengths": np.zeros((rows,), np.int32)}
+    specs = engine.steps.batch_specs(host)
+    prompts = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(engine.mesh,
+                                                                                specs[k]))
+               for k, v in host.items()}
+    sampler = engine.steps.sampler(max_new_tokens=grpo.max_new_tokens,
+                                   temperature=grpo.temperature, top_p=grpo.top_p)
+    analysis = sampler.lower(state.params, prompts["prompt_ids"], prompts["prompt_lengths"],
+                             jax.ShapeDtypeStruct((2,), np.uint32)).compile().memory_analysis()
+    temp, out = int(analysis.temp_size_in_bytes), int(analysis.output_size_in_bytes)
+    return {"sampler_temp_bytes": temp, "sampler_output_bytes": out,
+            "rollout_peak_bytes": train_arguments + temp + out}
 
 
 def describe(report: Dict[str, int], *, mesh: Any) -> str:
@@ -74,4 +109,7 @@ def describe(report: Dict[str, int], *, mesh: Any) -> str:
     return "\n".join([
         f"compiled the train step for {devices} devices ({shape}); per device:",
         *(f"  {name[:-6]:>8}: {report[name] / GIB:9.3f} GiB" for name in
-          ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes"))])
+          ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes")),
+        *([f"  the rollout (the sampler's temp {report['sampler_temp_bytes'] / GIB:.3f} GiB "
+           f"and outputs on top of the train state): {report['rollout_peak_bytes'] / GIB:.3f} "
+           "GiB"] if "rollout_peak_bytes" in report else [])])

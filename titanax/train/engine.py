@@ -563,6 +563,13 @@ class Engine(Configurable):
                                     else iter(made))
         return self._train_iterator
 
+    def first_train_batch(self) -> Any:
+        """The first host batch a step trains on (a GRPO run's: its first rollout's rows,
+        sampled with the current params)."""
+        if self.grpo is not None:
+            return next(self._configured_iterator())[0]
+        return next(iter(self.make_input(self.config.train_input, where="train_input")))
+
     def _rollout_stream(self, prompts: Input) -> RolloutStream:
         grpo = self.grpo.config
         rewards = RewardSet(functions=grpo.reward_functions, weights=grpo.reward_weights,

@@ -43,8 +43,7 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
     preemption.exit_if_requested("while the run was built")
     if explain:  # Shapes are all it needs: fresh params, no checkpoint read.
         engine.init_state()
-        engine.compile(example_batch=next(iter(engine.make_input(engine.config.train_input,
-                                                                 where="train_input"))))
+        engine.compile(example_batch=engine.first_train_batch())
         if on_start is not None and jax.process_index() == 0:
             on_start()
         print(engine.explain(), flush=True)
