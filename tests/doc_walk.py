@@ -1,6 +1,8 @@
 """A docs page run as a newcomer would: its ``bash`` blocks line by line (``python`` is this
 interpreter; ``examples/`` the repository's), its ``python`` blocks as scripts, in order, in a
-fresh folder; every command must exit 0 without a traceback."""
+fresh folder; every command must exit 0 without a traceback. A ``python`` block whose first
+line is ``# file: NAME`` is a file the page has you write (a module a command imports): it is
+written to NAME, not run."""
 
 import os
 import re
@@ -29,6 +31,10 @@ def walk(page: str, folder) -> List[Tuple[str, str]]:
     env = child_environment()
     outputs = []
     for kind, body in blocks(page):
+        named = re.match(r"# file: (\S+)\n", body)
+        if kind == "python" and named:
+            (folder / named.group(1)).write_text(body)
+            continue
         if kind == "python":
             script = folder / f"snippet_{len(outputs)}.py"
             script.write_text(body)

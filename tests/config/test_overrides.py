@@ -97,3 +97,13 @@ def test_config_diff_lists_changed_leaves():
     assert config_diff(named, named.clone()) == []
     grown = named.clone(rules={"x": (None,)})
     assert config_diff(named, grown) == ["rules['x']: <absent> -> (None,)", "rules: {} -> <absent>"]
+
+
+def test_a_list_and_a_tuple_of_the_same_items_are_no_config_change():
+    """A sequence field set from the command line holds a list, restored from a saved config a
+    tuple: resuming must not report that as a change."""
+    from titanax.config.overrides import diff_debug_strings
+    before = "grpo.reward_functions: ['my.fn']\nseed: 0\nfiles: ['a', 'b']"
+    after = "grpo.reward_functions: ('my.fn',)\nseed: 1\nfiles: ('b', 'a')"
+    assert diff_debug_strings(before, after) == ["seed: 0 -> 1",
+                                                 "files: ['a', 'b'] -> ('b', 'a')"]

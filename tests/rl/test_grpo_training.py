@@ -109,3 +109,21 @@ def test_what_grpo_refuses(tmp_path):
     assert info.value.path == "plan.context_parallel"
     with pytest.raises(errors.ConfigValidationError, match="no reward"):
         GRPO.default_config().instantiate()
+
+
+def test_compile_only_sizes_the_train_step_and_the_rollout(tmp_path):
+    """--compile_only compiles the train step on rollout rows (prompt + completion, a group per
+    prompt) and the sampler on top of the train state: its key/value cache grows with the
+    completion budget."""
+    from titanax.train import abstract_compile  # pylint: disable=import-outside-toplevel
+    files = helpers.sums_file(tmp_path / "s.jsonl")
+    reports = {}
+    for budget in (4, 12):
+        grpo = GRPO.default_config().set(num_generations=4, max_new_tokens=budget,
+                                         rewards={"a": AnswerMatch.default_config()})
+        reports[budget] = abstract_compile.compile_only(helpers.engine(files, grpo=grpo))
+    for report in reports.values():
+        assert report["rollout_peak_bytes"] > report["sampler_temp_bytes"] > 0
+        assert report["peak_bytes"] >= report["rollout_peak_bytes"]
+    assert reports[12]["sampler_temp_bytes"] > reports[4]["sampler_temp_bytes"]
+    assert reports[12]["temp_bytes"] > reports[4]["temp_bytes"]

@@ -381,9 +381,19 @@ def diff_debug_strings(before: str, after: str) -> List[str]:
     lines = []
     for path in list(new) + [p for p in old if p not in new]:
         old_text, new_text = old.get(path, "<absent>"), new.get(path, "<absent>")
-        if old_text != new_text:
+        if old_text != new_text and not _same_items(old_text, new_text):
             lines.append(f"{path}: {old_text} -> {new_text}")
     return lines
+
+
+def _same_items(a: str, b: str) -> bool:
+    """Whether two dumped values are the same items, one a list and the other a tuple (a
+    sequence field set from the command line holds a list, its default a tuple)."""
+    try:
+        x, y = ast.literal_eval(a), ast.literal_eval(b)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and list(x) == list(y)
 
 
 def _parse_debug_string(text: str) -> Dict[str, str]:

@@ -122,9 +122,10 @@ def check_model_matches(model: ConfigBase, directory: str) -> None:
 def with_model_tokenizer(cfg: ConfigBase, *, given: Sequence[Any]) -> ConfigBase:
     """``cfg`` (with ``init_from`` set) whose train input reads with the HF directory's
     tokenizer, unless the user chose one (``given``: the overrides applied) or the input does
-    not tokenize text; what was decided is printed."""
+    not tokenize text -- also where the experiment names its own (a tokenizer for its bundled
+    data cannot read for another model); what was decided is printed."""
     train = getattr(cfg, "train_input", None)
-    if train is None or "tokenizer" not in train.keys() or train.tokenizer.path is not None:
+    if train is None or "tokenizer" not in train.keys():
         return cfg
     if any(o.path == "train_input.tokenizer" or o.path.startswith("train_input.tokenizer.")
            for o in given):
@@ -140,9 +141,11 @@ def with_model_tokenizer(cfg: ConfigBase, *, given: Sequence[Any]) -> ConfigBase
               "tokens; set --config.train_input.tokenizer.path to its tokenizer", flush=True)
         return cfg
     out = cfg.clone()
+    replaced = train.tokenizer.path
     out.train_input.tokenizer.path = cfg.init_from
     tokenizer = out.train_input.tokenizer.instantiate()
     print(f"titanax: data tokenized with the model's tokenizer {tokenizer.file} "
-          f"({tokenizer.vocab_size} tokens; from init_from -- "
-          "--config.train_input.tokenizer.path=... chooses another)", flush=True)
+          f"({tokenizer.vocab_size} tokens; from init_from"
+          + (f", instead of the experiment's {replaced}" if replaced else "")
+          + " -- --config.train_input.tokenizer.path=... chooses another)", flush=True)
     return out
