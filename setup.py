@@ -28,6 +28,8 @@ setup(
     # package `titanax_experiments`, so a user's own `experiments` package never hides them.
     packages=find_packages(include=["titanax", "titanax.*"]) + ["titanax_experiments"],
     package_dir={"titanax_experiments": "experiments"},
+    # llama_tiny_grpo's bundled prompts and tokenizer.
+    package_data={"titanax": ["data/bundled/*/*"]},
     install_requires=[
         # Versions verified together on the reference machine (see ../shared/JAX_NOTES.md).
         "jax>=0.10.2,<0.11",
