@@ -9,6 +9,8 @@ import pytest
 from tests.numerics import assert_identical
 from tests.rl import helpers
 from titanax import errors
+from titanax.data.pipeline import Input
+from titanax.data.prompts import Prompts
 from titanax.modules.lora import LoRA
 from titanax.modules.models.language_model import REFERENCE
 from titanax.modules.preference import Preference
@@ -16,6 +18,7 @@ from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import DP, Plan
 from titanax.rl.grpo import GRPO
 from titanax.rl.rewards import AnswerMatch, LengthPenalty
+from titanax.train.evaler import Evaler
 
 
 @pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo", "gspo"])
@@ -107,6 +110,11 @@ def test_what_grpo_refuses(tmp_path):
                            data_parallel=DP.default_config(),
                            context_parallel=CP.default_config().set(axis="context"))).build()
     assert info.value.path == "plan.context_parallel"
+    with pytest.raises(errors.ConfigError, match="no held-out loss") as info:
+        helpers.engine(files, evalers={"heldout": Evaler.default_config().set(
+            input=Input.default_config().set(source=Prompts.default_config().set(
+                files=[files]), global_batch_size=8))}).build()
+    assert info.value.path == "evalers"
     with pytest.raises(errors.ConfigValidationError, match="no reward"):
         GRPO.default_config().instantiate()
 

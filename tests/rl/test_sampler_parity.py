@@ -31,3 +31,31 @@ def test_the_train_step_recomputes_the_samplers_log_probs(tmp_path, layout):
     assert np.abs(rows["old_logps"][mask]).mean() > 0.5, "log-probs this near 0 prove little"
     metrics = engine.train_step(rows)
     assert float(metrics["sampling/logp_difference/mean"]) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["dp", "dp_tp"])
+def test_sampling_stops_when_every_row_has_ended_and_samples_alike(tmp_path, layout):
+    """With end ids the sampler stops once every row (of every batch shard) has drawn one: up
+    to each row's end the tokens and log-probs are those of the run without a stop; after it,
+    the end id and 0."""
+    engine = helpers.engine(helpers.sums_file(tmp_path / "sums.jsonl"), layout=layout)
+    engine.init_or_restore()
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(3, 16, (16, 5)).astype(np.int32)
+    lengths = rng.integers(2, 6, (16,)).astype(np.int32)
+    placed = engine.inputs.placed({"prompt_ids": prompts, "prompt_lengths": lengths})
+    key = jax.random.PRNGKey(3)
+    outs = {}
+    for ends in ((), (2, 5)):
+        sample = engine.steps.sampler(max_new_tokens=24, temperature=1.5, end_ids=ends)
+        outs[ends] = {k: np.asarray(v) for k, v in sample(
+            engine.state.params, placed["prompt_ids"], placed["prompt_lengths"], key).items()}
+    full, stopped = outs[()], outs[(2, 5)]
+    from titanax.rl.rows import completion_mask  # pylint: disable=import-outside-toplevel
+    mask = completion_mask(full["tokens"], (2, 5)) > 0
+    assert mask.all(axis=1).sum() < len(mask) and not mask.all(), "no row ends: proves little"
+    for name in ("tokens", "logps", "entropy"):
+        np.testing.assert_array_equal(stopped[name][mask], full[name][mask])
+    last_end = int(mask.sum(axis=1).max())
+    assert (stopped["tokens"][:, last_end:] == 2).all()
+    assert (stopped["logps"][:, last_end:] == 0).all()

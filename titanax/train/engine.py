@@ -264,6 +264,11 @@ class Engine(Configurable):
                 f"reads {getattr(kind, '__name__', 'no source')} rows, and GRPO samples "
                 "completions of prompts", path="train_input.source",
                 suggestion="give it a Prompts source (data/prompts.py)")
+        if cfg.evalers:
+            raise errors.ConfigError(
+                f"evaluates {', '.join(sorted(cfg.evalers))}, and a GRPO run has no held-out "
+                "loss to evaluate: its measure is the reward of its rollouts (metrics.csv)",
+                path="evalers", suggestion="set evalers={} (\"--config.evalers={}\")")
         if cfg.plan.context_parallel is not None or cfg.plan.pipeline_parallel is not None:
             which = ("context_parallel" if cfg.plan.context_parallel is not None
                      else "pipeline_parallel")
@@ -579,7 +584,8 @@ class Engine(Configurable):
         return RolloutStream(
             prompts=iter(prompts), source=prompts.source, grpo=self.grpo, rewards=rewards,
             sample=self.steps.sampler(max_new_tokens=grpo.max_new_tokens,
-                                      temperature=grpo.temperature, top_p=grpo.top_p),
+                                      temperature=grpo.temperature, top_p=grpo.top_p,
+                                      end_ids=end_ids),
             params=lambda: self.state.params, place=self.inputs.placed, shards=shards,
             seed=self.config.seed, end_ids=end_ids, iterations=grpo.iterations)
 

@@ -11,7 +11,7 @@ without the mesh axes of size 1 (nothing moves over those; parallel/layout.py).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -162,12 +162,12 @@ class StepBuilder:
                                                               key)["tokens"])
 
     def sampler(self, *, max_new_tokens: int, temperature: Optional[float] = None,
-                top_p: float = 1.0) -> Callable:
+                top_p: float = 1.0, end_ids: Sequence[int] = ()) -> Callable:
         """``(params, prompt_ids, prompt_lengths, key) -> {"tokens", "logps", "entropy"}``
         through ``model.sample`` on the run's mesh (rows over the batch axes, heads over TP;
         ``prompt_lengths`` None: every prompt fills its row, else they are left-padded);
         each batch shard folds its place into ``key``, so rows sample independently wherever
-        they live."""
+        they live. With ``end_ids`` decoding stops once every row of the batch has ended."""
         # Decoding has no sequence to split (over a context axis or the TP axis).
         local = bound_to(self._model_call("sample"), self.layout.axis_binding.without(
             axis_binding.SEQUENCE, axis_binding.RESIDUAL_SEQUENCE), self.lora_settings)
@@ -178,9 +178,13 @@ class StepBuilder:
         def shard(params, prompt_ids, prompt_lengths, key):
             for axis in batch_axes:
                 key = jax.random.fold_in(key, collectives.axis_index(axis))
-            return local(params, {"prompt_ids": prompt_ids, "key": key,
-                                  "max_new_tokens": max_new_tokens, "temperature": temperature,
-                                  "top_p": top_p, "prompt_lengths": prompt_lengths})
+            inputs = {"prompt_ids": prompt_ids, "key": key, "max_new_tokens": max_new_tokens,
+                      "temperature": temperature, "top_p": top_p,
+                      "prompt_lengths": prompt_lengths}
+            if end_ids:
+                inputs.update(end_ids=tuple(end_ids), agree_over=tuple(
+                    a for a in batch_axes if a not in self._unit_axes))
+            return local(params, inputs)
 
         def run(params, prompt_ids, prompt_lengths, key):
             if prompt_lengths is None:

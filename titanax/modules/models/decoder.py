@@ -28,7 +28,7 @@ published sizes).
 from __future__ import annotations
 
 import math
-from typing import Dict, Literal, Optional
+from typing import Dict, Literal, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -289,7 +289,8 @@ class Decoder(CausalLanguageModel):
 
     def sample(self, prompt_ids: jax.Array, key: Optional[jax.Array], *, max_new_tokens: int,
                temperature: Optional[float] = None, top_p: float = 1.0,
-               prompt_lengths: Optional[jax.Array] = None) -> Dict[str, jax.Array]:
+               prompt_lengths: Optional[jax.Array] = None, end_ids: Sequence[int] = (),
+               agree_over: Sequence[str] = ()) -> Dict[str, jax.Array]:
         """``max_new_tokens`` tokens after each prompt of ``prompt_ids`` ``[batch, prompt]``:
         the prompts run once through the stack (prefill), filling a key/value cache of ``prompt
         + max_new_tokens`` positions; then each new token runs alone over the cache. Greedy
@@ -302,7 +303,11 @@ class Decoder(CausalLanguageModel):
         log-probability under the distribution it was drawn from before top-p (the logits
         divided by the temperature, as an RL trainer scores it) -- and ``entropy`` of that
         distribution, both float32. Runs in local view like ``forward``: heads split over TP,
-        rows over the batch axes."""
+        rows over the batch axes.
+
+        ``end_ids``: decoding stops once every row has drawn one of them (the places after a
+        row's end then hold ``end_ids[0]``, log-prob and entropy 0) -- agreed over the mesh axes
+        ``agree_over`` (the batch axes: every device runs as many steps)."""
         if self._split_sequence():
             raise NotImplementedError("decoding has no sequence to split: generate under a "
                                       "binding without residual_sequence")
@@ -338,9 +343,49 @@ class Decoder(CausalLanguageModel):
                 start=prompt + index, offsets=offsets)
             return choose(x, cache_out, index + 1), chosen
 
-        (last, _), chosen = jax.lax.scan(step, (first, cache), jnp.arange(max_new_tokens - 1))
-        return {name: jnp.concatenate([values.T, final[:, None]], axis=1)
-                for name, values, final in zip(("tokens", "logps", "entropy"), chosen, last)}
+        if not end_ids:
+            (last, _), chosen = jax.lax.scan(step, (first, cache),
+                                             jnp.arange(max_new_tokens - 1))
+            return {name: jnp.concatenate([values.T, final[:, None]], axis=1)
+                    for name, values, final in zip(("tokens", "logps", "entropy"), chosen, last)}
+        return self._sample_until_ended(step, first, cache, max_new_tokens=max_new_tokens,
+                                        end_ids=end_ids, agree_over=agree_over)
+
+    def _sample_until_ended(self, step, first, cache, *, max_new_tokens: int,
+                            end_ids: Sequence[int], agree_over: Sequence[str]):
+        """``sample``'s loop that stops once every row (on every device of ``agree_over``) has
+        drawn an end token; ``step(carry, index)`` as ``sample``'s."""
+        ends = jnp.asarray(list(end_ids), jnp.int32)
+        batch = first[0].shape[0]
+        buffers = tuple(jnp.zeros((batch, max_new_tokens), v.dtype).at[:, 0].set(v)
+                        for v in first)
+        ended = jnp.isin(first[0], ends)
+
+        def unfinished(ended):
+            count = jnp.sum(~ended).astype(jnp.int32)
+            return collectives.psum(count, tuple(agree_over)) if agree_over else count
+
+        def cond(carry):
+            index, _, _, _, _, waiting = carry
+            return (index < max_new_tokens) & (waiting > 0)
+
+        def body(carry):
+            index, chosen, cache_in, buffers, ended, _ = carry
+            now, cache_out = step((chosen, cache_in), index - 1)[0]
+            buffers = tuple(jax.lax.dynamic_update_slice_in_dim(b, v[:, None].astype(b.dtype),
+                                                                index, 1)
+                            for b, v in zip(buffers, now))
+            ended = ended | jnp.isin(now[0], ends)
+            return index + 1, now, cache_out, buffers, ended, unfinished(ended)
+
+        index, _, _, buffers, _, _ = jax.lax.while_loop(
+            cond, body, (jnp.asarray(1, jnp.int32), first, cache, buffers, ended,
+                         unfinished(ended)))
+        unused = jnp.arange(max_new_tokens)[None, :] >= index
+        tokens, logps, entropy = buffers
+        return {"tokens": jnp.where(unused, ends[0], tokens),
+                "logps": jnp.where(unused, 0.0, logps),
+                "entropy": jnp.where(unused, 0.0, entropy)}
 
 
 def gpt_config(**overrides) -> Decoder.Config:
