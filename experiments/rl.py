@@ -15,8 +15,6 @@
   8.7 GiB while sampling (the train state plus the sampler's key/value cache; docs/grpo.md).
 """
 
-import os
-
 from titanax.config import config_for_function, register_experiment
 from titanax.data.pipeline import Input
 from titanax.data.prompts import Prompts
@@ -31,12 +29,6 @@ from titanax.train import optimizers
 from titanax.train.engine import Engine
 from titanax.train.learner import Learner
 
-
-
-def _sums_dir() -> str:
-    """The bundled sums, from the source tree or the installed package."""
-    import titanax  # pylint: disable=import-outside-toplevel
-    return os.path.join(os.path.dirname(titanax.__file__), "data", "bundled", "sums")
 
 
 def grpo_run(*, model, prompts: Input.Config, grpo: GRPO.Config, steps: int, peak_lr: float,
@@ -62,15 +54,14 @@ def grpo_run(*, model, prompts: Input.Config, grpo: GRPO.Config, steps: int, pea
 def llama_tiny_grpo():
     """A tiny Llama learns one-digit sums by GRPO from scratch (see the module docstring):
     the mean reward goes from ~0.05 to >= 0.8."""
-    sums = _sums_dir()
     model = Decoder.default_config().set(
         name="llama", vocab_size=16, max_seq_len=16, num_layers=2, model_dim=64, num_heads=4,
         num_kv_heads=2, hidden_dim=176, norm_eps=1e-5, rope_theta=10000.0)
     prompts = Input.default_config().set(
-        source=Prompts.default_config().set(files=[os.path.join(sums, "prompts.jsonl")],
+        source=Prompts.default_config().set(files=["bundled:sums/prompts.jsonl"],
                                             max_prompt_tokens=5),
         global_batch_size=32)
-    prompts.tokenizer.path = sums
+    prompts.tokenizer.path = "bundled:sums"
     grpo = GRPO.default_config().set(
         num_generations=8, max_new_tokens=2,
         rewards={"answer": AnswerMatch.default_config()})

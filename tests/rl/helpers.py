@@ -1,7 +1,6 @@
 """A GRPO engine on the bundled sums' tokenizer (16 ids), for the rl tests."""
 
 import json
-import os
 import random
 
 from tests.train import helpers
@@ -13,9 +12,7 @@ from titanax.rl.grpo import GRPO
 from titanax.rl.rewards import AnswerMatch
 from titanax.train.engine import Engine
 
-import titanax
-
-SUMS = os.path.join(os.path.dirname(titanax.__file__), "data", "bundled", "sums")
+SUMS = "bundled:sums"
 MODEL = dict(name="llama", vocab_size=16, max_seq_len=24, num_layers=2, model_dim=32,
              num_heads=4, num_kv_heads=2, hidden_dim=48)
 # Mesh shape and axes, plan pieces, per layout.

@@ -73,17 +73,34 @@ def test_sigterm_and_resume_give_the_uninterrupted_rewards(uninterrupted, tmp_pa
     assert len(set(got.values())) > 10, "rewards this uniform prove little"
 
 
+FRACTIONAL = ["--config.max_steps=20",
+              "--config.grpo.reward_functions=['tests.rl.fractional_rewards.thirds']",
+              "--config.grpo.reward_weights=[0.1]"]
+
+
+@pytest.fixture(scope="module")
+def one_process_fractional(tmp_path_factory):
+    """20 steps in one process, the answer reward plus a fractional one."""
+    trainer_dir = str(tmp_path_factory.mktemp("grpo") / "one")
+    _launch(trainer_dir, "--cpu_devices=8", *FRACTIONAL)
+    return trainer_dir
+
+
 @pytest.mark.parametrize("layout", [[], ["--config.mesh.axes=('model','data')",
                                          "--config.mesh.shape=(2,None)"]],
                          ids=["data-spans-processes", "model-spans-processes"])
-def test_two_processes_give_one_process_rewards(uninterrupted, tmp_path, layout):
+def test_two_processes_give_one_process_rewards(one_process_fractional, tmp_path, layout):
     """2 processes x 4 devices: each samples and scores its own rows (or, the model axis
-    across them, both the same rows), the advantages over the gathered batch."""
+    across them, both the same rows), the advantages over the gathered batch -- rewards of
+    1/3 and 2/3 gathered bit for bit."""
     trainer_dir = str(tmp_path / "two")
-    _launch(trainer_dir, "--local_processes=2", "--cpu_devices=4", "--config.max_steps=20",
-            *layout)
-    want, got = _column(uninterrupted, "reward"), _column(trainer_dir, "reward")
-    assert [got[s] for s in range(1, 21)] == [want[s] for s in range(1, 21)]
-    want_norm, got_norm = (_column(d, "grad_norm") for d in (uninterrupted, trainer_dir))
+    _launch(trainer_dir, "--local_processes=2", "--cpu_devices=4", *FRACTIONAL, *layout)
+    for name in ("reward", "rewards/thirds/mean", "reward_std"):
+        want, got = _column(one_process_fractional, name), _column(trainer_dir, name)
+        assert [got[s] for s in range(1, 21)] == [want[s] for s in range(1, 21)], name
+    thirds = _column(trainer_dir, "rewards/thirds/mean")
+    assert any(round(v * 3) != v * 3 for v in thirds.values()), "no fraction: proves little"
+    want_norm, got_norm = (_column(d, "grad_norm") for d in (one_process_fractional,
+                                                              trainer_dir))
     np.testing.assert_allclose([got_norm[s] for s in range(1, 21)],
                                [want_norm[s] for s in range(1, 21)], rtol=1e-4)

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.numerics import assert_identical
+from tests.numerics import assert_close, assert_identical, float64_numerics
 from tests.rl import helpers
 from titanax import errors
 from titanax.data.pipeline import Input
@@ -135,3 +135,100 @@ def test_compile_only_sizes_the_train_step_and_the_rollout(tmp_path):
         assert report["peak_bytes"] >= report["rollout_peak_bytes"]
     assert reports[12]["sampler_temp_bytes"] > reports[4]["sampler_temp_bytes"]
     assert reports[12]["temp_bytes"] > reports[4]["temp_bytes"]
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo"])
+def test_a_step_on_eight_shards_equals_one_device(tmp_path, loss):
+    """The same rollout rows (completions of different lengths, some groups dropped) trained
+    on data=8 and on one device: the same SGD update -- each shard's loss a mean over its own
+    rows (GRPO) or tokens (DAPO), weighed back to the whole batch's mean."""
+    from titanax.train import precision as precision_lib  # pylint: disable=import-outside-toplevel
+    files = helpers.sums_file(tmp_path / "s.jsonl")
+    grpo = GRPO.default_config().set(
+        loss=loss, num_generations=4, max_new_tokens=6, drop_equal_groups=True,
+        rewards={"short": LengthPenalty.default_config().set(free_tokens=2)})
+    f64 = precision_lib.Precision.default_config().set(float64=True)
+    with float64_numerics():
+        eight = helpers.engine(files, grpo=grpo, precision=f64,
+                               learner=helpers.helpers.sgd(0.5))
+        one = helpers.engine(files, grpo=grpo, precision=f64, learner=helpers.helpers.sgd(0.5),
+                             mesh=helpers.helpers.mesh((1,), ("data",), devices=[0]))
+        eight.init_or_restore()
+        one.init_or_restore()
+        rows, _ = next(eight._configured_iterator())  # pylint: disable=protected-access
+        lengths = rows["weights"].sum(axis=1)
+        assert len(set(lengths.tolist())) > 1 and 0 < rows["row_weights"].mean() < 1, rows
+        eight.train_step(rows)
+        one.train_step(rows)
+        assert_close(jax.device_get(eight.state.params), jax.device_get(one.state.params),
+                     what=f"{loss} params after a step")
+
+
+def test_exact_fields_stay_float32_under_bfloat16():
+    from titanax.train.gradients import ModelGradients  # pylint: disable=import-outside-toplevel
+    from titanax.train.precision import Precision  # pylint: disable=import-outside-toplevel
+    objective = GRPO.default_config().set(
+        rewards={"a": AnswerMatch.default_config()}).instantiate()
+    computer = ModelGradients(model=None, mesh_shape={},
+                              precision=Precision.default_config().set(
+                                  bfloat16=True).instantiate(),
+                              objective=objective)
+    batch = {"old_logps": np.full((2, 3), -2.3, np.float32), "advantages": np.ones(2, np.float32),
+             "input_ids": np.zeros((2, 3), np.int32), "other": np.ones(2, np.float32)}
+    cast = computer.compute_inputs(batch)
+    assert cast["old_logps"].dtype == np.float32 and cast["advantages"].dtype == np.float32
+    assert cast["other"].dtype == jax.numpy.bfloat16
+
+
+def test_checkpoints_wait_for_the_end_of_a_rollout_and_resume_exactly(tmp_path):
+    """Two updates per rollout, a save due every 3 steps: saved at 4 and 6 (rollout ends), and
+    a run resumed from 4 equals the uninterrupted one."""
+    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
+    files = helpers.sums_file(tmp_path / "s.jsonl")
+    grpo = GRPO.default_config().set(
+        num_generations=4, max_new_tokens=4, updates_per_rollout=2,
+        rewards={"short": LengthPenalty.default_config().set(free_tokens=1)})
+
+    def engine(name, steps):
+        return helpers.engine(files, grpo=grpo, learner=helpers.helpers.adam(1e-2),
+                              max_steps=steps, checkpoint=OrbaxCheckpoint.default_config().set(
+                                  path=str(tmp_path / name), save_every_n_steps=3,
+                                  keep_last_n=10))
+
+    straight = engine("straight", 8)
+    straight.fit()
+    straight.close()
+    assert straight.checkpointer().all_steps() == [4, 6, 8]
+    first = engine("resumed", 4)
+    first.fit()
+    first.close()
+    assert first.checkpointer().all_steps() == [4]
+    second = engine("resumed", 8)
+    second.fit()
+    assert [h["reward"] for h in second.history] == [h["reward"] for h in
+                                                     straight.history[-len(second.history):]]
+    assert_identical(jax.device_get(second.state.params), jax.device_get(straight.state.params))
+
+
+def test_more_refusals(tmp_path):
+    files = helpers.sums_file(tmp_path / "s.jsonl")
+    grpo = dict(num_generations=4, rewards={"a": AnswerMatch.default_config()})
+    with pytest.raises(errors.ConfigError, match="do not split into 3 updates") as info:
+        helpers.engine(files, grpo=GRPO.default_config().set(updates_per_rollout=3,
+                                                             **grpo)).build()
+    assert info.value.path == "grpo.updates_per_rollout"
+    with pytest.raises(errors.ConfigError, match="no token id") as info:
+        helpers.engine(files, grpo=GRPO.default_config().set(end_ids=[2, 99], **grpo)).build()
+    assert info.value.path == "grpo.end_ids[1]"
+    with pytest.raises(errors.RewardError, match="cannot import") as info:
+        helpers.engine(files, grpo=GRPO.default_config().set(
+            reward_functions=["no_such_module.fn"], **grpo)).build()
+    assert info.value.path == "grpo.reward_functions[0]"
+    padded = helpers.engine(files).config.train_input.clone(last_batch="pad")
+    with pytest.raises(errors.ConfigError, match="padding rows") as info:
+        helpers.engine(files, train_input=padded).build()
+    assert info.value.path == "train_input.last_batch"
+    engine = helpers.engine(files)
+    with pytest.raises(errors.StepError, match="makes its batches") as info:
+        engine.fit(data=[{}], steps=1)
+    assert info.value.path == "fit(data=...)"

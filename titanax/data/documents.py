@@ -119,11 +119,14 @@ class ReadReport:
 
 
 def matching_files(patterns: Sequence[str], *, where: str) -> List[str]:
-    """The files of every pattern, sorted; a pattern that matches none is refused (a typo in
-    one of several globs would silently drop that data)."""
+    """The files of every pattern, sorted (``bundled:<name>/...``: Titanax's own data); a
+    pattern that matches none is refused (a typo in one of several globs would silently drop
+    that data)."""
+    from titanax.data import bundled  # pylint: disable=import-outside-toplevel
     paths = set()
     for pattern in patterns:
-        found = {p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)}
+        found = {p for p in glob.glob(bundled.resolve(pattern), recursive=True)
+                 if os.path.isfile(p)}
         if not found:
             raise errors.DataError(f"no files match {pattern!r}", path=where,
                                    suggestion="give globs of .jsonl, .parquet or text files")

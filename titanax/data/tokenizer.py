@@ -20,7 +20,7 @@ import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
-from titanax.data import chat
+from titanax.data import bundled, chat
 from titanax.data.tokenizer_backends import ByteTokenizer, SentencePieceFile, TokenizersFile
 from titanax.io.files import read_json_object
 
@@ -164,7 +164,8 @@ class Tokenizer(Configurable):
 
 def tokenizer_file(path: str, *, where: str) -> str:
     """``path`` itself, or the directory's ``tokenizer.json`` (else its ``tokenizer.model``); a
-    missing one is a ``DataError``."""
+    missing one is a ``DataError``. ``bundled:<name>`` is Titanax's own (data/bundled)."""
+    path = bundled.resolve(path)
     candidate = path
     if os.path.isdir(path):
         candidate = os.path.join(path, TOKENIZER_FILE)

@@ -115,15 +115,24 @@ class GRPO(Configurable):
             if self.scale_rewards is not None and self.scale_rewards not in SCALES:
                 yield "scale_rewards", f"must be one of {', '.join(SCALES)}, got " \
                                        f"{self.scale_rewards!r}"
+            if self.reward_weights is not None and not all(
+                    isinstance(w, (int, float)) and math.isfinite(w)
+                    for w in self.reward_weights):
+                yield "reward_weights", f"must be finite numbers, got {list(self.reward_weights)}"
             if self.reward_weights is not None and \
                     len(self.reward_weights) != len(self.reward_functions):
                 yield "reward_weights", (f"has {len(self.reward_weights)} weights for "
                                          f"{len(self.reward_functions)} reward_functions")
+            if self.end_ids is not None and not self.end_ids:
+                yield "end_ids", "is empty: give the ids that end a completion (or None)"
             if not self.reward_functions and not self.rewards:
                 yield "reward_functions", "no reward: name a function (or a built-in in rewards)"
 
     # The model method the gradient computer calls with this objective.
     model_method = "policy_gradient_forward"
+    # Batch fields kept in float32 under a lower compute precision (gradients.compute_inputs):
+    # the rollout's log-probs, advantages and weights enter the ratio and the loss exactly.
+    exact_fields = ("old_logps", "advantages", "row_weights", "weights")
 
     def _variant(self, index: int) -> Any:
         return VARIANTS[self.config.loss][index]

@@ -61,7 +61,8 @@ def policy_loss(*, logps: jax.Array, old_logps: jax.Array, advantages: jax.Array
     per_token = -jnp.minimum(coef * a, clipped * a)
     kl = None
     if beta:
-        delta = ref_logps - logps
+        # (0 where masked: exp of a far-off padding position's difference could overflow.)
+        delta = jnp.where(mask > 0, ref_logps - logps, 0.0)
         kl = jnp.exp(delta) - delta - 1.0
         if kl_importance_correction:  # The samples are the old policy's: weigh them by w.
             kl = kl * coef

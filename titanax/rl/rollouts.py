@@ -12,16 +12,18 @@ over, the rollout's own log-probs the old policy of every one.
 
 The rollout key is ``fold_in(key(seed), rollout number)``; the stream's state -- the prompt
 input's position and the rollout number -- is saved with every checkpoint, so a resumed run
-samples what the uninterrupted run sampled. (A checkpoint taken inside a rollout's updates, with
-``updates_per_rollout`` or ``iterations`` above 1, resumes at the next rollout: the updates
-left of that one are skipped, and the log says so.)
+samples what the uninterrupted run sampled. Checkpoints (periodic ones and a signal's) wait for
+the end of a rollout's updates (``at_boundary``: the training loop defers them), so every saved
+position is a rollout's end; only a run's last save, when ``max_steps`` ends it inside a
+rollout, is not (a run resumed from it starts the next rollout, and the log says so).
 
 Each step's metrics gain the host's: ``reward`` (the mean reward of its rollout),
 ``reward_std``, ``rewards/<name>/mean|std``, ``frac_reward_zero_std``, ``entropy`` (of the
 sampled tokens' distributions), ``completions/mean_length``, ``completions/clipped_ratio`` (no
 end token within the budget), ``rollout/kept_fraction`` (rows left after dropping all-equal
-groups), ``time/rollout_s`` and ``time/train_s`` (the previous step's), ``time/rollout_share``,
-``rollout/tokens_per_s`` and ``train/tokens_per_s`` (completion tokens).
+groups), ``time/rollout_s`` (the rollout's time over its steps), ``time/train_s`` (the previous
+step's), ``time/rollout_share``, ``rollout/tokens_per_s`` and ``train/tokens_per_s`` (completion
+tokens of the whole batch: sampled, and trained on -- the kept rows' -- per second).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ class RolloutStream:
         self.end_ids = list(end_ids)
         self.iterations = iterations
         self.rollouts = 0  # Rollouts sampled so far.
-        self.queue: List[Tuple[Dict[str, np.ndarray], Dict[str, float]]] = []
+        # The current rollout's updates left: (train rows, host metrics, completion tokens
+        # trained on over the whole batch).
+        self.queue: List[Tuple[Dict[str, np.ndarray], Dict[str, float], float]] = []
         self._handed_at: Optional[float] = None
         self._last_train_tokens = 0.0
 
@@ -69,6 +73,10 @@ class RolloutStream:
     def get_state(self) -> Dict[str, Any]:
         return {"prompts": self.prompts.get_state(), "rollouts": self.rollouts,
                 "updates_left": len(self.queue)}
+
+    def at_boundary(self) -> bool:
+        """Whether the position can be saved: no update of the current rollout is left."""
+        return not self.queue
 
     def set_state(self, state: Dict[str, Any]) -> None:
         self.prompts.set_state(state["prompts"])
@@ -91,18 +99,18 @@ class RolloutStream:
             train_s = time.perf_counter() - self._handed_at
         if not self.queue:
             self.queue = self._rollout()
-        rows, metrics = self.queue.pop(0)
+        rows, metrics, train_tokens = self.queue.pop(0)
         metrics = dict(metrics)
         if train_s is not None:
             metrics["time/train_s"] = train_s
             metrics["train/tokens_per_s"] = self._last_train_tokens / max(train_s, 1e-9)
             metrics["time/rollout_share"] = metrics["time/rollout_s"] / (
                 metrics["time/rollout_s"] + train_s)
-        self._last_train_tokens = float(np.sum(rows["weights"]))
+        self._last_train_tokens = train_tokens
         self._handed_at = time.perf_counter()
         return rows, metrics
 
-    def _rollout(self) -> List[Tuple[Dict[str, np.ndarray], Dict[str, float]]]:
+    def _rollout(self) -> List[Tuple[Dict[str, np.ndarray], Dict[str, float], float]]:
         cfg = self.grpo.config
         started = time.perf_counter()
         prompts = next(self.prompts)  # (StopIteration ends the run: the prompts ran out.)
@@ -141,7 +149,8 @@ class RolloutStream:
         parts = _parts(rows, shards=len(self.shards), count=cfg.updates_per_rollout)
         steps = len(parts) * self.iterations
         metrics["time/rollout_s"] = rollout_s / steps
-        return [(part, metrics) for _ in range(self.iterations) for part in parts]
+        trained = float(np.sum(merged[:, width + 1] * keep)) / len(parts)
+        return [(part, metrics, trained) for _ in range(self.iterations) for part in parts]
 
     def _score(self, tokens: np.ndarray, mask: np.ndarray, records: np.ndarray) -> np.ndarray:
         """``[rows, rewards]`` of this process's completions."""
@@ -199,9 +208,7 @@ def _global_rows(local: np.ndarray, shards: Sequence[int]) -> Tuple[np.ndarray, 
     if jax.process_count() == 1:
         held = {int(s): local[i * per_shard:(i + 1) * per_shard] for i, s in enumerate(shards)}
     else:
-        from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-        rows = np.asarray(multihost_utils.process_allgather(local))
-        owners = np.asarray(multihost_utils.process_allgather(shards))
+        rows, owners = _allgathered(local), _allgathered(shards)
         held = {}
         for process_rows, process_shards in zip(rows, owners):
             for i, s in enumerate(process_shards):
@@ -211,6 +218,17 @@ def _global_rows(local: np.ndarray, shards: Sequence[int]) -> Tuple[np.ndarray, 
     start = {s: k * per_shard for k, s in enumerate(order)}
     mine = np.concatenate([np.arange(start[int(s)], start[int(s)] + per_shard) for s in shards])
     return merged, mine
+
+
+def _allgathered(values: np.ndarray) -> np.ndarray:
+    """Every process's ``values`` stacked on a new first dimension, bit for bit (sent as
+    32-bit words: float64 / int64 would go through jax's default float32 / int32)."""
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    values = np.ascontiguousarray(values)
+    words = values.view(np.uint32) if values.dtype.itemsize == 8 else values
+    gathered = np.asarray(multihost_utils.process_allgather(words))
+    return np.ascontiguousarray(gathered).view(values.dtype).reshape(
+        (-1,) + values.shape)
 
 
 def _parts(rows: Dict[str, np.ndarray], *, shards: int,

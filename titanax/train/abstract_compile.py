@@ -93,8 +93,15 @@ def _sampler_report(engine: Any, state: Any, *, train_arguments: int) -> Dict[st
     prompts = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(engine.mesh,
                                                                                 specs[k]))
                for k, v in host.items()}
+    # The program the run samples with: stopping at end tokens where it has them (the
+    # configured ones, or the tokenizer's end of sequence).
+    end_ids = grpo.end_ids
+    if end_ids is None:
+        eos = input_cfg.tokenizer.instantiate().eos_id
+        end_ids = (eos,) if eos is not None else ()
     sampler = engine.steps.sampler(max_new_tokens=grpo.max_new_tokens,
-                                   temperature=grpo.temperature, top_p=grpo.top_p)
+                                   temperature=grpo.temperature, top_p=grpo.top_p,
+                                   end_ids=tuple(end_ids))
     analysis = sampler.lower(state.params, prompts["prompt_ids"], prompts["prompt_lengths"],
                              jax.ShapeDtypeStruct((2,), np.uint32)).compile().memory_analysis()
     temp, out = int(analysis.temp_size_in_bytes), int(analysis.output_size_in_bytes)

@@ -215,7 +215,7 @@ class Engine(Configurable):
                                                or not objective.needs_reference):
             raise errors.ConfigError(
                 "names the reference of a preference loss or of GRPO's KL, and this run has "
-                + ("neither" if objective is None else
+                + ("none" if objective is None else
                    f"a reference-free one ({objective.config.loss}"
                    + (", beta 0)" if self.grpo is not None else ")")),
                 path="reference_from", suggestion="set preference.loss to sigmoid, ipo or "
@@ -276,6 +276,46 @@ class Engine(Configurable):
                 "GRPO samples whole rows on the training mesh and trains on them whole",
                 path=f"plan.{which}", suggestion="train GRPO with DP, TP and ZeRO / FSDP")
         grpo = self.grpo.config
+        if self.model is not None and not all(hasattr(self.model, m) for m in (
+                "sample", GRPO.model_method)):
+            raise errors.ConfigError(
+                f"{type(self.model).__name__} has no sampler or policy loss (sample, "
+                f"{GRPO.model_method})", path="model",
+                suggestion="train GRPO with a decoder (modules/models/decoder.py: GPT-2, Llama, "
+                           "Qwen, Mistral, MoE)")
+        moe = getattr(getattr(self.model, "config", None), "moe", None)
+        if moe is not None and moe.dispatch == "capacity":
+            raise errors.ConfigError(
+                "a capacity-limited mixture of experts drops tokens by how many share a group, "
+                "which differs between sampling one token at a time and training whole rows: "
+                "the trained log-probs would not be the sampled ones",
+                path="model.moe.dispatch", suggestion="use dispatch='dropless'")
+        if cfg.train_input is not None and cfg.train_input.last_batch == "pad":
+            raise errors.ConfigError(
+                "padding rows repeat a real prompt: their completions would be sampled, scored "
+                "and trained on", path="train_input.last_batch",
+                suggestion="use 'drop' (the default), or repeat the prompts (num_epochs=None)")
+        if cfg.train_input is not None and isinstance(cfg.train_input.global_batch_size, int):
+            shards = self.plan.batch_shards(self.mesh)
+            rows = cfg.train_input.global_batch_size // max(shards, 1) * grpo.num_generations
+            part = rows // grpo.updates_per_rollout
+            if rows % grpo.updates_per_rollout or part % self.plan.accumulate_steps:
+                raise errors.ConfigError(
+                    f"each batch shard samples {rows} completions a rollout "
+                    f"(train_input.global_batch_size / {shards} shards x num_generations), "
+                    f"which do not split into {grpo.updates_per_rollout} updates of "
+                    f"{self.plan.accumulate_steps} microbatch(es) each",
+                    path="grpo.updates_per_rollout",
+                    suggestion="make the completions per shard a multiple of "
+                               "updates_per_rollout x accumulate_steps")
+        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        for index, token in enumerate(grpo.end_ids or ()):
+            if vocab is not None and not 0 <= token < vocab:
+                raise errors.ConfigError(f"{token} is no token id of the model's {vocab}",
+                                         path=f"grpo.end_ids[{index}]",
+                                         suggestion=f"give ids in [0, {vocab})")
+        self.rewards = RewardSet(functions=grpo.reward_functions, weights=grpo.reward_weights,
+                                 rewards=grpo.rewards)  # (Imported now: a typo stops the build.)
         if prompts and self.model is not None:
             max_seq_len = getattr(self.model.config, "max_seq_len", None)
             prompt_tokens = cfg.train_input.source.max_prompt_tokens
@@ -524,6 +564,10 @@ class Engine(Configurable):
         self.build()
         if step_fn is not None:
             self._user_step, self._train_step = step_fn, None
+        if self.grpo is not None and data is not None:
+            raise errors.StepError("a GRPO run makes its batches by sampling its prompts",
+                                   path="fit(data=...)",
+                                   suggestion="leave data out: the run reads train_input")
         total = self._total(steps)
         if data is None:
             self.check_inputs()
@@ -577,12 +621,15 @@ class Engine(Configurable):
 
     def _rollout_stream(self, prompts: Input) -> RolloutStream:
         grpo = self.grpo.config
-        rewards = RewardSet(functions=grpo.reward_functions, weights=grpo.reward_weights,
-                            rewards=grpo.rewards)
         end_ids = list(grpo.end_ids) if grpo.end_ids is not None else prompts.source.end_ids()
+        if not end_ids:
+            print("titanax: warning: the tokenizer has no end-of-sequence token (and the prompts "
+                  "no chat template's end of turn): every completion runs its whole budget "
+                  f"(grpo.max_new_tokens={grpo.max_new_tokens}); set grpo.end_ids to end them",
+                  flush=True)
         shards, _ = self.process_batch_shards()
         return RolloutStream(
-            prompts=iter(prompts), source=prompts.source, grpo=self.grpo, rewards=rewards,
+            prompts=iter(prompts), source=prompts.source, grpo=self.grpo, rewards=self.rewards,
             sample=self.steps.sampler(max_new_tokens=grpo.max_new_tokens,
                                       temperature=grpo.temperature, top_p=grpo.top_p,
                                       end_ids=end_ids),

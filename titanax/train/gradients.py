@@ -158,9 +158,20 @@ class ModelGradients:
     def axes(self) -> Tuple[str, ...]:
         return tuple(self.mesh_shape)
 
+    def compute_inputs(self, batch: Any) -> Any:
+        """The batch in the compute dtype -- but for the fields the objective reads exactly
+        (``exact_fields``: an RL rollout's old log-probs and advantages, which bfloat16 would
+        round by ~1%)."""
+        exact = getattr(self.objective, "exact_fields", ())
+        if not exact or not isinstance(batch, Mapping):
+            return self.precision.cast_for_compute(batch)
+        cast = self.precision.cast_for_compute({k: v for k, v in batch.items()
+                                                if k not in exact})
+        return dict(cast, **{k: batch[k] for k in exact if k in batch})
+
     def eval_loss(self, params: Any, batch: Any) -> Tuple[jax.Array, Dict[str, jax.Array]]:
         """``(loss, aux)`` of a forward pass in evaluation mode, on this device's rows."""
-        inputs = self.precision.cast_for_compute(batch)
+        inputs = self.compute_inputs(batch)
         call_inputs, method = self.call(inputs)
         (loss, aux), _ = functional(self.model, None, self.precision.cast_for_compute(params),
                                     call_inputs, is_training=False, **method)
@@ -254,7 +265,7 @@ class ModelGradients:
 
     def _objective(self, params, batch, key, loss_scale, *, stored, capacity):
         compute_params = self.precision.cast_for_compute(params)
-        inputs = self.precision.cast_for_compute(batch)
+        inputs = self.compute_inputs(batch)
         call_inputs, method = self.call(inputs)
         (loss, aux), collection = functional(self.model, key, compute_params, call_inputs,
                                              is_training=True, **method)

@@ -5,7 +5,9 @@ step still runs), ``on_batch``, at most ``max_inflight_steps`` steps executing a
 itself (inside a profiler window when one is configured), its metrics into the window (flushed
 every ``log_every`` steps), ``after_step``, the evalers that are due, a checkpoint when the policy
 says so -- or when a SIGTERM / Ctrl-C arrived, after which the loop stops once the save is
-verified on disk. The loop knows nothing of how the step is parallel.
+verified on disk. An iterator whose position cannot be saved at every step (``at_boundary()``
+False: a GRPO rollout between its updates) defers both to the next step it can. The loop knows
+nothing of how the step is parallel.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class TrainingLoop:
     def _steps(self, iterator, start, total, eval_every, guard) -> None:
         ckpt, profiler = self.checkpointer, self.profiler
         inflight: List[Any] = []
+        deferred = False  # A save due at a step the iterator's position could not be saved.
         for index in range(start, total):
             self._call_hooks("before_step", index)
             try:
@@ -89,8 +92,15 @@ class TrainingLoop:
                 self.run_evals(done, not asked)
             saving = ckpt is not None and self.save_on_preemption
             stop = guard.should_stop(done)  # (Every process asks at every step.)
-            if ckpt is not None and (ckpt.should_save(done) or stop and saving):
+            due = ckpt is not None and ckpt.should_save(done)
+            if not _at_boundary(iterator):
+                # Its position cannot be saved here (a rollout half trained on: rl/rollouts.py):
+                # the save -- and a signal's stop -- wait for the next step that can.
+                deferred = deferred or due or (stop and saving)
+                continue
+            if ckpt is not None and (due or deferred or stop and saving):
                 self.save(iterator)
+            deferred = False
             if stop:
                 self._stop_on_signal(guard, done, saved=saving)
         jax.block_until_ready(inflight)
@@ -122,3 +132,10 @@ class TrainingLoop:
         print(f"titanax: {guard.signal_name}: stopped after step {done}; {why}, so nothing was "
               "saved", flush=True)
         raise SystemExit(128 + int(getattr(signal, guard.signal_name.split()[0])))
+
+
+def _at_boundary(iterator: Any) -> bool:
+    """Whether the iterator's position can be saved now (one that says it cannot, between the
+    updates of one rollout, defers checkpoints and a signal's stop to the next step that can)."""
+    at_boundary = getattr(iterator, "at_boundary", None)
+    return at_boundary() if at_boundary is not None else True

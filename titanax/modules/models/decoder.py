@@ -305,9 +305,10 @@ class Decoder(CausalLanguageModel):
         distribution, both float32. Runs in local view like ``forward``: heads split over TP,
         rows over the batch axes.
 
-        ``end_ids``: decoding stops once every row has drawn one of them (the places after a
-        row's end then hold ``end_ids[0]``, log-prob and entropy 0) -- agreed over the mesh axes
-        ``agree_over`` (the batch axes: every device runs as many steps)."""
+        ``end_ids``: decoding stops once every row has drawn one of them -- agreed over the
+        mesh axes ``agree_over`` (the batch axes: every device runs as many steps); the places
+        after that hold ``end_ids[0]``, log-prob and entropy 0 (a row that ended earlier keeps
+        what it drew until then: its end token marks where it stops)."""
         if self._split_sequence():
             raise NotImplementedError("decoding has no sequence to split: generate under a "
                                       "binding without residual_sequence")

@@ -154,8 +154,8 @@ class CausalLanguageModel(BaseLayer):
 
         def loss_of_chunk(hidden_chunk, targets_chunk):
             logits = head.attend(hidden_chunk)
-            if temperature is not None and temperature != 1.0:
-                logits = logits / jnp.asarray(temperature, logits.dtype)
+            if temperature is not None:  # (In float32, as the sampler divides them.)
+                logits = at_least_float32(logits) / temperature
             return vocab_parallel_cross_entropy(
                 logits, targets_chunk, vocab_axis=head.vocab_axis,
                 vocab_offset=head.vocab_offset(), vocab_size=self.config.vocab_size)
@@ -280,10 +280,11 @@ class CausalLanguageModel(BaseLayer):
         reference = None
         if objective.needs_reference:
             reference = self._reference_values("token_logps", row_inputs)
-        out = objective.loss(logps=logps, old_logps=at_least_float32(batch["old_logps"]),
-                             advantages=at_least_float32(batch["advantages"]),
-                             mask=at_least_float32(batch["weights"]), ref_logps=reference,
-                             row_weights=at_least_float32(batch["row_weights"]))
+        exact = {name: batch[name].astype(logps.dtype)  # (float32, or float64 in such runs)
+                 for name in ("old_logps", "advantages", "weights", "row_weights")}
+        out = objective.loss(logps=logps, old_logps=exact["old_logps"],
+                             advantages=exact["advantages"], mask=exact["weights"],
+                             ref_logps=reference, row_weights=exact["row_weights"])
         for name, value in out.stats.items():
             self.add_summary(f"{OBJECTIVE_METRICS}/{name}", value)
         loss = add_moe_objective(out.loss, self.collected_outputs())
