@@ -36,7 +36,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 # The heaviest files first (measured, --durations): the two workers take whole files
 # (pytest.ini), and a heavy file started last would run alone at the end of the suite.
-HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_parity.py",
+HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/rl/test_grpo_launch.py",
+                  "tests/train/test_preference_training.py", "tests/rl/test_grpo_training.py",
+                  "tests/train/test_lora_training.py", "tests/train/test_pipeline_parity.py",
                   "tests/train/test_sharded_state.py", "tests/test_launch_errors.py",
                   "tests/parallel/test_expert_parallel.py",
                   "tests/parallel/test_context_parallel.py", "tests/test_pipeline_experiments.py",
@@ -46,7 +48,9 @@ HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_pari
                   "tests/test_launch.py", "tests/io/test_checkpointer.py",
                   "tests/hf/test_fine_tune.py", "tests/test_examples.py",
                   "tests/train/test_state_updates.py", "tests/modules/models/test_packing.py",
-                  "tests/test_flax_experiments.py")
+                  "tests/test_flax_experiments.py", "tests/test_preference_doc.py",
+                  "tests/test_grpo_doc.py", "tests/modules/test_lora.py",
+                  "tests/hf/test_preference_parity.py", "tests/hf/test_grpo_parity.py")
 
 
 def pytest_collection_modifyitems(items):
