@@ -154,73 +154,13 @@ class _Tokens:
         return self.tokenizer.decode(list(ids))
 
 
-def _hf_tokenizer(directory: str):
-    """The HF directory's tokenizer (tokenizer.json, else tokenizer.model), or None."""
-    from titanax.data.tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE, Tokenizer  # pylint: disable=import-outside-toplevel
-    if any(os.path.isfile(os.path.join(directory, name))
-           for name in (TOKENIZER_FILE, SENTENCEPIECE_FILE)):
-        return Tokenizer.default_config().set(path=directory)
-    return None
-
-
-def _run_tokenizer(run) -> Optional[Any]:
-    """The tokenizer a run was trained with: its train input's (bytes when unset), or -- for
-    a run without a configured input -- its HF source's."""
-    train_input = getattr(run, "train_input", None)
-    if train_input is not None and getattr(train_input, "tokenizer", None) is not None:
-        return train_input.tokenizer if train_input.tokenizer.path is not None else None
-    source = getattr(run, "init_from", None)
-    return _hf_tokenizer(source) if source and os.path.isdir(source) else None
-
-
 def _engine():
-    """The model on this process's devices, with its params; and its HF source dir if any."""
-    from titanax.parallel.plan import DP, TP, Plan  # pylint: disable=import-outside-toplevel
-    from titanax.runtime.mesh import MeshSpec  # pylint: disable=import-outside-toplevel
+    """The model on this process's devices (--hf or --trainer_dir), its HF source dir and its
+    tokenizer's config (``saved_run.inference_engine``)."""
     from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
-    if FLAGS.hf:
-        from titanax.hf import importer  # pylint: disable=import-outside-toplevel
-        from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
-        tp = FLAGS.model_parallel
-        cfg = Engine.default_config().set(
-            mesh=MeshSpec.default_config().set(axes=("data", "model"), shape=(None, tp)),
-            plan=Plan.default_config().set(data_parallel=DP.default_config(),
-                                           tensor_parallel=TP.default_config() if tp > 1
-                                           else None),
-            model=importer.model_config(FLAGS.hf), init_from=os.path.abspath(FLAGS.hf),
-            learner=saved_run.stateless_learner(), loggers=[])
-        if FLAGS.dtype is not None:
-            cfg.precision = saved_run.precision_for(FLAGS.dtype)
-        engine = cfg.instantiate()
-        engine.init_or_restore()
-        return engine, FLAGS.hf, _hf_tokenizer(FLAGS.hf)
-    trainer_dir = os.path.abspath(FLAGS.trainer_dir)
-    run = saved_run.read_run_config(trainer_dir)
-    if getattr(run.model, "moe", None) is not None:
-        # Every expert is local (below): each token goes through all its experts, none dropped
-        # however the prompt's tokens are routed (the capacity of training would drop some).
-        run = run.clone()
-        run.model.moe.dispatch = "dropless"
-    # Generation runs rows on data x model: the pipe, context and expert axes join data (each
-    # device then holds every expert).
-    plan = run.plan.clone(pipeline_parallel=None, zero=None, context_parallel=None,
-                          expert_parallel=None)
-    engine = saved_run.restored_engine(trainer_dir, step=FLAGS.step, run=run,
-                                       mesh=_data_and_model_only(run.mesh, plan), plan=plan,
-                                       dtype=FLAGS.dtype)
-    return engine, saved_run.source_dir(run), _run_tokenizer(run)
-
-
-def _data_and_model_only(mesh, plan):
-    """The run's mesh with only the axes generation uses (data, and the TP axis): the devices
-    of the others (pipe, an HSDP fsdp axis) join data -- checkpoints restore onto any mesh."""
-    roles = {plan.data_parallel.axis} | ({plan.tensor_parallel.axis}
-                                         if plan.tensor_parallel is not None else set())
-    shape = tuple(mesh.shape) if mesh.shape is not None else (None,) * len(mesh.axes)
-    keep = [i for i, axis in enumerate(mesh.axes) if axis in roles]
-    return mesh.clone(axes=tuple(mesh.axes[i] for i in keep),
-                      shape=tuple(None if mesh.axes[i] == plan.data_parallel.axis else shape[i]
-                                  for i in keep))
+    return saved_run.inference_engine(hf=FLAGS.hf, trainer_dir=FLAGS.trainer_dir,
+                                      model_parallel=FLAGS.model_parallel, dtype=FLAGS.dtype,
+                                      step=FLAGS.step)
 
 
 def generate(argv: Sequence[str]) -> int:

@@ -67,7 +67,7 @@ def test_sampling_is_seeded_and_a_tiny_top_p_is_greedy(root):
 
 def test_generation_folds_pipe_and_hsdp_axes_into_data():
     from titanax.config import registry
-    from titanax.generate import _data_and_model_only
+    from titanax.train.saved_run import _data_and_model_only
     registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES))
     for name, axes, shape in (("gpt_tiny_hsdp", ("data",), (None,)),
                               ("gpt_tiny_pp_tp", ("data", "model"), (None, 2))):

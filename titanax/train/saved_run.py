@@ -114,3 +114,75 @@ def source_dir(run: ConfigBase) -> Optional[str]:
               "tokenizer, token ids and model family are not carried over", flush=True)
         return None
     return source
+
+
+def _hf_tokenizer(directory: str):
+    """The HF directory's tokenizer (tokenizer.json, else tokenizer.model), or None."""
+    from titanax.data.tokenizer import SENTENCEPIECE_FILE, TOKENIZER_FILE, Tokenizer  # pylint: disable=import-outside-toplevel
+    if any(os.path.isfile(os.path.join(directory, name))
+           for name in (TOKENIZER_FILE, SENTENCEPIECE_FILE)):
+        return Tokenizer.default_config().set(path=directory)
+    return None
+
+
+def _run_tokenizer(run) -> Optional[Any]:
+    """The tokenizer a run was trained with: its train input's (bytes when unset), or -- for
+    a run without a configured input -- its HF source's."""
+    train_input = getattr(run, "train_input", None)
+    if train_input is not None and getattr(train_input, "tokenizer", None) is not None:
+        return train_input.tokenizer if train_input.tokenizer.path is not None else None
+    source = getattr(run, "init_from", None)
+    return _hf_tokenizer(source) if source and os.path.isdir(source) else None
+
+
+def inference_engine(*, hf: Optional[str], trainer_dir: Optional[str], model_parallel: int = 1,
+                     dtype: Optional[str] = None, step: Optional[int] = None):
+    """``(engine, HF source dir or None, tokenizer config or None)``: the model of the HF
+    directory ``hf`` (data x ``model_parallel``) or of the run in ``trainer_dir`` (its newest
+    checkpoint, or ``step``; its own data x TP mesh) on this process's devices, for inference
+    (titanax.generate, titanax.evaluate)."""
+    from titanax.parallel.plan import DP, TP, Plan  # pylint: disable=import-outside-toplevel
+    from titanax.runtime.mesh import MeshSpec  # pylint: disable=import-outside-toplevel
+    if hf:
+        from titanax.hf import importer  # pylint: disable=import-outside-toplevel
+        from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
+        hf = os.path.abspath(hf)
+        tp = model_parallel
+        cfg = Engine.default_config().set(
+            mesh=MeshSpec.default_config().set(axes=("data", "model"), shape=(None, tp)),
+            plan=Plan.default_config().set(data_parallel=DP.default_config(),
+                                           tensor_parallel=TP.default_config() if tp > 1
+                                           else None),
+            model=importer.model_config(hf), init_from=hf,
+            learner=stateless_learner(), loggers=[])
+        if dtype is not None:
+            cfg.precision = precision_for(dtype)
+        engine = cfg.instantiate()
+        engine.init_or_restore()
+        return engine, hf, _hf_tokenizer(hf)
+    trainer_dir = os.path.abspath(trainer_dir)
+    run = read_run_config(trainer_dir)
+    if getattr(run.model, "moe", None) is not None:
+        # Every expert is local (below): each token goes through all its experts, none dropped
+        # however the prompt's tokens are routed (the capacity of training would drop some).
+        run = run.clone()
+        run.model.moe.dispatch = "dropless"
+    # Generation runs rows on data x model: the pipe, context and expert axes join data (each
+    # device then holds every expert).
+    plan = run.plan.clone(pipeline_parallel=None, zero=None, context_parallel=None,
+                          expert_parallel=None)
+    engine = restored_engine(trainer_dir, step=step, run=run,
+                             mesh=_data_and_model_only(run.mesh, plan), plan=plan, dtype=dtype)
+    return engine, source_dir(run), _run_tokenizer(run)
+
+
+def _data_and_model_only(mesh, plan):
+    """The run's mesh with only the axes generation uses (data, and the TP axis): the devices
+    of the others (pipe, an HSDP fsdp axis) join data -- checkpoints restore onto any mesh."""
+    roles = {plan.data_parallel.axis} | ({plan.tensor_parallel.axis}
+                                         if plan.tensor_parallel is not None else set())
+    shape = tuple(mesh.shape) if mesh.shape is not None else (None,) * len(mesh.axes)
+    keep = [i for i, axis in enumerate(mesh.axes) if axis in roles]
+    return mesh.clone(axes=tuple(mesh.axes[i] for i in keep),
+                      shape=tuple(None if mesh.axes[i] == plan.data_parallel.axis else shape[i]
+                                  for i in keep))

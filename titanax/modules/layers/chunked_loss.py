@@ -33,15 +33,17 @@ def chunk_length(*, tokens: int, local_vocab: int, requested: Optional[int] = No
 def chunked_token_losses(hidden: jax.Array, targets: jax.Array, *,
                          loss_of_chunk: Callable[[jax.Array, jax.Array], jax.Array],
                          chunk: int) -> jax.Array:
-    """``loss_of_chunk(hidden [n, d], targets [n]) -> [n]`` over ``hidden`` ``[..., d]`` /
-    ``targets`` ``[...]`` in chunks of ``chunk`` tokens; returns ``[...]``. A chunk length that
-    does not divide the tokens pads the last chunk (its padding's losses are dropped)."""
+    """``loss_of_chunk(hidden [n, d], targets [n]) -> [n, *k]`` over ``hidden`` ``[..., d]`` /
+    ``targets`` ``[...]`` in chunks of ``chunk`` tokens; returns ``[..., *k]`` (``k``: values
+    per token, usually none). A chunk length that does not divide the tokens pads the last
+    chunk (its padding's values are dropped)."""
     lead = targets.shape
     tokens = int(targets.size)
     flat_hidden = hidden.reshape(tokens, hidden.shape[-1])
     flat_targets = targets.reshape(tokens)
     if chunk >= tokens:
-        return loss_of_chunk(flat_hidden, flat_targets).reshape(lead)
+        out = loss_of_chunk(flat_hidden, flat_targets)
+        return out.reshape(lead + out.shape[1:])
     pad = -tokens % chunk
     if pad:
         flat_hidden = jnp.pad(flat_hidden, ((0, pad), (0, 0)))
@@ -49,4 +51,5 @@ def chunked_token_losses(hidden: jax.Array, targets: jax.Array, *,
     chunks = (flat_hidden.reshape(-1, chunk, hidden.shape[-1]), flat_targets.reshape(-1, chunk))
     body = jax.checkpoint(loss_of_chunk, prevent_cse=False)
     _, losses = jax.lax.scan(lambda carry, xs: (carry, body(*xs)), None, chunks)
-    return losses.reshape(-1)[:tokens].reshape(lead)
+    per_token = losses.shape[2:]
+    return losses.reshape((-1,) + per_token)[:tokens].reshape(lead + per_token)

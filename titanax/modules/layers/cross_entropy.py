@@ -8,7 +8,7 @@ device). On one device, or with the axis absent, the same function is ordinary c
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,18 @@ def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
                                  vocab_axis: Optional[str] = None,
                                  vocab_offset: Union[int, jax.Array] = 0,
                                  vocab_size: Optional[int] = None) -> jax.Array:
-    """Per-token ``-log softmax(logits)[target]`` in float32 (float64 for float64 logits).
+    """Per-token ``-log softmax(logits)[target]`` (``vocab_parallel_scores``' first value)."""
+    return vocab_parallel_scores(logits, targets, vocab_axis=vocab_axis,
+                                 vocab_offset=vocab_offset, vocab_size=vocab_size)[0]
+
+
+def vocab_parallel_scores(logits: jax.Array, targets: jax.Array, *,
+                          vocab_axis: Optional[str] = None,
+                          vocab_offset: Union[int, jax.Array] = 0,
+                          vocab_size: Optional[int] = None) -> Tuple[jax.Array, jax.Array]:
+    """``(per-token -log softmax(logits)[target], whether the target's logit is the largest)``
+    in float32 (float64 for float64 logits) -- the cross-entropy, and whether greedy decoding
+    would have chosen the target (a tie counts as chosen).
 
     Args:
         logits: ``[..., V_local]``, this device's slice of the vocabulary.
@@ -49,4 +60,4 @@ def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
     target_logit = jnp.where(held, target_logit, 0.0)
     if split:
         sum_exp, target_logit = collectives.psum((sum_exp, target_logit), vocab_axis)
-    return jnp.log(sum_exp) + top - target_logit
+    return jnp.log(sum_exp) + top - target_logit, target_logit >= top

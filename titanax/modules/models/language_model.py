@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.input_limits import InputLimit
 from titanax.modules.layers.chunked_loss import chunk_length, chunked_token_losses
-from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
+from titanax.modules.layers.cross_entropy import (vocab_parallel_cross_entropy,
+                                                  vocab_parallel_scores)
 from titanax.modules.layers.embedding import VocabParallelEmbedding
 from titanax.modules.layers.moe import add_moe_objective
 from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
@@ -185,6 +186,24 @@ class CausalLanguageModel(BaseLayer):
         ``temperature``), float32 or wider; ``segment_ids`` / ``positions`` as ``forward``'s."""
         hidden = self.hidden_states(input_ids, segment_ids, positions)
         return -at_least_float32(self.token_losses(hidden, target_ids, temperature=temperature))
+
+    def token_scores(self, input_ids: jax.Array, target_ids: jax.Array) -> jax.Array:
+        """``[batch, seq, 2]``: per target, its log-prob given what precedes it and whether
+        greedy decoding would choose it (1.0 / 0.0) -- what an evaluation harness asks of a
+        continuation -- the head run in chunks (the full logits are never held)."""
+        head = self.head()
+        hidden = self._whole_sequence(self.hidden_states(input_ids))
+
+        def scores_of_chunk(hidden_chunk, targets_chunk):
+            loss, greedy = vocab_parallel_scores(
+                head.attend(hidden_chunk), targets_chunk, vocab_axis=head.vocab_axis,
+                vocab_offset=head.vocab_offset(), vocab_size=self.config.vocab_size)
+            return jnp.stack([-loss, greedy.astype(loss.dtype)], axis=-1)
+
+        chunk = chunk_length(tokens=int(target_ids.size), local_vocab=head.local_rows(),
+                             requested=self.config.loss_chunk_tokens)
+        return chunked_token_losses(hidden, target_ids, loss_of_chunk=scores_of_chunk,
+                                    chunk=chunk)
 
     def _reference_values(self, method: str, inputs: Any) -> jax.Array:
         """``method(*inputs)`` of the reference model, without gradient: the frozen copy of the
