@@ -13,6 +13,9 @@ BENCHMARK_EXTRAS = ["matplotlib>=3.8"]
 # CUDA build of several GB from PyPI.
 HF_REFERENCE_EXTRAS = ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.4", "peft>=0.17",
                        "trl>=1.16,<2"]
+# lm-evaluation-harness tasks on a Titanax model (python -m titanax.evaluate, the in-loop
+# LMEvalEvaler).
+EVAL_EXTRAS = ["lm_eval>=0.4.9,<0.5"]
 # Parquet document sources (titanax.data.documents).
 PARQUET_EXTRAS = ["pyarrow>=15"]
 # SentencePiece tokenizer models (titanax.data.tokenizer_backends).
@@ -59,6 +62,7 @@ setup(
         # Peer implementations of the GPT (benchmarks/peers/) and the benchmark plots.
         "benchmarks": BENCHMARK_EXTRAS,
         "parquet": PARQUET_EXTRAS,
+        "eval": EVAL_EXTRAS,
         "sentencepiece": SENTENCEPIECE_EXTRAS,
         # The Weights & Biases logger (titanax.observe.wandb_logger; reinit="create_new" needs
         # 0.19.10).
@@ -66,7 +70,7 @@ setup(
         # CI installs '.[dev]': it runs tests/benchmarks (the peers' extras), tests/hf
         # (transformers as the reference) and the W&B logger's tests (offline).
         "dev": ["pytest>=8", "pytest-xdist>=3.5"] + BENCHMARK_EXTRAS + HF_REFERENCE_EXTRAS
-               + PARQUET_EXTRAS + SENTENCEPIECE_EXTRAS + ["wandb>=0.19.10"],
+               + PARQUET_EXTRAS + SENTENCEPIECE_EXTRAS + EVAL_EXTRAS + ["wandb>=0.19.10"],
     },
     entry_points={"console_scripts": ["titanax-launch=titanax.launch:run_main"]},
 )

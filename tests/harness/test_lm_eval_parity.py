@@ -1,0 +1,108 @@
+"""``python -m titanax.evaluate`` against lm-eval's own ``hf`` model on the same tiny Llama
+directory and local tasks of three kinds -- multiple choice (acc, acc_norm), rolling perplexity
+(word / byte perplexity, bits per byte), generate-until (exact match) -- on 1 device, data 8 and
+data 4 x TP 2: accuracies and exact match equal, perplexities within 1e-4 relative, every
+generation and every continuation's log-prob / greedy flag the same. And a fine-tuned run
+evaluates from ``--trainer_dir`` as its export does."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.environment import child_environment
+from tests.harness import local_tasks
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = child_environment(PYTHONUNBUFFERED="1")
+
+
+def _run(args, cwd, timeout=600):
+    result = subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True,
+                            text=True, timeout=timeout, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _evaluate(folder, source, name, *extra):
+    out = os.path.join(folder, f"{name}.json")
+    _run(["-m", "titanax.evaluate", source, f"--tasks={','.join(local_tasks.TASKS)}",
+          f"--include_path={folder}/tasks", f"--output_path={out}", "--log_samples", *extra],
+         cwd=folder)
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("harness")
+    _run([os.path.join(REPO_ROOT, "examples", "tiny_chat_model.py"), "--out=tiny_chat"],
+         cwd=str(root))
+    local_tasks.write(str(root / "tasks"))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def lm_eval_hf(folder):
+    """lm-eval's own hf model on the directory (float32, CPU)."""
+    script = (
+        "import json, lm_eval\nfrom lm_eval.tasks import TaskManager\n"
+        "r = lm_eval.simple_evaluate(model='hf', model_args='pretrained=tiny_chat/model,"
+        "dtype=float32', tasks=%r, task_manager=TaskManager(include_path='tasks'), "
+        "device='cpu', batch_size=8, log_samples=True, random_seed=0, numpy_random_seed=0, "
+        "torch_random_seed=0, fewshot_random_seed=0)\n"
+        "json.dump(r, open('hf.json', 'w'), default=str)\n" % (list(local_tasks.TASKS),))
+    _run(["-c", script], cwd=folder)
+    with open(os.path.join(folder, "hf.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _metrics(results, task):
+    return {k: v for k, v in results["results"][task].items()
+            if "," in k and not k.startswith(("alias", "sample")) and "stderr" not in k}
+
+
+def assert_same_results(ours, want):
+    for task in local_tasks.TASKS:
+        got, expected = _metrics(ours, task), _metrics(want, task)
+        assert set(got) == set(expected) and got, (task, got, expected)
+        for key, value in expected.items():
+            if "perplexity" in key or "bits_per_byte" in key:
+                assert got[key] == pytest.approx(value, rel=1e-4), (task, key)
+            else:
+                assert got[key] == value, (task, key, got[key], value)
+    generations = [s["resps"] for s in ours["samples"]["tiny_gen"]]
+    assert generations == [s["resps"] for s in want["samples"]["tiny_gen"]]
+    assert len({str(g) for g in generations}) > 5, "generations this alike prove little"
+    scores = [[r[0] for r in s["resps"]] for s in ours["samples"]["tiny_mc"]]
+    expected = [[r[0] for r in s["resps"]] for s in want["samples"]["tiny_mc"]]
+    np.testing.assert_allclose(np.array([[float(x[0]) for x in row] for row in scores]),
+                               np.array([[float(x[0]) for x in row] for row in expected]),
+                               rtol=1e-5, atol=1e-5)
+    assert [[str(x[1]) for x in row] for row in scores] == \
+        [[str(x[1]) for x in row] for row in expected]
+
+
+@pytest.mark.parametrize("layout", [["--cpu_devices=1"], ["--cpu_devices=8"],
+                                    ["--cpu_devices=8", "--model_parallel=2"]],
+                         ids=["one-device", "dp8", "dp4-tp2"])
+def test_every_metric_equals_lm_evals_hf_model(folder, lm_eval_hf, layout):
+    ours = _evaluate(folder, "--hf=tiny_chat/model", "-".join(layout).replace("-", "_"),
+                     *layout)
+    assert_same_results(ours, lm_eval_hf)
+
+
+def test_a_fine_tuned_run_evaluates_as_its_export(folder):
+    _run(["-m", "titanax.launch", "--config=llama_tiny_sft", "--cpu_devices=8",
+          "--trainer_dir=runs/sft", "--config.init_from=tiny_chat/model",
+          "--config.train_input.source.format=chat",
+          "--config.train_input.source.files=['tiny_chat/chat.jsonl']",
+          "--config.max_steps=4", "--config.evalers={}"], cwd=folder)
+    _run(["-m", "titanax.export", "--trainer_dir=runs/sft", "--to=exported",
+          "--cpu_devices=8"], cwd=folder)
+    from_run = _evaluate(folder, "--trainer_dir=runs/sft", "from_run", "--cpu_devices=8")
+    from_export = _evaluate(folder, "--hf=exported", "from_export", "--cpu_devices=8")
+    assert_same_results(from_run, from_export)

@@ -1,0 +1,148 @@
+"""``python -m titanax.evaluate``: lm-evaluation-harness tasks on a run's model or a Hugging Face
+directory, on the devices at hand.
+
+    python -m titanax.evaluate --hf=path/to/hf_dir --tasks=hellaswag,lambada_openai --output_path=results.json
+    python -m titanax.evaluate --trainer_dir=runs/chat_sft --tasks=my_task --include_path=my_tasks/ --limit=100 --cpu_devices=8
+
+The model runs on a data x model mesh (a run's own data x TP mesh, or for ``--hf`` data x
+``--model_parallel``) through ``titanax.harness.lm.TitanaxLM``: multiple-choice log-likelihoods
+and rolling perplexities from the sharded forward, generations from the KV-cache sampler.
+lm-eval's table is printed and its results JSON (``results``, ``configs``, ``versions``,
+``n-shot`` ...) written to ``--output_path``. Tasks are lm-eval's own or yours
+(``--include_path``: a directory of task YAMLs; their data local files -- nothing needs the
+network that the tasks themselves do not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+from absl import flags
+
+from titanax import command_line, errors
+from titanax.runtime import cpu_devices
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    flags.DEFINE_string("trainer_dir", None, "A run directory (its newest checkpoint, or "
+                        "--step).")
+    flags.DEFINE_string("hf", None, "A Hugging Face model directory.")
+    flags.DEFINE_integer("step", None, "Checkpoint step of --trainer_dir (default: newest).")
+    flags.DEFINE_string("tasks", None, "Comma-separated lm-eval task (or group) names.")
+    flags.DEFINE_string("include_path", None, "A directory of your own task YAMLs.")
+    flags.DEFINE_integer("num_fewshot", None, "Few-shot examples per request (default: the "
+                         "task's).")
+    flags.DEFINE_float("limit", None, "Documents per task (a fraction below 1).")
+    flags.DEFINE_integer("batch_size", 16, "Requests per compiled batch (a multiple of the "
+                         "data-parallel size is used).")
+    flags.DEFINE_integer("max_gen_toks", 256, "Tokens a generation may take when its task "
+                         "does not say.")
+    flags.DEFINE_string("output_path", None, "Where to write lm-eval's results JSON.")
+    flags.DEFINE_bool("log_samples", False, "Keep every request's responses in the JSON "
+                      "(its 'samples').")
+    flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
+    flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Params and compute in this dtype "
+                      "(default: float32 for --hf, the run's precision for --trainer_dir).")
+    flags.DEFINE_integer("seed", 0, "Seed of lm-eval's sampling of few-shot examples.")
+    flags.DEFINE_integer("cpu_devices", None, "Simulate this many CPU devices (tests, no "
+                         "accelerator).")
+
+
+def _check_flags() -> None:
+    if bool(FLAGS.trainer_dir) == bool(FLAGS.hf):
+        raise errors.LaunchFlagError("give exactly one model source", path="--trainer_dir/--hf",
+                                     suggestion="--trainer_dir=<run> or --hf=<HF directory>")
+    if not FLAGS.tasks or not [t for t in FLAGS.tasks.split(",") if t.strip()]:
+        raise errors.LaunchFlagError("no task", path="--tasks",
+                                     suggestion="e.g. --tasks=hellaswag,arc_easy")
+    if FLAGS.include_path is not None and not os.path.isdir(FLAGS.include_path):
+        raise errors.LaunchFlagError(f"{FLAGS.include_path} is not a directory",
+                                     path="--include_path",
+                                     suggestion="give the directory holding your task YAMLs")
+    for name in ("batch_size", "max_gen_toks", "model_parallel"):
+        if getattr(FLAGS, name) < 1:
+            raise errors.LaunchFlagError(f"must be >= 1, got {getattr(FLAGS, name)}",
+                                         path=f"--{name}", suggestion="e.g. 8")
+    if FLAGS.num_fewshot is not None and FLAGS.num_fewshot < 0:
+        raise errors.LaunchFlagError(f"must be >= 0, got {FLAGS.num_fewshot}",
+                                     path="--num_fewshot", suggestion="e.g. 0 or 5")
+    if FLAGS.limit is not None and not FLAGS.limit > 0:
+        raise errors.LaunchFlagError(f"must be > 0, got {FLAGS.limit}", path="--limit",
+                                     suggestion="a number of documents, or a fraction < 1")
+    if FLAGS.cpu_devices is not None and FLAGS.cpu_devices < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.cpu_devices}",
+                                     path="--cpu_devices", suggestion="e.g. 8")
+
+
+def transformers_tokenizer(tokenizer_cfg: Any, source_dir: Any) -> Any:
+    """The model's tokenizer as transformers loads it: the HF directory's, or the run's
+    tokenizer file (its start / end tokens as Titanax reads them)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
+    path = getattr(tokenizer_cfg, "path", None)
+    if path is None and source_dir is not None:
+        path = source_dir
+    if path is None:
+        raise errors.LaunchFlagError(
+            "this model has no tokenizer lm-eval can use (its run reads bytes)",
+            path="--trainer_dir", suggestion="evaluate a run trained with a tokenizer "
+                                             "(--config.train_input.tokenizer.path)")
+    from titanax.data import bundled  # pylint: disable=import-outside-toplevel
+    path = bundled.resolve(path)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(path)
+    from titanax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
+    ours = (tokenizer_cfg or Tokenizer.default_config().set(path=path)).instantiate()
+    return PreTrainedTokenizerFast(tokenizer_file=ours.file,
+                                   bos_token=ours.token(ours.bos_id) or None,
+                                   eos_token=ours.token(ours.eos_id) or None)
+
+
+def evaluate(argv: Sequence[str]) -> int:
+    del argv
+    _check_flags()
+    if FLAGS.cpu_devices is not None:
+        cpu_devices.simulate_cpu_devices(FLAGS.cpu_devices)
+    import lm_eval  # pylint: disable=import-outside-toplevel
+    from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
+    from lm_eval.utils import make_table  # pylint: disable=import-outside-toplevel
+    from titanax.harness.lm import TitanaxLM  # pylint: disable=import-outside-toplevel
+    from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
+    engine, source, tokenizer_cfg = saved_run.inference_engine(
+        hf=FLAGS.hf, trainer_dir=FLAGS.trainer_dir, model_parallel=FLAGS.model_parallel,
+        dtype=FLAGS.dtype, step=FLAGS.step)
+    if not hasattr(engine.model, "token_scores") or not hasattr(engine.model, "sample"):
+        raise errors.LaunchFlagError(
+            f"{type(engine.model).__name__} is no causal language model with a sampler",
+            path="model", suggestion="evaluate a decoder (GPT-2, Llama, Qwen, Mistral, MoE)")
+    lm = TitanaxLM(engine=engine, tokenizer=transformers_tokenizer(tokenizer_cfg, source),
+                   batch_size=FLAGS.batch_size, max_gen_toks=FLAGS.max_gen_toks)
+    tasks = [t.strip() for t in FLAGS.tasks.split(",") if t.strip()]
+    manager = TaskManager(include_path=FLAGS.include_path)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise errors.LaunchFlagError(
+            f"lm-eval knows no task {', '.join(unknown)}", path="--tasks",
+            suggestion="check the names (python -m lm_eval --tasks list), or give "
+                       "--include_path=<dir of your task YAMLs>")
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=tasks, num_fewshot=FLAGS.num_fewshot,
+        limit=int(FLAGS.limit) if FLAGS.limit and FLAGS.limit >= 1 else FLAGS.limit,
+        task_manager=manager, log_samples=FLAGS.log_samples, random_seed=FLAGS.seed,
+        numpy_random_seed=FLAGS.seed,
+        torch_random_seed=FLAGS.seed, fewshot_random_seed=FLAGS.seed)
+    print(make_table(results), flush=True)
+    if FLAGS.output_path:
+        directory = os.path.dirname(os.path.abspath(FLAGS.output_path))
+        os.makedirs(directory, exist_ok=True)
+        with open(FLAGS.output_path, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1, default=str)
+        print(f"titanax: results written to {FLAGS.output_path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    command_line.run(evaluate, name="titanax.evaluate", define_flags=_define_flags)

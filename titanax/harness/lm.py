@@ -1,0 +1,219 @@
+"""An lm-evaluation-harness ``LM`` over a Titanax model on its mesh.
+
+lm-eval asks three things of a model; each runs here as one compiled program over the run's
+mesh (rows over the data axis, heads and the vocabulary over TP), in batches of requests sorted
+by length and padded to a few bucket lengths (so a benchmark compiles a handful of programs):
+
+- ``loglikelihood`` (multiple choice): a context's continuation's summed log-prob and whether
+  greedy decoding would produce it -- from ``token_scores`` (the head in chunks, the
+  vocabulary's max and the target's logit reduced over TP: no full logits);
+- ``loglikelihood_rolling`` (perplexity): a document's log-prob in lm-eval's own rolling
+  windows of the model's length;
+- ``generate_until``: greedy (or sampled) continuations by the KV-cache sampler, left-padded
+  prompts, stopping at the end token, cut at the request's stop strings.
+
+Tokenization is transformers' tokenizer of the model's directory (or of the run's tokenizer
+file), called as lm-eval's ``hf`` model calls it -- context / continuation split, BOS handling,
+left truncation -- so the requests are the same token ids and the numbers can be compared with
+lm-eval's ``hf`` model on the same directory (``tests/harness/test_lm_eval_parity.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.models import utils as model_utils
+
+from titanax import errors
+
+
+def _bucket(length: int, limit: int) -> int:
+    """The padded length of a batch whose longest row has ``length`` tokens: the next power of
+    two from 16 (at most ``limit``)."""
+    return min(limit, max(16, 1 << max(0, math.ceil(math.log2(max(length, 1))))))
+
+
+class TitanaxLM(TemplateLM):
+    """lm-eval's model interface over an Engine's model (see the module docstring)."""
+
+    def __init__(self, *, engine: Any, tokenizer: Any, batch_size: int = 16,
+                 max_gen_toks: int = 256):
+        """``engine``: a built Engine with its params (``saved_run.inference_engine``);
+        ``tokenizer``: a transformers tokenizer of the model's vocabulary."""
+        super().__init__()
+        self.engine, self.tokenizer = engine, tokenizer
+        self.batch_size_value = int(batch_size)
+        self._max_gen_toks = int(max_gen_toks)
+        model_cfg = engine.model.config
+        self._max_length = int(model_cfg.max_seq_len)
+        self._vocab = int(model_cfg.vocab_size)
+        # Rows of every compiled batch: a multiple of the batch shards.
+        self._shards = engine.plan.batch_shards(engine.mesh)
+        self._scores = engine.steps.model_method("token_scores")
+        self._samplers: Dict[Tuple[int, Optional[float]], Any] = {}
+        if tokenizer.eos_token_id is None:
+            raise errors.HFError("the tokenizer has no end-of-sequence token, which lm-eval "
+                                 "uses as the end of every text", path="tokenizer",
+                                 suggestion="give a tokenizer with an eos_token")
+
+    # --- What lm-eval reads of a model ------------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.tokenizer.eos_token_id
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
+    @property
+    def tokenizer_name(self) -> str:
+        return getattr(self.tokenizer, "name_or_path", "titanax").replace("/", "__")
+
+    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None,
+                   left_truncate_len: Optional[int] = None, **kwargs) -> List[int]:
+        """As lm-eval's ``hf`` model encodes a string (its special-token rule: BOS where the
+        tokenizer adds one, unless the string starts with it)."""
+        special = model_utils._add_special_kwargs(add_special_tokens, None)  # pylint: disable=protected-access
+        if add_special_tokens is None and model_utils.has_bos_prefix(
+                string, self.tokenizer.decode(self.prefix_token_id)):
+            special["add_special_tokens"] = False
+        encoding = self.tokenizer.encode(string, **special)
+        return encoding[-left_truncate_len:] if left_truncate_len else encoding
+
+    def tok_decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
+
+    # --- loglikelihood ------------------------------------------------------------------------
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False,
+                              override_bs: Optional[int] = None) -> List[Tuple[float, bool]]:
+        """``requests``: ``(key, context ids, continuation ids)``; per request, the
+        continuation's summed log-prob and whether greedy decoding gives all of it -- the row
+        ``(context + continuation)[-(max_length + 1):]`` scored as lm-eval's ``hf`` model
+        scores it."""
+        del disable_tqdm, override_bs
+        rows = []
+        for _, context, continuation in requests:
+            whole = (list(context) + list(continuation))[-(self._max_length + 1):]
+            rows.append((whole[:-1], whole[1:], len(continuation)))
+        out: List[Optional[Tuple[float, bool]]] = [None] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
+        for start in range(0, len(order), self.batch_size_value):
+            chosen = order[start:start + self.batch_size_value]
+            length = _bucket(max(len(rows[i][0]) for i in chosen), self._max_length)
+            count = -(-len(chosen) // self._shards) * self._shards
+            inputs = np.zeros((count, length), np.int32)
+            targets = np.zeros((count, length), np.int32)
+            for row, index in enumerate(chosen):
+                inp, tgt, _ = rows[index]
+                inputs[row, :len(inp)], targets[row, :len(tgt)] = inp, tgt
+            placed = self.engine.inputs.global_batch({"input_ids": inputs, "target_ids": targets})
+            scores = np.asarray(jax.device_get(self._scores(
+                self.engine.state.params, placed["input_ids"], placed["target_ids"])))
+            for row, index in enumerate(chosen):
+                inp, _, count_cont = rows[index]
+                span = scores[row, len(inp) - count_cont:len(inp)]
+                out[index] = (float(np.sum(span[:, 0], dtype=np.float64)),
+                              bool(np.all(span[:, 1] > 0)))
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
+        """A document's log-prob over lm-eval's rolling windows of ``max_length`` tokens (the
+        first conditioned on the prefix token), as lm-eval's ``hf`` model sums them."""
+        windows, owners = [], []
+        for index, (string,) in enumerate(req.args for req in requests):
+            for window in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                    max_seq_len=self._max_length, context_len=1)):
+                windows.append((None,) + window)
+                owners.append(index)
+        totals = [0.0] * len(requests)
+        for owner, (logp, _) in zip(owners, self._loglikelihood_tokens(windows)):
+            totals[owner] += logp
+        for request, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    # --- generate_until -----------------------------------------------------------------------
+
+    def _sampler(self, new_tokens: int, temperature: Optional[float]):
+        key = (new_tokens, temperature)
+        if key not in self._samplers:
+            self._samplers[key] = self.engine.steps.sampler(
+                max_new_tokens=new_tokens, temperature=temperature,
+                end_ids=(self.eot_token_id,))
+        return self._samplers[key]
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
+        """Greedy continuations (sampled where a request asks: ``do_sample``, its
+        temperature), the context left-truncated to ``max_length - max_gen_toks`` and encoded
+        as lm-eval's ``hf`` model encodes a batch; cut at the end token and the stop strings."""
+        eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
+        args = [req.args for req in requests]
+        out: List[Optional[str]] = [None] * len(args)
+        groups: Dict[str, List[int]] = {}
+        for index, (_, gen_kwargs) in enumerate(args):
+            groups.setdefault(repr(sorted(gen_kwargs.items())), []).append(index)
+        for indices in groups.values():
+            kwargs = model_utils.normalize_gen_kwargs(args[indices[0]][1], self._max_gen_toks)
+            until = model_utils.handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+            new_tokens = int(kwargs.pop("max_gen_toks"))
+            temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get(
+                "do_sample") else None
+            max_context = self._max_length - new_tokens
+            if max_context < 1:
+                raise errors.HFError(
+                    f"a task asks for {new_tokens} new tokens of a model that reads "
+                    f"{self._max_length}", path="max_gen_toks",
+                    suggestion="evaluate a model with a longer max_seq_len, or a task that "
+                               "generates less")
+            for start in range(0, len(indices), self.batch_size_value):
+                chosen = indices[start:start + self.batch_size_value]
+                texts = self._generate([args[i][0] for i in chosen], new_tokens=new_tokens,
+                                       temperature=temperature, max_context=max_context)
+                for index, text in zip(chosen, texts):
+                    out[index] = model_utils.postprocess_generated_text(text, stop=until,
+                                                                       think_end_token=None)
+                    self.cache_hook.add_partial("generate_until", args[index], out[index])
+        return out
+
+    def _generate(self, contexts: List[str], *, new_tokens: int, temperature: Optional[float],
+                  max_context: int) -> List[str]:
+        special = {}
+        if model_utils.has_bos_prefix(contexts[0], getattr(self.tokenizer, "bos_token", None)):
+            special = {"add_special_tokens": False}
+        encoded = [self.tokenizer.encode(text, **special)[-max_context:] for text in contexts]
+        length = _bucket(max(len(e) for e in encoded), max_context)
+        count = -(-len(encoded) // self._shards) * self._shards
+        prompts = np.zeros((count, length), np.int32)
+        lengths = np.ones((count,), np.int32)
+        for row, ids in enumerate(encoded):
+            prompts[row, length - len(ids):], lengths[row] = ids, len(ids)
+        placed = self.engine.inputs.global_batch({"prompt_ids": prompts,
+                                                  "prompt_lengths": lengths})
+        sample = self._sampler(new_tokens, temperature)
+        tokens = np.asarray(jax.device_get(sample(
+            self.engine.state.params, placed["prompt_ids"], placed["prompt_lengths"],
+            jax.random.PRNGKey(0))["tokens"]))
+        texts = []
+        for row in range(len(encoded)):
+            ids = tokens[row].tolist()
+            if self.eot_token_id in ids:
+                ids = ids[:ids.index(self.eot_token_id)]
+            texts.append(self.tok_decode(ids))
+        return texts
