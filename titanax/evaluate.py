@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 from absl import flags
 
@@ -78,29 +78,6 @@ def _check_flags() -> None:
                                      path="--cpu_devices", suggestion="e.g. 8")
 
 
-def transformers_tokenizer(tokenizer_cfg: Any, source_dir: Any) -> Any:
-    """The model's tokenizer as transformers loads it: the HF directory's, or the run's
-    tokenizer file (its start / end tokens as Titanax reads them)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
-    path = getattr(tokenizer_cfg, "path", None)
-    if path is None and source_dir is not None:
-        path = source_dir
-    if path is None:
-        raise errors.LaunchFlagError(
-            "this model has no tokenizer lm-eval can use (its run reads bytes)",
-            path="--trainer_dir", suggestion="evaluate a run trained with a tokenizer "
-                                             "(--config.train_input.tokenizer.path)")
-    from titanax.data import bundled  # pylint: disable=import-outside-toplevel
-    path = bundled.resolve(path)
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-        return AutoTokenizer.from_pretrained(path)
-    from titanax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
-    ours = (tokenizer_cfg or Tokenizer.default_config().set(path=path)).instantiate()
-    return PreTrainedTokenizerFast(tokenizer_file=ours.file,
-                                   bos_token=ours.token(ours.bos_id) or None,
-                                   eos_token=ours.token(ours.eos_id) or None)
-
-
 def evaluate(argv: Sequence[str]) -> int:
     del argv
     _check_flags()
@@ -109,7 +86,7 @@ def evaluate(argv: Sequence[str]) -> int:
     import lm_eval  # pylint: disable=import-outside-toplevel
     from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
     from lm_eval.utils import make_table  # pylint: disable=import-outside-toplevel
-    from titanax.harness.lm import TitanaxLM  # pylint: disable=import-outside-toplevel
+    from titanax.harness.lm import TitanaxLM, transformers_tokenizer  # pylint: disable=import-outside-toplevel
     from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
     engine, source, tokenizer_cfg = saved_run.inference_engine(
         hf=FLAGS.hf, trainer_dir=FLAGS.trainer_dir, model_parallel=FLAGS.model_parallel,

@@ -52,8 +52,9 @@ class TitanaxLM(TemplateLM):
         model_cfg = engine.model.config
         self._max_length = int(model_cfg.max_seq_len)
         self._vocab = int(model_cfg.vocab_size)
-        # Rows of every compiled batch: a multiple of the batch shards.
-        self._shards = engine.plan.batch_shards(engine.mesh)
+        # Rows of every compiled batch: a multiple of the batch shards (and of a training
+        # plan's microbatches: the batch is checked against the plan).
+        self._shards = engine.plan.batch_shards(engine.mesh) * engine.plan.accumulate_steps
         self._scores = engine.steps.model_method("token_scores")
         self._samplers: Dict[Tuple[int, Optional[float]], Any] = {}
         if tokenizer.eos_token_id is None:
@@ -217,3 +218,27 @@ class TitanaxLM(TemplateLM):
                 ids = ids[:ids.index(self.eot_token_id)]
             texts.append(self.tok_decode(ids))
         return texts
+
+
+def transformers_tokenizer(tokenizer_cfg: Any, source_dir: Optional[str]) -> Any:
+    """The model's tokenizer as transformers loads it: the HF directory's, or the run's
+    tokenizer file (its start / end tokens as Titanax reads them)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    path = getattr(tokenizer_cfg, "path", None)
+    if path is None and source_dir is not None:
+        path = source_dir
+    if path is None:
+        raise errors.HFError(
+            "this model has no tokenizer lm-eval can use (its run reads bytes)",
+            path="train_input.tokenizer.path", suggestion="evaluate a run trained with a "
+                                                          "tokenizer (a tokenizer.json or HF dir)")
+    from titanax.data import bundled  # pylint: disable=import-outside-toplevel
+    path = bundled.resolve(path)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(path)
+    from titanax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
+    ours = (tokenizer_cfg or Tokenizer.default_config().set(path=path)).instantiate()
+    return PreTrainedTokenizerFast(tokenizer_file=ours.file,
+                                   bos_token=ours.token(ours.bos_id) or None,
+                                   eos_token=ours.token(ours.eos_id) or None)

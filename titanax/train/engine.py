@@ -229,7 +229,8 @@ class Engine(Configurable):
                 suggestion="give the directory of the reference model (config.json and "
                            "*.safetensors), or drop reference_from: the starting weights")
         for where, input_cfg in [("train_input", cfg.train_input)] + [
-                (f"evalers[{name!r}].input", e.input) for name, e in cfg.evalers.items()]:
+                (f"evalers[{name!r}].input", e.input) for name, e in cfg.evalers.items()
+                if getattr(e, "input", None) is not None]:
             kind = getattr(getattr(input_cfg, "source", None), "klass", None)
             pairs = kind is not None and issubclass(kind, PreferencePairs)
             if kind is not None and pairs != (self.preference is not None):
@@ -264,11 +265,15 @@ class Engine(Configurable):
                 f"reads {getattr(kind, '__name__', 'no source')} rows, and GRPO samples "
                 "completions of prompts", path="train_input.source",
                 suggestion="give it a Prompts source (data/prompts.py)")
-        if cfg.evalers:
+        losses = sorted(name for name, e in cfg.evalers.items()
+                        if getattr(e, "input", None) is not None)
+        if losses:
             raise errors.ConfigError(
-                f"evaluates {', '.join(sorted(cfg.evalers))}, and a GRPO run has no held-out "
-                "loss to evaluate: its measure is the reward of its rollouts (metrics.csv)",
-                path="evalers", suggestion="set evalers={} (\"--config.evalers={}\")")
+                f"evaluates {', '.join(losses)} by a held-out loss, and a GRPO run has none: "
+                "its measure is the reward of its rollouts (metrics.csv), or an lm-eval "
+                "evaler's tasks", path="evalers",
+                suggestion="set evalers={} (\"--config.evalers={}\"), or evaluate with an "
+                           "LMEvalEvaler (titanax/harness/evaler.py)")
         if cfg.plan.context_parallel is not None or cfg.plan.pipeline_parallel is not None:
             which = ("context_parallel" if cfg.plan.context_parallel is not None
                      else "pipeline_parallel")
@@ -682,7 +687,7 @@ class Engine(Configurable):
         return self.evaluation.run(
             step, evaluate=lambda data, batches: self.eval(data=data, steps=batches),
             make_input=lambda cfg, where: self.make_input(cfg, where=where),
-            loggers=self.loggers(), only_due=only_due)
+            loggers=self.loggers(), only_due=only_due, engine=self)
 
     def eval(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,
              steps: Optional[int] = None) -> Dict[str, float]:

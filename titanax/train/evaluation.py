@@ -50,20 +50,27 @@ class Evaluation:
 
     def run(self, step: int, *, evaluate: Callable[[Any, Optional[int]], Dict[str, float]],
             make_input: Callable[[Any, str], Iterable], loggers: Sequence[Any],
-            only_due: bool = True) -> Dict[str, Dict[str, float]]:
+            only_due: bool = True, engine: Any = None) -> Dict[str, Dict[str, float]]:
         """Runs the evalers (those due at ``step``, or all) and logs their metrics.
 
         ``evaluate(data, num_batches)``: metrics over the data; ``make_input(config, where)``:
-        an evaler's input, errors naming ``where`` (its config path)."""
+        an evaler's input, errors naming ``where`` (its config path). An evaler that reads no
+        input evaluates the ``engine``'s model itself (``evaluate_engine``: lm-eval tasks) and
+        names its metrics (``metric_prefix``)."""
         results = {}
         for name, evaler in self.evalers.items():
             if only_due and not evaler.due(step):
                 continue
-            data, batches = self._at_most_one_pass(evaler, make_input, f"evalers[{name!r}]")
-            metrics = evaluate(data, batches)
+            if hasattr(evaler, "evaluate_engine"):
+                metrics = evaler.evaluate_engine(engine)
+            else:
+                data, batches = self._at_most_one_pass(evaler, make_input,
+                                                       f"evalers[{name!r}]")
+                metrics = evaluate(data, batches)
             results[name] = metrics
+            prefix = getattr(evaler, "metric_prefix", name)
             for logger in loggers:
-                logger.log_dict({f"{name}/{k}": v for k, v in metrics.items()}, step)
+                logger.log_dict({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
         self.last_step, self.last_results = step, results
         return results
 

@@ -73,7 +73,7 @@ class RunInputs:
                                        path="train_input.global_batch_size")
         train_tokenizer = (config.train_input.tokenizer.path
                            if config.train_input is not None else None)
-        for name, evaler_cfg in config.evalers.items():
+        for name, evaler_cfg in _with_input(config.evalers):
             given = evaler_cfg.input.tokenizer.path
             if config.train_input is not None and given != train_tokenizer:
                 raise errors.DataError(
@@ -87,7 +87,8 @@ class RunInputs:
                 self.plan.check_batch_size(batch, self.mesh, microbatched=False,
                                            path=f"evalers[{name!r}].input.global_batch_size")
         inputs = {"train_input": config.train_input,
-                  **{f"evalers[{name!r}].input": e.input for name, e in config.evalers.items()}}
+                  **{f"evalers[{name!r}].input": e.input
+                     for name, e in _with_input(config.evalers)}}
         for where, input_cfg in inputs.items():
             self._check_sequence_split(input_cfg, where=where)
         check_declarations(config, self.limits)
@@ -151,7 +152,7 @@ def check_declarations(config: Any, limits: Mapping[str, InputLimit]) -> None:
     hold. A ``DataError`` names the model field to change."""
     inputs = {"train_input": getattr(config, "train_input", None),
               **{f"evalers[{name!r}].input": e.input
-                 for name, e in (getattr(config, "evalers", None) or {}).items()}}
+                 for name, e in _with_input(getattr(config, "evalers", None) or {})}}
     tokenizers: Dict[str, Any] = {}
     for where, input_cfg in inputs.items():
         declare = _declarer(input_cfg)
@@ -260,7 +261,7 @@ def follow_train_input(config: Any) -> Any:
         return config
     default_tokenizer = type(train.tokenizer)().set(klass=train.tokenizer.klass)
     out = None
-    for name, evaler in evalers.items():
+    for name, evaler in _with_input(evalers):
         changed = evaler.input.clone()
         if changed.tokenizer == default_tokenizer and train.tokenizer != default_tokenizer:
             changed.tokenizer = train.tokenizer.clone()
@@ -277,3 +278,8 @@ def follow_train_input(config: Any) -> Any:
             out = out or config.clone()
             out.evalers[name].input = changed
     return out or config
+
+
+def _with_input(evalers: Mapping[str, Any]):
+    """``(name, config)`` of the evalers that read an input (an lm-eval evaler reads none)."""
+    return [(name, e) for name, e in evalers.items() if getattr(e, "input", None) is not None]

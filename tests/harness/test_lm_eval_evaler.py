@@ -1,0 +1,71 @@
+"""The in-loop lm-eval evaler: a fine-tune of a tiny HF Llama logs ``lm_eval/<task>/<metric>``
+at its configured steps (to metrics.csv), on the params of that step (the perplexity moves as
+they train); and the run resumes with it. (That TitanaxLM's numbers are lm-eval's own:
+test_lm_eval_parity.py.)"""
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import local_tasks
+from tests.environment import child_environment
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("evaler")
+    subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples", "tiny_chat_model.py"),
+                    "--out=tiny_chat"], cwd=str(root), env=child_environment(), check=True,
+                   capture_output=True)
+    local_tasks.write(str(root / "tasks"), docs=8)
+    return root
+
+
+def _engine(folder, steps):
+    from titanax.config import registry  # pylint: disable=import-outside-toplevel
+    from titanax.harness.evaler import LMEvalEvaler  # pylint: disable=import-outside-toplevel
+    from titanax.hf import importer  # pylint: disable=import-outside-toplevel
+    from titanax.observe.loggers import CSV  # pylint: disable=import-outside-toplevel
+    from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
+    registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES))
+    cfg = registry.get_config("llama_tiny_sft")
+    model_dir = str(folder / "tiny_chat" / "model")
+    cfg.model = importer.model_config(model_dir)
+    cfg.init_from = model_dir
+    cfg.train_input.source.format = "chat"
+    cfg.train_input.source.files = [str(folder / "tiny_chat" / "chat.jsonl")]
+    cfg.train_input.tokenizer.path = model_dir
+    cfg.evalers = {"lm_eval": LMEvalEvaler.default_config().set(
+        tasks=list(local_tasks.TASKS), include_path=str(folder / "tasks"), every_n_steps=2,
+        max_gen_toks=8)}
+    cfg.checkpoint.path = str(folder / "run" / "checkpoints")
+    cfg.checkpoint.save_every_n_steps = 2
+    cfg.loggers = [CSV.default_config()]
+    cfg.max_steps = steps
+    return Engine(cfg, trainer_dir=str(folder / "run"))
+
+
+def test_the_evaler_logs_lm_eval_metrics_at_its_steps_and_resumes(folder):
+    first = _engine(folder, 4)
+    first.fit()
+    first.close()
+    second = _engine(folder, 6)
+    second.fit()
+    assert second.restored_from.endswith("/4")
+    second.close()
+    with open(folder / "run" / "metrics.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    logged = {int(r["step"]): r for r in rows if r.get("lm_eval/tiny_mc/acc")}
+    assert sorted(logged) == [2, 4, 6]
+    for row in logged.values():
+        assert 0.0 <= float(row["lm_eval/tiny_mc/acc"]) <= 1.0
+        assert float(row["lm_eval/tiny_ppl/byte_perplexity"]) > 1.0
+        assert row["lm_eval/tiny_gen/exact_match"] != ""
+    # Training moves the params: the perplexity the evaler measures moves with them.
+    perplexities = [float(logged[s]["lm_eval/tiny_ppl/byte_perplexity"]) for s in (2, 4, 6)]
+    assert len(set(perplexities)) == 3, perplexities

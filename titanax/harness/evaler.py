@@ -1,0 +1,102 @@
+"""An evaler that runs lm-evaluation-harness tasks on the run's live params every N steps.
+
+``--config.evalers`` takes it beside (or instead of) held-out-loss evalers::
+
+    cfg.evalers["lm_eval"] = LMEvalEvaler.default_config().set(
+        tasks=["hellaswag"], limit=200, every_n_steps=500)
+
+Each evaluation runs the tasks through ``TitanaxLM`` on the params as they are at that step, on
+the training mesh (no copy, no export), and logs ``lm_eval/<task>/<metric>`` (lm-eval's metric
+name, with its filter when not "none": ``acc``, ``exact_match_strict-match``) to every logger.
+It keeps no state of its own: a resumed run goes on evaluating at its steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional
+
+from titanax import errors
+from titanax.config import REQUIRED, Required
+from titanax.data.pipeline import Input
+from titanax.train.evaler import Evaler
+
+
+class LMEvalEvaler(Evaler):
+    """lm-eval ``tasks`` on the live model every ``every_n_steps`` (and after training)."""
+
+    class Config(Evaler.Config):
+        # It reads no input: lm-eval's tasks bring their documents.
+        input: Optional[Input.Config] = None
+        # lm-eval task (or group) names.
+        tasks: Required[List[str]] = REQUIRED
+        # A directory of your own task YAMLs.
+        include_path: Optional[str] = None
+        # Few-shot examples per request (None: the task's).
+        num_fewshot: Optional[int] = None
+        # Documents per task (a fraction below 1; None: all).
+        limit: Optional[float] = None
+        # Requests per compiled batch.
+        batch_size: int = 16
+        # Tokens a generation may take when its task does not say.
+        max_gen_toks: int = 256
+
+        def _validate_values(self):
+            yield from super()._validate_values()
+            if isinstance(self.tasks, list) and not self.tasks:
+                yield "tasks", "is empty: name the lm-eval tasks to run"
+            if self.num_fewshot is not None and self.num_fewshot < 0:
+                yield "num_fewshot", f"must be >= 0, got {self.num_fewshot}"
+            if self.limit is not None and not (math.isfinite(self.limit) and self.limit > 0):
+                yield "limit", f"must be > 0 (or None: every document), got {self.limit}"
+            if self.batch_size < 1:
+                yield "batch_size", f"must be >= 1, got {self.batch_size}"
+            if self.max_gen_toks < 1:
+                yield "max_gen_toks", f"must be >= 1, got {self.max_gen_toks}"
+
+    # What its metrics are logged under: lm_eval/<task>/<metric>.
+    metric_prefix = "lm_eval"
+
+    def __init__(self, cfg=None, **fields):
+        super().__init__(cfg, **fields)
+        self._lm = None
+
+    def evaluate_engine(self, engine: Any) -> Dict[str, float]:
+        """The tasks' metrics on ``engine``'s model and current params, ``<task>/<metric>``."""
+        import lm_eval  # pylint: disable=import-outside-toplevel
+        from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
+        from titanax.harness.lm import TitanaxLM, transformers_tokenizer  # pylint: disable=import-outside-toplevel
+        cfg = self.config
+        if self._lm is None:  # (Its compiled programs are kept between evaluations.)
+            train = engine.config.train_input
+            self._lm = TitanaxLM(
+                engine=engine, tokenizer=transformers_tokenizer(
+                    getattr(train, "tokenizer", None), engine.config.init_from),
+                batch_size=cfg.batch_size, max_gen_toks=cfg.max_gen_toks)
+        manager = TaskManager(include_path=cfg.include_path)
+        unknown = [t for t in cfg.tasks if t not in manager.all_tasks]
+        if unknown:
+            raise errors.ConfigError(f"lm-eval knows no task {', '.join(unknown)}",
+                                     path=f"evalers[{cfg.name!r}].tasks",
+                                     suggestion="check the names, or set include_path to the "
+                                                "directory of your task YAMLs")
+        limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
+        results = lm_eval.simple_evaluate(
+            model=self._lm, tasks=list(cfg.tasks), num_fewshot=cfg.num_fewshot, limit=limit,
+            task_manager=manager, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+            fewshot_random_seed=0)
+        return metrics_by_name(results)
+
+
+def metrics_by_name(results: Dict[str, Any]) -> Dict[str, float]:
+    """lm-eval's ``results`` as ``<task>/<metric>`` numbers (``<metric>_<filter>`` for a filter
+    other than "none"; no standard errors)."""
+    out = {}
+    for task, metrics in results.get("results", {}).items():
+        for key, value in metrics.items():
+            if "," not in key or "_stderr" in key or not isinstance(value, (int, float)):
+                continue
+            metric, filter_name = key.split(",", 1)
+            name = metric if filter_name == "none" else f"{metric}_{filter_name}"
+            out[f"{task}/{name}"] = float(value)
+    return out
