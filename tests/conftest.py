@@ -37,7 +37,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # The heaviest files first (measured, --durations): the two workers take whole files
 # (pytest.ini), and a heavy file started last would run alone at the end of the suite.
 HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/rl/test_grpo_launch.py",
-                  "tests/harness/test_lm_eval_parity.py",
+                  "tests/harness/test_lm_eval_parity.py", "tests/harness/test_lm_eval_evaler.py",
+                  "tests/test_evaluation_doc.py",
                   "tests/train/test_preference_training.py", "tests/rl/test_grpo_training.py",
                   "tests/train/test_lora_training.py", "tests/train/test_pipeline_parity.py",
                   "tests/train/test_sharded_state.py", "tests/test_launch_errors.py",

@@ -1,8 +1,8 @@
 """A docs page run as a newcomer would: its ``bash`` blocks line by line (``python`` is this
 interpreter; ``examples/`` the repository's), its ``python`` blocks as scripts, in order, in a
-fresh folder; every command must exit 0 without a traceback. A ``python`` block whose first
-line is ``# file: NAME`` is a file the page has you write (a module a command imports): it is
-written to NAME, not run."""
+fresh folder; every command must exit 0 without a traceback. A ``python`` or ``yaml`` block whose
+first line is ``# file: NAME`` is a file the page has you write (a module a command imports, a
+task definition): it is written to NAME, not run; other ``yaml`` blocks are examples only."""
 
 import os
 import re
@@ -18,7 +18,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def blocks(page: str) -> List[Tuple[str, str]]:
     with open(page, encoding="utf-8") as f:
         text = f.read()
-    return re.findall(r"```(bash|python)\n(.*?)\n```", text, flags=re.S)
+    return re.findall(r"```(bash|python|yaml)\n(.*?)\n```", text, flags=re.S)
 
 
 def commands(script: str) -> List[str]:
@@ -32,8 +32,12 @@ def walk(page: str, folder) -> List[Tuple[str, str]]:
     outputs = []
     for kind, body in blocks(page):
         named = re.match(r"# file: (\S+)\n", body)
-        if kind == "python" and named:
-            (folder / named.group(1)).write_text(body)
+        if named:  # (A yaml block is always a file the page has you write.)
+            target = folder / named.group(1)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(body)
+            continue
+        if kind == "yaml":
             continue
         if kind == "python":
             script = folder / f"snippet_{len(outputs)}.py"

@@ -33,9 +33,12 @@ from titanax import errors
 
 
 def _bucket(length: int, limit: int) -> int:
-    """The padded length of a batch whose longest row has ``length`` tokens: the next power of
-    two from 16 (at most ``limit``)."""
-    return min(limit, max(16, 1 << max(0, math.ceil(math.log2(max(length, 1))))))
+    """The padded length of a batch whose longest row has ``length`` tokens: the next multiple
+    of 16 up to 256, then of 1/16 of the next power of two (a few percent of padding at most;
+    a program per bucket), at most ``limit``."""
+    length = max(length, 1)
+    step = 16 if length <= 256 else (1 << math.ceil(math.log2(length))) // 16
+    return min(limit, -(-length // step) * step)
 
 
 class TitanaxLM(TemplateLM):
