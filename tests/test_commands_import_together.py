@@ -6,5 +6,6 @@ import importlib
 
 def test_the_command_modules_import_together():
     for name in ("titanax.launch", "titanax.run", "titanax.export", "titanax.generate",
+                 "titanax.evaluate",
                  "titanax.data.train_tokenizer", "titanax.data.pretokenize"):
         importlib.import_module(name)

@@ -155,6 +155,7 @@ def test_fresh_run_into_a_directory_with_checkpoints_is_refused(tmp_path):
 @pytest.mark.parametrize("command,misspelled,meant,badly_typed", [
     ("titanax.launch", "--cpu_device=8", "cpu_devices", "--cpu_devices=eight"),
     ("titanax.generate", "--max_new_token=8", "max_new_tokens", "--max_new_tokens=many"),
+    ("titanax.evaluate", "--task=x", "tasks", "--batch_size=big"),
     ("titanax.export", "--tp=x", None, "--step=last"),
     ("titanax.data.pretokenize", "--seq_lenn=8", "seq_len", "--seq_len=long"),
     ("titanax.data.train_tokenizer", "--vocab_sise=300", "vocab_size", "--vocab_size=big"),

@@ -106,3 +106,17 @@ def test_a_fine_tuned_run_evaluates_as_its_export(folder):
     from_run = _evaluate(folder, "--trainer_dir=runs/sft", "from_run", "--cpu_devices=8")
     from_export = _evaluate(folder, "--hf=exported", "from_export", "--cpu_devices=8")
     assert_same_results(from_run, from_export)
+
+
+@pytest.mark.parametrize("args,path", [
+    (["--tasks=x"], "--trainer_dir/--hf"),
+    (["--hf=tiny_chat/model"], "--tasks"),
+    (["--hf=tiny_chat/model", "--tasks=x", "--include_path=nowhere"], "--include_path"),
+    (["--hf=tiny_chat/model", "--tasks=no_such_task", "--include_path=tasks",
+      "--cpu_devices=1"], "--tasks"),
+])
+def test_bad_flags_are_refused_by_name(folder, args, path):
+    result = subprocess.run([sys.executable, "-m", "titanax.evaluate", *args], cwd=folder,
+                            env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert path in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
