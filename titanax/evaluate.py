@@ -47,7 +47,14 @@ def _define_flags() -> None:
     flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
     flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Params and compute in this dtype "
                       "(default: float32 for --hf, the run's precision for --trainer_dir).")
-    flags.DEFINE_integer("seed", 0, "Seed of lm-eval's sampling of few-shot examples.")
+    flags.DEFINE_integer("seed", None, "Seed of lm-eval's random choices (few-shot examples) "
+                         "and of sampled generations (default: lm-eval's seeds, 0 for "
+                         "sampling).")
+    flags.DEFINE_bool("apply_chat_template", False, "Render each request through the model's "
+                      "chat template (lm-eval's --apply_chat_template).")
+    flags.DEFINE_bool("fewshot_as_multiturn", True, "With --apply_chat_template: few-shot "
+                      "examples as earlier turns of the conversation (lm-eval's default "
+                      "there; --nofewshot_as_multiturn: all in the first turn).")
     flags.DEFINE_integer("cpu_devices", None, "Simulate this many CPU devices (tests, no "
                          "accelerator).")
 
@@ -73,6 +80,9 @@ def _check_flags() -> None:
     if FLAGS.limit is not None and not FLAGS.limit > 0:
         raise errors.LaunchFlagError(f"must be > 0, got {FLAGS.limit}", path="--limit",
                                      suggestion="a number of documents, or a fraction < 1")
+    if FLAGS.seed is not None and not 0 <= FLAGS.seed < 2 ** 32:
+        raise errors.LaunchFlagError(f"must be in [0, 2**32), got {FLAGS.seed}", path="--seed",
+                                     suggestion="e.g. --seed=1")
     if FLAGS.cpu_devices is not None and FLAGS.cpu_devices < 1:
         raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.cpu_devices}",
                                      path="--cpu_devices", suggestion="e.g. 8")
@@ -85,9 +95,18 @@ def evaluate(argv: Sequence[str]) -> int:
         cpu_devices.simulate_cpu_devices(FLAGS.cpu_devices)
     import lm_eval  # pylint: disable=import-outside-toplevel
     from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
-    from lm_eval.utils import make_table  # pylint: disable=import-outside-toplevel
+    import jax  # pylint: disable=import-outside-toplevel
+    from lm_eval.utils import handle_non_serializable, make_table  # pylint: disable=import-outside-toplevel
     from titanax.harness.lm import TitanaxLM, transformers_tokenizer  # pylint: disable=import-outside-toplevel
     from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
+    tasks = [t.strip() for t in FLAGS.tasks.split(",") if t.strip()]
+    manager = TaskManager(include_path=FLAGS.include_path)
+    unknown = [t for t in tasks if t not in manager.all_tasks and not os.path.isfile(t)]
+    if unknown:  # (Before the model loads.)
+        raise errors.LaunchFlagError(
+            f"lm-eval knows no task {', '.join(unknown)}", path="--tasks",
+            suggestion="check the names (python -m lm_eval ls tasks), or give "
+                       "--include_path=<dir of your task YAMLs>")
     engine, source, tokenizer_cfg = saved_run.inference_engine(
         hf=FLAGS.hf, trainer_dir=FLAGS.trainer_dir, model_parallel=FLAGS.model_parallel,
         dtype=FLAGS.dtype, step=FLAGS.step)
@@ -96,28 +115,30 @@ def evaluate(argv: Sequence[str]) -> int:
             f"{type(engine.model).__name__} is no causal language model with a sampler",
             path="model", suggestion="evaluate a decoder (GPT-2, Llama, Qwen, Mistral, MoE)")
     lm = TitanaxLM(engine=engine, tokenizer=transformers_tokenizer(tokenizer_cfg, source),
-                   batch_size=FLAGS.batch_size, max_gen_toks=FLAGS.max_gen_toks)
-    tasks = [t.strip() for t in FLAGS.tasks.split(",") if t.strip()]
-    manager = TaskManager(include_path=FLAGS.include_path)
-    unknown = [t for t in tasks if t not in manager.all_tasks]
-    if unknown:
-        raise errors.LaunchFlagError(
-            f"lm-eval knows no task {', '.join(unknown)}", path="--tasks",
-            suggestion="check the names (python -m lm_eval --tasks list), or give "
-                       "--include_path=<dir of your task YAMLs>")
+                   batch_size=FLAGS.batch_size, max_gen_toks=FLAGS.max_gen_toks,
+                   end_ids=saved_run.generation_end_ids(source), seed=FLAGS.seed or 0)
+    seeds = ({} if FLAGS.seed is None else
+             {"random_seed": FLAGS.seed, "numpy_random_seed": FLAGS.seed,
+              "torch_random_seed": FLAGS.seed, "fewshot_random_seed": FLAGS.seed})
     results = lm_eval.simple_evaluate(
         model=lm, tasks=tasks, num_fewshot=FLAGS.num_fewshot,
         limit=int(FLAGS.limit) if FLAGS.limit and FLAGS.limit >= 1 else FLAGS.limit,
-        task_manager=manager, log_samples=FLAGS.log_samples, random_seed=FLAGS.seed,
-        numpy_random_seed=FLAGS.seed,
-        torch_random_seed=FLAGS.seed, fewshot_random_seed=FLAGS.seed)
-    print(make_table(results), flush=True)
-    if FLAGS.output_path:
-        directory = os.path.dirname(os.path.abspath(FLAGS.output_path))
-        os.makedirs(directory, exist_ok=True)
-        with open(FLAGS.output_path, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1, default=str)
-        print(f"titanax: results written to {FLAGS.output_path}", flush=True)
+        task_manager=manager, log_samples=FLAGS.log_samples,
+        **({"apply_chat_template": True, "fewshot_as_multiturn": FLAGS.fewshot_as_multiturn}
+           if FLAGS.apply_chat_template else {}), **seeds)
+    if results is None:
+        raise errors.LaunchFlagError(
+            "lm-eval returned no results on this process (it keeps them on its rank 0: "
+            "LOCAL_RANK is set)", path="LOCAL_RANK",
+            suggestion="run python -m titanax.evaluate without torch's distributed variables")
+    if jax.process_index() == 0:
+        print(make_table(results), flush=True)
+        if FLAGS.output_path:
+            directory = os.path.dirname(os.path.abspath(FLAGS.output_path))
+            os.makedirs(directory, exist_ok=True)
+            with open(FLAGS.output_path, "w", encoding="utf-8") as f:
+                json.dump(results, f, indent=1, default=handle_non_serializable)
+            print(f"titanax: results written to {FLAGS.output_path}", flush=True)
     return 0
 
 

@@ -22,9 +22,7 @@ generation_config.json / config.json).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from typing import Any, List, Optional, Sequence
 
 from absl import flags
@@ -109,15 +107,8 @@ class _Tokens:
             self.tokenizer = tokenizer_cfg.instantiate()
         elif vocab_size == 256:
             self.tokenizer = Tokenizer.default_config().instantiate()  # Bytes.
-        self.end_ids: List[int] = []
-        for name in ("generation_config.json", "config.json"):
-            path = os.path.join(source_dir, name) if source_dir else ""
-            if path and os.path.isfile(path):
-                with open(path, encoding="utf-8") as f:
-                    end = json.load(f).get("eos_token_id")
-                if end is not None:
-                    self.end_ids = [end] if isinstance(end, int) else list(end)
-                    break
+        from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
+        self.end_ids: List[int] = saved_run.generation_end_ids(source_dir)
         eos = getattr(self.tokenizer, "eos_id", None)
         if eos is not None and eos not in self.end_ids:
             self.end_ids.append(eos)

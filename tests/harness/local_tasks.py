@@ -18,10 +18,14 @@ def write(folder: str, *, docs: int = 24, seed: int = 0) -> str:
         wrong = [a + b + d for d in rng.sample([-3, -1, 2, 5, 9], 3)]
         label = rng.randrange(4)
         choices = wrong[:label] + [a + b] + wrong[label:]
-        mc.append({"question": f"What is {a} plus {b}?", "choices": [str(c) for c in choices],
-                   "label": label})
+        # Every sixth question has a preamble longer than the model's 128 positions: its
+        # context is cut from the left, as lm-eval's hf model cuts it.
+        preamble = "Sums come first. " * (40 if index % 6 == 0 else 0)
+        mc.append({"question": f"{preamble}What is {a} plus {b}?",
+                   "choices": [str(c) for c in choices], "label": label})
+        # Documents of 1 to 4 windows of 128 tokens.
         words = " ".join(f"{rng.randint(0, 99)} plus {rng.randint(0, 99)} is many."
-                         for _ in range(3 + index % 5))
+                         for _ in range(4 + 9 * (index % 4)))
         ppl.append({"text": f"Sums, written out. {words}"})
         gen.append({"a": a, "b": b, "answer": f"{a} plus {b} is {a + b}"})
     for name, rows in (("mc", mc), ("ppl", ppl), ("gen", gen)):

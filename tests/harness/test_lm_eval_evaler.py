@@ -55,8 +55,11 @@ def test_the_evaler_logs_lm_eval_metrics_at_its_steps_and_resumes(folder):
     first.fit()
     first.close()
     second = _engine(folder, 6)
-    second.fit()
+    second.init_or_restore()
     assert second.restored_from.endswith("/4")
+    # The restored step-4 params give the numbers the first run logged at step 4.
+    again = second.evaluation.evalers["lm_eval"].evaluate_engine(second)
+    second.fit()
     second.close()
     with open(folder / "run" / "metrics.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -66,6 +69,8 @@ def test_the_evaler_logs_lm_eval_metrics_at_its_steps_and_resumes(folder):
         assert 0.0 <= float(row["lm_eval/tiny_mc/acc"]) <= 1.0
         assert float(row["lm_eval/tiny_ppl/byte_perplexity"]) > 1.0
         assert row["lm_eval/tiny_gen/exact_match"] != ""
+    for name, value in again.items():
+        assert float(logged[4][f"lm_eval/{name}"]) == pytest.approx(value, rel=1e-6), name
     # Training moves the params: the perplexity the evaler measures moves with them.
     perplexities = [float(logged[s]["lm_eval/tiny_ppl/byte_perplexity"]) for s in (2, 4, 6)]
     assert len(set(perplexities)) == 3, perplexities

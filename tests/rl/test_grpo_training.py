@@ -110,7 +110,7 @@ def test_what_grpo_refuses(tmp_path):
                            data_parallel=DP.default_config(),
                            context_parallel=CP.default_config().set(axis="context"))).build()
     assert info.value.path == "plan.context_parallel"
-    with pytest.raises(errors.ConfigError, match="no held-out loss") as info:
+    with pytest.raises(errors.ConfigError, match="by a held-out loss") as info:
         helpers.engine(files, evalers={"heldout": Evaler.default_config().set(
             input=Input.default_config().set(source=Prompts.default_config().set(
                 files=[files]), global_batch_size=8))}).build()

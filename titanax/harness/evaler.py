@@ -60,32 +60,64 @@ class LMEvalEvaler(Evaler):
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)
         self._lm = None
+        self._tasks = None  # lm-eval's TaskManager (its index of tasks), built once.
+
+    def check_engine(self, engine: Any) -> None:
+        """Before the run trains (``Engine.build``): the tasks exist, and the plan runs the
+        whole model on each device's rows as TitanaxLM needs (no pipeline or context
+        parallelism; a mixture of experts routes without capacity, which batching would
+        change)."""
+        where = f"evalers[{self.config.name!r}]"
+        plan = engine.config.plan
+        for part in ("pipeline_parallel", "context_parallel"):
+            if getattr(plan, part) is not None:
+                raise errors.PlanError(
+                    "an lm-eval evaler runs whole rows through the whole model on each "
+                    f"device, which {part} splits", path=f"plan.{part}",
+                    suggestion=f"evaluate the run's checkpoints with python -m "
+                               f"titanax.evaluate --trainer_dir=... (or drop {where})")
+        moe = getattr(getattr(engine.model, "config", None), "moe", None)
+        if moe is not None and moe.dispatch == "capacity":
+            raise errors.ConfigError(
+                "a capacity-limited mixture of experts drops tokens by how many share a "
+                "group: an lm-eval score would depend on how the requests are batched",
+                path="model.moe.dispatch",
+                suggestion="use dispatch='dropless', or evaluate the checkpoints with python "
+                           "-m titanax.evaluate --trainer_dir=... (it routes dropless)")
+        unknown = [t for t in self.config.tasks if t not in self.task_manager().all_tasks]
+        if unknown:
+            raise errors.ConfigError(f"lm-eval knows no task {', '.join(unknown)}",
+                                     path=f"{where}.tasks",
+                                     suggestion="check the names, or set include_path to the "
+                                                "directory of your task YAMLs")
+
+    def task_manager(self) -> Any:
+        if self._tasks is None:
+            from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
+            self._tasks = TaskManager(include_path=self.config.include_path)
+        return self._tasks
 
     def evaluate_engine(self, engine: Any) -> Dict[str, float]:
         """The tasks' metrics on ``engine``'s model and current params, ``<task>/<metric>``."""
         import lm_eval  # pylint: disable=import-outside-toplevel
-        from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
         from titanax.harness.lm import TitanaxLM, transformers_tokenizer  # pylint: disable=import-outside-toplevel
+        from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
         cfg = self.config
         if self._lm is None:  # (Its compiled programs are kept between evaluations.)
             train = engine.config.train_input
+            source = engine.config.init_from
             self._lm = TitanaxLM(
                 engine=engine, tokenizer=transformers_tokenizer(
-                    getattr(train, "tokenizer", None), engine.config.init_from),
-                batch_size=cfg.batch_size, max_gen_toks=cfg.max_gen_toks)
-        manager = TaskManager(include_path=cfg.include_path)
-        unknown = [t for t in cfg.tasks if t not in manager.all_tasks]
-        if unknown:
-            raise errors.ConfigError(f"lm-eval knows no task {', '.join(unknown)}",
-                                     path=f"evalers[{cfg.name!r}].tasks",
-                                     suggestion="check the names, or set include_path to the "
-                                                "directory of your task YAMLs")
+                    getattr(train, "tokenizer", None), source),
+                batch_size=cfg.batch_size, max_gen_toks=cfg.max_gen_toks,
+                end_ids=saved_run.generation_end_ids(source))
         limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
+        # No bootstrapped standard errors (they are not logged, and lm-eval computes them in
+        # a pool of processes forked from this one) and no per-request samples kept.
         results = lm_eval.simple_evaluate(
             model=self._lm, tasks=list(cfg.tasks), num_fewshot=cfg.num_fewshot, limit=limit,
-            task_manager=manager, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-            fewshot_random_seed=0)
-        return metrics_by_name(results)
+            task_manager=self.task_manager(), bootstrap_iters=0, log_samples=False)
+        return metrics_by_name(results or {})
 
 
 def metrics_by_name(results: Dict[str, Any]) -> Dict[str, float]:

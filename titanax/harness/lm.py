@@ -30,6 +30,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.models import utils as model_utils
 
 from titanax import errors
+from titanax.parallel import batch_shards
 
 
 def _bucket(length: int, limit: int) -> int:
@@ -45,25 +46,30 @@ class TitanaxLM(TemplateLM):
     """lm-eval's model interface over an Engine's model (see the module docstring)."""
 
     def __init__(self, *, engine: Any, tokenizer: Any, batch_size: int = 16,
-                 max_gen_toks: int = 256):
+                 max_gen_toks: int = 256, end_ids: Sequence[int] = (), seed: int = 0):
         """``engine``: a built Engine with its params (``saved_run.inference_engine``);
-        ``tokenizer``: a transformers tokenizer of the model's vocabulary."""
+        ``tokenizer``: a transformers tokenizer of the model's vocabulary; ``end_ids``: the ids
+        that end a generation besides the tokenizer's end of sequence (the model's
+        generation_config.json: what transformers' generate stops at); ``seed``: of sampled
+        generations."""
         super().__init__()
         self.engine, self.tokenizer = engine, tokenizer
         self.batch_size_value = int(batch_size)
         self._max_gen_toks = int(max_gen_toks)
         model_cfg = engine.model.config
         self._max_length = int(model_cfg.max_seq_len)
-        self._vocab = int(model_cfg.vocab_size)
-        # Rows of every compiled batch: a multiple of the batch shards (and of a training
-        # plan's microbatches: the batch is checked against the plan).
-        self._shards = engine.plan.batch_shards(engine.mesh) * engine.plan.accumulate_steps
-        self._scores = engine.steps.model_method("token_scores")
-        self._samplers: Dict[Tuple[int, Optional[float]], Any] = {}
         if tokenizer.eos_token_id is None:
             raise errors.HFError("the tokenizer has no end-of-sequence token, which lm-eval "
                                  "uses as the end of every text", path="tokenizer",
                                  suggestion="give a tokenizer with an eos_token")
+        self.end_ids = tuple(dict.fromkeys([int(i) for i in end_ids]
+                                           + [tokenizer.eos_token_id]))
+        # Rows of every compiled batch: a multiple of the batch shards.
+        self._process_shards, self._num_shards = engine.process_batch_shards()
+        self._scores = engine.steps.model_method("token_scores")
+        self._samplers: Dict[Tuple[int, Optional[float], float], Any] = {}
+        self._key = jax.random.PRNGKey(seed)
+        self._generations = 0  # Batches sampled so far (each folds its number into the key).
 
     # --- What lm-eval reads of a model ------------------------------------------------------------
 
@@ -102,6 +108,47 @@ class TitanaxLM(TemplateLM):
     def tok_decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
 
+    def apply_chat_template(self, chat_history: List[Dict[str, str]],
+                            add_generation_prompt: bool = True) -> str:
+        """The model's chat template over a task's turns (lm-eval's ``--apply_chat_template``),
+        as lm-eval's ``hf`` model renders them (a template refusing the system role gets the
+        turns without it)."""
+        import jinja2  # pylint: disable=import-outside-toplevel
+        render = lambda turns: self.tokenizer.apply_chat_template(  # noqa: E731
+            turns, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt)
+        try:
+            return render(chat_history)
+        except jinja2.exceptions.TemplateError:
+            return render([m for m in chat_history if m["role"] != "system"])
+
+    def _run(self, fn: Any, host: Dict[str, np.ndarray], *extra: Any) -> Dict[str, np.ndarray]:
+        """``fn(params, *placed inputs, *extra)`` on a batch of whole rows that every process
+        holds alike: each process places its batch shards' rows (the batch's rows only: no
+        sequence is split), and gets every row of the outputs back (gathered from the others).
+        """
+        count = len(next(iter(host.values())))
+        per_shard = count // self._num_shards
+        mine = np.concatenate([np.arange(s * per_shard, (s + 1) * per_shard)
+                               for s in self._process_shards])
+        engine = self.engine
+        placed = batch_shards.place_batch(engine.mesh, engine.inputs.batch.row_entry,
+                                          {k: v[mine] for k, v in host.items()},
+                                          self._process_shards, self._num_shards)
+        out = fn(engine.state.params, *(placed[k] for k in host), *extra)
+        if not isinstance(out, dict):
+            out = {"out": out}
+        gathered = {}
+        for name, value in out.items():
+            local = batch_shards.process_rows(value)
+            flat = local.reshape(len(local), -1)
+            merged, _ = batch_shards.global_rows(flat, self._process_shards)
+            gathered[name] = merged.reshape((count,) + local.shape[1:])
+        return gathered
+
+    def _rows(self, count: int) -> int:
+        return -(-count // self._num_shards) * self._num_shards
+
     # --- loglikelihood ------------------------------------------------------------------------
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False,
@@ -112,23 +159,28 @@ class TitanaxLM(TemplateLM):
         scores it."""
         del disable_tqdm, override_bs
         rows = []
-        for _, context, continuation in requests:
+        for key, context, continuation in requests:
             whole = (list(context) + list(continuation))[-(self._max_length + 1):]
+            if not continuation or len(continuation) > len(whole) - 1 or len(whole) < 2:
+                raise errors.HFError(
+                    f"a request scores {len(continuation)} continuation token(s) after "
+                    f"{len(context)} context token(s) ({key!r}), which a model of "
+                    f"{self._max_length} positions cannot", path="tasks",
+                    suggestion="give requests with a continuation that fits the model")
             rows.append((whole[:-1], whole[1:], len(continuation)))
         out: List[Optional[Tuple[float, bool]]] = [None] * len(rows)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
         for start in range(0, len(order), self.batch_size_value):
             chosen = order[start:start + self.batch_size_value]
             length = _bucket(max(len(rows[i][0]) for i in chosen), self._max_length)
-            count = -(-len(chosen) // self._shards) * self._shards
+            count = self._rows(len(chosen))
             inputs = np.zeros((count, length), np.int32)
             targets = np.zeros((count, length), np.int32)
             for row, index in enumerate(chosen):
                 inp, tgt, _ = rows[index]
                 inputs[row, :len(inp)], targets[row, :len(tgt)] = inp, tgt
-            placed = self.engine.inputs.global_batch({"input_ids": inputs, "target_ids": targets})
-            scores = np.asarray(jax.device_get(self._scores(
-                self.engine.state.params, placed["input_ids"], placed["target_ids"])))
+            scores = self._run(self._scores, {"input_ids": inputs,
+                                              "target_ids": targets})["out"]
             for row, index in enumerate(chosen):
                 inp, _, count_cont = rows[index]
                 span = scores[row, len(inp) - count_cont:len(inp)]
@@ -155,12 +207,12 @@ class TitanaxLM(TemplateLM):
 
     # --- generate_until -----------------------------------------------------------------------
 
-    def _sampler(self, new_tokens: int, temperature: Optional[float]):
-        key = (new_tokens, temperature)
+    def _sampler(self, new_tokens: int, temperature: Optional[float], top_p: float):
+        key = (new_tokens, temperature, top_p)
         if key not in self._samplers:
             self._samplers[key] = self.engine.steps.sampler(
-                max_new_tokens=new_tokens, temperature=temperature,
-                end_ids=(self.eot_token_id,))
+                max_new_tokens=new_tokens, temperature=temperature, top_p=top_p,
+                end_ids=self.end_ids)
         return self._samplers[key]
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
@@ -177,8 +229,19 @@ class TitanaxLM(TemplateLM):
             kwargs = model_utils.normalize_gen_kwargs(args[indices[0]][1], self._max_gen_toks)
             until = model_utils.handle_stop_sequences(kwargs.pop("until", None), eos=eos)
             new_tokens = int(kwargs.pop("max_gen_toks"))
-            temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get(
-                "do_sample") else None
+            sampled = bool(kwargs.pop("do_sample", False))
+            temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+            top_p = float(kwargs.pop("top_p", None) or 1.0)
+            unused = {k: v for k, v in kwargs.items()
+                      if not (k in ("num_beams", "num_return_sequences") and v == 1)
+                      and not (k == "top_k" and v in (0, None))}
+            if unused:
+                raise errors.HFError(
+                    f"a task asks to generate with {unused}, which the sampler does not do "
+                    "(greedy, or temperature / top_p sampling)", path="tasks",
+                    suggestion="evaluate tasks that generate greedily or by temperature / "
+                               "top_p")
+            temperature = temperature if sampled and temperature > 0 else None
             max_context = self._max_length - new_tokens
             if max_context < 1:
                 raise errors.HFError(
@@ -186,10 +249,14 @@ class TitanaxLM(TemplateLM):
                     f"{self._max_length}", path="max_gen_toks",
                     suggestion="evaluate a model with a longer max_seq_len, or a task that "
                                "generates less")
+            # Longest first, as lm-eval's hf model orders them.
+            indices = sorted(indices, key=lambda i: (-len(self.tok_encode(args[i][0])),
+                                                     args[i][0]))
             for start in range(0, len(indices), self.batch_size_value):
                 chosen = indices[start:start + self.batch_size_value]
                 texts = self._generate([args[i][0] for i in chosen], new_tokens=new_tokens,
-                                       temperature=temperature, max_context=max_context)
+                                       temperature=temperature, top_p=top_p,
+                                       max_context=max_context)
                 for index, text in zip(chosen, texts):
                     out[index] = model_utils.postprocess_generated_text(text, stop=until,
                                                                        think_end_token=None)
@@ -197,51 +264,61 @@ class TitanaxLM(TemplateLM):
         return out
 
     def _generate(self, contexts: List[str], *, new_tokens: int, temperature: Optional[float],
-                  max_context: int) -> List[str]:
+                  top_p: float, max_context: int) -> List[str]:
         special = {}
         if model_utils.has_bos_prefix(contexts[0], getattr(self.tokenizer, "bos_token", None)):
             special = {"add_special_tokens": False}
         encoded = [self.tokenizer.encode(text, **special)[-max_context:] for text in contexts]
         length = _bucket(max(len(e) for e in encoded), max_context)
-        count = -(-len(encoded) // self._shards) * self._shards
+        count = self._rows(len(encoded))
         prompts = np.zeros((count, length), np.int32)
         lengths = np.ones((count,), np.int32)
         for row, ids in enumerate(encoded):
             prompts[row, length - len(ids):], lengths[row] = ids, len(ids)
-        placed = self.engine.inputs.global_batch({"prompt_ids": prompts,
-                                                  "prompt_lengths": lengths})
-        sample = self._sampler(new_tokens, temperature)
-        tokens = np.asarray(jax.device_get(sample(
-            self.engine.state.params, placed["prompt_ids"], placed["prompt_lengths"],
-            jax.random.PRNGKey(0))["tokens"]))
+        key = jax.random.fold_in(self._key, self._generations)
+        self._generations += 1
+        tokens = self._run(self._sampler(new_tokens, temperature, top_p),
+                           {"prompt_ids": prompts, "prompt_lengths": lengths}, key)["tokens"]
         texts = []
         for row in range(len(encoded)):
             ids = tokens[row].tolist()
-            if self.eot_token_id in ids:
-                ids = ids[:ids.index(self.eot_token_id)]
-            texts.append(self.tok_decode(ids))
+            ends = [i for i, token in enumerate(ids) if token in self.end_ids]
+            texts.append(self.tok_decode(ids[:ends[0]] if ends else ids))
         return texts
 
 
 def transformers_tokenizer(tokenizer_cfg: Any, source_dir: Optional[str]) -> Any:
-    """The model's tokenizer as transformers loads it: the HF directory's, or the run's
-    tokenizer file (its start / end tokens as Titanax reads them)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
+    """The model's tokenizer as transformers loads it: its HF directory's (where the tokenizer
+    file lies in one: its tokenizer_config.json -- chat template, special tokens -- with it),
+    else the run's tokenizer.json with the start / end tokens Titanax reads it with; a chat
+    template the run configured (``tokenizer.chat_template``) replaces the shipped one."""
     import os  # pylint: disable=import-outside-toplevel
-    path = getattr(tokenizer_cfg, "path", None)
-    if path is None and source_dir is not None:
-        path = source_dir
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
+    from titanax.data import bundled  # pylint: disable=import-outside-toplevel
+    from titanax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
+    path = getattr(tokenizer_cfg, "path", None) or source_dir
     if path is None:
         raise errors.HFError(
             "this model has no tokenizer lm-eval can use (its run reads bytes)",
             path="train_input.tokenizer.path", suggestion="evaluate a run trained with a "
                                                           "tokenizer (a tokenizer.json or HF dir)")
-    from titanax.data import bundled  # pylint: disable=import-outside-toplevel
     path = bundled.resolve(path)
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-        return AutoTokenizer.from_pretrained(path)
-    from titanax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
-    ours = (tokenizer_cfg or Tokenizer.default_config().set(path=path)).instantiate()
-    return PreTrainedTokenizerFast(tokenizer_file=ours.file,
-                                   bos_token=ours.token(ours.bos_id) or None,
-                                   eos_token=ours.token(ours.eos_id) or None)
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    if os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    else:
+        ours = (tokenizer_cfg if getattr(tokenizer_cfg, "path", None) else
+                Tokenizer.default_config().set(path=path)).instantiate()
+        if ours.file is None or not ours.file.endswith(".json"):
+            raise errors.HFError(
+                f"{path}: lm-eval reads a tokenizer.json (or an HF directory) through "
+                "transformers", path="train_input.tokenizer.path",
+                suggestion="convert the SentencePiece model to a tokenizer.json, or evaluate "
+                           "the run's export")
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=ours.file,
+                                            bos_token=ours.token(ours.bos_id) or None,
+                                            eos_token=ours.token(ours.eos_id) or None)
+    template = getattr(tokenizer_cfg, "chat_template", None)
+    if template:
+        tokenizer.chat_template = template
+    return tokenizer

@@ -79,3 +79,35 @@ def process_rows(array: jax.Array) -> np.ndarray:
             pieces[start] = np.asarray(shard.data)
     return np.concatenate([pieces[s] for s in sorted(pieces)]) if len(pieces) > 1 \
         else next(iter(pieces.values()))
+
+
+def global_rows(local: np.ndarray, shards: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
+    """``(every batch shard's rows of local [rows, k] in shard order, the indices of this
+    process's rows in it)``: gathered from every process (a shard several processes hold is
+    taken once, from the first)."""
+    shards = np.asarray(shards, np.int64)
+    per_shard = len(local) // len(shards)
+    if jax.process_count() == 1:
+        held = {int(s): local[i * per_shard:(i + 1) * per_shard] for i, s in enumerate(shards)}
+    else:
+        rows, owners = allgathered(local), allgathered(shards)
+        held = {}
+        for process_rows, process_shards in zip(rows, owners):
+            for i, s in enumerate(process_shards):
+                held.setdefault(int(s), process_rows[i * per_shard:(i + 1) * per_shard])
+    order = sorted(held)
+    merged = np.concatenate([held[s] for s in order])
+    start = {s: k * per_shard for k, s in enumerate(order)}
+    mine = np.concatenate([np.arange(start[int(s)], start[int(s)] + per_shard) for s in shards])
+    return merged, mine
+
+
+def allgathered(values: np.ndarray) -> np.ndarray:
+    """Every process's ``values`` stacked on a new first dimension, bit for bit (sent as
+    32-bit words: float64 / int64 would go through jax's default float32 / int32)."""
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    values = np.ascontiguousarray(values)
+    words = values.view(np.uint32) if values.dtype.itemsize == 8 else values
+    gathered = np.asarray(multihost_utils.process_allgather(words))
+    return np.ascontiguousarray(gathered).view(values.dtype).reshape(
+        (-1,) + values.shape)

@@ -132,7 +132,7 @@ class RolloutStream:
         # Every process's rows, once each, in the global batch's order.
         columns = [per_reward, (entropy * mask).sum(axis=1, keepdims=True),
                    mask.sum(axis=1, keepdims=True), ended[:, None].astype(float)]
-        merged, mine = _global_rows(np.concatenate(columns, axis=1), self.shards)
+        merged, mine = batch_shards.global_rows(np.concatenate(columns, axis=1), self.shards)
         width = per_reward.shape[1]
         scores = merged[:, :width]
         total = self.rewards.total(scores)
@@ -197,38 +197,6 @@ def _mean(values: np.ndarray) -> float:
 def _std(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)]
     return float(np.std(finite, ddof=1)) if finite.size > 1 else 0.0
-
-
-def _global_rows(local: np.ndarray, shards: Sequence[int]) -> Tuple[np.ndarray, np.ndarray]:
-    """``(every batch shard's rows of local [rows, k] in shard order, the indices of this
-    process's rows in it)``: gathered from every process (a shard several processes hold is
-    taken once, from the first)."""
-    shards = np.asarray(shards, np.int64)
-    per_shard = len(local) // len(shards)
-    if jax.process_count() == 1:
-        held = {int(s): local[i * per_shard:(i + 1) * per_shard] for i, s in enumerate(shards)}
-    else:
-        rows, owners = _allgathered(local), _allgathered(shards)
-        held = {}
-        for process_rows, process_shards in zip(rows, owners):
-            for i, s in enumerate(process_shards):
-                held.setdefault(int(s), process_rows[i * per_shard:(i + 1) * per_shard])
-    order = sorted(held)
-    merged = np.concatenate([held[s] for s in order])
-    start = {s: k * per_shard for k, s in enumerate(order)}
-    mine = np.concatenate([np.arange(start[int(s)], start[int(s)] + per_shard) for s in shards])
-    return merged, mine
-
-
-def _allgathered(values: np.ndarray) -> np.ndarray:
-    """Every process's ``values`` stacked on a new first dimension, bit for bit (sent as
-    32-bit words: float64 / int64 would go through jax's default float32 / int32)."""
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    values = np.ascontiguousarray(values)
-    words = values.view(np.uint32) if values.dtype.itemsize == 8 else values
-    gathered = np.asarray(multihost_utils.process_allgather(words))
-    return np.ascontiguousarray(gathered).view(values.dtype).reshape(
-        (-1,) + values.shape)
 
 
 def _parts(rows: Dict[str, np.ndarray], *, shards: int,

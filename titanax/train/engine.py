@@ -195,6 +195,9 @@ class Engine(Configurable):
         self.grpo: Optional[GRPO] = cfg.grpo.instantiate() if cfg.grpo is not None else None
         self._check_grpo()
         self._check_preference()
+        for evaler in self.evaluation.evalers.values():  # (Those that check the run.)
+            if hasattr(evaler, "check_engine"):
+                evaler.check_engine(self)
         if self.model is not None:
             self.plan.check_model(self.model, self.mesh)
             # The layers' logical dimensions take their mesh axes from the plan's binding.

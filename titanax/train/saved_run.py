@@ -10,7 +10,7 @@ necessarily the run's: checkpoints restore onto any mesh -- with the plan the co
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from titanax import errors
 from titanax.config import ConfigBase, config_for_function
@@ -186,3 +186,17 @@ def _data_and_model_only(mesh, plan):
     return mesh.clone(axes=tuple(mesh.axes[i] for i in keep),
                       shape=tuple(None if mesh.axes[i] == plan.data_parallel.axis else shape[i]
                                   for i in keep))
+
+
+def generation_end_ids(source_dir: Optional[str]) -> List[int]:
+    """The ids transformers' generate stops at for the HF directory: its
+    generation_config.json's ``eos_token_id`` (else config.json's); [] without one."""
+    import json  # pylint: disable=import-outside-toplevel
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(source_dir, name) if source_dir else ""
+        if path and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                end = json.load(f).get("eos_token_id")
+            if end is not None:
+                return [end] if isinstance(end, int) else list(end)
+    return []

@@ -33,7 +33,7 @@ def vocab_parallel_scores(logits: jax.Array, targets: jax.Array, *,
                           vocab_size: Optional[int] = None) -> Tuple[jax.Array, jax.Array]:
     """``(per-token -log softmax(logits)[target], whether the target's logit is the largest)``
     in float32 (float64 for float64 logits) -- the cross-entropy, and whether greedy decoding
-    would have chosen the target (a tie counts as chosen).
+    (argmax: the first of tied ids) would have chosen the target.
 
     Args:
         logits: ``[..., V_local]``, this device's slice of the vocabulary.
@@ -60,4 +60,15 @@ def vocab_parallel_scores(logits: jax.Array, targets: jax.Array, *,
     target_logit = jnp.where(held, target_logit, 0.0)
     if split:
         sum_exp, target_logit = collectives.psum((sum_exp, target_logit), vocab_axis)
-    return jnp.log(sum_exp) + top - target_logit, target_logit >= top
+    # Greedy decoding takes the first id of the largest logit (argmax): the target is chosen
+    # when it beats every lower id and ties-or-beats every higher one. (Unused by a loss: XLA
+    # drops it there.)
+    ids = vocab_offset + jnp.arange(local_vocab)
+    fixed = jax.lax.stop_gradient(logits)  # (A flag: no gradient, and pmax has no rule.)
+    below = jnp.max(jnp.where(ids < targets[..., None], fixed, -jnp.inf), axis=-1)
+    above = jnp.max(jnp.where(ids > targets[..., None], fixed, -jnp.inf), axis=-1)
+    target_fixed = jax.lax.stop_gradient(target_logit)
+    if split:
+        below, above = collectives.pmax(below, vocab_axis), collectives.pmax(above, vocab_axis)
+    return (jnp.log(sum_exp) + top - target_logit,
+            (target_fixed > below) & (target_fixed >= above))
