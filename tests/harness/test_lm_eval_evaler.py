@@ -74,3 +74,26 @@ def test_the_evaler_logs_lm_eval_metrics_at_its_steps_and_resumes(folder):
     # Training moves the params: the perplexity the evaler measures moves with them.
     perplexities = [float(logged[s]["lm_eval/tiny_ppl/byte_perplexity"]) for s in (2, 4, 6)]
     assert len(set(perplexities)) == 3, perplexities
+
+
+def test_two_processes_evaluate_as_one(folder):
+    """The evaler in a job of 2 processes x 4 devices (each places its own rows and gathers the
+    others'): the metrics of 1 process x 8 devices."""
+    logged = {}
+    for name, devices in (("one", ["--cpu_devices=8"]),
+                          ("two", ["--local_processes=2", "--cpu_devices=4"])):
+        result = subprocess.run(
+            [sys.executable, "-m", "titanax.run", "--module=tests.harness.evaler_main:main",
+             "--config=llama_tiny_sft", f"--trainer_dir=runs/{name}", *devices,
+             "--config.init_from=tiny_chat/model", "--config.train_input.source.format=chat",
+             "--config.train_input.source.files=['tiny_chat/chat.jsonl']",
+             "--config.max_steps=2"], cwd=str(folder), env=child_environment(),
+            capture_output=True, text=True, timeout=600, check=False)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        with open(folder / "runs" / name / "metrics.csv", encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("lm_eval/tiny_mc/acc")]
+        assert [int(r["step"]) for r in rows] == [2]
+        logged[name] = {k: float(v) for k, v in rows[0].items() if k.startswith("lm_eval/")}
+    assert set(logged["one"]) == set(logged["two"]) and len(logged["one"]) >= 6
+    for key, value in logged["one"].items():
+        assert logged["two"][key] == pytest.approx(value, rel=1e-4), key
