@@ -63,6 +63,13 @@ def _check_flags() -> None:
     if bool(FLAGS.trainer_dir) == bool(FLAGS.hf):
         raise errors.LaunchFlagError("give exactly one model source", path="--trainer_dir/--hf",
                                      suggestion="--trainer_dir=<run> or --hf=<HF directory>")
+    if FLAGS.hf and FLAGS.step is not None:
+        raise errors.LaunchFlagError("an HF directory has no checkpoint steps", path="--step",
+                                     suggestion="drop --step, or evaluate --trainer_dir=<run>")
+    if FLAGS.trainer_dir and FLAGS.model_parallel != 1:
+        raise errors.LaunchFlagError("a run evaluates on its own data x TP mesh",
+                                     path="--model_parallel",
+                                     suggestion="drop --model_parallel for --trainer_dir")
     if not FLAGS.tasks or not [t for t in FLAGS.tasks.split(",") if t.strip()]:
         raise errors.LaunchFlagError("no task", path="--tasks",
                                      suggestion="e.g. --tasks=hellaswag,arc_easy")

@@ -127,6 +127,8 @@ def test_a_fine_tuned_run_evaluates_as_its_export(folder):
     (["--tasks=x"], "--trainer_dir/--hf"),
     (["--hf=tiny_chat/model"], "--tasks"),
     (["--hf=tiny_chat/model", "--tasks=x", "--include_path=nowhere"], "--include_path"),
+    (["--hf=tiny_chat/model", "--tasks=x", "--step=3"], "--step"),
+    (["--trainer_dir=runs/sft", "--tasks=x", "--model_parallel=2"], "--model_parallel"),
     (["--hf=tiny_chat/model", "--tasks=no_such_task", "--include_path=tasks",
       "--cpu_devices=1"], "--tasks"),
 ])
