@@ -17,8 +17,9 @@ aside: params whose tree keys were renamed sort into another order) or how many 
 
 Steps: the 24 cells of ``benchmarks/step_speed.py`` (small and large GPT, 8x1 / 4x2 / 2x4,
 K=1/4, f32/bf16) and one step per parallel layout the tests train -- sequence parallelism, PP
-(1F1B, GPipe, circular), FSDP, HSDP, CP (all-gather, ring, Ulysses), EP -- taken from the
-registered experiments with their sizes.
+(1F1B, GPipe, circular), FSDP, HSDP, CP (all-gather, ring, Ulysses), EP -- and per objective
+(LoRA SFT, DPO with a frozen copy and with LoRA's base, GRPO without and with its KL), taken from
+the registered experiments with their sizes.
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ LAYOUTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "cp_ring": ("llama_tiny_cp", {"plan.context_parallel.strategy": "ring"}),
     "cp_ulysses": ("llama_tiny_cp", {"plan.context_parallel.strategy": "ulysses"}),
     "ep": ("moe_tiny_ep", {}),
+    # The objectives and LoRA (wave 4), at their experiments' sizes: the batch is built from what
+    # the train input's source declares (a GRPO run's: its rollout rows).
+    "lora": ("llama_tiny_lora_sft", {}),
+    "dpo": ("llama_tiny_dpo", {}),
+    "dpo_lora": ("llama_tiny_dpo", {"lora.rank": 8}),
+    "grpo": ("llama_tiny_grpo", {}),
+    "grpo_kl": ("llama_tiny_grpo", {"OBJECTIVE.beta": 0.04}),
 }
 
 
@@ -167,19 +175,64 @@ def _layout_steps() -> List[Tuple[str, Callable[[], Any]]]:
                 if path == "plan.tensor_parallel.sequence_parallel" and \
                         "sequence_parallel" not in cfg.plan.tensor_parallel.keys():
                     path = "model.sequence_parallel"  # (Where code before the binding had it.)
+                if path.startswith("lora."):
+                    cfg.set_recursively("lora", _lora_config())
+                # (An objective's fields: under grpo / preference before wave 5.)
+                path = path.replace("OBJECTIVE", _objective_field(cfg))
                 cfg.set_recursively(path, value)
             cfg.loggers, cfg.evalers, cfg.checkpoint = [], {}, None
             engine = cfg.instantiate()
-            source = cfg.train_input.source
-            rows, length = cfg.train_input.global_batch_size, source.seq_len
-            vocab = cfg.model.vocab_size or 256
-            ids = np.random.default_rng(0).integers(0, vocab, (rows, length + 1))
-            batch = {"input_ids": ids[:, :-1].astype(np.int32),
-                     "target_ids": ids[:, 1:].astype(np.int32)}
-            return _compiled(engine, batch)
+            return _compiled(engine, _layout_batch(cfg, np.random.default_rng(0)))
 
         steps.append((name, build))
     return steps
+
+
+def _objective_field(cfg: Any) -> str:
+    """Where the config keeps its objective: ``objective``, or (before wave 5) ``grpo`` /
+    ``preference``."""
+    if "objective" in cfg.keys():
+        return "objective"
+    return "grpo" if getattr(cfg, "grpo", None) is not None else "preference"
+
+
+def _lora_config() -> Any:
+    from titanax.modules.lora import LoRA  # pylint: disable=import-outside-toplevel
+    return LoRA.default_config()
+
+
+def _layout_batch(cfg: Any, rng: Any) -> Dict[str, Any]:
+    """A train batch of the experiment's shape: the fields its source declares (ids below the
+    vocabulary, weights 1 on the second half of each row), or a GRPO run's rollout rows."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    source = cfg.train_input.source
+    rows = cfg.train_input.global_batch_size
+    fields = dict(getattr(source.klass, "FIELDS", None) or {"input_ids": "int32",
+                                                             "target_ids": "int32"})
+    objective = getattr(cfg, _objective_field(cfg), None)
+    per_row = ()
+    if "prompt_ids" in fields:  # Prompts: the train step sees rollout rows.
+        from titanax.rl import rows as rollout_rows  # pylint: disable=import-outside-toplevel
+        fields = dict(rollout_rows.FIELDS)
+        length = source.max_prompt_tokens + objective.max_new_tokens - 1
+        rows = rows * objective.num_generations // objective.updates_per_rollout
+        per_row = ("advantages", "row_weights")
+    else:
+        length = source.seq_len
+    vocab = cfg.model.vocab_size or 256
+    batch = {}
+    for name, dtype in fields.items():
+        shape = (rows,) if name in per_row else (rows, length)
+        if name.endswith("segment_ids"):
+            batch[name] = np.ones(shape, dtype)
+        elif name.endswith("ids") or name == "positions":
+            batch[name] = rng.integers(0, vocab if name.endswith("ids") else length,
+                                       shape).astype(dtype)
+        else:
+            batch[name] = (np.ones(shape, dtype) if name in per_row else
+                           (np.arange(length)[None, :] >= length // 2).repeat(rows, 0)
+                           .astype(dtype))
+    return batch
 
 
 def main(argv=None) -> None:

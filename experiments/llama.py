@@ -26,7 +26,7 @@ from titanax.data.preference import PreferencePairs
 from titanax.data.pipeline import Input
 from titanax.modules.lora import LoRA
 from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
-from titanax.modules.preference import Preference
+from titanax.objectives.preference import Preference
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import ZeRO
 from titanax.runtime.mesh import MeshSpec
@@ -170,14 +170,14 @@ def llama_tiny_dpo():
     {"prompt", "chosen", "rejected"} records (or TRL's conversational form) given by
     --config.train_input.source.files, usually with --config.init_from=<HF dir>; the reference
     is the starting weights (a frozen copy; with --config.lora: the base, adapters off) or
-    --config.reference_from=<HF dir>. The evaler reads the held-out pairs: its accuracy is
+    --config.objective.reference_from=<HF dir>. The evaler reads the held-out pairs: its accuracy is
     rewards/accuracies there."""
     cfg = llama_tiny_dp_tp()
     cfg.train_input = _preference_input("train", batch_size=16, seq_len=64)
     cfg.evalers["heldout"].input = _preference_input("test", batch_size=16, seq_len=64, seed=1)
     cfg.evalers["heldout"].num_batches = 2
     cfg.evalers["heldout"].every_n_steps = 50
-    cfg.preference = Preference.default_config()
+    cfg.objective = Preference.default_config()
     cfg.learner.optimizer.learning_rate.peak_value = 5e-4
     cfg.learner.optimizer.learning_rate.warmup_steps = 10
     cfg.learner.optimizer.weight_decay = 0.0
@@ -229,7 +229,7 @@ def llama3_8b_dpo():
     cfg.evalers["heldout"].input = _preference_input("test", batch_size=32, seq_len=2048,
                                                      seed=1)
     cfg.model.max_seq_len = 2048
-    cfg.preference = Preference.default_config()
+    cfg.objective = Preference.default_config()
     cfg.learner.optimizer.learning_rate.peak_value = 5e-7
     cfg.learner.optimizer.weight_decay = 0.0
     cfg.max_steps = 1000

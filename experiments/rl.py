@@ -20,9 +20,9 @@ from titanax.data.pipeline import Input
 from titanax.data.prompts import Prompts
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.models.decoder import Decoder, qwen3_config
+from titanax.objectives.grpo import GRPO
 from titanax.observe.loggers import CSV, Basic, TensorBoard
 from titanax.parallel.plan import DP, TP, Plan, ZeRO
-from titanax.rl.grpo import GRPO
 from titanax.rl.rewards import AnswerMatch
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import optimizers
@@ -36,7 +36,7 @@ def grpo_run(*, model, prompts: Input.Config, grpo: GRPO.Config, steps: int, pea
     """What every GRPO experiment shares: AdamW at a constant rate after a short warmup, no
     weight decay, clipping at 1, every step logged (the reward is the point), checkpoints."""
     return Engine.default_config().set(
-        mesh=mesh, plan=plan, model=model, train_input=prompts, grpo=grpo,
+        mesh=mesh, plan=plan, model=model, train_input=prompts, objective=grpo,
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.adamw).set(
                 learning_rate=config_for_function(optimizers.warmup_cosine).set(

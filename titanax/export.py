@@ -72,22 +72,24 @@ def export(argv: Sequence[str]) -> int:
     source = saved_run.source_dir(run)
     tokenizer_dir = _trained_tokenizer_dir(run, source)
     params = engine.canonical_params()
+    from titanax.modules.lora import LoRA  # pylint: disable=import-outside-toplevel
+    adapters = next((c for c in engine.converters if isinstance(c, LoRA)), None)
     if FLAGS.format == "peft":
-        if engine.lora is None:
+        if adapters is None:
             raise errors.LaunchFlagError(
                 "the run trained every weight (lora: None): it has no adapters",
                 path="--format", suggestion="export it with --format=merged")
         from titanax.hf import peft_export  # pylint: disable=import-outside-toplevel
         written = peft_export.export_peft(params, model_cfg=engine.model.config,
                                           specs=engine.model_specs(),
-                                          lora_cfg=engine.lora.config, directory=target,
+                                          lora_cfg=adapters.config, directory=target,
                                           base_model=source)
         print(f"titanax: exported the LoRA adapters of {engine.restored_from} to {written}",
               flush=True)
         return 0
-    if engine.lora is not None:
+    if adapters is not None:
         from titanax.modules import lora  # pylint: disable=import-outside-toplevel
-        params = lora.merged_params(params, engine.model_specs(), scale=engine.lora.scale)
+        params = lora.merged_params(params, engine.model_specs(), scale=adapters.scale)
     written = exporter.export_params(params, model_cfg=engine.model.config,
                                      directory=target, dtype=FLAGS.dtype,
                                      model_type=FLAGS.model_type, source_dir=source,

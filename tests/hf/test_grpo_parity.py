@@ -2,7 +2,7 @@
 test-only reference): ``GRPOTrainer._compute_loss`` on fixed completions, advantages and old /
 reference log-probs, with the variant's options (``loss_type``, ``importance_sampling_level``,
 ``epsilon`` / ``epsilon_high``, ``beta``, ``temperature``), a tiny random Llama under torch;
-Titanax's ``policy_gradient_forward`` on the same rows, the same weights. The gradients are
+Titanax's GRPO objective's loss on the same rows, the same weights. The gradients are
 compared leaf by leaf in transformers' names and layout (Titanax's exported through the HF
 exporter, as a model's weights are)."""
 
@@ -12,9 +12,8 @@ import pytest
 
 from tests.numerics import assert_close
 from titanax.hf import exporter, importer
-from titanax.modules import functional
 from titanax.modules.context import flat_summaries
-from titanax.rl.grpo import GRPO
+from titanax.objectives.grpo import GRPO
 from titanax.rl.rows import rollout_rows
 
 ROWS, PROMPT, COMPLETION, TEMPERATURE = 4, 5, 6, 0.7
@@ -134,8 +133,8 @@ def test_the_loss_and_gradients_equal_trls(variant, dirs, tmp_path):
 
     def loss_of(p):
         params = p if reference is None else dict(p, reference=reference)
-        (loss, aux), collection = functional(model, None, params, (batch, objective),
-                                             method="policy_gradient_forward", is_training=True)
+        (loss, aux), collection = objective.loss(model, params, batch, key=None,
+                                                 is_training=True)
         return loss, (aux, flat_summaries(collection.summaries))
 
     (got, (aux, summaries)), grads = jax.value_and_grad(loss_of, has_aux=True)(policy)

@@ -2,7 +2,7 @@
 tiny random Llama as policy, another as reference (policy != reference), the same pairs as TRL
 tokenizes and batches them -- TRL's DPOTrainer for sigmoid / ipo / hinge, its CPOTrainer
 (``loss_type="simpo"``, no SFT term) for SimPO, its ORPOTrainer for ORPO. Titanax's
-``preference_forward`` on TRL's rows gives TRL's loss and rewards."""
+the Preference objective's loss on TRL's rows gives TRL's loss and rewards."""
 
 import jax
 import numpy as np
@@ -10,9 +10,8 @@ import pytest
 
 from tests.numerics import assert_close
 from titanax.hf import importer
-from titanax.modules import functional
 from titanax.modules.context import flat_summaries
-from titanax.modules.preference import Preference
+from titanax.objectives.preference import Preference
 
 PAIRS = [{"prompt": "2+3=", "chosen": "5", "rejected": "six"},
          {"prompt": "a b ->", "chosen": " b a.", "rejected": " a b."},
@@ -113,8 +112,7 @@ def test_the_loss_and_rewards_equal_trls(models, loss, tmp_path):
     params = importer.params_as_numpy(policy_dir)
     if objective.needs_reference:
         params = dict(params, reference=importer.params_as_numpy(reference_dir))
-    (got, aux), collection = functional(model, None, params, (batch, objective),
-                                        method="preference_forward", is_training=False)
+    (got, aux), collection = objective.loss(model, params, batch, key=None, is_training=False)
     summaries = flat_summaries(collection.summaries)
     assert_close(float(got), want, bound=1e-5, what=f"{loss} loss vs TRL's")
     for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
@@ -136,7 +134,7 @@ def test_reference_from_loads_another_directory_as_the_frozen_reference(models, 
         plan=Plan.default_config().set(data_parallel=DP.default_config(),
                                        tensor_parallel=TP.default_config()),
         model=importer.model_config(policy_dir), init_from=policy_dir if init_from else None,
-        reference_from=reference_dir, preference=Preference.default_config(),
+        objective=Preference.default_config().set(reference_from=reference_dir),
         learner=helpers.adam(), loggers=[]).instantiate()
     engine.init_or_restore()
     params = jax.device_get(engine.canonical_params())

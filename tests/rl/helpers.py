@@ -8,7 +8,8 @@ from titanax.data.pipeline import Input
 from titanax.data.prompts import Prompts
 from titanax.modules.models.decoder import Decoder
 from titanax.parallel.plan import DP, TP, Plan, ZeRO
-from titanax.rl.grpo import GRPO
+from titanax.objectives.grpo import GRPO
+from titanax.train.objective import ModelLoss
 from titanax.rl.rewards import AnswerMatch
 from titanax.train.engine import Engine
 
@@ -45,8 +46,9 @@ def engine(files, *, layout="dp", prompts=8, grpo=DEFAULT, **changes) -> Engine:
         mesh=helpers.mesh(shape, axes),
         plan=Plan.default_config().set(data_parallel=DP.default_config(), **plan),
         model=Decoder.default_config().set(**MODEL), train_input=prompt_input,
-        grpo=GRPO.default_config().set(
+        objective=GRPO.default_config().set(
             num_generations=4, max_new_tokens=8, temperature=0.8,
-            rewards={"answer": AnswerMatch.default_config()}) if grpo is DEFAULT else grpo,
+            rewards={"answer": AnswerMatch.default_config()}) if grpo is DEFAULT else (
+                grpo if grpo is not None else ModelLoss.default_config()),
         learner=helpers.adam(1e-3), loggers=[], log_every=1, max_steps=2)
     return cfg.set(**changes).instantiate()

@@ -74,8 +74,8 @@ def test_sigterm_and_resume_give_the_uninterrupted_rewards(uninterrupted, tmp_pa
 
 
 FRACTIONAL = ["--config.max_steps=20",
-              "--config.grpo.reward_functions=['tests.rl.fractional_rewards.thirds']",
-              "--config.grpo.reward_weights=[0.1]"]
+              "--config.objective.reward_functions=['tests.rl.fractional_rewards.thirds']",
+              "--config.objective.reward_weights=[0.1]"]
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,10 @@ from titanax import errors
 from titanax.data.pipeline import Input
 from titanax.data.prompts import Prompts
 from titanax.modules.lora import LoRA
-from titanax.modules.models.language_model import REFERENCE
-from titanax.modules.preference import Preference
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import DP, Plan
-from titanax.rl.grpo import GRPO
+from titanax.objectives.grpo import GRPO, REFERENCE
+from titanax.objectives.preference import Preference
 from titanax.rl.rewards import AnswerMatch, LengthPenalty
 from titanax.train.evaler import Evaler
 
@@ -94,16 +93,16 @@ def test_a_grpo_run_resumes_bit_identically(tmp_path):
 
 def test_what_grpo_refuses(tmp_path):
     files = helpers.sums_file(tmp_path / "s.jsonl")
-    with pytest.raises(errors.ConfigError, match="one objective") as info:
-        helpers.engine(files, preference=Preference.default_config()).build()
-    assert info.value.path == "grpo"
-    with pytest.raises(errors.ConfigError, match="no RL objective") as info:
+    with pytest.raises(errors.ConfigError, match="trains on preference pairs") as info:
+        helpers.engine(files, grpo=Preference.default_config()).build()
+    assert info.value.path == "train_input.source"
+    with pytest.raises(errors.ConfigError, match="trains on plain rows") as info:
         helpers.engine(files, grpo=None).build()
     assert info.value.path == "train_input.source"
     with pytest.raises(errors.ConfigError, match="max_seq_len 24") as info:
         helpers.engine(files, grpo=GRPO.default_config().set(
             max_new_tokens=20, rewards={"a": AnswerMatch.default_config()})).build()
-    assert info.value.path == "grpo.max_new_tokens"
+    assert info.value.path == "objective.max_new_tokens"
     with pytest.raises(errors.PlanError, match="whole") as info:
         helpers.engine(files, mesh=helpers.helpers.mesh((2, 4), ("data", "context")),
                        plan=Plan.default_config().set(
@@ -216,14 +215,14 @@ def test_more_refusals(tmp_path):
     with pytest.raises(errors.ConfigError, match="do not split into 3 updates") as info:
         helpers.engine(files, grpo=GRPO.default_config().set(updates_per_rollout=3,
                                                              **grpo)).build()
-    assert info.value.path == "grpo.updates_per_rollout"
+    assert info.value.path == "objective.updates_per_rollout"
     with pytest.raises(errors.ConfigError, match="no token id") as info:
         helpers.engine(files, grpo=GRPO.default_config().set(end_ids=[2, 99], **grpo)).build()
-    assert info.value.path == "grpo.end_ids[1]"
+    assert info.value.path == "objective.end_ids[1]"
     with pytest.raises(errors.RewardError, match="cannot import") as info:
         helpers.engine(files, grpo=GRPO.default_config().set(
             reward_functions=["no_such_module.fn"], **grpo)).build()
-    assert info.value.path == "grpo.reward_functions[0]"
+    assert info.value.path == "objective.reward_functions[0]"
     padded = helpers.engine(files).config.train_input.clone(last_batch="pad")
     with pytest.raises(errors.ConfigError, match="padding rows") as info:
         helpers.engine(files, train_input=padded).build()

@@ -88,7 +88,7 @@ def test_user_functions_by_import_path_weighted_with_the_built_ins(user_module):
 def test_unimportable_functions_are_refused_by_config_path(user_module, path, message):
     with pytest.raises(errors.RewardError, match=message) as info:
         RewardSet(functions=["my_rewards.shouty", path], weights=None, rewards={})
-    assert info.value.path == "grpo.reward_functions[1]"
+    assert info.value.path == "objective.reward_functions[1]"
 
 
 @pytest.mark.parametrize("name,message", [("wrong_length", "returned 1 values for 2"),
@@ -98,4 +98,4 @@ def test_bad_returns_are_refused_naming_the_function(user_module, name, message)
     with pytest.raises(errors.RewardError, match=message) as info:
         rewards.score(prompts=["p", "q"], completions=["a", "b"], completion_ids=[[1], [2]],
                       fields={}, budget=2)
-    assert info.value.path == "grpo.reward_functions[0]"
+    assert info.value.path == "objective.reward_functions[0]"

@@ -1,4 +1,4 @@
-"""Preference tuning through the engine (``--config.preference``): every loss at the start, where
+"""Preference tuning through the engine (``--config.objective`` a Preference): every loss at the start, where
 the policy is its reference (DPO's is log 2, hinge's 1, IPO's 1 / (2 beta)^2, the rewards 0);
 the reference -- a frozen copy of the starting weights, or with LoRA the base -- never moves;
 TRL's metric names in metrics.csv; and ``llama_tiny_dpo`` learning a synthetic preference with
@@ -19,7 +19,7 @@ from titanax.data.pipeline import Input
 from titanax.data.preference import PreferencePairs
 from titanax.modules.lora import LoRA
 from titanax.modules.models.decoder import Decoder
-from titanax.modules.preference import Preference
+from titanax.objectives.preference import Preference
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import DP, TP, Plan, ZeRO
 from titanax.train.engine import Engine
@@ -40,7 +40,7 @@ def synthetic_pairs(path, count=600, seed=0):
     return str(path)
 
 
-def _engine(files, *, loss="sigmoid", lora=False, model=1, **changes):
+def _engine(files, *, loss="sigmoid", lora=False, model=1, reference_from=None, **changes):
     plan = Plan.default_config().set(data_parallel=DP.default_config(),
                                      tensor_parallel=TP.default_config() if model > 1 else None)
     axes = ("data", "model") if model > 1 else ("data",)
@@ -50,7 +50,7 @@ def _engine(files, *, loss="sigmoid", lora=False, model=1, **changes):
         train_input=Input.default_config().set(
             source=PreferencePairs.default_config().set(files=[files], seq_len=32),
             global_batch_size=16),
-        preference=Preference.default_config().set(loss=loss),
+        objective=Preference.default_config().set(loss=loss, reference_from=reference_from),
         lora=LoRA.default_config().set(rank=4) if lora else None,
         learner=helpers.adam(1e-3), loggers=[], log_every=1, max_steps=3)
     return cfg.set(**changes).instantiate()
@@ -105,8 +105,8 @@ def test_misplaced_reference_options_are_refused(tmp_path):
     files = synthetic_pairs(tmp_path / "p.jsonl", count=40)
     with pytest.raises(errors.ConfigError, match="reference-free"):
         _engine(files, loss="simpo", reference_from=str(tmp_path)).build()
-    with pytest.raises(errors.ConfigError, match="has none"):
-        _engine(files, reference_from=str(tmp_path), preference=None).build()
+    with pytest.raises(errors.UnknownFieldError, match="reference_from"):  # (ModelLoss: none.)
+        Engine.default_config().objective.reference_from = str(tmp_path)
     with pytest.raises(errors.ConfigError, match="no config.json"):
         _engine(files, reference_from=str(tmp_path / "missing")).build()
     with pytest.raises(errors.PlanError, match="context parallelism"):
@@ -178,12 +178,12 @@ def test_orpo_stays_finite_where_the_policy_is_sure():
 
 def test_a_preference_loss_and_its_data_must_agree(tmp_path):
     files = synthetic_pairs(tmp_path / "p.jsonl", count=40)
-    with pytest.raises(errors.ConfigError, match="has no preference loss"):
-        _engine(files, preference=None).build()
+    with pytest.raises(errors.ConfigError, match="reads preference pairs, and the ModelLoss"):
+        _engine(files, objective=Engine.default_config().objective).build()
     text = Input.default_config().set(global_batch_size=16)
     from titanax.data.sources import TextWindows  # pylint: disable=import-outside-toplevel
     text.source = TextWindows.default_config().set(seq_len=32)
-    with pytest.raises(errors.ConfigError, match="a preference loss trains on pairs"):
+    with pytest.raises(errors.ConfigError, match="trains on preference pairs"):
         _engine(files, train_input=text).build()
 
 

@@ -40,10 +40,40 @@ RETIRED_CLASSES = {
 }
 
 
+# Configurable classes that moved: recorded import path -> where the class is now (its fields
+# keep their names). Wave 5 made the objectives plug-ins (titanax/objectives/).
+MOVED_CLASSES = {
+    "titanax.modules.preference.Preference": "titanax.objectives.preference.Preference",
+    "titanax.rl.grpo.GRPO": "titanax.objectives.grpo.GRPO",
+}
+
+# Fields a run's record held before wave 5 that live under its ``objective`` now: the objective
+# itself (``preference`` / ``grpo``) and the reference model's directory.
+OBJECTIVE_FIELDS = ("preference", "grpo")
+
+
+def _objective_moved_in(data: Dict[str, Any]) -> Dict[str, Any]:
+    """An Engine record written before wave 5, its objective fields under ``objective``."""
+    if "objective" in data or not any(k in data for k in OBJECTIVE_FIELDS + ("reference_from",)):
+        return data
+    data = dict(data)
+    objective = next((data[k] for k in OBJECTIVE_FIELDS if data.get(k) is not None), None)
+    reference = data.pop("reference_from", None)
+    for name in OBJECTIVE_FIELDS:
+        data.pop(name, None)
+    if objective is not None:
+        data["objective"] = dict(objective, **({"reference_from": reference}
+                                               if reference is not None else {}))
+    return data
+
+
 def config_from_json(data: Dict[str, Any], *, path: str = "config",
                      retired: Optional[Dict[str, Any]] = None) -> ConfigBase:
     """The config tree of ``data`` (a dict with a ``klass`` or ``fn`` entry). ``retired``
     (optional) receives ``{path: value}`` of every retired field the record held."""
+    data = _objective_moved_in(data)
+    if data.get("klass") in MOVED_CLASSES:
+        data = dict(data, klass=MOVED_CLASSES[data["klass"]])
     if "klass" in data and data["klass"] in RETIRED_CLASSES:
         cfg = _imported(RETIRED_CLASSES[data["klass"]], path=f"{path}.klass")()
         skip = "klass"

@@ -23,6 +23,24 @@ from titanax.config.base import ConfigBase, InstantiableConfig
 
 FLAG_PREFIX = "--config."
 
+# Config paths that moved, by their first part: old -> new. A command line written for the old
+# tree is refused naming the new path (wave 5 moved every objective's fields under ``objective``:
+# train/objective.py).
+MOVED_PATHS = {
+    "preference": "objective",
+    "grpo": "objective",
+    "reference_from": "objective.reference_from",
+}
+
+
+def moved_path(path: str) -> str:
+    """Where ``path`` lives now (``path`` itself when it did not move)."""
+    head, dot, rest = path.partition(".")
+    head_name = head.split("[", 1)[0]
+    if head_name not in MOVED_PATHS:
+        return path
+    return MOVED_PATHS[head_name] + head[len(head_name):] + (dot + rest if dot else "")
+
 
 @dataclasses.dataclass(frozen=True)
 class Override:
@@ -86,6 +104,11 @@ def apply_override(cfg: ConfigBase, override: Override) -> None:
     field switches it off again. A nested config is also replaced by a plain value its field
     admits (``--config.learner.optimizer.learning_rate=1e-3`` replaces a schedule by a constant).
     """
+    moved = moved_path(override.path)
+    if moved != override.path and \
+            override.path.split(".", 1)[0].split("[", 1)[0] not in type(cfg).__fields__:
+        raise errors.ConfigError(f"has moved to {FLAG_PREFIX}{moved}", path=override.path,
+                                 suggestion=f"write {FLAG_PREFIX}{moved}={override.text}")
     tokens = paths.parse_path(override.path)
     where = paths.format_path(tokens)
     _create_optional_parents(cfg, tokens)

@@ -131,6 +131,9 @@ class PreferencePairs(Configurable):
     """Examples ``{"chosen_input_ids", "chosen_target_ids", "chosen_weights", "rejected_..."}``,
     each ``[seq_len]``, of tokenized preference pairs."""
 
+    # What its rows are, for the objectives that read them (train/objective.py).
+    READ_BY = "preference pairs"
+
     FIELDS = FIELDS
 
     class Config(Configurable.Config):

@@ -73,6 +73,8 @@ class Prompts(Configurable):
     """Examples ``{"prompt_ids", "prompt_lengths", "record_index"}`` of prompts to complete."""
 
     FIELDS = FIELDS
+    # What its rows are, for the objectives that read them (train/objective.py).
+    READ_BY = "prompts to complete"
 
     class Config(Configurable.Config):
         # Glob(s) of .jsonl / .parquet files of prompt records (see the module docstring).

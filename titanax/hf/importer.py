@@ -22,7 +22,6 @@ from titanax.config import ConfigBase
 from titanax.hf import param_map
 from titanax.hf.model_configs import model_config_from_hf
 from titanax.hf.model_dir import CONFIG, ModelDir
-from titanax.modules import lora
 from titanax.parallel import rules
 from titanax.parallel.sharding import path_string
 
@@ -208,10 +207,9 @@ def params_for_engine(engine: Any, directory: str) -> Any:
     config must be the one the directory describes (``model_config``)."""
     engine.build()
     model_cfg = engine.model.config
-    # A LoRA run's adapters and a preference run's reference copy are not in the directory
-    # (the engine adds them).
-    partition_specs, _ = lora.split_adapters(engine.layout.canonical_param_specs)
-    partition_specs = {k: v for k, v in partition_specs.items() if k != "reference"}
+    # What the model converters add (LoRA's adapters) and the objective's frozen models are not
+    # in the directory (the engine adds them).
+    partition_specs = engine.own_params(engine.layout.canonical_param_specs)
     return import_params(directory, model_cfg=model_cfg,
                          parameter_specs=engine.model.create_parameter_specs_recursively(),
                          mesh=engine.mesh, partition_specs=partition_specs,

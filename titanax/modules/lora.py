@@ -34,7 +34,7 @@ import dataclasses
 import math
 import re
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -120,6 +120,36 @@ class LoRA(Configurable):
 
     def settings(self) -> AdapterSettings:
         return AdapterSettings(scale=self.scale, dropout_rate=self.config.dropout_rate)
+
+    # --- The model-converter protocol (modules/converters.py) ----------------------------------
+
+    def check_model(self, model: Any) -> None:
+        if model is None:
+            raise errors.ConfigError("LoRA adapts a configured model's weights; a hand-written "
+                                     "step has none", path="lora",
+                                     suggestion="configure a model, or set lora=None")
+
+    def convert_specs(self, specs: Dict[str, Any], *, model: Any) -> Dict[str, Any]:
+        return self.adapter_specs(specs, adaptable=model.adaptable_weight_paths())
+
+    def scope(self) -> ContextManager[None]:
+        return scope(self.settings())
+
+    @staticmethod
+    def base_scope() -> ContextManager[None]:
+        return disabled()
+
+    @staticmethod
+    def split_added(tree: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        return split_adapters(tree)
+
+    @staticmethod
+    def join_added(base: Dict[str, Any], added: Dict[str, Any]) -> Dict[str, Any]:
+        return join_adapters(base, added)
+
+    @property
+    def frozen_dtype(self) -> Optional[str]:
+        return self.config.frozen_dtype
 
     def adapter_specs(self, specs: Dict[str, Any], *, adaptable: Sequence[str]) -> Dict[str, Any]:
         """``specs`` (a model's resolved ParameterSpecs) with every param frozen and an adapter

@@ -198,17 +198,20 @@ class Module(Configurable):
 
 
 def functional(module: Module, prng_key: Optional[jax.Array], state: Any,
-               inputs: Any = (), *, method: str = "forward", is_training: bool,
+               inputs: Any = (), *, method: Union[str, Callable[..., Any]] = "forward",
+               is_training: bool,
                drop_output_collections: Sequence[str] = ()) -> Tuple[Any, OutputCollection]:
     """Calls ``module.<method>`` purely: returns ``(outputs, OutputCollection)``.
 
     ``inputs`` is a tuple of positional args or a dict of keyword args. Nothing is read from or
-    left on the context stack, so the call composes with every jax transformation.
+    left on the context stack, so the call composes with every jax transformation. ``method``
+    may also be a function ``fn(module, *inputs)``: it runs in the module's context as one of its
+    methods would (an objective's loss written on the model's primitives: train/objective.py).
     """
     context = InvocationContext(name=module.name, module=module, state=state,
                                 is_training=is_training, prng_key=prng_key,
                                 output_collection=OutputCollection())
-    wrapped = getattr(type(module), method)
+    wrapped = method if callable(method) else getattr(type(module), method)
     raw = getattr(wrapped, "__wrapped__", wrapped)
     args, kwargs = ((), inputs) if isinstance(inputs, dict) else (tuple(inputs), {})
     with set_current_context(context):

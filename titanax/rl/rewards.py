@@ -6,8 +6,8 @@ the prompt records' other fields (``answer`` ...), each a list -- and returns on
 completion (or None: it abstains; a completion every reward abstains on gets advantage 0).
 A TRL reward function works unchanged. Several rewards are summed with their weights.
 
-Yours are named by import path (``--config.grpo.reward_functions="['my_rewards.correct']"``);
-the built-ins are configs under ``--config.grpo.rewards``:
+Yours are named by import path (``--config.objective.reward_functions="['my_rewards.correct']"``);
+the built-ins are configs under ``--config.objective.rewards``:
 
 - ``AnswerMatch``: the answer the completion gives (by ``extract``, a regex whose first group is
   the answer; by default the last number for ``numeric``, the whole stripped text for
@@ -181,7 +181,7 @@ class RewardSet:
     """The run's rewards, named, weighted, called together (``score``)."""
 
     def __init__(self, *, functions: Sequence[str], weights: Optional[Sequence[float]],
-                 rewards: Dict[str, Reward.Config], where: str = "grpo"):
+                 rewards: Dict[str, Reward.Config], where: str = "objective"):
         self.names: List[str] = []
         self.calls: List[Callable] = []
         self.paths: List[str] = []

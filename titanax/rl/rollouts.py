@@ -38,7 +38,6 @@ import numpy as np
 from titanax.data.prompts import Prompts
 from titanax.parallel import batch_shards
 from titanax.rl.advantages import group_advantages
-from titanax.rl.grpo import GRPO
 from titanax.rl.rewards import RewardSet
 from titanax.rl.rows import completion_mask, rollout_rows
 
@@ -48,13 +47,15 @@ _log = logging.getLogger("titanax")
 class RolloutStream:
     """Iterator of ``(train rows, host metrics)`` (see the module docstring)."""
 
-    def __init__(self, *, prompts: Any, source: Prompts, grpo: GRPO, rewards: RewardSet,
+    def __init__(self, *, prompts: Any, source: Prompts, grpo: Any, rewards: RewardSet,
                  sample: Any, params: Any, place: Any, shards: Sequence[int], seed: int,
                  end_ids: Sequence[int], iterations: int = 1):
         """``prompts``: an iterator of this process's prompt rows (``get_state`` /
         ``set_state``); ``sample(params, prompt_ids, prompt_lengths, key)``: the run's
         sampler; ``params()``: the current params; ``place(host batch)``: global arrays;
-        ``shards``: this process's batch shards (their number of rows each is equal)."""
+        ``shards``: this process's batch shards (their number of rows each is equal);
+        ``grpo``: the objective (objectives/grpo.py: its config, scale_rewards and
+        drop_equal_groups)."""
         self.prompts, self.source, self.grpo, self.rewards = prompts, source, grpo, rewards
         self.sample, self.params, self.place = sample, params, place
         self.shards = tuple(shards)

@@ -19,6 +19,8 @@ import numpy as np
 FIELDS = {"input_ids": "int32", "target_ids": "int32", "segment_ids": "int32",
           "positions": "int32", "weights": "float32", "old_logps": "float32",
           "advantages": "float32", "row_weights": "float32"}
+# The fields with one value per row (the rest have one per target position).
+PER_ROW = tuple(list(FIELDS)[-2:])
 
 
 def rollout_rows(*, prompt_ids: np.ndarray, prompt_lengths: np.ndarray,

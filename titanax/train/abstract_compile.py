@@ -19,10 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from titanax import errors
-from titanax.rl import rows as rollout_rows
-
-# Rollout-row fields with one value per row (the rest are per token).
-PER_ROW = ("advantages", "row_weights")
+from titanax.rl.rows import PER_ROW
 
 GIB = float(1 << 30)
 
@@ -35,10 +32,9 @@ def batch_template(engine: Any) -> Dict[str, jax.ShapeDtypeStruct]:
     fields = getattr(getattr(source, "klass", None), "FIELDS", None)
     length = getattr(source, "seq_len", None)
     rows = getattr(input_cfg, "global_batch_size", None)
-    if engine.grpo is not None:  # Rollout rows: prompt + completion, a group per prompt.
-        grpo = engine.grpo.config
-        fields, length = rollout_rows.FIELDS, source.max_prompt_tokens + grpo.max_new_tokens - 1
-        rows = rows * grpo.num_generations // grpo.updates_per_rollout
+    declared = engine.objective.abstract_batch(engine)
+    if declared is not None:  # (A sampling objective's rollout rows.)
+        fields, length, rows = declared
     if fields is None or not isinstance(length, int) or not isinstance(rows, int):
         kind = getattr(getattr(source, "klass", None), "__name__", type(source).__name__)
         raise errors.LaunchFlagError(
@@ -73,40 +69,12 @@ def compile_only(engine: Any) -> Dict[str, int]:
     }
     report["peak_bytes"] = (report["argument_bytes"] + report["output_bytes"]
                             + report["temp_bytes"] - report["alias_bytes"])
-    if engine.grpo is not None:
-        report.update(_sampler_report(engine, state, train_arguments=report["argument_bytes"]))
-        report["peak_bytes"] = max(report["peak_bytes"], report["rollout_peak_bytes"])
+    extra = engine.objective.compile_report(engine, state=state,
+                                            train_arguments=report["argument_bytes"])
+    report.update(extra)
+    if "rollout_peak_bytes" in extra:
+        report["peak_bytes"] = max(report["peak_bytes"], extra["rollout_peak_bytes"])
     return report
-
-
-def _sampler_report(engine: Any, state: Any, *, train_arguments: int) -> Dict[str, int]:
-    """A GRPO run's sampler, compiled for one rollout's prompts: its temporaries (the key/value
-    cache, a step's logits) and outputs come on top of the whole train state, which stays on the
-    devices while it samples (``rollout_peak_bytes`` counts the train step's arguments: the
-    state and one train batch)."""
-    grpo = engine.grpo.config
-    input_cfg = engine.config.train_input
-    rows = input_cfg.global_batch_size * grpo.num_generations
-    host = {"prompt_ids": np.zeros((rows, input_cfg.source.max_prompt_tokens), np.int32),
-            "prompt_lengths": np.zeros((rows,), np.int32)}
-    specs = engine.steps.batch_specs(host)
-    prompts = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(engine.mesh,
-                                                                                specs[k]))
-               for k, v in host.items()}
-    # The program the run samples with: stopping at end tokens where it has them (the
-    # configured ones, or the tokenizer's end of sequence).
-    end_ids = grpo.end_ids
-    if end_ids is None:
-        eos = input_cfg.tokenizer.instantiate().eos_id
-        end_ids = (eos,) if eos is not None else ()
-    sampler = engine.steps.sampler(max_new_tokens=grpo.max_new_tokens,
-                                   temperature=grpo.temperature, top_p=grpo.top_p,
-                                   end_ids=tuple(end_ids))
-    analysis = sampler.lower(state.params, prompts["prompt_ids"], prompts["prompt_lengths"],
-                             jax.ShapeDtypeStruct((2,), np.uint32)).compile().memory_analysis()
-    temp, out = int(analysis.temp_size_in_bytes), int(analysis.output_size_in_bytes)
-    return {"sampler_temp_bytes": temp, "sampler_output_bytes": out,
-            "rollout_peak_bytes": train_arguments + temp + out}
 
 
 def describe(report: Dict[str, int], *, mesh: Any) -> str:

@@ -27,23 +27,15 @@ from jax.sharding import PartitionSpec
 from titanax import errors
 from titanax.config import Configurable
 from titanax.data.pipeline import Input
-from titanax.data.preference import PreferencePairs
-from titanax.data.prompts import Prompts
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules import axis_binding
-from titanax.modules.base_layer import BaseLayer, ParameterSpec
-from titanax.modules import lora as lora_lib
-from titanax.modules.lora import LoRA
-from titanax.modules.models.language_model import REFERENCE
-from titanax.modules.preference import Preference
+from titanax.modules import converters as converters_lib
+from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo
 from titanax.observe.loggers import Basic, Logger
 from titanax.observe.profiler import Profile
 from titanax.parallel import sharding
 from titanax.parallel.plan import DP, Plan
-from titanax.rl.grpo import GRPO
-from titanax.rl.rewards import RewardSet
-from titanax.rl.rollouts import RolloutStream
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import evaluation as evaluation_lib
 from titanax.train import explain as explain_lib
@@ -54,6 +46,7 @@ from titanax.train.compiled_step import CompiledStep
 from titanax.train.evaler import Evaler
 from titanax.train.inputs import RunInputs, complete_from_train_input
 from titanax.train.metrics_window import MetricsWindow
+from titanax.train.objective import ModelLoss, Objective, PlainBatches
 from titanax.train.precision import Precision
 from titanax.train.state_manager import StateManager
 from titanax.train.step_builder import StepBuilder
@@ -64,7 +57,7 @@ from titanax.train.training_loop import TrainingLoop
 class Engine(Configurable):
     """A training run: mesh, plan, model or step, learner, precision, data, loggers, evalers."""
 
-    class Config(Configurable.Config):
+    class Config(converters_lib.ConverterFields):
         # The device mesh.
         mesh: MeshSpec.Config = MeshSpec.default_config().set(axes=("data",))
         # How the mesh axes are used.
@@ -94,19 +87,11 @@ class Engine(Configurable):
         # and a fresh run loads its weights at step 0 with a fresh optimizer; a run with
         # checkpoints of its own resumes from those. None: params from the model's initializers.
         init_from: Optional[str] = None
-        # Low-rank adapters on the model's weights, every other param frozen (modules/lora.py);
-        # None: every param is trained.
-        lora: Optional[LoRA.Config] = None
-        # Train on preference pairs (data/preference.py) with this loss (modules/preference.py:
-        # DPO and its family); None: the model's own loss.
-        preference: Optional[Preference.Config] = None
-        # Reinforcement learning from rewards on completions the model samples (rl/grpo.py:
-        # GRPO, Dr. GRPO, DAPO, GSPO), its train_input a Prompts source; None: no RL.
-        grpo: Optional[GRPO.Config] = None
-        # A Hugging Face directory of the reference model of a preference loss (or of GRPO's
-        # KL); None: the starting weights (with LoRA: the base, its adapters off -- no second
-        # copy).
-        reference_from: Optional[str] = None
+        # What the model is trained toward (train/objective.py): its own loss, or an objective
+        # of titanax/objectives/ (preference losses, GRPO, KTO, distillation) with the frozen
+        # models and the batches it needs. (The model converters' fields, e.g. lora, come from
+        # converters.ConverterFields.)
+        objective: Objective.Config = ModelLoss.default_config()
         # Global seed of every PRNG stream.
         seed: int = 0
         # Log (and check the loss for NaN/Inf) every this many steps.
@@ -157,6 +142,7 @@ class Engine(Configurable):
         self.restored_from: Optional[str] = None
         # Set by build (hand-written steps: once their params are known).
         self.layout = self.states = self.steps = None
+        self.frozen_keys: tuple = ()  # The objective's frozen models' params keys (build).
         self._built = self._resumed = self._dir_claimed = self._loggers_started = False
         self._train_step: Optional[CompiledStep] = None
         self._user_step: Optional[Callable] = None
@@ -182,19 +168,14 @@ class Engine(Configurable):
         self.precision: Precision = cfg.precision.instantiate()
         self.learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
         self.model: Optional[BaseLayer] = cfg.model.instantiate() if cfg.model else None
+        # The model converters (modules/converters.py: LoRA) and the objective.
+        self.converters = converters_lib.instantiate_converters(cfg, model=self.model)
+        self.objective: Objective = cfg.objective.instantiate()
+        if self.model is not None:
+            self.objective.check(self)
         limits = getattr(self.model, "input_limits", None)
-        self.inputs = RunInputs(mesh=self.mesh, plan=self.plan,
-                                limits=limits() if limits is not None else None)
-        self.lora: Optional[LoRA] = cfg.lora.instantiate() if cfg.lora is not None else None
-        if self.lora is not None and self.model is None:
-            raise errors.ConfigError("LoRA adapts a configured model's weights; a hand-written "
-                                     "step has none", path="lora",
-                                     suggestion="configure a model, or set lora=None")
-        self.preference: Optional[Preference] = (cfg.preference.instantiate()
-                                                 if cfg.preference is not None else None)
-        self.grpo: Optional[GRPO] = cfg.grpo.instantiate() if cfg.grpo is not None else None
-        self._check_grpo()
-        self._check_preference()
+        self.inputs = RunInputs(mesh=self.mesh, plan=self.plan, limits=self.objective.input_limits(
+            limits() if limits is not None else None))
         for evaler in self.evaluation.evalers.values():  # (Those that check the run.)
             if hasattr(evaler, "check_engine"):
                 evaler.check_engine(self)
@@ -206,155 +187,21 @@ class Engine(Configurable):
         self._built = True
         return self
 
-    @property
-    def objective(self) -> Optional[Any]:
-        """What the model's step trains instead of its own loss: a preference loss or GRPO."""
-        return self.preference if self.preference is not None else self.grpo
-
-    def _check_preference(self) -> None:
-        cfg = self.config
-        objective = self.objective
-        if cfg.reference_from is not None and (objective is None
-                                               or not objective.needs_reference):
-            raise errors.ConfigError(
-                "names the reference of a preference loss or of GRPO's KL, and this run has "
-                + ("none" if objective is None else
-                   f"a reference-free one ({objective.config.loss}"
-                   + (", beta 0)" if self.grpo is not None else ")")),
-                path="reference_from", suggestion="set preference.loss to sigmoid, ipo or "
-                                                  "hinge (or grpo.beta > 0), or drop "
-                                                  "reference_from")
-        if cfg.reference_from is not None and not os.path.isfile(
-                os.path.join(cfg.reference_from, "config.json")):
-            raise errors.ConfigError(
-                f"{cfg.reference_from} is not a Hugging Face model directory (no config.json)",
-                path="reference_from",
-                suggestion="give the directory of the reference model (config.json and "
-                           "*.safetensors), or drop reference_from: the starting weights")
-        for where, input_cfg in [("train_input", cfg.train_input)] + [
-                (f"evalers[{name!r}].input", e.input) for name, e in cfg.evalers.items()
-                if getattr(e, "input", None) is not None]:
-            kind = getattr(getattr(input_cfg, "source", None), "klass", None)
-            pairs = kind is not None and issubclass(kind, PreferencePairs)
-            if kind is not None and pairs != (self.preference is not None):
-                raise errors.ConfigError(
-                    "reads preference pairs, and this run has no preference loss" if pairs else
-                    f"reads {kind.__name__} rows, and a preference loss trains on pairs",
-                    path=f"{where}.source",
-                    suggestion="set preference (e.g. --config.preference.loss=sigmoid)" if pairs
-                    else "give it a PreferencePairs source, or set preference=None")
-        if self.preference is not None and cfg.plan.context_parallel is not None:
-            raise errors.PlanError(
-                "a preference loss sums each completion's log-probs over its whole row, which "
-                "context parallelism splits", path="plan.context_parallel",
-                suggestion="train preferences without context parallelism (DP, TP, FSDP)")
-
-    def _check_grpo(self) -> None:
-        cfg = self.config
-        kind = getattr(getattr(cfg.train_input, "source", None), "klass", None)
-        prompts = kind is not None and issubclass(kind, Prompts)
-        if self.grpo is not None and self.preference is not None:
-            raise errors.ConfigError("a run trains one objective: preference pairs or GRPO",
-                                     path="grpo", suggestion="set preference=None or grpo=None")
-        if self.grpo is None:
-            if prompts:
-                raise errors.ConfigError(
-                    "reads prompts to complete, and this run has no RL objective",
-                    path="train_input.source",
-                    suggestion="set grpo (e.g. --config.grpo.reward_functions=\"['mod.fn']\")")
-            return
-        if cfg.train_input is not None and not prompts:
-            raise errors.ConfigError(
-                f"reads {getattr(kind, '__name__', 'no source')} rows, and GRPO samples "
-                "completions of prompts", path="train_input.source",
-                suggestion="give it a Prompts source (data/prompts.py)")
-        losses = sorted(name for name, e in cfg.evalers.items()
-                        if getattr(e, "input", None) is not None)
-        if losses:
-            raise errors.ConfigError(
-                f"evaluates {', '.join(losses)} by a held-out loss, and a GRPO run has none: "
-                "its measure is the reward of its rollouts (metrics.csv), or an lm-eval "
-                "evaler's tasks", path="evalers",
-                suggestion="set evalers={} (\"--config.evalers={}\"), or evaluate with an "
-                           "LMEvalEvaler (titanax/harness/evaler.py)")
-        if cfg.plan.context_parallel is not None or cfg.plan.pipeline_parallel is not None:
-            which = ("context_parallel" if cfg.plan.context_parallel is not None
-                     else "pipeline_parallel")
-            raise errors.PlanError(
-                "GRPO samples whole rows on the training mesh and trains on them whole",
-                path=f"plan.{which}", suggestion="train GRPO with DP, TP and ZeRO / FSDP")
-        grpo = self.grpo.config
-        if self.model is not None and not all(hasattr(self.model, m) for m in (
-                "sample", GRPO.model_method)):
-            raise errors.ConfigError(
-                f"{type(self.model).__name__} has no sampler or policy loss (sample, "
-                f"{GRPO.model_method})", path="model",
-                suggestion="train GRPO with a decoder (modules/models/decoder.py: GPT-2, Llama, "
-                           "Qwen, Mistral, MoE)")
-        moe = getattr(getattr(self.model, "config", None), "moe", None)
-        if moe is not None and moe.dispatch == "capacity":
-            raise errors.ConfigError(
-                "a capacity-limited mixture of experts drops tokens by how many share a group, "
-                "which differs between sampling one token at a time and training whole rows: "
-                "the trained log-probs would not be the sampled ones",
-                path="model.moe.dispatch", suggestion="use dispatch='dropless'")
-        if cfg.train_input is not None and cfg.train_input.last_batch == "pad":
-            raise errors.ConfigError(
-                "padding rows repeat a real prompt: their completions would be sampled, scored "
-                "and trained on", path="train_input.last_batch",
-                suggestion="use 'drop' (the default), or repeat the prompts (num_epochs=None)")
-        if cfg.train_input is not None and isinstance(cfg.train_input.global_batch_size, int):
-            shards = self.plan.batch_shards(self.mesh)
-            rows = cfg.train_input.global_batch_size // max(shards, 1) * grpo.num_generations
-            part = rows // grpo.updates_per_rollout
-            if rows % grpo.updates_per_rollout or part % self.plan.accumulate_steps:
-                raise errors.ConfigError(
-                    f"each batch shard samples {rows} completions a rollout "
-                    f"(train_input.global_batch_size / {shards} shards x num_generations), "
-                    f"which do not split into {grpo.updates_per_rollout} updates of "
-                    f"{self.plan.accumulate_steps} microbatch(es) each",
-                    path="grpo.updates_per_rollout",
-                    suggestion="make the completions per shard a multiple of "
-                               "updates_per_rollout x accumulate_steps")
-        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
-        for index, token in enumerate(grpo.end_ids or ()):
-            if vocab is not None and not 0 <= token < vocab:
-                raise errors.ConfigError(f"{token} is no token id of the model's {vocab}",
-                                         path=f"grpo.end_ids[{index}]",
-                                         suggestion=f"give ids in [0, {vocab})")
-        self.rewards = RewardSet(functions=grpo.reward_functions, weights=grpo.reward_weights,
-                                 rewards=grpo.rewards)  # (Imported now: a typo stops the build.)
-        if prompts and self.model is not None:
-            max_seq_len = getattr(self.model.config, "max_seq_len", None)
-            prompt_tokens = cfg.train_input.source.max_prompt_tokens
-            if max_seq_len is not None and prompt_tokens + grpo.max_new_tokens > max_seq_len:
-                raise errors.ConfigError(
-                    f"prompts of {prompt_tokens} tokens and completions of "
-                    f"{grpo.max_new_tokens} make rows the model (max_seq_len {max_seq_len}) "
-                    "cannot read", path="grpo.max_new_tokens",
-                    suggestion=f"lower it (or train_input.source.max_prompt_tokens) to fit "
-                               f"{max_seq_len}")
-
-    @property
-    def holds_reference(self) -> bool:
-        """Whether the params hold a frozen copy of the reference model (``reference``): an
-        objective with a reference, unless LoRA's base (adapters off) is it."""
-        objective = self.objective
-        return (objective is not None and objective.needs_reference
-                and (self.lora is None or self.config.reference_from is not None))
-
     def model_specs(self) -> Any:
-        """The model's ParameterSpecs, with its LoRA adapters beside their weights (and the
-        rest frozen) when the run has them, and a frozen copy of them as the reference model
-        when its preference loss needs one (``holds_reference``)."""
+        """The params' ParameterSpecs: the model's as its converters make them (LoRA's adapters
+        beside their weights, the rest frozen), and the objective's frozen models (a reference
+        or a teacher) under keys of their own."""
         own = self.model.create_parameter_specs_recursively()
-        specs = own if self.lora is None else self.lora.adapter_specs(
-            own, adaptable=self.model.adaptable_weight_paths())
-        if self.holds_reference:
-            specs = dict(specs, **{REFERENCE: jax.tree_util.tree_map(
-                lambda s: dataclasses.replace(s, trainable=False), own,
-                is_leaf=lambda x: isinstance(x, ParameterSpec))})
-        return specs
+        specs = converters_lib.convert_specs(self.converters, own, model=self.model)
+        frozen = self.objective.frozen_specs(own, run=self)
+        self.frozen_keys = tuple(frozen)
+        return dict(specs, **frozen)
+
+    def own_params(self, params: Any) -> Any:
+        """``params`` (or specs) of the model itself: without the objective's frozen models and
+        what the converters added (what a Hugging Face directory holds)."""
+        return converters_lib.own_params(
+            self.converters, {k: v for k, v in params.items() if k not in self.frozen_keys})
 
     def _set_layout(self, parameter_specs: Any) -> None:
         """The layout pipeline over ``parameter_specs``, and the parts that read it."""
@@ -375,15 +222,13 @@ class Engine(Configurable):
                                    seed=self.config.seed, checkpointer=self.checkpointer(),
                                    model_specs=parameter_specs if self.model is not None
                                    else None,
-                                   frozen_dtype=self.lora.config.frozen_dtype
-                                   if self.lora is not None else None)
+                                   frozen_dtype=converters_lib.frozen_dtype(self.converters))
         self.steps = StepBuilder(mesh=self.mesh, plan=self.plan, layout=self.layout,
                                  strategy=strategy, model=self.model, precision=self.precision,
                                  adapter=adapter, learner=self.learner,
                                  nan_policy=self.config.nan_policy,
                                  recompile_policy=self.config.recompile_policy,
-                                 lora_settings=self.lora.settings() if self.lora is not None
-                                 else None, objective=self.objective)
+                                 converters=self.converters, objective=self.objective)
 
     def _declare(self, params: Any) -> None:
         """Layouts for a hand-written step's params (the plan's rules over their shapes)."""
@@ -411,29 +256,26 @@ class Engine(Configurable):
     # --- The train state (built, restored and saved by self.states) -----------------------------
 
     def init_state(self, params: Any = None) -> TrainState:
-        """A fresh state: params initialised (or ``params`` placed) in their shards; a
-        preference run's reference copy, when initialised here, is the starting weights."""
+        """A fresh state: params initialised (or ``params`` placed) in their shards; the
+        objective's frozen models, when initialised here, from the starting weights (or their
+        own directories)."""
         self._declare(params)
         self.state = self.states.init_state(params)
-        if params is None and self.model is not None and self.holds_reference:
-            start = self.state.params
-            directory = self.config.reference_from
-            if directory is None:  # The starting weights.
-                reference = _copies(lora_lib.split_adapters(
-                    {k: v for k, v in start.items() if k != REFERENCE})[0])
-            else:
-                reference = self._reference_from_hf(directory)
-            self.state = self.state.replace(params=dict(start, **{REFERENCE: reference}))
+        if params is None and self.model is not None:
+            frozen = self.objective.frozen_params(start=self.own_params(self.state.params),
+                                                  run=self)
+            if frozen:
+                self.state = self.state.replace(params=dict(self.state.params, **frozen))
         return self.state
 
-    def _reference_from_hf(self, directory: str) -> Any:
-        """The weights of the HF ``directory`` as this run's reference, in its shards and
-        storage dtype."""
+    def frozen_from_hf(self, directory: str, *, key: str) -> Any:
+        """The weights of the HF ``directory`` as the frozen model under params ``key`` (of the
+        model's architecture), in its shards and storage dtype."""
         from titanax.hf import fine_tune, importer  # pylint: disable=import-outside-toplevel
         fine_tune.check_model_matches(self.model.config, directory)
-        whole = dict(self.state.params, **{REFERENCE: importer.params_for_engine(self, directory)})
-        return sharding.apply_named_sharding(self.states.cast_for_storage(whole)[REFERENCE],
-                                             self.mesh, self.layout.param_specs[REFERENCE])
+        return sharding.apply_named_sharding(
+            self.states.cast_frozen_for_storage(importer.params_for_engine(self, directory)),
+            self.mesh, self.layout.param_specs[key])
 
     def restore(self, *, params: Any = None, step: Optional[int] = None,
                 mode: Optional[str] = None) -> bool:
@@ -464,14 +306,11 @@ class Engine(Configurable):
         self.build()
         fine_tune.check_model_matches(self.model.config, self.config.init_from)
         params = importer.params_for_engine(self, self.config.init_from)
-        if self.holds_reference:  # The reference: another directory, or the starting weights.
-            reference = self.config.reference_from
-            if reference is not None:
-                fine_tune.check_model_matches(self.model.config, reference)
-            params = dict(params, **{REFERENCE: importer.params_for_engine(
-                self, reference) if reference is not None else _copies(params)})
-        if self.lora is not None:  # The directory holds the base; the adapters start fresh.
-            params = lora_lib.join_adapters(params, self.states.initial_adapters())
+        # The objective's frozen models: their own directories, or the starting weights.
+        params = dict(params, **self.objective.frozen_params(start=params, run=self))
+        for converter in self.converters:  # The directory holds the model; what they add
+            params = converter.join_added(params, self.states.initial_params(  # starts fresh.
+                lambda tree, c=converter: c.split_added(tree)[1]))
         if jax.process_index() == 0:
             print(f"titanax: params from Hugging Face {self.config.init_from} (step 0, fresh "
                   "optimizer)", flush=True)
@@ -572,9 +411,9 @@ class Engine(Configurable):
         self.build()
         if step_fn is not None:
             self._user_step, self._train_step = step_fn, None
-        if self.grpo is not None and data is not None:
-            raise errors.StepError("a GRPO run makes its batches by sampling its prompts",
-                                   path="fit(data=...)",
+        if data is not None and not self.objective.takes_user_data():
+            raise errors.StepError(f"a {self.objective.name} run makes its batches by sampling "
+                                   "its prompts", path="fit(data=...)",
                                    suggestion="leave data out: the run reads train_input")
         total = self._total(steps)
         if data is None:
@@ -584,7 +423,7 @@ class Engine(Configurable):
         # Everything that can still fail comes first (the data source is opened here); only
         # then does the run leave traces: the checkpoint dir claimed (or the old run moved
         # aside), loggers started, the config record written.
-        iterator = iter(data) if data is not None else self._configured_iterator()
+        iterator = PlainBatches(iter(data)) if data is not None else self._configured_iterator()
         if self._restored_data_state and hasattr(iterator, "set_state"):
             iterator.set_state(self._restored_data_state)
             self._restored_data_state = None
@@ -612,43 +451,20 @@ class Engine(Configurable):
         return int(total)
 
     def _configured_iterator(self):
-        """The configured input: one stream per engine, continued by later fit() calls (a
-        GRPO run's: the rollout stream over its prompts)."""
+        """The configured input as the objective trains on it: ``(host batch, host metrics)``
+        pairs, one stream per engine, continued by later fit() calls."""
         if self._train_iterator is None:
             made = self.make_input(self.config.train_input, where="train_input")
-            self._train_iterator = (self._rollout_stream(made) if self.grpo is not None
-                                    else iter(made))
+            self._train_iterator = self.objective.batches(made, run=self)
         return self._train_iterator
 
     def first_train_batch(self) -> Any:
-        """The first host batch a step trains on (a GRPO run's: its first rollout's rows,
-        sampled with the current params)."""
-        if self.grpo is not None:
+        """The first host batch a step trains on (a sampling objective's: its first rollout's
+        rows, sampled with the current params)."""
+        if not self.objective.takes_user_data():
             return next(self._configured_iterator())[0]
-        return next(iter(self.make_input(self.config.train_input, where="train_input")))
-
-    def _rollout_stream(self, prompts: Input) -> RolloutStream:
-        grpo = self.grpo.config
-        end_ids = list(grpo.end_ids) if grpo.end_ids is not None else prompts.source.end_ids()
-        if not end_ids:
-            print("titanax: warning: the tokenizer has no end-of-sequence token (and the prompts "
-                  "no chat template's end of turn): every completion runs its whole budget "
-                  f"(grpo.max_new_tokens={grpo.max_new_tokens}); set grpo.end_ids to end them",
-                  flush=True)
-        shards, _ = self.process_batch_shards()
-        return RolloutStream(
-            prompts=iter(prompts), source=prompts.source, grpo=self.grpo, rewards=self.rewards,
-            sample=self.steps.sampler(max_new_tokens=grpo.max_new_tokens,
-                                      temperature=grpo.temperature, top_p=grpo.top_p,
-                                      end_ids=end_ids),
-            params=lambda: self.state.params, place=self.inputs.placed, shards=shards,
-            seed=self.config.seed, end_ids=end_ids, iterations=grpo.iterations)
-
-    def _rollout_train_step(self, item) -> Dict[str, Any]:
-        """A GRPO step: the rollout rows trained on, the rollout's host metrics added."""
-        rows, host_metrics = item
-        metrics = self.train_step(rows)
-        return dict(metrics, **host_metrics)
+        made = self.make_input(self.config.train_input, where="train_input")
+        return next(self.objective.batches(made, run=self))[0]
 
     def _loop(self, total: int) -> TrainingLoop:
         cfg = self.config
@@ -661,7 +477,7 @@ class Engine(Configurable):
         if limit is None and self.mesh.devices.flat[0].platform == "cpu":
             limit = 1
         return TrainingLoop(
-            train_step=self._rollout_train_step if self.grpo is not None else self.train_step,
+            train_step=self.train_step,
             current_step=lambda: int(jax.device_get(self.state.step)),
             hooks=self.hooks, window=window, log_every=cfg.log_every, inflight_limit=limit,
             evals_due=self.evaluation.due,
@@ -728,7 +544,7 @@ class Engine(Configurable):
                          self.layout.param_specs,
                          is_leaf=lambda x: isinstance(x, PartitionSpec))[0]]
             schedule = "\n".join(t for t in (schedule, self.steps.setup.reducer.describe(
-                paths=paths)) if t)
+                paths=paths), self.objective.describe()) if t)
         return explain_lib.explain(
             mesh=self.mesh, plan=self.plan, layout=self.layout,
             param_dtype=self.precision.param_dtype,
@@ -762,8 +578,3 @@ class Engine(Configurable):
         for logger in self._loggers or []:
             logger.close()
 
-
-def _copies(tree: Any) -> Any:
-    """Arrays of their own with the same values and shardings (a state holds no buffer twice:
-    the step donates it)."""
-    return jax.tree_util.tree_map(lambda x: x.copy(), tree)

@@ -37,11 +37,11 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from titanax.modules import functional
 from titanax.modules.context import flat_summaries
 from titanax.modules.base_layer import BaseLayer
 from titanax.parallel import collectives
 from titanax.train import state_updates
+from titanax.train.objective import ModelLoss, Objective
 from titanax.train.param_gathering import ParamGathering
 from titanax.train.precision import Precision
 from titanax.train.trainable import Trainable
@@ -134,11 +134,10 @@ class ModelGradients:
     def __init__(self, *, model: BaseLayer, precision: Precision, mesh_shape: Mapping[str, int],
                  batch_axes: Sequence[str] = (), accumulate_steps: int = 1,
                  gathering: Optional[ParamGathering] = None,
-                 trainable: Optional[Trainable] = None, objective: Optional[Any] = None):
+                 trainable: Optional[Trainable] = None, objective: Optional[Objective] = None):
         self.model = model
-        # An objective (a preference loss, modules/preference.py; GRPO, rl/grpo.py): the
-        # model's method it names (``model_method``) with it, instead of its forward (None).
-        self.objective = objective
+        # What the model is trained toward (train/objective.py): its loss on a device's rows.
+        self.objective = objective if objective is not None else ModelLoss()
         self.gathering = gathering
         # The params differentiated (None: all); the frozen ones only run the forward.
         self.trainable = trainable
@@ -162,7 +161,7 @@ class ModelGradients:
         """The batch in the compute dtype -- but for the fields the objective reads exactly
         (``exact_fields``: an RL rollout's old log-probs and advantages, which bfloat16 would
         round by ~1%)."""
-        exact = getattr(self.objective, "exact_fields", ())
+        exact = self.objective.exact_fields
         if not exact or not isinstance(batch, Mapping):
             return self.precision.cast_for_compute(batch)
         cast = self.precision.cast_for_compute({k: v for k, v in batch.items()
@@ -172,16 +171,10 @@ class ModelGradients:
     def eval_loss(self, params: Any, batch: Any) -> Tuple[jax.Array, Dict[str, jax.Array]]:
         """``(loss, aux)`` of a forward pass in evaluation mode, on this device's rows."""
         inputs = self.compute_inputs(batch)
-        call_inputs, method = self.call(inputs)
-        (loss, aux), _ = functional(self.model, None, self.precision.cast_for_compute(params),
-                                    call_inputs, is_training=False, **method)
+        (loss, aux), _ = self.objective.loss(
+            self.model, self.precision.cast_for_compute(params), inputs, key=None,
+            is_training=False)
         return at_least_float32(loss), aux
-
-    def call(self, inputs: Any) -> Tuple[Tuple[Any, ...], Dict[str, str]]:
-        """``(inputs, {"method": ...})`` of the model call that gives ``(loss, aux)``."""
-        if self.objective is None:
-            return (inputs,), {}
-        return (inputs, self.objective), {"method": self.objective.model_method}
 
     @staticmethod
     def schedule_metrics(local_rows: int) -> Dict[str, float]:
@@ -265,10 +258,8 @@ class ModelGradients:
 
     def _objective(self, params, batch, key, loss_scale, *, stored, capacity):
         compute_params = self.precision.cast_for_compute(params)
-        inputs = self.compute_inputs(batch)
-        call_inputs, method = self.call(inputs)
-        (loss, aux), collection = functional(self.model, key, compute_params, call_inputs,
-                                             is_training=True, **method)
+        (loss, aux), collection = self.objective.loss(
+            self.model, compute_params, self.compute_inputs(batch), key=key, is_training=True)
         loss = at_least_float32(loss)
         count = loss_count(aux) if self.weighted else None
         weight = None if count is None else jax.lax.stop_gradient(count) / capacity

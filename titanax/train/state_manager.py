@@ -24,7 +24,7 @@ from titanax import errors
 from titanax.config import overrides
 from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.modules import axis_binding, lora
+from titanax.modules import axis_binding
 from titanax.parallel import rules, sharding
 from titanax.parallel.layout import Layout
 from titanax.train import prng
@@ -134,12 +134,21 @@ class StateManager:
             lambda p, dtype: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p,
             params, self.storage_dtypes())
 
-    def initial_adapters(self) -> Any:
-        """A LoRA run's adapters as a fresh run initialises them (the same keys: each param's
-        comes from its path), in the canonical layout: what joins a base loaded from elsewhere
-        (``init_from``)."""
-        _, specs = lora.split_adapters(self.model_specs)
-        _, partition_specs = lora.split_adapters(self.layout.canonical_param_specs)
+    def cast_frozen_for_storage(self, params: Any) -> Any:
+        """Params of a frozen model (every one frozen) in their storage dtype."""
+        if self.frozen_dtype is None:
+            return self.precision.cast_params_for_storage(params)
+        return jax.tree_util.tree_map(
+            lambda p: p.astype(self.frozen_dtype) if jnp.issubdtype(p.dtype, jnp.floating)
+            else p, params)
+
+    def initial_params(self, pick: Any) -> Any:
+        """The params ``pick(tree)`` selects (the same subtree of the specs and of the layout's
+        partition specs: e.g. what a model converter added) as a fresh run initialises them
+        (the same keys: each param's comes from its path), in the canonical layout: what joins
+        a model loaded from elsewhere (``init_from``)."""
+        specs = pick(self.model_specs)
+        partition_specs = pick(self.layout.canonical_param_specs)
         init = jax.jit(lambda key: self.precision.cast_params_for_storage(
             self.model.initialize_parameters_recursively(key, specs=specs)),
             out_shardings=sharding.named_shardings(self.mesh, partition_specs))

@@ -32,12 +32,12 @@ from jax.sharding import PartitionSpec
 from titanax import errors
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.context import expand_vector_metrics
-from titanax.modules.models.language_model import OBJECTIVE_METRICS
 from titanax.parallel import collectives, sharding
 from titanax.train import learner as learner_lib
 from titanax.train import state_updates
 from titanax.train.gradients import ModelGradients
 from titanax.train.metric_reduction import reduce_metrics
+from titanax.train.objective import OBJECTIVE_METRICS, ModelLoss, Objective
 from titanax.train.param_gathering import ParamGathering
 from titanax.train.pipelined_gradients import PipelinedGradients
 from titanax.train.state_sharding import StateSharding
@@ -77,8 +77,8 @@ class StepSetup:
     # Batch axes whose layers sum the gradients of the params split over them (the expert
     # axis: reducer.py's layer_summed_axes).
     layer_summed_axes: Tuple[str, ...] = ()
-    # A preference objective (modules/preference.py; None: the model's own loss).
-    objective: Optional[Any] = None
+    # What the model is trained toward (train/objective.py).
+    objective: Objective = dataclasses.field(default_factory=ModelLoss)
 
     @property
     def axes(self) -> Tuple[str, ...]:
@@ -94,11 +94,11 @@ class StepSetup:
         """The gradient computer: pipelined when the plan has a pipeline, else plain or
         microbatched."""
         if self.pipeline is not None:
-            if self.objective is not None:
+            if not self.objective.staged_by_pipelines:
                 raise errors.PlanError(
-                    f"the {type(self.objective).__name__} objective runs the model's "
-                    f"{self.objective.model_method}, which the pipeline schedules do not stage "
-                    "yet", path="plan.pipeline_parallel",
+                    f"the {type(self.objective).__name__} objective computes its loss from whole "
+                    "rows of the model's outputs, which the pipeline schedules do not stage",
+                    path="plan.pipeline_parallel",
                     suggestion="train it without pipeline_parallel (DP, TP, FSDP)")
             return PipelinedGradients(
                 model=self.model, precision=self.precision, mesh_shape=self.mesh_shape,
@@ -187,8 +187,8 @@ def _apply_update(setup: StepSetup, state: TrainState, reduced: Reduced):
 
 
 def objective_metrics_by_name(metrics: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
-    """The model's objective metrics (summaries ``metrics/<name>`` of its root: a preference
-    objective's ``rewards/chosen`` ...) under their own names, as TRL reports them."""
+    """The objective's metrics (summaries ``metrics/<name>`` of the model's root, e.g.
+    ``rewards/chosen``) under their own names, as TRL reports them."""
     prefix = f"summaries/{OBJECTIVE_METRICS}/"
     return {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in metrics.items()}
 

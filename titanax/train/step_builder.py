@@ -18,7 +18,8 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
-from titanax.modules import axis_binding, lora
+from titanax.modules import axis_binding
+from titanax.modules import converters as converters_lib
 from titanax.modules.module import functional
 from titanax.parallel import collectives
 from titanax.parallel import layout as layout_lib
@@ -27,6 +28,7 @@ from titanax.parallel.plan import Plan
 from titanax.train import learner as learner_lib
 from titanax.train import step as step_lib
 from titanax.train.compiled_step import CompiledStep
+from titanax.train.objective import ModelLoss, Objective
 from titanax.train.precision import Precision
 from titanax.train.state_sharding import StateSharding
 from titanax.train.user_step import UserStep
@@ -39,13 +41,13 @@ class StepBuilder:
                  model: Any, precision: Precision, adapter: learner_lib.OptimizerAdapter,
                  learner: learner_lib.Learner, nan_policy: str = "stop",
                  recompile_policy: str = "error",
-                 lora_settings: Optional[lora.AdapterSettings] = None,
-                 objective: Optional[Any] = None):
+                 converters: Sequence[Any] = (), objective: Optional[Objective] = None):
         self.mesh, self.plan, self.layout, self.strategy = mesh, plan, layout, strategy
-        # How the model's LoRA adapters run (modules/lora.py; None: it has none).
-        self.lora_settings = lora_settings
-        # A preference objective the model's step trains (None: the model's own loss).
-        self.objective = objective
+        # The model converters (modules/converters.py): their scopes are entered wherever the
+        # model is traced.
+        self.converters = tuple(converters)
+        # What the model's step trains toward (train/objective.py).
+        self.objective = objective if objective is not None else ModelLoss()
         self.model, self.precision = model, precision
         self.adapter, self.learner = adapter, learner
         self.nan_policy, self.recompile_policy = nan_policy, recompile_policy
@@ -98,14 +100,14 @@ class StepBuilder:
         if not self.strategy.trainable.everything:
             raise errors.StepError(
                 "a hand-written @step_fn applies its gradients to every param, and this run "
-                "freezes some (lora)", path="lora",
-                suggestion="set lora=None for a hand-written step, or let the engine run its "
-                           "model step")
+                "freezes some (a model converter's)", path="engine.model",
+                suggestion="drop the converter for a hand-written step, or let the engine run "
+                           "its model step")
         return UserStep(step_fn, axes=self.axes, data_axis=self.plan.dp_axis,
                         param_specs=self.layout.param_specs, precision=self.precision)
 
     def _shard_map(self, fn, in_specs, out_specs):
-        return jax.shard_map(bound_to(fn, self.layout.axis_binding, self.lora_settings),
+        return jax.shard_map(bound_to(fn, self.layout.axis_binding, self.converters),
                              mesh=self.mesh,
                              in_specs=in_specs, out_specs=out_specs)
 
@@ -141,7 +143,7 @@ class StepBuilder:
         # Its inputs are whole rows, the same on every context rank: no sequence is split.
         local = bound_to(self._model_call(method),
                          self.layout.axis_binding.without(axis_binding.SEQUENCE),
-                         self.lora_settings)
+                         self.converters)
         batch_spec = self._batch_spec()
 
         def run(params, *inputs):
@@ -170,7 +172,7 @@ class StepBuilder:
         they live. With ``end_ids`` decoding stops once every row of the batch has ended."""
         # Decoding has no sequence to split (over a context axis or the TP axis).
         local = bound_to(self._model_call("sample"), self.layout.axis_binding.without(
-            axis_binding.SEQUENCE, axis_binding.RESIDUAL_SEQUENCE), self.lora_settings)
+            axis_binding.SEQUENCE, axis_binding.RESIDUAL_SEQUENCE), self.converters)
         batch_spec = self._batch_spec()
         # Rows only: a sequence axis holds copies of each prompt, and must sample alike.
         batch_axes = self.layout.batch.row_axes
@@ -230,15 +232,14 @@ class StepBuilder:
         return self.setup.gradients.schedule_metrics(local_rows)
 
 
-def bound_to(fn: Callable, binding: Any,
-             lora_settings: Optional[lora.AdapterSettings] = None) -> Callable:
-    """``fn`` run with ``binding`` as the layers' axis binding (modules/axis_binding.py) and
-    ``lora_settings`` for their adapters (modules/lora.py): the step's functions are traced
-    inside ``shard_map``, where layers ask for them."""
+def bound_to(fn: Callable, binding: Any, converters: Sequence[Any] = ()) -> Callable:
+    """``fn`` run with ``binding`` as the layers' axis binding (modules/axis_binding.py) and the
+    ``converters``' scopes (modules/converters.py: LoRA's adapter settings): the step's
+    functions are traced inside ``shard_map``, where layers ask for them."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with axis_binding.bound(binding), lora.scope(lora_settings):
+        with axis_binding.bound(binding), converters_lib.scopes(converters):
             return fn(*args, **kwargs)
 
     return run

@@ -67,7 +67,9 @@ class TrainingLoop:
         for index in range(start, total):
             self._call_hooks("before_step", index)
             try:
-                host_batch = next(iterator)  # Prepared while the previous step still runs.
+                # Prepared while the previous step still runs; host metrics: the objective's
+                # own of this batch (a rollout's rewards), logged with the step's.
+                host_batch, host_metrics = next(iterator)
             except StopIteration:
                 print(f"titanax: the training data ran out after step {index}", flush=True)
                 break
@@ -77,6 +79,8 @@ class TrainingLoop:
             if profiler is not None:
                 profiler.before_step(index + 1, in_flight=inflight)
             metrics = self.train_step(host_batch)
+            if host_metrics:
+                metrics = dict(metrics, **host_metrics)
             inflight.append(metrics)
             if profiler is not None:
                 profiler.after_step(index + 1, metrics)

@@ -10,7 +10,6 @@ tokens or examples.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Dict, Optional, Tuple
 
@@ -167,16 +166,15 @@ class CausalLanguageModel(BaseLayer):
 
     @nowrap
     def input_limits(self) -> Dict[str, InputLimit]:
-        """Ids below vocab_size, at most max_seq_len positions (checked on the host) -- of
-        plain rows, of preference pairs' two rows and of prompts to complete."""
+        """Ids below vocab_size, at most max_seq_len positions (checked on the host) of its
+        rows' ``input_ids`` and ``target_ids`` (an objective maps them to the fields it reads:
+        train/objective.py)."""
         cfg = self.config
         limit = InputLimit(num_ids=cfg.vocab_size, num_ids_field="vocab_size",
                            max_length=cfg.max_seq_len, max_length_field="max_seq_len")
-        names = [f"{side}{name}" for side in ("", "chosen_", "rejected_")
-                 for name in ("input_ids", "target_ids")] + ["prompt_ids"]
-        return {name: limit for name in names}
+        return {name: limit for name in ("input_ids", "target_ids")}
 
-    # --- Preference tuning (modules/preference.py) ----------------------------------------------
+    # --- Primitives objectives are written on (titanax/objectives/) ------------------------------
 
     def token_logps(self, input_ids: jax.Array, target_ids: jax.Array,
                     segment_ids: Optional[jax.Array] = None,
@@ -205,109 +203,12 @@ class CausalLanguageModel(BaseLayer):
         return chunked_token_losses(hidden, target_ids, loss_of_chunk=scores_of_chunk,
                                     chunk=chunk)
 
-    def _reference_values(self, method: str, inputs: Any) -> jax.Array:
-        """``method(*inputs)`` of the reference model, without gradient: the frozen copy of the
-        weights under ``reference`` (the engine adds it), else -- a LoRA run -- this model with
-        its adapters off; evaluation mode."""
-        from titanax.modules import lora  # pylint: disable=import-outside-toplevel
-        from titanax.modules.module import functional  # pylint: disable=import-outside-toplevel
-        params = self.parameters
-        own = params.get(REFERENCE) if isinstance(params, dict) else None
-        call = functools.partial(functional, self, None, own if own is not None else params,
-                                 inputs, method=method, is_training=False)
-        if own is not None:
-            values, _ = call()
-        else:
-            with lora.disabled():
-                values, _ = call()
-        return jax.lax.stop_gradient(values)
-
     def sequence_logps(self, input_ids: jax.Array, target_ids: jax.Array,
                        weights: jax.Array) -> jax.Array:
         """Per row, the summed log-probs of its weighted targets (a completion's log-prob
         given what precedes each of its tokens), float32 or wider."""
         return jnp.sum(self.token_logps(input_ids, target_ids) * at_least_float32(weights),
                        axis=-1)
-
-    def preference_forward(self, batch: Dict[str, jax.Array], objective: Any
-                           ) -> Tuple[jax.Array, Dict[str, Any]]:
-        """``objective``'s loss (a ``Preference``) on pairs ``batch["chosen_*"]`` /
-        ``batch["rejected_*"]`` (data/preference.py), both completions in one pass. The
-        reference's log-probs: from the frozen copy of the weights under ``reference`` (the
-        engine adds it), else -- a LoRA run -- this model with its adapters off; evaluation
-        mode, no gradient. Returns ``(mean loss over the pairs, aux)``: ``loss_sum``,
-        ``num_examples`` and ``num_correct`` (pairs whose chosen reward is higher); TRL's
-        metrics as summaries ``metrics/rewards/chosen`` ... ``metrics/logps/rejected``."""
-        sides = ("chosen", "rejected")
-        rows = {name: jnp.concatenate([batch[f"{side}_{name}"] for side in sides])
-                for name in ("input_ids", "target_ids", "weights")}
-        pairs = batch["chosen_input_ids"].shape[0]
-        row_inputs = (rows["input_ids"], rows["target_ids"], rows["weights"])
-
-        def halves(values):
-            return {"chosen": values[:pairs], "rejected": values[pairs:]}
-
-        per_token = self.token_logps(rows["input_ids"], rows["target_ids"])
-        policy = halves(jnp.sum(per_token * at_least_float32(rows["weights"]), axis=-1))
-        reference = None
-        if objective.needs_reference:
-            reference = halves(self._reference_values("sequence_logps", row_inputs))
-        tokens = halves(jnp.sum(at_least_float32(rows["weights"]), axis=-1))
-        out = objective.pair_losses(policy=policy, reference=reference, tokens=tokens)
-        weights = batch.get("weights")  # Per pair: 0 for a padding row of the last batch.
-        weights = (jnp.ones((pairs,), out.loss.dtype) if weights is None
-                   else at_least_float32(weights).reshape(pairs))
-        count = jnp.sum(weights)
-        loss_sum = jnp.sum(out.loss * weights)
-        loss = loss_sum / jnp.maximum(count, 1.0)
-        if objective.config.loss == "orpo":
-            # Its SFT term: the NLL of the chosen rows' tokens -- prompt and completion, as TRL's
-            # ORPO (batch["chosen_valid"]: the targets that are tokens, not padding) -- a mean
-            # over them.
-            valid = at_least_float32(batch["chosen_valid"]) * weights[:, None]
-            nll = -jnp.sum(per_token[:pairs] * valid) / jnp.maximum(jnp.sum(valid), 1.0)
-            loss = loss + nll
-            loss_sum = loss * count
-        mean = lambda v: jnp.sum(v * weights) / jnp.maximum(count, 1.0)  # noqa: E731
-        correct = (out.chosen_rewards > out.rejected_rewards).astype(weights.dtype)
-        for name, value in (("rewards/chosen", out.chosen_rewards),
-                            ("rewards/rejected", out.rejected_rewards),
-                            ("rewards/accuracies", correct),
-                            ("rewards/margins", out.chosen_rewards - out.rejected_rewards),
-                            ("logps/chosen", policy["chosen"]),
-                            ("logps/rejected", policy["rejected"])):
-            self.add_summary(f"{OBJECTIVE_METRICS}/{name}", mean(jax.lax.stop_gradient(value)))
-        loss = add_moe_objective(loss, self.collected_outputs())
-        return loss, {"loss_sum": loss_sum, "num_examples": count,
-                      "num_correct": jnp.sum(correct * weights)}
-
-    # --- Reinforcement learning (rl/grpo.py) ----------------------------------------------------
-
-    def policy_gradient_forward(self, batch: Dict[str, jax.Array], objective: Any
-                                ) -> Tuple[jax.Array, Dict[str, Any]]:
-        """``objective``'s policy loss (a ``GRPO``) on rollout rows (rl/rollouts.py): ``input_ids``
-        / ``target_ids`` / ``segment_ids`` / ``positions`` of prompt + completion, ``weights``
-        marking the completion's targets, ``old_logps`` (the sampler's, at those targets),
-        ``advantages`` and ``row_weights`` per row. The log-probs are of the logits divided by
-        the sampling temperature; the reference's (KL) as ``preference_forward``'s. Returns
-        ``(loss, aux)`` with the count the loss is a mean over (``num_examples`` or
-        ``num_tokens``) and ``loss_sum``; summaries ``metrics/kl`` and ``metrics/clip_ratio/*``
-        (token means)."""
-        row_inputs = dict(document_inputs(batch), input_ids=batch["input_ids"],
-                          target_ids=batch["target_ids"], temperature=objective.temperature)
-        logps = self.token_logps(**row_inputs)
-        reference = None
-        if objective.needs_reference:
-            reference = self._reference_values("token_logps", row_inputs)
-        exact = {name: batch[name].astype(logps.dtype)  # (float32, or float64 in such runs)
-                 for name in ("old_logps", "advantages", "weights", "row_weights")}
-        out = objective.loss(logps=logps, old_logps=exact["old_logps"],
-                             advantages=exact["advantages"], mask=exact["weights"],
-                             ref_logps=reference, row_weights=exact["row_weights"])
-        for name, value in out.stats.items():
-            self.add_summary(f"{OBJECTIVE_METRICS}/{name}", value)
-        loss = add_moe_objective(out.loss, self.collected_outputs())
-        return loss, {"loss_sum": out.loss * out.count, out.count_name: out.count}
 
     # --- Pipeline parallelism: how the model splits into stages (modules/pipeline_parts.py) -----
 
@@ -332,12 +233,6 @@ class CausalLanguageModel(BaseLayer):
     def loss_weight(self, batch: Dict[str, jax.Array]) -> jax.Array:
         """What ``forward``'s loss is a mean over: the (weighted) number of target tokens."""
         return jnp.sum(token_weights(batch, batch["target_ids"].shape))
-
-
-# The params key of a preference run's frozen reference weights (the engine adds it), and the
-# summaries an objective reports under its own metric names (``metrics/<name>`` -> ``<name>``).
-REFERENCE = "reference"
-OBJECTIVE_METRICS = "metrics"
 
 
 def document_inputs(batch: Dict[str, Any]) -> Dict[str, jax.Array]:

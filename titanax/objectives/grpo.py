@@ -1,5 +1,6 @@
-"""GRPO and its 2025 variants as one objective (``--config.grpo``): what a rollout samples, how
-its rewards become advantages and how the policy learns from them.
+"""GRPO and its 2025 variants as one objective (``--config.objective.*`` of ``llama_tiny_grpo``):
+what a rollout samples (``sampling.py``), how its rewards become advantages and how the policy
+learns from them.
 
 ``loss`` picks the variant, each as its authors (and TRL) define it; fields left None take the
 variant's own default:
@@ -27,10 +28,17 @@ from typing import Any, Dict, Literal, Optional, Sequence
 
 import jax
 
-from titanax.config import Configurable
+from titanax import errors
+from titanax.modules.layers.moe import add_moe_objective
+from titanax.modules.models.language_model import document_inputs
+from titanax.modules.module import functional
+from titanax.objectives import frozen
+from titanax.objectives.sampling import SamplingObjective
 from titanax.rl import policy_loss as policy_loss_lib
 from titanax.rl.advantages import SCALES
-from titanax.rl.rewards import Reward
+from titanax.rl.rewards import Reward, RewardSet
+from titanax.rl.rollouts import RolloutStream
+from titanax.train.objective import OBJECTIVE_METRICS
 
 LOSSES = ("grpo", "dr_grpo", "dapo", "gspo")
 # Per variant: (aggregation, sequence-level ratio, eps low, eps high, scale_rewards, drop).
@@ -38,27 +46,16 @@ VARIANTS = {"grpo": ("grpo", False, 0.2, 0.2, "group", False),
             "dr_grpo": ("dr_grpo", False, 0.2, 0.2, "none", False),
             "dapo": ("dapo", False, 0.2, 0.28, "group", True),
             "gspo": ("grpo", True, 3e-4, 4e-4, "group", False)}
+# The params key of the frozen reference model (the KL's, beta > 0).
+REFERENCE = "reference"
 
 
-class GRPO(Configurable):
+class GRPO(SamplingObjective):
     """Rollouts, rewards and the policy loss of an RL run (see the module docstring)."""
 
-    class Config(Configurable.Config):
+    class Config(SamplingObjective.Config):
         # grpo | dr_grpo | dapo | gspo (the table of the module docstring).
         loss: Literal["grpo", "dr_grpo", "dapo", "gspo"] = "grpo"
-        # Completions sampled per prompt (a group; its rows share one batch shard).
-        num_generations: int = 8
-        # Tokens sampled per completion (its budget; Dr. GRPO's max_completion_length).
-        max_new_tokens: int = 64
-        # Sampling temperature; the trained log-probs divide the logits by it too.
-        temperature: float = 1.0
-        # Nucleus sampling (1: the whole distribution).
-        top_p: float = 1.0
-        # Optimizer steps on each rollout batch, split into as many equal parts (TRL's
-        # steps_per_generation); the rollout's own log-probs are the old policy of the ratio.
-        updates_per_rollout: int = 1
-        # Passes over each rollout's updates (GRPO's mu, TRL's num_iterations).
-        iterations: int = 1
         # Clipping of the importance ratio: [1 - epsilon_low, 1 + epsilon_high] (None: the
         # variant's).
         epsilon_low: Optional[float] = None
@@ -68,6 +65,9 @@ class GRPO(Configurable):
         # The KL estimate weighed by the importance ratio (the tokens are the old policy's
         # samples; TRL's use_bias_correction_kl).
         kl_importance_correction: bool = True
+        # A Hugging Face directory of the KL's reference model (same architecture); None: the
+        # starting weights (with LoRA: the base, its adapters off -- no second copy).
+        reference_from: Optional[str] = None
         # Advantages divided by the std of the "group", the "batch", or "none" (None: the
         # variant's).
         scale_rewards: Optional[Literal["group", "batch", "none"]] = None
@@ -83,26 +83,14 @@ class GRPO(Configurable):
         # Built-in rewards (rl/rewards.py: AnswerMatch, FormatMatch, LengthPenalty), by the
         # name their metrics carry.
         rewards: Dict[str, Reward.Config] = {}
-        # Token ids that end a completion (it is scored and trained up to and including the
-        # first); None: the tokenizer's end-of-sequence (and a chat template's end of turn).
-        end_ids: Optional[Sequence[int]] = None
 
         def _validate_values(self):
+            yield from super()._validate_values()
             if self.loss not in LOSSES:
                 yield "loss", f"must be one of {', '.join(LOSSES)}, got {self.loss!r}"
             if self.num_generations < 2:
                 yield "num_generations", (f"must be >= 2 (advantages compare a prompt's "
                                           f"completions), got {self.num_generations}")
-            if self.max_new_tokens < 1:
-                yield "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}"
-            if not (math.isfinite(self.temperature) and self.temperature > 0):
-                yield "temperature", f"must be > 0 (RL samples), got {self.temperature}"
-            if not 0 < self.top_p <= 1:
-                yield "top_p", f"must be in (0, 1], got {self.top_p}"
-            if self.updates_per_rollout < 1:
-                yield "updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}"
-            if self.iterations < 1:
-                yield "iterations", f"must be >= 1, got {self.iterations}"
             for name in ("epsilon_low", "epsilon_high"):
                 value = getattr(self, name)
                 if value is not None and not (math.isfinite(value) and value >= 0):
@@ -123,16 +111,14 @@ class GRPO(Configurable):
                     len(self.reward_weights) != len(self.reward_functions):
                 yield "reward_weights", (f"has {len(self.reward_weights)} weights for "
                                          f"{len(self.reward_functions)} reward_functions")
-            if self.end_ids is not None and not self.end_ids:
-                yield "end_ids", "is empty: give the ids that end a completion (or None)"
             if not self.reward_functions and not self.rewards:
                 yield "reward_functions", "no reward: name a function (or a built-in in rewards)"
 
-    # The model method the gradient computer calls with this objective.
-    model_method = "policy_gradient_forward"
-    # Batch fields kept in float32 under a lower compute precision (gradients.compute_inputs):
-    # the rollout's log-probs, advantages and weights enter the ratio and the loss exactly.
-    exact_fields = ("old_logps", "advantages", "row_weights", "weights")
+    def __init__(self, cfg=None, **fields):
+        super().__init__(cfg, **fields)
+        self._converters = ()
+        self._holds_copy = False
+        self.rewards: Optional[RewardSet] = None
 
     def _variant(self, index: int) -> Any:
         return VARIANTS[self.config.loss][index]
@@ -140,10 +126,6 @@ class GRPO(Configurable):
     @property
     def needs_reference(self) -> bool:
         return self.config.beta > 0
-
-    @property
-    def temperature(self) -> float:
-        return self.config.temperature
 
     @property
     def epsilons(self):
@@ -162,9 +144,77 @@ class GRPO(Configurable):
         cfg = self.config
         return cfg.drop_equal_groups if cfg.drop_equal_groups is not None else self._variant(5)
 
-    def loss(self, *, logps: jax.Array, old_logps: jax.Array, advantages: jax.Array,
-             mask: jax.Array, ref_logps: Optional[jax.Array] = None,
-             row_weights: Optional[jax.Array] = None) -> policy_loss_lib.PolicyLoss:
+    # --- At build ------------------------------------------------------------------------------
+
+    def check(self, run: Any) -> None:
+        cfg = self.config
+        # (Imported first: a typo in a reward's path stops the build before anything else.)
+        self.rewards = RewardSet(functions=cfg.reward_functions, weights=cfg.reward_weights,
+                                 rewards=cfg.rewards)
+        super().check(run)
+        if cfg.reference_from is not None and not self.needs_reference:
+            raise errors.ConfigError(
+                "names the reference of GRPO's KL, and this run has none (beta 0)",
+                path="objective.reference_from",
+                suggestion="set objective.beta > 0, or drop reference_from")
+        frozen.check_hf_directory(cfg.reference_from, path="objective.reference_from",
+                                  what="reference model")
+        self._converters = tuple(run.converters)
+        self._holds_copy = self.needs_reference and frozen.holds_copy(
+            directory=cfg.reference_from, run=run)
+
+    def frozen_specs(self, model_specs, *, run):
+        return {REFERENCE: frozen.frozen_copy_specs(model_specs)} if self._holds_copy else {}
+
+    def frozen_params(self, *, start, run):
+        if not self._holds_copy:
+            return {}
+        return {REFERENCE: frozen.frozen_values(key=REFERENCE, directory=self.config.reference_from,
+                                                start=start, run=run)}
+
+    # --- Batches: the rollout stream (rl/rollouts.py) ------------------------------------------
+
+    def batches(self, made_input, *, run):
+        end_ids = self.end_ids(made_input.source)
+        shards, _ = run.process_batch_shards()
+        return RolloutStream(
+            prompts=iter(made_input), source=made_input.source, grpo=self, rewards=self.rewards,
+            sample=self.sampler(run, end_ids=end_ids), params=lambda: run.state.params,
+            place=run.inputs.placed, shards=shards, seed=run.config.seed, end_ids=end_ids,
+            iterations=self.config.iterations)
+
+    # --- The loss ------------------------------------------------------------------------------
+
+    def loss(self, model, params, batch, *, key, is_training):
+        return functional(model, key, params, (batch,), method=self._policy_loss,
+                          is_training=is_training)
+
+    def _policy_loss(self, model: Any, batch: Dict[str, jax.Array]):
+        """Runs as a method of ``model``: the variant's policy loss on rollout rows
+        (rl/rows.py), the log-probs of the logits divided by the sampling temperature; the
+        reference's (KL) from the frozen model. Returns ``(loss, aux)`` with the count the
+        loss is a mean over (``num_examples`` or ``num_tokens``) and ``loss_sum``; summaries
+        ``metrics/kl`` and ``metrics/clip_ratio/*`` (token means)."""
+        row_inputs = dict(document_inputs(batch), input_ids=batch["input_ids"],
+                          target_ids=batch["target_ids"], temperature=self.temperature)
+        logps = model.token_logps(**row_inputs)
+        reference = None
+        if self.needs_reference:
+            reference = frozen.call_frozen(model, key=REFERENCE, method="token_logps",
+                                           inputs=row_inputs, converters=self._converters)
+        exact = {name: batch[name].astype(logps.dtype)  # (float32, or float64 in such runs)
+                 for name in ("old_logps", "advantages", "weights", "row_weights")}
+        out = self.policy_loss(logps=logps, old_logps=exact["old_logps"],
+                               advantages=exact["advantages"], mask=exact["weights"],
+                               ref_logps=reference, row_weights=exact["row_weights"])
+        for name, value in out.stats.items():
+            model.add_summary(f"{OBJECTIVE_METRICS}/{name}", value)
+        loss = add_moe_objective(out.loss, model.collected_outputs())
+        return loss, {"loss_sum": out.loss * out.count, out.count_name: out.count}
+
+    def policy_loss(self, *, logps: jax.Array, old_logps: jax.Array, advantages: jax.Array,
+                    mask: jax.Array, ref_logps: Optional[jax.Array] = None,
+                    row_weights: Optional[jax.Array] = None) -> policy_loss_lib.PolicyLoss:
         """The variant's loss on ``[rows, tokens]`` log-probs (``policy_loss.policy_loss``)."""
         low, high = self.epsilons
         return policy_loss_lib.policy_loss(
@@ -173,3 +223,14 @@ class GRPO(Configurable):
             epsilon_high=high, beta=self.config.beta, ref_logps=ref_logps,
             kl_importance_correction=self.config.kl_importance_correction,
             max_completion_length=self.config.max_new_tokens, row_weights=row_weights)
+
+    def describe(self) -> Optional[str]:
+        cfg = self.config
+        low, high = self.epsilons
+        reference = ("none (beta 0)" if not self.needs_reference else cfg.reference_from or (
+            "the starting weights (a frozen copy under params/reference)" if self._holds_copy
+            else "the base model, its adapters off"))
+        return (f"objective: {cfg.loss} ({cfg.num_generations} completions per prompt of up to "
+                f"{cfg.max_new_tokens} tokens, temperature {cfg.temperature}; clip [{1 - low:g}, "
+                f"{1 + high:g}], beta {cfg.beta}; reference: {reference}; rewards: "
+                f"{', '.join(self.rewards.names) if self.rewards else '?'})")

@@ -1,0 +1,84 @@
+"""Model converters: transformations of a model applied before its layout (TorchTitan's sense).
+
+A converter changes what the run's params are and how the model's layers run, without the
+Engine naming it: LoRA (``lora.py``) adds low-rank adapters beside the targeted weights and
+freezes the rest. The Engine's config declares the converters' fields
+(``ConverterFields``: ``--config.lora.*``) and the run asks each converter, through the protocol
+below, for
+
+* ``check_model(model)``: a refusal when the run's model cannot be converted (no model);
+* ``convert_specs(specs, model=...)``: the model's ParameterSpecs as the run holds them;
+* ``scope()``: the context its layers are traced in (the adapters' scale and dropout);
+* ``base_scope()``: the context in which the model runs as it was before conversion (a
+  reference model that is the LoRA base: the adapters off, no second copy);
+* ``split_added(tree)`` / ``join_added(base, added)``: the params the converter added, apart
+  from and back into the model's own (an HF directory holds only the model's own);
+* ``frozen_dtype``: the storage dtype of the params it freezes (None: the precision's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from titanax.config import Configurable
+from titanax.modules.lora import LoRA
+
+
+class ConverterFields(Configurable.Config):
+    """The converters' fields of a run's config (a base of ``Engine.Config``)."""
+
+    # Low-rank adapters on the model's weights, every other param frozen (modules/lora.py);
+    # None: every param is trained.
+    lora: Optional[LoRA.Config] = None
+
+    def converter_configs(self) -> List[Tuple[str, Any]]:
+        """``(field, config)`` of each converter the run applies, in order."""
+        return [(name, getattr(self, name)) for name in ("lora",)
+                if getattr(self, name) is not None]
+
+
+def instantiate_converters(cfg: ConverterFields, *, model: Any) -> List[Any]:
+    """The run's converters, each checked against its model."""
+    converters = [config.instantiate() for _, config in cfg.converter_configs()]
+    for converter in converters:
+        converter.check_model(model)
+    return converters
+
+
+def convert_specs(converters: Sequence[Any], specs: Dict[str, Any], *, model: Any
+                  ) -> Dict[str, Any]:
+    for converter in converters:
+        specs = converter.convert_specs(specs, model=model)
+    return specs
+
+
+@contextlib.contextmanager
+def scopes(converters: Sequence[Any]) -> Iterator[None]:
+    """Every converter's ``scope()`` at once (the context a step is traced in)."""
+    with contextlib.ExitStack() as stack:
+        for converter in converters:
+            stack.enter_context(converter.scope())
+        yield
+
+
+@contextlib.contextmanager
+def base_scopes(converters: Sequence[Any]) -> Iterator[None]:
+    """The model as it was before conversion, for the block."""
+    with contextlib.ExitStack() as stack:
+        for converter in converters:
+            stack.enter_context(converter.base_scope())
+        yield
+
+
+def own_params(converters: Sequence[Any], tree: Dict[str, Any]) -> Dict[str, Any]:
+    """``tree`` without what the converters added."""
+    for converter in converters:
+        tree, _ = converter.split_added(tree)
+    return tree
+
+
+def frozen_dtype(converters: Sequence[Any]) -> Optional[str]:
+    """The storage dtype of frozen params a converter asks for (None: the precision's)."""
+    dtypes = [c.frozen_dtype for c in converters if c.frozen_dtype is not None]
+    return dtypes[0] if dtypes else None

@@ -1,0 +1,76 @@
+"""Frozen models an objective holds beside the trained one: a reference (preference losses,
+GRPO's and KTO's KL) or a teacher (distillation).
+
+A frozen model lives under its own top-level key of the params (``reference``, ``teacher``):
+laid out by the same plan, stored, checkpointed and restored with the run, never trained. It is
+one of
+
+* a copy of the starting weights (the default);
+* the weights of another Hugging Face directory (``reference_from`` / ``teacher_from``) of the
+  same architecture (a teacher: of its own, sharing the vocabulary);
+* with a model converter that adds params (LoRA), the model before conversion -- its adapters
+  off -- and no second copy at all.
+
+``call_frozen`` runs one of the model's primitives with a frozen model's weights inside the
+objective's loss: evaluation mode, no gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Dict, Optional
+
+import jax
+
+from titanax import errors
+from titanax.modules import converters as converters_lib
+from titanax.modules.base_layer import ParameterSpec
+from titanax.modules.module import functional
+
+
+def frozen_copy_specs(specs: Any) -> Any:
+    """``specs`` with every param frozen (the ParameterSpecs of a frozen copy)."""
+    return jax.tree_util.tree_map(lambda s: dataclasses.replace(s, trainable=False), specs,
+                                  is_leaf=lambda x: isinstance(x, ParameterSpec))
+
+
+def holds_copy(*, directory: Optional[str], run: Any) -> bool:
+    """Whether a reference is held as params of its own: another directory's weights, or a copy
+    of the starting weights unless a converter's base (LoRA's adapters off) is it."""
+    return directory is not None or not run.converters
+
+
+def check_hf_directory(directory: Optional[str], *, path: str, what: str) -> None:
+    """A directory given for a frozen model must be a Hugging Face model directory."""
+    if directory is not None and not os.path.isfile(os.path.join(directory, "config.json")):
+        raise errors.ConfigError(
+            f"{directory} is not a Hugging Face model directory (no config.json)", path=path,
+            suggestion=f"give the directory of the {what} (config.json and *.safetensors)")
+
+
+def frozen_values(*, key: str, directory: Optional[str], start: Dict[str, Any],
+                  run: Any) -> Any:
+    """The frozen model's weights in the run's shards: the HF ``directory``'s, or a copy of
+    ``start`` (the model's own starting params)."""
+    if directory is not None:
+        return run.frozen_from_hf(directory, key=key)
+    return jax.tree_util.tree_map(lambda x: x.copy(), start)  # (The step donates the params.)
+
+
+def call_frozen(model: Any, *, key: Optional[str], method: str, inputs: Any,
+                converters: Any = ()) -> Any:
+    """``model.<method>(*inputs)`` with the frozen weights under ``key`` of the params being
+    traced (None: the model itself before its converters -- LoRA's base), evaluation mode,
+    without gradient. Runs inside the objective's loss (the model's context)."""
+    params = model.parameters
+    own = params.get(key) if key is not None and isinstance(params, dict) else None
+    call = functools.partial(functional, model, None, own if own is not None else params,
+                             inputs, method=method, is_training=False)
+    if own is not None:
+        values, _ = call()
+    else:
+        with converters_lib.base_scopes(converters):
+            values, _ = call()
+    return jax.lax.stop_gradient(values)
