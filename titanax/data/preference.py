@@ -102,13 +102,15 @@ class PairReport:
     """What became of the pairs."""
 
     seq_len: int
+    # What one example is, in the log ("pair"; KTO's: "record").
+    noun: str = "pair"
     pairs: int = 0
     truncated: int = 0
     truncated_tokens: int = 0
     dropped: int = 0
 
     def text(self) -> str:
-        return (f"{self.pairs} pair(s) into rows of {self.seq_len}; {self.truncated} truncated "
+        return (f"{self.pairs} {self.noun}(s) into rows of {self.seq_len}; {self.truncated} truncated "
                 f"({self.truncated_tokens} tokens: the prompt's start, then the completions' "
                 f"ends); {self.dropped} dropped (nothing of a completion left to score)")
 
@@ -127,7 +129,101 @@ def _last_span(trained: np.ndarray) -> np.ndarray:
     return out
 
 
-class PreferencePairs(Configurable):
+class CompletionRows(Configurable):
+    """What sources of prompts with completions to score share: each example is one prompt with
+    a completion per side (``SIDES``), a row per side of ``seq_len`` positions under its field
+    prefix (the module docstring: tokens, truncation, weights). A subclass reads its records
+    into objects with ``prompt``, one attribute per side, ``conversational`` and ``where``, and
+    sets ``self.tokenizer``, ``self.report`` and ``self.read_report``."""
+
+    # The completions of an example, and the prefix of each one's row fields.
+    SIDES: Tuple[str, ...] = SIDES
+    FIELD_PREFIX: Dict[str, str] = {side: f"{side}_" for side in SIDES}
+
+    class Config(Configurable.Config):
+        # Glob(s) of .jsonl / .parquet files of records (see the module docstring for the forms).
+        files: Optional[List[str]] = None
+        # The record field of the prompt.
+        prompt_field: str = "prompt"
+        # Tokens per row (every row of an example).
+        seq_len: int = 128
+        # "train" or "test": the last held_out_fraction of the records (in file order) is the
+        # test split.
+        split: Literal["train", "test"] = "train"
+        # In [0, 1).
+        held_out_fraction: float = 0.1
+        # A record that is not JSON, lacks a field, or (chat) that the template refuses: "stop"
+        # (an error naming file:line) or "skip" (counted and logged).
+        on_bad_record: Literal["stop", "skip"] = "stop"
+        # The records' order, from this seed (None: file order).
+        seed: Optional[int] = 0
+
+        def _validate_values(self):
+            if self.seq_len < 2:
+                yield "seq_len", f"must be >= 2 (a prompt token and a completion token), got " \
+                                 f"{self.seq_len}"
+            yield from split_field_problems(self)
+
+    def _tokens(self, pair: Any) -> Optional[Dict[str, Tuple[np.ndarray, np.ndarray]]]:
+        """Per side, ``(tokens, scored)``: the ids and which of them are the completion's (the
+        template's assistant tokens, for a conversation)."""
+        tok = self.tokenizer
+        if not pair.conversational:
+            bos = [tok.bos_id] if tok.bos_id is not None else []
+            eos = [tok.eos_id] if tok.eos_id is not None else []
+            prompt = bos + tok.encode(pair.prompt).tolist()
+            out = {}
+            for side in self.SIDES:
+                completion = tok.encode(getattr(pair, side)).tolist() + eos
+                out[side] = (np.asarray(prompt + completion, np.int32),
+                             np.asarray([False] * len(prompt) + [True] * len(completion)))
+            return out
+        out = {}
+        for side in self.SIDES:
+            try:
+                tokens, trained = tok.encode_conversation(tuple(pair.prompt)
+                                                          + tuple(getattr(pair, side)))
+            except chat.TemplateError as e:
+                bad_record(e, where=pair.where, on_bad_record=self.config.on_bad_record,
+                           report=self.read_report)
+                return None
+            out[side] = (tokens, _last_span(trained))
+        return out
+
+    def _rows(self, pair: Any) -> Optional[Dict[str, np.ndarray]]:
+        sides = self._tokens(pair)
+        if sides is None:
+            return None
+        seq_len = self.config.seq_len
+        budget = seq_len + 1  # Tokens a row of seq_len next-token pairs holds.
+        # The prompt: what comes before a side's first scored token.
+        starts = {side: int(np.argmax(scored)) if scored.any() else len(scored)
+                  for side, (_, scored) in sides.items()}
+        longest = max(len(tokens) - starts[side] for side, (tokens, _) in sides.items())
+        keep_prompt = min(max(starts.values()), max(budget - longest, budget // 2))
+        out: Dict[str, np.ndarray] = {}
+        cut_any = False
+        for side, (tokens, scored) in sides.items():
+            drop = max(0, starts[side] - keep_prompt)  # The prompt's first tokens go first.
+            tokens, scored = tokens[drop:][:budget], scored[drop:][:budget]
+            cut = len(sides[side][0]) - len(tokens)
+            if cut:
+                cut_any = True
+                self.report.truncated_tokens += cut
+            weights = scored[1:].astype(np.float32)  # A target is scored when its token is.
+            if not weights.any():
+                self.report.dropped += 1
+                return None
+            for name, values in (("input_ids", tokens[:-1]), ("target_ids", tokens[1:]),
+                                 ("weights", weights), ("valid", np.ones(len(tokens) - 1))):
+                row = np.zeros(seq_len, np.int32 if name.endswith("ids") else np.float32)
+                row[:len(values)] = values
+                out[self.FIELD_PREFIX[side] + name] = row
+        self.report.truncated += int(cut_any)
+        return out
+
+
+class PreferencePairs(CompletionRows):
     """Examples ``{"chosen_input_ids", "chosen_target_ids", "chosen_weights", "rejected_..."}``,
     each ``[seq_len]``, of tokenized preference pairs."""
 
@@ -136,31 +232,10 @@ class PreferencePairs(Configurable):
 
     FIELDS = FIELDS
 
-    class Config(Configurable.Config):
-        # Glob(s) of .jsonl / .parquet files of pairs (see the module docstring for the forms).
-        files: Optional[List[str]] = None
-        # Fields of a record.
-        prompt_field: str = "prompt"
+    class Config(CompletionRows.Config):
+        # The record fields of the two completions.
         chosen_field: str = "chosen"
         rejected_field: str = "rejected"
-        # Tokens per row (both rows of a pair).
-        seq_len: int = 128
-        # "train" or "test": the last held_out_fraction of the pairs (in file order) is the
-        # test split.
-        split: Literal["train", "test"] = "train"
-        # In [0, 1).
-        held_out_fraction: float = 0.1
-        # A record that is not JSON, lacks a field, or (chat) that the template refuses: "stop"
-        # (an error naming file:line) or "skip" (counted and logged).
-        on_bad_record: Literal["stop", "skip"] = "stop"
-        # The pairs' order, from this seed (None: file order).
-        seed: Optional[int] = 0
-
-        def _validate_values(self):
-            if self.seq_len < 2:
-                yield "seq_len", f"must be >= 2 (a prompt token and a completion token), got " \
-                                 f"{self.seq_len}"
-            yield from split_field_problems(self)
 
     def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
         """``tokenizer``: the input's (``Input.Config.tokenizer``); default bytes."""
@@ -203,64 +278,6 @@ class PreferencePairs(Configurable):
                                     on_bad_record=cfg.on_bad_record, report=self.read_report))
         return split_of(pairs, split=cfg.split, held_out_fraction=cfg.held_out_fraction,
                         seed=cfg.seed)
-
-    def _tokens(self, pair: PreferencePair) -> Optional[Dict[str, Tuple[np.ndarray, np.ndarray]]]:
-        """Per side, ``(tokens, scored)``: the ids and which of them are the completion's (the
-        template's assistant tokens, for a conversation)."""
-        tok = self.tokenizer
-        if not pair.conversational:
-            bos = [tok.bos_id] if tok.bos_id is not None else []
-            eos = [tok.eos_id] if tok.eos_id is not None else []
-            prompt = bos + tok.encode(pair.prompt).tolist()
-            out = {}
-            for side in SIDES:
-                completion = tok.encode(getattr(pair, side)).tolist() + eos
-                out[side] = (np.asarray(prompt + completion, np.int32),
-                             np.asarray([False] * len(prompt) + [True] * len(completion)))
-            return out
-        out = {}
-        for side in SIDES:
-            try:
-                tokens, trained = tok.encode_conversation(tuple(pair.prompt)
-                                                          + tuple(getattr(pair, side)))
-            except chat.TemplateError as e:
-                bad_record(e, where=pair.where, on_bad_record=self.config.on_bad_record,
-                           report=self.read_report)
-                return None
-            out[side] = (tokens, _last_span(trained))
-        return out
-
-    def _rows(self, pair: PreferencePair) -> Optional[Dict[str, np.ndarray]]:
-        sides = self._tokens(pair)
-        if sides is None:
-            return None
-        seq_len = self.config.seq_len
-        budget = seq_len + 1  # Tokens a row of seq_len next-token pairs holds.
-        # The prompt: what comes before a side's first scored token.
-        starts = {side: int(np.argmax(scored)) if scored.any() else len(scored)
-                  for side, (_, scored) in sides.items()}
-        longest = max(len(tokens) - starts[side] for side, (tokens, _) in sides.items())
-        keep_prompt = min(max(starts.values()), max(budget - longest, budget // 2))
-        out: Dict[str, np.ndarray] = {}
-        cut_any = False
-        for side, (tokens, scored) in sides.items():
-            drop = max(0, starts[side] - keep_prompt)  # The prompt's first tokens go first.
-            tokens, scored = tokens[drop:][:budget], scored[drop:][:budget]
-            cut = len(sides[side][0]) - len(tokens)
-            if cut:
-                cut_any = True
-                self.report.truncated_tokens += cut
-            weights = scored[1:].astype(np.float32)  # A target is scored when its token is.
-            if not weights.any():
-                self.report.dropped += 1
-                return None
-            for name, values in (("input_ids", tokens[:-1]), ("target_ids", tokens[1:]),
-                                 ("weights", weights), ("valid", np.ones(len(tokens) - 1))):
-                row = np.zeros(seq_len, np.int32 if name.endswith("ids") else np.float32)
-                row[:len(values)] = values
-                out[f"{side}_{name}"] = row
-        self.report.truncated += int(cut_any)
-        return out
 
     def __len__(self) -> int:
         return len(self.rows["chosen_input_ids"])

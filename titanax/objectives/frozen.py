@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 
@@ -74,3 +74,49 @@ def call_frozen(model: Any, *, key: Optional[str], method: str, inputs: Any,
         with converters_lib.base_scopes(converters):
             values, _ = call()
     return jax.lax.stop_gradient(values)
+
+
+class FrozenModel:
+    """One frozen model of an objective (a reference, a teacher): its params key, where its
+    weights come from, and how the objective's loss calls it. Made by the objective from its
+    config; ``setup`` once the run is known (at the objective's check)."""
+
+    def __init__(self, *, key: str, directory: Optional[str], path: str, what: str):
+        # The params key it is held under; the HF directory of its weights (None: the starting
+        # weights); the config path of that directory (errors name it); what it is, in words.
+        self.key, self.directory, self.path, self.what = key, directory, path, what
+        self.converters: Tuple[Any, ...] = ()
+        self.holds_copy = False
+
+    def setup(self, run: Any, *, needed: bool) -> None:
+        """Checks the directory and decides whether params of its own are held: when
+        ``needed``, unless a model converter's base (LoRA's adapters off) is the model."""
+        if self.directory is not None and not needed:
+            raise errors.ConfigError(
+                f"names the {self.what}'s weights, and this objective uses none", path=self.path,
+                suggestion=f"drop {self.path.rsplit('.', 1)[-1]}")
+        check_hf_directory(self.directory, path=self.path, what=self.what)
+        self.converters = tuple(run.converters)
+        self.holds_copy = needed and holds_copy(directory=self.directory, run=run)
+
+    def specs(self, model_specs: Any) -> Dict[str, Any]:
+        """``{key: frozen specs}`` when it holds params of its own, else empty."""
+        return {self.key: frozen_copy_specs(model_specs)} if self.holds_copy else {}
+
+    def params(self, *, start: Dict[str, Any], run: Any) -> Dict[str, Any]:
+        """``{key: its weights}`` for a fresh run starting at ``start``, else empty."""
+        if not self.holds_copy:
+            return {}
+        return {self.key: frozen_values(key=self.key, directory=self.directory, start=start,
+                                        run=run)}
+
+    def call(self, model: Any, *, method: str, inputs: Any) -> Any:
+        """``model.<method>(*inputs)`` of the frozen model, no gradient (``call_frozen``)."""
+        return call_frozen(model, key=self.key, method=method, inputs=inputs,
+                           converters=self.converters)
+
+    def describe(self) -> str:
+        if self.directory is not None:
+            return self.directory
+        return (f"the starting weights (a frozen copy under params/{self.key})" if self.holds_copy
+                else "the base model, its adapters off")

@@ -116,8 +116,9 @@ class GRPO(SamplingObjective):
 
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)
-        self._converters = ()
-        self._holds_copy = False
+        self.reference = frozen.FrozenModel(key=REFERENCE, directory=self.config.reference_from,
+                                            path="objective.reference_from",
+                                            what="reference model")
         self.rewards: Optional[RewardSet] = None
 
     def _variant(self, index: int) -> Any:
@@ -157,20 +158,13 @@ class GRPO(SamplingObjective):
                 "names the reference of GRPO's KL, and this run has none (beta 0)",
                 path="objective.reference_from",
                 suggestion="set objective.beta > 0, or drop reference_from")
-        frozen.check_hf_directory(cfg.reference_from, path="objective.reference_from",
-                                  what="reference model")
-        self._converters = tuple(run.converters)
-        self._holds_copy = self.needs_reference and frozen.holds_copy(
-            directory=cfg.reference_from, run=run)
+        self.reference.setup(run, needed=self.needs_reference)
 
     def frozen_specs(self, model_specs, *, run):
-        return {REFERENCE: frozen.frozen_copy_specs(model_specs)} if self._holds_copy else {}
+        return self.reference.specs(model_specs)
 
     def frozen_params(self, *, start, run):
-        if not self._holds_copy:
-            return {}
-        return {REFERENCE: frozen.frozen_values(key=REFERENCE, directory=self.config.reference_from,
-                                                start=start, run=run)}
+        return self.reference.params(start=start, run=run)
 
     # --- Batches: the rollout stream (rl/rollouts.py) ------------------------------------------
 
@@ -185,7 +179,7 @@ class GRPO(SamplingObjective):
 
     # --- The loss ------------------------------------------------------------------------------
 
-    def loss(self, model, params, batch, *, key, is_training):
+    def loss(self, model, params, batch, *, key, is_training, batch_axes=()):
         return functional(model, key, params, (batch,), method=self._policy_loss,
                           is_training=is_training)
 
@@ -200,8 +194,7 @@ class GRPO(SamplingObjective):
         logps = model.token_logps(**row_inputs)
         reference = None
         if self.needs_reference:
-            reference = frozen.call_frozen(model, key=REFERENCE, method="token_logps",
-                                           inputs=row_inputs, converters=self._converters)
+            reference = self.reference.call(model, method="token_logps", inputs=row_inputs)
         exact = {name: batch[name].astype(logps.dtype)  # (float32, or float64 in such runs)
                  for name in ("old_logps", "advantages", "weights", "row_weights")}
         out = self.policy_loss(logps=logps, old_logps=exact["old_logps"],
@@ -227,9 +220,8 @@ class GRPO(SamplingObjective):
     def describe(self) -> Optional[str]:
         cfg = self.config
         low, high = self.epsilons
-        reference = ("none (beta 0)" if not self.needs_reference else cfg.reference_from or (
-            "the starting weights (a frozen copy under params/reference)" if self._holds_copy
-            else "the base model, its adapters off"))
+        reference = ("none (beta 0)" if not self.needs_reference
+                     else self.reference.describe())
         return (f"objective: {cfg.loss} ({cfg.num_generations} completions per prompt of up to "
                 f"{cfg.max_new_tokens} tokens, temperature {cfg.temperature}; clip [{1 - low:g}, "
                 f"{1 + high:g}], beta {cfg.beta}; reference: {reference}; rewards: "

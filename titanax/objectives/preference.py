@@ -60,8 +60,9 @@ class Preference(Objective):
 
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)
-        self._converters: Tuple[Any, ...] = ()
-        self._holds_copy = False
+        self.reference = frozen.FrozenModel(key=REFERENCE, directory=self.config.reference_from,
+                                            path="objective.reference_from",
+                                            what="reference model")
 
     @property
     def needs_reference(self) -> bool:
@@ -80,21 +81,16 @@ class Preference(Objective):
 
     def check(self, run: Any) -> None:
         super().check(run)
-        cfg = self.config
-        if cfg.reference_from is not None and not self.needs_reference:
+        if self.config.reference_from is not None and not self.needs_reference:
             raise errors.ConfigError(
-                f"names the reference of a preference loss, and {cfg.loss} is reference-free",
-                path="objective.reference_from",
+                f"names the reference of a preference loss, and {self.config.loss} is "
+                "reference-free", path="objective.reference_from",
                 suggestion="set objective.loss to sigmoid, ipo or hinge, or drop reference_from")
-        frozen.check_hf_directory(cfg.reference_from, path="objective.reference_from",
-                                  what="reference model")
+        self.reference.setup(run, needed=self.needs_reference)
         requirements.require_whole_rows(
             run.config.plan, parts=("context_parallel",),
             why="a preference loss sums each completion's log-probs over its whole row",
             suggestion="train preferences without context parallelism (DP, TP, FSDP)")
-        self._converters = tuple(run.converters)
-        self._holds_copy = self.needs_reference and frozen.holds_copy(
-            directory=cfg.reference_from, run=run)
 
     def input_limits(self, model_limits):
         if model_limits is None:
@@ -104,17 +100,14 @@ class Preference(Objective):
     # --- The reference -------------------------------------------------------------------------
 
     def frozen_specs(self, model_specs, *, run):
-        return {REFERENCE: frozen.frozen_copy_specs(model_specs)} if self._holds_copy else {}
+        return self.reference.specs(model_specs)
 
     def frozen_params(self, *, start, run):
-        if not self._holds_copy:
-            return {}
-        return {REFERENCE: frozen.frozen_values(key=REFERENCE, directory=self.config.reference_from,
-                                                start=start, run=run)}
+        return self.reference.params(start=start, run=run)
 
     # --- The loss ------------------------------------------------------------------------------
 
-    def loss(self, model, params, batch, *, key, is_training):
+    def loss(self, model, params, batch, *, key, is_training, batch_axes=()):
         return functional(model, key, params, (batch,), method=self._pairs_loss,
                           is_training=is_training)
 
@@ -135,9 +128,8 @@ class Preference(Objective):
         policy = halves(jnp.sum(per_token * at_least_float32(rows["weights"]), axis=-1))
         reference = None
         if self.needs_reference:
-            reference = halves(frozen.call_frozen(
-                model, key=REFERENCE, method="sequence_logps", inputs=row_inputs,
-                converters=self._converters))
+            reference = halves(self.reference.call(model, method="sequence_logps",
+                                                   inputs=row_inputs))
         tokens = halves(jnp.sum(at_least_float32(rows["weights"]), axis=-1))
         cfg = self.config
         out = self.pair_losses(policy=policy, reference=reference, tokens=tokens)
@@ -170,8 +162,6 @@ class Preference(Objective):
 
     def describe(self) -> Optional[str]:
         cfg = self.config
-        reference = ("none (reference-free)" if not self.needs_reference else
-                     cfg.reference_from or ("the starting weights (a frozen copy under "
-                                            "params/reference)" if self._holds_copy
-                                            else "the base model, its adapters off"))
+        reference = ("none (reference-free)" if not self.needs_reference
+                     else self.reference.describe())
         return f"objective: preference loss {cfg.loss} (beta {cfg.beta}); reference: {reference}"

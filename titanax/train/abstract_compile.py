@@ -42,7 +42,8 @@ def batch_template(engine: Any) -> Dict[str, jax.ShapeDtypeStruct]:
             f"({kind}) declares no fields, seq_len or global_batch_size", path="train_input",
             suggestion="use a TextWindows or PackedDocuments source, or compile with --explain "
                        "(which reads the first batch)")
-    host = {name: np.zeros((rows,) + ((length,) if name not in PER_ROW else ()), dtype)
+    per_row = set(PER_ROW) | set(getattr(getattr(source, "klass", None), "PER_ROW", ()))
+    host = {name: np.zeros((rows,) + ((length,) if name not in per_row else ()), dtype)
             for name, dtype in fields.items()}
     host = engine.inputs.batch.prepared(host, dict(engine.mesh.shape))
     specs = engine.steps.batch_specs(host)

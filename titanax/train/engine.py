@@ -461,6 +461,7 @@ class Engine(Configurable):
     def first_train_batch(self) -> Any:
         """The first host batch a step trains on (a sampling objective's: its first rollout's
         rows, sampled with the current params)."""
+        self.build()
         if not self.objective.takes_user_data():
             return next(self._configured_iterator())[0]
         made = self.make_input(self.config.train_input, where="train_input")

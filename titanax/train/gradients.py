@@ -173,7 +173,7 @@ class ModelGradients:
         inputs = self.compute_inputs(batch)
         (loss, aux), _ = self.objective.loss(
             self.model, self.precision.cast_for_compute(params), inputs, key=None,
-            is_training=False)
+            is_training=False, batch_axes=self.batch_axes)
         return at_least_float32(loss), aux
 
     @staticmethod
@@ -259,7 +259,8 @@ class ModelGradients:
     def _objective(self, params, batch, key, loss_scale, *, stored, capacity):
         compute_params = self.precision.cast_for_compute(params)
         (loss, aux), collection = self.objective.loss(
-            self.model, compute_params, self.compute_inputs(batch), key=key, is_training=True)
+            self.model, compute_params, self.compute_inputs(batch), key=key, is_training=True,
+            batch_axes=self.batch_axes)
         loss = at_least_float32(loss)
         count = loss_count(aux) if self.weighted else None
         weight = None if count is None else jax.lax.stop_gradient(count) / capacity

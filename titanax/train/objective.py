@@ -129,11 +129,15 @@ class Objective(Configurable):
     # --- The loss ------------------------------------------------------------------------------
 
     def loss(self, model: Any, params: Any, batch: Any, *, key: Optional[jax.Array],
-             is_training: bool) -> Tuple[Tuple[jax.Array, Dict[str, Any]], OutputCollection]:
+             is_training: bool, batch_axes: Sequence[str] = ()
+             ) -> Tuple[Tuple[jax.Array, Dict[str, Any]], OutputCollection]:
         """``((loss, aux), output collection)`` on this device's rows, ``params`` in the
         compute dtype: aux holds the count the loss is a mean over (``num_tokens`` or
         ``num_examples``) and ``loss_sum``; the collection the model's summaries and state
-        updates. Here: the model's ``forward(batch)``."""
+        updates. ``batch_axes``: the mesh axes the batch's rows are split over (a statistic of
+        the whole batch -- KTO's KL estimate -- is a psum over them; inside ``shard_map``).
+        Here: the model's ``forward(batch)``."""
+        del batch_axes
         return functional(model, key, params, (batch,), is_training=is_training)
 
     # --- Reports -------------------------------------------------------------------------------
