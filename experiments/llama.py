@@ -23,9 +23,11 @@ from typing import Optional
 from titanax.config import register_experiment
 from titanax.data.packed import PackedDocuments
 from titanax.data.preference import PreferencePairs
+from titanax.data.unpaired import UnpairedPreferences
 from titanax.data.pipeline import Input
 from titanax.modules.lora import LoRA
 from titanax.modules.models.decoder import Decoder, llama_config, qwen3_config
+from titanax.objectives.kto import KTO
 from titanax.objectives.preference import Preference
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import ZeRO
@@ -183,6 +185,27 @@ def llama_tiny_dpo():
     cfg.learner.optimizer.weight_decay = 0.0
     cfg.max_steps = 200
     cfg.log_every = 10
+    return cfg
+
+
+def _unpaired_input(split: str, *, batch_size: int, seq_len: int, seed: int = 0):
+    return Input.default_config().set(
+        source=UnpairedPreferences.default_config().set(seq_len=seq_len, split=split),
+        global_batch_size=batch_size, seed=seed)
+
+
+@register_experiment
+def llama_tiny_kto():
+    """llama_tiny's model tuned with KTO (beta 0.1, both labels weighted 1) on the user's JSONL
+    {"prompt", "completion", "label": true|false} records (or TRL's conversational form) given
+    by --config.train_input.source.files, usually with --config.init_from=<HF dir>; the
+    reference is the starting weights (a frozen copy; with --config.lora: the base, adapters
+    off) or --config.objective.reference_from=<HF dir>. The evaler reads the held-out records:
+    its accuracy is the share whose implied reward has their label's sign."""
+    cfg = llama_tiny_dpo()
+    cfg.train_input = _unpaired_input("train", batch_size=16, seq_len=64)
+    cfg.evalers["heldout"].input = _unpaired_input("test", batch_size=16, seq_len=64, seed=1)
+    cfg.objective = KTO.default_config()
     return cfg
 
 

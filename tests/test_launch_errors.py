@@ -103,6 +103,20 @@ BAD_INPUTS = [
      "learner.optimizer.learning_rate.peak_value"),
     ("a seed PRNGKey would wrap to 0", ["--config=gpt_tiny_dp", "--config.seed=4294967296"],
      "seed"),
+    # Wave 5 moved every objective's fields under --config.objective.
+    ("a preference field at its old path", ["--config=llama_tiny_dpo",
+                                            "--config.preference.loss=ipo"],
+     "--config.objective.loss"),
+    ("a GRPO field at its old path", ["--config=llama_tiny_grpo", "--config.grpo.beta=0.04"],
+     "--config.objective.beta"),
+    ("the reference at its old path", ["--config=llama_tiny_dpo",
+                                       "--config.reference_from={tmp}"],
+     "--config.objective.reference_from"),
+    ("KTO with beta 0", ["--config=llama_tiny_kto", "--config.objective.beta=0"],
+     "objective.beta"),
+    ("KTO with a negative weight", ["--config=llama_tiny_kto",
+                                    "--config.objective.undesirable_weight=-1"],
+     "objective.undesirable_weight"),
 ]
 
 

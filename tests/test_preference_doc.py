@@ -1,6 +1,6 @@
 """docs/preference_tuning.md, run as a newcomer would (tests/doc_walk.py): the pairs go through
 the model's chat template, the run tunes adapters against the base, and the exported adapter
-loads in PEFT."""
+loads in PEFT; KTO tunes the same model on labelled answers."""
 
 import csv
 import os
@@ -29,3 +29,7 @@ def test_the_page_tunes_adapters_on_preference_pairs_and_exports_them(walked):
     assert sorted(os.listdir(folder / "exported" / "dpo_adapter")) == [
         "adapter_config.json", "adapter_model.safetensors"]
     assert "loaded PeftModel" in "".join(doc_walk.output(outputs, "snippet_"))
+    with open(folder / "runs" / "kto" / "metrics.csv", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("loss")]
+    assert rows and all(name in rows[0] for name in ("kl", "rewards/chosen", "rewards/rejected"))
+    assert abs(float(rows[0]["loss"]) - 0.5) < 0.1, rows[0]  # (10 steps from policy = reference.)
