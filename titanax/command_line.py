@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -91,3 +91,48 @@ def run(body: Callable[[Sequence[str]], int], *, name: str,
     if define_flags is not None:
         define_flags()
     app.run(main_of(body, name=name), flags_parser=lambda argv: parse_flags(argv, name=name))
+
+
+# --- The flags of commands that load a model (evaluate, generate) ------------------------------
+
+def define_model_source_flags(*, dtype_help: str = "") -> None:
+    """``--trainer_dir`` / ``--hf`` (exactly one), ``--step``, ``--model_parallel``,
+    ``--dtype`` and ``--cpu_devices``, as every model-loading command names them."""
+    flags.DEFINE_string("trainer_dir", None, "A run directory (its newest checkpoint, or --step).")
+    flags.DEFINE_string("hf", None, "A Hugging Face model directory.")
+    flags.DEFINE_integer("step", None, "Checkpoint step of --trainer_dir (default: newest).")
+    flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
+    flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
+                      "Params and compute in this dtype (default: float32 for --hf, the run's "
+                      "precision for --trainer_dir)" + dtype_help + ".")
+    flags.DEFINE_integer("cpu_devices", None, "Simulate this many CPU devices (tests, no "
+                         "accelerator).")
+
+
+def check_model_source_flags(values: Any, *, command: str) -> None:
+    """The model-source flags' refusals (exit 2 naming the flag): one source, ``--step`` only
+    with a run, ``--model_parallel`` only with an HF directory (a run loads onto its own data
+    x TP mesh), and sizes in range."""
+    if bool(values.trainer_dir) == bool(values.hf):
+        raise errors.LaunchFlagError("give exactly one model source", path="--trainer_dir/--hf",
+                                     suggestion="--trainer_dir=<run> or --hf=<HF directory>")
+    if values.hf and values.step is not None:
+        raise errors.LaunchFlagError("an HF directory has no checkpoint steps", path="--step",
+                                     suggestion=f"drop --step, or {command} --trainer_dir=<run>")
+    if values.trainer_dir and values.model_parallel != 1:
+        raise errors.LaunchFlagError(f"a run {command}s on its own data x TP mesh",
+                                     path="--model_parallel",
+                                     suggestion="drop --model_parallel for --trainer_dir")
+    for name, low in (("step", 0), ("model_parallel", 1), ("cpu_devices", 1)):
+        value = getattr(values, name)
+        if value is not None and value < low:
+            raise errors.LaunchFlagError(f"must be >= {low}, got {value}", path=f"--{name}",
+                                         suggestion="give a saved step (ls <run>/checkpoints)"
+                                         if name == "step" else "e.g. 8")
+
+
+def check_seed_flag(seed: Optional[int]) -> None:
+    if seed is not None and not 0 <= seed < 2 ** 32:
+        raise errors.LaunchFlagError(f"must be in [0, 2**32), got {seed}", path="--seed",
+                                     suggestion="e.g. --seed=1")
+

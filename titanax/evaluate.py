@@ -28,10 +28,7 @@ FLAGS = flags.FLAGS
 
 
 def _define_flags() -> None:
-    flags.DEFINE_string("trainer_dir", None, "A run directory (its newest checkpoint, or "
-                        "--step).")
-    flags.DEFINE_string("hf", None, "A Hugging Face model directory.")
-    flags.DEFINE_integer("step", None, "Checkpoint step of --trainer_dir (default: newest).")
+    command_line.define_model_source_flags()
     flags.DEFINE_string("tasks", None, "Comma-separated lm-eval task (or group) names.")
     flags.DEFINE_string("include_path", None, "A directory of your own task YAMLs.")
     flags.DEFINE_integer("num_fewshot", None, "Few-shot examples per request (default: the "
@@ -44,9 +41,6 @@ def _define_flags() -> None:
     flags.DEFINE_string("output_path", None, "Where to write lm-eval's results JSON.")
     flags.DEFINE_bool("log_samples", False, "Keep every request's responses in the JSON "
                       "(its 'samples').")
-    flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
-    flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Params and compute in this dtype "
-                      "(default: float32 for --hf, the run's precision for --trainer_dir).")
     flags.DEFINE_integer("seed", None, "Seed of lm-eval's random choices (few-shot examples) "
                          "and of sampled generations (default: lm-eval's seeds, 0 for "
                          "sampling).")
@@ -55,21 +49,10 @@ def _define_flags() -> None:
     flags.DEFINE_bool("fewshot_as_multiturn", True, "With --apply_chat_template: few-shot "
                       "examples as earlier turns of the conversation (lm-eval's default "
                       "there; --nofewshot_as_multiturn: all in the first turn).")
-    flags.DEFINE_integer("cpu_devices", None, "Simulate this many CPU devices (tests, no "
-                         "accelerator).")
 
 
 def _check_flags() -> None:
-    if bool(FLAGS.trainer_dir) == bool(FLAGS.hf):
-        raise errors.LaunchFlagError("give exactly one model source", path="--trainer_dir/--hf",
-                                     suggestion="--trainer_dir=<run> or --hf=<HF directory>")
-    if FLAGS.hf and FLAGS.step is not None:
-        raise errors.LaunchFlagError("an HF directory has no checkpoint steps", path="--step",
-                                     suggestion="drop --step, or evaluate --trainer_dir=<run>")
-    if FLAGS.trainer_dir and FLAGS.model_parallel != 1:
-        raise errors.LaunchFlagError("a run evaluates on its own data x TP mesh",
-                                     path="--model_parallel",
-                                     suggestion="drop --model_parallel for --trainer_dir")
+    command_line.check_model_source_flags(FLAGS, command="evaluate")
     if not FLAGS.tasks or not [t for t in FLAGS.tasks.split(",") if t.strip()]:
         raise errors.LaunchFlagError("no task", path="--tasks",
                                      suggestion="e.g. --tasks=hellaswag,arc_easy")
@@ -77,7 +60,7 @@ def _check_flags() -> None:
         raise errors.LaunchFlagError(f"{FLAGS.include_path} is not a directory",
                                      path="--include_path",
                                      suggestion="give the directory holding your task YAMLs")
-    for name in ("batch_size", "max_gen_toks", "model_parallel"):
+    for name in ("batch_size", "max_gen_toks"):
         if getattr(FLAGS, name) < 1:
             raise errors.LaunchFlagError(f"must be >= 1, got {getattr(FLAGS, name)}",
                                          path=f"--{name}", suggestion="e.g. 8")
@@ -87,12 +70,7 @@ def _check_flags() -> None:
     if FLAGS.limit is not None and not FLAGS.limit > 0:
         raise errors.LaunchFlagError(f"must be > 0, got {FLAGS.limit}", path="--limit",
                                      suggestion="a number of documents, or a fraction < 1")
-    if FLAGS.seed is not None and not 0 <= FLAGS.seed < 2 ** 32:
-        raise errors.LaunchFlagError(f"must be in [0, 2**32), got {FLAGS.seed}", path="--seed",
-                                     suggestion="e.g. --seed=1")
-    if FLAGS.cpu_devices is not None and FLAGS.cpu_devices < 1:
-        raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.cpu_devices}",
-                                     path="--cpu_devices", suggestion="e.g. 8")
+    command_line.check_seed_flag(FLAGS.seed)
 
 
 def evaluate(argv: Sequence[str]) -> int:

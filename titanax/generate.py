@@ -36,10 +36,7 @@ FLAGS = flags.FLAGS
 def _define_flags() -> None:
     """The command's flags (defined only when it runs: modules imported together
     must not define the same names twice)."""
-    flags.DEFINE_string("trainer_dir", None, "A run directory (its newest "
-                      "checkpoint, or --step).")
-    flags.DEFINE_string("hf", None, "A Hugging Face model directory.")
-    flags.DEFINE_integer("step", None, "Checkpoint step of --trainer_dir (default: newest).")
+    command_line.define_model_source_flags(dtype_help="; bfloat16 halves the memory")
     flags.DEFINE_string("prompt", None, "The prompt as text (needs a tokenizer).")
     flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids.")
     flags.DEFINE_bool("chat", False, "--prompt is a user message: rendered through the "
@@ -52,18 +49,10 @@ def _define_flags() -> None:
     flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likely tokens up to "
                       "this probability (with --temperature).")
     flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
-    flags.DEFINE_integer("model_parallel", 1, "--hf: tensor-parallel size.")
-    flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
-                      "Params and compute in this dtype (default: float32 for --hf, the "
-                      "run's precision for --trainer_dir; bfloat16 halves the memory).")
-    flags.DEFINE_integer("cpu_devices", None,
-                      "Simulate this many CPU devices (tests, no accelerator).")
 
 
 def _check_flags() -> None:
-    if bool(FLAGS.trainer_dir) == bool(FLAGS.hf):
-        raise errors.LaunchFlagError("give exactly one model source", path="--trainer_dir/--hf",
-                                     suggestion="--trainer_dir=<run> or --hf=<HF directory>")
+    command_line.check_model_source_flags(FLAGS, command="generate")
     if (FLAGS.prompt is None) == (FLAGS.prompt_ids is None):
         raise errors.LaunchFlagError("give exactly one prompt", path="--prompt/--prompt_ids",
                                      suggestion="--prompt='text' or --prompt_ids=1,2,3")
@@ -80,18 +69,7 @@ def _check_flags() -> None:
     if not 0 < FLAGS.top_p <= 1:
         raise errors.LaunchFlagError(f"must be in (0, 1], got {FLAGS.top_p}", path="--top_p",
                                      suggestion="e.g. 0.9")
-    if FLAGS.model_parallel < 1:
-        raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.model_parallel}",
-                                     path="--model_parallel", suggestion="e.g. 2")
-    if FLAGS.step is not None and FLAGS.step < 0:
-        raise errors.LaunchFlagError(f"must be >= 0, got {FLAGS.step}", path="--step",
-                                     suggestion="give a saved step (ls <run>/checkpoints)")
-    if not 0 <= FLAGS.seed < 2 ** 32:
-        raise errors.LaunchFlagError(f"must be in [0, 2**32), got {FLAGS.seed}", path="--seed",
-                                     suggestion="e.g. --seed=1")
-    if FLAGS.cpu_devices is not None and FLAGS.cpu_devices < 1:
-        raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.cpu_devices}",
-                                     path="--cpu_devices", suggestion="e.g. 8")
+    command_line.check_seed_flag(FLAGS.seed)
 
 
 class _Tokens:

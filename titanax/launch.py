@@ -39,7 +39,7 @@ import json
 import os
 import signal
 import tempfile
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from absl import app, flags
 
@@ -187,14 +187,7 @@ def launch(argv: Sequence[str]) -> int:
                                            num_processes=_NUM_PROCESSES.value,
                                            process_id=_PROCESS_ID.value)
     spawn = _check_local_processes(cluster_spec)
-    if _CPU_DEVICES.value is not None:
-        if _CPU_DEVICES.value > _MAX_CPU_DEVICES:
-            raise errors.LaunchFlagError(
-                f"{_CPU_DEVICES.value} simulated CPU devices is more than Titanax supports "
-                f"({_MAX_CPU_DEVICES}): jax would take minutes to start them, or never finish",
-                path="--cpu_devices", suggestion="simulate the mesh you mean to test, e.g. "
-                "--cpu_devices=8; the real device count comes from the accelerators")
-        cpu_devices.simulate_cpu_devices(_CPU_DEVICES.value)
+    _simulate_cpu_devices()
     registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES) + _CONFIG_MODULE.value)
     if _LIST.value:
         print(_format_experiment_list())
@@ -217,15 +210,7 @@ def launch(argv: Sequence[str]) -> int:
     if record:
         check_trainer_dir(trainer_dir)
     if _PRINT_CONFIG.value:
-        if cfg is None:
-            raise errors.LaunchFlagError("nothing to print without --config", path="--print_config")
-        if record:
-            save_run_record(trainer_dir, cfg, diff)
-        print(f"# experiment {_CONFIG.value}, resolved")
-        print(cfg.debug_string(), end="")
-        print(f"# diff from {_CONFIG.value} ({len(diff)} change{'s' if len(diff) != 1 else ''})")
-        print("\n".join(diff) if diff else "(none)")
-        return 0
+        return _print_config(cfg, diff, trainer_dir=trainer_dir, record=record)
     if spawn:
         return _run_local_job()
     if not cluster_spec.is_multi_process:  # (In a job the request is agreed on after joining.)
@@ -236,6 +221,40 @@ def launch(argv: Sequence[str]) -> int:
         takes_dir = "trainer_dir" in inspect.signature(entry).parameters
         result = entry(cfg, trainer_dir=trainer_dir) if takes_dir else entry(cfg)
         return result if isinstance(result, int) else 0
+    return _run_experiment(cfg, diff, trainer_dir=trainer_dir, record=record,
+                           cluster_spec=cluster_spec)
+
+
+def _simulate_cpu_devices() -> None:
+    """``--cpu_devices``: that many simulated CPU devices (before jax starts)."""
+    if _CPU_DEVICES.value is None:
+        return
+    if _CPU_DEVICES.value > _MAX_CPU_DEVICES:
+        raise errors.LaunchFlagError(
+            f"{_CPU_DEVICES.value} simulated CPU devices is more than Titanax supports "
+            f"({_MAX_CPU_DEVICES}): jax would take minutes to start them, or never finish",
+            path="--cpu_devices", suggestion="simulate the mesh you mean to test, e.g. "
+            "--cpu_devices=8; the real device count comes from the accelerators")
+    cpu_devices.simulate_cpu_devices(_CPU_DEVICES.value)
+
+
+def _print_config(cfg: Any, diff: Sequence[str], *, trainer_dir: str, record: bool) -> int:
+    """``--print_config``: the resolved config and its diff from the experiment."""
+    if cfg is None:
+        raise errors.LaunchFlagError("nothing to print without --config", path="--print_config")
+    if record:
+        save_run_record(trainer_dir, cfg, diff)
+    print(f"# experiment {_CONFIG.value}, resolved")
+    print(cfg.debug_string(), end="")
+    print(f"# diff from {_CONFIG.value} ({len(diff)} change{'s' if len(diff) != 1 else ''})")
+    print("\n".join(diff) if diff else "(none)")
+    return 0
+
+
+def _run_experiment(cfg: Any, diff: Sequence[str], *, trainer_dir: str, record: bool,
+                    cluster_spec: Any) -> int:
+    """The experiment's root built and run (its ``run()``): its record written once it really
+    starts; ``--explain`` / ``--compile_only`` passed on."""
     component = cfg.instantiate()
     run = getattr(component, "run", None)
     if not callable(run):

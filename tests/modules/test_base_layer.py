@@ -7,7 +7,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from titanax import errors
-from titanax.modules import BaseLayer, ParameterSpec, axis_binding, functional
+from titanax.modules import BaseLayer, ParameterSpec, functional
+from titanax.parallel import axis_binding
 from titanax.modules.initializers import Constant, Normal, VarianceScaling
 from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.mlp import MLP

@@ -130,6 +130,11 @@ def test_what_context_parallelism_cannot_split_is_refused():
     with pytest.raises(errors.PlanError, match="attention dropout") as info:
         cfg.instantiate().build()
     assert info.value.path == "model.attention_dropout_rate"
+    cfg.model.attention_dropout_rate = 0.0
+    cfg.model.attention_implementation = "blockwise"  # (The split attention has its own.)
+    with pytest.raises(errors.PlanError, match="would be ignored") as info:
+        cfg.instantiate().build()
+    assert info.value.path == "model.attention_implementation"
     gpt = _engine("gpt", {"data": 1, "context": 8}, strategy="ulysses")  # 4 heads, 8 ranks.
     with pytest.raises(errors.PlanError, match="4 attention heads of each rank over the 8"):
         helpers.train(gpt, BATCHES[:1])
@@ -258,7 +263,7 @@ def test_the_ring_folds_each_visiting_block_in_tiles_like_one_device(monkeypatch
     """Ring tiles shorter than a rank's chunk (2-token tiles of 4-token chunks, dual-chunk order,
     packed documents): each visiting block is folded tile by tile, the tiles no local query sees
     skipped, forward and backward -- as one device computes it."""
-    from titanax.parallel import context_attention  # pylint: disable=import-outside-toplevel
+    from titanax.modules.layers import context_attention  # pylint: disable=import-outside-toplevel
     want_losses, want_params = helpers.train(_engine("decoder", sliding_window=sliding_window),
                                              _batches(True))
     monkeypatch.setattr(context_attention, "RING_TILE", 2)
@@ -274,7 +279,7 @@ def test_gathered_rows_attend_blockwise_like_one_device(monkeypatch, strategy):
     """All-gather and Ulysses attend over whole rows blockwise from BLOCKWISE_FROM keys on
     (here from 1, in 2-token tiles: the rows' dual-chunk positions and packed documents decide
     which tiles are visited)."""
-    from titanax.parallel import context_attention  # pylint: disable=import-outside-toplevel
+    from titanax.modules.layers import context_attention  # pylint: disable=import-outside-toplevel
     want_losses, want_params = helpers.train(_engine("decoder", sliding_window=3),
                                              _batches(True))
     monkeypatch.setattr(context_attention, "BLOCKWISE_FROM", 1)

@@ -112,7 +112,7 @@ def test_the_data_axis_under_hsdp_is_refused():
 def test_rules_reach_a_decoders_stacked_params_on_their_own_dimensions():
     """Titanax's layers name their dimensions too (a Repeat stack's first one unnamed): a rule
     puts the ZeRO split on the named dimension, another keeps the vocabulary whole under TP."""
-    from titanax.modules import axis_binding  # pylint: disable=import-outside-toplevel
+    from titanax.parallel import axis_binding  # pylint: disable=import-outside-toplevel
     from titanax.modules.models.decoder import Decoder  # pylint: disable=import-outside-toplevel
     model = Decoder.default_config().set(name="d", vocab_size=64, max_seq_len=16, num_layers=2,
                                          model_dim=32, num_heads=4, num_kv_heads=2,

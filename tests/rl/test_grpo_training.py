@@ -71,21 +71,10 @@ def test_each_rollout_feeds_its_updates_with_its_own_log_probs(tmp_path):
 
 
 def test_a_grpo_run_resumes_bit_identically(tmp_path):
-    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
     files = helpers.sums_file(tmp_path / "s.jsonl")
-
-    def engine(name):
-        return helpers.engine(files, checkpoint=OrbaxCheckpoint.default_config().set(
-            path=str(tmp_path / name)), learner=helpers.helpers.adam(1e-2))
-
-    straight = engine("straight")
-    straight.fit(steps=4)
-    first = engine("resumed")
-    first.fit(steps=2)
-    first.close()
-    second = engine("resumed")
-    second.fit(steps=4)
-    assert second.restored_from.endswith("/2")
+    straight, second = helpers.helpers.straight_and_resumed(
+        lambda checkpoint: helpers.engine(files, checkpoint=checkpoint,
+                                          learner=helpers.helpers.adam(1e-2)), root=tmp_path)
     assert [h["reward"] for h in second.history] == [h["reward"] for h in
                                                      straight.history[2:]]
     assert_identical(jax.device_get(second.state.params), jax.device_get(straight.state.params))

@@ -161,3 +161,23 @@ def flat(tree) -> dict:
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
             for path, leaf in leaves}
+
+
+def straight_and_resumed(make_engine, *, root, steps: int = 4, stop: int = 2):
+    """``(straight, resumed)``: ``make_engine(checkpoint config)`` trained ``steps`` steps at
+    once, and trained ``stop`` steps, closed and resumed (a new engine on the same checkpoint
+    directory under ``root``) up to ``steps`` -- what a resume test compares."""
+    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
+
+    def engine(name):
+        return make_engine(OrbaxCheckpoint.default_config().set(path=f"{root}/{name}"))
+
+    straight = engine("straight")
+    straight.fit(steps=steps)
+    first = engine("resumed")
+    first.fit(steps=stop)
+    first.close()
+    resumed = engine("resumed")
+    resumed.fit(steps=steps)
+    assert resumed.restored_from.endswith(f"/{stop}"), resumed.restored_from
+    return straight, resumed

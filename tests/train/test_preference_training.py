@@ -203,19 +203,7 @@ def test_dpo_with_accumulation_trains_like_the_whole_batch(tmp_path):
 
 
 def test_a_dpo_run_resumes_bit_identically_with_its_reference(tmp_path):
-    from titanax.io.checkpointer import OrbaxCheckpoint  # pylint: disable=import-outside-toplevel
     files = synthetic_pairs(tmp_path / "p.jsonl")
-
-    def engine(name):
-        return _engine(files, checkpoint=OrbaxCheckpoint.default_config().set(
-            path=str(tmp_path / name)))
-
-    straight = engine("straight")
-    straight.fit(steps=4)
-    first = engine("resumed")
-    first.fit(steps=2)
-    first.close()
-    second = engine("resumed")
-    second.fit(steps=4)
-    assert second.restored_from.endswith("/2")
+    straight, second = helpers.straight_and_resumed(
+        lambda checkpoint: _engine(files, checkpoint=checkpoint), root=tmp_path)
     assert_identical(jax.device_get(second.state.params), jax.device_get(straight.state.params))

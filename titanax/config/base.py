@@ -29,35 +29,9 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from titanax import errors
 from titanax.config import formatting, paths, typecheck
+from titanax.config.required import REQUIRED, RequiredFieldValue
 
 
-class RequiredFieldValue:
-    """The type of ``REQUIRED``: a field that must be set before the config is used."""
-
-    _instance: Optional["RequiredFieldValue"] = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-    def __deepcopy__(self, memo):
-        return self
-
-    def __copy__(self):
-        return self
-
-    def __reduce__(self):
-        return (RequiredFieldValue, ())
-
-    def __bool__(self) -> bool:
-        return False
-
-
-REQUIRED = RequiredFieldValue()
 
 
 class Required:

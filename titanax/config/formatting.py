@@ -11,6 +11,8 @@ import functools
 import math
 from typing import Any
 
+from titanax.config.required import RequiredFieldValue
+
 
 def qualified_name(obj: Any) -> str:
     """``module.QualName`` of a function or class, e.g. ``optax._src.alias.adamw``."""
@@ -21,7 +23,6 @@ def qualified_name(obj: Any) -> str:
 
 def format_value(value: Any) -> str:
     """One-line text of a leaf value."""
-    from titanax.config.base import RequiredFieldValue  # pylint: disable=import-outside-toplevel
     if isinstance(value, RequiredFieldValue):
         return "REQUIRED"
     if value is None or isinstance(value, (bool, int, str, bytes)):
@@ -60,7 +61,6 @@ def _format_partial(value: functools.partial) -> str:
 
 def json_value(value: Any) -> Any:
     """A JSON-serialisable form of a leaf value (lossy for functions and objects)."""
-    from titanax.config.base import RequiredFieldValue  # pylint: disable=import-outside-toplevel
     if isinstance(value, RequiredFieldValue):
         return "REQUIRED"
     if value is None or isinstance(value, (bool, int, str)):

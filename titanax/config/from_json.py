@@ -22,7 +22,7 @@ from titanax.config.configurable import config_for_function
 
 
 # Fields earlier versions recorded on layer configs, retired when layers began to ask the run's
-# axis binding for their mesh axes (modules/axis_binding.py): the plan says all of it now.
+# axis binding for their mesh axes (parallel/axis_binding.py): the plan says all of it now.
 RETIRED_FIELDS = {
     "tp_axis": "plan.tensor_parallel.axis",
     "sequence_parallel": "plan.tensor_parallel.sequence_parallel",

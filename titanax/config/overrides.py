@@ -279,20 +279,11 @@ _NONE = {"none", "null"}
 
 
 def _parse(text: str, annotation: Any) -> Tuple[Any, Any]:
+    """``(value, None)``, or ``(text, what was expected)``: ``text`` parsed for ``annotation``
+    (scalars here, containers and literals by ``_parse_literal``)."""
     stripped = text.strip()
     if typecheck.is_union(annotation):
-        members = typing.get_args(annotation)
-        if stripped.lower() in _NONE and type(None) in members:
-            return None, None
-        # Literal text parses best against the most specific member first.
-        ordered = sorted(members, key=_parse_priority)
-        for member in ordered:
-            if member is type(None) or _is_config_type(member):
-                continue
-            value, problem = _parse(text, member)
-            if problem is None:
-                return value, None
-        return text, f"expected {typecheck.describe_type(annotation)}"
+        return _parse_union(text, annotation)
     if annotation is type(None):
         return (None, None) if stripped.lower() in _NONE else (text, "expected None")
     if annotation is bool:
@@ -337,7 +328,26 @@ def _parse(text: str, annotation: Any) -> Tuple[Any, Any]:
         return text, "this field holds a config or a class and cannot be set from text"
     if annotation is typing.Callable or origin is typing.get_origin(typing.Callable):
         return text, "this field holds a function and cannot be set from text"
-    # Containers and Any: Python literal syntax, e.g. (4, 2) or {'a': 1}; `4,2` also works.
+    return _parse_literal(text, annotation)
+
+
+def _parse_union(text: str, annotation: Any) -> Tuple[Any, Any]:
+    members = typing.get_args(annotation)
+    if text.strip().lower() in _NONE and type(None) in members:
+        return None, None
+    # Literal text parses best against the most specific member first.
+    for member in sorted(members, key=_parse_priority):
+        if member is type(None) or _is_config_type(member):
+            continue
+        value, problem = _parse(text, member)
+        if problem is None:
+            return value, None
+    return text, f"expected {typecheck.describe_type(annotation)}"
+
+
+def _parse_literal(text: str, annotation: Any) -> Tuple[Any, Any]:
+    """Containers and Any: Python literal syntax, e.g. (4, 2) or {'a': 1}; `4,2` also works."""
+    stripped, origin = text.strip(), typing.get_origin(annotation)
     try:
         literal = ast.literal_eval(stripped)
     except (ValueError, SyntaxError):

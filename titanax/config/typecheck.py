@@ -22,6 +22,8 @@ import types
 import typing
 from typing import Any, Optional, Tuple
 
+from titanax.config.required import RequiredFieldValue
+
 # A field annotation after forward references were resolved.
 Annotation = Any
 
@@ -84,8 +86,6 @@ def describe_type(annotation: Annotation) -> str:
 
 
 def _is_required_marker(annotation: Annotation) -> bool:
-    # Imported lazily to avoid a cycle: base.py imports this module.
-    from titanax.config.base import RequiredFieldValue  # pylint: disable=import-outside-toplevel
     return annotation is RequiredFieldValue
 
 

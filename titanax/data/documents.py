@@ -18,9 +18,10 @@ import glob
 import json
 import logging
 import os
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Literal, Optional, Sequence, Tuple
 
 from titanax import errors
+from titanax.config import Configurable
 
 _log = logging.getLogger("titanax")
 
@@ -234,6 +235,39 @@ def _paragraphs(path: str, record_format: RecordFormat) -> Iterator[Tuple[str, A
 
 
 # --- What every source of records shares -------------------------------------------------------
+
+
+class RecordFilesConfig(Configurable.Config):
+    """The fields of a source that reads records of prompts from files and splits them
+    (prompts, preference pairs, labelled completions)."""
+
+    # Glob(s) of .jsonl / .parquet files of records (see the source's docstring for the forms).
+    files: Optional[List[str]] = None
+    # The record field of the prompt.
+    prompt_field: str = "prompt"
+    # "train" or "test": the last held_out_fraction of the records (in file order) is the test
+    # split.
+    split: Literal["train", "test"] = "train"
+    # In [0, 1).
+    held_out_fraction: float = 0.1
+    # A record that is not JSON, lacks a field, or (chat) that the template refuses: "stop" (an
+    # error naming file:line) or "skip" (counted and logged).
+    on_bad_record: Literal["stop", "skip"] = "stop"
+    # The records' order, from this seed (None: file order).
+    seed: Optional[int] = 0
+
+    def _validate_values(self):
+        yield from split_field_problems(self)
+
+
+def read_split(cfg: RecordFilesConfig, *, record_format: Any, report: "ReadReport") -> List[Any]:
+    """The configured split's records of ``cfg.files``, read by ``record_format``, in the
+    order from ``cfg.seed``."""
+    records = list(read_documents(matching_files(cfg.files, where="files"),
+                                  record_format=record_format, on_bad_record=cfg.on_bad_record,
+                                  report=report))
+    return split_of(records, split=cfg.split, held_out_fraction=cfg.held_out_fraction,
+                    seed=cfg.seed)
 
 
 def split_field_problems(cfg: Any):

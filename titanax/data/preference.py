@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -36,8 +36,8 @@ from titanax import errors
 from titanax.config import Configurable
 from titanax.data import chat
 from titanax.data.declarations import Declared
-from titanax.data.documents import (ReadReport, bad_record, chat_messages, matching_files,
-                                    read_documents, split_field_problems, split_of)
+from titanax.data.documents import (ReadReport, RecordFilesConfig, bad_record, chat_messages,
+                                    read_split)
 from titanax.data.tokenizer import Tokenizer
 
 _log = logging.getLogger("titanax")
@@ -140,29 +140,24 @@ class CompletionRows(Configurable):
     SIDES: Tuple[str, ...] = SIDES
     FIELD_PREFIX: Dict[str, str] = {side: f"{side}_" for side in SIDES}
 
-    class Config(Configurable.Config):
-        # Glob(s) of .jsonl / .parquet files of records (see the module docstring for the forms).
-        files: Optional[List[str]] = None
-        # The record field of the prompt.
-        prompt_field: str = "prompt"
+    class Config(RecordFilesConfig):
         # Tokens per row (every row of an example).
         seq_len: int = 128
-        # "train" or "test": the last held_out_fraction of the records (in file order) is the
-        # test split.
-        split: Literal["train", "test"] = "train"
-        # In [0, 1).
-        held_out_fraction: float = 0.1
-        # A record that is not JSON, lacks a field, or (chat) that the template refuses: "stop"
-        # (an error naming file:line) or "skip" (counted and logged).
-        on_bad_record: Literal["stop", "skip"] = "stop"
-        # The records' order, from this seed (None: file order).
-        seed: Optional[int] = 0
 
         def _validate_values(self):
             if self.seq_len < 2:
                 yield "seq_len", f"must be >= 2 (a prompt token and a completion token), got " \
                                  f"{self.seq_len}"
-            yield from split_field_problems(self)
+            yield from super()._validate_values()
+
+    def _split_records(self, record_format: Any) -> List[Any]:
+        return read_split(self.config, record_format=record_format, report=self.read_report)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.rows.values())))
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        return {name: values[index] for name, values in self.rows.items()}
 
     def _tokens(self, pair: Any) -> Optional[Dict[str, Tuple[np.ndarray, np.ndarray]]]:
         """Per side, ``(tokens, scored)``: the ids and which of them are the completion's (the
@@ -270,17 +265,6 @@ class PreferencePairs(CompletionRows):
 
     def _pairs(self) -> List[PreferencePair]:
         cfg = self.config
-        record_format = PreferenceFormat(prompt_field=cfg.prompt_field,
-                                         chosen_field=cfg.chosen_field,
-                                         rejected_field=cfg.rejected_field)
-        pairs = list(read_documents(matching_files(cfg.files, where="files"),
-                                    record_format=record_format,
-                                    on_bad_record=cfg.on_bad_record, report=self.read_report))
-        return split_of(pairs, split=cfg.split, held_out_fraction=cfg.held_out_fraction,
-                        seed=cfg.seed)
-
-    def __len__(self) -> int:
-        return len(self.rows["chosen_input_ids"])
-
-    def __getitem__(self, index: int) -> Dict[str, Any]:
-        return {name: values[index] for name, values in self.rows.items()}
+        return self._split_records(PreferenceFormat(prompt_field=cfg.prompt_field,
+                                                    chosen_field=cfg.chosen_field,
+                                                    rejected_field=cfg.rejected_field))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -24,8 +24,8 @@ from titanax import errors
 from titanax.config import Configurable
 from titanax.data import chat
 from titanax.data.declarations import Declared
-from titanax.data.documents import (ReadReport, bad_record, chat_messages, matching_files,
-                                    read_documents, split_field_problems, split_of)
+from titanax.data.documents import (ReadReport, RecordFilesConfig, bad_record, chat_messages,
+                                    read_split)
 from titanax.data.tokenizer import Tokenizer
 
 _log = logging.getLogger("titanax")
@@ -76,30 +76,19 @@ class Prompts(Configurable):
     # What its rows are, for the objectives that read them (train/objective.py).
     READ_BY = "prompts to complete"
 
-    class Config(Configurable.Config):
-        # Glob(s) of .jsonl / .parquet files of prompt records (see the module docstring).
-        files: Optional[List[str]] = None
-        # The field holding the prompt.
-        prompt_field: str = "prompt"
+    class Config(RecordFilesConfig):
         # Text prompts as the user's message through the chat template (conversational ones
         # always are).
         chat: bool = False
         # Tokens per prompt (left-padded to it; a longer prompt keeps its end).
         max_prompt_tokens: int = 128
-        # "train" or "test": the last held_out_fraction of the records (file order).
-        split: Literal["train", "test"] = "train"
-        # In [0, 1).
-        held_out_fraction: float = 0.0
-        # A record that is not JSON, lacks its prompt, or that the template refuses: "stop"
-        # (an error naming file:line) or "skip" (counted and logged).
-        on_bad_record: Literal["stop", "skip"] = "stop"
-        # The records' order, from this seed (None: file order).
-        seed: Optional[int] = 0
+        # (Every record trains: no test split unless asked.)
+        held_out_fraction = 0.0
 
         def _validate_values(self):
             if self.max_prompt_tokens < 1:
                 yield "max_prompt_tokens", f"must be >= 1, got {self.max_prompt_tokens}"
-            yield from split_field_problems(self)
+            yield from super()._validate_values()
 
     def __init__(self, cfg=None, *, tokenizer: Optional[Tokenizer] = None, **fields):
         """``tokenizer``: the input's (``Input.Config.tokenizer``); default bytes."""
@@ -111,11 +100,8 @@ class Prompts(Configurable):
                                               "\"answer\": ...} records")
         self.tokenizer = tokenizer or Tokenizer.default_config().instantiate()
         self.read_report = ReadReport()
-        records = split_of(list(read_documents(
-            matching_files(cfg.files, where="files"),
-            record_format=PromptFormat(prompt_field=cfg.prompt_field),
-            on_bad_record=cfg.on_bad_record, report=self.read_report)),
-            split=cfg.split, held_out_fraction=cfg.held_out_fraction, seed=cfg.seed)
+        records = read_split(cfg, record_format=PromptFormat(prompt_field=cfg.prompt_field),
+                             report=self.read_report)
         self.records: List[PromptRecord] = []
         tokens: List[List[int]] = []
         self.truncated = 0

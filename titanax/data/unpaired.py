@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
 
 import numpy as np
 
 from titanax import errors
 from titanax.data.declarations import Declared
-from titanax.data.documents import (ReadReport, chat_messages, matching_files, read_documents,
-                                    split_of)
+from titanax.data.documents import ReadReport, chat_messages
 from titanax.data.preference import CompletionRows, PairReport
 from titanax.data.tokenizer import Tokenizer
 
@@ -163,17 +162,6 @@ class UnpairedPreferences(CompletionRows):
 
     def _records(self) -> List[LabelledCompletion]:
         cfg = self.config
-        record_format = UnpairedFormat(prompt_field=cfg.prompt_field,
-                                       completion_field=cfg.completion_field,
-                                       label_field=cfg.label_field)
-        records = list(read_documents(matching_files(cfg.files, where="files"),
-                                      record_format=record_format,
-                                      on_bad_record=cfg.on_bad_record, report=self.read_report))
-        return split_of(records, split=cfg.split, held_out_fraction=cfg.held_out_fraction,
-                        seed=cfg.seed)
-
-    def __len__(self) -> int:
-        return len(self.rows["label"])
-
-    def __getitem__(self, index: int) -> Dict[str, Any]:
-        return {name: values[index] for name, values in self.rows.items()}
+        return self._split_records(UnpairedFormat(prompt_field=cfg.prompt_field,
+                                                  completion_field=cfg.completion_field,
+                                                  label_field=cfg.label_field))

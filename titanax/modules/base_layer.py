@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from titanax import errors
-from titanax.modules import axis_binding as axis_binding_lib, gather_on_use
+from titanax.modules import gather_on_use
+from titanax.parallel import axis_binding as axis_binding_lib
 from titanax.modules.context import OutputCollection, current_context, name_key, set_current_context
 from titanax.modules.initializers import Constant, FanAxes, Initializer, Normal
 from titanax.modules.module import Module, nowrap
@@ -46,7 +47,7 @@ class ParameterSpec:
     # Storage dtype; None means the layer's dtype.
     dtype: Any = None
     # Mesh axis (or None) per dimension: the declared layout. None: taken from ``logical_axes``
-    # through the run's axis binding (modules/axis_binding.py), else replicated. Titanax's
+    # through the run's axis binding (parallel/axis_binding.py), else replicated. Titanax's
     # layers name logical dimensions only; a param written out by hand may name mesh axes.
     mesh_axes: Optional[Tuple[Any, ...]] = None
     # How to initialise it; None means the layer's param_init.
@@ -147,7 +148,7 @@ class BaseLayer(Module):
 
     @property
     def axis_binding(self) -> axis_binding_lib.AxisBinding:
-        """Which mesh axis holds each logical dimension in this call (modules/axis_binding.py)."""
+        """Which mesh axis holds each logical dimension in this call (parallel/axis_binding.py)."""
         return axis_binding_lib.current_binding()
 
     def _own_implemented_dims(self) -> Sequence[str]:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from titanax import errors
-from titanax.modules import axis_binding as axis_binding_lib
+from titanax.parallel import axis_binding as axis_binding_lib
 from titanax.utils.dtypes import at_least_float32
 
 
@@ -80,7 +80,7 @@ class InvocationContext:
     child_calls: Dict[str, int] = dataclasses.field(default_factory=dict)
     # ``state`` with FSDP-sharded params gathered, made on the first ``parameters`` read.
     gathered_state: Optional[Any] = None
-    # Which mesh axis holds each logical dimension (modules/axis_binding.py): a child's is its
+    # Which mesh axis holds each logical dimension (parallel/axis_binding.py): a child's is its
     # parent's; a root call's the innermost ``axis_binding.bound`` block's (None: none bound).
     axis_binding: Optional[Any] = None
 
@@ -111,6 +111,15 @@ _STACK = _Stack()
 def current_context() -> Optional[InvocationContext]:
     """The innermost context on this thread (None outside any module call)."""
     return _STACK.contexts[-1] if _STACK.contexts else None
+
+
+def _call_binding() -> Optional[axis_binding_lib.AxisBinding]:
+    context = current_context()
+    return context.axis_binding if context is not None else None
+
+
+# Layers ask parallel/axis_binding.py for their binding; a module call's is kept here.
+axis_binding_lib.look_up_call_bindings_with(_call_binding)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import Configurable
-from titanax.modules.axis_binding import SEQUENCE
+from titanax.parallel.axis_binding import SEQUENCE
 from titanax.modules.initializers import Constant, FanAxes, VarianceScaling
 
 # The adapters' names beside their weight.

@@ -37,7 +37,6 @@ from titanax.objectives.sampling import SamplingObjective
 from titanax.rl import policy_loss as policy_loss_lib
 from titanax.rl.advantages import SCALES
 from titanax.rl.rewards import Reward, RewardSet
-from titanax.rl.rollouts import RolloutStream
 from titanax.train.objective import OBJECTIVE_METRICS
 
 LOSSES = ("grpo", "dr_grpo", "dapo", "gspo")
@@ -165,17 +164,6 @@ class GRPO(SamplingObjective):
 
     def frozen_params(self, *, start, run):
         return self.reference.params(start=start, run=run)
-
-    # --- Batches: the rollout stream (rl/rollouts.py) ------------------------------------------
-
-    def batches(self, made_input, *, run):
-        end_ids = self.end_ids(made_input.source)
-        shards, _ = run.process_batch_shards()
-        return RolloutStream(
-            prompts=iter(made_input), source=made_input.source, grpo=self, rewards=self.rewards,
-            sample=self.sampler(run, end_ids=end_ids), params=lambda: run.state.params,
-            place=run.inputs.placed, shards=shards, seed=run.config.seed, end_ids=end_ids,
-            iterations=self.config.iterations)
 
     # --- The loss ------------------------------------------------------------------------------
 

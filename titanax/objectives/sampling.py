@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 from titanax import errors
 from titanax.data.prompts import Prompts
 from titanax.rl import rows as rollout_rows
+from titanax.rl.rollouts import RolloutStream
 from titanax.train import requirements
 from titanax.train.objective import Objective
 
@@ -146,6 +147,20 @@ class SamplingObjective(Objective):
         if model_limits is None:
             return None
         return {"prompt_ids": model_limits["input_ids"]}
+
+    # --- Batches: the rollout stream (rl/rollouts.py) ------------------------------------------
+
+    # The rewards that score each rollout (rl/rewards.py: GRPO's); None: not scored.
+    rewards: Optional[Any] = None
+
+    def batches(self, made_input, *, run):
+        end_ids = self.end_ids(made_input.source)
+        shards, _ = run.process_batch_shards()
+        return RolloutStream(
+            prompts=iter(made_input), source=made_input.source, objective=self,
+            rewards=self.rewards, sample=self.sampler(run, end_ids=end_ids),
+            params=lambda: run.state.params, place=run.inputs.placed, shards=shards,
+            seed=run.config.seed, end_ids=end_ids, iterations=self.config.iterations)
 
     # --- The sampler ---------------------------------------------------------------------------
 

@@ -58,15 +58,6 @@ class Logger(Configurable):
         """Flushes and releases files."""
 
 
-def __getattr__(name: str):
-    """``WandB`` is reachable here with the other loggers (``tx.loggers.WandB``), imported on
-    first use: its module imports this one (and ``wandb`` itself only when a run starts)."""
-    if name == "WandB":
-        from titanax.observe.wandb_logger import WandB  # pylint: disable=import-outside-toplevel
-        return WandB
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _format(value: float) -> str:
     """Four decimals; whole numbers from 1000 up (tokens/s, counts); tiny ones in e-notation."""
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):

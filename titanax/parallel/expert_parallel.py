@@ -67,13 +67,3 @@ class ExpertRows:
                                     fold_axes=batch.fold_axes + (self.axis,),
                                     layer_summed_axes=batch.layer_summed_axes + (self.axis,))
         return layout.evolve(self.name, batch=batch)
-
-
-def moe_layers(module: Any, path: str = "") -> List[Tuple[str, Any]]:
-    """``(path, layer)`` of every mixture-of-experts layer under ``module``."""
-    from titanax.modules.layers.moe import MoE  # pylint: disable=import-outside-toplevel
-    path = path or module.name
-    found = [(path, module)] if isinstance(module, MoE) else []
-    for name, child in getattr(module, "_children", {}).items():
-        found += moe_layers(child, f"{path}/{name}")
-    return found

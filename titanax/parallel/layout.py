@@ -72,7 +72,7 @@ class Layout:
     # The transforms that made this layout, in order.
     history: Tuple[str, ...] = ()
     # Which mesh axis holds each logical dimension of the model's params and activations
-    # (modules/axis_binding.py): what layers ask while they run in the step.
+    # (parallel/axis_binding.py): what layers ask while they run in the step.
     axis_binding: Any = None
     # Where the batch's rows and sequence live, and what that asks of the reduction
     # (parallel/batch_layout.py).

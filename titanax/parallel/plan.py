@@ -20,8 +20,8 @@ from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
 from titanax.config import Configurable
-from titanax.modules import axis_binding as axis_binding_lib
-from titanax.modules.axis_binding import AxisBinding
+from titanax.parallel import axis_binding as axis_binding_lib
+from titanax.parallel.axis_binding import AxisBinding
 from titanax.parallel import batch_layout as batch_layout_lib
 from titanax.parallel import interleaved_stack, layout as layout_lib, logical_axes, one_f_one_b
 from titanax.parallel import pipeline
@@ -506,7 +506,7 @@ class Plan(Configurable):
                                        axis_binding=self.axis_binding())
 
     def axis_binding(self, *, logical_axis_rules: bool = True) -> AxisBinding:
-        """Which mesh axis holds each logical dimension (modules/axis_binding.py), built from
+        """Which mesh axis holds each logical dimension (parallel/axis_binding.py), built from
         the plan's parts: TP binds heads, kv heads, mlp and vocab (and, with sequence
         parallelism, the residual stream's sequence), CP a row's sequence, EP the experts, PP
         the stages; ``logical_axis_rules`` that map a name to the TP axis or to None override

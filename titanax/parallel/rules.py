@@ -237,7 +237,7 @@ class LayerLayouts:
 
     def specs(self, params, mesh_shape: Mapping[str, int]):
         import jax  # pylint: disable=import-outside-toplevel
-        from titanax.parallel.sharding import path_string  # pylint: disable=import-outside-toplevel
+        from titanax.parallel.tree_paths import path_string  # pylint: disable=import-outside-toplevel
 
         leaves, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_param_leaf)
         shapes = {}

@@ -17,28 +17,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from titanax import errors
 from titanax.parallel import rules as rules_lib
+from titanax.parallel.tree_paths import path_string  # noqa: F401  (sharding.path_string)
 
 
 def sharding_error(path: str, message: str, *, suggestion: Optional[str] = None
                    ) -> errors.ShardingError:
     return errors.ShardingError(message, path=path, suggestion=suggestion)
-
-
-def path_string(key_path: Sequence[Any]) -> str:
-    """``a/b/0/c`` from a jax key path (dict keys, attribute names and sequence indices)."""
-    parts = []
-    for key in key_path:
-        if isinstance(key, jax.tree_util.DictKey):
-            parts.append(str(key.key))
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            parts.append(key.name)
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            parts.append(str(key.idx))
-        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
-            parts.append(str(key.key))
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
 
 
 def tree_paths(tree: Any, *, is_leaf=None) -> Any:

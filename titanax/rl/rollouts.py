@@ -47,16 +47,19 @@ _log = logging.getLogger("titanax")
 class RolloutStream:
     """Iterator of ``(train rows, host metrics)`` (see the module docstring)."""
 
-    def __init__(self, *, prompts: Any, source: Prompts, grpo: Any, rewards: RewardSet,
+    def __init__(self, *, prompts: Any, source: Prompts, objective: Any,
+                 rewards: Optional[RewardSet],
                  sample: Any, params: Any, place: Any, shards: Sequence[int], seed: int,
                  end_ids: Sequence[int], iterations: int = 1):
         """``prompts``: an iterator of this process's prompt rows (``get_state`` /
         ``set_state``); ``sample(params, prompt_ids, prompt_lengths, key)``: the run's
         sampler; ``params()``: the current params; ``place(host batch)``: global arrays;
         ``shards``: this process's batch shards (their number of rows each is equal);
-        ``grpo``: the objective (objectives/grpo.py: its config, scale_rewards and
-        drop_equal_groups)."""
-        self.prompts, self.source, self.grpo, self.rewards = prompts, source, grpo, rewards
+        ``objective``: the sampling objective (objectives/sampling.py: its config; with
+        ``rewards``, GRPO's scale_rewards and drop_equal_groups); ``rewards`` None: the rows are
+        not scored (advantages 0: on-policy distillation scores them in its loss)."""
+        self.prompts, self.source, self.objective = prompts, source, objective
+        self.rewards = rewards
         self.sample, self.params, self.place = sample, params, place
         self.shards = tuple(shards)
         self.key = jax.random.fold_in(jax.random.PRNGKey(seed), 0x5A3)  # (Its own stream.)
@@ -112,7 +115,7 @@ class RolloutStream:
         return rows, metrics
 
     def _rollout(self) -> List[Tuple[Dict[str, np.ndarray], Dict[str, float], float]]:
-        cfg = self.grpo.config
+        cfg = self.objective.config
         started = time.perf_counter()
         prompts = next(self.prompts)  # (StopIteration ends the run: the prompts ran out.)
         group = cfg.num_generations
@@ -129,23 +132,21 @@ class RolloutStream:
         rollout_s = time.perf_counter() - started
         mask = completion_mask(tokens, self.end_ids)
         ended = np.isin(tokens, np.asarray(self.end_ids, np.int64)).any(axis=1)
-        per_reward = self._score(tokens, mask, records)
+        per_reward = (self._score(tokens, mask, records) if self.rewards is not None
+                      else np.zeros((len(tokens), 0)))
         # Every process's rows, once each, in the global batch's order.
         columns = [per_reward, (entropy * mask).sum(axis=1, keepdims=True),
                    mask.sum(axis=1, keepdims=True), ended[:, None].astype(float)]
         merged, mine = batch_shards.global_rows(np.concatenate(columns, axis=1), self.shards)
         width = per_reward.shape[1]
-        scores = merged[:, :width]
-        total = self.rewards.total(scores)
-        result = group_advantages(total, num_generations=group,
-                                  scale_rewards=self.grpo.scale_rewards)
-        keep = ~result.equal_group if self.grpo.drop_equal_groups else np.ones(len(total), bool)
-        metrics = self._metrics(scores, total, result.equal_group, keep,
-                                entropy_sum=merged[:, width], lengths=merged[:, width + 1],
-                                ended=merged[:, width + 2] > 0, rollout_s=rollout_s)
+        advantages, keep, metrics = self._advantages(merged[:, :width], group)
+        metrics.update(self._sample_metrics(entropy_sum=merged[:, width],
+                                            lengths=merged[:, width + 1],
+                                            ended=merged[:, width + 2] > 0, rollout_s=rollout_s,
+                                            keep=keep))
         rows = rollout_rows(prompt_ids=prompt_ids, prompt_lengths=lengths, completion_ids=tokens,
                             completion_mask=mask, old_logps=logps,
-                            advantages=result.advantages[mine],
+                            advantages=advantages[mine],
                             row_weights=keep[mine].astype(np.float32))
         parts = _parts(rows, shards=len(self.shards), count=cfg.updates_per_rollout)
         steps = len(parts) * self.iterations
@@ -169,24 +170,35 @@ class RolloutStream:
                 fields[name].append(own.get(name))
         return self.rewards.score(prompts=[source.prompt_of(int(i)) for i in records],
                                   completions=texts, completion_ids=completion_ids,
-                                  fields=fields, budget=self.grpo.config.max_new_tokens)
+                                  fields=fields, budget=self.objective.config.max_new_tokens)
 
-    def _metrics(self, scores, total, equal, keep, *, entropy_sum, lengths, ended,
-                 rollout_s) -> Dict[str, float]:
+    def _advantages(self, scores: np.ndarray, group: int):
+        """``(advantages, rows kept, reward metrics)`` of the whole batch's ``[rows, rewards]``
+        scores (no rewards: advantages 0, every row kept)."""
+        if self.rewards is None:
+            return np.zeros(len(scores)), np.ones(len(scores), bool), {}
+        total = self.rewards.total(scores)
+        result = group_advantages(total, num_generations=group,
+                                  scale_rewards=self.objective.scale_rewards)
+        keep = (~result.equal_group if self.objective.drop_equal_groups
+                else np.ones(len(total), bool))
         out: Dict[str, float] = {}
         for column, name in enumerate(self.rewards.names):
             out[f"rewards/{name}/mean"] = _mean(scores[:, column])
             out[f"rewards/{name}/std"] = _std(scores[:, column])
         out["reward"] = _mean(total)
         out["reward_std"] = _std(total)
-        out["frac_reward_zero_std"] = float(np.mean(equal))
-        out["rollout/kept_fraction"] = float(np.mean(keep))
+        out["frac_reward_zero_std"] = float(np.mean(result.equal_group))
+        return result.advantages, keep, out
+
+    @staticmethod
+    def _sample_metrics(*, entropy_sum, lengths, ended, rollout_s, keep) -> Dict[str, float]:
         tokens = float(lengths.sum())
-        out["completions/mean_length"] = float(lengths.mean())
-        out["completions/clipped_ratio"] = float(np.mean(~ended))
-        out["entropy"] = float(entropy_sum.sum() / max(tokens, 1.0))
-        out["rollout/tokens_per_s"] = tokens / max(rollout_s, 1e-9)
-        return out
+        return {"rollout/kept_fraction": float(np.mean(keep)),
+                "completions/mean_length": float(lengths.mean()),
+                "completions/clipped_ratio": float(np.mean(~ended)),
+                "entropy": float(entropy_sum.sum() / max(tokens, 1.0)),
+                "rollout/tokens_per_s": tokens / max(rollout_s, 1e-9)}
 
 
 def _mean(values: np.ndarray) -> float:

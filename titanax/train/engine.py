@@ -16,42 +16,33 @@ the metrics window, evaluation and ``explain``. It never asks which parallel kin
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec
 
 from titanax import errors
 from titanax.config import Configurable
 from titanax.data.pipeline import Input
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.modules import axis_binding
+from titanax.parallel import axis_binding
 from titanax.modules import converters as converters_lib
 from titanax.modules.base_layer import BaseLayer
 from titanax.observe import hlo
 from titanax.observe.loggers import Basic, Logger
 from titanax.observe.profiler import Profile
-from titanax.parallel import sharding
 from titanax.parallel.plan import DP, Plan
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import evaluation as evaluation_lib
 from titanax.train import explain as explain_lib
 from titanax.train import learner as learner_lib
-from titanax.train import preemption, run_entry
-from titanax.train import state_sharding as state_sharding_lib
+from titanax.train import preemption, run_entry, run_parts, starting_params
 from titanax.train.compiled_step import CompiledStep
 from titanax.train.evaler import Evaler
 from titanax.train.inputs import RunInputs, complete_from_train_input
-from titanax.train.metrics_window import MetricsWindow
 from titanax.train.objective import ModelLoss, Objective, PlainBatches
 from titanax.train.precision import Precision
-from titanax.train.state_manager import StateManager
-from titanax.train.step_builder import StepBuilder
 from titanax.train.train_state import TrainState
-from titanax.train.training_loop import TrainingLoop
 
 
 class Engine(Configurable):
@@ -88,9 +79,8 @@ class Engine(Configurable):
         # checkpoints of its own resumes from those. None: params from the model's initializers.
         init_from: Optional[str] = None
         # What the model is trained toward (train/objective.py): its own loss, or an objective
-        # of titanax/objectives/ (preference losses, GRPO, KTO, distillation) with the frozen
-        # models and the batches it needs. (The model converters' fields, e.g. lora, come from
-        # converters.ConverterFields.)
+        # of titanax/objectives/ with the frozen models and the batches it needs. (The model
+        # converters' fields come from converters.ConverterFields.)
         objective: Objective.Config = ModelLoss.default_config()
         # Global seed of every PRNG stream.
         seed: int = 0
@@ -168,7 +158,7 @@ class Engine(Configurable):
         self.precision: Precision = cfg.precision.instantiate()
         self.learner = cfg.learner.instantiate(total_steps=cfg.max_steps)
         self.model: Optional[BaseLayer] = cfg.model.instantiate() if cfg.model else None
-        # The model converters (modules/converters.py: LoRA) and the objective.
+        # The model converters (modules/converters.py) and the objective.
         self.converters = converters_lib.instantiate_converters(cfg, model=self.model)
         self.objective: Objective = cfg.objective.instantiate()
         if self.model is not None:
@@ -188,9 +178,8 @@ class Engine(Configurable):
         return self
 
     def model_specs(self) -> Any:
-        """The params' ParameterSpecs: the model's as its converters make them (LoRA's adapters
-        beside their weights, the rest frozen), and the objective's frozen models (a reference
-        or a teacher) under keys of their own."""
+        """The params' ParameterSpecs: the model's as its converters make them, and the
+        objective's frozen models under keys of their own."""
         own = self.model.create_parameter_specs_recursively()
         specs = converters_lib.convert_specs(self.converters, own, model=self.model)
         frozen = self.objective.frozen_specs(own, run=self)
@@ -210,25 +199,7 @@ class Engine(Configurable):
             with axis_binding.bound(self.layout.axis_binding):
                 self.model.check_partition_specs(self.layout.layer_specs,
                                                  mesh_shape=self.layout.mesh_shape)
-        strategy = state_sharding_lib.for_layout(self.layout, zero=self.plan.config.zero)
-        # (The optimizer sees the trainable params only: train/trainable.py.)
-        decay = (learner_lib.decay_scales_from_specs(
-            strategy.trainable.select(self.layout.parameter_specs))
-                 if self.model is not None else None)
-        adapter = (learner_lib.OptimizerAdapter(self.config.optimizer)
-                   if self.config.optimizer is not None else self.learner.build(decay))
-        self.states = StateManager(mesh=self.mesh, layout=self.layout, strategy=strategy,
-                                   adapter=adapter, precision=self.precision, model=self.model,
-                                   seed=self.config.seed, checkpointer=self.checkpointer(),
-                                   model_specs=parameter_specs if self.model is not None
-                                   else None,
-                                   frozen_dtype=converters_lib.frozen_dtype(self.converters))
-        self.steps = StepBuilder(mesh=self.mesh, plan=self.plan, layout=self.layout,
-                                 strategy=strategy, model=self.model, precision=self.precision,
-                                 adapter=adapter, learner=self.learner,
-                                 nan_policy=self.config.nan_policy,
-                                 recompile_policy=self.config.recompile_policy,
-                                 converters=self.converters, objective=self.objective)
+        self.states, self.steps = run_parts.state_and_steps(self, parameter_specs)
 
     def _declare(self, params: Any) -> None:
         """Layouts for a hand-written step's params (the plan's rules over their shapes)."""
@@ -268,14 +239,10 @@ class Engine(Configurable):
                 self.state = self.state.replace(params=dict(self.state.params, **frozen))
         return self.state
 
-    def frozen_from_hf(self, directory: str, *, key: str) -> Any:
-        """The weights of the HF ``directory`` as the frozen model under params ``key`` (of the
-        model's architecture), in its shards and storage dtype."""
-        from titanax.hf import fine_tune, importer  # pylint: disable=import-outside-toplevel
-        fine_tune.check_model_matches(self.model.config, directory)
-        return sharding.apply_named_sharding(
-            self.states.cast_frozen_for_storage(importer.params_for_engine(self, directory)),
-            self.mesh, self.layout.param_specs[key])
+    def frozen_from_hf(self, directory: str, *, key: str, model: Any = None) -> Any:
+        """The HF ``directory``'s weights as the frozen model under params ``key`` (of
+        ``model``'s architecture; default the run's: ``starting_params.frozen_from_hf``)."""
+        return starting_params.frozen_from_hf(self, directory, key=key, model=model)
 
     def restore(self, *, params: Any = None, step: Optional[int] = None,
                 mode: Optional[str] = None) -> bool:
@@ -296,25 +263,9 @@ class Engine(Configurable):
         ckpt = self.checkpointer()
         if not (ckpt is not None and ckpt.config.resume == "auto" and self.restore(params=params)):
             if params is None and self.config.init_from is not None:
-                params = self._params_from_hf()
+                params = starting_params.params_from_hf(self)
             self.init_state(params)
         return self.state
-
-    def _params_from_hf(self) -> Any:
-        """The ``init_from`` checkpoint's weights, streamed into this run's shards."""
-        from titanax.hf import fine_tune, importer  # pylint: disable=import-outside-toplevel
-        self.build()
-        fine_tune.check_model_matches(self.model.config, self.config.init_from)
-        params = importer.params_for_engine(self, self.config.init_from)
-        # The objective's frozen models: their own directories, or the starting weights.
-        params = dict(params, **self.objective.frozen_params(start=params, run=self))
-        for converter in self.converters:  # The directory holds the model; what they add
-            params = converter.join_added(params, self.states.initial_params(  # starts fresh.
-                lambda tree, c=converter: c.split_added(tree)[1]))
-        if jax.process_index() == 0:
-            print(f"titanax: params from Hugging Face {self.config.init_from} (step 0, fresh "
-                  "optimizer)", flush=True)
-        return params
 
     def save(self, *, data_iterator: Any = None, force: bool = False) -> bool:
         """Starts saving the current state (async when configured); False if it exists already."""
@@ -415,7 +366,7 @@ class Engine(Configurable):
             raise errors.StepError(f"a {self.objective.name} run makes its batches by sampling "
                                    "its prompts", path="fit(data=...)",
                                    suggestion="leave data out: the run reads train_input")
-        total = self._total(steps)
+        total = run_parts.steps_to_train(steps, max_steps=self.config.max_steps)
         if data is None:
             self.check_inputs()
         if self.state is None:
@@ -435,20 +386,9 @@ class Engine(Configurable):
         if on_start is not None and start < total and jax.process_index() == 0:
             on_start()  # The run really trains: the launcher writes its config record now.
         with preemption.preemption_guard(True) as guard:
-            self._loop(total).run(iterator, start=start, total=total, eval_every=eval_every,
-                                  guard=guard)
+            run_parts.training_loop(self, total).run(iterator, start=start, total=total,
+                                                     eval_every=eval_every, guard=guard)
         return self.state
-
-    def _total(self, steps: Optional[int]) -> int:
-        total = steps if steps is not None else self.config.max_steps
-        if total is None:
-            raise errors.StepError("how many steps?", path="engine.max_steps",
-                                   suggestion="set max_steps or pass steps= to fit()")
-        if isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 0:
-            raise errors.StepError(f"the number of steps must be an int >= 0, got {total!r}",
-                                   path="fit(steps=...)" if steps is not None else "max_steps",
-                                   suggestion="pass the step to train up to, e.g. steps=1000")
-        return int(total)
 
     def _configured_iterator(self):
         """The configured input as the objective trains on it: ``(host batch, host metrics)``
@@ -466,27 +406,6 @@ class Engine(Configurable):
             return next(self._configured_iterator())[0]
         made = self.make_input(self.config.train_input, where="train_input")
         return next(self.objective.batches(made, run=self))[0]
-
-    def _loop(self, total: int) -> TrainingLoop:
-        cfg = self.config
-        window = MetricsWindow(
-            loggers=self.loggers(), total=total, nan_policy=cfg.nan_policy, history=self.history,
-            compiled=lambda: self._train_step,
-            schedule_metrics=lambda: (self.steps.schedule_metrics(self._local_batch_rows)
-                                      if self._local_batch_rows else {}))
-        limit = cfg.max_inflight_steps
-        if limit is None and self.mesh.devices.flat[0].platform == "cpu":
-            limit = 1
-        return TrainingLoop(
-            train_step=self.train_step,
-            current_step=lambda: int(jax.device_get(self.state.step)),
-            hooks=self.hooks, window=window, log_every=cfg.log_every, inflight_limit=limit,
-            evals_due=self.evaluation.due,
-            run_evals=lambda step, only_due: self.run_evalers(step, only_due=only_due),
-            checkpointer=self.checkpointer(), save=lambda it: self.save(data_iterator=it),
-            save_on_preemption=cfg.save_on_preemption,
-            profiler=(cfg.profile.instantiate(trainer_dir=self.trainer_dir)
-                      if cfg.profile is not None else None))
 
     def _start_loggers(self, step: int, total: int) -> None:
         if not self._loggers_started:
@@ -531,27 +450,7 @@ class Engine(Configurable):
     def explain(self) -> str:
         """Mesh, the layout of every param, the schedule, the state per device, and the
         compiled step's collectives."""
-        self.build()
-        compiled = self._train_step.latest if self._train_step is not None else None
-        schedule = None
-        if self.model is not None:
-            analysis = compiled.memory_analysis() if compiled is not None else None
-            schedule = self.steps.setup.gradients.describe(
-                layout=self.layout, local_batch=self._local_batch_rows,
-                itemsize=np.dtype(self.precision.param_dtype).itemsize,
-                temp_bytes=getattr(analysis, "temp_size_in_bytes", None) if analysis else None)
-            paths = [sharding.path_string(path) for path, _ in
-                     jax.tree_util.tree_flatten_with_path(
-                         self.layout.param_specs,
-                         is_leaf=lambda x: isinstance(x, PartitionSpec))[0]]
-            schedule = "\n".join(t for t in (schedule, self.steps.setup.reducer.describe(
-                paths=paths), self.objective.describe()) if t)
-        return explain_lib.explain(
-            mesh=self.mesh, plan=self.plan, layout=self.layout,
-            param_dtype=self.precision.param_dtype,
-            strategy=self.states.strategy if self.model is not None else None,
-            opt_state=self.state_template().opt_state if self.model is not None else None,
-            schedule_text=schedule, compiled=compiled, model=self.model)
+        return explain_lib.explain_engine(self.build())
 
     # --- Launcher entry point ------------------------------------------------------------------
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
+from titanax.modules.layers import moe
 from titanax.observe import hlo, state_report
-from titanax.parallel import expert_parallel
+from titanax.parallel import sharding
 from titanax.parallel.layout import Layout
 from titanax.parallel.plan import Plan
 from titanax.runtime.mesh import describe_mesh
@@ -40,7 +42,7 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
     ep = plan.expert_parallel
     if ep is not None and model is not None:
         parts.append(ep.describe(size=dict(mesh.shape)[ep.config.axis],
-                                 layers=expert_parallel.moe_layers(model)))
+                                 layers=moe.moe_layers(model)))
     own_lines = getattr(model, "explain_lines", None)  # A model's own part (Flax adapters').
     if own_lines is not None:
         parts.append(own_lines(gathers=strategy.gathers if strategy is not None else None))
@@ -56,3 +58,27 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
         parts.append("collectives of the train step:\n" + hlo.format_report(ops) + "\n"
                      + hlo.format_totals_by_axis(ops))
     return "\n\n".join(parts)
+
+
+def explain_engine(engine: Any) -> str:
+    """``explain`` of a built Engine: its schedule (the gradient computer's, the reducer's and
+    the objective's lines) and its compiled train step when there is one."""
+    train_step = engine.compiled_train_step()
+    compiled = train_step.latest if train_step is not None else None
+    schedule = None
+    if engine.model is not None:
+        analysis = compiled.memory_analysis() if compiled is not None else None
+        schedule = engine.steps.setup.gradients.describe(
+            layout=engine.layout, local_batch=engine._local_batch_rows,  # pylint: disable=protected-access
+            itemsize=np.dtype(engine.precision.param_dtype).itemsize,
+            temp_bytes=getattr(analysis, "temp_size_in_bytes", None) if analysis else None)
+        paths = [sharding.path_string(path) for path, _ in jax.tree_util.tree_flatten_with_path(
+            engine.layout.param_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]]
+        schedule = "\n".join(t for t in (schedule, engine.steps.setup.reducer.describe(
+            paths=paths), engine.objective.describe()) if t)
+    return explain(
+        mesh=engine.mesh, plan=engine.plan, layout=engine.layout,
+        param_dtype=engine.precision.param_dtype,
+        strategy=engine.states.strategy if engine.model is not None else None,
+        opt_state=engine.state_template().opt_state if engine.model is not None else None,
+        schedule_text=schedule, compiled=compiled, model=engine.model)

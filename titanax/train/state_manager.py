@@ -24,7 +24,7 @@ from titanax import errors
 from titanax.config import overrides
 from titanax.io import checkpointer as checkpoint_lib
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.modules import axis_binding
+from titanax.parallel import axis_binding
 from titanax.parallel import rules, sharding
 from titanax.parallel.layout import Layout
 from titanax.train import prng

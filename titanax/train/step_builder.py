@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
-from titanax.modules import axis_binding
+from titanax.parallel import axis_binding
 from titanax.modules import converters as converters_lib
 from titanax.modules.module import functional
 from titanax.parallel import collectives
@@ -233,7 +233,7 @@ class StepBuilder:
 
 
 def bound_to(fn: Callable, binding: Any, converters: Sequence[Any] = ()) -> Callable:
-    """``fn`` run with ``binding`` as the layers' axis binding (modules/axis_binding.py) and the
+    """``fn`` run with ``binding`` as the layers' axis binding (parallel/axis_binding.py) and the
     ``converters``' scopes (modules/converters.py: LoRA's adapter settings): the step's
     functions are traced inside ``shard_map``, where layers ask for them."""
 

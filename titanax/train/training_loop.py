@@ -6,7 +6,7 @@ itself (inside a profiler window when one is configured), its metrics into the w
 every ``log_every`` steps), ``after_step``, the evalers that are due, a checkpoint when the policy
 says so -- or when a SIGTERM / Ctrl-C arrived, after which the loop stops once the save is
 verified on disk. An iterator whose position cannot be saved at every step (``at_boundary()``
-False: a GRPO rollout between its updates) defers both to the next step it can. The loop knows
+False: a sampling objective's rollout between its updates) defers both to the next step it can. The loop knows
 nothing of how the step is parallel.
 """
 

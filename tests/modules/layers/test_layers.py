@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from titanax.modules import axis_binding, functional
+from titanax.modules import functional
+from titanax.parallel import axis_binding
 from titanax.modules.layers.attention import Attention, attend
 from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.dropout import Dropout

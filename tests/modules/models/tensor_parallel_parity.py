@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from tests.numerics import parity_floats
-from titanax.modules import axis_binding, functional
+from titanax.modules import functional
+from titanax.parallel import axis_binding
 from titanax.parallel import collectives, rules
 from titanax.parallel.plan import TP, Plan
 from titanax.runtime.mesh import MeshSpec

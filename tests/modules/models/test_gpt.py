@@ -10,7 +10,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from titanax import errors
-from titanax.modules import axis_binding, describe_parameter_specs, functional
+from titanax.modules import describe_parameter_specs, functional
+from titanax.parallel import axis_binding
 from titanax.modules.layers.cross_entropy import vocab_parallel_cross_entropy
 from titanax.modules.models.decoder import gpt2_config, gpt_config
 from titanax.hf.importer import params_from_state_dict

@@ -21,7 +21,7 @@ holds exactly the kv heads its query heads read); otherwise the layout keeps the
 rank (``ParameterSpec.replicated_if_indivisible``) and each rank picks, per local query head, the
 kv head it reads. The layer sees which of the two it runs from its own shard of ``k_weight``.
 Where the binding splits the ``sequence`` (context parallelism), keys cross devices as
-parallel/context_attention.py says.
+modules/layers/context_attention.py says.
 
 Options: rotary positions (``rotary``; GPT-2 adds learned positions at the embedding instead),
 RMSNorm of each q and k head before the rotation (Qwen 3's QK-norm), a sliding window (Mistral),
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import REQUIRED, Required
-from titanax.modules.axis_binding import HEADS, KV_HEADS, RESIDUAL_SEQUENCE, SEQUENCE
+from titanax.parallel.axis_binding import HEADS, KV_HEADS, RESIDUAL_SEQUENCE, SEQUENCE
 from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
@@ -52,7 +52,7 @@ from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
-from titanax.parallel.context_attention import context_attention
+from titanax.modules.layers.context_attention import context_attention
 from titanax.modules.layers.blockwise_attention import BLOCKWISE_FROM, blockwise_attention
 from titanax.modules.layers.pallas_attention import pallas_attention
 from titanax.modules.layers.softmax_attention import masked_attention
@@ -201,6 +201,8 @@ class Attention(BaseLayer):
     @nowrap
     def check_axis_binding(self, binding, *, path):
         refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
+        refuse_ignored_implementation(self.config.implementation, binding,
+                                      path=f"{path}.implementation")
         if binding.axis(HEADS) is None and (binding.axis(KV_HEADS) is not None
                                             or binding.axis(RESIDUAL_SEQUENCE) is not None):
             split = ("the key/value heads are split" if binding.axis(KV_HEADS) is not None
@@ -327,6 +329,18 @@ def refuse_split_attention_dropout(rate: float, binding, *, path: str) -> None:
             "attention dropout needs each query's whole row of probabilities, which context "
             "parallelism never holds in one place", path=f"{path}.attention_dropout_rate",
             suggestion="set it to 0 under context parallelism (residual dropout is fine)")
+
+
+def refuse_ignored_implementation(implementation: str, binding, *, path: str) -> None:
+    """An attention implementation chosen under context parallelism, refused: the split
+    attention runs its own way (``context_attention.py``, by the plan's strategy) and would
+    drop it silently (``path``: the field holding it)."""
+    if binding.axis(SEQUENCE) is not None and implementation != "auto":
+        raise errors.PlanError(
+            f"context parallelism computes attention by its own strategy "
+            f"(plan.context_parallel.strategy), so {implementation!r} would be ignored",
+            path=path, suggestion="leave it 'auto' under context parallelism, and choose how the "
+                                  "split attention runs with plan.context_parallel.strategy")
 
 
 def same_segment(segment_ids: Optional[jax.Array]) -> Optional[jax.Array]:

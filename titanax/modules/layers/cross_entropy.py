@@ -13,7 +13,7 @@ from typing import Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
-from titanax.modules.axis_binding import active_axis
+from titanax.parallel.axis_binding import active_axis
 from titanax.parallel import collectives
 from titanax.utils.dtypes import at_least_float32
 
@@ -22,18 +22,7 @@ def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array, *,
                                  vocab_axis: Optional[str] = None,
                                  vocab_offset: Union[int, jax.Array] = 0,
                                  vocab_size: Optional[int] = None) -> jax.Array:
-    """Per-token ``-log softmax(logits)[target]`` (``vocab_parallel_scores``' first value)."""
-    return vocab_parallel_scores(logits, targets, vocab_axis=vocab_axis,
-                                 vocab_offset=vocab_offset, vocab_size=vocab_size)[0]
-
-
-def vocab_parallel_scores(logits: jax.Array, targets: jax.Array, *,
-                          vocab_axis: Optional[str] = None,
-                          vocab_offset: Union[int, jax.Array] = 0,
-                          vocab_size: Optional[int] = None) -> Tuple[jax.Array, jax.Array]:
-    """``(per-token -log softmax(logits)[target], whether the target's logit is the largest)``
-    in float32 (float64 for float64 logits) -- the cross-entropy, and whether greedy decoding
-    (argmax: the first of tied ids) would have chosen the target.
+    """Per-token ``-log softmax(logits)[target]`` in float32 (float64 for float64 logits).
 
     Args:
         logits: ``[..., V_local]``, this device's slice of the vocabulary.
@@ -42,6 +31,38 @@ def vocab_parallel_scores(logits: jax.Array, targets: jax.Array, *,
         vocab_offset: Global id of this device's first logit.
         vocab_size: The real vocabulary size; logits of padding ids (>= vocab_size) are ignored.
     """
+    loss, _, _ = _cross_entropy(logits, targets, vocab_axis=vocab_axis,
+                                vocab_offset=vocab_offset, vocab_size=vocab_size)
+    return loss
+
+
+def vocab_parallel_scores(logits: jax.Array, targets: jax.Array, *,
+                          vocab_axis: Optional[str] = None,
+                          vocab_offset: Union[int, jax.Array] = 0,
+                          vocab_size: Optional[int] = None) -> Tuple[jax.Array, jax.Array]:
+    """``(per-token -log softmax(logits)[target], whether the target's logit is the largest)``
+    -- the cross-entropy (``vocab_parallel_cross_entropy``'s), and whether greedy decoding
+    (argmax: the first of tied ids) would have chosen the target. An evaluation's scores: a
+    training loss calls ``vocab_parallel_cross_entropy``, without the flag's passes and
+    collectives."""
+    loss, logits, target_logit = _cross_entropy(logits, targets, vocab_axis=vocab_axis,
+                                                vocab_offset=vocab_offset, vocab_size=vocab_size)
+    split = active_axis(vocab_axis) is not None
+    # Greedy decoding takes the first id of the largest logit: the target is chosen when it
+    # beats every lower id and ties-or-beats every higher one.
+    ids = vocab_offset + jnp.arange(logits.shape[-1])
+    fixed = jax.lax.stop_gradient(logits)  # (A flag: no gradient, and pmax has no rule.)
+    below = jnp.max(jnp.where(ids < targets[..., None], fixed, -jnp.inf), axis=-1)
+    above = jnp.max(jnp.where(ids > targets[..., None], fixed, -jnp.inf), axis=-1)
+    target_fixed = jax.lax.stop_gradient(target_logit)
+    if split:
+        below, above = collectives.pmax(below, vocab_axis), collectives.pmax(above, vocab_axis)
+    return loss, (target_fixed > below) & (target_fixed >= above)
+
+
+def _cross_entropy(logits, targets, *, vocab_axis, vocab_offset, vocab_size):
+    """``(loss, the logits as compared -- float32 or wider, padding ids at -inf --, the
+    target's logit)``."""
     logits = at_least_float32(logits)
     local_vocab = logits.shape[-1]
     split = active_axis(vocab_axis) is not None
@@ -60,15 +81,4 @@ def vocab_parallel_scores(logits: jax.Array, targets: jax.Array, *,
     target_logit = jnp.where(held, target_logit, 0.0)
     if split:
         sum_exp, target_logit = collectives.psum((sum_exp, target_logit), vocab_axis)
-    # Greedy decoding takes the first id of the largest logit (argmax): the target is chosen
-    # when it beats every lower id and ties-or-beats every higher one. (Unused by a loss: XLA
-    # drops it there.)
-    ids = vocab_offset + jnp.arange(local_vocab)
-    fixed = jax.lax.stop_gradient(logits)  # (A flag: no gradient, and pmax has no rule.)
-    below = jnp.max(jnp.where(ids < targets[..., None], fixed, -jnp.inf), axis=-1)
-    above = jnp.max(jnp.where(ids > targets[..., None], fixed, -jnp.inf), axis=-1)
-    target_fixed = jax.lax.stop_gradient(target_logit)
-    if split:
-        below, above = collectives.pmax(below, vocab_axis), collectives.pmax(above, vocab_axis)
-    return (jnp.log(sum_exp) + top - target_logit,
-            (target_fixed > below) & (target_fixed >= above))
+    return jnp.log(sum_exp) + top - target_logit, logits, target_logit

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal, Union
 
 from titanax.config import REQUIRED, Required
-from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
+from titanax.parallel.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.layers.attention import Attention
 from titanax.modules.layers.dropout import Dropout

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
-from titanax.modules.axis_binding import RESIDUAL_SEQUENCE, VOCAB
+from titanax.parallel.axis_binding import RESIDUAL_SEQUENCE, VOCAB
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.modules.initializers import FanAxes
 from titanax.parallel import collectives

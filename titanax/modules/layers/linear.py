@@ -2,7 +2,7 @@
 
 Weights are stored ``[input_dim, output_dim]``. The layer names the logical dimension of each
 (``input_dim_name`` / ``output_dim_name``: ``"mlp"``, ``"heads"``, ...) and asks the axis binding
-(modules/axis_binding.py) which mesh axis holds it:
+(parallel/axis_binding.py) which mesh axis holds it:
 
 * output dimension bound (column-parallel): each device computes its slice of the outputs, no
   collective; with the residual stream split over the sequence (sequence parallelism) the input
@@ -18,7 +18,7 @@ from typing import Optional
 
 
 from titanax.config import REQUIRED, Required
-from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
+from titanax.parallel.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes

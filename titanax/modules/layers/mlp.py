@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
-from titanax.modules.axis_binding import MLP as MLP_DIM, RESIDUAL_SEQUENCE
+from titanax.parallel.axis_binding import MLP as MLP_DIM, RESIDUAL_SEQUENCE
 from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer

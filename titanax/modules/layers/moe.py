@@ -37,7 +37,7 @@ the device's own token group (``group_load_max``: what the capacity meets).
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Any, List, Literal, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from titanax import errors
 from titanax.config import REQUIRED, Required
-from titanax.modules.axis_binding import EXPERTS, MLP, RESIDUAL_SEQUENCE, STAGES
+from titanax.parallel.axis_binding import EXPERTS, MLP, RESIDUAL_SEQUENCE, STAGES
 from titanax.modules.base_layer import BaseLayer, ParameterSpec
 from titanax.modules.context import VectorSummary
 from titanax.modules.initializers import FanAxes, Initializer
@@ -284,3 +284,12 @@ def _named_outputs(tree, name):
                 yield value
             else:
                 yield from _named_outputs(value, name)
+
+
+def moe_layers(module: Any, path: str = "") -> List[Tuple[str, Any]]:
+    """``(path, layer)`` of every mixture-of-experts layer under ``module``."""
+    path = path or module.name
+    found = [(path, module)] if isinstance(module, MoE) else []
+    for name, child in getattr(module, "_children", {}).items():
+        found += moe_layers(child, f"{path}/{name}")
+    return found

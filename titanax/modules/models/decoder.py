@@ -28,15 +28,16 @@ published sizes).
 from __future__ import annotations
 
 import math
-from typing import Dict, Literal, Optional, Sequence
+from typing import Dict, Literal, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from titanax.modules import sampling
-from titanax.modules.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUENCE
+from titanax.parallel.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUENCE
 from titanax.modules.initializers import Normal
 from titanax.modules.layers.attention import (Attention, check_implementation,
+                                               refuse_ignored_implementation,
                                                refuse_split_attention_dropout)
 from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.dropout import Dropout
@@ -238,6 +239,8 @@ class Decoder(CausalLanguageModel):
     def check_axis_binding(self, binding, *, path):
         # Options set on the model, refused under the path the user sets them by.
         refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
+        refuse_ignored_implementation(self.config.attention_implementation, binding,
+                                      path=f"{path}.attention_implementation")
         if self.config.moe is not None:
             check_moe_binding(self.config.moe, binding, path=f"{path}.moe")
         super().check_axis_binding(binding, path=path)
@@ -313,12 +316,7 @@ class Decoder(CausalLanguageModel):
             raise NotImplementedError("decoding has no sequence to split: generate under a "
                                       "binding without residual_sequence")
         batch, prompt = prompt_ids.shape
-        total = prompt + max_new_tokens
-        table = self.parameters["token_emb"]["weight"]
-        shape = self.decoder.layer.attn.cache_shape(
-            self.parameters["decoder"]["layer"]["attn"], layers=self.config.num_layers,
-            batch=batch, length=total)
-        cache = (jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype))
+        cache = self._empty_cache(batch=batch, length=prompt + max_new_tokens)
         offsets = None if prompt_lengths is None else prompt - prompt_lengths.astype(jnp.int32)
 
         def positions(first, length):
@@ -351,6 +349,14 @@ class Decoder(CausalLanguageModel):
                     for name, values, final in zip(("tokens", "logps", "entropy"), chosen, last)}
         return self._sample_until_ended(step, first, cache, max_new_tokens=max_new_tokens,
                                         end_ids=end_ids, agree_over=agree_over)
+
+    def _empty_cache(self, *, batch: int, length: int) -> Tuple[jax.Array, jax.Array]:
+        """Every layer's key and value cache of ``length`` positions, zeros."""
+        table = self.parameters["token_emb"]["weight"]
+        shape = self.decoder.layer.attn.cache_shape(
+            self.parameters["decoder"]["layer"]["attn"], layers=self.config.num_layers,
+            batch=batch, length=length)
+        return jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype)
 
     def _sample_until_ended(self, step, first, cache, *, max_new_tokens: int,
                             end_ids: Sequence[int], agree_over: Sequence[str]):

@@ -50,7 +50,7 @@ class AxisBinding:
     # (logical dimension, mesh axis or None) pairs; a dimension absent is whole (None).
     dims: Tuple[Tuple[str, Optional[str]], ...] = ()
     # How attention's keys cross the SEQUENCE axis: "all_gather", "ring" or "ulysses"
-    # (parallel/context_attention.py; from plan.context_parallel.strategy).
+    # (modules/layers/context_attention.py; from plan.context_parallel.strategy).
     context_strategy: str = "all_gather"
     # (mesh axis, devices) of the mesh a plan is checked against (Plan.check_model); empty in
     # the bindings layers run under, which read sizes from their shard_map instead.
@@ -129,13 +129,23 @@ class _Scope(threading.local):
 _SCOPE = _Scope()
 
 
+# The binding of the innermost module call, if any: set by modules/context.py (the module
+# system sits above this file; it tells the binding where calls keep theirs).
+_CALL_BINDING: List = [lambda: None]
+
+
+def look_up_call_bindings_with(lookup) -> None:
+    """``lookup() -> Optional[AxisBinding]``: the innermost module call's binding (the module
+    system registers it once)."""
+    _CALL_BINDING[0] = lookup
+
+
 def current_binding() -> AxisBinding:
     """The binding of the innermost module call, else of the innermost ``bound`` block, else
     ``UNBOUND``."""
-    from titanax.modules.context import current_context  # pylint: disable=import-outside-toplevel
-    context = current_context()
-    if context is not None and context.axis_binding is not None:
-        return context.axis_binding
+    binding = _CALL_BINDING[0]()
+    if binding is not None:
+        return binding
     return _SCOPE.bindings[-1] if _SCOPE.bindings else UNBOUND
 
 
