@@ -1,4 +1,5 @@
-"""Reinforcement learning from verifiable rewards (GRPO and its variants: titanax/rl/).
+"""Objectives that sample: reinforcement learning from verifiable rewards (GRPO and its
+variants: titanax/rl/) and on-policy distillation.
 
 * ``llama_tiny_grpo``: a 2-layer Llama-style model learns one-digit sums ("3+4=" -> "7", every
   a + b <= 9: 55 prompts bundled with Titanax, a 16-token tokenizer of digits, "+", "=" and
@@ -13,13 +14,18 @@
   step, the KL to the starting weights (beta 0.04, a frozen copy). Sized for 8 80 GB devices
   (FSDP over 8) by ``--compile_only --cpu_devices=8``: 20.3 GiB peak each in the train step,
   8.7 GiB while sampling (the train state plus the sampler's key/value cache; docs/grpo.md).
+* ``llama_tiny_distill``: on-policy distillation of a student toward a teacher (both HF
+  directories: ``--config.init_from``, ``--config.objective.teacher_from``) on the same prompts.
 """
+
+from typing import Any
 
 from titanax.config import config_for_function, register_experiment
 from titanax.data.pipeline import Input
 from titanax.data.prompts import Prompts
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.modules.models.decoder import Decoder, qwen3_config
+from titanax.objectives.distillation import Distillation
 from titanax.objectives.grpo import GRPO
 from titanax.observe.loggers import CSV, Basic, TensorBoard
 from titanax.parallel.plan import DP, TP, Plan, ZeRO
@@ -31,9 +37,9 @@ from titanax.train.learner import Learner
 
 
 
-def grpo_run(*, model, prompts: Input.Config, grpo: GRPO.Config, steps: int, peak_lr: float,
+def grpo_run(*, model, prompts: Input.Config, grpo: Any, steps: int, peak_lr: float,
              mesh: MeshSpec.Config, plan: Plan.Config) -> Engine.Config:
-    """What every GRPO experiment shares: AdamW at a constant rate after a short warmup, no
+    """What every sampling experiment (GRPO, distillation: ``grpo`` its objective) shares: AdamW at a constant rate after a short warmup, no
     weight decay, clipping at 1, every step logged (the reward is the point), checkpoints."""
     return Engine.default_config().set(
         mesh=mesh, plan=plan, model=model, train_input=prompts, objective=grpo,
@@ -86,3 +92,27 @@ def qwen3_0_6b_grpo():
                                      zero=ZeRO.default_config().set(stage=3))
     return grpo_run(model=model, prompts=prompts, grpo=grpo, steps=500, peak_lr=1e-6,
                     mesh=MeshSpec.default_config().set(axes=("data",)), plan=plan)
+
+
+@register_experiment
+def llama_tiny_distill():
+    """On-policy distillation (objectives/distillation.py): a student -- usually
+    --config.init_from=<HF dir>, whose tokenizer reads the prompts -- samples one completion per
+    prompt and learns the teacher's next-token distributions at every sampled position
+    (per-token reverse KL over the whole vocabulary), the teacher
+    --config.objective.teacher_from=<HF dir> frozen beside it. Prompts as llama_tiny_grpo reads
+    them (--config.train_input.source.files); metrics.csv has loss and reverse_kl."""
+    model = Decoder.default_config().set(
+        name="llama", vocab_size=16, max_seq_len=16, num_layers=2, model_dim=64, num_heads=4,
+        num_kv_heads=2, hidden_dim=176, norm_eps=1e-5, rope_theta=10000.0)
+    prompts = Input.default_config().set(
+        source=Prompts.default_config().set(files=["bundled:sums/prompts.jsonl"],
+                                            max_prompt_tokens=5),
+        global_batch_size=32)
+    prompts.tokenizer.path = "bundled:sums"
+    distill = Distillation.default_config().set(max_new_tokens=8)
+    return grpo_run(model=model, prompts=prompts, grpo=distill, steps=200, peak_lr=1e-3,
+                    mesh=MeshSpec.default_config().set(axes=("data", "model"), shape=(None, 2)),
+                    plan=Plan.default_config().set(data_parallel=DP.default_config(),
+                                                   tensor_parallel=TP.default_config()))
+

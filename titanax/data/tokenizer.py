@@ -204,3 +204,18 @@ def _configured_specials(config: dict) -> dict:
     if config.get("add_bos_token") is False:
         out.pop("bos_token", None)
     return out
+
+
+def vocabulary_difference(a: "Tokenizer", b: "Tokenizer") -> Optional[str]:
+    """Where two tokenizers differ as a model sees them (the vocabulary size, an id's token, the
+    end-of-sequence id), in words; None: the same ids mean the same tokens."""
+    if a.vocab_size != b.vocab_size:
+        return f"{a.vocab_size} tokens vs {b.vocab_size}"
+    if a.eos_id != b.eos_id:
+        return f"end-of-sequence id {a.eos_id} vs {b.eos_id}"
+    for token_id in range(a.vocab_size):
+        if a._impl.id_to_token(token_id) != b._impl.id_to_token(token_id):  # pylint: disable=protected-access
+            return (f"id {token_id} is {a._impl.id_to_token(token_id)!r} vs "  # pylint: disable=protected-access
+                    f"{b._impl.id_to_token(token_id)!r}")  # pylint: disable=protected-access
+    return None
+

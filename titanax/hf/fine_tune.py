@@ -35,7 +35,8 @@ _log = logging.getLogger("titanax")
 
 # Fields of the experiment's model that say how it runs, kept over the checkpoint's.
 RUNTIME_FIELDS = ("name", "dtype", "param_init", "remat_policy", "layer_remat_policy",
-                  "unroll_layers", "vocab_pad_multiple")
+                  "unroll_layers", "vocab_pad_multiple", "loss_chunk_tokens",
+                  "attention_implementation", "attention_block_size")
 # Fields a user may set apart from the checkpoint's without changing what its weights compute
 # (a shorter sequence limit -- a position table's shape is checked when the weights load --
 # and training-time dropout).

@@ -23,7 +23,7 @@ from titanax.modules.layers.cross_entropy import (vocab_parallel_cross_entropy,
                                                   vocab_parallel_scores)
 from titanax.modules.layers.embedding import VocabParallelEmbedding
 from titanax.modules.layers.moe import add_moe_objective
-from titanax.modules.axis_binding import RESIDUAL_SEQUENCE
+from titanax.parallel.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules.module import nowrap
 from titanax.modules.pipeline_parts import StackedStages
 from titanax.parallel import collectives
@@ -184,6 +184,18 @@ class CausalLanguageModel(BaseLayer):
         ``temperature``), float32 or wider; ``segment_ids`` / ``positions`` as ``forward``'s."""
         hidden = self.hidden_states(input_ids, segment_ids, positions)
         return -at_least_float32(self.token_losses(hidden, target_ids, temperature=temperature))
+
+    def final_hidden(self, input_ids: jax.Array, segment_ids: Optional[jax.Array] = None,
+                     positions: Optional[jax.Array] = None) -> jax.Array:
+        """The final-normed residual stream ``[batch, seq, model_dim]``, its sequence whole:
+        what the LM head reads (``head_logits``; a distillation runs both models' heads in
+        chunks of it)."""
+        return self._whole_sequence(self.hidden_states(input_ids, segment_ids, positions))
+
+    def head_logits(self, hidden: jax.Array) -> jax.Array:
+        """This device's slice of the (padded) vocabulary's logits of ``hidden`` ``[...,
+        model_dim]`` (``head().vocab_offset()`` is its first id)."""
+        return self.head().attend(hidden)
 
     def token_scores(self, input_ids: jax.Array, target_ids: jax.Array) -> jax.Array:
         """``[batch, seq, 2]``: per target, its log-prob given what precedes it and whether
