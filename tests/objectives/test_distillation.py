@@ -157,3 +157,55 @@ def test_bad_teachers_and_settings_are_refused_by_name(models, tmp_path):
     assert info.value.path == "objective.teacher_from"
     with pytest.raises(errors.ConfigValidationError, match="beta"):
         Distillation.default_config().set(beta=1.5).instantiate()
+
+
+def _word_level_tokenizer(directory, vocab):
+    """A tokenizer.json of ``vocab`` word-level tokens (``<eos>`` id 1): what a student and its
+    teacher share."""
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    tokens = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab)}}
+    tok = Tokenizer(tok_models.WordLevel(vocab=tokens, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    os.makedirs(directory, exist_ok=True)
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"eos_token": "<eos>"}, f)
+
+
+def _compiled_bytes(root, vocab):
+    """--compile_only's report of a distillation run at ``vocab`` ids (data 4 x model 2: the
+    vocabulary split), the teacher a config.json and the shared tokenizer (nothing loads)."""
+    from transformers import LlamaConfig
+    from titanax.modules.models.decoder import Decoder
+    from titanax.train import abstract_compile
+    teacher = os.path.join(root, f"teacher_{vocab}")
+    _word_level_tokenizer(teacher, vocab)
+    LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                eos_token_id=1, tie_word_embeddings=False).to_json_file(
+                    os.path.join(teacher, "config.json"))
+    prompts = Input.default_config().set(
+        source=Prompts.default_config().set(files=["unused.jsonl"], max_prompt_tokens=64),
+        global_batch_size=32)
+    prompts.tokenizer.path = teacher
+    engine = Engine.default_config().set(
+        mesh=helpers.mesh((4, 2), ("data", "model")),
+        plan=Plan.default_config().set(data_parallel=DP.default_config(),
+                                       tensor_parallel=TP.default_config()),
+        model=Decoder.default_config().set(
+            name="llama", vocab_size=vocab, max_seq_len=128, num_layers=2, model_dim=32,
+            num_heads=4, num_kv_heads=2, hidden_dim=64),
+        train_input=prompts, objective=Distillation.default_config().set(
+            teacher_from=teacher, max_new_tokens=64, num_generations=2),
+        learner=helpers.adam(), loggers=[]).instantiate()
+    return abstract_compile.compile_only(engine)
+
+
+def test_temporaries_do_not_grow_with_the_vocabulary(tmp_path):
+    """The train step's and the sampler's temporaries at 256 and at 131,072 ids (8,128 tokens a
+    step, the student's and the teacher's heads chunked and split): within 512 MiB (measured:
+    17 -> 155 MiB, the growth the vocabulary-sized params' gradients) -- each device's share of
+    one model's whole logits would be 532 MiB at the larger vocabulary, 4.3 GB over the batch."""
+    small, large = (_compiled_bytes(str(tmp_path), vocab) for vocab in (256, 131072))
+    for name in ("temp_bytes", "sampler_temp_bytes"):
+        assert large[name] - small[name] <= 512 * 2 ** 20, (name, small[name], large[name])

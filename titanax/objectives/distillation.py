@@ -17,7 +17,9 @@ KL(student || teacher) -- is logged whatever the loss.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Any, Dict, Literal, Optional, Tuple
 
 import jax
@@ -146,8 +148,10 @@ class Distillation(SamplingObjective):
 def _teacher_model(directory: str, *, student: Any) -> Any:
     """The teacher of the HF ``directory``, run as the student runs (its vocabulary padding,
     loss chunks and attention), refused when its vocabulary is not the student's."""
-    from titanax.hf import importer  # pylint: disable=import-outside-toplevel
-    cfg = importer.model_config(directory)
+    from titanax.hf.model_configs import model_config_from_hf  # pylint: disable=import-outside-toplevel
+    where = os.path.join(directory, "config.json")  # (Its weights load at step 0 only.)
+    with open(where, encoding="utf-8") as f:
+        cfg = model_config_from_hf(json.load(f), where=where)
     own, theirs = student.config.vocab_size, cfg.vocab_size
     if own != theirs:
         raise errors.ConfigError(
