@@ -38,7 +38,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # (pytest.ini), and a heavy file started last would run alone at the end of the suite.
 HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/rl/test_grpo_launch.py",
                   "tests/harness/test_lm_eval_parity.py", "tests/harness/test_lm_eval_evaler.py",
-                  "tests/test_evaluation_doc.py",
+                  "tests/test_evaluation_doc.py", "tests/objectives/test_distillation.py",
+                  "tests/objectives/test_kto.py", "tests/test_distillation_doc.py",
                   "tests/train/test_preference_training.py", "tests/rl/test_grpo_training.py",
                   "tests/train/test_lora_training.py", "tests/train/test_pipeline_parity.py",
                   "tests/train/test_sharded_state.py", "tests/test_launch_errors.py",
@@ -52,7 +53,8 @@ HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/rl/test_grpo_launch.py",
                   "tests/train/test_state_updates.py", "tests/modules/models/test_packing.py",
                   "tests/test_flax_experiments.py", "tests/test_preference_doc.py",
                   "tests/test_grpo_doc.py", "tests/modules/test_lora.py",
-                  "tests/hf/test_preference_parity.py", "tests/hf/test_grpo_parity.py")
+                  "tests/hf/test_preference_parity.py", "tests/hf/test_grpo_parity.py",
+                  "tests/hf/test_distillation_parity.py", "tests/hf/test_kto_parity.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -107,16 +107,11 @@ BAD_INPUTS = [
     ("a preference field at its old path", ["--config=llama_tiny_dpo",
                                             "--config.preference.loss=ipo"],
      "--config.objective.loss"),
-    ("a GRPO field at its old path", ["--config=llama_tiny_grpo", "--config.grpo.beta=0.04"],
-     "--config.objective.beta"),
-    ("the reference at its old path", ["--config=llama_tiny_dpo",
-                                       "--config.reference_from={tmp}"],
-     "--config.objective.reference_from"),
-    ("KTO with beta 0", ["--config=llama_tiny_kto", "--config.objective.beta=0"],
-     "objective.beta"),
     ("KTO with a negative weight", ["--config=llama_tiny_kto",
                                     "--config.objective.undesirable_weight=-1"],
      "objective.undesirable_weight"),
+    ("distillation with beta above 1", ["--config=llama_tiny_distill",
+                                        "--config.objective.beta=1.5"], "objective.beta"),
 ]
 
 
