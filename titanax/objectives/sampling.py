@@ -186,7 +186,7 @@ class SamplingObjective(Objective):
         input_cfg, own = run.config.train_input, self.config
         rows = input_cfg.global_batch_size * own.num_generations // own.updates_per_rollout
         length = input_cfg.source.max_prompt_tokens + own.max_new_tokens - 1
-        return dict(rollout_rows.FIELDS), length, rows
+        return dict(rollout_rows.FIELDS), length, rows, rollout_rows.PER_ROW
 
     def compile_report(self, run: Any, *, state: Any, train_arguments: int) -> Dict[str, int]:
         """The sampler, compiled for one rollout's prompts: its temporaries (the key/value

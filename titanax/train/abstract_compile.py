@@ -19,7 +19,6 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from titanax import errors
-from titanax.rl.rows import PER_ROW
 
 GIB = float(1 << 30)
 
@@ -32,9 +31,11 @@ def batch_template(engine: Any) -> Dict[str, jax.ShapeDtypeStruct]:
     fields = getattr(getattr(source, "klass", None), "FIELDS", None)
     length = getattr(source, "seq_len", None)
     rows = getattr(input_cfg, "global_batch_size", None)
+    # The fields with one value per row (the rest: one per position).
+    per_row = tuple(getattr(getattr(source, "klass", None), "PER_ROW", ()))
     declared = engine.objective.abstract_batch(engine)
     if declared is not None:  # (A sampling objective's rollout rows.)
-        fields, length, rows = declared
+        fields, length, rows, per_row = declared
     if fields is None or not isinstance(length, int) or not isinstance(rows, int):
         kind = getattr(getattr(source, "klass", None), "__name__", type(source).__name__)
         raise errors.LaunchFlagError(
@@ -42,7 +43,6 @@ def batch_template(engine: Any) -> Dict[str, jax.ShapeDtypeStruct]:
             f"({kind}) declares no fields, seq_len or global_batch_size", path="train_input",
             suggestion="use a TextWindows or PackedDocuments source, or compile with --explain "
                        "(which reads the first batch)")
-    per_row = set(PER_ROW) | set(getattr(getattr(source, "klass", None), "PER_ROW", ()))
     host = {name: np.zeros((rows,) + ((length,) if name not in per_row else ()), dtype)
             for name, dtype in fields.items()}
     host = engine.inputs.batch.prepared(host, dict(engine.mesh.shape))

@@ -121,8 +121,9 @@ class Objective(Configurable):
         return True
 
     def abstract_batch(self, run: Any) -> Optional[Tuple[Dict[str, Any], int, int]]:
-        """``(fields {name: dtype}, row length, global rows)`` of the batches it trains on, for
-        ``--compile_only``; None: those the train input's source declares."""
+        """``(fields {name: dtype}, row length, global rows, the fields with one value per row)``
+        of the batches it trains on, for ``--compile_only``; None: those the train input's
+        source declares."""
         del run
         return None
 
