@@ -151,6 +151,18 @@ def test_bad_data_and_settings_are_refused_by_name(tmp_path):
                     context_parallel=CP.default_config().set(axis="context"))).build()
 
 
+def test_an_objective_the_pipelines_cannot_stage_is_refused(tmp_path):
+    """The seam's own refusal (train/objective.py), for every objective but the model's loss:
+    a pipeline runs the model's forward in stages, not an objective's loss on whole rows."""
+    from titanax.parallel.plan import PP  # pylint: disable=import-outside-toplevel
+    files = labelled_completions(tmp_path / "k.jsonl", count=40)
+    with pytest.raises(errors.PlanError, match="pipeline_parallel splits") as info:
+        _engine(files, mesh=helpers.mesh((4, 2), ("data", "pipe")),
+                plan=Plan.default_config().set(data_parallel=DP.default_config(),
+                                               pipeline_parallel=PP.default_config())).build()
+    assert info.value.path == "plan.pipeline_parallel"
+
+
 def test_objective_and_data_must_agree(tmp_path):
     """Each objective reads its own records: KTO's labelled completions are not pairs, and
     pairs are not labelled completions."""

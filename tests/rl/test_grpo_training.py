@@ -14,6 +14,7 @@ from titanax.data.prompts import Prompts
 from titanax.modules.lora import LoRA
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import DP, Plan
+from titanax.modules.models.decoder import Decoder
 from titanax.objectives.grpo import GRPO, REFERENCE
 from titanax.objectives.preference import Preference
 from titanax.rl.rewards import AnswerMatch, LengthPenalty
@@ -212,6 +213,12 @@ def test_more_refusals(tmp_path):
         helpers.engine(files, grpo=GRPO.default_config().set(
             reward_functions=["no_such_module.fn"], **grpo)).build()
     assert info.value.path == "objective.reward_functions[0]"
+    with pytest.raises(errors.ConfigError, match="capacity-limited") as info:
+        from titanax.modules.layers.moe import MoE  # pylint: disable=import-outside-toplevel
+        helpers.engine(files, model=Decoder.default_config().set(
+            **helpers.MODEL, moe=MoE.default_config().set(hidden_dim=32, num_experts=4,
+                                                          dispatch="capacity"))).build()
+    assert info.value.path == "model.moe.dispatch"
     padded = helpers.engine(files).config.train_input.clone(last_batch="pad")
     with pytest.raises(errors.ConfigError, match="padding rows") as info:
         helpers.engine(files, train_input=padded).build()
