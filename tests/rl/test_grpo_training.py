@@ -213,6 +213,10 @@ def test_more_refusals(tmp_path):
         helpers.engine(files, grpo=GRPO.default_config().set(
             reward_functions=["no_such_module.fn"], **grpo)).build()
     assert info.value.path == "objective.reward_functions[0]"
+    with pytest.raises(errors.ConfigError, match="beta 0") as info:
+        helpers.engine(files, grpo=GRPO.default_config().set(reference_from=files,
+                                                             **grpo)).build()
+    assert info.value.path == "objective.reference_from"
     with pytest.raises(errors.ConfigError, match="capacity-limited") as info:
         from titanax.modules.layers.moe import MoE  # pylint: disable=import-outside-toplevel
         helpers.engine(files, model=Decoder.default_config().set(

@@ -90,11 +90,8 @@ class FrozenModel:
 
     def setup(self, run: Any, *, needed: bool) -> None:
         """Checks the directory and decides whether params of its own are held: when
-        ``needed``, unless a model converter's base (LoRA's adapters off) is the model."""
-        if self.directory is not None and not needed:
-            raise errors.ConfigError(
-                f"names the {self.what}'s weights, and this objective uses none", path=self.path,
-                suggestion=f"drop {self.path.rsplit('.', 1)[-1]}")
+        ``needed``, unless a model converter's base (LoRA's adapters off) is the model. (An
+        objective refuses a directory it does not need, in its own words.)"""
         check_hf_directory(self.directory, path=self.path, what=self.what)
         self.converters = tuple(run.converters)
         self.holds_copy = needed and holds_copy(directory=self.directory, run=run)

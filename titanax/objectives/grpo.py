@@ -151,12 +151,12 @@ class GRPO(SamplingObjective):
         # (Imported first: a typo in a reward's path stops the build before anything else.)
         self.rewards = RewardSet(functions=cfg.reward_functions, weights=cfg.reward_weights,
                                  rewards=cfg.rewards)
-        super().check(run)
         if cfg.reference_from is not None and not self.needs_reference:
             raise errors.ConfigError(
                 "names the reference of GRPO's KL, and this run has none (beta 0)",
                 path="objective.reference_from",
                 suggestion="set objective.beta > 0, or drop reference_from")
+        super().check(run)
         self.reference.setup(run, needed=self.needs_reference)
 
     def frozen_specs(self, model_specs, *, run):
