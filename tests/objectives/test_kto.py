@@ -73,6 +73,10 @@ def test_at_the_start_the_loss_is_half_the_weights(tmp_path, weights):
     for name in ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins"):
         assert abs(first[name]) <= 1e-6, (name, first[name])
     assert first["logps/chosen"] < 0 and first["logps/rejected"] < 0
+    # --explain says what the run trains toward, and which reference it holds.
+    assert (f"objective: KTO (beta 0.1, desirable x{weights[0]}, undesirable x{weights[1]}); "
+            "reference: the starting weights (a frozen copy under params/reference)"
+            in engine.explain())
 
 
 def test_the_kl_estimate_and_the_steps_are_the_same_on_every_mesh(tmp_path):
