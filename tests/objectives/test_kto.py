@@ -181,3 +181,33 @@ def test_objective_and_data_must_agree(tmp_path):
         global_batch_size=16)
     with pytest.raises(errors.ConfigError, match="trains on labelled completions"):
         _engine(files, train_input=pairs).build()
+
+
+def test_a_record_is_cut_on_its_own_whatever_its_neighbours_completion(tmp_path):
+    """Rows longer than seq_len are cut per row (as TRL's): a record's own row is the same next
+    to a short or a long neighbour; a neighbour whose completion cannot be scored in the
+    mismatched row only leaves the KL estimate."""
+    rows = {}
+    for name, neighbour in (("short", " ok."), ("long", " " + "x" * 40)):
+        files = _write(tmp_path / f"{name}.jsonl", [
+            {"prompt": "a b c d e f g h ->", "completion": " yes.", "label": True},
+            {"prompt": "q ->", "completion": neighbour, "label": False}])
+        source = UnpairedPreferences.default_config().set(
+            files=[files], seq_len=16, held_out_fraction=0.0, seed=None).instantiate()
+        rows[name] = source[0]
+    for field in ("input_ids", "target_ids", "weights"):
+        np.testing.assert_array_equal(rows["short"][field], rows["long"][field])
+    assert rows["long"]["kl_weights"].sum() > 0
+
+
+def test_an_objective_needs_the_engines_model_step(tmp_path):
+    """No model, or a hand-written step: an objective would be ignored -- refused by name."""
+    with pytest.raises(errors.ConfigError, match="hand-written step has none") as info:
+        Engine.default_config().set(objective=KTO.default_config()).instantiate().build()
+    assert info.value.path == "objective"
+    files = labelled_completions(tmp_path / "k.jsonl", count=40)
+    engine = _engine(files)
+    engine.init_state()
+    with pytest.raises(errors.StepError, match="computes its own loss") as info:
+        engine.compile(lambda state, batch: (state, {}))
+    assert info.value.path == "objective"

@@ -54,8 +54,9 @@ OBJECTIVE_FIELDS = ("preference", "grpo")
 
 def _objective_moved_in(data: Dict[str, Any]) -> Dict[str, Any]:
     """An Engine record written before wave 5, its objective fields under ``objective``."""
-    if "objective" in data or not any(k in data for k in OBJECTIVE_FIELDS):
-        return data  # (Such a record holds both, None where unused.)
+    if "objective" in data or not any(k in data for k in OBJECTIVE_FIELDS) or \
+            not str(data.get("klass", "")).endswith(".Engine"):
+        return data  # (An Engine record of then holds both, None where unused.)
     data = dict(data)
     objective = next((data[k] for k in OBJECTIVE_FIELDS if data.get(k) is not None), None)
     reference = data.pop("reference_from", None)

@@ -139,6 +139,12 @@ class CompletionRows(Configurable):
     # The completions of an example, and the prefix of each one's row fields.
     SIDES: Tuple[str, ...] = SIDES
     FIELD_PREFIX: Dict[str, str] = {side: f"{side}_" for side in SIDES}
+    # Whether every row of an example keeps the same prompt when long rows are cut (a pair's
+    # two rows are compared); False: each row is cut by the rule on its own.
+    SHARED_PROMPT = True
+    # The sides without which an example is dropped when nothing of their completion is left
+    # to score (the rest: kept with zero weights). None: every side.
+    REQUIRED_SIDES: Optional[Tuple[str, ...]] = None
 
     class Config(RecordFilesConfig):
         # Tokens per row (every row of an example).
@@ -194,11 +200,13 @@ class CompletionRows(Configurable):
         # The prompt: what comes before a side's first scored token.
         starts = {side: int(np.argmax(scored)) if scored.any() else len(scored)
                   for side, (_, scored) in sides.items()}
-        longest = max(len(tokens) - starts[side] for side, (tokens, _) in sides.items())
-        keep_prompt = min(max(starts.values()), max(budget - longest, budget // 2))
+        lengths = {side: len(tokens) - starts[side] for side, (tokens, _) in sides.items()}
         out: Dict[str, np.ndarray] = {}
         cut_any = False
         for side, (tokens, scored) in sides.items():
+            kept = ([starts[side]], lengths[side]) if not self.SHARED_PROMPT else (
+                list(starts.values()), max(lengths.values()))
+            keep_prompt = min(max(kept[0]), max(budget - kept[1], budget // 2))
             drop = max(0, starts[side] - keep_prompt)  # The prompt's first tokens go first.
             tokens, scored = tokens[drop:][:budget], scored[drop:][:budget]
             cut = len(sides[side][0]) - len(tokens)
@@ -206,7 +214,8 @@ class CompletionRows(Configurable):
                 cut_any = True
                 self.report.truncated_tokens += cut
             weights = scored[1:].astype(np.float32)  # A target is scored when its token is.
-            if not weights.any():
+            if not weights.any() and (self.REQUIRED_SIDES is None
+                                      or side in self.REQUIRED_SIDES):
                 self.report.dropped += 1
                 return None
             for name, values in (("input_ids", tokens[:-1]), ("target_ids", tokens[1:]),

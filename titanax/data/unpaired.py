@@ -10,8 +10,8 @@ Records are JSONL (or Parquet) lines in one of TRL's two forms:
 ``label`` is JSON ``true`` / ``false`` (desirable / undesirable); anything else is a bad record.
 
 Each record becomes one example of two rows of ``seq_len`` positions, tokenized and cut as
-preference pairs' rows are (``data/preference.py``): ``input_ids`` / ``target_ids`` /
-``weights`` of ``prompt + completion``, and ``kl_input_ids`` / ``kl_target_ids`` /
+preference pairs' rows are (``data/preference.py``), but each row on its own (as TRL does):
+``input_ids`` / ``target_ids`` / ``weights`` of ``prompt + completion``, and ``kl_input_ids`` / ``kl_target_ids`` /
 ``kl_weights`` of the same prompt with a *mismatched* completion -- KTO's estimate of the
 policy's KL to its reference is taken on such pairs. The mismatched completion of the record at
 place ``i`` of the split's order (from ``seed``) is the completion of the record at ``i - 1``
@@ -110,6 +110,10 @@ class UnpairedPreferences(CompletionRows):
     PER_ROW = ("label",)
     SIDES = ("completion", "kl")
     FIELD_PREFIX = {"completion": "", "kl": "kl_"}
+    # Each row cut on its own, as TRL's: a record's log-probs do not depend on its neighbour's
+    # completion; a mismatched row left with nothing to score only leaves the KL estimate.
+    SHARED_PROMPT = False
+    REQUIRED_SIDES = ("completion",)
 
     class Config(CompletionRows.Config):
         # The record fields of the completion and of its label (true: desirable).

@@ -76,8 +76,20 @@ class Distillation(SamplingObjective):
                                      suggestion="give the teacher's Hugging Face directory")
         frozen.check_hf_directory(directory, path="objective.teacher_from", what="teacher")
         self.teacher = _teacher_model(directory, student=run.model)
-        run.plan.check_model(self.teacher, run.mesh)
+        try:
+            run.plan.check_model(self.teacher, run.mesh)
+        except errors.TitanaxError as e:  # (Its paths name the teacher's fields, not model.*.)
+            raise type(e)(f"the teacher: {e.message} ({e.path})", path="objective.teacher_from",
+                          suggestion=e.suggestion) from e
         _check_tokenizer(directory, run.config.train_input)
+        source = getattr(run.config.train_input, "source", None)
+        rows = getattr(source, "max_prompt_tokens", 0) + self.config.max_new_tokens
+        limit = getattr(self.teacher.config, "max_seq_len", None)
+        if limit is not None and rows > limit:
+            raise errors.ConfigError(
+                f"rows of {rows} tokens (prompts and completions) are longer than the teacher "
+                f"reads (max_seq_len {limit})", path="objective.max_new_tokens",
+                suggestion=f"lower it (or train_input.source.max_prompt_tokens) to fit {limit}")
 
     def frozen_specs(self, model_specs, *, run):
         return {TEACHER: frozen.frozen_copy_specs(
@@ -158,8 +170,9 @@ def _teacher_model(directory: str, *, student: Any) -> Any:
             f"the teacher's vocabulary has {theirs} ids and the student's {own}: a divergence "
             "compares the same ids' probabilities", path="objective.teacher_from",
             suggestion="distill from a teacher that shares the student's tokenizer")
-    for name in ("vocab_pad_multiple", "loss_chunk_tokens", "attention_implementation"):
-        if name in cfg.keys() and name in student.config.keys():
+    from titanax.hf.fine_tune import RUNTIME_FIELDS  # pylint: disable=import-outside-toplevel
+    for name in RUNTIME_FIELDS:  # (How the student runs, but not its name.)
+        if name != "name" and name in cfg.keys() and name in student.config.keys():
             setattr(cfg, name, getattr(student.config, name))
     return cfg.set(name=TEACHER).instantiate()
 

@@ -116,8 +116,10 @@ class KTO(Objective):
                      for name in ("input_ids", "target_ids", "weights"))
         reference = self.reference.call(model, method="sequence_logps", inputs=both)
         reference, reference_kl = reference[:rows], reference[rows:]
-        kl = jnp.maximum(_batch_mean((policy_kl - reference_kl) * example, example, batch_axes),
-                         0.0)
+        # (A mismatched row cut to nothing to score leaves the estimate.)
+        mismatched = example * (jnp.sum(at_least_float32(batch["kl_weights"]), axis=-1) > 0)
+        kl = jnp.maximum(_batch_mean((policy_kl - reference_kl) * mismatched, mismatched,
+                                     batch_axes), 0.0)
         label = at_least_float32(batch["label"])
         out = self.example_losses(policy=policy, reference=reference, kl=kl, label=label)
         count = jnp.sum(example)

@@ -163,6 +163,11 @@ class Engine(Configurable):
         self.objective: Objective = cfg.objective.instantiate()
         if self.model is not None:
             self.objective.check(self)
+        elif not isinstance(self.objective, ModelLoss):
+            raise errors.ConfigError(
+                f"the {self.objective.name} objective trains a configured model; a hand-written "
+                "step has none", path="objective",
+                suggestion="configure a model, or leave the objective the model's loss")
         limits = getattr(self.model, "input_limits", None)
         self.inputs = RunInputs(mesh=self.mesh, plan=self.plan, limits=self.objective.input_limits(
             limits() if limits is not None else None))

@@ -120,7 +120,8 @@ class Objective(Configurable):
         """Whether ``fit(data=...)`` may hand it batches (a sampling objective makes its own)."""
         return True
 
-    def abstract_batch(self, run: Any) -> Optional[Tuple[Dict[str, Any], int, int]]:
+    def abstract_batch(self, run: Any
+                       ) -> Optional[Tuple[Dict[str, Any], int, int, Tuple[str, ...]]]:
         """``(fields {name: dtype}, row length, global rows, the fields with one value per row)``
         of the batches it trains on, for ``--compile_only``; None: those the train input's
         source declares."""

@@ -97,6 +97,12 @@ class StepBuilder:
                                        suggestion="configure a model, or pass a @step_fn to fit")
             return step_lib.ModelStep(self.setup)
         self.plan.check_hand_written_step(state_split=self.strategy.shard_axis is not None)
+        if not isinstance(self.objective, ModelLoss):
+            raise errors.StepError(
+                f"a hand-written @step_fn computes its own loss, and this run trains the "
+                f"{self.objective.name} objective", path="objective",
+                suggestion="let the engine run its model step, or leave the objective the "
+                           "model's loss")
         if not self.strategy.trainable.everything:
             raise errors.StepError(
                 "a hand-written @step_fn applies its gradients to every param, and this run "
