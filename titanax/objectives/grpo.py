@@ -159,11 +159,8 @@ class GRPO(SamplingObjective):
         super().check(run)
         self.reference.setup(run, needed=self.needs_reference)
 
-    def frozen_specs(self, model_specs, *, run):
-        return self.reference.specs(model_specs)
-
-    def frozen_params(self, *, start, run):
-        return self.reference.params(start=start, run=run)
+    def frozen_models(self):
+        return (self.reference,)
 
     # --- The loss ------------------------------------------------------------------------------
 

@@ -88,11 +88,8 @@ class KTO(Objective):
             return None
         return {prefix + name: limit for prefix in ROWS for name, limit in model_limits.items()}
 
-    def frozen_specs(self, model_specs, *, run):
-        return self.reference.specs(model_specs)
-
-    def frozen_params(self, *, start, run):
-        return self.reference.params(start=start, run=run)
+    def frozen_models(self):
+        return (self.reference,)
 
     # --- The loss ------------------------------------------------------------------------------
 

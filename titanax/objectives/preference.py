@@ -99,11 +99,8 @@ class Preference(Objective):
 
     # --- The reference -------------------------------------------------------------------------
 
-    def frozen_specs(self, model_specs, *, run):
-        return self.reference.specs(model_specs)
-
-    def frozen_params(self, *, start, run):
-        return self.reference.params(start=start, run=run)
+    def frozen_models(self):
+        return (self.reference,)
 
     # --- The loss ------------------------------------------------------------------------------
 

@@ -96,17 +96,23 @@ class Objective(Configurable):
 
     # --- Frozen models -------------------------------------------------------------------------
 
+    def frozen_models(self) -> Sequence[Any]:
+        """The frozen models it holds (objectives/frozen.py's ``FrozenModel``: ``specs(model
+        specs)`` and ``params(start=, run=)``, each under a params key of its own)."""
+        return ()
+
     def frozen_specs(self, model_specs: Dict[str, Any], *, run: Any) -> Dict[str, Any]:
         """Extra top-level params keys (frozen ParameterSpecs) this objective holds beside the
         model's: e.g. ``{"reference": <a frozen copy of model_specs>}``. Empty: none."""
-        del model_specs, run
-        return {}
+        del run
+        return {key: value for frozen in self.frozen_models()
+                for key, value in frozen.specs(model_specs).items()}
 
     def frozen_params(self, *, start: Dict[str, Any], run: Any) -> Dict[str, Any]:
         """The values of ``frozen_specs``'s keys for a fresh run whose trained model starts at
         ``start`` (the model's own params, in the run's shards and storage dtype)."""
-        del start, run
-        return {}
+        return {key: value for frozen in self.frozen_models()
+                for key, value in frozen.params(start=start, run=run).items()}
 
     # --- Batches -------------------------------------------------------------------------------
 
