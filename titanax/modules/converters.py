@@ -19,7 +19,7 @@ below, for
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from titanax.config import Configurable
 from titanax.modules.lora import LoRA
@@ -53,21 +53,21 @@ def convert_specs(converters: Sequence[Any], specs: Dict[str, Any], *, model: An
     return specs
 
 
-@contextlib.contextmanager
-def scopes(converters: Sequence[Any]) -> Iterator[None]:
+def scopes(converters: Sequence[Any]) -> ContextManager[None]:
     """Every converter's ``scope()`` at once (the context a step is traced in)."""
-    with contextlib.ExitStack() as stack:
-        for converter in converters:
-            stack.enter_context(converter.scope())
-        yield
+    return _all(converter.scope() for converter in converters)
+
+
+def base_scopes(converters: Sequence[Any]) -> ContextManager[None]:
+    """The model as it was before conversion, for the block."""
+    return _all(converter.base_scope() for converter in converters)
 
 
 @contextlib.contextmanager
-def base_scopes(converters: Sequence[Any]) -> Iterator[None]:
-    """The model as it was before conversion, for the block."""
+def _all(contexts: Iterable[ContextManager[None]]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
-        for converter in converters:
-            stack.enter_context(converter.base_scope())
+        for context in contexts:
+            stack.enter_context(context)
         yield
 
 

@@ -32,8 +32,8 @@ from titanax.modules.layers.moe import add_moe_objective
 from titanax.modules.models.language_model import document_inputs
 from titanax.modules.module import functional
 from titanax.objectives import frozen
+from titanax.objectives.batch_statistics import batch_mean
 from titanax.objectives.sampling import SamplingObjective
-from titanax.parallel import collectives
 from titanax.train.objective import OBJECTIVE_METRICS
 from titanax.utils.dtypes import at_least_float32
 
@@ -139,12 +139,8 @@ class Distillation(SamplingObjective):
         weights = at_least_float32(batch["weights"])
         loss_sum = jnp.sum(per_token[..., 0] * weights)
         count = jnp.sum(weights)
-        reverse = jax.lax.stop_gradient(per_token[..., 1]) * weights
-        totals = (jnp.sum(reverse), count)
-        if batch_axes:
-            totals = collectives.psum(totals, batch_axes)
-        model.add_summary(f"{OBJECTIVE_METRICS}/reverse_kl",
-                          totals[0] / jnp.maximum(totals[1], 1.0))
+        model.add_summary(f"{OBJECTIVE_METRICS}/reverse_kl", batch_mean(
+            jax.lax.stop_gradient(per_token[..., 1]) * weights, weights, batch_axes))
         loss = add_moe_objective(loss_sum / jnp.maximum(count, 1.0), model.collected_outputs())
         return loss, {"loss_sum": loss_sum, "num_tokens": count}
 

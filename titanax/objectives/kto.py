@@ -31,7 +31,7 @@ from titanax.data.unpaired import UnpairedPreferences
 from titanax.modules.layers.moe import add_moe_objective
 from titanax.modules.module import functional
 from titanax.objectives import frozen
-from titanax.parallel import collectives
+from titanax.objectives.batch_statistics import batch_mean
 from titanax.train import requirements
 from titanax.train.objective import OBJECTIVE_METRICS, Objective
 from titanax.utils.dtypes import at_least_float32
@@ -105,17 +105,16 @@ class KTO(Objective):
         weights = at_least_float32(batch["weights"])
         # A padding example (the last batch's, weights 0) counts nowhere.
         example = (jnp.sum(weights, axis=-1) > 0).astype(weights.dtype)
-        policy = jnp.sum(model.token_logps(batch["input_ids"], batch["target_ids"]) * weights,
-                         axis=-1)
-        policy_kl = jax.lax.stop_gradient(self._sequence_logps(
-            model.token_logps(batch["kl_input_ids"], batch["kl_target_ids"]), batch, "kl_"))
+        policy = model.sequence_logps(batch["input_ids"], batch["target_ids"], batch["weights"])
+        policy_kl = jax.lax.stop_gradient(model.sequence_logps(
+            batch["kl_input_ids"], batch["kl_target_ids"], batch["kl_weights"]))
         both = tuple(jnp.concatenate([batch[p + name] for p in ROWS])
                      for name in ("input_ids", "target_ids", "weights"))
         reference = self.reference.call(model, method="sequence_logps", inputs=both)
         reference, reference_kl = reference[:rows], reference[rows:]
         # (A mismatched row cut to nothing to score leaves the estimate.)
         mismatched = example * (jnp.sum(at_least_float32(batch["kl_weights"]), axis=-1) > 0)
-        kl = jnp.maximum(_batch_mean((policy_kl - reference_kl) * mismatched, mismatched,
+        kl = jnp.maximum(batch_mean((policy_kl - reference_kl) * mismatched, mismatched,
                                      batch_axes), 0.0)
         label = at_least_float32(batch["label"])
         out = self.example_losses(policy=policy, reference=reference, kl=kl, label=label)
@@ -127,11 +126,6 @@ class KTO(Objective):
         loss = add_moe_objective(loss, model.collected_outputs())
         return loss, {"loss_sum": loss_sum, "num_examples": count,
                       "num_correct": jnp.sum(out["correct"] * example)}
-
-    @staticmethod
-    def _sequence_logps(per_token: jax.Array, batch: Dict[str, jax.Array],
-                        prefix: str) -> jax.Array:
-        return jnp.sum(per_token * at_least_float32(batch[prefix + "weights"]), axis=-1)
 
     def example_losses(self, *, policy: jax.Array, reference: jax.Array, kl: jax.Array,
                        label: jax.Array) -> Dict[str, jax.Array]:
@@ -157,8 +151,8 @@ class KTO(Objective):
         policy = jax.lax.stop_gradient(policy)
         metrics = {"kl": kl}
         for name, mask in (("chosen", desirable), ("rejected", undesirable)):
-            metrics[f"rewards/{name}"] = _batch_mean(out["reward"] * mask, mask, batch_axes)
-            metrics[f"logps/{name}"] = _batch_mean(policy * mask, mask, batch_axes)
+            metrics[f"rewards/{name}"] = batch_mean(out["reward"] * mask, mask, batch_axes)
+            metrics[f"logps/{name}"] = batch_mean(policy * mask, mask, batch_axes)
         metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
         for name, value in metrics.items():
             model.add_summary(f"{OBJECTIVE_METRICS}/{name}", value)
@@ -169,11 +163,3 @@ class KTO(Objective):
                 f"undesirable x{cfg.undesirable_weight}); reference: "
                 f"{self.reference.describe()}")
 
-
-def _batch_mean(values: jax.Array, counts: jax.Array, batch_axes: Tuple[str, ...]) -> jax.Array:
-    """``sum(values) / sum(counts)`` over the whole batch: summed over this device's rows, then
-    over the batch axes (0 where nothing counts)."""
-    total, count = jnp.sum(values), jnp.sum(counts)
-    if batch_axes:
-        total, count = (collectives.psum(x, batch_axes) for x in (total, count))
-    return total / jnp.maximum(count, 1.0)

@@ -70,10 +70,9 @@ class Objective(Configurable):
     def name(self) -> str:
         return type(self).__name__
 
-    def check_sources(self, cfg: Any, *, inputs: Optional[Sequence[Tuple[str, type]]] = None
-                      ) -> None:
+    def check_sources(self, cfg: Any) -> None:
         """Every input this run trains or evaluates on holds rows this objective reads."""
-        for where, kind in (inputs if inputs is not None else requirements.input_sources(cfg)):
+        for where, kind in requirements.input_sources(cfg):
             read_by = getattr(kind, "READ_BY", None)
             if self.sources and not issubclass(kind, self.sources):
                 raise errors.ConfigError(
