@@ -16,13 +16,15 @@ if REPO_ROOT not in sys.path:
 
 from titanax.runtime.cpu_devices import simulate_cpu_devices  # noqa: E402
 
-from tests.environment import QUICK_BACKEND  # noqa: E402
+from tests.environment import TEST_PROCESS_FLAGS  # noqa: E402
 
 TEST_DEVICE_COUNT = 8
 # Compiling dominates the suite's time (the tests' programs are tiny); LLVM's optimisations of
 # the CPU code halve it at no cost to what is tested: the HLO -- every collective, every buffer
 # the memory tests read -- is XLA's, before the backend (measured: 22 parity tests 280 s -> 139 s).
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_BACKEND}".strip()
+# The older fusion code generation halves it again (tests/environment.py, and the
+# ``fusion_emitters`` fixture for the one program it computes less exactly).
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_PROCESS_FLAGS}".strip()
 simulate_cpu_devices(TEST_DEVICE_COUNT)
 
 _CACHE_DIR = os.environ.get("TITANAX_TEST_COMPILATION_CACHE",
@@ -69,6 +71,27 @@ def float64_numerics():
     from tests.numerics import float64_numerics as mode  # pylint: disable=import-outside-toplevel
     with mode():
         yield
+
+
+@pytest.fixture
+def fusion_emitters():
+    """The test's programs compile with XLA:CPU's newer fusion emitters (the test process uses
+    the older, faster-compiling ones: tests/environment.py): the circular pipeline schedule's
+    program, which the older ones compute to 2e-11 of the loss instead of float64's 1e-16.
+    Programs compiled here get their own compilation-cache entries (the option is in the key)."""
+    from jax._src import compiler  # pylint: disable=import-outside-toplevel
+    plain = compiler.get_compile_options
+
+    def with_fusion_emitters(*args, env_options_overrides=None, **kwargs):
+        overrides = dict(env_options_overrides or {})
+        overrides.setdefault("xla_cpu_use_fusion_emitters", True)
+        return plain(*args, env_options_overrides=overrides, **kwargs)
+
+    compiler.get_compile_options = with_fusion_emitters
+    try:
+        yield
+    finally:
+        compiler.get_compile_options = plain
 
 
 @pytest.fixture
