@@ -36,27 +36,29 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
 
-# The heaviest files first (measured, --durations): the two workers take whole files
+# The heaviest files first (measured, --durations, cold cache): the two workers take whole files
 # (pytest.ini), and a heavy file started last would run alone at the end of the suite.
-HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/rl/test_grpo_launch.py",
-                  "tests/harness/test_lm_eval_parity.py", "tests/harness/test_lm_eval_evaler.py",
-                  "tests/test_evaluation_doc.py", "tests/objectives/test_distillation.py",
-                  "tests/objectives/test_kto.py", "tests/test_distillation_doc.py",
-                  "tests/train/test_preference_training.py", "tests/rl/test_grpo_training.py",
-                  "tests/train/test_lora_training.py", "tests/train/test_pipeline_parity.py",
-                  "tests/train/test_sharded_state.py", "tests/test_launch_errors.py",
-                  "tests/parallel/test_expert_parallel.py",
-                  "tests/parallel/test_context_parallel.py", "tests/test_pipeline_experiments.py",
-                  "tests/test_moe_experiments.py", "tests/test_context_experiments.py",
-                  "tests/io/test_preemption.py", "tests/train/test_decoder_training.py",
-                  "tests/test_fine_tune_doc.py", "tests/data/test_packed_resume.py",
-                  "tests/test_launch.py", "tests/io/test_checkpointer.py",
-                  "tests/hf/test_fine_tune.py", "tests/test_examples.py",
-                  "tests/train/test_state_updates.py", "tests/modules/models/test_packing.py",
-                  "tests/test_flax_experiments.py", "tests/test_preference_doc.py",
-                  "tests/test_grpo_doc.py", "tests/modules/test_lora.py",
-                  "tests/hf/test_preference_parity.py", "tests/hf/test_grpo_parity.py",
-                  "tests/hf/test_distillation_parity.py", "tests/hf/test_kto_parity.py")
+HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_parity.py",
+                  "tests/harness/test_lm_eval_parity.py", "tests/rl/test_grpo_launch.py",
+                  "tests/test_launch_errors.py", "tests/test_moe_experiments.py",
+                  "tests/train/test_preference_training.py", "tests/test_pipeline_experiments.py",
+                  "tests/train/test_sharded_state.py", "tests/parallel/test_context_parallel.py",
+                  "tests/harness/test_lm_eval_evaler.py", "tests/train/test_lora_training.py",
+                  "tests/test_context_experiments.py", "tests/parallel/test_expert_parallel.py",
+                  "tests/io/test_preemption.py", "tests/objectives/test_kto.py",
+                  "tests/test_evaluation_doc.py", "tests/rl/test_grpo_training.py",
+                  "tests/test_launch.py", "tests/test_fine_tune_doc.py",
+                  "tests/data/test_packed_resume.py", "tests/test_examples.py",
+                  "tests/objectives/test_distillation.py", "tests/hf/test_fine_tune.py",
+                  "tests/test_flax_experiments.py", "tests/test_distillation_doc.py",
+                  "tests/train/test_decoder_training.py", "tests/test_preference_doc.py",
+                  "tests/hf/test_lora_export.py", "tests/io/test_checkpointer.py",
+                  "tests/train/test_state_updates.py",
+                  "tests/modules/layers/test_blockwise_attention.py",
+                  "tests/modules/adapters/test_flax_nnx.py", "tests/test_grpo_doc.py",
+                  "tests/modules/models/test_packing.py", "tests/benchmarks/test_peers.py",
+                  "tests/hf/test_generate.py", "tests/modules/layers/test_moe.py",
+                  "tests/hf/test_fine_tune_traps.py", "tests/modules/models/test_decoder.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -92,6 +94,14 @@ def fusion_emitters():
         yield
     finally:
         compiler.get_compile_options = plain
+
+
+@pytest.fixture(autouse=True)
+def _circular_schedule_tests_compile_with_the_fusion_emitters(request):
+    """A test named for the circular pipeline schedule (its name or a parameter's id) gets
+    ``fusion_emitters``; one that runs it among others asks by name."""
+    if "circular" in request.node.name:
+        request.getfixturevalue("fusion_emitters")
 
 
 @pytest.fixture

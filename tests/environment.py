@@ -2,8 +2,8 @@
 
 They inherit the test session's (conftest.py): the compilation cache and ``PYTHONPATH`` -- but
 not its simulated device count, which the child sets itself (``--cpu_devices``, or a worker's own
-``simulate_cpu_devices``), nor, by default, the quick XLA backend: children that run whole
-trainings gain from LLVM's optimisations (measured, gpt_tiny_pp 20 steps with the cache warm:
+``simulate_cpu_devices``), nor, by default, the quick XLA backend and the older fusion code
+generation: children that run whole trainings gain from LLVM's optimisations (measured, gpt_tiny_pp 20 steps with the cache warm:
 18.1 s quick backend, 10.7 s optimised; its steps ~0.5 s vs ~0.1 s). Children that compile and
 run a few steps ask for the quick backend (``quick_backend=True``).
 """

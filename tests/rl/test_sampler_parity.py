@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.numerics import assert_close
 from tests.rl import helpers
 
 
@@ -54,8 +55,9 @@ def test_sampling_stops_when_every_row_has_ended_and_samples_alike(tmp_path, lay
     from titanax.rl.rows import completion_mask  # pylint: disable=import-outside-toplevel
     mask = completion_mask(full["tokens"], (2, 5)) > 0
     assert mask.all(axis=1).sum() < len(mask) and not mask.all(), "no row ends: proves little"
-    for name in ("tokens", "logps", "entropy"):
-        np.testing.assert_array_equal(stopped[name][mask], full[name][mask])
+    np.testing.assert_array_equal(stopped["tokens"][mask], full["tokens"][mask])
+    for name in ("logps", "entropy"):  # Two programs (with and without the stop): float32's
+        assert_close(stopped[name][mask], full[name][mask], what=name)  # rounding, not bits.
     last_end = int(mask.sum(axis=1).max())
     assert (stopped["tokens"][:, last_end:] == 2).all()
     assert (stopped["logps"][:, last_end:] == 0).all()

@@ -22,14 +22,6 @@ BATCHES = helpers.text_batches(batch_size=8, count=3, uneven=True)
 SCHEDULES = ["gpipe", "circular", "1f1b"]
 
 
-@pytest.fixture(autouse=True)
-def _circular_programs_compile_with_the_fusion_emitters(request):
-    """A test of the circular schedule compiles with the newer fusion emitters: the older ones
-    the test process uses compute its program less exactly (conftest.py's ``fusion_emitters``)."""
-    if "circular" in request.node.name:
-        request.getfixturevalue("fusion_emitters")
-
-
 @functools.lru_cache(maxsize=None)
 def _reference(layers=2):
     engine = _deep(helpers.gpt_engine(data=1, learner=helpers.sgd(0.5)), layers)

@@ -117,9 +117,12 @@ def test_misplaced_reference_options_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.usefixtures("float64_numerics")
 def test_llama_tiny_dpo_learns_a_synthetic_preference(tmp_path, lora):
     """The registered experiment as is (in this process: its 4-layer model, AdamW, the held-out
-    evaluation), 120 steps of 16 pairs on the swap-vs-echo set."""
+    evaluation), 120 steps of 16 pairs on the swap-vs-echo set. In float64: which of a batch's
+    pairs are ranked right must not hang on float32's rounding, which differs by machine and
+    XLA code generation (the last steps' accuracies of 16 pairs move by 1/16 at a time)."""
     from titanax.config import registry  # pylint: disable=import-outside-toplevel
     registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES))
     cfg = registry.get_config("llama_tiny_dpo")
@@ -139,7 +142,7 @@ def test_llama_tiny_dpo_learns_a_synthetic_preference(tmp_path, lora):
     train = [h["rewards/accuracies"] for h in engine.history if "rewards/accuracies" in h]
     held_out = engine.run_evalers(cfg.max_steps, only_due=False)["heldout"]["accuracy"]
     assert held_out >= 0.9, held_out
-    assert np.mean(train[-5:]) >= 0.9, train
+    assert np.mean(train[-10:]) >= 0.9, train  # The last 160 pairs trained on.
 
 
 def test_dpo_under_fsdp_and_tp_trains_like_data_parallel(tmp_path):
