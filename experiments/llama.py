@@ -144,6 +144,7 @@ def llama_tiny_sft():
         # A pair longer than a row keeps its completion and the end of its prompt.
         input_cfg.source.long_documents = "truncate"
     cfg.max_steps = 200
+    cfg.log_every = 10  # (20 progress lines, not the pretraining runs' 2 of 200 steps.)
     cfg.evalers["heldout"].every_n_steps = 50
     cfg.evalers["heldout"].num_batches = 5
     return cfg

@@ -27,6 +27,24 @@ def test_progress_line_shows_step_of_total(capsys):
     assert capsys.readouterr().out.startswith("step     10/200  loss 1.0000")
 
 
+def test_the_objectives_metrics_lead_the_progress_line_unless_switched_off(capsys):
+    """A run's objective names what it is judged by (GRPO: reward first, its ~0 loss after);
+    the metrics it names but a step lacks are left out, none shown twice."""
+    from titanax.objectives.grpo import GRPO  # pylint: disable=import-outside-toplevel
+    metrics = {"loss": 1e-8, "reward": 0.75, "reward_std": 0.25, "learning_rate": 1e-3,
+               "entropy": 1.5, "completions/clipped_ratio": 0.0}
+    logger = Basic()
+    logger.console_columns = GRPO.console_columns
+    logger.log_dict(metrics, 3)
+    assert capsys.readouterr().out.strip() == (
+        "step      3  reward 0.7500  reward_std 0.2500  entropy 1.5000  loss 1.000e-08  "
+        "learning_rate 0.0010")
+    quiet = Basic.default_config().set(objective_columns=False).instantiate()
+    quiet.console_columns = GRPO.console_columns
+    quiet.log_dict(metrics, 3)
+    assert capsys.readouterr().out.strip() == "step      3  loss 1.000e-08  learning_rate 0.0010"
+
+
 def test_csv_is_one_table_and_a_resume_does_not_duplicate_rows(tmp_path):
     logger = CSV(trainer_dir=str(tmp_path))
     logger.start(step=0, total_steps=30)

@@ -3,6 +3,7 @@
 rewards step for step, and two processes give one process's."""
 
 import csv
+import json
 import os
 import re
 import signal
@@ -32,11 +33,19 @@ def _column(trainer_dir, name):
         return {int(r["step"]): float(r[name]) for r in csv.DictReader(f) if r.get(name)}
 
 
+def _samples(trainer_dir):
+    with open(os.path.join(trainer_dir, "samples.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The run with its defaults: ``--config=llama_tiny_grpo --cpu_devices=8``."""
+    """The run with its defaults: ``--config=llama_tiny_grpo --cpu_devices=8`` (its console
+    output beside it)."""
     trainer_dir = str(tmp_path_factory.mktemp("grpo") / "uninterrupted")
-    _launch(trainer_dir, "--cpu_devices=8")
+    result = _launch(trainer_dir, "--cpu_devices=8")
+    with open(trainer_dir + ".out", "w", encoding="utf-8") as f:
+        f.write(result.stdout)
     return trainer_dir
 
 
@@ -46,6 +55,26 @@ def test_with_its_defaults_it_learns(uninterrupted):
     values = [rewards[s] for s in sorted(rewards)]
     first, last = np.mean(values[:10]), np.mean(values[-20:])
     assert last >= 0.8 and last >= 3 * first, (first, last)
+
+
+def test_samples_show_completions_and_their_rewards_at_the_first_step_and_every_tenth(
+        uninterrupted):
+    """samples.jsonl: 2 of each shown rollout's completions, each reward the sum's answer
+    match read again from the text; the console shows the same at its step."""
+    samples = _samples(uninterrupted)
+    assert [e["step"] for e in samples] == [s for s in [1] + list(range(10, 501, 10))
+                                            for _ in range(2)]
+    for entry in samples:
+        a, b = (int(n) for n in re.search(r"(\d+)\+(\d+)=$", entry["prompt"]).groups())
+        numbers = re.findall(r"\d+", entry["completion"])
+        assert entry["reward"] == float(bool(numbers) and int(numbers[-1]) == a + b), entry
+    assert np.mean([e["reward"] for e in samples[-20:]]) >= 0.6  # It learned, the shown too.
+    with open(uninterrupted + ".out", encoding="utf-8") as f:
+        console = f.read()
+    last = samples[-1]
+    shown = (f'  reward {last["reward"]:.4f}  prompt {json.dumps(last["prompt"])}  '
+             f'completion {json.dumps(last["completion"])}')
+    assert "samples at step 500 (2 of " in console and shown in console, console[-2000:]
 
 
 def test_sigterm_and_resume_give_the_uninterrupted_rewards(uninterrupted, tmp_path):
@@ -61,6 +90,9 @@ def test_sigterm_and_resume_give_the_uninterrupted_rewards(uninterrupted, tmp_pa
             break
     rest = process.communicate(timeout=120)[0]
     assert process.returncode == 0, "".join(lines) + rest
+    progress = [line for line in lines if re.match(r"step\s+\d+/", line)]
+    assert progress and all(re.match(r"step\s+\d+/500  reward \S+  reward_std \S+", line)
+                            for line in progress), progress[:3]  # What GRPO is judged by.
     saved = re.search(r"SIGTERM: saved step (\d+)", rest)
     assert saved, rest
     stopped = int(saved.group(1))
@@ -71,6 +103,8 @@ def test_sigterm_and_resume_give_the_uninterrupted_rewards(uninterrupted, tmp_pa
     assert sorted(got) == list(range(1, 121))
     assert [got[s] for s in range(1, 121)] == [want[s] for s in range(1, 121)]
     assert len(set(got.values())) > 10, "rewards this uniform prove little"
+    # The samples the resumed run shows, once each, are the uninterrupted run's.
+    assert _samples(trainer_dir) == [e for e in _samples(uninterrupted) if e["step"] <= 120]
 
 
 FRACTIONAL = ["--config.max_steps=20",

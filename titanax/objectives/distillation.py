@@ -44,6 +44,8 @@ TEACHER = "teacher"
 class Distillation(SamplingObjective):
     """The student's divergence from a teacher on its own samples (see the module docstring)."""
 
+    console_columns = ("reverse_kl", "loss", "completions/mean_length")
+
     class Config(SamplingObjective.Config):
         # A Hugging Face directory of the teacher (config.json, *.safetensors and the student's
         # tokenizer); required.

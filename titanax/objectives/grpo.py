@@ -52,6 +52,9 @@ REFERENCE = "reference"
 class GRPO(SamplingObjective):
     """Rollouts, rewards and the policy loss of an RL run (see the module docstring)."""
 
+    # Its loss is ~0 at each rollout's first update (the advantages' mean): the rewards say more.
+    console_columns = ("reward", "reward_std", "kl", "completions/mean_length", "entropy")
+
     class Config(SamplingObjective.Config):
         # grpo | dr_grpo | dapo | gspo (the table of the module docstring).
         loss: Literal["grpo", "dr_grpo", "dapo", "gspo"] = "grpo"

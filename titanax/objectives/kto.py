@@ -66,6 +66,7 @@ class KTO(Objective):
                     yield name, f"must be a finite number > 0, got {value}"
 
     sources = (UnpairedPreferences,)
+    console_columns = ("loss", "rewards/margins", "kl")
 
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)

@@ -57,6 +57,7 @@ class Preference(Objective):
                 yield "simpo_gamma", f"must be finite, got {self.simpo_gamma}"
 
     sources = (PreferencePairs,)
+    console_columns = ("loss", "rewards/accuracies", "rewards/margins")
 
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)

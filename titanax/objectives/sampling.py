@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 
 from titanax import errors
 from titanax.data.prompts import Prompts
+from titanax.observe.samples import SampleLog
 from titanax.rl import rows as rollout_rows
 from titanax.rl.rollouts import RolloutStream
 from titanax.train import requirements
@@ -45,6 +46,12 @@ class SamplingObjective(Objective):
         # Token ids that end a completion (it is scored and trained up to and including the
         # first); None: the tokenizer's end-of-sequence (and a chat template's end of turn).
         end_ids: Optional[Sequence[int]] = None
+        # Every this many steps (and at the first), a rollout's first ``num_samples`` prompts,
+        # completions and rewards are printed and appended to samples.jsonl in the run
+        # directory (observe/samples.py); 0: never.
+        samples_every: int = 10
+        # Completions shown each time.
+        num_samples: int = 2
 
         def _validate_values(self):
             yield from super()._validate_values()
@@ -62,6 +69,9 @@ class SamplingObjective(Objective):
                 yield "iterations", f"must be >= 1, got {self.iterations}"
             if self.end_ids is not None and not self.end_ids:
                 yield "end_ids", "is empty: give the ids that end a completion (or None)"
+            for name in ("samples_every", "num_samples"):
+                if getattr(self, name) < 0:
+                    yield name, f"must be >= 0 (0: no samples shown), got {getattr(self, name)}"
 
     sources = (Prompts,)
     # The rollout's log-probs and per-row values enter the loss exactly (not in bfloat16).
@@ -156,11 +166,15 @@ class SamplingObjective(Objective):
     def batches(self, made_input, *, run):
         end_ids = self.end_ids(made_input.source)
         shards, _ = run.process_batch_shards()
+        own = self.config
+        samples = SampleLog(trainer_dir=run.trainer_dir, every=own.samples_every,
+                            count=own.num_samples, writes=jax.process_index() == 0)
         return RolloutStream(
             prompts=iter(made_input), source=made_input.source, objective=self,
             rewards=self.rewards, sample=self.sampler(run, end_ids=end_ids),
             params=lambda: run.state.params, place=run.inputs.placed, shards=shards,
-            seed=run.config.seed, end_ids=end_ids, iterations=self.config.iterations)
+            seed=run.config.seed, end_ids=end_ids, iterations=own.iterations,
+            samples=samples, step=lambda: int(run.state.step))
 
     # --- The sampler ---------------------------------------------------------------------------
 

@@ -14,11 +14,10 @@ import io
 import math
 import os
 import sys
-import time
 from typing import Dict, List, Optional, Tuple
 
 from titanax.config import ConfigBase, Configurable
-from titanax.utils.files import atomic_write_text, unused_path
+from titanax.utils.files import atomic_write_text, move_aside
 
 
 class Logger(Configurable):
@@ -36,6 +35,9 @@ class Logger(Configurable):
         self.trainer_dir = trainer_dir
         self.run_config = run_config
         self.total_steps: Optional[int] = None
+        # The metrics the run's objective is judged by (``Objective.console_columns``: a
+        # preference run's rewards/accuracies, GRPO's reward), set by the Engine before start.
+        self.console_columns: Tuple[str, ...] = ()
 
     def start(self, *, step: int, total_steps: Optional[int] = None, resumed: bool = False
               ) -> None:
@@ -79,6 +81,10 @@ class Basic(Logger):
         columns: tuple = ("loss", "learning_rate", "grad_norm", "step_time_s", "tokens_per_s",
                        "examples_per_s", "mfu", "peak_memory_gib", "compile_time_s",
                        "pipeline_bubble", "*/expert_load/max", "*/dropped_fraction")
+        # Show the run's objective's metrics first, before ``columns`` (its
+        # ``console_columns``: GRPO's reward, reward_std, kl...; a preference run's
+        # rewards/accuracies and rewards/margins; distillation's reverse_kl).
+        objective_columns: bool = True
         # Also print every other metric.
         verbose: bool = False
 
@@ -87,7 +93,8 @@ class Basic(Logger):
         total = f"/{self.total_steps}" if self.total_steps else ""
         parts = [f"step {step:>6d}{total}"]
         shown, labels = [], {}
-        for column in cfg.columns:
+        leading = self.console_columns if cfg.objective_columns else ()
+        for column in dict.fromkeys((*leading, *cfg.columns)):
             if column.startswith("*/"):
                 matches = sorted(k for k in metrics if k.endswith(column[1:]))
                 shown += matches
@@ -137,8 +144,7 @@ class CSV(Logger):
         super().start(step=step, total_steps=total_steps, resumed=resumed)
         columns, rows = _read_table(self.path)
         if rows and not resumed:
-            root, ext = os.path.splitext(self.path)
-            os.replace(self.path, unused_path(f"{root}.{time.strftime('%Y%m%dT%H%M%S')}{ext}"))
+            move_aside(self.path)
             columns, rows = ["step"], []
         kept = [row for row in rows if _as_int(row.get("step")) <= step]
         self._columns, self._rows = columns or ["step"], kept
@@ -223,8 +229,7 @@ class TensorBoard(Logger):
         again); a new run moves an earlier run's event files aside."""
         super().start(step=step, total_steps=total_steps, resumed=resumed)
         if not resumed and os.path.isdir(self.log_dir) and os.listdir(self.log_dir):
-            stamp = time.strftime("%Y%m%dT%H%M%S")
-            os.replace(self.log_dir, unused_path(f"{self.log_dir}.{stamp}"))
+            move_aside(self.log_dir)
         self._purge_step = step + 1 if resumed else None
 
     def _open(self):

@@ -23,19 +23,22 @@ sampled tokens' distributions), ``completions/mean_length``, ``completions/clipp
 end token within the budget), ``rollout/kept_fraction`` (rows left after dropping all-equal
 groups), ``time/rollout_s`` (the rollout's time over its steps), ``time/train_s`` (the previous
 step's), ``time/rollout_share``, ``rollout/tokens_per_s`` and ``train/tokens_per_s`` (completion
-tokens of the whole batch: sampled, and trained on -- the kept rows' -- per second).
+tokens of the whole batch: sampled, and trained on -- the kept rows' -- per second). At the
+first step and every ``samples_every`` steps, a few of the rollout's prompts, completions and
+rewards are printed and appended to ``samples.jsonl`` (``observe/samples.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
 
 from titanax.data.prompts import Prompts
+from titanax.observe.samples import SampleLog
 from titanax.parallel import batch_shards
 from titanax.rl.advantages import group_advantages
 from titanax.rl.rewards import RewardSet
@@ -50,15 +53,19 @@ class RolloutStream:
     def __init__(self, *, prompts: Any, source: Prompts, objective: Any,
                  rewards: Optional[RewardSet],
                  sample: Any, params: Any, place: Any, shards: Sequence[int], seed: int,
-                 end_ids: Sequence[int], iterations: int = 1):
+                 end_ids: Sequence[int], iterations: int = 1,
+                 samples: Optional[SampleLog] = None, step: Optional[Callable[[], int]] = None):
         """``prompts``: an iterator of this process's prompt rows (``get_state`` /
         ``set_state``); ``sample(params, prompt_ids, prompt_lengths, key)``: the run's
         sampler; ``params()``: the current params; ``place(host batch)``: global arrays;
         ``shards``: this process's batch shards (their number of rows each is equal);
         ``objective``: the sampling objective (objectives/sampling.py: its config; with
         ``rewards``, GRPO's scale_rewards and drop_equal_groups); ``rewards`` None: the rows are
-        not scored (advantages 0: on-policy distillation scores them in its loss)."""
+        not scored (advantages 0: on-policy distillation scores them in its loss);
+        ``samples``: shows a few completions (observe/samples.py) at the steps it is due,
+        ``step()`` the run's last finished step."""
         self.prompts, self.source, self.objective = prompts, source, objective
+        self.samples, self.step = samples, step
         self.rewards = rewards
         self.sample, self.params, self.place = sample, params, place
         self.shards = tuple(shards)
@@ -132,7 +139,9 @@ class RolloutStream:
         rollout_s = time.perf_counter() - started
         mask = completion_mask(tokens, self.end_ids)
         ended = np.isin(tokens, np.asarray(self.end_ids, np.int64)).any(axis=1)
-        per_reward = (self._score(tokens, mask, records) if self.rewards is not None
+        completion_ids = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
+        texts = self._texts(completion_ids)
+        per_reward = (self._score(texts, completion_ids, records) if self.rewards is not None
                       else np.zeros((len(tokens), 0)))
         # Every process's rows, once each, in the global batch's order.
         columns = [per_reward, (entropy * mask).sum(axis=1, keepdims=True),
@@ -150,16 +159,37 @@ class RolloutStream:
                             row_weights=keep[mine].astype(np.float32))
         parts = _parts(rows, shards=len(self.shards), count=cfg.updates_per_rollout)
         steps = len(parts) * self.iterations
+        self._show_samples(prompt_ids, lengths, texts, per_reward, steps=steps)
         metrics["time/rollout_s"] = rollout_s / steps
         trained = float(np.sum(merged[:, width + 1] * keep)) / len(parts)
         return [(part, metrics, trained) for _ in range(self.iterations) for part in parts]
 
-    def _score(self, tokens: np.ndarray, mask: np.ndarray, records: np.ndarray) -> np.ndarray:
-        """``[rows, rewards]`` of this process's completions."""
-        source, tok = self.source, self.source.tokenizer
+    def _texts(self, completion_ids: List[List[int]]) -> List[str]:
+        """The completions' text, their end token left out."""
         ends = set(self.end_ids)
-        completion_ids = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
-        texts = [tok.decode([i for i in ids if i not in ends]) for ids in completion_ids]
+        return [self.source.tokenizer.decode([i for i in ids if i not in ends])
+                for ids in completion_ids]
+
+    def _show_samples(self, prompt_ids: np.ndarray, lengths: np.ndarray, texts: List[str],
+                      per_reward: np.ndarray, *, steps: int) -> None:
+        """The first rows' prompts (as the model read them: decoded from their tokens, cut as
+        they were), completions and total rewards, when the rollout's steps are due."""
+        if self.samples is None or self.step is None:
+            return
+        first = self.step() + 1
+        if not self.samples.due(first_step=first, steps=steps):
+            return
+        width = prompt_ids.shape[1]
+        prompts = [self.source.tokenizer.decode(row[width - int(n):].tolist())
+                   for row, n in zip(prompt_ids[:self.samples.count], lengths)]
+        self.samples.show(step=first, prompts=prompts, completions=texts,
+                          rewards=None if self.rewards is None
+                          else self.rewards.total(per_reward))
+
+    def _score(self, texts: List[str], completion_ids: List[List[int]],
+               records: np.ndarray) -> np.ndarray:
+        """``[rows, rewards]`` of this process's completions."""
+        source = self.source
         fields: Dict[str, List[Any]] = {}
         for index in records:
             for name, value in source.fields_of(int(index)).items():

@@ -423,6 +423,8 @@ class Engine(Configurable):
             self._loggers = [cfg.instantiate(trainer_dir=self.trainer_dir,
                                              run_config=self.config)
                              for cfg in self.config.loggers] if jax.process_index() == 0 else []
+            for logger in self._loggers:
+                logger.console_columns = tuple(self.objective.console_columns)
         return self._loggers
 
     # --- Evaluation ----------------------------------------------------------------------------

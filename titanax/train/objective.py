@@ -14,7 +14,8 @@ the model's own ``forward(batch) -> (loss, aux)`` -- is the default. An objectiv
 * its loss on one device's rows (``loss``), written on the model's primitives and run in the
   model's context, and its metrics (model summaries under ``metrics/``; host metrics beside
   each batch);
-* what ``--explain`` and ``--compile_only`` say about it (``describe``, ``compile_report``).
+* what ``--explain`` and ``--compile_only`` say about it (``describe``, ``compile_report``),
+  and the metrics the console shows first (``console_columns``).
 
 Every method has the model-loss behaviour here, so an objective overrides only what differs.
 ``run`` is the Engine (its mesh, plan, model, layout, inputs and steps), passed in rather than
@@ -52,6 +53,8 @@ class Objective(Configurable):
     # The data sources whose rows it trains on; empty: plain rows -- any source that declares
     # no objective of its own (a source's ``READ_BY``: what its rows are, e.g. preference pairs).
     sources: Tuple[type, ...] = ()
+    # The metrics a user judges it by, first on the console's progress lines (loggers.Basic).
+    console_columns: Tuple[str, ...] = ("loss",)
 
     # --- At build ------------------------------------------------------------------------------
 

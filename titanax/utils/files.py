@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 
 def _file_mode() -> int:
@@ -48,3 +49,13 @@ def unused_path(path: str) -> str:
         index += 1
         candidate = f"{path}-{index}"
     return candidate
+
+
+def move_aside(path: str) -> str:
+    """Renames ``path`` (a file or directory an earlier run wrote) to ``<root>.<time><ext>``
+    (``unused_path``: never over another), so a new run's output does not mix with it; returns
+    the new path."""
+    root, ext = os.path.splitext(path)
+    aside = unused_path(f"{root}.{time.strftime('%Y%m%dT%H%M%S')}{ext}")
+    os.replace(path, aside)
+    return aside

@@ -13,6 +13,11 @@ from tests.modules.adapters import flax_runs
 from tests.numerics import assert_close
 from tests.train import helpers
 
+# XLA:CPU's older fusion code generation (the test process's: tests/environment.py) aborts this
+# module's FSDP step -- its per-layer all-gather inside the scanned loop -- in the in-process
+# communicator's rendezvous ("Unexpected number of participants: all gather ... 9 vs. 8",
+# measured twice, cold cache); the newer emitters run it.
+pytestmark = pytest.mark.usefixtures("fusion_emitters")
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3], ids=["dp", "zero1", "zero2", "fsdp"])
 def test_trains_like_plain_flax(zero):
