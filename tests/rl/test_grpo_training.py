@@ -1,6 +1,8 @@
 """GRPO through the engine: every variant training, LoRA with the KL to its base, several
-updates per rollout, resuming bit-identically, and what is refused (``llama_tiny_grpo``
-learning with its defaults: test_grpo_launch.py)."""
+updates per rollout, resuming bit-identically, a gamed reward seen in the samples, and what is
+refused (``llama_tiny_grpo`` learning with its defaults: test_grpo_launch.py)."""
+
+import json
 
 import jax
 import numpy as np
@@ -231,3 +233,26 @@ def test_more_refusals(tmp_path):
     with pytest.raises(errors.StepError, match="makes its batches") as info:
         engine.fit(data=[{}], steps=1)
     assert info.value.path == "fit(data=...)"
+
+
+def test_a_completion_that_games_the_reward_shows_in_the_samples_at_its_step(tmp_path, capsys):
+    """A reward a degenerate completion games (the share of 7s, whatever the sum): within 30
+    steps the policy prints only 7s, and samples.jsonl and the console show it at the step it
+    is sampled -- not only after the run."""
+    from tests.train import helpers as train_helpers  # pylint: disable=import-outside-toplevel
+    from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
+    cfg = helpers.engine(helpers.sums_file(tmp_path / "sums.jsonl"), max_steps=30,
+                         learner=train_helpers.adam(1e-2)).config.clone()
+    cfg.objective = GRPO.default_config().set(
+        num_generations=4, max_new_tokens=4, temperature=1.0, samples_every=10,
+        reward_functions=["tests.rl.gamed_rewards.sevens"])
+    Engine(cfg, trainer_dir=str(tmp_path / "run")).fit()
+    with open(tmp_path / "run" / "samples.jsonl", encoding="utf-8") as f:
+        samples = [json.loads(line) for line in f]
+    assert sorted({e["step"] for e in samples}) == [1, 10, 20, 30]
+    assert not any(e["completion"] == "7777" for e in samples if e["step"] == 1)
+    gamed = [e for e in samples if e["completion"] == "7777"]
+    assert gamed and all(e["reward"] == 1.0 for e in gamed), samples
+    console = capsys.readouterr().out
+    at = console.index(f"samples at step {gamed[0]['step']} (2 of 32 completions):")
+    assert 'completion "7777"' in console[at:].split("samples at step")[1], console[at:at + 400]
