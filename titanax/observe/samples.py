@@ -35,10 +35,16 @@ class SampleLog:
         self.every, self.count, self.writes = every, count, writes
         self._started = False
 
+    @property
+    def shows_any(self) -> bool:
+        """Whether this process ever shows a sample (callers skip decoding and asking the
+        step when it does not)."""
+        return self.writes and self.every > 0 and self.count > 0
+
     def due(self, *, first_step: int, steps: int) -> bool:
         """Whether the rollout trained on by steps ``first_step``.. ``first_step + steps - 1``
         is shown: the run's first, and each that holds a multiple of ``every``."""
-        if not (self.writes and self.every > 0 and self.count > 0):
+        if not self.shows_any:
             return False
         last = first_step + steps - 1
         return first_step == 1 or last // self.every > (first_step - 1) // self.every

@@ -140,7 +140,11 @@ class RolloutStream:
         mask = completion_mask(tokens, self.end_ids)
         ended = np.isin(tokens, np.asarray(self.end_ids, np.int64)).any(axis=1)
         completion_ids = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
-        texts = self._texts(completion_ids)
+        steps = cfg.updates_per_rollout * self.iterations  # (The number of parts, below.)
+        shown_at = self._samples_due(steps)
+        # Decoded only for what reads the text: the rewards, or the samples shown now.
+        texts = (self._texts(completion_ids)
+                 if self.rewards is not None or shown_at is not None else [])
         per_reward = (self._score(texts, completion_ids, records) if self.rewards is not None
                       else np.zeros((len(tokens), 0)))
         # Every process's rows, once each, in the global batch's order.
@@ -158,8 +162,8 @@ class RolloutStream:
                             advantages=advantages[mine],
                             row_weights=keep[mine].astype(np.float32))
         parts = _parts(rows, shards=len(self.shards), count=cfg.updates_per_rollout)
-        steps = len(parts) * self.iterations
-        self._show_samples(prompt_ids, lengths, texts, per_reward, steps=steps)
+        if shown_at is not None:
+            self._show_samples(prompt_ids, lengths, texts, per_reward, first=shown_at)
         metrics["time/rollout_s"] = rollout_s / steps
         trained = float(np.sum(merged[:, width + 1] * keep)) / len(parts)
         return [(part, metrics, trained) for _ in range(self.iterations) for part in parts]
@@ -170,15 +174,18 @@ class RolloutStream:
         return [self.source.tokenizer.decode([i for i in ids if i not in ends])
                 for ids in completion_ids]
 
-    def _show_samples(self, prompt_ids: np.ndarray, lengths: np.ndarray, texts: List[str],
-                      per_reward: np.ndarray, *, steps: int) -> None:
-        """The first rows' prompts (as the model read them: decoded from their tokens, cut as
-        they were), completions and total rewards, when the rollout's steps are due."""
-        if self.samples is None or self.step is None:
-            return
+    def _samples_due(self, steps: int) -> Optional[int]:
+        """The first step of this rollout's ``steps`` when its samples are shown, else None
+        (the run's step is read only where samples are ever shown)."""
+        if self.samples is None or self.step is None or not self.samples.shows_any:
+            return None
         first = self.step() + 1
-        if not self.samples.due(first_step=first, steps=steps):
-            return
+        return first if self.samples.due(first_step=first, steps=steps) else None
+
+    def _show_samples(self, prompt_ids: np.ndarray, lengths: np.ndarray, texts: List[str],
+                      per_reward: np.ndarray, *, first: int) -> None:
+        """The first rows' prompts (as the model read them: decoded from their tokens, cut as
+        they were), completions and total rewards, shown as step ``first``'s."""
         width = prompt_ids.shape[1]
         prompts = [self.source.tokenizer.decode(row[width - int(n):].tolist())
                    for row, n in zip(prompt_ids[:self.samples.count], lengths)]
