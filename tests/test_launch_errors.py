@@ -1,10 +1,12 @@
-"""Every bad input of docs/troubleshooting.md's table, through the real launcher (subprocesses).
+"""Every bad input of docs/troubleshooting.md's table, through the real launcher (its flag
+parsing and main; the table's cases in one child process, tests/launch_cases.py).
 
 Each must end with exit status 2, a message naming the path (config path, flag or mesh axis) and
 no Python traceback; none may hang. Ctrl-C in the first seconds must exit 0 without a traceback.
 """
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -115,16 +117,37 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("case,args,path", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
-def test_bad_input_exits_2_naming_the_path_without_a_traceback(tmp_path, case, args, path):
-    (tmp_path / "a_file").write_text("not a directory")
-    args = [a.format(tmp=tmp_path, file=tmp_path / "a_file") for a in args]
-    result = _launch(*args, timeout=120)
-    assert result.returncode == 2, (case, result.returncode, result.stdout[-2000:],
-                                    result.stderr[-2000:])
-    assert path in result.stderr, (case, result.stderr)
-    assert "Traceback" not in result.stderr + result.stdout, case
-    assert not os.path.exists(tmp_path / "run" / "config.txt"), "a failed launch left a record"
+@pytest.fixture(scope="module")
+def bad_input_launches(tmp_path_factory):
+    """Every BAD_INPUTS launch, run in one child process (tests/launch_cases.py: the launcher's
+    parsing and main, its flags reset per case): case -> (its result, its directory)."""
+    folders, cases = {}, []
+    for case, args, _ in BAD_INPUTS:
+        folder = tmp_path_factory.mktemp("bad_input")
+        (folder / "a_file").write_text("not a directory")
+        folders[case] = folder
+        cases.append({"args": [a.format(tmp=folder, file=folder / "a_file") for a in args],
+                      "cwd": REPO_ROOT})
+    given, got = tmp_path_factory.mktemp("cases") / "cases.json", None
+    given.write_text(json.dumps(cases))
+    got = given.with_name("results.json")
+    run = subprocess.run([sys.executable, "-m", "tests.launch_cases", str(given), str(got)],
+                         cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=900,
+                         check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads(got.read_text())
+    return {case: (result, folders[case]) for (case, _, _), result in zip(BAD_INPUTS, results)}
+
+
+@pytest.mark.parametrize("case,path", [(c[0], c[2]) for c in BAD_INPUTS],
+                         ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_exits_2_naming_the_path_without_a_traceback(bad_input_launches, case, path):
+    result, folder = bad_input_launches[case]
+    assert result["returncode"] == 2, (case, result["returncode"], result["stdout"][-2000:],
+                                       result["stderr"][-2000:])
+    assert path in result["stderr"], (case, result["stderr"])
+    assert "Traceback" not in result["stderr"] + result["stdout"], case
+    assert not os.path.exists(folder / "run" / "config.txt"), "a failed launch left a record"
 
 
 def _quick_mnist(trainer_dir, *extra):

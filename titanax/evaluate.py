@@ -79,13 +79,13 @@ def evaluate(argv: Sequence[str]) -> int:
     if FLAGS.cpu_devices is not None:
         cpu_devices.simulate_cpu_devices(FLAGS.cpu_devices)
     import lm_eval  # pylint: disable=import-outside-toplevel
-    from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
     import jax  # pylint: disable=import-outside-toplevel
     from lm_eval.utils import handle_non_serializable, make_table  # pylint: disable=import-outside-toplevel
+    from titanax.harness import task_index  # pylint: disable=import-outside-toplevel
     from titanax.harness.lm import TitanaxLM, transformers_tokenizer  # pylint: disable=import-outside-toplevel
     from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
     tasks = [t.strip() for t in FLAGS.tasks.split(",") if t.strip()]
-    manager = TaskManager(include_path=FLAGS.include_path)
+    manager = task_index.task_manager(include_path=FLAGS.include_path, tasks=tasks)
     unknown = [t for t in tasks if t not in manager.all_tasks and not os.path.isfile(t)]
     if unknown:  # (Before the model loads.)
         raise errors.LaunchFlagError(

@@ -50,7 +50,8 @@ def _lm_eval_hf(folder, name, **options):
     script = (
         "import json, lm_eval\nfrom lm_eval.tasks import TaskManager\n"
         "r = lm_eval.simple_evaluate(model='hf', model_args='pretrained=tiny_chat/model,"
-        "dtype=float32', tasks=%r, task_manager=TaskManager(include_path='tasks'), "
+        "dtype=float32', tasks=%r, task_manager=TaskManager(include_path='tasks', "
+        "include_defaults=False), "
         "device='cpu', batch_size=8, log_samples=True, **%r)\n"
         "json.dump(r, open(%r, 'w'), default=str)\n" % (list(local_tasks.TASKS), options,
                                                          name))

@@ -93,8 +93,9 @@ class LMEvalEvaler(Evaler):
 
     def task_manager(self) -> Any:
         if self._tasks is None:
-            from lm_eval.tasks import TaskManager  # pylint: disable=import-outside-toplevel
-            self._tasks = TaskManager(include_path=self.config.include_path)
+            from titanax.harness import task_index  # pylint: disable=import-outside-toplevel
+            self._tasks = task_index.task_manager(include_path=self.config.include_path,
+                                                  tasks=self.config.tasks)
         return self._tasks
 
     def evaluate_engine(self, engine: Any) -> Dict[str, float]:

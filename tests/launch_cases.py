@@ -1,0 +1,57 @@
+"""Many launches that end before training, in one child process: ``python -m tests.launch_cases
+CASES.json RESULTS.json``.
+
+Each case is ``{"args": [launcher flags...], "cwd": DIR}``; its result ``{"returncode",
+"stdout", "stderr"}`` is what ``python -m titanax.launch ARGS`` run in ``DIR`` would give, for a
+launch that is refused before it starts a run: the launcher's own flag parsing and ``main``
+(``titanax/launch.py``), the flags reset to their defaults before each case, the streams
+captured. A fresh interpreter per case would repeat the same second of imports 35 times
+(tests/test_launch_errors.py); the process entry (signal handlers, protected streams) is
+exercised by the tests that launch the real command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import traceback
+from typing import Dict, List
+
+
+def run_case(args: List[str], cwd: str) -> Dict[str, object]:
+    """One launch of ``args`` in ``cwd``: its exit status and captured output."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    from titanax import launch  # pylint: disable=import-outside-toplevel
+    flags.FLAGS.unparse_flags()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    returncode = 0
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                rest = launch._parse_flags(["titanax.launch", *args])  # pylint: disable=protected-access
+                launch.main(rest)
+            except SystemExit as e:
+                returncode = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:  # pylint: disable=broad-except
+                traceback.print_exc()  # (As the interpreter would: the test reads it.)
+                returncode = 1
+    finally:
+        os.chdir(before)
+    return {"returncode": returncode, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+
+
+def main(cases_path: str, results_path: str) -> None:
+    with open(cases_path, encoding="utf-8") as f:
+        cases = json.load(f)
+    results = [run_case(case["args"], case["cwd"]) for case in cases]
+    with open(results_path, "w", encoding="utf-8") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
