@@ -96,19 +96,18 @@ def _one_process(name, root, *extra):
 
 
 @functools.lru_cache(maxsize=None)
-def _reference_losses(name, root):
-    """The per-step losses of one uninterrupted 1-process run of REFERENCE_STEPS steps."""
-    trainer_dir = os.path.join(root, f"{name}-reference")
-    _run(name, trainer_dir, steps=REFERENCE_STEPS)
-    return _losses(trainer_dir)
+def _two_processes(name, root, layout, *extra):
+    """``(trainer_dir, stdout)`` of a 2-process run of STEPS steps on ``layout``."""
+    trainer_dir = os.path.join(root, f"{name}-2p" + "".join(extra).replace("/", "_"))
+    return trainer_dir, _run(name, trainer_dir, *layout, *extra, processes=2).stdout
 
 
 @functools.lru_cache(maxsize=None)
-def _two_steps_in_two_processes(name, root):
-    """A 2-process run stopped (and saved) after step 2: the start of the resumed cases."""
-    trainer_dir = os.path.join(root, f"{name}-2p-2-steps")
-    _run(name, trainer_dir, *MODEL_SPANS, processes=2, steps=2)
-    return trainer_dir
+def _reference_losses(name, root, *extra):
+    """The per-step losses of one uninterrupted 1-process run of REFERENCE_STEPS steps."""
+    trainer_dir = os.path.join(root, f"{name}-reference")
+    _run(name, trainer_dir, *extra, steps=REFERENCE_STEPS)
+    return _losses(trainer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +138,7 @@ def test_two_processes_train_like_one(root, name, layout, extra):
     part of each row, than its peer on that axis changes both)."""
     extra = _both_vocab_halves(root) if extra == "bpe" else tuple(extra)
     single = _one_process(name, root, *extra)
-    double = os.path.join(root, f"{name}-2p")
-    result = _run(name, double, *layout, *extra, processes=2)
+    double, stdout = _two_processes(name, root, tuple(layout), *extra)
     want, got = _losses(single), _losses(double)
     assert sorted(got) == list(range(1, STEPS + 1)) and sorted(want) == sorted(got)
     assert_close([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], what="losses")
@@ -149,22 +147,20 @@ def test_two_processes_train_like_one(root, name, layout, extra):
                  scale="tree",
                  what="params after Adam")
     # Only process 0 writes to stdout (the progress lines); both report their devices.
-    assert "[0] step" in result.stdout and "[1] step" not in result.stdout
-    assert "[1] " in result.stdout and "titanax process 1/2" in result.stdout
+    assert "[0] step" in stdout and "[1] step" not in stdout
+    assert "[1] " in stdout and "titanax process 1/2" in stdout
 
 
 def test_checkpoints_move_between_one_and_two_processes(root):
     """A 2-process checkpoint resumes in 1 process and a 1-process one in 2: both continue like
-    the run that never moved."""
-    name = "gpt_tiny_dp_tp"
-    single = _one_process(name, root)
-    double = os.path.join(root, f"{name}-2p-resume")
-    _run(name, double, *MODEL_SPANS, processes=2)
-    moved_in = os.path.join(root, "one-to-two")
-    shutil.copytree(single, moved_in)
-    _run(name, double, steps=STEPS + 2)  # Written by 2 processes, resumed by 1.
-    _run(name, moved_in, *MODEL_SPANS, processes=2, steps=STEPS + 2)
-    want = _reference_losses(name, root)
+    the run that never moved (the runs of the first test, copied)."""
+    name, vocab = "gpt_tiny_dp_tp", _both_vocab_halves(root)
+    double, moved_in = os.path.join(root, "two-to-one"), os.path.join(root, "one-to-two")
+    shutil.copytree(_two_processes(name, root, tuple(MODEL_SPANS), *vocab)[0], double)
+    shutil.copytree(_one_process(name, root, *vocab), moved_in)
+    _run(name, double, *vocab, steps=STEPS + 2)  # Written by 2 processes, resumed by 1.
+    _run(name, moved_in, *MODEL_SPANS, *vocab, processes=2, steps=STEPS + 2)
+    want = _reference_losses(name, root, *vocab)
     for trainer_dir in (double, moved_in):
         got = _losses(trainer_dir)
         assert_close([got[s] for s in (STEPS + 1, STEPS + 2)],
@@ -187,28 +183,16 @@ def _wait_for(process, text, lines, timeout=240):
     raise AssertionError(f"the job ended before printing {text!r}:\n" + "".join(lines[-50:]))
 
 
-@pytest.mark.parametrize("when", ["mid-run", "resumed-before-the-first-step",
-                                  "resumed-after-periodic-saves"])
-def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root, when):
-    """SIGTERM to process 1 only: both stop after the same step, saved, and exit 0; the resumed
-    run continues exactly. Sent before a resumed run's first step, or after periodic saves of a
-    resumed run, it must still be honoured (jax's sync points are counted from the job's start,
-    and only Titanax asks for them -- not Orbax's saves with the global step)."""
-    name = "gpt_tiny_dp_tp"
-    trainer_dir = os.path.join(root, f"preempted-{when}")
-    resumed_from = 0
-    if when != "mid-run":
-        resumed_from = 2
-        shutil.copytree(_two_steps_in_two_processes(name, root), trainer_dir)
-    saves = ["--config.checkpoint.save_every_n_steps=2"] if "saves" in when else []
-    job = _start(f"--config={name}", f"--trainer_dir={trainer_dir}", "--local_processes=2",
+def _preempt(trainer_dir, shown, *extra):
+    """A 2-process job on ``trainer_dir`` sent SIGTERM at process 1 only, once its output shows
+    ``shown``: both stop after the same step, saved by process 0's request, and exit 0. Returns
+    that step (the newest checkpoint)."""
+    job = _start("--config=gpt_tiny_dp_tp", f"--trainer_dir={trainer_dir}", "--local_processes=2",
                  "--cpu_devices=4", "--config.max_steps=100000", "--config.log_every=1",
-                 ONE_EVAL_BATCH, *MODEL_SPANS, *saves)
+                 ONE_EVAL_BATCH, *MODEL_SPANS, *extra)
     lines = []
     try:
-        _wait_for(job, {"mid-run": "[0] step      3/", "resumed-before-the-first-step":
-                        "[1] titanax process 1/2",
-                        "resumed-after-periodic-saves": "[0] step      7/"}[when], lines)
+        _wait_for(job, shown, lines)
         pids = {int(line.split()[-1]) for line in lines if "process 1 of 2 is pid" in line}
         os.kill(pids.pop(), signal.SIGTERM)  # Process 1 only.
         rest, _ = job.communicate(timeout=240)
@@ -219,16 +203,32 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root,
     saved = [line for line in output.splitlines() if "saved step" in line]
     assert len(saved) == 1 and saved[0].startswith("[0] titanax: SIGTERM"), output[-4000:]
     step = int(saved[0].split("saved step ")[1].split()[0])
-    assert step > resumed_from
     steps = sorted(int(d) for d in os.listdir(os.path.join(trainer_dir, "checkpoints"))
                    if d.isdigit())
     assert steps[-1] == step, (steps, step)
-    # The resumed run continues exactly like one that never stopped.
-    _run(name, trainer_dir, *MODEL_SPANS, processes=2, steps=step + 2)
-    assert step + 2 <= REFERENCE_STEPS, f"stopped at step {step}: raise REFERENCE_STEPS"
-    got, want = _losses(trainer_dir), _reference_losses(name, root)
-    assert_close([got[s] for s in range(1, step + 3)], [want[s] for s in range(1, step + 3)],
-                 what="losses of the preempted and resumed run")
+    return step
+
+
+def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root):
+    """SIGTERM to process 1 only, three times over one run: mid-run; in the resumed run after
+    its periodic saves; in the next resumed run before its first step (jax's sync points are
+    counted from the job's start, and only Titanax asks for them -- not Orbax's saves with the
+    global step). Each time both processes stop after the same step, saved, and exit 0; resumed
+    once more, the run has the losses of one that never stopped."""
+    trainer_dir, vocab = os.path.join(root, "preempted"), _both_vocab_halves(root)
+    first = _preempt(trainer_dir, "[0] step      3/", *vocab)
+    assert first >= 3
+    after_saves = first + 4
+    second = _preempt(trainer_dir, f"[0] step {after_saves:>6}/", *vocab,
+                      "--config.checkpoint.save_every_n_steps=2")
+    assert second >= after_saves
+    third = _preempt(trainer_dir, "[1] titanax process 1/2", *vocab)
+    assert third > second
+    _run("gpt_tiny_dp_tp", trainer_dir, *MODEL_SPANS, *vocab, processes=2, steps=third + 2)
+    assert third + 2 <= REFERENCE_STEPS, f"stopped at step {third}: raise REFERENCE_STEPS"
+    got, want = _losses(trainer_dir), _reference_losses("gpt_tiny_dp_tp", root, *vocab)
+    assert_close([got[s] for s in range(1, third + 3)], [want[s] for s in range(1, third + 3)],
+                 what="losses of the thrice preempted and resumed run")
 
 
 def test_a_killed_process_ends_its_peer_within_seconds_naming_it(tmp_path):
