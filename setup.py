@@ -29,7 +29,8 @@ setup(
     python_requires=">=3.11",
     # The built-in experiments live in the top-level folder experiments/ but install as the
     # package `titanax_experiments`, so a user's own `experiments` package never hides them.
-    packages=find_packages(include=["titanax", "titanax.*"]) + ["titanax_experiments"],
+    packages=find_packages(include=["titanax", "titanax.*"]) + ["titanax_experiments",
+                                                                 "titanax_experiments.flax_models"],
     package_dir={"titanax_experiments": "experiments"},
     # llama_tiny_grpo's bundled prompts and tokenizer.
     package_data={"titanax": ["data/bundled/*/*"]},

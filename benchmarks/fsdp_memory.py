@@ -12,8 +12,8 @@ CPU devices, each strategy's compiled step reports
 Each strategy is compiled with the model's ``unroll_layers`` False and True. FSDP with per-layer
 gathers runs the stack as a loop either way (``scan_in_context``), so its two rows must agree.
 
-Then the same sizes as a GPT written in Flax NNX (``experiments/flax_nnx.py``) trained through the
-``FlaxNNX`` adapter, its blocks stacked and run by ``nnx.scan`` or listed: under FSDP the scanned
+Then the same sizes as a GPT written in Flax NNX (``experiments/flax_models/nnx_gpt.py``) trained
+through the ``FlaxNNX`` adapter, its blocks stacked and run by ``nnx.scan`` or listed: under FSDP the scanned
 one must hold about as few gathered layers as Titanax's own (the adapter rematerialises each
 iteration of the module's scan), the listed one holds them all.
 

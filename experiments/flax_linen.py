@@ -1,7 +1,8 @@
 """A CNN with batch normalisation written in Flax Linen, trained by Titanax through the
 ``FlaxLinen`` adapter.
 
-The CNN below is plain Flax Linen: two ``conv 3x3 -> BatchNorm -> ReLU -> 2x2 average pool``
+The CNN (``flax_models/linen_cnn.py``, imported when the experiment is built: listing the
+experiments imports no flax) is plain Flax Linen: two ``conv 3x3 -> BatchNorm -> ReLU -> 2x2 average pool``
 stages, then a dense layer and the class logits. Its ``batch_stats`` are mutable state: each
 training step's new running statistics are state updates, averaged over the data shards. With
 ``batch_norm_axis`` set (the experiment sets the data axis), BatchNorm averages its batch
@@ -14,18 +15,13 @@ Kernels name their dimensions (``in``, ``out``) with ``nn.with_logical_partition
   rules name (``out``), each param gathered where the CNN reads it (it has no layer stack).
 """
 
-from typing import Optional, Tuple
-
-import flax.linen as nn
-import jax
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from titanax.config import checked_by, config_for_function, register_experiment
 from titanax.config import value_checks as check
 from titanax.data.pipeline import Input
 from titanax.data.sources import MNIST
 from titanax.io.checkpointer import OrbaxCheckpoint
-from titanax.modules.adapters.flax_linen import FlaxLinen
-from titanax.modules.adapters.objectives import ClassificationLoss
 from titanax.observe.loggers import CSV, Basic, TensorBoard
 from titanax.parallel.plan import DP, Plan, ZeRO
 from titanax.runtime.mesh import MeshSpec
@@ -34,34 +30,10 @@ from titanax.train.engine import Engine
 from titanax.train.evaler import Evaler
 from titanax.train.learner import Learner
 
+if TYPE_CHECKING:  # (flax is imported when the experiment is built, not when it is listed.)
+    from titanax.modules.adapters.flax_linen import FlaxLinen
 
-def _named(*names):
-    return nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
-
-
-class CNN(nn.Module):
-    """``CNN(...)(image, train)``: class logits of ``[batch, 28, 28]`` images."""
-
-    num_classes: int = 10
-    channels: Tuple[int, int] = (16, 32)
-    hidden_dim: int = 128
-    # Average BatchNorm's batch statistics over this mesh axis while training (None: each
-    # device normalises by its own rows).
-    batch_norm_axis: Optional[str] = None
-
-    @nn.compact
-    def __call__(self, image, train: bool):
-        x = image.reshape(image.shape[0], image.shape[1], image.shape[2], 1)
-        for width in self.channels:
-            # No bias: BatchNorm subtracts the batch mean right after (its own bias shifts).
-            x = nn.Conv(width, (3, 3), use_bias=False,
-                        kernel_init=_named(None, None, "in", "out"))(x)
-            x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
-                             axis_name=self.batch_norm_axis if train else None)(x)
-            x = nn.avg_pool(jax.nn.relu(x), (2, 2), strides=(2, 2))
-        x = jax.nn.relu(nn.Dense(self.hidden_dim, kernel_init=_named("in", "out"))(
-            x.reshape(x.shape[0], -1)))
-        return nn.Dense(self.num_classes, kernel_init=_named("out", None))(x)
+    from .flax_models.linen_cnn import CNN
 
 
 def _cnn_sizes(*, num_classes=10, channels=(16, 32), hidden_dim=128, **_):
@@ -75,14 +47,17 @@ def _cnn_sizes(*, num_classes=10, channels=(16, 32), hidden_dim=128, **_):
 
 @checked_by(_cnn_sizes)
 def make_cnn(*, num_classes: int = 10, channels: Tuple[int, int] = (16, 32),
-             hidden_dim: int = 128, batch_norm_axis: Optional[str] = None) -> CNN:
+             hidden_dim: int = 128, batch_norm_axis: Optional[str] = None) -> "CNN":
     """The factory the adapter calls."""
+    from .flax_models.linen_cnn import CNN  # pylint: disable=import-outside-toplevel
     return CNN(num_classes=num_classes, channels=tuple(channels), hidden_dim=hidden_dim,
                batch_norm_axis=batch_norm_axis)
 
 
-def linen_cnn(**changes) -> FlaxLinen.Config:
+def linen_cnn(**changes) -> "FlaxLinen.Config":
     """The adapted Linen CNN: class logits trained on the labels."""
+    from titanax.modules.adapters.flax_linen import FlaxLinen  # pylint: disable=import-outside-toplevel
+    from titanax.modules.adapters.objectives import ClassificationLoss  # pylint: disable=import-outside-toplevel
     return FlaxLinen.default_config().set(
         name="linen_cnn", module=config_for_function(make_cnn).set(**changes),
         inputs=("image",), example_inputs={"image": "float32[2,28,28]"},
