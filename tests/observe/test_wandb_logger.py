@@ -251,3 +251,30 @@ def test_an_unknown_mode_is_refused_naming_the_field():
     with pytest.raises(errors.ConfigValidationError) as info:
         WandB.default_config().instantiate()
     assert "project: REQUIRED field not set" in str(info.value)
+
+
+def test_sample_completions_are_a_table_at_their_step(tmp_path):
+    """A sampling objective's samples (observe/samples.py) reach W&B as the table ``samples``
+    at the step that trains on them, beside that step's metrics -- and samples.jsonl keeps
+    them too."""
+    from titanax.observe.samples import SampleLog  # pylint: disable=import-outside-toplevel
+    logger = WandB(project=PROJECT, trainer_dir=str(tmp_path))
+    logger.start(step=0)
+    samples = SampleLog(trainer_dir=str(tmp_path), every=2, count=2, loggers=[logger])
+    logger.log_dict({"reward": 0.25}, 1)
+    samples.show(step=2, prompts=["2+2=", "3+3=", "4+4="], completions=["4", "7777", "8"],
+                 rewards=[1.0, 0.0, 1.0])
+    logger.log_dict({"reward": 0.5}, 2)
+    logger.close()
+    (run,) = _offline_runs(str(tmp_path))
+    at_two = run["history"][2]  # (wandb flattens the table's reference: samples/<key>.)
+    assert at_two["reward"] == 0.5 and at_two["samples/_type"] == "table-file"
+    assert not any(k.startswith("samples") for k in run["history"][1])
+    (table_file,) = glob.glob(os.path.join(str(tmp_path), "wandb", "offline-run-*", "files",
+                                           at_two["samples/path"]))
+    with open(table_file, encoding="utf-8") as f:
+        table = json.load(f)
+    assert table["columns"] == ["prompt", "completion", "reward"]
+    assert table["data"] == [["2+2=", "4", 1.0], ["3+3=", "7777", 0.0]]
+    with open(tmp_path / "samples.jsonl", encoding="utf-8") as f:
+        assert [json.loads(line)["completion"] for line in f] == ["4", "7777"]

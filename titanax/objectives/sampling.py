@@ -168,7 +168,8 @@ class SamplingObjective(Objective):
         shards, _ = run.process_batch_shards()
         own = self.config
         samples = SampleLog(trainer_dir=run.trainer_dir, every=own.samples_every,
-                            count=own.num_samples, writes=jax.process_index() == 0)
+                            count=own.num_samples, writes=jax.process_index() == 0,
+                            loggers=run.loggers())
         return RolloutStream(
             prompts=iter(made_input), source=made_input.source, objective=self,
             rewards=self.rewards, sample=self.sampler(run, end_ids=end_ids),

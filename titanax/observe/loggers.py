@@ -14,7 +14,7 @@ import io
 import math
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from titanax.config import ConfigBase, Configurable
 from titanax.utils.files import atomic_write_text, move_aside
@@ -55,6 +55,12 @@ class Logger(Configurable):
 
     def log_dict(self, metrics: Dict[str, float], step: int) -> None:
         raise NotImplementedError(type(self).__qualname__)
+
+    def log_samples(self, rows: Sequence[Dict[str, Any]], step: int) -> None:
+        """A few sampled completions at ``step`` (``observe/samples.py``: each row's
+        ``prompt``, ``completion`` and, when rewarded, ``reward``). A logger that shows tables
+        (W&B) records them; the others leave them to the run's samples.jsonl."""
+        del rows, step
 
     def close(self) -> None:
         """Flushes and releases files."""

@@ -8,6 +8,7 @@ trains on its rollout), ``prompt``, ``completion`` (text) and, for a rewarded ob
 ``reward``. Process 0 shows and writes its own rows (any of the batch's prompts serve). A
 resumed run drops the entries from the step it resumes at on (they are sampled again, the same);
 a new run moves an earlier run's file aside (``samples.<time>.jsonl``), as the CSV logger does.
+The run's loggers get the rows too (``Logger.log_samples``): W&B shows them as a table.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from titanax.utils.files import atomic_write_text, move_aside
 
@@ -28,11 +29,13 @@ class SampleLog:
     """Shows and records a rollout's first ``count`` completions every ``every`` steps."""
 
     def __init__(self, *, trainer_dir: Optional[str], every: int, count: int,
-                 writes: bool = True):
+                 writes: bool = True, loggers: Sequence[Any] = ()):
         """``trainer_dir`` None: the console only; ``every`` 0: never; ``writes`` False: this
-        process neither prints nor writes (another process does)."""
+        process neither prints nor writes (another process does); ``loggers``: the run's
+        loggers, each given the rows (``Logger.log_samples``: W&B's table)."""
         self.path = os.path.join(trainer_dir, FILENAME) if trainer_dir else None
         self.every, self.count, self.writes = every, count, writes
+        self.loggers = list(loggers)
         self._started = False
 
     @property
@@ -64,6 +67,8 @@ class SampleLog:
         print(self._table(step, entries, of=len(completions)), file=sys.stdout, flush=True)
         if self.path is not None:
             self._append(step, entries)
+        for logger in self.loggers:
+            logger.log_samples(entries, step)
 
     @staticmethod
     def _table(step: int, entries: List[Dict], *, of: int) -> str:

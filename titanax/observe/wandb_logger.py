@@ -9,7 +9,8 @@ One run directory is one W&B run. The id is kept in ``<trainer_dir>/wandb_run_id
 (the engine restored a checkpoint) opens the same id with ``resume="allow"``, so the W&B run goes
 on where it was; a new run in a directory that holds an id moves that file aside
 (``wandb_run_id.<time>``, as ``CSV`` does with its table) and gets a new id, so two runs' metrics
-are never mixed. The W&B step is the train step. After a resume the steps between the checkpoint
+are never mixed. The W&B step is the train step. A sampling objective's sample completions
+(``observe/samples.py``) are logged as a table, ``samples``, at the step that trains on them. After a resume the steps between the checkpoint
 and the point where the earlier process stopped are trained and logged again; W&B's steps only go
 up (it ignores, with a warning, a step below its run's latest), so the W&B run keeps the values it
 already had for them -- the same computation.
@@ -114,6 +115,20 @@ class WandB(Logger):
             if self._run is None:  # mode="disabled"
                 return
         self._run.log(dict(metrics), step=step)
+
+    def log_samples(self, rows, step: int) -> None:
+        """The rows as a W&B table ``samples`` at ``step`` (columns: prompt, completion and,
+        when rewarded, reward), beside the step's metrics."""
+        if not rows:
+            return
+        if self._run is None:
+            self._open(resumed=True)
+            if self._run is None:  # mode="disabled"
+                return
+        import wandb  # pylint: disable=import-outside-toplevel  (imported by _open)
+        columns = [c for c in ("prompt", "completion", "reward") if c in rows[0]]
+        table = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
+        self._run.log({"samples": table}, step=step)
 
     def close(self) -> None:
         """Finishes the W&B run (wandb's service completes the files just after this returns)."""
