@@ -3,6 +3,7 @@
     python -m titanax.generate --trainer_dir=runs/llama_tiny_dp_tp --prompt="ROMEO:" --max_new_tokens=64
     python -m titanax.generate --hf=path/to/hf_dir --prompt_ids=1,2,3 --max_new_tokens=32 --temperature=0.8 --top_p=0.9
     python -m titanax.generate --trainer_dir=runs/chat_sft --chat --prompt="What is 7 x 6?" --max_new_tokens=64
+    python -m titanax.generate --trainer_dir=runs/chat_sft --chat --interactive --system="Be brief."
 
 The model runs with a key/value cache (the prompt once, then one token at a time) inside one
 compiled program on a mesh of the devices at hand: a run's own mesh and tensor parallelism (its
@@ -17,13 +18,15 @@ first where the tokenizer starts documents with one). ``--chat`` makes it a user
 rendered by the tokenizer's chat template with the generation prompt -- the ids of
 ``apply_chat_template(..., add_generation_prompt=True)`` -- and the answer stops at the
 template's end-of-turn token (or an end-of-sequence id of the HF directory's
-generation_config.json / config.json).
+generation_config.json / config.json), whose text is printed without it. ``--system`` opens the
+conversation with a system prompt; ``--interactive`` chats over several turns in this process,
+one message per input line (``chat_session.py``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from absl import flags
 
@@ -44,6 +47,11 @@ def _define_flags() -> None:
                       "as such: the ids of transformers' apply_chat_template(..., "
                       "add_generation_prompt=True)); the answer stops at the template's "
                       "end-of-turn token.")
+    flags.DEFINE_bool("interactive", False, "With --chat: a multi-turn chat in this process, "
+                      "one user message per line of the input (--prompt, if given, the first); "
+                      "/reset starts over, /exit or the end of the input quits.")
+    flags.DEFINE_string("system", None, "With --chat: a system prompt opening the "
+                        "conversation.")
     flags.DEFINE_integer("max_new_tokens", 32, "Tokens to generate.")
     flags.DEFINE_float("temperature", None, "Sampling temperature (default: greedy).")
     flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likely tokens up to "
@@ -53,10 +61,19 @@ def _define_flags() -> None:
 
 def _check_flags() -> None:
     command_line.check_model_source_flags(FLAGS, command="generate")
-    if (FLAGS.prompt is None) == (FLAGS.prompt_ids is None):
+    for flag in ("interactive", "system"):
+        if getattr(FLAGS, flag) not in (None, False) and not FLAGS.chat:
+            raise errors.LaunchFlagError("is a chat option", path=f"--{flag}",
+                                         suggestion="add --chat")
+    if FLAGS.interactive and FLAGS.prompt_ids is not None:
+        raise errors.LaunchFlagError("a chat reads text messages", path="--prompt_ids",
+                                     suggestion="type the messages (or give the first as "
+                                                "--prompt='...')")
+    if not FLAGS.interactive and (FLAGS.prompt is None) == (FLAGS.prompt_ids is None):
         raise errors.LaunchFlagError("give exactly one prompt", path="--prompt/--prompt_ids",
-                                     suggestion="--prompt='text' or --prompt_ids=1,2,3")
-    if FLAGS.chat and FLAGS.prompt is None:
+                                     suggestion="--prompt='text' or --prompt_ids=1,2,3 (or "
+                                                "--chat --interactive)")
+    if FLAGS.chat and not FLAGS.interactive and FLAGS.prompt is None:
         raise errors.LaunchFlagError("--chat renders a text message", path="--chat",
                                      suggestion="give the user message as --prompt='...'")
     if FLAGS.max_new_tokens < 1:
@@ -104,13 +121,13 @@ class _Tokens:
         (as transformers' ``tokenizer(text)`` and packed documents)."""
         return self._needed("--prompt").encode_prompt(text)
 
-    def encode_chat(self, message: str) -> List[int]:
-        """A user message through the chat template, with the generation prompt; the template's
-        end-of-turn token ends the answer."""
+    def encode_chat(self, messages: Sequence[Tuple[str, str]]) -> List[int]:
+        """``messages`` ((role, content), ...) through the chat template, with the generation
+        prompt; the template's end-of-turn token ends the answer."""
         from titanax.data import chat  # pylint: disable=import-outside-toplevel
         tokenizer = self._needed("--chat")
         try:
-            ids = tokenizer.encode_chat_prompt([("user", message)])
+            ids = tokenizer.encode_chat_prompt(list(messages))
         except chat.TemplateError as e:
             raise errors.LaunchFlagError(str(e), path="--chat",
                                          suggestion="check the tokenizer's chat template") from e
@@ -146,6 +163,9 @@ def generate(argv: Sequence[str]) -> int:
             f"{type(engine.model).__name__} has no key/value-cache decoding", path="model",
             suggestion="generation runs the Llama / Qwen / Mistral Decoder family")
     tokens = _Tokens(tokenizer_cfg, source, cfg.vocab_size)
+    system = [("system", FLAGS.system)] if FLAGS.system else []
+    if FLAGS.interactive:
+        return _interactive(engine, tokens, system)
     if FLAGS.prompt_ids is not None:
         try:
             prompt = [int(t) for t in FLAGS.prompt_ids.split(",") if t.strip()]
@@ -153,7 +173,7 @@ def generate(argv: Sequence[str]) -> int:
             raise errors.LaunchFlagError(f"not comma-separated integers: {FLAGS.prompt_ids!r}",
                                          path="--prompt_ids", suggestion="e.g. 1,2,3") from e
     elif FLAGS.chat:
-        prompt = tokens.encode_chat(FLAGS.prompt)
+        prompt = tokens.encode_chat(system + [("user", FLAGS.prompt)])
     else:
         prompt = tokens.encode(FLAGS.prompt)
     bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
@@ -179,10 +199,30 @@ def generate(argv: Sequence[str]) -> int:
             out = out[:index + 1]
             break
     print("ids: " + " ".join(str(t) for t in out), flush=True)
-    text = tokens.decode(out)
+    # A chat answer's text leaves out the end-of-turn token that closed it (its id is above).
+    shown = out[:-1] if FLAGS.chat and out and out[-1] in tokens.end_ids else out
+    text = tokens.decode(shown)
     if text is not None:
         print(f"text: {text}", flush=True)
     return 0
+
+
+def _interactive(engine: Any, tokens: _Tokens, system: List[Tuple[str, str]]) -> int:
+    """``--chat --interactive``: titanax/chat_session.py on stdin."""
+    import sys  # pylint: disable=import-outside-toplevel
+    from titanax import chat_session  # pylint: disable=import-outside-toplevel
+    tokens.encode_chat(system + [("user", "")])  # (The template checked; its end ids known.)
+    session = chat_session.ChatSession(
+        engine=engine, tokenizer=tokens.tokenizer, end_ids=tokens.end_ids,
+        system=FLAGS.system, max_new_tokens=FLAGS.max_new_tokens,
+        temperature=FLAGS.temperature or None, top_p=FLAGS.top_p, seed=FLAGS.seed)
+    if session.window < 1:
+        raise errors.LaunchFlagError(
+            f"leaves no room for the conversation in the model's max_seq_len "
+            f"{engine.model.config.max_seq_len}", path="--max_new_tokens",
+            suggestion="generate fewer tokens per answer")
+    return chat_session.run(session, lines=sys.stdin,
+                            write=lambda line: print(line, flush=True), first=FLAGS.prompt)
 
 
 if __name__ == "__main__":
