@@ -114,6 +114,11 @@ BAD_INPUTS = [
      "objective.undesirable_weight"),
     ("distillation with beta above 1", ["--config=llama_tiny_distill",
                                         "--config.objective.beta=1.5"], "objective.beta"),
+    # Wave 5: nothing cut silently.
+    ("chat prompts the window would cut at their start",
+     ["--config=llama_tiny_grpo", "--trainer_dir={tmp}/run", "--config.train_input.source.chat=true",
+      "--config.train_input.source.max_prompt_tokens=8"],
+     "train_input.source.max_prompt_tokens"),
 ]
 
 

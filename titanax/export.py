@@ -111,6 +111,8 @@ def _trained_tokenizer_dir(run, source: Optional[str]) -> Optional[str]:
             print(f"titanax: warning: the run read bytes, not {source}'s tokenizer: the export "
                   "carries no tokenizer files (its ids are bytes 0-255)", flush=True)
         return None
+    from titanax.data import bundled  # pylint: disable=import-outside-toplevel
+    path = bundled.resolve(path)  # (A `bundled:` tokenizer: Titanax's own files.)
     directory = path if os.path.isdir(path) else os.path.dirname(path)
     if not os.path.isdir(directory):
         print(f"titanax: warning: the run's tokenizer {path} is gone: the export carries no "

@@ -49,3 +49,27 @@ def test_a_bad_record_is_named(tmp_path):
         Prompts.default_config().set(files=[files]).instantiate()
     skipped = Prompts.default_config().set(files=[files], on_bad_record="skip").instantiate()
     assert len(skipped) == 1
+
+
+def test_cut_prompts_are_warned_and_cut_chat_prompts_refused_unless_allowed(tmp_path, caplog):
+    """A text prompt past max_prompt_tokens keeps its end, counted in a warning at start; a
+    chat-rendered one would lose the template's start: refused by name, unless
+    cut_long_chat_prompts keeps its end too."""
+    texts = _write(tmp_path / "t.jsonl", [{"prompt": "ab"}, {"prompt": "abcdefgh"},
+                                          {"prompt": "abcdef"}])
+    with caplog.at_level("WARNING", logger="titanax"):
+        source = Prompts.default_config().set(files=[texts], max_prompt_tokens=4,
+                                              seed=None).instantiate()
+    assert source.truncated == 2
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("2 of the train split's 3 prompts are longer than max_prompt_tokens=4 (the "
+               "longest 8 tokens)" in m for m in warned), warned
+    chats = _write(tmp_path / "c.jsonl", [{"prompt": [{"role": "user", "content": "hi"}]},
+                                          {"prompt": [{"role": "user", "content": "x" * 40}]}])
+    cfg = Prompts.default_config().set(files=[chats], max_prompt_tokens=32, seed=None)
+    with pytest.raises(errors.DataError) as info:
+        cfg.instantiate()
+    assert info.value.path == "max_prompt_tokens" and "c.jsonl:2" in info.value.message
+    assert "cut_long_chat_prompts=true" in info.value.suggestion
+    kept = cfg.clone(cut_long_chat_prompts=True).instantiate()
+    assert kept.truncated == 1 and int(kept.lengths[1]) == 32

@@ -4,6 +4,7 @@ they train); and the run resumes with it. (That TitanaxLM's numbers are lm-eval'
 test_lm_eval_parity.py.)"""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -76,24 +77,56 @@ def test_the_evaler_logs_lm_eval_metrics_at_its_steps_and_resumes(folder):
     assert len(set(perplexities)) == 3, perplexities
 
 
-def test_two_processes_evaluate_as_one(folder):
-    """The evaler in a job of 2 processes x 4 devices (each places its own rows and gathers the
-    others'): the metrics of 1 process x 8 devices."""
+# The lm-eval evaler from the command line alone (Engine.Config.new_entries): the chat template,
+# one few-shot example, a step-0 baseline and every 2 steps.
+EVALER_FLAGS = ["--config.evalers={}",
+                f"--config.evalers['lm_eval'].tasks={list(local_tasks.TASKS)}",
+                "--config.evalers['lm_eval'].include_path=tasks",
+                "--config.evalers['lm_eval'].every_n_steps=2",
+                "--config.evalers['lm_eval'].max_gen_toks=8",
+                "--config.evalers['lm_eval'].at_start=true",
+                "--config.evalers['lm_eval'].apply_chat_template=true",
+                "--config.evalers['lm_eval'].num_fewshot=1"]
+
+
+def test_the_command_line_evaler_starts_at_evaluates_baseline_and_two_processes_give_one(folder):
+    """``--config.evalers['lm_eval'].*`` on llama_tiny_sft: lm-eval's metrics at steps 0 and 2;
+    at step 0 (the HF model's weights) those of ``titanax.evaluate`` with the same chat template
+    and few-shot; in a job of 2 processes x 4 devices (each places its own rows and gathers the
+    others') those of 1 process x 8 devices."""
     logged = {}
     for name, devices in (("one", ["--cpu_devices=8"]),
                           ("two", ["--local_processes=2", "--cpu_devices=4"])):
         result = subprocess.run(
-            [sys.executable, "-m", "titanax.run", "--module=tests.harness.evaler_main:main",
-             "--config=llama_tiny_sft", f"--trainer_dir=runs/{name}", *devices,
-             "--config.init_from=tiny_chat/model", "--config.train_input.source.format=chat",
+            [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_sft",
+             f"--trainer_dir=runs/{name}", *devices, "--config.init_from=tiny_chat/model",
+             "--config.train_input.source.format=chat",
              "--config.train_input.source.files=['tiny_chat/chat.jsonl']",
-             "--config.max_steps=2"], cwd=str(folder), env=child_environment(),
+             "--config.max_steps=2", *EVALER_FLAGS], cwd=str(folder), env=child_environment(),
             capture_output=True, text=True, timeout=600, check=False)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         with open(folder / "runs" / name / "metrics.csv", encoding="utf-8") as f:
             rows = [r for r in csv.DictReader(f) if r.get("lm_eval/tiny_mc/acc")]
-        assert [int(r["step"]) for r in rows] == [2]
-        logged[name] = {k: float(v) for k, v in rows[0].items() if k.startswith("lm_eval/")}
-    assert set(logged["one"]) == set(logged["two"]) and len(logged["one"]) >= 6
-    for key, value in logged["one"].items():
-        assert logged["two"][key] == pytest.approx(value, rel=1e-4), key
+        assert [int(r["step"]) for r in rows] == [0, 2]
+        logged[name] = {int(r["step"]): {k: float(v) for k, v in r.items()
+                                         if k.startswith("lm_eval/")} for r in rows}
+    one, two = logged["one"], logged["two"]
+    assert set(one[2]) == set(two[2]) and len(one[2]) >= 6
+    for step in (0, 2):
+        for key, value in one[step].items():
+            assert two[step][key] == pytest.approx(value, rel=1e-4), (step, key)
+    assert one[0] != one[2]  # (Two steps of training moved the numbers.)
+    out = folder / "baseline.json"
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "titanax.evaluate", "--hf=tiny_chat/model",
+         f"--tasks={','.join(local_tasks.TASKS)}", "--include_path=tasks", "--cpu_devices=8",
+         "--apply_chat_template", "--num_fewshot=1", "--max_gen_toks=8",
+         f"--output_path={out}"], cwd=str(folder), env=child_environment(),
+        capture_output=True, text=True, timeout=600, check=False)
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    from titanax.harness.evaler import metrics_by_name  # pylint: disable=import-outside-toplevel
+    with open(out, encoding="utf-8") as f:
+        baseline = {f"lm_eval/{k}": v for k, v in metrics_by_name(json.load(f)).items()}
+    assert set(baseline) == set(one[0])
+    for key, value in baseline.items():
+        assert one[0][key] == pytest.approx(value, rel=1e-4), key

@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import difflib
 import enum
+import importlib
 import sys
 import typing
 from typing import Any, Dict, List, Sequence, Tuple
@@ -186,12 +187,22 @@ def _none_suggestion(cfg: ConfigBase, tokens: List[paths.PathToken]) -> str:
 
 
 def _create_optional_parents(cfg: ConfigBase, tokens: List[paths.PathToken]) -> None:
-    """Puts the default config into every None ``Optional[X.Config]`` field along the path."""
+    """Puts the default config into every None ``Optional[X.Config]`` field along the path, and
+    a new entry into a dict of configs whose owner names the kind for that key
+    (``new_entries``: ``evalers['lm_eval']`` starts an lm-eval evaler)."""
     node: Any = cfg
-    for token in tokens[:-1]:
+    owner: Any = None
+    for index, token in enumerate(tokens[:-1]):
+        if isinstance(node, dict) and isinstance(token, paths.Key) and owner is not None:
+            if token.value not in node:
+                _add_new_entry(owner, tokens[index - 1], token.value,
+                               where=paths.format_path(tokens[:index + 1]))
+            node, owner = getattr(owner, tokens[index - 1])[token.value], None
+            continue
         if not isinstance(token, str) or not isinstance(node, ConfigBase) or \
                 token not in type(node).__fields__:
             return
+        owner = node
         value = getattr(node, token)
         if value is None:
             default = _default_config_for(type(node).field_annotation(token))
@@ -200,6 +211,23 @@ def _create_optional_parents(cfg: ConfigBase, tokens: List[paths.PathToken]) -> 
             setattr(node, token, default)
             value = getattr(node, token)
         node = value
+
+
+def _add_new_entry(owner: ConfigBase, field: str, key: Any, *, where: str) -> None:
+    """``owner.<field>[key]``: the default config of the kind ``owner`` names for that key
+    (``Config.new_entries``); the keys it has and the ones it could make named otherwise."""
+    kinds = getattr(type(owner), "new_entries", {}).get(field, {})
+    if key not in kinds:
+        existing = ", ".join(repr(k) for k in getattr(owner, field)) or "(none)"
+        creatable = "; new entries: " + ", ".join(
+            f"{k!r} ({path.rsplit('.', 1)[-1]})" for k, path in kinds.items()) if kinds else ""
+        raise errors.UnknownFieldError(f"no entry {key!r} here", path=where,
+                                       suggestion=f"valid keys: {existing}{creatable}")
+    module_name, name = kinds[key].rsplit(".", 1)
+    component = getattr(importlib.import_module(module_name), name)
+    entries = dict(getattr(owner, field))
+    entries[key] = component.default_config()
+    setattr(owner, field, entries)
 
 
 def _default_config_for(annotation: Any) -> Any:

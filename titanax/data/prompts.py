@@ -9,7 +9,9 @@ the reward functions by name, one value per completion.
 Each example is one prompt, left-padded to ``max_prompt_tokens`` (``prompt_ids``; the sampler
 left-pads: every row's completion starts at the same place), its real length
 (``prompt_lengths``) and its index among the split's records (``record_index``: the host finds
-the text and the fields by it). A longer prompt keeps its last tokens (counted in the log).
+the text and the fields by it). A longer prompt keeps its last tokens, counted in a warning at
+start -- unless it went through the chat template, whose start the cut would drop: that is
+refused by name unless ``cut_long_chat_prompts`` allows it.
 """
 
 from __future__ import annotations
@@ -80,8 +82,12 @@ class Prompts(Configurable):
         # Text prompts as the user's message through the chat template (conversational ones
         # always are).
         chat: bool = False
-        # Tokens per prompt (left-padded to it; a longer prompt keeps its end).
+        # Tokens per prompt (left-padded to it; a longer prompt keeps its end, warned at start).
         max_prompt_tokens: int = 128
+        # A chat-rendered prompt longer than max_prompt_tokens is refused: keeping its end
+        # would cut the template's start (the system turn, the first role markers) and the
+        # model would read a conversation it was never shown. True: keep its last tokens too.
+        cut_long_chat_prompts: bool = False
         # (Every record trains: no test split unless asked.)
         held_out_fraction = 0.0
 
@@ -104,16 +110,35 @@ class Prompts(Configurable):
                              report=self.read_report)
         self.records: List[PromptRecord] = []
         tokens: List[List[int]] = []
-        self.truncated = 0
+        self.truncated, longest, first_cut_chat = 0, 0, None
         for record in records:
             ids = self._tokens(record)
             if ids is None:
                 continue
             if len(ids) > cfg.max_prompt_tokens:
                 self.truncated += 1
+                longest = max(longest, len(ids))
+                if (record.conversational or cfg.chat) and first_cut_chat is None:
+                    first_cut_chat = (record.where, len(ids))
                 ids = ids[-cfg.max_prompt_tokens:]
             self.records.append(record)
             tokens.append(ids)
+        if first_cut_chat is not None and not cfg.cut_long_chat_prompts:
+            where, length = first_cut_chat
+            raise errors.DataError(
+                f"{self.truncated} chat prompt(s) of the {cfg.split} split are longer than "
+                f"max_prompt_tokens={cfg.max_prompt_tokens} (the first: {where}, {length} "
+                f"tokens); keeping their last tokens would cut the chat template's start",
+                path="max_prompt_tokens",
+                suggestion=f"raise it to {longest} (with the objective's max_new_tokens inside "
+                           f"the model's max_seq_len), shorten those prompts, or set "
+                           f"cut_long_chat_prompts=true to keep their ends")
+        if self.truncated:
+            _log.warning("%d of the %s split's %d prompts are longer than max_prompt_tokens=%d "
+                         "(the longest %d tokens): each keeps its last %d tokens; raise "
+                         "max_prompt_tokens to keep them whole", self.truncated, cfg.split,
+                         len(self.records), cfg.max_prompt_tokens, longest,
+                         cfg.max_prompt_tokens)
         if not self.records:
             raise errors.DataError(f"the {cfg.split} split has no prompt "
                                    f"({self.read_report.text()})", path="files",

@@ -5,6 +5,14 @@
     cfg.evalers["lm_eval"] = LMEvalEvaler.default_config().set(
         tasks=["hellaswag"], limit=200, every_n_steps=500)
 
+or from the command line, the key ``lm_eval`` creating it (``Engine.Config.new_entries``)::
+
+    --config.evalers['lm_eval'].tasks="['hellaswag']" --config.evalers['lm_eval'].limit=200 \
+        --config.evalers['lm_eval'].every_n_steps=500 --config.evalers['lm_eval'].at_start=true
+
+``apply_chat_template`` renders the requests as a chat-tuned model reads them; ``at_start``
+(every evaler's) gives the step-0 baseline.
+
 Each evaluation runs the tasks through ``TitanaxLM`` on the params as they are at that step, on
 the training mesh (no copy, no export), and logs ``lm_eval/<task>/<metric>`` (lm-eval's metric
 name, with its filter when not "none": ``acc``, ``exact_match_strict-match``) to every logger.
@@ -40,6 +48,12 @@ class LMEvalEvaler(Evaler):
         batch_size: int = 16
         # Tokens a generation may take when its task does not say.
         max_gen_toks: int = 256
+        # Render each request through the model's chat template (lm-eval's
+        # --apply_chat_template): what a chat-tuned model is asked as it was trained.
+        apply_chat_template: bool = False
+        # With apply_chat_template: few-shot examples as earlier turns of the conversation
+        # (False: all in the first user turn).
+        fewshot_as_multiturn: bool = True
 
         def _validate_values(self):
             yield from super()._validate_values()
@@ -117,7 +131,9 @@ class LMEvalEvaler(Evaler):
         # a pool of processes forked from this one) and no per-request samples kept.
         results = lm_eval.simple_evaluate(
             model=self._lm, tasks=list(cfg.tasks), num_fewshot=cfg.num_fewshot, limit=limit,
-            task_manager=self.task_manager(), bootstrap_iters=0, log_samples=False)
+            task_manager=self.task_manager(), bootstrap_iters=0, log_samples=False,
+            **({"apply_chat_template": True, "fewshot_as_multiturn": cfg.fewshot_as_multiturn}
+               if cfg.apply_chat_template else {}))
         return metrics_by_name(results or {})
 
 

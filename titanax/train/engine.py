@@ -16,7 +16,7 @@ the metrics window, evaluation and ``explain``. It never asks which parallel kin
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Sequence
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Literal, Optional, Sequence
 
 import jax
 import numpy as np
@@ -65,6 +65,11 @@ class Engine(Configurable):
         train_input: Optional[Input.Config] = None
         # Evaluations run during and after training, by name.
         evalers: Dict[str, Evaler.Config] = {}
+        # Entries of a dict of configs the command line may create by their key (an override
+        # below a key the dict lacks): --config.evalers['lm_eval'].tasks=[...] adds an lm-eval
+        # evaler (titanax/harness/evaler.py) to the run.
+        new_entries: ClassVar[Dict[str, Dict[str, str]]] = {
+            "evalers": {"lm_eval": "titanax.harness.evaler.LMEvalEvaler"}}
         # Where metrics go.
         loggers: Sequence[Logger.Config] = (Basic.default_config(),)
         # Checkpointing; None: no checkpoints.

@@ -21,6 +21,9 @@ class Evaler(Configurable):
         every_n_steps: Optional[int] = None
         # Batches per evaluation; None: one pass over the data (the input must not repeat).
         num_batches: Optional[int] = None
+        # Also evaluate before a new run's first step (logged at step 0): the baseline the
+        # training moves from.
+        at_start: bool = False
 
         def _validate_values(self):
             if self.every_n_steps is not None and self.every_n_steps < 1:
@@ -31,6 +34,10 @@ class Evaler(Configurable):
                                      f"{self.num_batches}"
 
     def due(self, step: int) -> bool:
+        """At step 0 (before a new run's first step) when ``at_start``; then every
+        ``every_n_steps`` steps."""
+        if step == 0:
+            return self.config.at_start
         every = self.config.every_n_steps
         return bool(every) and step % every == 0
 

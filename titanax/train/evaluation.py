@@ -71,7 +71,8 @@ class Evaluation:
             prefix = getattr(evaler, "metric_prefix", name)
             for logger in loggers:
                 logger.log_dict({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
-        self.last_step, self.last_results = step, results
+        if results:  # (Nothing due: the step's evaluation is still to come.)
+            self.last_step, self.last_results = step, results
         return results
 
     def _at_most_one_pass(self, evaler: Evaler, make_input: Callable[[Any, str], Iterable],

@@ -64,6 +64,8 @@ class TrainingLoop:
         ckpt, profiler = self.checkpointer, self.profiler
         inflight: List[Any] = []
         deferred = False  # A save due at a step the iterator's position could not be saved.
+        if start == 0:  # A new run: the evalers asked for a baseline (at_start) run first.
+            self.run_evals(0, True)
         for index in range(start, total):
             self._call_hooks("before_step", index)
             try:
