@@ -29,7 +29,8 @@ def _launch(*args, timeout=180, cwd=REPO_ROOT):
 
 
 # (case id, launcher arguments, text the message must contain: the path). "{tmp}" is a fresh
-# directory and "{file}" a file in it.
+# directory and "{file}" a file in it. A case that trained before it was refused has
+# --config.max_steps=1: should its guard go, it trains one step and fails here, not for hours.
 BAD_INPUTS = [
     ("trainer_dir is a file", ["--config=mnist_dp", "--trainer_dir={file}"], "--trainer_dir"),
     ("trainer_dir under a file", ["--config=mnist_dp", "--trainer_dir={file}/run"],
@@ -119,6 +120,17 @@ BAD_INPUTS = [
      ["--config=llama_tiny_grpo", "--trainer_dir={tmp}/run", "--config.train_input.source.chat=true",
       "--config.train_input.source.max_prompt_tokens=8"],
      "train_input.source.max_prompt_tokens"),
+    ("SimPO with a negative target margin (trained before)",
+     ["--config=llama_tiny_dpo", "--trainer_dir={tmp}/run", "--config.objective.loss=simpo",
+      "--config.objective.simpo_gamma=-1", "--config.max_steps=1"], "objective.simpo_gamma"),
+    ("every reward weighted 0 (trained on rewards of 0 before)",
+     ["--config=llama_tiny_grpo", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.rewards['answer'].weight=0"],
+     "objective.rewards['answer']"),
+    ("a LoRA rank above every side of the weights (trained before)",
+     ["--config=llama_tiny_lora_sft", "--trainer_dir={tmp}/run", "--config.lora.rank=512",
+      "--config.max_steps=1"],
+     "lora.rank"),
 ]
 
 

@@ -207,6 +207,15 @@ class LoRA(Configurable):
         roles = weight_roles(spec, path=path)
         stacked = tuple(range(spec.stacked_dims))
         rank = self.config.rank
+        fan_in = math.prod(spec.shape[d] for d in roles.inputs)
+        fan_out = math.prod(spec.shape[d] for d in roles.outputs)
+        if rank > min(fan_in, fan_out):
+            raise errors.ConfigError(
+                f"rank {rank} is larger than {path}'s smaller side ({fan_in} inputs x {fan_out} "
+                f"outputs): A x B can never exceed rank {min(fan_in, fan_out)}, so the extra "
+                f"rank only adds parameters", path="lora.rank",
+                suggestion=f"use a rank <= {min(fan_in, fan_out)} (or leave this weight out of "
+                           f"lora.targets)")
 
         def pick(dims: Sequence[int], values, fill):
             return tuple(values[d] for d in dims) if values is not None else (fill,) * len(dims)

@@ -109,12 +109,25 @@ class GRPO(SamplingObjective):
                     isinstance(w, (int, float)) and math.isfinite(w)
                     for w in self.reward_weights):
                 yield "reward_weights", f"must be finite numbers, got {list(self.reward_weights)}"
+            else:
+                yield from self._some_reward_weighs()
             if self.reward_weights is not None and \
                     len(self.reward_weights) != len(self.reward_functions):
                 yield "reward_weights", (f"has {len(self.reward_weights)} weights for "
                                          f"{len(self.reward_functions)} reward_functions")
             if not self.reward_functions and not self.rewards:
                 yield "reward_functions", "no reward: name a function (or a built-in in rewards)"
+
+        def _some_reward_weighs(self):
+            """Every reward weighted 0 sums to 0 for every completion: nothing to learn."""
+            weights = list(self.reward_weights) if self.reward_weights is not None else \
+                [1.0] * len(self.reward_functions)
+            built_in = [getattr(r, "weight", 1.0) for r in self.rewards.values()]
+            if (weights or built_in) and not any(w != 0 for w in weights + built_in):
+                path = "reward_weights" if weights else f"rewards[{next(iter(self.rewards))!r}]"
+                yield path, (f"every reward is weighted 0 (reward_weights {weights}, built-in "
+                             f"rewards' weights {built_in}): the summed reward is 0 for every "
+                             f"completion and nothing is learned")
 
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)

@@ -53,8 +53,10 @@ class Preference(Objective):
                 yield "loss", f"must be one of {', '.join(LOSSES)}, got {self.loss!r}"
             if not (math.isfinite(self.beta) and self.beta > 0):
                 yield "beta", f"must be a finite number > 0, got {self.beta}"
-            if not math.isfinite(self.simpo_gamma):
-                yield "simpo_gamma", f"must be finite, got {self.simpo_gamma}"
+            if not (math.isfinite(self.simpo_gamma) and self.simpo_gamma >= 0):
+                yield "simpo_gamma", (f"must be a finite margin >= 0, got {self.simpo_gamma} "
+                                      f"(a negative target margin rewards ranking the rejected "
+                                      f"completion first)")
 
     sources = (PreferencePairs,)
     console_columns = ("loss", "rewards/accuracies", "rewards/margins")
