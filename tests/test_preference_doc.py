@@ -1,6 +1,7 @@
 """docs/preference_tuning.md, run as a newcomer would (tests/doc_walk.py): the pairs go through
-the model's chat template, the run tunes adapters against the base, and the exported adapter
-loads in PEFT; KTO tunes the same model on labelled answers."""
+the model's chat template, the run tunes adapters against the base -- learning the preference
+with the numbers the page states -- and the exported adapter loads in PEFT; KTO tunes the same
+model on labelled answers."""
 
 import csv
 import os
@@ -29,6 +30,13 @@ def test_the_page_tunes_adapters_on_preference_pairs_and_exports_them(walked):
     with open(folder / "runs" / "dpo" / "metrics.csv", encoding="utf-8") as f:
         rows = [r for r in csv.DictReader(f) if r.get("rewards/margins")]
     assert rows and all(0.0 < float(r["loss"]) < 5.0 for r in rows), rows
+    # The numbers the page states: below log 2 at step 10, below 0.1 by step 50, the held-out
+    # pairs ranked right at the end.
+    by_step = {int(r["step"]): r for r in rows}
+    assert float(by_step[10]["loss"]) < 0.6931, by_step[10]
+    assert float(by_step[50]["loss"]) < 0.1 and float(by_step[50]["rewards/margins"]) > 2
+    assert float(by_step[100]["loss"]) < 0.05 and float(by_step[100]["rewards/margins"]) > 3
+    assert "final heldout: accuracy 1.0000" in trained, trained[-2000:]
     assert "lora.rank: 8" in (folder / "runs" / "dpo" / "config.txt").read_text()
     assert sorted(os.listdir(folder / "exported" / "dpo_adapter")) == [
         "adapter_config.json", "adapter_model.safetensors"]

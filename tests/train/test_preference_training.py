@@ -116,13 +116,13 @@ def test_misplaced_reference_options_are_refused(tmp_path):
                     context_parallel=CP.default_config().set(axis="context"))).build()
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_llama_tiny_dpo_learns_a_synthetic_preference(tmp_path, lora):
+def test_llama_tiny_dpo_learns_a_synthetic_preference(tmp_path):
     """The registered experiment as is (in this process: its 4-layer model, AdamW, the held-out
-    evaluation), 200 steps (LoRA: 120) of 16 pairs on the swap-vs-echo set. In float64: which
-    of a batch's pairs are ranked right must not hang on float32's rounding, which differs by
-    machine and XLA code generation (the last steps' accuracies of 16 pairs move by 1/16 at a
-    time; measured in float64 at 120 full steps: 0.86 over the last 10, at 200: 0.96)."""
+    evaluation), 200 steps of 16 pairs on the swap-vs-echo set, every weight trained (LoRA's
+    DPO learning: docs/preference_tuning.md's recipe, walked by tests/test_preference_doc.py).
+    In float64: which of a batch's pairs are ranked right must not hang on float32's rounding,
+    which differs by machine and XLA code generation (the last steps' accuracies of 16 pairs move
+    by 1/16 at a time; measured in float64 at 120 steps: 0.86 over the last 10, at 200: 0.96)."""
     from titanax.config import registry  # pylint: disable=import-outside-toplevel
     registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES))
     cfg = registry.get_config("llama_tiny_dpo")
@@ -134,9 +134,7 @@ def test_llama_tiny_dpo_learns_a_synthetic_preference(tmp_path, lora):
     cfg.evalers["heldout"].every_n_steps = 1000  # (Evaluated once, at the end, below.)
     cfg.checkpoint = None
     cfg.loggers = []
-    cfg.max_steps = 120 if lora else 200  # (Full fine-tuning: the experiment's own 200.)
-    if lora:
-        cfg.lora = LoRA.default_config().set(rank=8)
+    cfg.max_steps = 200  # (The experiment's own.)
     with float64_numerics():  # (This test only: a module-scoped fixture would outlive it.)
         cfg.precision.float64 = True
         engine = Engine(cfg)
