@@ -177,8 +177,10 @@ def llama_tiny_dpo():
     rewards/accuracies there."""
     cfg = llama_tiny_dp_tp()
     cfg.train_input = _preference_input("train", batch_size=16, seq_len=64)
+    # Every held-out pair, in one pass (the last batch padded: padding weighs 0).
     cfg.evalers["heldout"].input = _preference_input("test", batch_size=16, seq_len=64, seed=1)
-    cfg.evalers["heldout"].num_batches = 2
+    cfg.evalers["heldout"].input.set(num_epochs=1, last_batch="pad", shuffle=False)
+    cfg.evalers["heldout"].num_batches = None
     cfg.evalers["heldout"].every_n_steps = 50
     cfg.objective = Preference.default_config()
     cfg.learner.optimizer.learning_rate.peak_value = 5e-4
@@ -206,6 +208,7 @@ def llama_tiny_kto():
     cfg = llama_tiny_dpo()
     cfg.train_input = _unpaired_input("train", batch_size=16, seq_len=64)
     cfg.evalers["heldout"].input = _unpaired_input("test", batch_size=16, seq_len=64, seed=1)
+    cfg.evalers["heldout"].input.set(num_epochs=1, last_batch="pad", shuffle=False)
     cfg.objective = KTO.default_config()
     return cfg
 

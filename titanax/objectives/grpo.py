@@ -124,7 +124,8 @@ class GRPO(SamplingObjective):
                 [1.0] * len(self.reward_functions)
             built_in = [getattr(r, "weight", 1.0) for r in self.rewards.values()]
             if (weights or built_in) and not any(w != 0 for w in weights + built_in):
-                path = "reward_weights" if weights else f"rewards[{next(iter(self.rewards))!r}]"
+                path = "reward_weights" if weights else \
+                    f"rewards[{next(iter(self.rewards))!r}].weight"
                 yield path, (f"every reward is weighted 0 (reward_weights {weights}, built-in "
                              f"rewards' weights {built_in}): the summed reward is 0 for every "
                              f"completion and nothing is learned")

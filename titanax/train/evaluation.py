@@ -33,6 +33,8 @@ class Evaluation:
         self.last_results: Dict[str, Dict[str, float]] = {}
         # Evalers whose data is read as one pass (decided at their first evaluation).
         self._cut_to_one_pass: set = set()
+        # Evalers already warned that num_batches leaves some of their rows unscored.
+        self._warned: set = set()
         # Each evaler's input, built at its first evaluation (reading and tokenizing the
         # held-out documents once, not at every evaluation); iterated afresh each time.
         self._inputs: Dict[Tuple[str, bool], Iterable] = {}
@@ -96,6 +98,13 @@ class Evaluation:
         batch = cfg.input.global_batch_size
         if cfg.num_batches is None or cfg.input.num_epochs is not None or source is None \
                 or len(source) >= cfg.num_batches * batch:
+            if cfg.num_batches is not None and source is not None and \
+                    len(source) > cfg.num_batches * batch and where not in self._warned:
+                self._warned.add(where)
+                _log.warning("%s scores %d of its %d held-out rows (num_batches=%d x "
+                             "global_batch_size %d); %s.num_batches=None scores them all, in "
+                             "one pass", where, cfg.num_batches * batch, len(source),
+                             cfg.num_batches, batch, where)
             return data, cfg.num_batches
         one_pass = math.ceil(len(source) / batch)
         self._cut_to_one_pass.add(where)
