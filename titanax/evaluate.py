@@ -71,6 +71,14 @@ def _check_flags() -> None:
         raise errors.LaunchFlagError(f"must be > 0, got {FLAGS.limit}", path="--limit",
                                      suggestion="a number of documents, or a fraction < 1")
     command_line.check_seed_flag(FLAGS.seed)
+    if FLAGS.output_path:  # (Before the evaluation: its results must have somewhere to go.)
+        from titanax.utils.files import file_target_problem  # pylint: disable=import-outside-toplevel
+        problem = file_target_problem(FLAGS.output_path)
+        if problem:
+            raise errors.LaunchFlagError(f"cannot write the results: {problem}",
+                                         path="--output_path",
+                                         suggestion="name a .json file in a directory you can "
+                                                    "write (made if missing)")
 
 
 def evaluate(argv: Sequence[str]) -> int:
@@ -99,7 +107,14 @@ def evaluate(argv: Sequence[str]) -> int:
         raise errors.LaunchFlagError(
             f"{type(engine.model).__name__} is no causal language model with a sampler",
             path="model", suggestion="evaluate a decoder (GPT-2, Llama, Qwen, Mistral, MoE)")
-    lm = TitanaxLM(engine=engine, tokenizer=transformers_tokenizer(tokenizer_cfg, source),
+    tokenizer = transformers_tokenizer(tokenizer_cfg, source)
+    if FLAGS.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise errors.LaunchFlagError(
+            "the model's tokenizer has no chat template to render the requests with",
+            path="--apply_chat_template",
+            suggestion="drop it (plain requests), or evaluate a model whose tokenizer_config.json "
+                       "or chat_template.jinja carries one")
+    lm = TitanaxLM(engine=engine, tokenizer=tokenizer,
                    batch_size=FLAGS.batch_size, max_gen_toks=FLAGS.max_gen_toks,
                    end_ids=saved_run.generation_end_ids(source), seed=FLAGS.seed or 0)
     seeds = ({} if FLAGS.seed is None else

@@ -7,8 +7,10 @@ evaluates from ``--trainer_dir`` as its export does."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,8 +135,23 @@ def test_a_fine_tuned_run_evaluates_as_its_export(folder):
     (["--trainer_dir=runs/sft", "--tasks=x", "--model_parallel=2"], "--model_parallel"),
     (["--hf=tiny_chat/model", "--tasks=no_such_task", "--include_path=tasks",
       "--cpu_devices=1"], "--tasks"),
+    # Tracebacks before (the results path at the end of the evaluation; lm-eval's template).
+    (["--hf=tiny_chat/model", "--tasks=tiny_mc", "--include_path=tasks",
+      "--output_path=a_file/out.json"], "--output_path"),
+    (["--hf=tiny_chat/model", "--tasks=tiny_mc", "--include_path=tasks", "--cpu_devices=8",
+      "--model_parallel=3"], "--model_parallel"),  # (Reported as a mesh shape before.)
+    (["--hf=no_template", "--tasks=tiny_mc", "--include_path=tasks", "--cpu_devices=1",
+      "--apply_chat_template"], "--apply_chat_template"),
 ])
 def test_bad_flags_are_refused_by_name(folder, args, path):
+    (Path(folder) / "a_file").write_text("not a directory")
+    no_template = Path(folder) / "no_template"
+    if not no_template.exists():  # The tiny model, its tokenizer without a chat template.
+        shutil.copytree(Path(folder) / "tiny_chat" / "model", no_template)
+        (no_template / "chat_template.jinja").unlink(missing_ok=True)
+        config = json.loads((no_template / "tokenizer_config.json").read_text())
+        config.pop("chat_template", None)
+        (no_template / "tokenizer_config.json").write_text(json.dumps(config))
     result = subprocess.run([sys.executable, "-m", "titanax.evaluate", *args], cwd=folder,
                             env=ENV, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 2, result.stderr[-2000:]

@@ -148,6 +148,14 @@ def inference_engine(*, hf: Optional[str], trainer_dir: Optional[str], model_par
         from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
         hf = os.path.abspath(hf)
         tp = model_parallel
+        import jax  # pylint: disable=import-outside-toplevel
+        devices = jax.device_count()
+        if devices % tp:
+            raise errors.LaunchFlagError(
+                f"{tp}-way tensor parallelism does not divide the {devices} device(s) at hand",
+                path="--model_parallel",
+                suggestion=f"give a divisor of {devices} (e.g. --model_parallel="
+                           f"{max(d for d in range(1, min(tp, devices) + 1) if devices % d == 0)})")
         cfg = Engine.default_config().set(
             mesh=MeshSpec.default_config().set(axes=("data", "model"), shape=(None, tp)),
             plan=Plan.default_config().set(data_parallel=DP.default_config(),

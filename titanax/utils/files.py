@@ -59,3 +59,20 @@ def move_aside(path: str) -> str:
     aside = unused_path(f"{root}.{time.strftime('%Y%m%dT%H%M%S')}{ext}")
     os.replace(path, aside)
     return aside
+
+
+def file_target_problem(path: str) -> str:
+    """Why a file cannot be written at ``path`` (a directory there, a file where a parent
+    directory would be, a parent that cannot be written), or "" when it can: checked before a
+    command spends its time on what it would write."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        return f"{path} is a directory"
+    parent = os.path.dirname(target)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{path} lies under {parent}, a file"
+    if not os.access(parent, os.W_OK):
+        return f"{parent} cannot be written"
+    return ""
