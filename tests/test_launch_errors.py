@@ -131,6 +131,21 @@ BAD_INPUTS = [
      ["--config=llama_tiny_lora_sft", "--trainer_dir={tmp}/run", "--config.lora.rank=512",
       "--config.max_steps=1"],
      "lora.rank"),
+    ("a reward function needing a field the prompts lack (a traceback at step 1 before)",
+     ["--config=llama_tiny_grpo", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.rewards={{}}",
+      "--config.objective.reward_functions=['tests.rl.user_rewards:needs_solution']"],
+     "objective.reward_functions[0]: needs_solution needs the record field(s) solution"),
+]
+
+# What only a call can show (a run that starts, then meets it): the same exit status, message and
+# no traceback -- the run's record is kept (it ran).
+CALL_TIME_ERRORS = [
+    ("a reward function that raises (named with the records it scored)",
+     ["--config=llama_tiny_grpo", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.rewards={{}}",
+      "--config.objective.reward_functions=['tests.rl.user_rewards:reads_difficulty']"],
+     "reads_difficulty raised KeyError: 'difficulty' (scoring the completions of "),
 ]
 
 
@@ -139,7 +154,7 @@ def bad_input_launches(tmp_path_factory):
     """Every BAD_INPUTS launch, run in one child process (tests/launch_cases.py: the launcher's
     parsing and main, its flags reset per case): case -> (its result, its directory)."""
     folders, cases = {}, []
-    for case, args, _ in BAD_INPUTS:
+    for case, args, _ in BAD_INPUTS + CALL_TIME_ERRORS:
         folder = tmp_path_factory.mktemp("bad_input")
         (folder / "a_file").write_text("not a directory")
         folders[case] = folder
@@ -153,7 +168,8 @@ def bad_input_launches(tmp_path_factory):
                          check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = json.loads(got.read_text())
-    return {case: (result, folders[case]) for (case, _, _), result in zip(BAD_INPUTS, results)}
+    return {case: (result, folders[case])
+            for (case, _, _), result in zip(BAD_INPUTS + CALL_TIME_ERRORS, results)}
 
 
 @pytest.mark.parametrize("case,path", [(c[0], c[2]) for c in BAD_INPUTS],
@@ -165,6 +181,14 @@ def test_bad_input_exits_2_naming_the_path_without_a_traceback(bad_input_launche
     assert path in result["stderr"], (case, result["stderr"])
     assert "Traceback" not in result["stderr"] + result["stdout"], case
     assert not os.path.exists(folder / "run" / "config.txt"), "a failed launch left a record"
+
+
+@pytest.mark.parametrize("case,path", [(c[0], c[2]) for c in CALL_TIME_ERRORS],
+                         ids=[c[0] for c in CALL_TIME_ERRORS])
+def test_an_error_only_a_call_shows_exits_2_naming_it(bad_input_launches, case, path):
+    result, _ = bad_input_launches[case]
+    assert result["returncode"] == 2, (case, result["stdout"][-2000:], result["stderr"][-2000:])
+    assert path in result["stderr"] and "Traceback" not in result["stderr"], result["stderr"]
 
 
 def _quick_mnist(trainer_dir, *extra):

@@ -164,6 +164,11 @@ class SamplingObjective(Objective):
     rewards: Optional[Any] = None
 
     def batches(self, made_input, *, run):
+        if self.rewards is not None:  # (Before step 1: each function gets what it needs.)
+            source = made_input.source
+            available = set().union(*(source.fields_of(i) for i in range(len(source))))
+            self.rewards.check_fields(sorted(available),
+                                      source=f"train_input.source.files {source.config.files}")
         end_ids = self.end_ids(made_input.source)
         shards, _ = run.process_batch_shards()
         own = self.config

@@ -20,6 +20,7 @@ the built-ins are configs under ``--config.objective.rewards``:
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import re
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
@@ -203,10 +204,34 @@ class RewardSet:
         self.weights.append(float(weight))
         self.paths.append(where)
 
+    def check_fields(self, available: Sequence[str], *, source: str) -> None:
+        """Before step 1: every argument a reward function requires (no default) is one it is
+        given -- ``prompts``, ``completions``, ``completion_ids`` or a field of the prompt
+        records (``available``, read from ``source``)."""
+        given = set(available) | {"prompts", "completions", "completion_ids"}
+        for call, where in zip(self.calls, self.paths):
+            if isinstance(call, Reward):
+                continue
+            try:
+                parameters = inspect.signature(call).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            needed = [p.name for p in parameters if p.default is inspect.Parameter.empty
+                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            missing = [name for name in needed if name not in given]
+            if missing:
+                fields = ", ".join(sorted(available)) or "none"
+                raise errors.RewardError(
+                    f"{getattr(call, '__name__', call)} needs the record field(s) "
+                    f"{', '.join(missing)}, which no record of {source} has (their fields: "
+                    f"{fields})", path=where,
+                    suggestion="add the field to the records, or give the argument a default")
+
     def score(self, *, prompts: List[Any], completions: List[str],
               completion_ids: List[List[int]], fields: Dict[str, List[Any]],
-              budget: int) -> np.ndarray:
-        """``[completions, rewards]`` float64, NaN where a reward abstained."""
+              budget: int, records: Optional[Sequence[str]] = None) -> np.ndarray:
+        """``[completions, rewards]`` float64, NaN where a reward abstained; ``records``: where
+        each completion's prompt came from (named when a function raises)."""
         out = np.full((len(completions), len(self.calls)), np.nan)
         for column, (call, where) in enumerate(zip(self.calls, self.paths)):
             kwargs = dict(fields, prompts=prompts, completions=completions,
@@ -218,6 +243,16 @@ class RewardSet:
             except errors.TitanaxError as e:
                 raise errors.RewardError(e.message, path=f"{where}.{e.path}" if e.path else where,
                                          suggestion=e.suggestion) from None
+            except Exception as e:  # pylint: disable=broad-except  (the user's function)
+                rows = (f"the completions of {records[0]}" + (
+                    f" and {len(set(records)) - 1} other record(s)" if len(set(records)) > 1
+                    else "") if records else f"{len(completions)} completions")
+                raise errors.RewardError(
+                    f"{getattr(call, '__name__', call)} raised {type(e).__name__}: {e} (scoring "
+                    f"{rows})", path=where,
+                    suggestion="fix the function (called as TRL calls one: prompts=, "
+                               "completions=, completion_ids= and each record field by "
+                               "name), or run with --show_traceback to see where") from e
             values = list(values) if values is not None else None
             if values is None or len(values) != len(completions):
                 raise errors.RewardError(

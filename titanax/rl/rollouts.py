@@ -207,7 +207,8 @@ class RolloutStream:
                 fields[name].append(own.get(name))
         return self.rewards.score(prompts=[source.prompt_of(int(i)) for i in records],
                                   completions=texts, completion_ids=completion_ids,
-                                  fields=fields, budget=self.objective.config.max_new_tokens)
+                                  fields=fields, budget=self.objective.config.max_new_tokens,
+                                  records=[source.records[int(i)].where for i in records])
 
     def _advantages(self, scores: np.ndarray, group: int):
         """``(advantages, rows kept, reward metrics)`` of the whole batch's ``[rows, rewards]``
