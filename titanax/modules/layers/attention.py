@@ -343,6 +343,23 @@ def refuse_ignored_implementation(implementation: str, binding, *, path: str) ->
                                   "split attention runs with plan.context_parallel.strategy")
 
 
+# The implementations that exist only as a GPU kernel, and what each is. ("fused" is
+# jax.nn.dot_product_attention: cuDNN's kernel on a GPU, XLA's attention elsewhere.)
+GPU_KERNELS = {"pallas": "the Pallas (Triton) flash-attention kernel"}
+
+
+def refuse_kernel_off_its_device(implementation: str, *, path: str) -> None:
+    """A GPU-only kernel chosen for a run on another backend, refused by name: off a GPU the
+    Pallas kernel only runs emulated (interpret mode: the layer's parity tests, not a sharded
+    train step, where it fails inside jax)."""
+    backend = jax.default_backend()
+    if implementation in GPU_KERNELS and backend != "gpu":
+        raise errors.PlanError(
+            f"{implementation!r} is {GPU_KERNELS[implementation]}, and this run's devices are "
+            f"{backend}", path=path,
+            suggestion="use 'auto' (or 'blockwise': the same O(S) memory) off a GPU")
+
+
 def same_segment(segment_ids: Optional[jax.Array]) -> Optional[jax.Array]:
     """``[batch, 1, seq, seq]``: which key each query may see by document (None: all)."""
     if segment_ids is None:

@@ -38,6 +38,7 @@ from titanax.parallel.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUEN
 from titanax.modules.initializers import Normal
 from titanax.modules.layers.attention import (Attention, check_implementation,
                                                refuse_ignored_implementation,
+                                               refuse_kernel_off_its_device,
                                                refuse_split_attention_dropout)
 from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.dropout import Dropout
@@ -241,6 +242,8 @@ class Decoder(CausalLanguageModel):
         refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
         refuse_ignored_implementation(self.config.attention_implementation, binding,
                                       path=f"{path}.attention_implementation")
+        refuse_kernel_off_its_device(self.config.attention_implementation,
+                                     path=f"{path}.attention_implementation")
         if self.config.moe is not None:
             check_moe_binding(self.config.moe, binding, path=f"{path}.moe")
         super().check_axis_binding(binding, path=path)
