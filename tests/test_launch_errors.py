@@ -131,6 +131,13 @@ BAD_INPUTS = [
      ["--config=llama_tiny_lora_sft", "--trainer_dir={tmp}/run", "--config.lora.rank=512",
       "--config.max_steps=1"],
      "lora.rank"),
+    ("a preference pair whose chosen is its rejected (trained before)",
+     ["--config=llama_tiny_dpo", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.train_input.source.files=['{tmp}/pairs_same.jsonl']"], "pairs_same.jsonl:3"),
+    ("pairs that differ only past the row (trained on equal rows before)",
+     ["--config=llama_tiny_dpo", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.train_input.source.files=['{tmp}/pairs_long.jsonl']",
+      "--config.train_input.source.seq_len=16"], "train_input.source.seq_len"),
     ("the Pallas GPU kernel on CPU devices (a jax traceback before)",
      ["--config=llama_tiny_dp_tp", "--trainer_dir={tmp}/run", "--config.max_steps=1",
       "--config.model.attention_implementation=pallas"], "model.attention_implementation"),
@@ -152,6 +159,18 @@ CALL_TIME_ERRORS = [
 ]
 
 
+def _write_pairs(folder):
+    """Preference pairs with a fault: pairs_same.jsonl (line 3 prefers nothing),
+    pairs_long.jsonl (pairs that differ only after 40 shared answer bytes)."""
+    good = [{"prompt": f"{a}+{a}=", "chosen": str(2 * a), "rejected": str(2 * a + 1)}
+            for a in range(40)]
+    same = good[:2] + [{"prompt": "1+1=", "chosen": "2", "rejected": "2"}] + good[2:]
+    long = [{"prompt": f"{a}+{a}=", "chosen": "after a long and careful thought: yes",
+             "rejected": "after a long and careful thought: no"} for a in range(40)]
+    for name, records in (("pairs_same.jsonl", same), ("pairs_long.jsonl", long)):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
 @pytest.fixture(scope="module")
 def bad_input_launches(tmp_path_factory):
     """Every BAD_INPUTS launch, run in one child process (tests/launch_cases.py: the launcher's
@@ -160,6 +179,7 @@ def bad_input_launches(tmp_path_factory):
     for case, args, _ in BAD_INPUTS + CALL_TIME_ERRORS:
         folder = tmp_path_factory.mktemp("bad_input")
         (folder / "a_file").write_text("not a directory")
+        _write_pairs(folder)
         folders[case] = folder
         cases.append({"args": [a.format(tmp=folder, file=folder / "a_file") for a in args],
                       "cwd": REPO_ROOT})

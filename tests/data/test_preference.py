@@ -110,3 +110,33 @@ def test_a_multi_turn_pair_scores_only_its_final_answer(tmp_path, chat_tokenizer
     scored = example["chosen_target_ids"][example["chosen_weights"].astype(bool)]
     np.testing.assert_array_equal(scored, last)
     assert len(scored) < int(trained.sum())  # "Hello." is not scored.
+
+
+USER = {"role": "user", "content": "What is 2 plus 3?"}
+
+
+@pytest.mark.parametrize("record,said", [
+    ({"prompt": "2+3=", "chosen": "5", "rejected": "5"}, "are the same: the pair prefers nothing"),
+    ({"prompt": " ", "chosen": "5", "rejected": "6"}, "'prompt' is empty"),
+    ({"chosen": [USER, {"role": "assistant", "content": "5"}, USER],
+      "rejected": [USER, {"role": "assistant", "content": "6"}]}, "'chosen' ends with a user turn"),
+    ({"chosen": [USER, {"role": "assistant", "content": "5"}],
+      "rejected": [USER, {"role": "assistant", "content": "5"}]}, "are the same"),
+], ids=["same text", "empty prompt", "ends with the user", "same messages"])
+def test_a_pair_that_prefers_nothing_is_refused_naming_its_line(tmp_path, record, said):
+    files = _write(tmp_path / "p.jsonl", [{"prompt": "1+1=", "chosen": "2", "rejected": "3"},
+                                          record])
+    with pytest.raises(errors.DataError) as info:
+        _source(files, seq_len=32)
+    assert "p.jsonl:2" in str(info.value) and said in str(info.value), str(info.value)
+
+
+def test_pairs_that_differ_only_past_the_row_are_refused_naming_seq_len(tmp_path):
+    """A long shared answer start: cut to 16 tokens, chosen and rejected rows are the same."""
+    files = _write(tmp_path / "p.jsonl", [
+        {"prompt": "Q:", "chosen": "the answer is, after long thought, yes",
+         "rejected": "the answer is, after long thought, no"}])
+    with pytest.raises(errors.DataError) as info:
+        _source(files, seq_len=16)
+    assert info.value.path == "seq_len" and "p.jsonl:1" in info.value.message
+    assert len(_source(files, seq_len=64)) == 1  # (Rows long enough: the pair is kept.)

@@ -86,15 +86,30 @@ class PreferenceFormat:
         if isinstance(chosen, str) and isinstance(rejected, str):
             if not isinstance(prompt, str):
                 raise ValueError(f"a text pair needs a text field {self.prompt_field!r}")
+            if not prompt.strip():
+                raise ValueError(f"{self.prompt_field!r} is empty: the two completions would "
+                                 "answer no question")
+            self._differ(chosen, rejected)
             return PreferencePair(prompt, chosen, rejected, conversational=False, where=where)
         if isinstance(chosen, list) and isinstance(rejected, list):
             head = () if prompt is None else chat_messages(prompt, self.prompt_field,
                                                            needs_assistant=False)
-            return PreferencePair(head, chat_messages(chosen, self.chosen_field),
-                                  chat_messages(rejected, self.rejected_field), conversational=True,
-                                  where=where)
+            sides = (chat_messages(chosen, self.chosen_field),
+                     chat_messages(rejected, self.rejected_field))
+            for name, messages in zip((self.chosen_field, self.rejected_field), sides):
+                if messages[-1][0] != "assistant":
+                    raise ValueError(f"{name!r} ends with a {messages[-1][0]} turn: a "
+                                     "completion is the assistant's answer, last")
+            self._differ(*sides)
+            return PreferencePair(head, *sides, conversational=True, where=where)
         raise ValueError(f"{self.chosen_field!r} and {self.rejected_field!r} must both be text or "
                          "both lists of chat messages")
+
+
+    def _differ(self, chosen: Any, rejected: Any) -> None:
+        if chosen == rejected:
+            raise ValueError(f"{self.chosen_field!r} and {self.rejected_field!r} are the same: "
+                             "the pair prefers nothing")
 
 
 @dataclasses.dataclass
@@ -108,6 +123,8 @@ class PairReport:
     truncated: int = 0
     truncated_tokens: int = 0
     dropped: int = 0
+    # Pairs whose two rows, cut to seq_len, are the same (they differ only past it): where.
+    same_when_cut: List[str] = dataclasses.field(default_factory=list)
 
     def text(self) -> str:
         return (f"{self.pairs} {self.noun}(s) into rows of {self.seq_len}; {self.truncated} truncated "
@@ -224,6 +241,11 @@ class CompletionRows(Configurable):
                 row[:len(values)] = values
                 out[self.FIELD_PREFIX[side] + name] = row
         self.report.truncated += int(cut_any)
+        if cut_any and len(sides) == 2 and all(
+                np.array_equal(*(out[self.FIELD_PREFIX[side] + name] for side in sides))
+                for name in ("input_ids", "weights")):
+            self.report.same_when_cut.append(pair.where)  # (They differ only past the row.)
+            return None
         return out
 
 
@@ -253,6 +275,14 @@ class PreferencePairs(CompletionRows):
         self.read_report, self.report = ReadReport(), PairReport(seq_len=cfg.seq_len)
         rows = [self._rows(pair) for pair in self._pairs()]
         rows = [r for r in rows if r is not None]
+        if self.report.same_when_cut:
+            same = self.report.same_when_cut
+            raise errors.DataError(
+                f"{len(same)} pair(s) of the {cfg.split} split differ only past seq_len="
+                f"{cfg.seq_len} tokens (the first: {same[0]}): cut to a row, chosen and rejected "
+                f"are the same and the pair teaches nothing", path="seq_len",
+                suggestion="raise seq_len (and the model's max_seq_len with it), or shorten "
+                           "the prompts")
         if not rows:
             raise errors.DataError(f"the {cfg.split} split has no pair ({self.report.text()})",
                                    path="files", suggestion="give more pairs or lower "
