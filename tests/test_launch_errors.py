@@ -104,6 +104,11 @@ BAD_INPUTS = [
     ("a learning rate that is not a number",
      ["--config=gpt_tiny_dp", "--config.learner.optimizer.learning_rate.peak_value=nan"],
      "learner.optimizer.learning_rate.peak_value"),
+    ("an lm-eval evaler's task folder that does not exist",
+     ["--config=llama_tiny_sft", "--config.evalers={{}}",
+      "--config.evalers['lm_eval'].tasks=['tiny_mc']",
+      "--config.evalers['lm_eval'].include_path={tmp}/no_such_tasks"],
+     "evalers['lm_eval'].include_path"),
     ("a seed PRNGKey would wrap to 0", ["--config=gpt_tiny_dp", "--config.seed=4294967296"],
      "seed"),
     # Wave 5 moved every objective's fields under --config.objective.

@@ -52,7 +52,7 @@ def test_metrics_are_read_as_the_csv_logger_wrote_them(runs):
 
 
 def test_two_runs_two_metrics_make_a_png(runs, tmp_path):
-    out = tmp_path / "runs.png"
+    out = tmp_path / "figures" / "runs.png"  # (A folder not made yet: made.)
     result = _plot(f"--trainer_dir={runs / 'grpo'}", f"--trainer_dir={runs / 'sft'}",
                    "--metrics=loss,reward", f"--out={out}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -70,7 +70,7 @@ def test_two_runs_two_metrics_make_a_png(runs, tmp_path):
      "no metric"),
     (["--trainer_dir={runs}/sft"], "--out", "missing"),
     (["--trainer_dir={runs}/sft", "--out={tmp}/a.pdf"], "--out", "not a .png"),
-    (["--trainer_dir={runs}/sft", "--out={tmp}/a_file/a.png"], "--out", "no writable"),
+    (["--trainer_dir={runs}/sft", "--out={tmp}/a_file/a.png"], "--out", "a file"),
     (["--trainer_dir={runs}/sft", "--out={tmp}/dir.png"], "--out", "a directory"),
 ], ids=["no run", "run missing", "no metrics file", "unknown metric", "empty metrics",
         "no out", "not png", "out under a file", "out is a directory"])

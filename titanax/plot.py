@@ -20,6 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 from absl import flags
 
 from titanax import command_line, errors
+from titanax.utils import files
 
 FLAGS = flags.FLAGS
 
@@ -85,12 +86,10 @@ def _check_flags() -> Tuple[List[str], List[str], str]:
     if not out.lower().endswith(".png"):
         raise errors.LaunchFlagError(f"{out} is not a .png file", path="--out",
                                      suggestion="name the file FILE.png")
-    folder = os.path.dirname(os.path.abspath(out))
-    if os.path.isdir(out) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise errors.LaunchFlagError(
-            f"cannot write {out}" + (" (a directory)" if os.path.isdir(out) else
-                                     f" ({folder} is no writable directory)"),
-            path="--out", suggestion="name a file in an existing, writable directory")
+    problem = files.file_target_problem(out)
+    if problem:
+        raise errors.LaunchFlagError(problem, path="--out",
+                                     suggestion="name a file in a writable directory")
     return runs, metrics, out
 
 
@@ -142,6 +141,7 @@ def plot(argv: Sequence[str]) -> int:
         panel.legend(fontsize="small")
     axes[-1, 0].set_xlabel("step")
     figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     figure.savefig(out, dpi=100)
     plt.close(figure)
     print(f"titanax.plot: wrote {out} ({', '.join(metrics)} of {len(runs)} run(s))")

@@ -1,18 +1,21 @@
-"""Local lm-eval tasks of the three kinds (multiple choice, rolling perplexity, generate-until
-with exact match): task YAMLs and JSONL data written into a folder -- nothing downloaded."""
+"""Local lm-eval tasks of four kinds (multiple choice, rolling perplexity, generate-until
+with exact match, next-token loglikelihood): task YAMLs and JSONL data written into a folder -- nothing downloaded."""
 
 import json
 import os
 import random
 
 TASKS = ("tiny_mc", "tiny_ppl", "tiny_gen")
+# A loglikelihood task: its perplexity is a continuous function of the prompt the model sees, so
+# a chat template applied or dropped shows in it (accuracies over a few documents may not move).
+NEXT_TOKENS_TASK = "tiny_next"
 
 
 def write(folder: str, *, docs: int = 24, seed: int = 0) -> str:
-    """Writes the three tasks into ``folder``; returns it (an lm-eval --include_path)."""
+    """Writes the four tasks into ``folder``; returns it (an lm-eval --include_path)."""
     rng = random.Random(seed)
     os.makedirs(folder, exist_ok=True)
-    mc, ppl, gen = [], [], []
+    mc, ppl, gen, nxt = [], [], [], []
     for index in range(docs):
         a, b = rng.randint(0, 49), rng.randint(0, 49)
         wrong = [a + b + d for d in rng.sample([-3, -1, 2, 5, 9], 3)]
@@ -28,7 +31,8 @@ def write(folder: str, *, docs: int = 24, seed: int = 0) -> str:
                          for _ in range(4 + 9 * (index % 4)))
         ppl.append({"text": f"Sums, written out. {words}"})
         gen.append({"a": a, "b": b, "answer": f"{a} plus {b} is {a + b}"})
-    for name, rows in (("mc", mc), ("ppl", ppl), ("gen", gen)):
+        nxt.append({"a": a, "b": b, "sum": a + b})
+    for name, rows in (("mc", mc), ("ppl", ppl), ("gen", gen), ("next", nxt)):
         with open(os.path.join(folder, f"{name}.jsonl"), "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
 
@@ -52,6 +56,10 @@ def write(folder: str, *, docs: int = 24, seed: int = 0) -> str:
             "generation_kwargs:\n  until: [\".\", \"?\"]\n  max_gen_toks: 12\n"
             "  do_sample: false\n"
             "metric_list:\n  - metric: exact_match\n"),
+        NEXT_TOKENS_TASK: data("next") + (
+            "output_type: loglikelihood\ndoc_to_text: \"What is {{a}} plus {{b}}?\"\n"
+            "doc_to_target: \" {{sum}}\"\n"
+            "metric_list:\n  - metric: perplexity\n  - metric: acc\n"),
     }
     for task, body in yamls.items():
         with open(os.path.join(folder, f"{task}.yaml"), "w", encoding="utf-8") as f:

@@ -78,9 +78,11 @@ def test_the_evaler_logs_lm_eval_metrics_at_its_steps_and_resumes(folder):
 
 
 # The lm-eval evaler from the command line alone (Engine.Config.new_entries): the chat template,
-# one few-shot example, a step-0 baseline and every 2 steps.
+# one few-shot example, a step-0 baseline and every 2 steps. The loglikelihood task's perplexity
+# moves with the prompt's every token: a template dropped or changed on the way shows there.
+TEMPLATE_TASKS = (*local_tasks.TASKS, local_tasks.NEXT_TOKENS_TASK)
 EVALER_FLAGS = ["--config.evalers={}",
-                f"--config.evalers['lm_eval'].tasks={list(local_tasks.TASKS)}",
+                f"--config.evalers['lm_eval'].tasks={list(TEMPLATE_TASKS)}",
                 "--config.evalers['lm_eval'].include_path=tasks",
                 "--config.evalers['lm_eval'].every_n_steps=2",
                 "--config.evalers['lm_eval'].max_gen_toks=8",
@@ -111,7 +113,8 @@ def test_the_command_line_evaler_starts_at_evaluates_baseline_and_two_processes_
         logged[name] = {int(r["step"]): {k: float(v) for k, v in r.items()
                                          if k.startswith("lm_eval/")} for r in rows}
     one, two = logged["one"], logged["two"]
-    assert set(one[2]) == set(two[2]) and len(one[2]) >= 6
+    assert set(one[2]) == set(two[2]) and len(one[2]) >= 8
+    assert f"lm_eval/{local_tasks.NEXT_TOKENS_TASK}/perplexity" in one[0]
     for step in (0, 2):
         for key, value in one[step].items():
             assert two[step][key] == pytest.approx(value, rel=1e-4), (step, key)
@@ -119,7 +122,7 @@ def test_the_command_line_evaler_starts_at_evaluates_baseline_and_two_processes_
     out = folder / "baseline.json"
     evaluated = subprocess.run(
         [sys.executable, "-m", "titanax.evaluate", "--hf=tiny_chat/model",
-         f"--tasks={','.join(local_tasks.TASKS)}", "--include_path=tasks", "--cpu_devices=8",
+         f"--tasks={','.join(TEMPLATE_TASKS)}", "--include_path=tasks", "--cpu_devices=8",
          "--apply_chat_template", "--num_fewshot=1", "--max_gen_toks=8",
          f"--output_path={out}"], cwd=str(folder), env=child_environment(),
         capture_output=True, text=True, timeout=600, check=False)

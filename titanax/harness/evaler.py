@@ -22,6 +22,7 @@ It keeps no state of its own: a resumed run goes on evaluating at its steps.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Dict, List, Optional
 
 from titanax import errors
@@ -59,6 +60,9 @@ class LMEvalEvaler(Evaler):
             yield from super()._validate_values()
             if isinstance(self.tasks, list) and not self.tasks:
                 yield "tasks", "is empty: name the lm-eval tasks to run"
+            if self.include_path is not None and not os.path.isdir(self.include_path):
+                yield "include_path", (f"{self.include_path} is not a directory (of task "
+                                       f"YAMLs)")
             if self.num_fewshot is not None and self.num_fewshot < 0:
                 yield "num_fewshot", f"must be >= 0, got {self.num_fewshot}"
             if self.limit is not None and not (math.isfinite(self.limit) and self.limit > 0):

@@ -110,7 +110,7 @@ class GRPO(SamplingObjective):
                     for w in self.reward_weights):
                 yield "reward_weights", f"must be finite numbers, got {list(self.reward_weights)}"
             else:
-                yield from self._some_reward_weighs()
+                yield from self._problems_if_all_rewards_weigh_zero()
             if self.reward_weights is not None and \
                     len(self.reward_weights) != len(self.reward_functions):
                 yield "reward_weights", (f"has {len(self.reward_weights)} weights for "
@@ -118,7 +118,7 @@ class GRPO(SamplingObjective):
             if not self.reward_functions and not self.rewards:
                 yield "reward_functions", "no reward: name a function (or a built-in in rewards)"
 
-        def _some_reward_weighs(self):
+        def _problems_if_all_rewards_weigh_zero(self):
             """Every reward weighted 0 sums to 0 for every completion: nothing to learn."""
             weights = list(self.reward_weights) if self.reward_weights is not None else \
                 [1.0] * len(self.reward_functions)

@@ -244,9 +244,10 @@ class RewardSet:
                 raise errors.RewardError(e.message, path=f"{where}.{e.path}" if e.path else where,
                                          suggestion=e.suggestion) from None
             except Exception as e:  # pylint: disable=broad-except  (the user's function)
+                others = len(set(records)) - 1
                 rows = (f"the completions of {records[0]}" + (
-                    f" and {len(set(records)) - 1} other record(s)" if len(set(records)) > 1
-                    else "") if records else f"{len(completions)} completions")
+                    f" and {others} other record(s)" if others > 0 else "")
+                    if records else f"{len(completions)} completions")
                 raise errors.RewardError(
                     f"{getattr(call, '__name__', call)} raised {type(e).__name__}: {e} (scoring "
                     f"{rows})", path=where,
