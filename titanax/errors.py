@@ -143,3 +143,10 @@ class HFError(TitanaxError):
 
 class RewardError(TitanaxError):
     """A reward function that cannot be imported, or returned what a reward cannot be."""
+
+
+# --- Evaluation ----------------------------------------------------------------------------------
+
+class EvalTaskError(TitanaxError):
+    """An lm-eval task cannot run as asked: its YAML does not parse, its data does not load, or
+    it holds fewer few-shot examples than asked for."""

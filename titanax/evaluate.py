@@ -81,6 +81,10 @@ def _check_flags() -> None:
                                                     "write (made if missing)")
 
 
+# Where a task's problems are reported (titanax/harness/task_loading.py).
+FLAG_PATHS = {"tasks": "--tasks", "include_path": "--include_path", "num_fewshot": "--num_fewshot"}
+
+
 def evaluate(argv: Sequence[str]) -> int:
     del argv
     _check_flags()
@@ -89,17 +93,16 @@ def evaluate(argv: Sequence[str]) -> int:
     import lm_eval  # pylint: disable=import-outside-toplevel
     import jax  # pylint: disable=import-outside-toplevel
     from lm_eval.utils import handle_non_serializable, make_table  # pylint: disable=import-outside-toplevel
-    from titanax.harness import task_index  # pylint: disable=import-outside-toplevel
+    from titanax.harness import task_index, task_loading  # pylint: disable=import-outside-toplevel
     from titanax.harness.lm import TitanaxLM, transformers_tokenizer  # pylint: disable=import-outside-toplevel
     from titanax.train import saved_run  # pylint: disable=import-outside-toplevel
     tasks = [t.strip() for t in FLAGS.tasks.split(",") if t.strip()]
     manager = task_index.task_manager(include_path=FLAGS.include_path, tasks=tasks)
-    unknown = [t for t in tasks if t not in manager.all_tasks and not os.path.isfile(t)]
-    if unknown:  # (Before the model loads.)
-        raise errors.LaunchFlagError(
-            f"lm-eval knows no task {', '.join(unknown)}", path="--tasks",
-            suggestion="check the names (python -m lm_eval ls tasks), or give "
-                       "--include_path=<dir of your task YAMLs>")
+    # (Before the model loads: the tasks named, loaded and able to give their few-shot examples.)
+    task_loading.unknown_tasks(manager=manager, tasks=tasks, include_path=FLAGS.include_path,
+                               paths=FLAG_PATHS)
+    loaded = task_loading.load(manager=manager, tasks=tasks, num_fewshot=FLAGS.num_fewshot,
+                               paths=FLAG_PATHS)
     engine, source, tokenizer_cfg = saved_run.inference_engine(
         hf=FLAGS.hf, trainer_dir=FLAGS.trainer_dir, model_parallel=FLAGS.model_parallel,
         dtype=FLAGS.dtype, step=FLAGS.step)
@@ -121,7 +124,7 @@ def evaluate(argv: Sequence[str]) -> int:
              {"random_seed": FLAGS.seed, "numpy_random_seed": FLAGS.seed,
               "torch_random_seed": FLAGS.seed, "fewshot_random_seed": FLAGS.seed})
     results = lm_eval.simple_evaluate(
-        model=lm, tasks=tasks, num_fewshot=FLAGS.num_fewshot,
+        model=lm, tasks=loaded, num_fewshot=FLAGS.num_fewshot,
         limit=int(FLAGS.limit) if FLAGS.limit and FLAGS.limit >= 1 else FLAGS.limit,
         task_manager=manager, log_samples=FLAGS.log_samples,
         **({"apply_chat_template": True, "fewshot_as_multiturn": FLAGS.fewshot_as_multiturn}

@@ -93,9 +93,18 @@ def export(argv: Sequence[str]) -> int:
     written = exporter.export_params(params, model_cfg=engine.model.config,
                                      directory=target, dtype=FLAGS.dtype,
                                      model_type=FLAGS.model_type, source_dir=source,
-                                     tokenizer_dir=tokenizer_dir)
+                                     tokenizer_dir=tokenizer_dir,
+                                     chat_template=_configured_chat_template(run))
     print(f"titanax: exported {engine.restored_from} to {written}", flush=True)
     return 0
+
+
+def _configured_chat_template(run) -> Optional[str]:
+    """The chat template the run's config chose (``train_input.tokenizer.chat_template``, "plain"
+    read as its template), or None: the tokenizer's own, carried with its files."""
+    from titanax.data import chat  # pylint: disable=import-outside-toplevel
+    tokenizer = getattr(getattr(run, "train_input", None), "tokenizer", None)
+    return chat.named_template(getattr(tokenizer, "chat_template", None))
 
 
 def _trained_tokenizer_dir(run, source: Optional[str]) -> Optional[str]:

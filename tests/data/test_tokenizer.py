@@ -64,6 +64,12 @@ def test_transformers_loads_it_and_encodes_identically(trained, bundled):
         assert auto.encode(text, add_special_tokens=False) == expected
     assert ours.bos_id == ours.eos_id == auto.eos_token_id == fast.convert_tokens_to_ids(
         train_tokenizer.END_OF_TEXT)
+    # Its chat template ships with it: transformers renders a conversation to our ids.
+    messages = [("user", "Who is there?"), ("assistant", "Nay, answer me.")]
+    ids, _ = Tokenizer.default_config().set(path=trained).instantiate().encode_conversation(
+        messages)
+    assert auto.apply_chat_template([{"role": r, "content": c} for r, c in messages],
+                                    tokenize=True, return_dict=True)["input_ids"] == ids.tolist()
 
 
 def test_no_path_is_the_byte_tokenizer():
@@ -155,20 +161,28 @@ def test_a_sentencepiece_model_encodes_as_transformers_does(sentencepiece_dir, b
     alone = Tokenizer.default_config().set(
         path=os.path.join(sentencepiece_dir, "tokenizer.model")).instantiate()
     assert (alone.token(alone.bos_id), alone.token(alone.eos_id)) == ("<s>", "</s>")
-    # The default chat template's BOS and the assistant's EOS are read as those tokens.
-    ids, trained = ours.encode_conversation([("user", "Hi"), ("assistant", "Hail.")])
+    # A directory that ships no chat template renders no conversation unless one is named (a
+    # format of our own would be one its tokenizer cannot render at inference)...
+    with pytest.raises(errors.DataError, match="ships no chat template") as refused:
+        ours.encode_conversation([("user", "Hi"), ("assistant", "Hail.")])
+    assert refused.value.path == "tokenizer.chat_template"
+    # ... "plain" names the "### <role>" one: its BOS and the assistant's EOS read as tokens.
+    plain = Tokenizer.default_config().set(path=sentencepiece_dir,
+                                           chat_template="plain").instantiate()
+    ids, trained = plain.encode_conversation([("user", "Hi"), ("assistant", "Hail.")])
     assert ids[0] == 1 and not trained[0] and 2 in ids[trained].tolist()
 
 
 def test_a_sentencepiece_conversation_encodes_as_transformers_does(sentencepiece_dir):
-    """A conversation rendered by the default template and encoded turn by turn: the ids of
+    """A conversation rendered by the "plain" template and encoded turn by turn: the ids of
     transformers' apply_chat_template (no word-start mark after a special token or at a turn's
     start, where encoding each piece alone would add one)."""
     from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
     from titanax.data.chat import DEFAULT_TEMPLATE  # pylint: disable=import-outside-toplevel
     messages = [("system", "Be brief."), ("user", "Who is there?"), ("assistant", "Nay, answer "
                 "me."), ("user", "Long live the king!"), ("assistant", "Barnardo?")]
-    ours = Tokenizer.default_config().set(path=sentencepiece_dir).instantiate()
+    ours = Tokenizer.default_config().set(path=sentencepiece_dir,
+                                          chat_template="plain").instantiate()
     ids, trained = ours.encode_conversation(messages)
     theirs = AutoTokenizer.from_pretrained(sentencepiece_dir).apply_chat_template(
         [{"role": r, "content": c} for r, c in messages], chat_template=DEFAULT_TEMPLATE,

@@ -127,6 +127,18 @@ def test_a_fine_tuned_run_evaluates_as_its_export(folder):
     assert_same_results(from_run, from_export)
 
 
+def _without_chat_template(folder):
+    """``no_template``: the tiny model, its tokenizer without a chat template (a base model's)."""
+    no_template = Path(folder) / "no_template"
+    if not no_template.exists():
+        shutil.copytree(Path(folder) / "tiny_chat" / "model", no_template)
+        (no_template / "chat_template.jinja").unlink(missing_ok=True)
+        config = json.loads((no_template / "tokenizer_config.json").read_text())
+        config.pop("chat_template", None)
+        (no_template / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(no_template)
+
+
 @pytest.mark.parametrize("args,path", [
     (["--tasks=x"], "--trainer_dir/--hf"),
     (["--hf=tiny_chat/model"], "--tasks"),
@@ -145,14 +157,56 @@ def test_a_fine_tuned_run_evaluates_as_its_export(folder):
 ])
 def test_bad_flags_are_refused_by_name(folder, args, path):
     (Path(folder) / "a_file").write_text("not a directory")
-    no_template = Path(folder) / "no_template"
-    if not no_template.exists():  # The tiny model, its tokenizer without a chat template.
-        shutil.copytree(Path(folder) / "tiny_chat" / "model", no_template)
-        (no_template / "chat_template.jinja").unlink(missing_ok=True)
-        config = json.loads((no_template / "tokenizer_config.json").read_text())
-        config.pop("chat_template", None)
-        (no_template / "tokenizer_config.json").write_text(json.dumps(config))
+    _without_chat_template(folder)
     result = subprocess.run([sys.executable, "-m", "titanax.evaluate", *args], cwd=folder,
                             env=ENV, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 2, result.stderr[-2000:]
     assert path in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def _broken_task_folders(folder):
+    """``bad_yaml``: the local tasks with tiny_mc's YAML unparsable (lm-eval's index skipped it:
+    "no task tiny_mc" before); ``no_data``: tiny_mc's data file gone (a FileNotFoundError from
+    ``datasets`` after the model loaded, before)."""
+    root = Path(folder)
+    for name in ("bad_yaml", "no_data"):
+        if not (root / name).exists():
+            shutil.copytree(root / "tasks", root / name)
+    (root / "bad_yaml" / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\ndataset_path: json\n  data_files: [\noutput_type: multiple_choice\n")
+    mc = (root / "no_data" / "tiny_mc.yaml").read_text()
+    (root / "no_data" / "tiny_mc.yaml").write_text(
+        mc.replace(str(root / "tasks" / "mc.jsonl"), str(root / "no_data" / "gone.jsonl")))
+
+
+@pytest.mark.parametrize("args,path,said", [
+    (["--include_path=bad_yaml", "--tasks=tiny_mc"], "--include_path",
+     "bad_yaml/tiny_mc.yaml: mapping values are not allowed here (line 3)"),
+    (["--include_path=no_data", "--tasks=tiny_ppl,tiny_mc"], "--tasks",
+     "task tiny_mc does not load: FileNotFoundError"),
+    # 24 documents, none of another split: 24-shot asks for every one (lm-eval's random.sample
+    # raised ValueError deep in building the requests before).
+    (["--include_path=tasks", "--tasks=tiny_gen", "--num_fewshot=25"], "--num_fewshot",
+     "task tiny_gen holds 24 few-shot example(s); 25-shot needs 25"),
+], ids=["task yaml that does not parse", "task data file missing", "more shots than documents"])
+def test_tasks_that_cannot_run_are_refused_before_the_model_loads(folder, args, path, said):
+    _broken_task_folders(folder)
+    result = subprocess.run([sys.executable, "-m", "titanax.evaluate", "--hf=tiny_chat/model",
+                             "--cpu_devices=1", *args], cwd=folder, env=ENV, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"{path}: " in result.stderr and said in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "params from" not in result.stdout  # (No model.)
+
+
+def test_chat_with_a_tokenizer_that_ships_no_template_is_refused_by_name(folder):
+    """``generate --chat`` on a model whose tokenizer has no chat template: exit 2 at
+    ``tokenizer.chat_template`` (a "### <role>" format of Titanax's was rendered before, one
+    transformers cannot render for this model)."""
+    _without_chat_template(folder)
+    result = subprocess.run([sys.executable, "-m", "titanax.generate", "--hf=no_template",
+                             "--chat", "--prompt=Hi", "--cpu_devices=1"], cwd=folder, env=ENV,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "tokenizer.chat_template: " in result.stderr and "ships no chat template" in \
+        result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]

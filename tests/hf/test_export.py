@@ -253,3 +253,26 @@ def test_a_decoder_no_hugging_face_family_computes_is_refused(changes, message):
     # GPT-2 written out with its heads' default values is still GPT-2.
     gpt2 = gpt2_config("small").set(num_kv_heads=12, head_dim=64)
     assert hf_config_from_model(gpt2)["model_type"] == "gpt2"
+
+
+def test_a_chat_template_the_run_chose_is_the_exported_tokenizers(root, tmp_path):
+    """A run that named its chat template (``tokenizer.chat_template``) exports it in
+    tokenizer_config.json, replacing the one its tokenizer shipped: transformers renders chats as
+    the model was trained."""
+    from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
+    from titanax.data import bundled, chat  # pylint: disable=import-outside-toplevel
+    tokenizer_dir = tmp_path / "tokenizer"
+    shutil.copytree(bundled.resolve("bundled:sums"), tokenizer_dir)
+    (tokenizer_dir / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    source = ref.saved_model("llama", root)
+    cfg = importer.model_config(source)
+    out = exporter.export_params(importer.params_as_numpy(source, cfg), model_cfg=cfg,
+                                 directory=str(tmp_path / "out"), source_dir=source,
+                                 tokenizer_dir=str(tokenizer_dir),
+                                 chat_template=chat.named_template(chat.PLAIN))
+    assert not os.path.exists(os.path.join(out, "chat_template.jinja"))
+    with open(os.path.join(out, "tokenizer_config.json"), encoding="utf-8") as f:
+        assert json.load(f)["chat_template"] == chat.DEFAULT_TEMPLATE
+    rendered = AutoTokenizer.from_pretrained(out).apply_chat_template(
+        [{"role": "user", "content": "1+1="}], tokenize=False, add_generation_prompt=True)
+    assert rendered.endswith("### user\n1+1=\n\n### assistant\n"), rendered

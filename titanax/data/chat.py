@@ -3,8 +3,11 @@ are not.
 
 A chat record (``{"messages": [{"role": ..., "content": ...}, ...]}``) becomes the text the model
 would see at inference: the tokenizer's own Jinja ``chat_template`` (its tokenizer_config.json, or
-a chat_template.jinja beside it), or ``DEFAULT_TEMPLATE`` for a tokenizer without one (the byte
-tokenizer; a BPE trained by ``train_tokenizer``). Only what the assistant says is trained on:
+a chat_template.jinja beside it), or ``DEFAULT_TEMPLATE`` ("### <role>" lines) for the byte
+tokenizer and the BPEs ``train_tokenizer`` writes. A tokenizer directory that ships no template
+(a base model's) is refused for conversations unless ``tokenizer.chat_template`` names one: a
+format it invented would be one its tokenizer cannot render at inference. Only what the
+assistant says is trained on:
 
 - a template that marks it with ``{% generation %} ... {% endgeneration %}`` (as Hugging Face's
   ``return_assistant_tokens_mask`` expects) trains exactly the marked text;
@@ -37,6 +40,14 @@ DEFAULT_TEMPLATE = (
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
     "{{ '\\n\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '### assistant\\n' }}{% endif %}")
+# The name that asks for DEFAULT_TEMPLATE in ``tokenizer.chat_template`` (for a tokenizer that
+# ships none: a base model's). ``train_tokenizer`` writes it into the BPEs it trains.
+PLAIN = "plain"
+
+
+def named_template(value: Optional[str]) -> Optional[str]:
+    """``value`` with the name PLAIN read as DEFAULT_TEMPLATE."""
+    return DEFAULT_TEMPLATE if value == PLAIN else value
 
 # Private-use characters around a {% generation %} block's text while rendering.
 _START, _END = "\ue000", "\ue001"

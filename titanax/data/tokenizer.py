@@ -45,8 +45,10 @@ class Tokenizer(Configurable):
         # none).
         eos_token: Optional[str] = None
         # A Jinja chat template for conversations, instead of the tokenizer's own (its
-        # tokenizer_config.json's chat_template, or chat_template.jinja); with neither,
-        # chat.DEFAULT_TEMPLATE ("### <role>" lines).
+        # tokenizer_config.json's chat_template, or chat_template.jinja), or "plain" for
+        # chat.DEFAULT_TEMPLATE ("### <role>" lines). Needed for conversations when the
+        # tokenizer directory ships no template (bytes, path None, use "plain" unasked);
+        # titanax.export writes it into the exported tokenizer_config.json.
         chat_template: Optional[str] = None
 
     def __init__(self, cfg=None, **fields):
@@ -106,8 +108,7 @@ class Tokenizer(Configurable):
     def chat_template(self) -> chat.ChatTemplate:
         """The template conversations are rendered with (see the config field)."""
         if self._template is None:
-            source = (self.config.chat_template or self._shipped_template
-                      or chat.DEFAULT_TEMPLATE)
+            source = self.template_source()
             try:
                 self._template = chat.ChatTemplate(source, bos_token=self.token(self.bos_id),
                                                    eos_token=self.token(self.eos_id))
@@ -116,6 +117,22 @@ class Tokenizer(Configurable):
                                        path="tokenizer.chat_template",
                                        suggestion="fix the template") from e
         return self._template
+
+    def template_source(self) -> str:
+        """The Jinja source conversations are rendered with; a tokenizer directory that ships
+        none, with no ``chat_template`` configured, is refused."""
+        source = chat.named_template(self.config.chat_template) or self._shipped_template
+        if source is None and self.config.path is None:
+            source = chat.DEFAULT_TEMPLATE  # (Bytes: Titanax's own tokenizer, its own format.)
+        if source is None:
+            raise errors.DataError(
+                f"the tokenizer {self.file} ships no chat template (no chat_template in its "
+                "tokenizer_config.json, no chat_template.jinja) to render conversations with",
+                path="tokenizer.chat_template",
+                suggestion=f"set tokenizer.chat_template to a Jinja template (or "
+                           f"'{chat.PLAIN}' for '### <role>' lines; titanax.export writes it "
+                           "into the model it exports), or use a chat model's tokenizer")
+        return source
 
     def encode_prompt(self, text: str) -> List[int]:
         """A prompt as a model of this tokenizer reads it at inference: its special tokens read

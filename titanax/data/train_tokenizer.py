@@ -4,7 +4,7 @@ byte-level BPE tokenizer trained offline on local text.
 Writes ``<dir>/tokenizer.json`` (the Hugging Face ``tokenizers`` format: loadable by
 ``Tokenizer(path=...)`` here, by ``tokenizers.Tokenizer.from_file`` and by
 ``transformers.PreTrainedTokenizerFast``) and ``<dir>/tokenizer_config.json`` naming its
-special tokens. Byte-level: the 256 byte values are in the base vocabulary, so every text encodes
+special tokens and its chat template (``chat.DEFAULT_TEMPLATE``, "### <role>" lines). Byte-level: the 256 byte values are in the base vocabulary, so every text encodes
 and decodes back exactly, whatever it contains. One special token, ``<|endoftext|>``, ends
 documents (BOS and EOS). Nothing is downloaded; the directory must be new or empty.
 
@@ -22,6 +22,7 @@ from typing import Iterator, List, Sequence
 from absl import flags
 
 from titanax import command_line, errors
+from titanax.data import chat
 from titanax.io.files import new_directory
 
 END_OF_TEXT = "<|endoftext|>"
@@ -70,7 +71,8 @@ def train(paths: Sequence[str], *, vocab_size: int, out: str, min_frequency: int
     tokenizer.save(path)
     with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": END_OF_TEXT,
-                   "eos_token": END_OF_TEXT, "model_max_length": 1 << 30}, f, indent=2)
+                   "eos_token": END_OF_TEXT, "model_max_length": 1 << 30,
+                   "chat_template": chat.DEFAULT_TEMPLATE}, f, indent=2)
     if progress:
         print(f"titanax: trained a {tokenizer.get_vocab_size()}-token BPE on {len(paths)} "
               f"file(s) in {time.perf_counter() - started:.1f}s -> {path}", flush=True)

@@ -102,12 +102,14 @@ class LMEvalEvaler(Evaler):
                 path="model.moe.dispatch",
                 suggestion="use dispatch='dropless', or evaluate the checkpoints with python "
                            "-m titanax.evaluate --trainer_dir=... (it routes dropless)")
-        unknown = [t for t in self.config.tasks if t not in self.task_manager().all_tasks]
-        if unknown:
-            raise errors.ConfigError(f"lm-eval knows no task {', '.join(unknown)}",
-                                     path=f"{where}.tasks",
-                                     suggestion="check the names, or set include_path to the "
-                                                "directory of your task YAMLs")
+        from titanax.harness import task_loading  # pylint: disable=import-outside-toplevel
+        paths = {field: f"{where}.{field}" for field in ("tasks", "include_path", "num_fewshot")}
+        task_loading.unknown_tasks(manager=self.task_manager(), tasks=self.config.tasks,
+                                   include_path=self.config.include_path, paths=paths)
+        # (Each evaluation loads them again, fresh: this only checks that they load and hold
+        # their few-shot examples, before step 1.)
+        task_loading.load(manager=self.task_manager(), tasks=self.config.tasks,
+                          num_fewshot=self.config.num_fewshot, paths=paths)
 
     def task_manager(self) -> Any:
         if self._tasks is None:

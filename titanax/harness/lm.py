@@ -318,7 +318,8 @@ def transformers_tokenizer(tokenizer_cfg: Any, source_dir: Optional[str]) -> Any
         tokenizer = PreTrainedTokenizerFast(tokenizer_file=ours.file,
                                             bos_token=ours.token(ours.bos_id) or None,
                                             eos_token=ours.token(ours.eos_id) or None)
-    template = getattr(tokenizer_cfg, "chat_template", None)
+    from titanax.data import chat  # pylint: disable=import-outside-toplevel
+    template = chat.named_template(getattr(tokenizer_cfg, "chat_template", None))
     if template:
         tokenizer.chat_template = template
     return tokenizer

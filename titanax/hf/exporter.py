@@ -53,13 +53,16 @@ def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
                   dtype: Optional[Any] = None, model_type: Optional[str] = None,
                   source_dir: Optional[str] = None,
                   tokenizer_dir: Optional[str] = FROM_SOURCE,
+                  chat_template: Optional[str] = None,
                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> str:
     """Writes the HF directory of ``params`` (canonical layout: stacks ``[L, ...]``; global
     jax arrays or numpy) and returns its path. ``dtype``: of the written floats (default: the
     params'); ``source_dir``: the HF directory the model came from (its token ids and
     generation files are carried over); ``tokenizer_dir``: the directory of the tokenizer the
     weights were trained with, whose files are carried over (default: the source's; None: no
-    tokenizer files -- bytes)."""
+    tokenizer files -- bytes); ``chat_template``: the Jinja template the run rendered its
+    conversations with when it configured one (written into tokenizer_config.json, in place of
+    any shipped template: transformers then renders chats as the model was trained)."""
     writer = jax.process_index() == 0
     # Checked by the writer only: another process may look after it created the files.
     directory = check_target(directory) if writer else os.path.abspath(directory)
@@ -89,8 +92,25 @@ def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
             for side in names if origin else ():
                 if os.path.isfile(os.path.join(origin, side)):
                     shutil.copyfile(os.path.join(origin, side), os.path.join(directory, side))
+        if chat_template is not None and tokenizer_dir:
+            _write_chat_template(directory, chat_template)
         _write_json(os.path.join(directory, CONFIG), config)  # Last: the directory is complete.
     return directory
+
+
+def _write_chat_template(directory: str, template: str) -> None:
+    """``template`` as the exported tokenizer's only one: in its tokenizer_config.json (a shipped
+    chat_template.jinja would take precedence in transformers: removed)."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    config = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    config["chat_template"] = template
+    _write_json(path, config)
+    for shipped in ("chat_template.jinja", "chat_template.json"):
+        if os.path.isfile(os.path.join(directory, shipped)):
+            os.remove(os.path.join(directory, shipped))
 
 
 def _is_gpt(cfg: ConfigBase) -> bool:
