@@ -80,6 +80,14 @@ def export(argv: Sequence[str]) -> int:
                 "the run trained every weight (lora: None): it has no adapters",
                 path="--format", suggestion="export it with --format=merged")
         from titanax.hf import peft_export  # pylint: disable=import-outside-toplevel
+        from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
+        hf_config_from_model(engine.model.config)  # (A model no HF family computes: named.)
+        if source is None:
+            raise errors.LaunchFlagError(
+                "the run's base weights come from no Hugging Face directory (init_from was "
+                "not set): a PEFT adapter would have no base model to load onto",
+                path="--format", suggestion="export the run with --format=merged (base and "
+                                            "adapters in one model)")
         written = peft_export.export_peft(params, model_cfg=engine.model.config,
                                           specs=engine.model_specs(),
                                           lora_cfg=adapters.config, directory=target,

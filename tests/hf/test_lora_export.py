@@ -118,6 +118,26 @@ def test_a_peft_export_of_a_run_without_adapters_is_refused(tmp_path):
     assert "--format" in refused.stderr and "no adapters" in refused.stderr
 
 
+@pytest.mark.parametrize("changes,path,said", [
+    ([], "--format", "no Hugging Face directory (init_from was not set)"),
+    (["--config.model.norm=layer"], "model", "llama has norm='rms'"),
+], ids=["base from no HF directory", "a model no HF family computes"])
+def test_a_peft_export_without_an_hf_base_to_load_onto_is_refused(lora_run, tmp_path, changes,
+                                                                   path, said):
+    """LoRA runs from random weights (init_from=None): a PEFT adapter would have no base model
+    to load onto, and one of a model no HF family computes no modules to attach to (both
+    written before)."""
+    run = str(tmp_path / "run")
+    _run("titanax.launch", "--config=llama_tiny_lora_sft", "--config.init_from=None",
+         f"--config.train_input.source.files=['{os.path.dirname(lora_run[0])}/pairs.jsonl']",
+         f"--trainer_dir={run}", "--cpu_devices=8", "--config.max_steps=1",
+         "--config.evalers={}", *changes)
+    refused = _run("titanax.export", f"--trainer_dir={run}", f"--to={tmp_path / 'x'}",
+                   "--format=peft", "--cpu_devices=8", expect=2)
+    assert f"{path}: " in refused.stderr and said in refused.stderr, refused.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "x" / "adapter_model.safetensors")
+
+
 def _flat(tree, prefix=""):
     out = {}
     for name, value in tree.items():

@@ -25,6 +25,7 @@ import numpy as np
 from titanax import errors
 from titanax.config import ConfigBase
 from titanax.hf import param_map
+from titanax.hf.model_configs import hf_config_from_model
 from titanax.hf.safetensors_io import PlannedTensor, write_file
 from titanax.modules import lora
 from titanax.modules.models.decoder import is_gpt2
@@ -42,6 +43,9 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
     if is_gpt2(model_cfg):
         raise errors.HFError("PEFT adapters for GPT-2's Conv1D modules are not written",
                              path="--format", suggestion="export the run with --format=merged")
+    # The base must be a model some HF family computes (the field that is not, named): PEFT
+    # loads the adapters onto that family's modules.
+    hf_config_from_model(model_cfg)
     maps = {m.path: m for m in param_map.tensor_maps(model_cfg)}
     _, adapters = lora.split_adapters(params)
     planned: List[PlannedTensor] = []
