@@ -261,3 +261,16 @@ def test_a_checkpoint_under_the_former_gpt_param_names_restores(tmp_path):
                  what="params read under today's names")
     assert_close(_host(resumed.state.opt_state), _host(engine.state.opt_state), bound=0.0,
                  what="Adam moments read under today's names")
+
+
+def test_one_process_writes_whole_arrays_and_says_nothing_of_it(capfd, caplog):
+    """In one process Orbax's array handler is switched to writing each array from one replica
+    (checkpointer.py): done once, without Orbax's override warning on the user's console."""
+    from orbax.checkpoint import type_handlers  # pylint: disable=import-outside-toplevel
+    from titanax.io import checkpointer  # pylint: disable=import-outside-toplevel
+    caplog.set_level("WARNING")
+    for _ in range(2):
+        checkpointer._write_replicated_arrays_from_one_replica_per_host()  # pylint: disable=protected-access
+    handler = type_handlers.get_type_handler(jax.Array)
+    assert not handler._use_replica_parallel  # pylint: disable=protected-access
+    assert "Type handler registry" not in capfd.readouterr().err + caplog.text

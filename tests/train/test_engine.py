@@ -332,20 +332,22 @@ def test_an_evaler_with_fewer_rows_than_its_batches_reads_them_once(tmp_path, ca
                                                   held_out_fraction=0.0)
     evaler = Evaler.default_config().set(
         input=Input.default_config().set(source=source, global_batch_size=16), num_batches=5)
+    caplog.set_level("INFO", logger="titanax")  # (Information, not a warning.)
     engine = helpers.gpt_engine(data=8, evalers={"heldout": evaler})
     engine.fit(data=iter(helpers.text_batches(batch_size=16, count=1)), steps=1)
-    caplog.set_level("INFO", logger="titanax")  # (Information, not a warning.)
     results = engine.run_evalers(1, only_due=False)
     assert results["heldout"]["count"] == source.instantiate().report.trained_tokens == 20 * 11
     assert "fewer than num_batches=5 x 16: evaluating one pass (2 batch(es)" in caplog.text
-    # More rows than num_batches reads: the rows left unscored are counted in a warning, once.
+    # More rows than num_batches reads: the rows left unscored are counted in a warning, once,
+    # when the run starts (before any evaluation).
     caplog.clear()
     fewer = helpers.gpt_engine(data=8, evalers={"heldout": evaler.clone(num_batches=1)})
     fewer.fit(data=iter(helpers.text_batches(batch_size=16, count=1)), steps=1)
+    at_start = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     for step in (1, 2):
         assert fewer.run_evalers(step, only_due=False)["heldout"]["count"] == 16 * 11
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warned == ["evalers['heldout'] scores 16 of its 20 held-out rows (num_batches=1 x "
+    assert warned == at_start == ["evalers['heldout'] scores 16 of its 20 held-out rows (num_batches=1 x "
                       "global_batch_size 16); evalers['heldout'].num_batches=None scores them "
                       "all, in one pass"], warned
 

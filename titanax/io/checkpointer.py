@@ -51,9 +51,21 @@ def _write_replicated_arrays_from_one_replica_per_host() -> None:
     picks its array handler from a global registry, and the process count never changes."""
     if jax.process_count() > 1:
         return
+    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
     from orbax.checkpoint import type_handlers  # pylint: disable=import-outside-toplevel
-    type_handlers.register_type_handler(
-        jax.Array, type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+    current = type_handlers.get_type_handler(jax.Array)
+    if isinstance(current, type_handlers.ArrayHandler) and \
+            not getattr(current, "_use_replica_parallel", True):
+        return  # (Registered already.)
+    # (Orbax logs a warning for every override, on the console the user reads: not news here.)
+    absl_logger = absl_logging.get_absl_logger()
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        type_handlers.register_type_handler(
+            jax.Array, type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+    finally:
+        absl_logger.setLevel(level)
 
 
 class CheckpointStrategy(Protocol):

@@ -385,6 +385,7 @@ class Engine(Configurable):
         # then does the run leave traces: the checkpoint dir claimed (or the old run moved
         # aside), loggers started, the config record written.
         iterator = PlainBatches(iter(data)) if data is not None else self._configured_iterator()
+        self.prepare_evaluation()
         if self._restored_data_state and hasattr(iterator, "set_state"):
             iterator.set_state(self._restored_data_state)
             self._restored_data_state = None
@@ -433,6 +434,10 @@ class Engine(Configurable):
         return self._loggers
 
     # --- Evaluation ----------------------------------------------------------------------------
+
+    def prepare_evaluation(self) -> None:
+        """The evalers' inputs built now: their cut and unscored rows reported at the start."""
+        self.evaluation.prepare_inputs(lambda cfg, where: self.make_input(cfg, where=where))
 
     def run_evalers(self, step: int, *, only_due: bool = True) -> Dict[str, Dict[str, float]]:
         return self.evaluation.run(

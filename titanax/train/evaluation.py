@@ -77,6 +77,15 @@ class Evaluation:
             self.last_step, self.last_results = step, results
         return results
 
+    def prepare_inputs(self, make_input: Callable[[Any, str], Iterable]) -> None:
+        """Builds each evaler's input now (at the start of a run, and for ``--explain``): what
+        its data cuts, drops or leaves unscored is reported before the first step, not at the
+        first evaluation."""
+        for name, evaler in self.evalers.items():
+            if not hasattr(evaler, "evaluate_engine") and \
+                    getattr(evaler.config, "input", None) is not None:
+                self._at_most_one_pass(evaler, make_input, f"evalers[{name!r}]")
+
     def _at_most_one_pass(self, evaler: Evaler, make_input: Callable[[Any, str], Iterable],
                           where: str) -> Tuple[Iterable, Optional[int]]:
         """An evaler's input and how many batches to read: ``num_batches``, unless the held-out
