@@ -1,6 +1,6 @@
 """A docs page run as a newcomer would: its ``bash`` blocks line by line (``python`` is this
-interpreter; ``examples/`` the repository's), its ``python`` blocks as scripts, in order, in a
-fresh folder; every command must exit 0 without a traceback. A ``python`` or ``yaml`` block whose
+interpreter; ``../examples/`` the repository's: a page runs in the checkout's ``scratch/``), its
+``python`` blocks as scripts, in order, in a fresh folder; every command must exit 0 without a traceback. A ``python`` or ``yaml`` block whose
 first line is ``# file: NAME`` is a file the page has you write (a module a command imports, a
 task definition): it is written to NAME, not run; other ``yaml`` blocks are examples only."""
 
@@ -47,7 +47,8 @@ def walk(page: str, folder) -> List[Tuple[str, str]]:
             argv_list = []
             for command in commands(body):
                 assert command.startswith("python "), command
-                command = command.replace("examples/", os.path.join(REPO_ROOT, "examples/"))
+                # (The pages run in the checkout's scratch/: ../examples/ is the checkout's.)
+                command = command.replace("../examples/", os.path.join(REPO_ROOT, "examples/"))
                 argv_list.append(["bash", "-c", f"{sys.executable} {command[len('python '):]}"])
         for argv in argv_list:
             result = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
