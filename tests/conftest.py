@@ -56,7 +56,7 @@ HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_pari
                   "tests/modules/adapters/test_flax_nnx.py", "tests/hf/test_lora_export.py",
                   "tests/modules/layers/test_blockwise_attention.py",
                   "tests/io/test_checkpointer.py",
-                  "tests/train/test_state_updates.py", "tests/test_grpo_doc.py",
+                  "tests/train/test_state_updates.py",
                   "tests/harness/test_task_index.py", "tests/test_chat_session.py",
                   "tests/modules/models/test_packing.py", "tests/benchmarks/test_peers.py",
                   "tests/hf/test_generate.py", "tests/modules/layers/test_moe.py",

@@ -329,9 +329,11 @@ class Engine(Configurable):
         """Every configured input against the plan, before the first step is spent."""
         self.build().inputs.check(self.config)
 
-    def make_input(self, input_cfg: Optional[Input.Config], *, where: str) -> Input:
-        """The input of ``input_cfg`` for this process's rows; errors name ``where``."""
-        return self.build().inputs.make(input_cfg, where=where)
+    def make_input(self, input_cfg: Optional[Input.Config], *, where: str,
+                   source: Any = None) -> Input:
+        """The input of ``input_cfg`` for this process's rows; errors name ``where``;
+        ``source``: its source already built (by another input of the same source config)."""
+        return self.build().inputs.make(input_cfg, where=where, source=source)
 
     # --- Steps ---------------------------------------------------------------------------------
 
@@ -435,14 +437,17 @@ class Engine(Configurable):
 
     # --- Evaluation ----------------------------------------------------------------------------
 
+    def _evaluation_input(self, cfg: Input.Config, where: str, source: Any = None) -> Input:
+        return self.make_input(cfg, where=where, source=source)
+
     def prepare_evaluation(self) -> None:
         """The evalers' inputs built now: their cut and unscored rows reported at the start."""
-        self.evaluation.prepare_inputs(lambda cfg, where: self.make_input(cfg, where=where))
+        self.evaluation.prepare_inputs(self._evaluation_input)
 
     def run_evalers(self, step: int, *, only_due: bool = True) -> Dict[str, Dict[str, float]]:
         return self.evaluation.run(
             step, evaluate=lambda data, batches: self.eval(data=data, steps=batches),
-            make_input=lambda cfg, where: self.make_input(cfg, where=where),
+            make_input=self._evaluation_input,
             loggers=self.loggers(), only_due=only_due, engine=self)
 
     def eval(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,

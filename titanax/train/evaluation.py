@@ -51,12 +51,13 @@ class Evaluation:
         return any(e.due(step) for e in self.evalers.values())
 
     def run(self, step: int, *, evaluate: Callable[[Any, Optional[int]], Dict[str, float]],
-            make_input: Callable[[Any, str], Iterable], loggers: Sequence[Any],
+            make_input: Callable[..., Iterable], loggers: Sequence[Any],
             only_due: bool = True, engine: Any = None) -> Dict[str, Dict[str, float]]:
         """Runs the evalers (those due at ``step``, or all) and logs their metrics.
 
-        ``evaluate(data, num_batches)``: metrics over the data; ``make_input(config, where)``:
-        an evaler's input, errors naming ``where`` (its config path). An evaler that reads no
+        ``evaluate(data, num_batches)``: metrics over the data; ``make_input(config, where,
+        source)``: an evaler's input, errors naming ``where`` (its config path), on ``source``
+        when one is given (already built). An evaler that reads no
         input evaluates the ``engine``'s model itself (``evaluate_engine``: lm-eval tasks) and
         names its metrics (``metric_prefix``)."""
         results = {}
@@ -77,7 +78,7 @@ class Evaluation:
             self.last_step, self.last_results = step, results
         return results
 
-    def prepare_inputs(self, make_input: Callable[[Any, str], Iterable]) -> None:
+    def prepare_inputs(self, make_input: Callable[..., Iterable]) -> None:
         """Builds each evaler's input now (at the start of a run, and for ``--explain``): what
         its data cuts, drops or leaves unscored is reported before the first step, not at the
         first evaluation."""
@@ -86,7 +87,7 @@ class Evaluation:
                     getattr(evaler.config, "input", None) is not None:
                 self._at_most_one_pass(evaler, make_input, f"evalers[{name!r}]")
 
-    def _at_most_one_pass(self, evaler: Evaler, make_input: Callable[[Any, str], Iterable],
+    def _at_most_one_pass(self, evaler: Evaler, make_input: Callable[..., Iterable],
                           where: str) -> Tuple[Iterable, Optional[int]]:
         """An evaler's input and how many batches to read: ``num_batches``, unless the held-out
         rows are fewer than that many batches -- a repeating input would then count some rows
@@ -96,8 +97,10 @@ class Evaluation:
 
         def built(one_pass: bool) -> Iterable:
             if (where, one_pass) not in self._inputs:
+                # (The same source config either way: one read and tokenized once serves both.)
+                other = getattr(self._inputs.get((where, not one_pass)), "source", None)
                 self._inputs[(where, one_pass)] = make_input(
-                    one_pass_input if one_pass else cfg.input, f"{where}.input")
+                    one_pass_input if one_pass else cfg.input, f"{where}.input", other)
             return self._inputs[(where, one_pass)]
 
         if where in self._cut_to_one_pass:

@@ -105,15 +105,16 @@ class RunInputs:
                 f"parallelism cuts them into", path=f"{where}.source.seq_len",
                 suggestion=f"use a multiple of {chunks}")
 
-    def make(self, input_cfg: Optional[Input.Config], *, where: str) -> Input:
+    def make(self, input_cfg: Optional[Input.Config], *, where: str,
+             source: Any = None) -> Input:
         """The input of ``input_cfg`` for this process's batch shards; errors name ``where``
-        (its config path)."""
+        (its config path); ``source``: its source already built (None: built here)."""
         if input_cfg is None:
             raise errors.DataError("no training data", path="engine.train_input",
                                    suggestion="set train_input, or pass data= to fit()")
         try:
             shards, num_shards = self.process_batch_shards()
-            made = input_cfg.instantiate(shards=shards, num_shards=num_shards)
+            made = input_cfg.instantiate(shards=shards, num_shards=num_shards, source=source)
         except errors.DataError as e:
             in_source = input_cfg.source is not None and e.path in input_cfg.source.keys()
             in_input = e.path in input_cfg.keys() or (e.path or "").split(".")[0] in \
