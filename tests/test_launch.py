@@ -109,6 +109,17 @@ def test_explain_prints_mesh_layouts_and_collectives(tmp_path):
     assert "all-reduce  data" in result.stdout
 
 
+def test_explain_of_a_sampling_objective_shows_and_writes_no_samples(tmp_path):
+    """--explain samples one rollout for the shapes of the step it compiles: no samples shown,
+    no samples.jsonl left where a later run would append its own."""
+    result = _launch("--config=llama_tiny_grpo", "--cpu_devices=8", "--explain",
+                     f"--trainer_dir={tmp_path / 'run'}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "collectives of the train step:" in result.stdout
+    assert "samples at step" not in result.stdout, result.stdout[:3000]
+    assert not (tmp_path / "run" / "samples.jsonl").exists()
+
+
 def test_a_users_experiments_package_does_not_hide_the_built_in_ones(tmp_path):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "__init__.py").write_text(

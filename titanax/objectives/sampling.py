@@ -172,7 +172,9 @@ class SamplingObjective(Objective):
         end_ids = self.end_ids(made_input.source)
         shards, _ = run.process_batch_shards()
         own = self.config
-        samples = SampleLog(trainer_dir=run.trainer_dir, every=own.samples_every,
+        shown = getattr(run, "records_samples", True)
+        samples = SampleLog(trainer_dir=run.trainer_dir if shown else None,
+                            every=own.samples_every if shown else 0,
                             count=own.num_samples, writes=jax.process_index() == 0,
                             loggers=run.loggers())
         return RolloutStream(

@@ -138,6 +138,9 @@ class Engine(Configurable):
         # Set by build (hand-written steps: once their params are known).
         self.layout = self.states = self.steps = None
         self.frozen_keys: tuple = ()  # The objective's frozen models' params keys (build).
+        # Whether sampled completions are shown and recorded (samples.jsonl); off for --explain,
+        # which samples a rollout only for the shapes of the step it compiles.
+        self.records_samples = True
         self._built = self._resumed = self._dir_claimed = self._loggers_started = False
         self._train_step: Optional[CompiledStep] = None
         self._user_step: Optional[Callable] = None

@@ -43,6 +43,7 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
     preemption.exit_if_requested("while the run was built")
     if explain:  # Shapes are all it needs: fresh params, no checkpoint read.
         engine.init_state()
+        engine.records_samples = False  # (A rollout for its shapes: nothing shown or written.)
         engine.compile(example_batch=engine.first_train_batch())
         engine.prepare_evaluation()  # (What the held-out data cuts or leaves unscored.)
         if on_start is not None and jax.process_index() == 0:
