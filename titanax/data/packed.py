@@ -165,8 +165,11 @@ class PackedDocuments(Configurable):
         self.index = (np.arange(sum(counts)) if cfg.weights is None
                       else self._mixture(counts, [str(f) for f in cfg.files]))
         self.report.rows = sum(counts)
-        _log.info("%s split: %s; %s", cfg.split, self.read_report.text(),
-                     self.report.text())
+        # (A warning when documents lost tokens: what is cut is said when the run starts.)
+        lost = self.report.truncated_documents or self.report.dropped_documents
+        _log.log(logging.WARNING if lost else logging.INFO, "%s split: %s; %s%s", cfg.split,
+                 self.read_report.text(), self.report.text(),
+                 " (a longer source.seq_len keeps them whole)" if lost else "")
         if not len(self.index):
             raise errors.DataError(f"the {cfg.split} split has no row ({self.report.text()})",
                                    path="files", suggestion="give more documents or lower "

@@ -289,7 +289,11 @@ class PreferencePairs(CompletionRows):
                                                             "held_out_fraction")
         self.rows = {name: np.stack([r[name] for r in rows]) for name in FIELDS}
         self.report.pairs = len(rows)
-        _log.info("%s split: %s; %s", cfg.split, self.read_report.text(), self.report.text())
+        # (A warning when pairs lost tokens: what is cut is said when the run starts.)
+        lost = self.report.truncated or self.report.dropped
+        _log.log(logging.WARNING if lost else logging.INFO, "%s split: %s; %s%s", cfg.split,
+                 self.read_report.text(), self.report.text(),
+                 " (a longer source.seq_len keeps them whole)" if lost else "")
 
     @property
     def record_kind(self) -> str:
