@@ -171,9 +171,11 @@ def test_prompt_completion_without_files_and_an_odd_head_width_are_refused():
         cfg.validate()
 
 
-def test_long_pairs_keep_their_completion_when_truncated_or_are_dropped(tmp_path):
+def test_long_pairs_keep_their_completion_when_truncated_or_are_dropped(tmp_path, caplog):
     """Prompts of 60 bytes before completions of 10, rows of 32: "truncate" keeps each whole
-    completion after the end of its prompt; "drop" leaves the long ones out; both counted."""
+    completion after the end of its prompt; "drop" leaves the long ones out; both counted, in a
+    warning (at the start of a run)."""
+    caplog.set_level("INFO", logger="titanax")
     records = [{"prompt": f"{i:02d}" + "p" * 58, "completion": f" answer {i:02d}"}
                for i in range(6)] + [{"prompt": "short?", "completion": " yes"}]
     files = [_jsonl(tmp_path / "long.jsonl", records)]
@@ -193,3 +195,10 @@ def test_long_pairs_keep_their_completion_when_truncated_or_are_dropped(tmp_path
                       long_documents="drop")
     assert dropped.report.dropped_documents == 6 and len(dropped) == 1
     assert "6 longer than a row left out" in dropped.report.text()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2 and "6 longer than a row truncated" in warned[0] and \
+        "6 longer than a row left out" in warned[1], warned
+    # Rows that hold their documents whole: information, no warning.
+    caplog.clear()
+    _source(files, format="prompt_completion", seq_len=128, pack=False)
+    assert [r.levelname for r in caplog.records if "split:" in r.getMessage()] == ["INFO"]

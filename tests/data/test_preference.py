@@ -43,7 +43,8 @@ def test_byte_pairs_are_prompt_then_completion_with_only_the_completion_scored(t
         assert not example[f"{side}_weights"][len(text) - 1:].any()
 
 
-def test_long_pairs_keep_the_prompts_end_and_the_completions_start(tmp_path):
+def test_long_pairs_keep_the_prompts_end_and_the_completions_start(tmp_path, caplog):
+    caplog.set_level("INFO", logger="titanax")
     prompt = "".join(chr(ord("a") + i % 26) for i in range(40))
     files = _write(tmp_path / "p.jsonl", [
         {"prompt": prompt, "chosen": "C" * 30, "rejected": "R" * 5},
@@ -59,6 +60,9 @@ def test_long_pairs_keep_the_prompts_end_and_the_completions_start(tmp_path):
     # A short prompt is kept whole; the long completion keeps its start.
     assert _scored(second, "rejected") == "y" * (17 - 5)
     assert source.report.truncated == 2
+    # Said as a warning (at the start of a run), with how to keep the pairs whole.
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "2 truncated" in warned[0] and "seq_len" in warned[0], warned
 
 
 def test_trl_conversational_pairs_score_the_assistant_tokens(tmp_path, chat_tokenizer):
