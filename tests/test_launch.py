@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -118,6 +119,27 @@ def test_explain_of_a_sampling_objective_shows_and_writes_no_samples(tmp_path):
     assert "collectives of the train step:" in result.stdout
     assert "samples at step" not in result.stdout, result.stdout[:3000]
     assert not (tmp_path / "run" / "samples.jsonl").exists()
+
+
+def test_explain_warns_of_prompts_and_rows_their_windows_cut(tmp_path):
+    """What the data loses to the configured lengths is a warning before anything runs: text
+    prompts past max_prompt_tokens (GRPO) and documents past seq_len (SFT rows)."""
+    prompts = _launch("--config=llama_tiny_grpo", "--cpu_devices=8", "--explain",
+                      "--config.train_input.source.max_prompt_tokens=3",
+                      f"--trainer_dir={tmp_path / 'grpo'}", timeout=300)
+    assert prompts.returncode == 0, prompts.stderr[-3000:]
+    assert "titanax: warning: 55 of the train split's 55 prompts are longer than " \
+           "max_prompt_tokens=3" in prompts.stdout + prompts.stderr
+    (tmp_path / "long.jsonl").write_text("".join(
+        json.dumps({"prompt": "Question " * 20 + str(i), "completion": " answer."}) + "\n"
+        for i in range(40)))
+    rows = _launch("--config=llama_tiny_sft", "--cpu_devices=8", "--explain",
+                   f"--config.train_input.source.files=['{tmp_path / 'long.jsonl'}']",
+                   "--config.train_input.source.seq_len=32", "--config.train_input.global_batch_size=8",
+                   f"--trainer_dir={tmp_path / 'sft'}", timeout=300)
+    assert rows.returncode == 0, rows.stderr[-3000:]
+    assert re.search(r"titanax: warning: train split: .* 36 longer than a row truncated",
+                     rows.stdout + rows.stderr), rows.stdout[-3000:]
 
 
 def test_a_users_experiments_package_does_not_hide_the_built_in_ones(tmp_path):
