@@ -75,23 +75,7 @@ def export(argv: Sequence[str]) -> int:
     from titanax.modules.lora import LoRA  # pylint: disable=import-outside-toplevel
     adapters = next((c for c in engine.converters if isinstance(c, LoRA)), None)
     if FLAGS.format == "peft":
-        if adapters is None:
-            raise errors.LaunchFlagError(
-                "the run trained every weight (lora: None): it has no adapters",
-                path="--format", suggestion="export it with --format=merged")
-        from titanax.hf import peft_export  # pylint: disable=import-outside-toplevel
-        from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
-        hf_config_from_model(engine.model.config)  # (A model no HF family computes: named.)
-        if source is None:
-            raise errors.LaunchFlagError(
-                "the run's base weights come from no Hugging Face directory (init_from was "
-                "not set): a PEFT adapter would have no base model to load onto",
-                path="--format", suggestion="export the run with --format=merged (base and "
-                                            "adapters in one model)")
-        written = peft_export.export_peft(params, model_cfg=engine.model.config,
-                                          specs=engine.model_specs(),
-                                          lora_cfg=adapters.config, directory=target,
-                                          base_model=source)
+        written = _export_adapters(engine, adapters, params, target=target, source=source)
         print(f"titanax: exported the LoRA adapters of {engine.restored_from} to {written}",
               flush=True)
         return 0
@@ -105,6 +89,28 @@ def export(argv: Sequence[str]) -> int:
                                      chat_template=_configured_chat_template(run))
     print(f"titanax: exported {engine.restored_from} to {written}", flush=True)
     return 0
+
+
+def _export_adapters(engine, adapters, params, *, target: str, source: Optional[str]) -> str:
+    """``--format=peft``: the run's LoRA adapters as a PEFT directory, refused (by what is
+    missing) for a run without adapters, a model no HF family computes, or a base that came
+    from no HF directory."""
+    if adapters is None:
+        raise errors.LaunchFlagError(
+            "the run trained every weight (lora: None): it has no adapters",
+            path="--format", suggestion="export it with --format=merged")
+    from titanax.hf import peft_export  # pylint: disable=import-outside-toplevel
+    from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
+    hf_config_from_model(engine.model.config)  # (A model no HF family computes: named.)
+    if source is None:
+        raise errors.LaunchFlagError(
+            "the run's base weights come from no Hugging Face directory (init_from was "
+            "not set): a PEFT adapter would have no base model to load onto",
+            path="--format", suggestion="export the run with --format=merged (base and "
+                                        "adapters in one model)")
+    return peft_export.export_peft(params, model_cfg=engine.model.config,
+                                   specs=engine.model_specs(), lora_cfg=adapters.config,
+                                   directory=target, base_model=source)
 
 
 def _configured_chat_template(run) -> Optional[str]:
