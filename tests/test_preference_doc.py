@@ -48,4 +48,5 @@ def test_the_page_tunes_adapters_on_preference_pairs_and_exports_them(walked):
     assert float(by_step[10]["loss"]) < 0.5 and float(by_step[50]["loss"]) < 0.15, by_step
     assert all(float(by_step[s]["loss"]) < 0.1 for s in range(60, 101, 10)), by_step
     assert float(by_step[100]["rewards/margins"]) > 6, by_step[100]
+    assert float(by_step[100]["rewards/chosen"]) > 0 > float(by_step[100]["rewards/rejected"])
     assert "final heldout: accuracy 1.0000" in doc_walk.output(outputs, "titanax.launch")[1]
