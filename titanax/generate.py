@@ -131,6 +131,14 @@ class _Tokens:
         except chat.TemplateError as e:
             raise errors.LaunchFlagError(str(e), path="--chat",
                                          suggestion="check the tokenizer's chat template") from e
+        except errors.DataError as e:
+            if e.path != "tokenizer.chat_template":
+                raise
+            raise errors.LaunchFlagError(
+                e.message, path="--chat",
+                suggestion="drop --chat to prompt with plain text, or use a model whose "
+                           "tokenizer carries its chat template (a run that trained on "
+                           "conversations names the one it used)") from None
         self.end_ids += [i for i in tokenizer.chat_end_ids() if i not in self.end_ids]
         return ids
 

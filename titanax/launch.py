@@ -151,6 +151,19 @@ def _numbered(name: str, number: int) -> str:
     return f"{root}.{number}{ext}"
 
 
+# Run directories this process made (check_trainer_dir): a run refused before it wrote anything
+# leaves none of them behind (main()).
+_MADE_TRAINER_DIRS: List[str] = []
+
+
+def _remove_made_dirs_left_empty() -> None:
+    for path in _MADE_TRAINER_DIRS:
+        try:
+            os.rmdir(path)  # (Only if still empty: whatever a run wrote stays.)
+        except OSError:
+            pass
+
+
 def check_trainer_dir(path: str) -> str:
     """Makes sure the run directory exists (or can be made) and is writable; returns it."""
     full = os.path.abspath(path)
@@ -166,7 +179,12 @@ def check_trainer_dir(path: str) -> str:
             f"cannot make {full}: {ancestor} is a file", path="--trainer_dir",
             suggestion="choose a path whose parents are directories")
     try:
+        made, level = [], full
+        while level != ancestor:  # (The levels makedirs creates, innermost first.)
+            made.append(level)
+            level = os.path.dirname(level)
         os.makedirs(full, exist_ok=True)
+        _MADE_TRAINER_DIRS.extend(made)
         with tempfile.TemporaryFile(dir=full):
             pass
     except OSError as e:
@@ -420,6 +438,7 @@ def main(argv: Sequence[str]) -> None:
         _explain_peer_loss(e.__cause__)
         if _SHOW_TRACEBACK.value:
             raise
+        _remove_made_dirs_left_empty()
         print(f"titanax.launch: error: {e.format()}", file=sys.stderr)
         print("(run with --show_traceback for the Python traceback)", file=sys.stderr)
         sys.exit(2)

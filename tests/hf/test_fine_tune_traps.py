@@ -46,7 +46,7 @@ def test_a_tokenizer_larger_than_the_model_is_refused_before_the_first_step(chat
                   f"--config.train_input.source.files=['{chat_model['data']}']", expect=2)
     assert "model.vocab_size: train_input reads ids up to 383" in result.stderr
     assert "(384 tokens)" in result.stderr and "at least 384" in result.stderr
-    assert "step " not in result.stdout and not (tmp_path / "run" / "config.txt").exists()
+    assert "step " not in result.stdout and not (tmp_path / "run").exists()  # (Nothing left.)
 
 
 def test_an_unset_vocabulary_with_init_from_is_the_checkpoints(chat_model):
@@ -99,3 +99,31 @@ def test_a_run_that_read_bytes_exports_no_tokenizer_beside_its_weights(chat_mode
     assert "the run read bytes" in exported.stdout
     files = set(os.listdir(tmp_path / "export"))
     assert "tokenizer.json" not in files and "generation_config.json" in files, files
+
+
+def test_a_base_models_tokenizer_renders_chats_only_with_a_named_template(chat_model, tmp_path):
+    """A directory whose tokenizer ships no chat template (a base model's): chat records are
+    refused (a format of ours would be one transformers cannot render for it); naming one
+    (``tokenizer.chat_template=plain``) keeps the model's tokenizer -- setting a tokenizer field
+    is not choosing bytes -- and the export carries the template, rendered by transformers."""
+    base = tmp_path / "base"
+    shutil.copytree(chat_model["model"], base)
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    flags = ["--config=llama_tiny_sft", "--cpu_devices=8", f"--trainer_dir={tmp_path / 'run'}",
+             f"--config.init_from={base}", "--config.train_input.source.format=chat",
+             f"--config.train_input.source.files=['{chat_model['data']}']",
+             "--config.max_steps=2", "--config.evalers={}"]
+    refused = _run("titanax.launch", *flags, expect=2)
+    assert "train_input.tokenizer.chat_template: " in refused.stderr
+    assert "ships no chat template" in refused.stderr and not (tmp_path / "run").exists()
+    trained = _run("titanax.launch", *flags, "--config.train_input.tokenizer.chat_template=plain")
+    assert f"data tokenized with the model's tokenizer {base}/tokenizer.json" in trained.stdout
+    _run("titanax.export", f"--trainer_dir={tmp_path / 'run'}", f"--to={tmp_path / 'out'}",
+         "--cpu_devices=8")
+    from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
+    rendered = AutoTokenizer.from_pretrained(str(tmp_path / "out")).apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    assert rendered.endswith("### user\nHi\n\n### assistant\n"), rendered

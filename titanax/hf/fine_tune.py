@@ -122,14 +122,17 @@ def check_model_matches(model: ConfigBase, directory: str) -> None:
 
 def with_model_tokenizer(cfg: ConfigBase, *, given: Sequence[Any]) -> ConfigBase:
     """``cfg`` (with ``init_from`` set) whose train input reads with the HF directory's
-    tokenizer, unless the user chose one (``given``: the overrides applied) or the input does
+    tokenizer, unless the user chose one (``given``: the overrides applied; naming its path or
+    class chooses, setting its chat template or special tokens does not) or the input does
     not tokenize text -- also where the experiment names its own (a tokenizer for its bundled
     data cannot read for another model); what was decided is printed."""
     train = getattr(cfg, "train_input", None)
     if train is None or "tokenizer" not in train.keys():
         return cfg
-    if any(o.path == "train_input.tokenizer" or o.path.startswith("train_input.tokenizer.")
-           for o in given):
+    # (Choosing the tokenizer is naming its path; its other fields -- a chat template, the
+    # start and end tokens -- refine the model's own.)
+    if any(o.path in ("train_input.tokenizer", "train_input.tokenizer.path",
+                      "train_input.tokenizer.klass") for o in given):
         return cfg
     klass = getattr(train.source, "klass", None)
     if klass is None or "tokenizer" not in inspect.signature(klass.__init__).parameters:
