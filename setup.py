@@ -15,7 +15,7 @@ HF_REFERENCE_EXTRAS = ["torch==2.13.0", "transformers>=5.0,<6", "safetensors>=0.
                        "trl>=1.16,<2"]
 # lm-evaluation-harness tasks on a Titanax model (python -m titanax.evaluate, the in-loop
 # LMEvalEvaler).
-EVAL_EXTRAS = ["lm_eval>=0.4.10,<0.5"]
+EVAL_EXTRAS = ["lm_eval>=0.4.12,<0.5"]  # (0.4.12: TaskManager.load.)
 # Parquet document sources (titanax.data.documents).
 PARQUET_EXTRAS = ["pyarrow>=15"]
 # SentencePiece tokenizer models (titanax.data.tokenizer_backends).

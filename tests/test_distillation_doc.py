@@ -1,6 +1,7 @@
 """docs/distillation.md, run as a newcomer would (tests/doc_walk.py): a student and a teacher
-sharing a tokenizer, prompts, 200 steps of on-policy distillation that halve the student's
-reverse KL (the page's numbers), the student exported."""
+sharing a tokenizer, prompts, 200 steps of on-policy distillation that take the student's
+reverse KL from about 11 to about 5.5 (the page's numbers; checked: above 10, then below 7.5
+and 70% of it), the student exported."""
 
 import csv
 import json

@@ -128,6 +128,10 @@ class DataError(TitanaxError):
     """An input pipeline cannot produce what the run needs (missing files, bad batch sizes)."""
 
 
+class MissingChatTemplateError(DataError):
+    """Conversations asked of a tokenizer that ships no chat template, none configured."""
+
+
 # --- Checkpoints ---------------------------------------------------------------------------------
 
 class CheckpointError(TitanaxError):

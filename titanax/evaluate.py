@@ -101,8 +101,8 @@ def evaluate(argv: Sequence[str]) -> int:
     # (Before the model loads: the tasks named, loaded and able to give their few-shot examples.)
     task_loading.unknown_tasks(manager=manager, tasks=tasks, include_path=FLAGS.include_path,
                                paths=FLAG_PATHS)
-    loaded = task_loading.load(manager=manager, tasks=tasks, num_fewshot=FLAGS.num_fewshot,
-                               paths=FLAG_PATHS)
+    task_loading.check_loadable(manager=manager, tasks=tasks, num_fewshot=FLAGS.num_fewshot,
+                                paths=FLAG_PATHS)
     engine, source, tokenizer_cfg = saved_run.inference_engine(
         hf=FLAGS.hf, trainer_dir=FLAGS.trainer_dir, model_parallel=FLAGS.model_parallel,
         dtype=FLAGS.dtype, step=FLAGS.step)
@@ -124,7 +124,7 @@ def evaluate(argv: Sequence[str]) -> int:
              {"random_seed": FLAGS.seed, "numpy_random_seed": FLAGS.seed,
               "torch_random_seed": FLAGS.seed, "fewshot_random_seed": FLAGS.seed})
     results = lm_eval.simple_evaluate(
-        model=lm, tasks=loaded, num_fewshot=FLAGS.num_fewshot,
+        model=lm, tasks=tasks, num_fewshot=FLAGS.num_fewshot,
         limit=int(FLAGS.limit) if FLAGS.limit and FLAGS.limit >= 1 else FLAGS.limit,
         task_manager=manager, log_samples=FLAGS.log_samples,
         **({"apply_chat_template": True, "fewshot_as_multiturn": FLAGS.fewshot_as_multiturn}

@@ -76,8 +76,15 @@ def export(argv: Sequence[str]) -> int:
     adapters = next((c for c in engine.converters if isinstance(c, LoRA)), None)
     if FLAGS.format == "peft":
         written = _export_adapters(engine, adapters, params, target=target, source=source)
-        print(f"titanax: exported the LoRA adapters of {engine.restored_from} to {written}",
-              flush=True)
+        template = _configured_chat_template(run)
+        import jax  # pylint: disable=import-outside-toplevel
+        if template is not None and jax.process_index() == 0:
+            # (The base's tokenizer lacks the template the run trained with: carried here, as
+            # TRL saves a tokenizer beside its adapters.)
+            exporter.write_tokenizer(written, tokenizer_dir=tokenizer_dir, chat_template=template)
+        print(f"titanax: exported the LoRA adapters of {engine.restored_from} to {written}"
+              + (" (with the tokenizer and the chat template the run trained with)"
+                 if template is not None and tokenizer_dir else ""), flush=True)
         return 0
     if adapters is not None:
         from titanax.modules import lora  # pylint: disable=import-outside-toplevel

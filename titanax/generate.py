@@ -131,9 +131,7 @@ class _Tokens:
         except chat.TemplateError as e:
             raise errors.LaunchFlagError(str(e), path="--chat",
                                          suggestion="check the tokenizer's chat template") from e
-        except errors.DataError as e:
-            if e.path != "tokenizer.chat_template":
-                raise
+        except errors.MissingChatTemplateError as e:
             raise errors.LaunchFlagError(
                 e.message, path="--chat",
                 suggestion="drop --chat to prompt with plain text, or use a model whose "

@@ -436,9 +436,9 @@ def main(argv: Sequence[str]) -> None:
         status = launch(argv)
     except errors.TitanaxError as e:
         _explain_peer_loss(e.__cause__)
+        _remove_made_dirs_left_empty()
         if _SHOW_TRACEBACK.value:
             raise
-        _remove_made_dirs_left_empty()
         print(f"titanax.launch: error: {e.format()}", file=sys.stderr)
         print("(run with --show_traceback for the Python traceback)", file=sys.stderr)
         sys.exit(2)
@@ -452,6 +452,8 @@ def main(argv: Sequence[str]) -> None:
         _explain_peer_loss(e)
         raise
     distributed.finish()
+    if status:  # (A job whose processes failed: the directory they left empty goes too.)
+        _remove_made_dirs_left_empty()
     sys.exit(status)
 
 

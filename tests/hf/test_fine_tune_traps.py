@@ -105,14 +105,16 @@ def test_a_base_models_tokenizer_renders_chats_only_with_a_named_template(chat_m
     """A directory whose tokenizer ships no chat template (a base model's): chat records are
     refused (a format of ours would be one transformers cannot render for it); naming one
     (``tokenizer.chat_template=plain``) keeps the model's tokenizer -- setting a tokenizer field
-    is not choosing bytes -- and the export carries the template, rendered by transformers."""
+    is not choosing bytes -- and both exports (merged; PEFT, beside its adapters) carry the
+    template, rendered by transformers."""
     base = tmp_path / "base"
     shutil.copytree(chat_model["model"], base)
     (base / "chat_template.jinja").unlink(missing_ok=True)
     config = json.loads((base / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (base / "tokenizer_config.json").write_text(json.dumps(config))
-    flags = ["--config=llama_tiny_sft", "--cpu_devices=8", f"--trainer_dir={tmp_path / 'run'}",
+    flags = ["--config=llama_tiny_lora_sft", "--cpu_devices=8",
+             f"--trainer_dir={tmp_path / 'run'}",
              f"--config.init_from={base}", "--config.train_input.source.format=chat",
              f"--config.train_input.source.files=['{chat_model['data']}']",
              "--config.max_steps=2", "--config.evalers={}"]
@@ -121,9 +123,10 @@ def test_a_base_models_tokenizer_renders_chats_only_with_a_named_template(chat_m
     assert "ships no chat template" in refused.stderr and not (tmp_path / "run").exists()
     trained = _run("titanax.launch", *flags, "--config.train_input.tokenizer.chat_template=plain")
     assert f"data tokenized with the model's tokenizer {base}/tokenizer.json" in trained.stdout
-    _run("titanax.export", f"--trainer_dir={tmp_path / 'run'}", f"--to={tmp_path / 'out'}",
-         "--cpu_devices=8")
     from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
-    rendered = AutoTokenizer.from_pretrained(str(tmp_path / "out")).apply_chat_template(
-        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    assert rendered.endswith("### user\nHi\n\n### assistant\n"), rendered
+    for out, export_format in (("merged", "merged"), ("adapter", "peft")):
+        _run("titanax.export", f"--trainer_dir={tmp_path / 'run'}", f"--to={tmp_path / out}",
+             f"--format={export_format}", "--cpu_devices=8")
+        rendered = AutoTokenizer.from_pretrained(str(tmp_path / out)).apply_chat_template(
+            [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+        assert rendered.endswith("### user\nHi\n\n### assistant\n"), (out, rendered)

@@ -125,7 +125,7 @@ class Tokenizer(Configurable):
         if source is None and self.config.path is None:
             source = chat.DEFAULT_TEMPLATE  # (Bytes: Titanax's own tokenizer, its own format.)
         if source is None:
-            raise errors.DataError(
+            raise errors.MissingChatTemplateError(
                 f"the tokenizer {self.file} ships no chat template (no chat_template in its "
                 "tokenizer_config.json, no chat_template.jinja) to render conversations with",
                 path="tokenizer.chat_template",

@@ -103,13 +103,19 @@ class LMEvalEvaler(Evaler):
                 suggestion="use dispatch='dropless', or evaluate the checkpoints with python "
                            "-m titanax.evaluate --trainer_dir=... (it routes dropless)")
         from titanax.harness import task_loading  # pylint: disable=import-outside-toplevel
-        paths = {field: f"{where}.{field}" for field in ("tasks", "include_path", "num_fewshot")}
         task_loading.unknown_tasks(manager=self.task_manager(), tasks=self.config.tasks,
-                                   include_path=self.config.include_path, paths=paths)
-        # (Each evaluation loads them again, fresh: this only checks that they load and hold
-        # their few-shot examples, before step 1.)
-        task_loading.load(manager=self.task_manager(), tasks=self.config.tasks,
-                          num_fewshot=self.config.num_fewshot, paths=paths)
+                                   include_path=self.config.include_path, paths=self._paths())
+
+    def prepare(self) -> None:
+        """When the run starts (not at build: ``--compile_only`` reads no data): the tasks load
+        and hold their few-shot examples. Each evaluation builds them afresh, as lm-eval does."""
+        from titanax.harness import task_loading  # pylint: disable=import-outside-toplevel
+        task_loading.check_loadable(manager=self.task_manager(), tasks=self.config.tasks,
+                                    num_fewshot=self.config.num_fewshot, paths=self._paths())
+
+    def _paths(self) -> Dict[str, str]:
+        where = f"evalers[{self.config.name!r}]"
+        return {field: f"{where}.{field}" for field in ("tasks", "include_path", "num_fewshot")}
 
     def task_manager(self) -> Any:
         if self._tasks is None:

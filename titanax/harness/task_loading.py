@@ -5,8 +5,9 @@ lm-eval itself reports a task YAML that does not parse as an unknown task (its i
 file), a task whose data file is missing as a ``FileNotFoundError`` from deep inside ``datasets``
 after the model has loaded, and more few-shot examples than a task holds as a ``ValueError`` from
 ``random.sample`` while it builds requests. Here each is an ``EvalTaskError`` at the flag or
-config field that chose it. The loaded tasks are handed on to ``lm_eval.simple_evaluate``, so
-their data is read once.
+config field that chose it, before the model loads (the tasks' data is read once more by
+``lm_eval.simple_evaluate``: see ``check_loadable``). Needs lm-eval's ``TaskManager.load``
+(0.4.12).
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def unknown_tasks(*, manager: Any, tasks: Sequence[str], include_path: Optional[
                    "directory of your task YAMLs")
 
 
-def load(*, manager: Any, tasks: Sequence[str], num_fewshot: Optional[int],
-         paths: Paths) -> List[Any]:
-    """The top-level lm-eval Task and Group objects for ``tasks`` (pass them to
-    ``simple_evaluate``), after checking that each loads (its data found) and holds the few-shot
-    examples it will be asked for."""
+def check_loadable(*, manager: Any, tasks: Sequence[str], num_fewshot: Optional[int],
+                   paths: Paths) -> None:
+    """Loads ``tasks`` once to check that each loads (its data found) and holds the few-shot
+    examples it will be asked for. The tasks are built again by ``simple_evaluate``: lm-eval
+    seeds Python's and numpy's generators before it builds them (a task's ``process_docs`` may
+    shuffle), so handing it these would change seeded numbers."""
     try:
         loaded = manager.load(list(tasks))
     except Exception:  # pylint: disable=broad-except  (lm-eval's and datasets' errors, any kind)
@@ -54,9 +56,6 @@ def load(*, manager: Any, tasks: Sequence[str], num_fewshot: Optional[int],
         raise
     for name, task in loaded["tasks"].items():
         _check_fewshot(name, task, num_fewshot, paths)
-    children = {child for kids in loaded.get("group_map", {}).values() for child in kids}
-    return ([group for name, group in loaded["groups"].items() if name not in children] +
-            [task for name, task in loaded["tasks"].items() if name not in children])
 
 
 def _raise_for_first_failing(manager: Any, tasks: Sequence[str], paths: Paths) -> None:
@@ -84,8 +83,9 @@ def _check_fewshot(name: str, task: Any, num_fewshot: Optional[int], paths: Path
     sampler = getattr(task, "sampler", None)
     pool = len(sampler.df) if sampler is not None else 0
     cfg = getattr(task, "fewshot_cfg", None)
-    split = getattr(cfg, "split", None)
-    needed = shots + (1 if split is not None and split == task.config.test_split else 0)
+    # (lm-eval's own condition, None == None included: a task without a few-shot or test split
+    # draws its examples from the evaluated documents.)
+    needed = shots + (1 if getattr(cfg, "split", None) == task.config.test_split else 0)
     if pool < needed:
         where = paths["num_fewshot"] if num_fewshot is not None and own != 0 else paths["tasks"]
         raise errors.EvalTaskError(

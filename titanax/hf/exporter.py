@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
 import numpy as np
@@ -88,14 +88,25 @@ def export_params(params: Any, *, model_cfg: ConfigBase, directory: str,
                      "weight_map": {t.name: n for n, shard in zip(names, shards) for t in shard}}
             _write_json(os.path.join(directory, INDEX), index)
         tokenizer_dir = source_dir if tokenizer_dir == FROM_SOURCE else tokenizer_dir
-        for origin, names in ((source_dir, GENERATION_FILES), (tokenizer_dir, TOKENIZER_FILES)):
-            for side in names if origin else ():
-                if os.path.isfile(os.path.join(origin, side)):
-                    shutil.copyfile(os.path.join(origin, side), os.path.join(directory, side))
-        if chat_template is not None and tokenizer_dir:
-            _write_chat_template(directory, chat_template)
+        _copy_files(source_dir, GENERATION_FILES, directory)
+        write_tokenizer(directory, tokenizer_dir=tokenizer_dir, chat_template=chat_template)
         _write_json(os.path.join(directory, CONFIG), config)  # Last: the directory is complete.
     return directory
+
+
+def write_tokenizer(directory: str, *, tokenizer_dir: Optional[str],
+                    chat_template: Optional[str]) -> None:
+    """The tokenizer files of ``tokenizer_dir`` (None: none -- bytes) into ``directory``, with
+    ``chat_template`` (when given) as their chat template."""
+    _copy_files(tokenizer_dir, TOKENIZER_FILES, directory)
+    if chat_template is not None and tokenizer_dir:
+        _write_chat_template(directory, chat_template)
+
+
+def _copy_files(origin: Optional[str], names: Sequence[str], directory: str) -> None:
+    for name in names if origin else ():
+        if os.path.isfile(os.path.join(origin, name)):
+            shutil.copyfile(os.path.join(origin, name), os.path.join(directory, name))
 
 
 def _write_chat_template(directory: str, template: str) -> None:

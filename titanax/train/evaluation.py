@@ -81,9 +81,11 @@ class Evaluation:
     def prepare_inputs(self, make_input: Callable[..., Iterable]) -> None:
         """Builds each evaler's input now (at the start of a run, and for ``--explain``): what
         its data cuts, drops or leaves unscored is reported before the first step, not at the
-        first evaluation."""
+        first evaluation; an evaler that reads its own data (``prepare``) checks it now."""
         for name, evaler in self.evalers.items():
-            if not hasattr(evaler, "evaluate_engine") and \
+            if hasattr(evaler, "prepare"):  # (An evaler of its own data: lm-eval's tasks.)
+                evaler.prepare()
+            elif not hasattr(evaler, "evaluate_engine") and \
                     getattr(evaler.config, "input", None) is not None:
                 self._at_most_one_pass(evaler, make_input, f"evalers[{name!r}]")
 
