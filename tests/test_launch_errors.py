@@ -109,6 +109,10 @@ BAD_INPUTS = [
       "--config.evalers['lm_eval'].tasks=['tiny_mc']",
       "--config.evalers['lm_eval'].include_path={tmp}/no_such_tasks"],
      "evalers['lm_eval'].include_path"),
+    ("an lm-eval evaler's limit of 1.5 documents (ran 1 before)",
+     ["--config=llama_tiny_sft", "--config.evalers={{}}",
+      "--config.evalers['lm_eval'].tasks=['tiny_mc']", "--config.evalers['lm_eval'].limit=1.5"],
+     "evalers['lm_eval'].limit"),
     ("a seed PRNGKey would wrap to 0", ["--config=gpt_tiny_dp", "--config.seed=4294967296"],
      "seed"),
     # Wave 5 moved every objective's fields under --config.objective.

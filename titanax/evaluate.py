@@ -16,6 +16,7 @@ network that the tasks themselves do not).
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Sequence
 
@@ -67,8 +68,10 @@ def _check_flags() -> None:
     if FLAGS.num_fewshot is not None and FLAGS.num_fewshot < 0:
         raise errors.LaunchFlagError(f"must be >= 0, got {FLAGS.num_fewshot}",
                                      path="--num_fewshot", suggestion="e.g. 0 or 5")
-    if FLAGS.limit is not None and not FLAGS.limit > 0:
-        raise errors.LaunchFlagError(f"must be > 0, got {FLAGS.limit}", path="--limit",
+    if FLAGS.limit is not None and not (math.isfinite(FLAGS.limit) and FLAGS.limit > 0 and (
+            FLAGS.limit < 1 or FLAGS.limit == int(FLAGS.limit))):
+        raise errors.LaunchFlagError(f"must be a count >= 1 or a fraction in (0, 1), got "
+                                     f"{FLAGS.limit}", path="--limit",
                                      suggestion="a number of documents, or a fraction < 1")
     command_line.check_seed_flag(FLAGS.seed)
     if FLAGS.output_path:  # (Before the evaluation: its results must have somewhere to go.)

@@ -171,18 +171,15 @@ def check_trainer_dir(path: str) -> str:
         raise errors.LaunchFlagError(
             f"{full} is a file, not a directory", path="--trainer_dir",
             suggestion="name a directory (new or existing) for the run's checkpoints and logs")
-    ancestor = full
+    ancestor, made = full, []  # (made: the levels makedirs creates, innermost first.)
     while not os.path.exists(ancestor):
+        made.append(ancestor)
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
         raise errors.LaunchFlagError(
             f"cannot make {full}: {ancestor} is a file", path="--trainer_dir",
             suggestion="choose a path whose parents are directories")
     try:
-        made, level = [], full
-        while level != ancestor:  # (The levels makedirs creates, innermost first.)
-            made.append(level)
-            level = os.path.dirname(level)
         os.makedirs(full, exist_ok=True)
         _MADE_TRAINER_DIRS.extend(made)
         with tempfile.TemporaryFile(dir=full):

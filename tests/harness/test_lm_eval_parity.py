@@ -154,6 +154,11 @@ def _without_chat_template(folder):
       "--model_parallel=3"], "--model_parallel"),  # (Reported as a mesh shape before.)
     (["--hf=no_template", "--tasks=tiny_mc", "--include_path=tasks", "--cpu_devices=1",
       "--apply_chat_template"], "--apply_chat_template"),
+    # A count that is no whole number (1.5 ran 1 document before; inf a traceback).
+    (["--hf=tiny_chat/model", "--tasks=tiny_mc", "--include_path=tasks", "--limit=1.5"],
+     "--limit"),
+    (["--hf=tiny_chat/model", "--tasks=tiny_mc", "--include_path=tasks", "--limit=inf"],
+     "--limit"),
 ])
 def test_bad_flags_are_refused_by_name(folder, args, path):
     (Path(folder) / "a_file").write_text("not a directory")

@@ -119,6 +119,13 @@ class ReadReport:
                 + (f"; {self.empty_files} empty file(s)" if self.empty_files else ""))
 
 
+def log_split(split: str, read: ReadReport, made: str, *, lost: bool) -> None:
+    """The split's line at start: what was read and what it became -- a warning, with how to
+    keep them whole, when examples lost tokens to the row length."""
+    _log.log(logging.WARNING if lost else logging.INFO, "%s split: %s; %s%s", split, read.text(),
+             made, " (a longer source.seq_len keeps them whole)" if lost else "")
+
+
 def matching_files(patterns: Sequence[str], *, where: str) -> List[str]:
     """The files of every pattern, sorted (``bundled:<name>/...``: Titanax's own data); a
     pattern that matches none is refused (a typo in one of several globs would silently drop

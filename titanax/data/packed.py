@@ -32,8 +32,8 @@ from titanax.config import Configurable
 from titanax.data import chat
 from titanax.data.declarations import Declared
 from titanax.data.documents import (Document, ReadReport, RecordFormat, bad_record,
-                                    matching_files, read_documents, split_field_problems,
-                                    split_of)
+                                    log_split, matching_files, read_documents,
+                                    split_field_problems, split_of)
 from titanax.data.tokenizer import Tokenizer
 
 _log = logging.getLogger("titanax")
@@ -165,11 +165,8 @@ class PackedDocuments(Configurable):
         self.index = (np.arange(sum(counts)) if cfg.weights is None
                       else self._mixture(counts, [str(f) for f in cfg.files]))
         self.report.rows = sum(counts)
-        # (A warning when documents lost tokens: what is cut is said when the run starts.)
-        lost = self.report.truncated_documents or self.report.dropped_documents
-        _log.log(logging.WARNING if lost else logging.INFO, "%s split: %s; %s%s", cfg.split,
-                 self.read_report.text(), self.report.text(),
-                 " (a longer source.seq_len keeps them whole)" if lost else "")
+        log_split(cfg.split, self.read_report, self.report.text(),
+                  lost=bool(self.report.truncated_documents or self.report.dropped_documents))
         if not len(self.index):
             raise errors.DataError(f"the {cfg.split} split has no row ({self.report.text()})",
                                    path="files", suggestion="give more documents or lower "

@@ -27,7 +27,6 @@ keeps its *first* tokens, as many as fit. Both rows of a pair keep the same prom
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -37,10 +36,9 @@ from titanax.config import Configurable
 from titanax.data import chat
 from titanax.data.declarations import Declared
 from titanax.data.documents import (ReadReport, RecordFilesConfig, bad_record, chat_messages,
-                                    read_split)
+                                    log_split, read_split)
 from titanax.data.tokenizer import Tokenizer
 
-_log = logging.getLogger("titanax")
 
 SIDES = ("chosen", "rejected")
 ROW_FIELDS = ("input_ids", "target_ids", "weights", "valid")
@@ -289,11 +287,8 @@ class PreferencePairs(CompletionRows):
                                                             "held_out_fraction")
         self.rows = {name: np.stack([r[name] for r in rows]) for name in FIELDS}
         self.report.pairs = len(rows)
-        # (A warning when pairs lost tokens: what is cut is said when the run starts.)
-        lost = self.report.truncated or self.report.dropped
-        _log.log(logging.WARNING if lost else logging.INFO, "%s split: %s; %s%s", cfg.split,
-                 self.read_report.text(), self.report.text(),
-                 " (a longer source.seq_len keeps them whole)" if lost else "")
+        log_split(cfg.split, self.read_report, self.report.text(),
+                  lost=bool(self.report.truncated or self.report.dropped))
 
     @property
     def record_kind(self) -> str:

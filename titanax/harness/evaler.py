@@ -67,6 +67,9 @@ class LMEvalEvaler(Evaler):
                 yield "num_fewshot", f"must be >= 0, got {self.num_fewshot}"
             if self.limit is not None and not (math.isfinite(self.limit) and self.limit > 0):
                 yield "limit", f"must be > 0 (or None: every document), got {self.limit}"
+            elif self.limit is not None and self.limit >= 1 and self.limit != int(self.limit):
+                yield "limit", (f"is a count of documents (>= 1) or a fraction of them (< 1), "
+                                f"got {self.limit}")
             if self.batch_size < 1:
                 yield "batch_size", f"must be >= 1, got {self.batch_size}"
             if self.max_gen_toks < 1:

@@ -440,17 +440,14 @@ class Engine(Configurable):
 
     # --- Evaluation ----------------------------------------------------------------------------
 
-    def _evaluation_input(self, cfg: Input.Config, where: str, source: Any = None) -> Input:
-        return self.make_input(cfg, where=where, source=source)
-
     def prepare_evaluation(self) -> None:
         """The evalers' inputs built now: their cut and unscored rows reported at the start."""
-        self.evaluation.prepare_inputs(self._evaluation_input)
+        self.evaluation.prepare_inputs(self.make_input)
 
     def run_evalers(self, step: int, *, only_due: bool = True) -> Dict[str, Dict[str, float]]:
         return self.evaluation.run(
             step, evaluate=lambda data, batches: self.eval(data=data, steps=batches),
-            make_input=self._evaluation_input,
+            make_input=self.make_input,
             loggers=self.loggers(), only_due=only_due, engine=self)
 
     def eval(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,

@@ -33,6 +33,8 @@ class Evaluation:
         self.last_results: Dict[str, Dict[str, float]] = {}
         # Evalers whose data is read as one pass (decided at their first evaluation).
         self._cut_to_one_pass: set = set()
+        # Whether prepare_inputs ran (each fit() asks; the first does the work).
+        self._prepared = False
         # Evalers already warned that num_batches leaves some of their rows unscored.
         self._warned: set = set()
         # Each evaler's input, built at its first evaluation (reading and tokenizing the
@@ -55,8 +57,8 @@ class Evaluation:
             only_due: bool = True, engine: Any = None) -> Dict[str, Dict[str, float]]:
         """Runs the evalers (those due at ``step``, or all) and logs their metrics.
 
-        ``evaluate(data, num_batches)``: metrics over the data; ``make_input(config, where,
-        source)``: an evaler's input, errors naming ``where`` (its config path), on ``source``
+        ``evaluate(data, num_batches)``: metrics over the data; ``make_input(config, where=,
+        source=)``: an evaler's input, errors naming ``where`` (its config path), on ``source``
         when one is given (already built). An evaler that reads no
         input evaluates the ``engine``'s model itself (``evaluate_engine``: lm-eval tasks) and
         names its metrics (``metric_prefix``)."""
@@ -82,6 +84,9 @@ class Evaluation:
         """Builds each evaler's input now (at the start of a run, and for ``--explain``): what
         its data cuts, drops or leaves unscored is reported before the first step, not at the
         first evaluation; an evaler that reads its own data (``prepare``) checks it now."""
+        if self._prepared:
+            return
+        self._prepared = True
         for name, evaler in self.evalers.items():
             if hasattr(evaler, "prepare"):  # (An evaler of its own data: lm-eval's tasks.)
                 evaler.prepare()
@@ -102,7 +107,8 @@ class Evaluation:
                 # (The same source config either way: one read and tokenized once serves both.)
                 other = getattr(self._inputs.get((where, not one_pass)), "source", None)
                 self._inputs[(where, one_pass)] = make_input(
-                    one_pass_input if one_pass else cfg.input, f"{where}.input", other)
+                    one_pass_input if one_pass else cfg.input, where=f"{where}.input",
+                    source=other)
             return self._inputs[(where, one_pass)]
 
         if where in self._cut_to_one_pass:
