@@ -150,20 +150,17 @@ def test_two_processes_train_like_one(root, name, layout, extra):
     assert "[1] " in stdout and "titanax process 1/2" in stdout
 
 
-def test_checkpoints_move_between_one_and_two_processes(root):
-    """A 2-process checkpoint resumes in 1 process and a 1-process one in 2: both continue like
-    the run that never moved (the runs of the first test, copied)."""
+def test_a_one_process_checkpoint_resumes_in_two_processes(root):
+    """A 1-process checkpoint resumes in 2 processes and continues like the run that never moved
+    (the 1-process run of the first test, copied). The other way, 2 processes to 1: the
+    preempted run below ends in 1 process."""
     name, vocab = "gpt_tiny_dp_tp", _both_vocab_halves(root)
-    double, moved_in = os.path.join(root, "two-to-one"), os.path.join(root, "one-to-two")
-    shutil.copytree(_two_processes(name, root, tuple(MODEL_SPANS), *vocab)[0], double)
+    moved_in = os.path.join(root, "one-to-two")
     shutil.copytree(_one_process(name, root, *vocab), moved_in)
-    _run(name, double, *vocab, steps=STEPS + 2)  # Written by 2 processes, resumed by 1.
     _run(name, moved_in, *MODEL_SPANS, *vocab, processes=2, steps=STEPS + 2)
-    want = _reference_losses(name, root, *vocab)
-    for trainer_dir in (double, moved_in):
-        got = _losses(trainer_dir)
-        assert_close([got[s] for s in (STEPS + 1, STEPS + 2)],
-                     [want[s] for s in (STEPS + 1, STEPS + 2)], what=f"losses in {trainer_dir}")
+    want, got = _reference_losses(name, root, *vocab), _losses(moved_in)
+    assert_close([got[s] for s in (STEPS + 1, STEPS + 2)],
+                 [want[s] for s in (STEPS + 1, STEPS + 2)], what="losses after the move")
 
 
 def _start(*args):
@@ -213,7 +210,8 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root)
     its periodic saves; in the next resumed run before its first step (jax's sync points are
     counted from the job's start, and only Titanax asks for them -- not Orbax's saves with the
     global step). Each time both processes stop after the same step, saved, and exit 0; resumed
-    once more, the run has the losses of one that never stopped."""
+    once more, in one process (a 2-process checkpoint moving to 1), the run has the losses of
+    one that never stopped."""
     trainer_dir, vocab = os.path.join(root, "preempted"), _both_vocab_halves(root)
     first = _preempt(trainer_dir, "[0] step      3/", *vocab)
     assert first >= 3
@@ -223,7 +221,7 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_saved_step(root)
     assert second >= after_saves
     third = _preempt(trainer_dir, "[1] titanax process 1/2", *vocab)
     assert third > second
-    _run("gpt_tiny_dp_tp", trainer_dir, *MODEL_SPANS, *vocab, processes=2, steps=third + 2)
+    _run("gpt_tiny_dp_tp", trainer_dir, *vocab, steps=third + 2)
     assert third + 2 <= REFERENCE_STEPS, f"stopped at step {third}: raise REFERENCE_STEPS"
     got, want = _losses(trainer_dir), _reference_losses("gpt_tiny_dp_tp", root, *vocab)
     assert_close([got[s] for s in range(1, third + 3)], [want[s] for s in range(1, third + 3)],
