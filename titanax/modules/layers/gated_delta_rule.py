@@ -46,6 +46,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from titanax.parallel import collectives
 from titanax.utils.dtypes import wide_float
 
 # Tokens per chunk by default: the chunk's [C, C] products stay small and its solve cheap (the
@@ -173,6 +174,10 @@ def _prepared(q, k, v, g, beta, scale, initial_state):
     q = q * (d_k ** -0.5 if scale is None else scale)
     state = (jnp.zeros((b, heads, d_k, d_v), dtype) if initial_state is None
              else jnp.asarray(initial_state).astype(dtype))
+    # Inside shard_map the carried state varies over every mesh axis its inputs vary over.
+    axes = frozenset().union(*(collectives.varying_axes(x) for x in (q, k, v, g, beta)))
+    if axes - collectives.varying_axes(state):
+        state = collectives.cast_varying(state, tuple(sorted(axes)))
     return q, k, v, g, beta, state
 
 

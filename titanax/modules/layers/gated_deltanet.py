@@ -1,0 +1,197 @@
+"""Gated DeltaNet: the linear-attention mixer of Qwen 3.5 (and Qwen3-Next), three of every four
+of its layers.
+
+For each token: q, k and v projected by heads and run through a short causal depthwise
+convolution (``conv_kernel_size`` taps, then SiLU), q and k L2-normalised per head; a decay
+``g = -exp(a_log) * softplus(x W_a + dt_bias)`` and a write strength ``beta = sigmoid(x W_b)``
+per value head; the gated delta rule (``gated_delta_rule.py``) turns them into one output per
+value head; that output is RMS-normalised per head and gated by ``silu(x W_z)`` (Qwen's
+``RMSNormGated``), and the heads projected back to the residual width.
+
+Nothing here grows with the sequence but the activations: the rule runs in chunks
+(``chunk_size``) in O(S) memory, and the convolution reads ``conv_kernel_size - 1`` earlier
+tokens. Packed documents stay apart: the convolution does not reach across a document boundary
+and the rule's state restarts at each document (``segment_ids``).
+
+Params are stored by head so tensor parallelism splits heads, as it does attention's: value heads
+on ``heads`` (their z / a / b projections, conv taps, decay parameters with them), query/key heads
+on ``kv_heads`` -- each key head serves a consecutive group of value heads, so splitting both by
+the TP size keeps every group on one device -- and the output projection row-parallel.
+Hugging Face's ``in_proj_qkv`` / ``conv1d`` hold q, k and v one after the other
+(``hf/param_map``). No context parallelism yet: the state would have to pass from shard to
+shard, which is refused at build rather than computed wrongly.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from titanax import errors
+from titanax.config import REQUIRED, Required
+from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
+from titanax.modules.initializers import FanAxes, Initializer
+from titanax.modules.layers.gated_delta_rule import DEFAULT_CHUNK_SIZE, chunked_gated_delta_rule
+from titanax.modules.layers.linear import Linear
+from titanax.modules.module import nowrap
+from titanax.parallel import collectives
+from titanax.parallel.axis_binding import HEADS, KV_HEADS, RESIDUAL_SEQUENCE, SEQUENCE
+from titanax.utils.dtypes import at_least_float32
+
+# L2 normalisation's epsilon on q and k (added to the squared norm, as the flash-linear-attention
+# kernels and transformers do).
+L2_NORM_EPS = 1e-6
+
+
+class GatedDeltaNet(BaseLayer):
+    """``[batch, seq, model_dim]`` in and out; see the module docstring."""
+
+    class Config(BaseLayer.Config):
+        # Width of the input and output (the residual stream).
+        model_dim: Required[int] = REQUIRED
+        # Query/key heads (HF linear_num_key_heads); must divide num_value_heads.
+        num_key_heads: Required[int] = REQUIRED
+        # Value heads (HF linear_num_value_heads): one recurrent state each.
+        num_value_heads: Required[int] = REQUIRED
+        # Width of each query/key head (HF linear_key_head_dim).
+        key_head_dim: Required[int] = REQUIRED
+        # Width of each value head (HF linear_value_head_dim).
+        value_head_dim: Required[int] = REQUIRED
+        # Taps of the causal depthwise convolution over q, k and v (HF linear_conv_kernel_dim).
+        conv_kernel_size: int = 4
+        # Epsilon of the gated output norm (HF rms_norm_eps).
+        norm_eps: float = 1e-6
+        # Tokens per chunk of the delta rule in training and prefill (memory O(S * chunk)).
+        chunk_size: int = DEFAULT_CHUNK_SIZE
+        # Initializer of the output projection's weight; None: the layer's param_init.
+        output_param_init: Optional[Initializer.Config] = None
+
+        def _validate_values(self):
+            for name in ("model_dim", "num_key_heads", "num_value_heads", "key_head_dim",
+                         "value_head_dim", "conv_kernel_size", "chunk_size"):
+                value = getattr(self, name)
+                if isinstance(value, int) and value < 1:
+                    yield name, f"must be >= 1, got {value}"
+            keys, values = self.num_key_heads, self.num_value_heads
+            if isinstance(keys, int) and isinstance(values, int) and keys > 0 and values % keys:
+                yield "num_key_heads", (f"must divide num_value_heads={values} (each key head "
+                                        "serves a whole group of value heads)")
+            if self.norm_eps <= 0:
+                yield "norm_eps", f"must be > 0, got {self.norm_eps}"
+
+    def __init__(self, cfg=None, *, parent=None, **fields):
+        super().__init__(cfg, parent=parent, **fields)
+        cfg = self.config
+        self._add_child("o", Linear.default_config().set(
+            input_dim=cfg.num_value_heads * cfg.value_head_dim, output_dim=cfg.model_dim,
+            bias=False, input_dim_name=HEADS, param_init=cfg.output_param_init))
+
+    def _create_layer_parameter_specs(self):
+        cfg = self.config
+        keys, values = cfg.num_key_heads, cfg.num_value_heads
+        d_k, d_v, taps = cfg.key_head_dim, cfg.value_head_dim, cfg.conv_kernel_size
+        fan = FanAxes(in_axes=(0,), out_axes=(1, 2))
+        specs = {}
+        for name, heads, width, axis in (("q", keys, d_k, KV_HEADS), ("k", keys, d_k, KV_HEADS),
+                                         ("v", values, d_v, HEADS), ("z", values, d_v, HEADS)):
+            specs[f"{name}_weight"] = ParameterSpec(
+                shape=(cfg.model_dim, heads, width), logical_axes=(None, axis, None),
+                fan_axes=fan)
+            if name != "z":  # Depthwise taps, oldest first (HF conv1d.weight[c, 0, :]).
+                specs[f"{name}_conv"] = ParameterSpec(
+                    shape=(taps, heads, width), logical_axes=(None, axis, None),
+                    fan_axes=FanAxes(in_axes=(0,), out_axes=()))
+        for name in ("a_weight", "b_weight"):
+            specs[name] = ParameterSpec(shape=(cfg.model_dim, values),
+                                        logical_axes=(None, HEADS),
+                                        fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))
+        specs["dt_bias"] = ParameterSpec(shape=(values,), logical_axes=(HEADS,),
+                                         initializer=constant(1.0), weight_decay_scale=0.0)
+        # log A (the decay rate's scale): A = 1 at the start of a run from scratch (HF draws A
+        # from U(0.01, 16); an imported model brings its own).
+        specs["a_log"] = ParameterSpec(shape=(values,), logical_axes=(HEADS,),
+                                       initializer=constant(0.0), weight_decay_scale=0.0)
+        specs["norm_scale"] = ParameterSpec(shape=(d_v,), initializer=constant(1.0),
+                                            weight_decay_scale=0.0)
+        return specs
+
+    def _own_implemented_dims(self):
+        return (SEQUENCE,)
+
+    @nowrap
+    def check_axis_binding(self, binding, *, path):
+        if binding.axis(SEQUENCE) is not None:
+            raise errors.PlanError(
+                "Gated DeltaNet's state runs through the whole sequence; splitting the sequence "
+                "over devices (context parallelism) is not supported for it yet",
+                path=path, suggestion="drop context_parallel from the plan for this model")
+        if (binding.axis(HEADS) is None) != (binding.axis(KV_HEADS) is None):
+            raise errors.PlanError(
+                "value heads and query/key heads must be split alike: each key head serves a "
+                "consecutive group of value heads on the same device",
+                path="plan.logical_axis_rules['kv_heads']",
+                suggestion="map heads and kv_heads to the same mesh axis (or both to None)")
+        super().check_axis_binding(binding, path=path)
+
+    def forward(self, x, positions=None, segment_ids=None):
+        """``x`` ``[batch, seq, model_dim]`` (seq-split under sequence parallelism);
+        ``positions`` unused (the recurrence is its own notion of order: accepted so the layer
+        stands where attention does); ``segment_ids`` ``[batch, seq]``: packed documents."""
+        del positions
+        binding = self.axis_binding
+        if binding.active(RESIDUAL_SEQUENCE) is not None:
+            x = collectives.all_gather(x, binding.active(RESIDUAL_SEQUENCE), axis_index=1)
+        q, k, v = (self._convolved(x, name, segment_ids) for name in ("q", "k", "v"))
+        q, k = _l2_normalised(q), _l2_normalised(k)
+        beta, g = self._gates(x)
+        out, _ = chunked_gated_delta_rule(q, k, v, g, beta, chunk_size=self.config.chunk_size,
+                                          segment_ids=segment_ids)
+        out = self._gated_norm(out, self._project(x, "z"))
+        return self.o(out.reshape(out.shape[:2] + (-1,)))
+
+    def _project(self, x, name):
+        return jnp.einsum("bsd,dhk->bshk", x, self.parameters[f"{name}_weight"].astype(x.dtype))
+
+    def _convolved(self, x, name, segment_ids):
+        """``silu`` of the causal depthwise convolution of ``name``'s projection: tap ``j``
+        (of ``K``) reads the token ``K - 1 - j`` places back, nothing before the row's start
+        or, packed, before the token's own document."""
+        y = self._project(x, name)
+        taps = self.parameters[f"{name}_conv"].astype(y.dtype)
+        size, length = taps.shape[0], y.shape[1]
+        total = jnp.zeros_like(y)
+        for j in range(size):
+            back = size - 1 - j
+            shifted = jnp.pad(y, [(0, 0), (back, 0), (0, 0), (0, 0)])[:, :length]
+            if segment_ids is not None and back:
+                same = segment_ids == jnp.pad(segment_ids, [(0, 0), (back, 0)],
+                                              constant_values=-1)[:, :length]
+                shifted = jnp.where(same[..., None, None], shifted, 0)
+            total = total + shifted * taps[j]
+        return jax.nn.silu(total)
+
+    def _gates(self, x):
+        """``beta = sigmoid(x W_b)`` and ``g = -exp(a_log) softplus(x W_a + dt_bias)``, per value
+        head, in float32 or wider."""
+        params = self.parameters
+        x32 = at_least_float32(x)
+        beta = jax.nn.sigmoid(x32 @ params["b_weight"].astype(x32.dtype))
+        a = x32 @ params["a_weight"].astype(x32.dtype) + params["dt_bias"].astype(x32.dtype)
+        return beta, -jnp.exp(params["a_log"].astype(x32.dtype)) * jax.nn.softplus(a)
+
+    def _gated_norm(self, out, gate):
+        """Each head's output RMS-normalised (statistics in float32 or wider), scaled, and
+        multiplied by ``silu(gate)`` (Qwen's RMSNormGated: norm before gate)."""
+        dtype = gate.dtype
+        out32 = at_least_float32(out)
+        normed = out32 * jax.lax.rsqrt(jnp.mean(jnp.square(out32), axis=-1, keepdims=True)
+                                       + self.config.norm_eps)
+        normed = self.parameters["norm_scale"].astype(dtype) * normed.astype(dtype)
+        return (normed * jax.nn.silu(at_least_float32(gate))).astype(dtype)
+
+
+def _l2_normalised(x):
+    x32 = at_least_float32(x)
+    return x32 * jax.lax.rsqrt(jnp.sum(jnp.square(x32), axis=-1, keepdims=True) + L2_NORM_EPS)
