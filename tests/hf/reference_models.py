@@ -60,6 +60,19 @@ def _mistral():
         sliding_window=5, initializer_range=0.3, tie_word_embeddings=False))
 
 
+def _qwen3_sliding():
+    """Qwen 3 with sliding (window 5) and full attention in turn over four layers: imported as
+    the layer pattern ("sliding", "full"), two repetitions (a pipeline of two stages cuts
+    between them)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    return Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        initializer_range=0.3, tie_word_embeddings=True, rope_theta=1000000.0,
+        use_sliding_window=True, sliding_window=5, max_window_layers=0,
+        layer_types=["sliding_attention", "full_attention"] * 2))
+
+
 def _qwen3_moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(
@@ -88,7 +101,7 @@ def _gpt2():
 
 BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwen2,
                                  "mistral": _mistral, "gpt2": _gpt2, "qwen3_moe": _qwen3_moe,
-                                 "mixtral": _mixtral}
+                                 "mixtral": _mixtral, "qwen3_sliding": _qwen3_sliding}
 
 
 @functools.lru_cache(maxsize=None)

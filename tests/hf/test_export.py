@@ -13,7 +13,7 @@ from titanax import errors
 from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
 
-KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral")
+KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding")
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_export_refuses_a_family_that_would_drop_a_part(root):
     with pytest.raises(errors.HFError, match="qwen3 and qwen3_moe have QK-norm"):
         hf_config_from_model(llama, model_type="qwen3")
     windowed = importer.model_config(ref.saved_model("mistral", root))
-    with pytest.raises(errors.HFError, match="only mistral and mixtral have a sliding window"):
+    with pytest.raises(errors.HFError, match="only mistral and mixtral have one sliding window"):
         hf_config_from_model(windowed, model_type="llama")
     with pytest.raises(errors.HFError, match="mixtral is a mixture of experts and the model"):
         hf_config_from_model(windowed, model_type="mixtral")
@@ -177,6 +177,13 @@ def test_export_refuses_a_family_that_would_drop_a_part(root):
     moe.moe.router.balance_rate = 0.01
     with pytest.raises(errors.HFError, match="aux-loss-free expert bias"):
         hf_config_from_model(moe)
+    # A layer pattern: only Qwen's layer_types name each layer's kind; no family has Gated
+    # DeltaNet layers yet, nor another RoPE base for the sliding layers.
+    alternating = importer.model_config(ref.saved_model("qwen3_sliding", root))
+    with pytest.raises(errors.HFError, match="only qwen2, qwen3 and qwen3_moe name each"):
+        hf_config_from_model(alternating, model_type="mistral")
+    with pytest.raises(errors.HFError, match="sliding_rope_theta"):
+        hf_config_from_model(alternating.clone(sliding_rope_theta=1e4))
     qwen3 = importer.model_config(ref.saved_model("qwen3", root)).set(attention_output_bias=True)
     with pytest.raises(errors.HFError, match="no Hugging Face family computes"):
         hf_config_from_model(qwen3)

@@ -10,7 +10,7 @@ from titanax.hf import importer
 from titanax.modules.module import functional
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
-KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral")
+KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,7 @@ def test_one_device_logits_equal_transformers(kind, root):
 
 @pytest.mark.parametrize("kind,data,model", [
     ("llama", 4, 2), ("qwen3", 4, 2), ("qwen2", 4, 2), ("mistral", 4, 2), ("gpt2", 4, 2),
+    ("qwen3_sliding", 4, 2),
     # TP=4 over 2 (llama, qwen3) and 1 (mistral) kv heads: kv kept whole on every rank.
     ("llama", 2, 4), ("qwen3", 2, 4), ("mistral", 2, 4)])
 def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):
@@ -43,7 +44,9 @@ def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):
     assert_close(np.asarray(logits), ref.hf_logits(directory, ids), bound=CROSS_FRAMEWORK,
                  what=f"{kind} logits on data={data} x model={model}")
     if kind != "gpt2":
-        kv = engine.layout.param_specs["decoder"]["layer"]["attn"]["k_weight"]
+        stack = engine.layout.param_specs["decoder"]["layer"]
+        block = stack.get("0", stack)  # (A layer pattern's first member.)
+        kv = block["attn"]["k_weight"]
         split = engine.model.num_kv_heads % model == 0
         assert ("model" in tuple(kv)) == split, kv
 

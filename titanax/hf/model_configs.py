@@ -181,15 +181,9 @@ def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
     qkv_bias = output_bias = False
     if model_type in ("mistral", "mixtral"):
         window = r.get("sliding_window")
+    pattern = None
     if model_type in ("qwen2", "qwen3", "qwen3_moe"):
-        r.expect("use_sliding_window", lambda v: not v, "Qwen's per-layer sliding window is not "
-                 "implemented", False)
-        r.get("sliding_window")  # Unused while use_sliding_window is false.
-        r.get("max_window_layers")
-        layer_types = r.get("layer_types")
-        if layer_types is not None and any(t != "full_attention" for t in layer_types):
-            raise _refuse("layer_types", sorted(set(layer_types)),
-                          "only full attention in every layer is implemented", where=r.where)
+        window, pattern = _qwen_layer_types(r, model_type)
     if model_type == "qwen2":
         qkv_bias = True
     elif model_type == "mixtral":
@@ -209,7 +203,44 @@ def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
         hidden_dim=r.required("intermediate_size"), norm_eps=float(r.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias, attention_output_bias=output_bias, mlp_bias=mlp_bias,
         qk_norm=model_type in ("qwen3", "qwen3_moe"), sliding_window=window,
-        tie_embeddings=bool(r.get("tie_word_embeddings", False)), **_rope(r))
+        layer_pattern=pattern, tie_embeddings=bool(r.get("tie_word_embeddings", False)),
+        **_rope(r))
+
+
+# HF layer_types -> Decoder layer_pattern kinds.
+HF_LAYER_KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
+
+
+def _qwen_layer_types(r: _Reader, model_type: str):
+    """``(sliding_window, layer_pattern)`` of a Qwen config as transformers reads it: without
+    ``use_sliding_window`` no layer slides; with it, the layers ``layer_types`` names
+    ``sliding_attention`` (by default those from ``max_window_layers`` on) attend within
+    ``sliding_window``. The pattern is the shortest group that repeats through the stack --
+    None when every layer is alike (all sliding: one window for every layer)."""
+    use = bool(r.get("use_sliding_window", False))
+    if model_type == "qwen3_moe":  # (Its modeling code slides every layer or none.)
+        r.expect("use_sliding_window", lambda v: not v, "Qwen 3 MoE's sliding window is not "
+                 "mapped", False)
+    if not use:
+        r.get("sliding_window")  # (Read, unused: no layer slides.)
+    window = r.required("sliding_window") if use else None
+    first_sliding = r.get("max_window_layers", 28)
+    layers = r.required("num_hidden_layers")
+    layer_types = r.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= first_sliding else "full_attention"
+        for i in range(layers)]
+    unknown = sorted(set(layer_types) - set(HF_LAYER_KINDS))
+    if unknown:
+        raise _refuse("layer_types", unknown, "Titanax maps full_attention and "
+                      "sliding_attention layers", where=r.where)
+    kinds = [HF_LAYER_KINDS[t] for t in layer_types]
+    if window is None or "sliding" not in kinds:
+        return None, None
+    if set(kinds) == {"sliding"}:
+        return window, None
+    period = next(p for p in range(1, len(kinds) + 1)
+                  if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))
+    return window, tuple(kinds[:period])
 
 
 def _moe(r: _Reader, model_type: str) -> MoE.Config:
@@ -319,12 +350,29 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
         problems.append(f"{model_type}'s attention_bias sets q/k/v and output biases together")
     if model_type in ("mistral", "mixtral") and (cfg.qkv_bias or cfg.attention_output_bias):
         problems.append(f"{model_type} has no attention biases")
-    if cfg.sliding_window is not None and model_type not in ("mistral", "mixtral"):
-        problems.append("only mistral and mixtral have a sliding window")
+    problems += _pattern_misfits(cfg, model_type)
     if cfg.mlp_bias and model_type != "llama":
         problems.append("only llama has MLP biases (mlp_bias)")
     if cfg.rope_scaling is not None and model_type != "llama":
         problems.append("llama3 rope scaling is written for llama only")
+    return problems
+
+
+def _pattern_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
+    """What of the layers' kinds and windows ``model_type`` would not compute."""
+    qwen = model_type in ("qwen2", "qwen3", "qwen3_moe")
+    if cfg.layer_pattern is None:
+        if cfg.sliding_window is not None and model_type not in ("mistral", "mixtral"):
+            return ["only mistral and mixtral have one sliding window for every layer"]
+        return []
+    problems = []
+    if not qwen:
+        problems.append("only qwen2, qwen3 and qwen3_moe name each layer's kind (layer_types)")
+    if set(cfg.layer_pattern) - set(HF_LAYER_KINDS.values()):
+        problems.append("no mapped family has Gated DeltaNet ('linear') layers")
+    if cfg.sliding_rope_theta is not None:
+        problems.append(f"{model_type} rotates every layer by one rope_theta "
+                        "(sliding_rope_theta is set)")
     return problems
 
 
@@ -334,7 +382,7 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
     gpt2 = gpt_config()
     switches = ("norm", "fused_qkv", "qkv_bias", "attention_output_bias", "mlp_bias",
                 "gated_mlp", "mlp_activation", "tie_embeddings", "moe", "qk_norm",
-                "sliding_window")
+                "sliding_window", "layer_pattern")
     misfits = [f"{name}={getattr(cfg, name)!r} (GPT-2: {getattr(gpt2, name)!r})"
                for name in switches if getattr(cfg, name) != getattr(gpt2, name)]
     # (Heads written out at their default values are GPT-2's too.)
@@ -355,6 +403,17 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
             "activation_function": "gelu_new", "resid_pdrop": cfg.dropout_rate,
             "embd_pdrop": cfg.dropout_rate, "attn_pdrop": cfg.attention_dropout_rate,
             "tie_word_embeddings": True, "scale_attn_weights": True}
+
+
+def _qwen_layer_types_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
+    """A Qwen config's sliding-window keys: every layer's type, from the layer pattern."""
+    if cfg.layer_pattern is None:
+        return {"use_sliding_window": False, "sliding_window": None}
+    names = {kind: name for name, kind in HF_LAYER_KINDS.items()}
+    return {"use_sliding_window": True, "sliding_window": cfg.sliding_window,
+            "max_window_layers": 0,
+            "layer_types": [names[k] for k in cfg.layer_pattern]
+                           * (cfg.num_layers // len(cfg.layer_pattern))}
 
 
 def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
@@ -393,9 +452,9 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
     if model_type == "llama":
         out.update(attention_bias=cfg.qkv_bias, mlp_bias=cfg.mlp_bias)
     if model_type in ("qwen3", "qwen3_moe"):
-        out.update(attention_bias=cfg.qkv_bias, use_sliding_window=False, sliding_window=None)
-    if model_type == "qwen2":
-        out.update(use_sliding_window=False, sliding_window=None)
+        out.update(attention_bias=cfg.qkv_bias)
+    if model_type in ("qwen2", "qwen3", "qwen3_moe"):
+        out.update(_qwen_layer_types_to_hf(cfg))
     if model_type in ("mistral", "mixtral"):
         out.update(sliding_window=cfg.sliding_window)
     moe = cfg.moe

@@ -110,9 +110,15 @@ class TensorMap:
     form: Form
     # Number of stacked layers (0: not stacked).
     layers: int = 0
+    # A member of a layer pattern's group (Decoder.Config.layer_pattern): slice g of the
+    # stacked param is the model's layer g * layer_stride + layer_offset.
+    layer_stride: int = 1
+    layer_offset: int = 0
 
     def names_for(self, layer: int) -> Tuple[str, ...]:
-        return tuple(n.format(i=layer) for n in self.hf_names)
+        """The HF tensors of slice ``layer`` of the stacked param."""
+        index = layer * self.layer_stride + self.layer_offset
+        return tuple(n.format(i=index) for n in self.hf_names)
 
 
 def tensor_maps(cfg: ConfigBase) -> List[TensorMap]:
@@ -154,7 +160,27 @@ def _gpt2(cfg: Decoder.Config) -> List[TensorMap]:
 
 
 def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
-    d, heads, layers = cfg.model_dim, cfg.num_heads, cfg.num_layers
+    maps = [TensorMap("token_emb/weight", ("model.embed_tokens.weight",),
+                      padded_rows(_padded(cfg), cfg.vocab_size))]
+    if not cfg.tie_embeddings:
+        maps.append(TensorMap("lm_head/weight", ("lm_head.weight",),
+                              padded_rows(_padded(cfg), cfg.vocab_size)))
+    pattern = cfg.layer_pattern
+    if pattern is None:
+        maps += _decoder_layers(cfg, prefix="decoder/layer/", layers=cfg.num_layers)
+    else:  # Member m of the group holds layers m, K + m, 2K + m, ... (layer_group.py).
+        for member in range(len(pattern)):
+            maps += _decoder_layers(cfg, prefix=f"decoder/layer/{member}/",
+                                    layers=cfg.num_layers // len(pattern),
+                                    stride=len(pattern), offset=member)
+    maps.append(TensorMap("final_norm/scale", ("model.norm.weight",), same()))
+    return maps
+
+
+def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: int = 1,
+                    offset: int = 0) -> List[TensorMap]:
+    """The maps of one stacked block's params (``prefix``: its path), ``layers`` deep."""
+    d, heads = cfg.model_dim, cfg.num_heads
     kv = cfg.num_kv_heads or heads
     head_dim = cfg.head_dim or d // heads
     hidden = cfg.hidden_dim or 4 * d
@@ -162,15 +188,10 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
 
     def layer(path, names, form):
         names = (names,) if isinstance(names, str) else names
-        return TensorMap(f"decoder/layer/{path}", tuple(pre + n for n in names), form,
-                         layers=layers)
+        return TensorMap(prefix + path, tuple(pre + n for n in names), form, layers=layers,
+                         layer_stride=stride, layer_offset=offset)
 
-    maps = [TensorMap("token_emb/weight", ("model.embed_tokens.weight",),
-                      padded_rows(_padded(cfg), cfg.vocab_size))]
-    if not cfg.tie_embeddings:
-        maps.append(TensorMap("lm_head/weight", ("lm_head.weight",),
-                              padded_rows(_padded(cfg), cfg.vocab_size)))
-    maps += [
+    maps = [
         layer("input_norm/scale", "input_layernorm.weight", same()),
         layer("attn/q_weight", "self_attn.q_proj.weight", transposed((d, heads, head_dim))),
         layer("attn/k_weight", "self_attn.k_proj.weight", transposed((d, kv, head_dim))),
@@ -198,7 +219,6 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
     if cfg.mlp_bias:
         maps += [layer("mlp/gate_up_bias", ("mlp.gate_proj.bias", "mlp.up_proj.bias"), stacked(2)),
                  layer("mlp/down/bias", "mlp.down_proj.bias", same())]
-    maps.append(TensorMap("final_norm/scale", ("model.norm.weight",), same()))
     return maps
 
 

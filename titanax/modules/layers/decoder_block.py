@@ -1,8 +1,8 @@
 """One layer of the decoder family: pre-norm attention, then a pre-norm feed-forward block.
 
 ``x + attn(input_norm(x))``, then ``x + mlp(post_attention_norm(x))`` -- Hugging Face's
-``input_layernorm`` / ``self_attn`` / ``post_attention_layernorm`` / ``mlp`` (GPT-2's ``ln_1`` /
-``attn`` / ``ln_2`` / ``mlp``). The norms are RMSNorm (Llama, Qwen, Mistral) or LayerNorm with a
+``input_layernorm`` / ``self_attn`` (or ``linear_attn``) / ``post_attention_layernorm`` /
+``mlp`` (GPT-2's ``ln_1`` / ``attn`` / ``ln_2`` / ``mlp``). The norms are RMSNorm (Llama, Qwen, Mistral) or LayerNorm with a
 bias (GPT-2); the feed-forward block a (gated) MLP or a mixture of experts (Mixtral, Qwen 3 MoE);
 each residual branch may end in dropout (GPT-2's resid_pdrop; training only).
 """
@@ -16,6 +16,7 @@ from titanax.parallel.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules.base_layer import BaseLayer
 from titanax.modules.layers.attention import Attention
 from titanax.modules.layers.dropout import Dropout
+from titanax.modules.layers.gated_deltanet import GatedDeltaNet
 from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.norm import LayerNorm, RMSNorm
@@ -29,8 +30,9 @@ class DecoderBlock(BaseLayer):
     class Config(BaseLayer.Config):
         # Residual-stream width.
         model_dim: Required[int] = REQUIRED
-        # The attention (its model_dim follows the block's).
-        attention: Attention.Config = Attention.default_config()
+        # The token mixer (its model_dim follows the block's): softmax attention, or Gated
+        # DeltaNet's linear attention (Qwen 3.5's "linear_attention" layers).
+        attention: Union[Attention.Config, GatedDeltaNet.Config] = Attention.default_config()
         # The feed-forward block, dense or a mixture of experts (its model_dim follows the
         # block's).
         mlp: Union[MLP.Config, MoE.Config] = MLP.default_config()

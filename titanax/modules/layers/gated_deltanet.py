@@ -49,8 +49,9 @@ class GatedDeltaNet(BaseLayer):
     """``[batch, seq, model_dim]`` in and out; see the module docstring."""
 
     class Config(BaseLayer.Config):
-        # Width of the input and output (the residual stream).
-        model_dim: Required[int] = REQUIRED
+        # Width of the input and output (the residual stream; inside a Decoder: the model's,
+        # which sets it).
+        model_dim: Optional[int] = None
         # Query/key heads (HF linear_num_key_heads); must divide num_value_heads.
         num_key_heads: Required[int] = REQUIRED
         # Value heads (HF linear_num_value_heads): one recurrent state each.
@@ -84,6 +85,9 @@ class GatedDeltaNet(BaseLayer):
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
+        if cfg.model_dim is None:
+            raise errors.ConfigError("the residual width is not set", path="model_dim",
+                                     suggestion="set model_dim (a Decoder sets the model's)")
         self._add_child("o", Linear.default_config().set(
             input_dim=cfg.num_value_heads * cfg.value_head_dim, output_dim=cfg.model_dim,
             bias=False, input_dim_name=HEADS, param_init=cfg.output_param_init))

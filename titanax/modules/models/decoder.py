@@ -33,6 +33,7 @@ from typing import Dict, Literal, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
+from titanax import errors
 from titanax.modules import sampling
 from titanax.parallel.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUENCE
 from titanax.modules.initializers import Normal
@@ -43,6 +44,8 @@ from titanax.modules.layers.attention import (Attention, check_implementation,
 from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.embedding import Embedding, VocabParallelEmbedding
+from titanax.modules.layers.gated_deltanet import GatedDeltaNet
+from titanax.modules.layers.layer_group import LayerGroup
 from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE, check_moe_binding
 from titanax.modules.layers.norm import LayerNorm, RMSNorm
@@ -139,6 +142,20 @@ class Decoder(CausalLanguageModel):
         # Trace the blocks one after another instead of a lax.scan over them; None: unrolled up
         # to 12 layers, scanned beyond (see Repeat.Config.unroll).
         unroll_layers: Optional[bool] = None
+        # The kinds of one repeating group of layers, in order: "full" (attention over every
+        # earlier position), "sliding" (attention within sliding_window) or "linear" (Gated
+        # DeltaNet, linear_attention). Gemma 3: 5 x "sliding" then "full"; gpt-oss: "sliding",
+        # "full"; Qwen 3.5: 3 x "linear" then "full". The stack repeats the group num_layers /
+        # len(pattern) times (layer g * len + i is member i of repetition g: param path
+        # decoder/layer/{i}/..., modules/layers/layer_group.py). None: every layer alike (full,
+        # or sliding where sliding_window is set), param path decoder/layer/...
+        layer_pattern: Optional[Sequence[Literal["full", "sliding", "linear"]]] = None
+        # RoPE base of the pattern's "sliding" layers (Gemma 3: 10000, its full layers'
+        # rope_theta 1000000); None: rope_theta.
+        sliding_rope_theta: Optional[float] = None
+        # The Gated DeltaNet of the pattern's "linear" layers (its model_dim follows the
+        # model's).
+        linear_attention: Optional[GatedDeltaNet.Config] = None
 
         def _validate_values(self):
             yield from super()._validate_values()
@@ -182,6 +199,7 @@ class Decoder(CausalLanguageModel):
                 yield "attention_implementation", message
             if self.attention_block_size < 1:
                 yield "attention_block_size", f"must be >= 1, got {self.attention_block_size}"
+            yield from _pattern_problems(self)
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
@@ -218,8 +236,13 @@ class Decoder(CausalLanguageModel):
         block = DecoderBlock.default_config().set(
             model_dim=cfg.model_dim, attention=attention, mlp=mlp, norm=cfg.norm,
             norm_eps=cfg.norm_eps, dropout_rate=cfg.dropout_rate)
+        layer, repetitions = block, cfg.num_layers
+        if cfg.layer_pattern is not None:
+            layer = LayerGroup.default_config().set(layers=[
+                _block_of_kind(cfg, block, kind, output_init) for kind in cfg.layer_pattern])
+            repetitions = cfg.num_layers // len(cfg.layer_pattern)
         self._add_child("decoder", Repeat.default_config().set(
-            layer=block, num_layers=cfg.num_layers, layer_remat_policy=cfg.layer_remat_policy,
+            layer=layer, num_layers=repetitions, layer_remat_policy=cfg.layer_remat_policy,
             unroll=cfg.unroll_layers))
         norm = LayerNorm if cfg.norm == "layer" else RMSNorm
         self._add_child("final_norm", norm.default_config().set(input_dim=cfg.model_dim,
@@ -353,13 +376,30 @@ class Decoder(CausalLanguageModel):
         return self._sample_until_ended(step, first, cache, max_new_tokens=max_new_tokens,
                                         end_ids=end_ids, agree_over=agree_over)
 
-    def _empty_cache(self, *, batch: int, length: int) -> Tuple[jax.Array, jax.Array]:
-        """Every layer's key and value cache of ``length`` positions, zeros."""
+    def _empty_cache(self, *, batch: int, length: int):
+        """Every layer's key and value cache of ``length`` positions, zeros: ``(k, v)`` stacked
+        over the layers, or with a layer pattern one such pair per member of the group, stacked
+        over its repetitions."""
         table = self.parameters["token_emb"]["weight"]
-        shape = self.decoder.layer.attn.cache_shape(
-            self.parameters["decoder"]["layer"]["attn"], layers=self.config.num_layers,
-            batch=batch, length=length)
-        return jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype)
+        params = self.parameters["decoder"]["layer"]
+        repetitions = self.decoder.config.num_layers
+
+        def cache(block, block_params):
+            if not isinstance(block.attn, Attention):
+                raise errors.ModuleError(
+                    "generation over Gated DeltaNet ('linear') layers is not supported yet: "
+                    "their cache is a recurrent state, not keys and values",
+                    path="model.layer_pattern",
+                    suggestion="train and evaluate by log-likelihood; generate with a model "
+                               "whose layers all attend")
+            shape = block.attn.cache_shape(block_params["attn"], layers=repetitions,
+                                           batch=batch, length=length)
+            return jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype)
+
+        if isinstance(self.decoder.layer, LayerGroup):
+            return tuple(cache(member, params[str(i)])
+                         for i, member in enumerate(self.decoder.layer.members))
+        return cache(self.decoder.layer, params)
 
     def _sample_until_ended(self, step, first, cache, *, max_new_tokens: int,
                             end_ids: Sequence[int], agree_over: Sequence[str]):
@@ -396,6 +436,47 @@ class Decoder(CausalLanguageModel):
         return {"tokens": jnp.where(unused, ends[0], tokens),
                 "logps": jnp.where(unused, 0.0, logps),
                 "entropy": jnp.where(unused, 0.0, entropy)}
+
+
+def _pattern_problems(cfg):
+    """``layer_pattern``'s agreement with the fields its kinds read (Config validation)."""
+    pattern = cfg.layer_pattern
+    if pattern is None:
+        return
+    if not pattern:
+        yield "layer_pattern", "needs at least one kind (or None: every layer alike)"
+        return
+    unknown = sorted(set(pattern) - set(LAYER_KINDS))
+    if unknown:
+        yield "layer_pattern", f"unknown kind(s) {unknown}; each one of {list(LAYER_KINDS)}"
+    if cfg.num_layers >= 1 and cfg.num_layers % len(pattern):
+        yield "num_layers", (f"must be a multiple of the layer pattern's length {len(pattern)} "
+                             f"(the stack repeats the pattern), got {cfg.num_layers}")
+    if "sliding" in pattern and cfg.sliding_window is None:
+        yield "sliding_window", "the layer pattern has sliding layers: give their window"
+    if cfg.sliding_window is not None and "sliding" not in pattern:
+        yield "sliding_window", ("with a layer pattern it is the window of its 'sliding' "
+                                 "layers, and the pattern has none")
+    if "linear" in pattern and cfg.linear_attention is None:
+        yield "linear_attention", "the layer pattern has linear layers: configure their Gated DeltaNet"
+    if cfg.sliding_rope_theta is not None and cfg.sliding_rope_theta <= 0:
+        yield "sliding_rope_theta", f"must be > 0, got {cfg.sliding_rope_theta}"
+
+
+# The kinds a layer pattern names (Decoder.Config.layer_pattern).
+LAYER_KINDS = ("full", "sliding", "linear")
+
+
+def _block_of_kind(cfg, block, kind, output_init):
+    """The decoder block of one ``layer_pattern`` kind: ``block`` with its mixer changed."""
+    attention = block.attention
+    if kind == "full":
+        return block.clone(attention=attention.clone(sliding_window=None))
+    if kind == "sliding":
+        return block.clone(attention=attention.clone(
+            sliding_window=cfg.sliding_window,
+            rope_theta=cfg.sliding_rope_theta or cfg.rope_theta))
+    return block.clone(attention=cfg.linear_attention.clone(output_param_init=output_init))
 
 
 def gpt_config(**overrides) -> Decoder.Config:

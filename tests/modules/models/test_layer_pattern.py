@@ -1,0 +1,149 @@
+"""Stacks whose layers differ (``Decoder.Config.layer_pattern``): a pattern of alike layers is the
+plain stack; windows on other layers than transformers' Qwen 3 slides give other logits;
+a Qwen 3.5-like stack of Gated DeltaNet and attention layers trains alike under data, tensor and
+pipeline parallelism; greedy generation over a pattern is the forward pass's argmax, token by
+token; and what a pattern cannot do yet is refused by name."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from titanax import errors
+from titanax.hf import importer
+from titanax.modules.layers.gated_deltanet import GatedDeltaNet
+from titanax.modules.models.decoder import Decoder
+from titanax.modules.module import functional
+from titanax.parallel.plan import DP, PP, TP, Plan
+from tests.hf import reference_models as ref
+from tests.numerics import assert_close
+from tests.train import helpers
+
+SMALL = dict(name="d", vocab_size=64, max_seq_len=32, model_dim=32, num_heads=4, num_kv_heads=2,
+             hidden_dim=48)
+
+
+def grouped(plain_stack, size):
+    """Plain stacked params ``[L, ...]`` as a pattern of ``size``: member ``i`` holds layers
+    ``i, size + i, ...`` (layer ``g * size + i`` is member ``i`` of repetition ``g``)."""
+    return {str(i): jax.tree_util.tree_map(lambda a, i=i: np.asarray(a)[i::size], plain_stack)
+            for i in range(size)}
+
+
+def _loss(cfg, params, ids):
+    return functional(cfg.instantiate(), None, params, ({"input_ids": ids, "target_ids": ids},),
+                      is_training=False)[0][0]
+
+
+@pytest.mark.parametrize("kind,window", [("full", None), ("sliding", 3)])
+def test_a_pattern_of_alike_layers_is_the_plain_stack(kind, window, float64_numerics):
+    """Four layers as a pattern of two alike kinds, params regrouped: the plain stack's loss
+    (sliding with a window of 3 over 12 tokens: every layer windowed as Mistral's)."""
+    del float64_numerics
+    plain = Decoder.default_config().set(num_layers=4, sliding_window=window, **SMALL)
+    model = plain.instantiate()
+    params = jax.tree_util.tree_map(np.asarray, model.initialize_parameters_recursively(
+        jax.random.PRNGKey(0)))
+    pattern = plain.clone(layer_pattern=(kind, kind))
+    regrouped = {**params, "decoder": {"layer": grouped(params["decoder"]["layer"], 2)}}
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 12)))
+    assert_close(_loss(pattern, regrouped, ids), _loss(plain, params, ids), what="loss")
+
+
+def test_windows_on_other_layers_than_transformers_slides_give_other_logits(tmp_path):
+    """The imported pattern equals transformers' logits (tests/hf/test_import.py); the same
+    weights with the kinds swapped -- or no window at all -- do not: the check sees where the
+    windows are."""
+    directory = ref.saved_model("qwen3_sliding", tmp_path)
+    imported = importer.model_config(directory)
+    assert imported.layer_pattern == ("sliding", "full") and imported.sliding_window == 5
+    params = importer.params_as_numpy(directory, imported)
+    ids = ref.token_ids()
+    expected = ref.hf_logits(directory, ids)
+    for cfg in (imported, imported.clone(layer_pattern=("full", "sliding")),
+                imported.clone(layer_pattern=("full", "full"), sliding_window=None)):
+        logits, _ = functional(cfg.instantiate(), None, params, (ids,), method="logits",
+                               is_training=False)
+        matches = np.allclose(np.asarray(logits), expected, atol=1e-3 * np.abs(expected).max())
+        assert matches == (cfg is imported), cfg.layer_pattern
+
+
+def _qwen35_like(**changes):
+    """Three Gated DeltaNet layers then a full attention, twice."""
+    linear = GatedDeltaNet.default_config().set(num_key_heads=2, num_value_heads=4,
+                                                key_head_dim=8, value_head_dim=8, chunk_size=8)
+    return Decoder.default_config().set(
+        num_layers=8, layer_pattern=("linear", "linear", "linear", "full"),
+        linear_attention=linear, **{**SMALL, "max_seq_len": 16, **changes})
+
+
+def _engine(mesh_shape, axes, plan, **model_changes):
+    cfg = helpers.gpt_engine(data=1, learner=helpers.sgd(0.5)).config.clone()
+    cfg.model = _qwen35_like(vocab_size=256, **model_changes)  # (text_batches: bytes.)
+    cfg.mesh = helpers.mesh(mesh_shape, axes, devices=list(range(int(np.prod(mesh_shape)))))
+    cfg.plan = plan
+    return cfg.instantiate()
+
+
+def test_a_stack_of_linear_and_full_attention_trains_alike_on_every_layout():
+    """Three SGD steps of the Qwen 3.5-like stack on one device, on data 4 x TP 2 (key and value
+    heads split) and on data 4 x pipe 2 (the stack cut between its two repetitions): the same
+    losses and params, and the loss falls."""
+    batches = helpers.text_batches(batch_size=8, seq_len=16, count=3)
+    runs = {
+        "one device": _engine((1,), ("data",), Plan.default_config().set(
+            data_parallel=DP.default_config())),
+        "dp4 x tp2": _engine((4, 2), ("data", "model"), Plan.default_config().set(
+            data_parallel=DP.default_config(), tensor_parallel=TP.default_config())),
+        "dp4 x pp2": _engine((4, 2), ("data", "pipe"), Plan.default_config().set(
+            data_parallel=DP.default_config(),
+            pipeline_parallel=PP.default_config().set(microbatch_size=1))),
+    }
+    results = {name: helpers.train(engine, batches) for name, engine in runs.items()}
+    want_losses, want_params = results["one device"]
+    assert want_losses[-1] < want_losses[0], want_losses
+    for name in ("dp4 x tp2", "dp4 x pp2"):
+        losses, params = results[name]
+        assert_close(losses, want_losses, what=f"{name} losses")
+        assert_close(params, want_params, what=f"{name} params")
+
+
+def test_greedy_generation_over_a_pattern_is_the_forwards_argmax():
+    """Sliding and full attention in turn: each greedy token is the argmax of the full forward
+    pass over the prompt and the tokens before it (no cache: an independent computation)."""
+    cfg = Decoder.default_config().set(num_layers=4, layer_pattern=("sliding", "full"),
+                                       sliding_window=3, **SMALL)
+    model = cfg.instantiate()
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(1))
+    prompt = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 5)))
+    tokens, _ = functional(model, None, params, {"prompt_ids": prompt, "key": None,
+                                                 "max_new_tokens": 6},
+                           method="generate", is_training=False)
+    sequence = prompt
+    for step in range(6):
+        logits, _ = functional(model, None, params, (sequence,), method="logits",
+                               is_training=False)
+        following = jnp.argmax(logits[:, -1], axis=-1)
+        np.testing.assert_array_equal(np.asarray(tokens[:, step]), np.asarray(following))
+        sequence = jnp.concatenate([sequence, following[:, None]], axis=1)
+
+
+def test_what_a_pattern_cannot_do_yet_is_refused_by_name():
+    with pytest.raises(errors.ConfigValidationError, match="num_layers"):
+        Decoder.default_config().set(num_layers=6, layer_pattern=("sliding", "full", "full", "full"),
+                                     sliding_window=3, **SMALL).instantiate()
+    with pytest.raises(errors.ConfigValidationError, match="sliding_window"):
+        Decoder.default_config().set(num_layers=4, layer_pattern=("sliding", "full"),
+                                     **SMALL).instantiate()
+    with pytest.raises(errors.ConfigValidationError, match="linear_attention"):
+        Decoder.default_config().set(num_layers=4, layer_pattern=("linear", "full"),
+                                     **SMALL).instantiate()
+    model = _qwen35_like().instantiate()
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    with pytest.raises(errors.ModuleError, match="layer_pattern"):
+        functional(model, None, params, {"prompt_ids": jnp.zeros((1, 4), jnp.int32),
+                                         "key": None, "max_new_tokens": 2},
+                   method="generate", is_training=False)
+    from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
+    with pytest.raises(errors.HFError, match="Gated DeltaNet"):
+        hf_config_from_model(_qwen35_like())
