@@ -1,8 +1,9 @@
 """Stacks whose layers differ (``Decoder.Config.layer_pattern``): a pattern of alike layers is the
 plain stack; windows on other layers than transformers' Qwen 3 slides give other logits;
 a Qwen 3.5-like stack of Gated DeltaNet and attention layers trains alike under data, tensor and
-pipeline parallelism; greedy generation over a pattern is the forward pass's argmax, token by
-token; and what a pattern cannot do yet is refused by name."""
+pipeline parallelism; greedy generation over a pattern (Gated DeltaNet's state and window
+cached) is the forward pass's argmax, token by token; and what a pattern cannot do yet is
+refused by name."""
 
 import jax
 import jax.numpy as jnp
@@ -108,24 +109,42 @@ def test_a_stack_of_linear_and_full_attention_trains_alike_on_every_layout():
         assert_close(params, want_params, what=f"{name} params")
 
 
-def test_greedy_generation_over_a_pattern_is_the_forwards_argmax():
-    """Sliding and full attention in turn: each greedy token is the argmax of the full forward
-    pass over the prompt and the tokens before it (no cache: an independent computation)."""
-    cfg = Decoder.default_config().set(num_layers=4, layer_pattern=("sliding", "full"),
-                                       sliding_window=3, **SMALL)
-    model = cfg.instantiate()
-    params = model.initialize_parameters_recursively(jax.random.PRNGKey(1))
-    prompt = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 5)))
-    tokens, _ = functional(model, None, params, {"prompt_ids": prompt, "key": None,
-                                                 "max_new_tokens": 6},
-                           method="generate", is_training=False)
-    sequence = prompt
-    for step in range(6):
+def _greedy_by_forward(model, params, prompt, steps):
+    """Greedy tokens by the whole forward pass over the growing sequence: no cache."""
+    sequence, tokens = prompt, []
+    for _ in range(steps):
         logits, _ = functional(model, None, params, (sequence,), method="logits",
                                is_training=False)
-        following = jnp.argmax(logits[:, -1], axis=-1)
-        np.testing.assert_array_equal(np.asarray(tokens[:, step]), np.asarray(following))
-        sequence = jnp.concatenate([sequence, following[:, None]], axis=1)
+        tokens.append(jnp.argmax(logits[:, -1], axis=-1))
+        sequence = jnp.concatenate([sequence, tokens[-1][:, None]], axis=1)
+    return np.stack([np.asarray(t) for t in tokens], axis=1)
+
+
+@pytest.mark.parametrize("pattern", ["sliding-full", "linear-x3-full"])
+def test_greedy_generation_over_a_pattern_is_the_forwards_argmax(pattern):
+    """Each greedy token -- from a key/value cache per attention member, a convolution window
+    and recurrent state per Gated DeltaNet member -- is the argmax of the whole forward pass
+    over the prompt and the tokens before it (an independent computation); and prompts
+    left-padded to one length generate what each does alone."""
+    cfg = (Decoder.default_config().set(num_layers=4, layer_pattern=("sliding", "full"),
+                                        sliding_window=3, **SMALL)
+           if pattern == "sliding-full" else _qwen35_like(max_seq_len=32))
+    model = cfg.instantiate()
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(1))
+    prompt = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 9)))
+
+    def generate(prompt_ids, **options):
+        tokens, _ = functional(model, None, params, {"prompt_ids": prompt_ids, "key": None,
+                                                     "max_new_tokens": 6, **options},
+                               method="generate", is_training=False)
+        return np.asarray(tokens)
+
+    np.testing.assert_array_equal(generate(prompt), _greedy_by_forward(model, params, prompt, 6))
+    short = prompt[1:, 4:]  # Row 1's last 5 tokens, alone and left-padded beside row 0.
+    padded = jnp.concatenate([prompt[:1], jnp.pad(short, [(0, 0), (4, 0)])], axis=0)
+    together = generate(padded, prompt_lengths=jnp.asarray([9, 5]))
+    np.testing.assert_array_equal(together[1], generate(short)[0])
+    np.testing.assert_array_equal(together[0], generate(prompt[:1])[0])
 
 
 def test_what_a_pattern_cannot_do_yet_is_refused_by_name():
@@ -138,12 +157,6 @@ def test_what_a_pattern_cannot_do_yet_is_refused_by_name():
     with pytest.raises(errors.ConfigValidationError, match="linear_attention"):
         Decoder.default_config().set(num_layers=4, layer_pattern=("linear", "full"),
                                      **SMALL).instantiate()
-    model = _qwen35_like().instantiate()
-    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
-    with pytest.raises(errors.ModuleError, match="layer_pattern"):
-        functional(model, None, params, {"prompt_ids": jnp.zeros((1, 4), jnp.int32),
-                                         "key": None, "max_new_tokens": 2},
-                   method="generate", is_training=False)
     from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
     with pytest.raises(errors.HFError, match="Gated DeltaNet"):
         hf_config_from_model(_qwen35_like())

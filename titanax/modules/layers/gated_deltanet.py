@@ -24,6 +24,7 @@ shard, which is refused at build rather than computed wrongly.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -33,12 +34,13 @@ from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
-from titanax.modules.layers.gated_delta_rule import DEFAULT_CHUNK_SIZE, chunked_gated_delta_rule
+from titanax.modules.layers.gated_delta_rule import (DEFAULT_CHUNK_SIZE, chunked_gated_delta_rule,
+                                                     recurrent_gated_delta_rule)
 from titanax.modules.layers.linear import Linear
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
 from titanax.parallel.axis_binding import HEADS, KV_HEADS, RESIDUAL_SEQUENCE, SEQUENCE
-from titanax.utils.dtypes import at_least_float32
+from titanax.utils.dtypes import at_least_float32, wide_float
 
 # L2 normalisation's epsilon on q and k (added to the squared norm, as the flash-linear-attention
 # kernels and transformers do).
@@ -154,6 +156,58 @@ class GatedDeltaNet(BaseLayer):
                                           segment_ids=segment_ids)
         out = self._gated_norm(out, self._project(x, "z"))
         return self.o(out.reshape(out.shape[:2] + (-1,)))
+
+    @nowrap
+    def empty_cache(self, stacked_params, *, layers: int, batch: int, dtype):
+        """Zeros of ``layers`` stacked caches (``stacked_params``: this device's shards): per
+        layer the last ``conv_kernel_size - 1`` projected q, k and v (the convolution's window,
+        ``[batch, K - 1, local heads, width]`` each) and the rule's state ``[batch, local value
+        heads, d_k, d_v]`` in float32 or wider -- the same size at every position: no cache
+        grows with the sequence."""
+        window = self.config.conv_kernel_size - 1
+        conv = tuple(jnp.zeros((layers, batch, window) + tuple(
+            stacked_params[f"{name}_weight"].shape[-2:]), dtype) for name in ("q", "k", "v"))
+        heads, d_v = stacked_params["v_weight"].shape[-2:]
+        d_k = stacked_params["k_weight"].shape[-1]
+        state = jnp.zeros((layers, batch, heads, d_k, d_v), wide_float(dtype))
+        return (*conv, state)
+
+    def decode(self, x, cache, *, start, offsets=None):
+        """The layer over tokens at positions ``start ..`` (``x`` ``[batch, t, model_dim]``)
+        continuing from ``cache`` (``empty_cache``'s per-layer form): a prompt's prefill runs the
+        chunked rule from the cached state, each later token one recurrent step. ``offsets``
+        ``[batch]``: left-padded prompts -- a row's first ``offsets[i]`` positions are padding,
+        which enters neither the convolution's window nor the state (no decay, no write).
+        Returns ``(output, cache)``."""
+        length = x.shape[1]
+        padding = None
+        if offsets is not None:
+            padding = (start + jnp.arange(length))[None, :] < offsets[:, None]
+        history, state = cache[:3], cache[3]
+        convolved, windows = zip(*(self._convolved_after(x, name, window, padding)
+                                   for name, window in zip(("q", "k", "v"), history)))
+        q, k, v = convolved
+        q, k = _l2_normalised(q), _l2_normalised(k)
+        beta, g = self._gates(x)
+        if padding is not None:
+            beta, g = (jnp.where(padding[..., None], 0.0, a) for a in (beta, g))
+        rule = (recurrent_gated_delta_rule if length == 1 else functools.partial(
+            chunked_gated_delta_rule, chunk_size=self.config.chunk_size))
+        out, state = rule(q, k, v, g, beta, initial_state=state)
+        out = self._gated_norm(out, self._project(x, "z"))
+        return self.o(out.reshape(out.shape[:2] + (-1,))), (*windows, state.astype(cache[3].dtype))
+
+    def _convolved_after(self, x, name, window, padding):
+        """``_convolved`` of tokens that follow ``window`` (the last ``K - 1`` projections
+        before them); returns ``(outputs, the new window)``."""
+        y = self._project(x, name)
+        if padding is not None:
+            y = jnp.where(padding[..., None, None], 0, y)
+        extended = jnp.concatenate([window.astype(y.dtype), y], axis=1)
+        taps = self.parameters[f"{name}_conv"].astype(y.dtype)
+        length = y.shape[1]
+        total = sum(extended[:, j:j + length] * taps[j] for j in range(taps.shape[0]))
+        return jax.nn.silu(total), extended[:, -window.shape[1]:].astype(window.dtype)
 
     def _project(self, x, name):
         return jnp.einsum("bsd,dhk->bshk", x, self.parameters[f"{name}_weight"].astype(x.dtype))

@@ -33,7 +33,6 @@ from typing import Dict, Literal, Optional, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 
-from titanax import errors
 from titanax.modules import sampling
 from titanax.parallel.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUENCE
 from titanax.modules.initializers import Normal
@@ -377,21 +376,17 @@ class Decoder(CausalLanguageModel):
                                         end_ids=end_ids, agree_over=agree_over)
 
     def _empty_cache(self, *, batch: int, length: int):
-        """Every layer's key and value cache of ``length`` positions, zeros: ``(k, v)`` stacked
-        over the layers, or with a layer pattern one such pair per member of the group, stacked
-        over its repetitions."""
+        """Every layer's cache, zeros: ``(k, v)`` of ``length`` positions stacked over the layers,
+        or with a layer pattern one cache per member of the group, stacked over its repetitions
+        (a Gated DeltaNet's: its convolution window and state, ``GatedDeltaNet.empty_cache``)."""
         table = self.parameters["token_emb"]["weight"]
         params = self.parameters["decoder"]["layer"]
         repetitions = self.decoder.config.num_layers
 
         def cache(block, block_params):
-            if not isinstance(block.attn, Attention):
-                raise errors.ModuleError(
-                    "generation over Gated DeltaNet ('linear') layers is not supported yet: "
-                    "their cache is a recurrent state, not keys and values",
-                    path="model.layer_pattern",
-                    suggestion="train and evaluate by log-likelihood; generate with a model "
-                               "whose layers all attend")
+            if isinstance(block.attn, GatedDeltaNet):  # (A convolution window and a state.)
+                return block.attn.empty_cache(block_params["attn"], layers=repetitions,
+                                              batch=batch, dtype=table.dtype)
             shape = block.attn.cache_shape(block_params["attn"], layers=repetitions,
                                            batch=batch, length=length)
             return jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype)
