@@ -337,7 +337,8 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     problems: List[str] = moe_misfits(cfg, model_type)
     # The family's GPT-2 switches, which no RoPE family computes.
     for name, want in (("norm", "rms"), ("mlp_activation", "silu"), ("gated_mlp", True),
-                       ("fused_qkv", False)):
+                       ("fused_qkv", False), ("norm_zero_centered", False),
+                       ("attention_output_gate", False), ("rotary_fraction", 1.0)):
         if getattr(cfg, name) != want:
             problems.append(f"{model_type} has {name}={want!r} (this model: "
                             f"{getattr(cfg, name)!r})")
@@ -382,7 +383,8 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
     gpt2 = gpt_config()
     switches = ("norm", "fused_qkv", "qkv_bias", "attention_output_bias", "mlp_bias",
                 "gated_mlp", "mlp_activation", "tie_embeddings", "moe", "qk_norm",
-                "sliding_window", "layer_pattern")
+                "sliding_window", "layer_pattern", "norm_zero_centered",
+                "attention_output_gate", "rotary_fraction")
     misfits = [f"{name}={getattr(cfg, name)!r} (GPT-2: {getattr(gpt2, name)!r})"
                for name in switches if getattr(cfg, name) != getattr(gpt2, name)]
     # (Heads written out at their default values are GPT-2's too.)

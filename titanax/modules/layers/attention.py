@@ -93,6 +93,14 @@ class Attention(BaseLayer):
         qk_norm: bool = False
         # Epsilon of the QK-norm.
         norm_eps: float = 1e-6
+        # The QK-norm's scale is 1 + its param (RMSNorm.Config.zero_centered: Qwen 3.5, Gemma).
+        norm_zero_centered: bool = False
+        # The part of each head RoPE rotates, from its first feature (Qwen 3.5: 0.25, HF
+        # partial_rotary_factor); the rest carries no position.
+        rotary_fraction: float = 1.0
+        # A second query-sized projection whose sigmoid gates each head's output before the
+        # output projection (Qwen 3.5's gated attention: HF q_proj of 2 x heads x head_dim).
+        output_gate: bool = False
         # Attend only to the last this many positions (the position itself included); None:
         # every earlier position (Mistral's sliding_window).
         sliding_window: Optional[int] = None
@@ -134,6 +142,14 @@ class Attention(BaseLayer):
                 yield "sliding_window", f"must be >= 1 (or None), got {self.sliding_window}"
             if self.rope_theta <= 0:
                 yield "rope_theta", f"must be > 0, got {self.rope_theta}"
+            if self.rotary and not (0.0 < self.rotary_fraction <= 1.0
+                                    and int(width * self.rotary_fraction) % 2 == 0
+                                    and int(width * self.rotary_fraction) >= 2):
+                yield "rotary_fraction", (f"must rotate an even number of a head's {width} "
+                                          f"features, at least 2: got {self.rotary_fraction}")
+            if self.output_gate and (self.qkv_bias or self.fused_qkv):
+                yield "output_gate", ("gates the heads of separate q/k/v projections without "
+                                      "biases (Qwen 3.5's): not with qkv_bias or fused_qkv")
             if not 0.0 <= self.attention_dropout_rate < 1.0:
                 yield "attention_dropout_rate", (f"must be in [0, 1), got "
                                                  f"{self.attention_dropout_rate}")
@@ -153,12 +169,14 @@ class Attention(BaseLayer):
             rate=cfg.attention_dropout_rate, split_dims=(HEADS,)))
         if cfg.qk_norm:
             for name in ("q_norm", "k_norm"):
-                self._add_child(name, RMSNorm.default_config().set(input_dim=self.head_dim,
-                                                                   eps=cfg.norm_eps))
+                self._add_child(name, RMSNorm.default_config().set(
+                    input_dim=self.head_dim, eps=cfg.norm_eps,
+                    zero_centered=cfg.norm_zero_centered))
         self._inv_freq = None
         if cfg.rotary:
             scaling = cfg.rope_scaling.instantiate() if cfg.rope_scaling is not None else None
-            self._inv_freq = rotary.inverse_frequencies(self.head_dim, cfg.rope_theta, scaling)
+            self._inv_freq = rotary.inverse_frequencies(
+                int(self.head_dim * cfg.rotary_fraction), cfg.rope_theta, scaling)
 
     @property
     def head_dim(self) -> int:
@@ -183,6 +201,9 @@ class Attention(BaseLayer):
         fan = FanAxes(in_axes=(0,), out_axes=(1, 2))
         specs = {"q_weight": ParameterSpec(shape=(cfg.model_dim, heads, width),
                                            logical_axes=(None, HEADS, None), fan_axes=fan)}
+        if cfg.output_gate:
+            specs["gate_weight"] = ParameterSpec(shape=(cfg.model_dim, heads, width),
+                                                 logical_axes=(None, HEADS, None), fan_axes=fan)
         for name in ("k_weight", "v_weight"):
             specs[name] = ParameterSpec(shape=(cfg.model_dim, kv, width),
                                         logical_axes=(None, KV_HEADS, None), fan_axes=fan,
@@ -291,6 +312,13 @@ class Attention(BaseLayer):
             context = attend(q, k, v, sliding_window=cfg.sliding_window,
                              segment_ids=segment_ids, dropout=dropout,
                              implementation=cfg.implementation, block_size=cfg.block_size)
+        return self._output(context, x)
+
+    def _output(self, context, x):
+        """The heads' outputs ``[batch, seq, local heads, head_dim]`` through the output
+        projection (gated by ``sigmoid(x W_gate)`` per head with ``output_gate``)."""
+        if self.config.output_gate:
+            context = context * jax.nn.sigmoid(self._project(x, "gate")).astype(context.dtype)
         return self.o(context.reshape(context.shape[:2] + (-1,)))
 
     def decode(self, x, cache, *, start, offsets: Optional[jax.Array] = None):
@@ -318,7 +346,7 @@ class Attention(BaseLayer):
                          sliding_window=cfg.sliding_window, kv_length=start + x.shape[1],
                          key_valid=key_valid, implementation=cfg.implementation,
                          block_size=cfg.block_size)
-        return self.o(context.reshape(context.shape[:2] + (-1,))), (k_cache, v_cache)
+        return self._output(context, x), (k_cache, v_cache)
 
 
 def refuse_split_attention_dropout(rate: float, binding, *, path: str) -> None:

@@ -40,6 +40,8 @@ class DecoderBlock(BaseLayer):
         norm: Literal["rms", "layer"] = "rms"
         # The norms' epsilon.
         norm_eps: float = 1e-6
+        # RMSNorm scales of 1 + their params (RMSNorm.Config.zero_centered: Qwen 3.5, Gemma).
+        norm_zero_centered: bool = False
         # Dropout on each residual branch's output (training only).
         dropout_rate: float = 0.0
 
@@ -47,6 +49,8 @@ class DecoderBlock(BaseLayer):
         super().__init__(cfg, parent=parent, **fields)
         cfg = self.config
         norm = NORMS[cfg.norm].default_config().set(input_dim=cfg.model_dim, eps=cfg.norm_eps)
+        if cfg.norm_zero_centered:
+            norm.zero_centered = True
         self._add_child("input_norm", norm)
         self._add_child("attn", cfg.attention.clone(model_dim=cfg.model_dim))
         self._add_child("post_attention_norm", norm.clone())

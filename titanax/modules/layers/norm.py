@@ -49,13 +49,20 @@ class RMSNorm(BaseLayer):
         input_dim: Required[int] = REQUIRED
         # Added to the mean square.
         eps: float = 1e-6
+        # The param is the scale's offset from 1: x / rms(x) * (1 + param), the param starting
+        # at 0 (Gemma's and Qwen 3.5's "zero-centered" RMSNorm; weight decay pulls it to 1).
+        zero_centered: bool = False
 
     def _create_layer_parameter_specs(self):
-        return {"scale": ParameterSpec(shape=(self.config.input_dim,), initializer=constant(1.0),
-                                       weight_decay_scale=0.0)}
+        start = 0.0 if self.config.zero_centered else 1.0
+        return {"scale": ParameterSpec(shape=(self.config.input_dim,),
+                                       initializer=constant(start), weight_decay_scale=0.0)}
 
     def forward(self, x):
         x32 = at_least_float32(x)
         y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
                                 + self.config.eps)
-        return (y * self.parameters["scale"]).astype(x.dtype)
+        scale = self.parameters["scale"]
+        if self.config.zero_centered:
+            scale = 1.0 + scale.astype(y.dtype)
+        return (y * scale).astype(x.dtype)

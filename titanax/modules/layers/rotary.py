@@ -74,7 +74,13 @@ def inverse_frequencies(head_dim: int, theta: float,
 
 def rotate(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """``x`` ``[batch, seq, heads, head_dim]`` rotated by ``positions`` (``[seq]`` or
-    ``[batch, seq]``), angles and cos/sin in float32, the result in ``x``'s dtype."""
+    ``[batch, seq]``), angles and cos/sin in float32, the result in ``x``'s dtype. Fewer
+    frequencies than ``head_dim / 2`` rotate only the first ``2 * len(inv_freq)`` features (partial
+    RoPE: Qwen 3.5's quarter of each head), the rest pass unrotated."""
+    width = 2 * len(inv_freq)
+    if width < x.shape[-1]:
+        return jnp.concatenate([rotate(x[..., :width], positions, inv_freq), x[..., width:]],
+                               axis=-1)
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [.., seq, d/2]
     angles = jnp.concatenate([angles, angles], axis=-1)
     if angles.ndim == 2:

@@ -122,6 +122,14 @@ class Decoder(CausalLanguageModel):
         mlp_bias: bool = False
         # RMSNorm of every q and k head before RoPE (Qwen 3).
         qk_norm: bool = False
+        # Every RMSNorm's scale is 1 + its param, which starts at 0 (Qwen 3.5, Gemma:
+        # "zero-centered"); False: the param is the scale (Llama, Qwen 3).
+        norm_zero_centered: bool = False
+        # A sigmoid gate per attention head on its output, from a second query-sized
+        # projection (Qwen 3.5's gated attention).
+        attention_output_gate: bool = False
+        # The part of each head RoPE rotates (Qwen 3.5: 0.25, HF partial_rotary_factor).
+        rotary_fraction: float = 1.0
         # Mistral's sliding-window attention (positions attended, itself included); None: full.
         sliding_window: Optional[int] = None
         # The LM head is the token embedding (HF tie_word_embeddings; GPT-2: always).
@@ -222,6 +230,8 @@ class Decoder(CausalLanguageModel):
             rotary=cfg.position_embedding == "rotary", rope_theta=cfg.rope_theta,
             rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
             output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+            norm_zero_centered=cfg.norm_zero_centered, output_gate=cfg.attention_output_gate,
+            rotary_fraction=cfg.rotary_fraction,
             sliding_window=cfg.sliding_window, attention_dropout_rate=cfg.attention_dropout_rate,
             implementation=cfg.attention_implementation, block_size=cfg.attention_block_size,
             output_param_init=output_init)
@@ -234,7 +244,8 @@ class Decoder(CausalLanguageModel):
                 output_param_init=output_init)
         block = DecoderBlock.default_config().set(
             model_dim=cfg.model_dim, attention=attention, mlp=mlp, norm=cfg.norm,
-            norm_eps=cfg.norm_eps, dropout_rate=cfg.dropout_rate)
+            norm_eps=cfg.norm_eps, norm_zero_centered=cfg.norm_zero_centered,
+            dropout_rate=cfg.dropout_rate)
         layer, repetitions = block, cfg.num_layers
         if cfg.layer_pattern is not None:
             layer = LayerGroup.default_config().set(layers=[
@@ -244,8 +255,10 @@ class Decoder(CausalLanguageModel):
             layer=layer, num_layers=repetitions, layer_remat_policy=cfg.layer_remat_policy,
             unroll=cfg.unroll_layers))
         norm = LayerNorm if cfg.norm == "layer" else RMSNorm
-        self._add_child("final_norm", norm.default_config().set(input_dim=cfg.model_dim,
-                                                                eps=cfg.norm_eps))
+        final_norm = norm.default_config().set(input_dim=cfg.model_dim, eps=cfg.norm_eps)
+        if cfg.norm_zero_centered:
+            final_norm.zero_centered = True
+        self._add_child("final_norm", final_norm)
         # (A checkpoint of the former GPT class restores with its param paths mapped.)
         self.checkpoint_renames = (GPT_CHECKPOINT_RENAMES
                                    if cfg.position_embedding == "learned" else {})
@@ -434,7 +447,17 @@ class Decoder(CausalLanguageModel):
 
 
 def _pattern_problems(cfg):
-    """``layer_pattern``'s agreement with the fields its kinds read (Config validation)."""
+    """The newer families' switches (Qwen 3.5, Gemma) against the fields they read, and
+    ``layer_pattern``'s agreement with the fields its kinds read (Config validation)."""
+    if cfg.norm_zero_centered and cfg.norm != "rms":
+        yield "norm_zero_centered", "centres RMSNorm's scale: set norm='rms'"
+    if not 0.0 < cfg.rotary_fraction <= 1.0:
+        yield "rotary_fraction", f"must be in (0, 1], got {cfg.rotary_fraction}"
+    if cfg.sliding_rope_theta is not None and not cfg.sliding_rope_theta > 0:
+        yield "sliding_rope_theta", f"must be > 0, got {cfg.sliding_rope_theta}"
+    if cfg.sliding_rope_theta is not None and "sliding" not in (cfg.layer_pattern or ()):
+        yield "sliding_rope_theta", ("is the RoPE base of a layer pattern's 'sliding' layers, "
+                                     "and there are none: leave it None")
     pattern = cfg.layer_pattern
     if pattern is None:
         return
@@ -454,8 +477,6 @@ def _pattern_problems(cfg):
                                  "layers, and the pattern has none")
     if "linear" in pattern and cfg.linear_attention is None:
         yield "linear_attention", "the layer pattern has linear layers: configure their Gated DeltaNet"
-    if cfg.sliding_rope_theta is not None and cfg.sliding_rope_theta <= 0:
-        yield "sliding_rope_theta", f"must be > 0, got {cfg.sliding_rope_theta}"
 
 
 # The kinds a layer pattern names (Decoder.Config.layer_pattern).
