@@ -73,6 +73,29 @@ def _qwen3_sliding():
         layer_types=["sliding_attention", "full_attention"] * 2))
 
 
+def _qwen3_5():
+    """Qwen 3.5's text model: three Gated DeltaNet layers then a gated full attention, twice;
+    its zero-started norms and decay params given values of their own (else a norm read as
+    1 + w or w alike would pass)."""
+    import torch
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=8,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
+        max_position_embeddings=64, initializer_range=0.3, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25}))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or "A_log" in name or "dt_bias" in name:
+                param.copy_(torch.randn_like(param) * 0.3)
+    return model
+
+
 def _qwen3_moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(
@@ -101,7 +124,8 @@ def _gpt2():
 
 BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwen2,
                                  "mistral": _mistral, "gpt2": _gpt2, "qwen3_moe": _qwen3_moe,
-                                 "mixtral": _mixtral, "qwen3_sliding": _qwen3_sliding}
+                                 "mixtral": _mixtral, "qwen3_sliding": _qwen3_sliding,
+                                 "qwen3_5": _qwen3_5}
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,8 @@ from titanax import errors
 from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
 
-KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding")
+KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
+         "qwen3_5")
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,7 @@ def test_safetensors_views_read_what_the_reference_wrote(root):
 def test_export_refuses_a_family_that_would_drop_a_part(root):
     from titanax.hf.model_configs import hf_config_from_model
     llama = importer.model_config(ref.saved_model("llama", root))  # llama3 scaling, no QK-norm
-    with pytest.raises(errors.HFError, match="qwen3 and qwen3_moe have QK-norm"):
+    with pytest.raises(errors.HFError, match="qwen3_5_text have QK-norm and no other family"):
         hf_config_from_model(llama, model_type="qwen3")
     windowed = importer.model_config(ref.saved_model("mistral", root))
     with pytest.raises(errors.HFError, match="only mistral and mixtral have one sliding window"):
@@ -180,7 +181,7 @@ def test_export_refuses_a_family_that_would_drop_a_part(root):
     # A layer pattern: only Qwen's layer_types name each layer's kind; no family has Gated
     # DeltaNet layers yet, nor another RoPE base for the sliding layers.
     alternating = importer.model_config(ref.saved_model("qwen3_sliding", root))
-    with pytest.raises(errors.HFError, match="only qwen2, qwen3 and qwen3_moe name each"):
+    with pytest.raises(errors.HFError, match="only qwen2, qwen3, qwen3_moe and qwen3_5_text name each"):
         hf_config_from_model(alternating, model_type="mistral")
     with pytest.raises(errors.HFError, match="sliding_rope_theta"):
         hf_config_from_model(alternating.clone(sliding_rope_theta=1e4))

@@ -10,7 +10,8 @@ from titanax.hf import importer
 from titanax.modules.module import functional
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
-KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding")
+KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
+         "qwen3_5")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def test_one_device_logits_equal_transformers(kind, root):
 
 @pytest.mark.parametrize("kind,data,model", [
     ("llama", 4, 2), ("qwen3", 4, 2), ("qwen2", 4, 2), ("mistral", 4, 2), ("gpt2", 4, 2),
-    ("qwen3_sliding", 4, 2),
+    ("qwen3_sliding", 4, 2), ("qwen3_5", 4, 2),
     # TP=4 over 2 (llama, qwen3) and 1 (mistral) kv heads: kv kept whole on every rank.
     ("llama", 2, 4), ("qwen3", 2, 4), ("mistral", 2, 4)])
 def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):

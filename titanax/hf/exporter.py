@@ -148,6 +148,7 @@ def _plan(params: Any, model_cfg: ConfigBase, dtype: Optional[Any]) -> List[Plan
     leaves = dict((path_string(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(
         params, is_leaf=rules.is_param_leaf)[0])
     planned: List[PlannedTensor] = []
+    shared: Dict[str, list] = {}  # HF name -> [(part, producer, dtype)] of the params it holds
     for tensor_map in param_map.tensor_maps(model_cfg):
         if tensor_map.path not in leaves:
             raise errors.HFError(f"the params have no {tensor_map.path}", path=tensor_map.path,
@@ -160,9 +161,37 @@ def _plan(params: Any, model_cfg: ConfigBase, dtype: Optional[Any]) -> List[Plan
         shapes = [t.shape for t in tensor_map.form.to_hf(np.empty(layer_shape, np.uint8))]
         for layer in range(tensor_map.layers or 1):
             for k, (name, shape) in enumerate(zip(tensor_map.names_for(layer), shapes)):
+                produce = _producer(layer_of, layer, k)
+                if tensor_map.form.part is not None:
+                    shared.setdefault(name, []).append((tensor_map.form.part, produce,
+                                                        out_dtype))
+                    continue
                 planned.append(PlannedTensor(name=name, shape=tuple(shape), dtype=out_dtype,
-                                             produce=_producer(layer_of, layer, k)))
+                                             produce=produce))
+    planned += [_assembled(name, parts) for name, parts in shared.items()]
     return sorted(planned, key=lambda t: _natural_key(t.name))
+
+
+def _assembled(name: str, parts: list) -> PlannedTensor:
+    """An HF tensor several params share (``param_map.Part``), written whole: each param's part
+    placed where it came from. Parts that do not fill it exactly are refused (a tensor with
+    zeros where weights belong would load and be wrong)."""
+    full_shape = parts[0][0].full_shape
+    covered = np.zeros(full_shape, np.int8)
+    for part, _, _ in parts:
+        covered.reshape(part.view_shape)[part.index] += 1
+    if not (covered == 1).all():
+        raise errors.HFError(f"the params meant to make {name} do not fill it exactly once",
+                             path=name, suggestion="a Titanax defect in hf/param_map.py: "
+                                                   "please report it")
+
+    def produce():
+        full = np.zeros(full_shape, parts[0][2])
+        for part, part_producer, _ in parts:
+            full.reshape(part.view_shape)[part.index] = part_producer()
+        return full
+
+    return PlannedTensor(name=name, shape=tuple(full_shape), dtype=parts[0][2], produce=produce)
 
 
 def _producer(layer_of: "_LayerFetcher", layer: int, k: int) -> Callable[[], np.ndarray]:

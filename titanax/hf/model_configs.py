@@ -15,6 +15,7 @@ from titanax import errors
 from titanax.config import ConfigBase
 from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.rotary import Llama3RopeScaling
+from titanax.modules.layers.gated_deltanet import GatedDeltaNet
 from titanax.modules.models.decoder import Decoder, gpt_config, is_gpt2
 
 # Keys of any HF config that do not change the model's numbers.
@@ -28,7 +29,7 @@ NEUTRAL_KEYS = frozenset({
     "finetuning_task", "max_length", "num_labels", "_num_labels", "gradient_checkpointing",
 })
 
-DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text")
 # Decoders whose MLPs are mixtures of experts.
 MOE_TYPES = ("mixtral", "qwen3_moe")
 MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
@@ -124,10 +125,22 @@ def _gpt2(r: _Reader) -> Decoder.Config:
         attention_dropout_rate=float(r.get("attn_pdrop", 0.1)))
 
 
-def _rope(r: _Reader) -> Dict[str, Any]:
+def _rope(r: _Reader, *, partial: bool = False) -> Dict[str, Any]:
     """``rope_theta`` and ``rope_scaling`` from either spelling: transformers 5's
-    ``rope_parameters`` or the older ``rope_theta`` + ``rope_scaling``."""
+    ``rope_parameters`` or the older ``rope_theta`` + ``rope_scaling``; with ``partial`` (Qwen
+    3.5) also ``rotary_fraction`` from ``partial_rotary_factor``, and its multimodal sections
+    read without effect (text tokens carry one position in all three: plain RoPE)."""
     params = dict(r.get("rope_parameters") or {})
+    if partial:
+        fraction = float(params.pop("partial_rotary_factor", 1.0))
+        params.pop("mrope_section", None)
+        params.pop("mrope_interleaved", None)
+        return {**_rope_of(r, params), "rotary_fraction": fraction}
+    return _rope_of(r, params)
+
+
+def _rope_of(r: _Reader, params: Dict[str, Any]) -> Dict[str, Any]:
+    """``_rope`` of the ``rope_parameters`` left to read."""
     scaling = r.get("rope_scaling")
     if scaling:
         params.update(scaling)
@@ -170,7 +183,54 @@ def _rope(r: _Reader) -> Dict[str, Any]:
     return out
 
 
+def _qwen3_5_text(r: _Reader) -> Decoder.Config:
+    """Qwen 3.5's text model (``Qwen3_5ForCausalLM``): its ``layer_types`` -- Gated DeltaNet
+    ``linear_attention`` and gated ``full_attention`` -- as a layer pattern."""
+    r.expect("hidden_act", lambda v: v == "silu", "Qwen 3.5's MLP and convolution use silu",
+             "silu")
+    r.expect("attention_bias", lambda v: not v, "Qwen 3.5's attention has no biases", False)
+    r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
+             0.0)
+    kinds_of = {"linear_attention": "linear", "full_attention": "full"}
+    layer_types = r.required("layer_types")
+    unknown = sorted(set(layer_types) - set(kinds_of))
+    if unknown:
+        raise _refuse("layer_types", unknown, "Qwen 3.5 has linear_attention and "
+                      "full_attention layers", where=r.where)
+    kinds = [kinds_of[t] for t in layer_types]
+    if r.required("num_hidden_layers") != len(kinds):
+        raise _refuse("layer_types", len(kinds), "names another number of layers than "
+                      "num_hidden_layers", where=r.where)
+    eps = float(r.get("rms_norm_eps", 1e-6))
+    linear = GatedDeltaNet.default_config().set(
+        num_key_heads=r.required("linear_num_key_heads"),
+        num_value_heads=r.required("linear_num_value_heads"),
+        key_head_dim=r.required("linear_key_head_dim"),
+        value_head_dim=r.required("linear_value_head_dim"),
+        conv_kernel_size=r.get("linear_conv_kernel_dim", 4), norm_eps=eps)
+    heads = r.required("num_attention_heads")
+    return Decoder.default_config().set(
+        name="qwen3_5_text", vocab_size=r.required("vocab_size"),
+        max_seq_len=r.required("max_position_embeddings"), num_layers=len(kinds),
+        model_dim=r.required("hidden_size"), num_heads=heads,
+        num_kv_heads=r.get("num_key_value_heads") or heads, head_dim=r.get("head_dim"),
+        hidden_dim=r.required("intermediate_size"), norm_eps=eps, qk_norm=True,
+        norm_zero_centered=True, attention_output_gate=True,
+        layer_pattern=_shortest_period(kinds) if "linear" in kinds else None,
+        linear_attention=linear if "linear" in kinds else None,
+        tie_embeddings=bool(r.get("tie_word_embeddings", False)), **_rope(r, partial=True))
+
+
+def _shortest_period(kinds):
+    """The shortest group of kinds that repeats through the whole stack."""
+    period = next(p for p in range(1, len(kinds) + 1)
+                  if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))
+    return tuple(kinds[:period])
+
+
 def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
+    if model_type == "qwen3_5_text":
+        return _qwen3_5_text(r)
     r.expect("hidden_act", lambda v: v == "silu", "the family's MLP is SwiGLU (silu)", "silu")
     r.expect("pretraining_tp", lambda v: v in (None, 1), "a Meta-only split of the matmuls", 1)
     r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
@@ -238,9 +298,7 @@ def _qwen_layer_types(r: _Reader, model_type: str):
         return None, None
     if set(kinds) == {"sliding"}:
         return window, None
-    period = next(p for p in range(1, len(kinds) + 1)
-                  if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))
-    return window, tuple(kinds[:period])
+    return window, _shortest_period(kinds)
 
 
 def _moe(r: _Reader, model_type: str) -> MoE.Config:
@@ -320,6 +378,9 @@ def hf_config_from_model(cfg: ConfigBase, *, model_type: Optional[str] = None,
 def default_model_type(cfg: Decoder.Config) -> str:
     """The HF family whose modeling code computes what ``cfg`` does (checked by
     ``hf_config_from_model``: a model no family fits is refused there)."""
+    if cfg.norm_zero_centered or cfg.attention_output_gate or \
+            "linear" in (cfg.layer_pattern or ()):
+        return "qwen3_5_text"
     if cfg.moe is not None:
         return "qwen3_moe" if cfg.qk_norm else "mixtral"
     if cfg.qk_norm:
@@ -336,14 +397,24 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     or ignore it: a model that loads and is wrong)."""
     problems: List[str] = moe_misfits(cfg, model_type)
     # The family's GPT-2 switches, which no RoPE family computes.
+    qwen3_5 = model_type == "qwen3_5_text"
     for name, want in (("norm", "rms"), ("mlp_activation", "silu"), ("gated_mlp", True),
-                       ("fused_qkv", False), ("norm_zero_centered", False),
-                       ("attention_output_gate", False), ("rotary_fraction", 1.0)):
+                       ("fused_qkv", False), ("norm_zero_centered", qwen3_5),
+                       ("attention_output_gate", qwen3_5)):
         if getattr(cfg, name) != want:
             problems.append(f"{model_type} has {name}={want!r} (this model: "
                             f"{getattr(cfg, name)!r})")
-    if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe")):
-        problems.append("qwen3 and qwen3_moe have QK-norm and no other family does")
+    if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe", "qwen3_5_text")):
+        problems.append("qwen3, qwen3_moe and qwen3_5_text have QK-norm and no other family "
+                        "does")
+    if cfg.rotary_fraction != 1.0 and not qwen3_5:
+        problems.append(f"{model_type} rotates whole heads (rotary_fraction is "
+                        f"{cfg.rotary_fraction})")
+    if qwen3_5 and (cfg.qkv_bias or cfg.attention_output_bias):
+        problems.append("qwen3_5_text has no attention biases")
+    if qwen3_5 and cfg.linear_attention is not None and \
+            cfg.linear_attention.norm_eps != cfg.norm_eps:
+        problems.append("qwen3_5_text's Gated DeltaNet norm has the model's rms_norm_eps")
     if model_type == "qwen2" and (not cfg.qkv_bias or cfg.attention_output_bias):
         problems.append("qwen2 has q/k/v biases and no output bias")
     if model_type in ("llama", "qwen3", "qwen3_moe") and \
@@ -362,15 +433,23 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
 def _pattern_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     """What of the layers' kinds and windows ``model_type`` would not compute."""
     qwen = model_type in ("qwen2", "qwen3", "qwen3_moe")
+    if cfg.layer_pattern is None and model_type == "qwen3_5_text" and cfg.sliding_window:
+        return ["qwen3_5_text has no sliding window"]
     if cfg.layer_pattern is None:
         if cfg.sliding_window is not None and model_type not in ("mistral", "mixtral"):
             return ["only mistral and mixtral have one sliding window for every layer"]
         return []
     problems = []
-    if not qwen:
-        problems.append("only qwen2, qwen3 and qwen3_moe name each layer's kind (layer_types)")
-    if set(cfg.layer_pattern) - set(HF_LAYER_KINDS.values()):
-        problems.append("no mapped family has Gated DeltaNet ('linear') layers")
+    kinds = set(cfg.layer_pattern)
+    if model_type == "qwen3_5_text":
+        if kinds - {"linear", "full"}:
+            problems.append("qwen3_5_text has linear_attention and full_attention layers only")
+    elif not qwen:
+        problems.append("only qwen2, qwen3, qwen3_moe and qwen3_5_text name each layer's kind "
+                        "(layer_types)")
+    elif "linear" in kinds:
+        problems.append(f"{model_type} has no Gated DeltaNet ('linear') layers: qwen3_5_text "
+                        "has")
     if cfg.sliding_rope_theta is not None:
         problems.append(f"{model_type} rotates every layer by one rope_theta "
                         "(sliding_rope_theta is set)")
@@ -407,6 +486,24 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
             "tie_word_embeddings": True, "scale_attn_weights": True}
 
 
+def _qwen3_5_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
+    """Qwen 3.5's own keys: every layer's type, the Gated DeltaNet sizes, the partial RoPE."""
+    pattern = cfg.layer_pattern or ("full",)
+    names = {"linear": "linear_attention", "full": "full_attention"}
+    out: Dict[str, Any] = {
+        "attention_bias": False,
+        "layer_types": [names[k] for k in pattern] * (cfg.num_layers // len(pattern)),
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                            "partial_rotary_factor": cfg.rotary_fraction}}
+    gdn = cfg.linear_attention
+    if gdn is not None:
+        out.update(linear_num_key_heads=gdn.num_key_heads,
+                   linear_num_value_heads=gdn.num_value_heads,
+                   linear_key_head_dim=gdn.key_head_dim, linear_value_head_dim=gdn.value_head_dim,
+                   linear_conv_kernel_dim=gdn.conv_kernel_size)
+    return out
+
+
 def _qwen_layer_types_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
     """A Qwen config's sliding-window keys: every layer's type, from the layer pattern."""
     if cfg.layer_pattern is None:
@@ -429,7 +526,8 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
                              "model's options (see docs/huggingface.md)")
     architectures = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                      "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                     "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                     "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                     "qwen3_5_text": "Qwen3_5ForCausalLM"}
     head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads
     rope: Dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
     if cfg.rope_scaling is not None:
@@ -457,6 +555,8 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
         out.update(attention_bias=cfg.qkv_bias)
     if model_type in ("qwen2", "qwen3", "qwen3_moe"):
         out.update(_qwen_layer_types_to_hf(cfg))
+    if model_type == "qwen3_5_text":
+        out.update(_qwen3_5_to_hf(cfg))
     if model_type in ("mistral", "mixtral"):
         out.update(sliding_window=cfg.sliding_window)
     moe = cfg.moe

@@ -11,7 +11,7 @@ rotates in HF's rotate-half pairing (``modules/layers/rotary.py``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,13 +20,30 @@ from titanax.modules.models.decoder import Decoder, is_gpt2
 
 
 @dataclasses.dataclass(frozen=True)
+class Part:
+    """Where a Titanax param sits in an HF tensor it shares with other params (Qwen 3.5's
+    ``in_proj_qkv`` holds the q, k and v projections; its gated ``q_proj`` the queries and the
+    gates, head by head): ``tensor.reshape(view_shape)[index]`` is the param's part."""
+
+    # The whole HF tensor's shape.
+    full_shape: Tuple[int, ...]
+    # The shape the tensor is viewed in to pick the part (full_shape itself for row ranges).
+    view_shape: Tuple[int, ...]
+    # The part, an index into that view.
+    index: Tuple
+
+
+@dataclasses.dataclass(frozen=True)
 class Form:
     """HF tensors of one layer <-> the Titanax array (shapes without the layer dimension)."""
 
     # HF tensors -> Titanax array (views where numpy can).
     to_titanax: Callable[[Sequence[np.ndarray]], np.ndarray]
-    # Titanax array -> HF tensors, in the order of TensorMap.hf_names.
+    # Titanax array -> HF tensors, in the order of TensorMap.hf_names (with ``part``: the part,
+    # which the exporter places into the shared tensor).
     to_hf: Callable[[np.ndarray], List[np.ndarray]]
+    # Set when the param is one part of its single HF tensor (hf_names has one name).
+    part: Optional[Part] = None
 
 
 def same() -> Form:
@@ -91,9 +108,45 @@ def padded_rows(rows: int, vocab: int) -> Form:
     return Form(to_titanax, lambda a: [a[:vocab]])
 
 
+def rows_transposed(full_shape: Tuple[int, int], start: int, stop: int,
+                    shape: Tuple[int, ...]) -> Form:
+    """Rows ``start:stop`` of an HF ``[out, in]`` weight <-> Titanax ``[in, *out]``."""
+    def to_titanax(ts):
+        return ts[0][start:stop].T.reshape(shape)
+
+    return Form(to_titanax, lambda a: [a.reshape(a.shape[0], -1).T],
+                Part(full_shape, full_shape, (slice(start, stop),)))
+
+
+def taps_rows(full_shape: Tuple[int, int, int], start: int, stop: int,
+              shape: Tuple[int, ...]) -> Form:
+    """Channels ``start:stop`` of an HF depthwise ``Conv1d`` weight ``[channels, 1, taps]`` <->
+    Titanax ``[taps, heads, width]``."""
+    def to_titanax(ts):
+        return ts[0][start:stop, 0, :].T.reshape(shape)
+
+    return Form(to_titanax, lambda a: [a.reshape(a.shape[0], -1).T[:, None, :]],
+                Part(full_shape, full_shape, (slice(start, stop),)))
+
+
+def head_part_transposed(heads: int, parts: int, which: int, width: int, inputs: int) -> Form:
+    """Part ``which`` of each head in an HF ``[heads * parts * width, in]`` weight (Qwen 3.5's
+    ``q_proj``: each head's query, then its gate) <-> Titanax ``[in, heads, width]``."""
+    view = (heads, parts, width, inputs)
+
+    def to_titanax(ts):
+        return np.transpose(ts[0].reshape(view)[:, which], (2, 0, 1))
+
+    return Form(to_titanax, lambda a: [np.transpose(a, (1, 2, 0))],
+                Part((heads * parts * width, inputs), view, (slice(None), which)))
+
+
 def hf_shapes(form: Form, shape: Tuple[int, ...]) -> List[Tuple[int, ...]]:
     """The shapes of the HF tensors that make a Titanax array of ``shape`` (one layer): the form
-    run backwards on a zero-strided array (views only: nothing of that size is allocated)."""
+    run backwards on a zero-strided array (views only: nothing of that size is allocated); the
+    whole shared tensor's for a part."""
+    if form.part is not None:
+        return [form.part.full_shape]
     placeholder = np.broadcast_to(np.zeros((), np.uint8), shape)
     return [tuple(t.shape) for t in form.to_hf(placeholder)]
 
@@ -169,21 +222,21 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
     if pattern is None:
         maps += _decoder_layers(cfg, prefix="decoder/layer/", layers=cfg.num_layers)
     else:  # Member m of the group holds layers m, K + m, 2K + m, ... (layer_group.py).
-        for member in range(len(pattern)):
+        for member, kind in enumerate(pattern):
             maps += _decoder_layers(cfg, prefix=f"decoder/layer/{member}/",
                                     layers=cfg.num_layers // len(pattern),
-                                    stride=len(pattern), offset=member)
+                                    stride=len(pattern), offset=member, kind=kind)
     maps.append(TensorMap("final_norm/scale", ("model.norm.weight",), same()))
     return maps
 
 
 def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: int = 1,
-                    offset: int = 0) -> List[TensorMap]:
-    """The maps of one stacked block's params (``prefix``: its path), ``layers`` deep."""
+                    offset: int = 0, kind: str = "full") -> List[TensorMap]:
+    """The maps of one stacked block's params (``prefix``: its path), ``layers`` deep; ``kind``:
+    the block's layer-pattern kind (its mixer's names)."""
     d, heads = cfg.model_dim, cfg.num_heads
     kv = cfg.num_kv_heads or heads
     head_dim = cfg.head_dim or d // heads
-    hidden = cfg.hidden_dim or 4 * d
     pre = "model.layers.{i}."
 
     def layer(path, names, form):
@@ -191,19 +244,24 @@ def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: in
         return TensorMap(prefix + path, tuple(pre + n for n in names), form, layers=layers,
                          layer_stride=stride, layer_offset=offset)
 
-    maps = [
-        layer("input_norm/scale", "input_layernorm.weight", same()),
-        layer("attn/q_weight", "self_attn.q_proj.weight", transposed((d, heads, head_dim))),
+    maps = [layer("input_norm/scale", "input_layernorm.weight", same()),
+            layer("post_attention_norm/scale", "post_attention_layernorm.weight", same())]
+    if kind == "linear":
+        return maps + _linear_attention(cfg, layer) + _mlp(cfg, layer)
+    if cfg.attention_output_gate:  # Each head's query, then its gate, in one q_proj.
+        maps += [layer("attn/q_weight", "self_attn.q_proj.weight",
+                       head_part_transposed(heads, 2, 0, head_dim, d)),
+                 layer("attn/gate_weight", "self_attn.q_proj.weight",
+                       head_part_transposed(heads, 2, 1, head_dim, d))]
+    else:
+        maps.append(layer("attn/q_weight", "self_attn.q_proj.weight",
+                          transposed((d, heads, head_dim))))
+    maps += [
         layer("attn/k_weight", "self_attn.k_proj.weight", transposed((d, kv, head_dim))),
         layer("attn/v_weight", "self_attn.v_proj.weight", transposed((d, kv, head_dim))),
         layer("attn/o/weight", "self_attn.o_proj.weight", transposed((heads * head_dim, d))),
-        layer("post_attention_norm/scale", "post_attention_layernorm.weight", same()),
     ]
-    maps += _experts(cfg, layer) if cfg.moe is not None else [
-        layer("mlp/gate_up_weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-              stacked_transposed(2, (d, 2, hidden))),
-        layer("mlp/down/weight", "mlp.down_proj.weight", transposed((hidden, d))),
-    ]
+    maps += _mlp(cfg, layer)
     if cfg.qkv_bias:
         maps += [layer("attn/q_bias", "self_attn.q_proj.bias",
                        reshaped((heads, head_dim), (heads * head_dim,))),
@@ -216,10 +274,49 @@ def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: in
     if cfg.qk_norm:
         maps += [layer("attn/q_norm/scale", "self_attn.q_norm.weight", same()),
                  layer("attn/k_norm/scale", "self_attn.k_norm.weight", same())]
+    return maps
+
+
+def _mlp(cfg: Decoder.Config, layer) -> List[TensorMap]:
+    """The feed-forward block's maps: dense (with its biases) or experts."""
+    if cfg.moe is not None:
+        return _experts(cfg, layer)
+    d, hidden = cfg.model_dim, cfg.hidden_dim or 4 * cfg.model_dim
+    maps = [layer("mlp/gate_up_weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+                  stacked_transposed(2, (d, 2, hidden))),
+            layer("mlp/down/weight", "mlp.down_proj.weight", transposed((hidden, d)))]
     if cfg.mlp_bias:
         maps += [layer("mlp/gate_up_bias", ("mlp.gate_proj.bias", "mlp.up_proj.bias"), stacked(2)),
                  layer("mlp/down/bias", "mlp.down_proj.bias", same())]
     return maps
+
+
+def _linear_attention(cfg: Decoder.Config, layer) -> List[TensorMap]:
+    """A Gated DeltaNet's maps in Qwen 3.5's names (``linear_attn.*``): q, k and v one after
+    the other in ``in_proj_qkv`` and ``conv1d``."""
+    gdn, d = cfg.linear_attention, cfg.model_dim
+    keys, values = gdn.num_key_heads, gdn.num_value_heads
+    d_k, d_v, taps = gdn.key_head_dim, gdn.value_head_dim, gdn.conv_kernel_size
+    kd, vd = keys * d_k, values * d_v
+    rows = 2 * kd + vd
+    pre = "linear_attn."
+    maps = []
+    for name, (start, stop), heads, width in (("q", (0, kd), keys, d_k),
+                                              ("k", (kd, 2 * kd), keys, d_k),
+                                              ("v", (2 * kd, rows), values, d_v)):
+        maps += [layer(f"attn/{name}_weight", pre + "in_proj_qkv.weight",
+                       rows_transposed((rows, d), start, stop, (d, heads, width))),
+                 layer(f"attn/{name}_conv", pre + "conv1d.weight",
+                       taps_rows((rows, 1, taps), start, stop, (taps, heads, width)))]
+    return maps + [
+        layer("attn/z_weight", pre + "in_proj_z.weight", transposed((d, values, d_v))),
+        layer("attn/a_weight", pre + "in_proj_a.weight", transposed((d, values))),
+        layer("attn/b_weight", pre + "in_proj_b.weight", transposed((d, values))),
+        layer("attn/dt_bias", pre + "dt_bias", same()),
+        layer("attn/a_log", pre + "A_log", same()),
+        layer("attn/norm_scale", pre + "norm.weight", same()),
+        layer("attn/o/weight", pre + "out_proj.weight", transposed((vd, d))),
+    ]
 
 
 def _experts(cfg: Decoder.Config, layer) -> List[TensorMap]:

@@ -158,5 +158,5 @@ def test_what_a_pattern_cannot_do_yet_is_refused_by_name():
         Decoder.default_config().set(num_layers=4, layer_pattern=("linear", "full"),
                                      **SMALL).instantiate()
     from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
-    with pytest.raises(errors.HFError, match="Gated DeltaNet"):
+    with pytest.raises(errors.HFError, match="qwen3_5_text has norm_zero_centered=True"):
         hf_config_from_model(_qwen35_like())

@@ -1,7 +1,8 @@
 """Qwen 3.5's text model as a configuration of the decoder: three Gated DeltaNet layers then a
 gated full attention (partial RoPE, QK-norm), zero-centered RMSNorms -- transformers'
-Qwen3_5ForCausalLM's logits from the same weights (mapped here by hand, layer by layer: the
-layout a Hugging Face import of the family will read)."""
+Qwen3_5ForCausalLM's logits from the same weights, mapped here by hand layer by layer -- a
+check of the model apart from titanax.hf's param map, which tests/hf/test_import.py checks on
+the same reference."""
 
 import jax
 import numpy as np
@@ -10,33 +11,18 @@ import pytest
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
 from titanax.modules.models.decoder import Decoder
 from titanax.modules.module import functional
+from tests.hf import reference_models as ref
 from tests.numerics import CROSS_FRAMEWORK, assert_close
 
 VOCAB, WIDTH, LAYERS, HEADS, KV, HEAD_DIM, HIDDEN = 96, 64, 8, 4, 2, 16, 96
 LINEAR = dict(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=8)
-KINDS = ["linear_attention"] * 3 + ["full_attention"]
+KINDS = ["linear_attention"] * 3 + ["full_attention"]  # (The reference's pattern, twice.)
 
 
 def _hf_model():
     torch = pytest.importorskip("torch")
-    from transformers.models.qwen3_5.configuration_qwen3_5 import (  # pylint: disable=import-outside-toplevel
-        Qwen3_5TextConfig)
-    from transformers.models.qwen3_5.modeling_qwen3_5 import (  # pylint: disable=import-outside-toplevel
-        Qwen3_5ForCausalLM)
     torch.manual_seed(0)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(
-        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=HIDDEN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV, head_dim=HEAD_DIM,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-        linear_value_head_dim=8, linear_conv_kernel_dim=4, layer_types=KINDS * 2,
-        max_position_embeddings=64, initializer_range=0.3, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25})).eval()
-    with torch.no_grad():  # (Norms start at 0 and A_log alike: give every one its own value.)
-        for name, param in model.named_parameters():
-            if "norm" in name or "A_log" in name or "dt_bias" in name:
-                param.copy_(torch.randn_like(param) * 0.3)
-    return model
+    return ref.BUILDERS["qwen3_5"]().eval()
 
 
 def _titanax_config():
