@@ -31,7 +31,9 @@ def hf_greedy(directory, prompt_ids, new_tokens=NEW_TOKENS):
 
 @pytest.mark.parametrize("kind,data,model", [
     ("llama", 1, 1), ("llama", 4, 2), ("qwen3", 1, 1), ("qwen3", 4, 2), ("mistral", 2, 4),
-    ("gpt2", 1, 1), ("gpt2", 4, 2)])  # (GPT-2 decodes by the family's KV cache too.)
+    ("gpt2", 1, 1), ("gpt2", 4, 2),  # (GPT-2 decodes by the family's KV cache too.)
+    # Layer patterns: a cache per member (Gated DeltaNet: its conv window and state).
+    ("qwen3_sliding", 4, 2), ("qwen3_5", 1, 1), ("qwen3_5", 4, 2)])
 def test_greedy_tokens_equal_transformers(kind, data, model, root):
     import jax
     directory = ref.saved_model(kind, root)

@@ -68,12 +68,15 @@ def test_pipelined_eval_loss_equals_transformers(kind, root):
     assert_close(loss, expected, bound=CROSS_FRAMEWORK, what=f"{kind} pipelined eval loss")
 
 
-def test_fsdp_logits_equal_transformers(root):
-    """FSDP: every param split over data=8 where a dimension divides; gathered for the call."""
-    directory = ref.saved_model("llama", root)
+@pytest.mark.parametrize("kind", ["llama", "qwen3_5"])
+def test_fsdp_logits_equal_transformers(kind, root):
+    """FSDP: every param split over data=8 where a dimension divides; gathered for the call
+    (a layer pattern's members one repetition at a time)."""
+    directory = ref.saved_model(kind, root)
     engine = engine_for(directory, data=8, zero=3)
-    assert "data" in tuple(engine.layout.param_specs["decoder"]["layer"]["attn"]["q_weight"])
+    stack = engine.layout.param_specs["decoder"]["layer"]
+    assert "data" in tuple(stack.get("3", stack)["attn"]["q_weight"])
     ids = ref.token_ids()
     logits = engine.steps.model_method("logits")(engine.state.params, ids)
     assert_close(np.asarray(logits), ref.hf_logits(directory, ids), bound=CROSS_FRAMEWORK,
-                 what="llama logits, FSDP data=8")
+                 what=f"{kind} logits, FSDP data=8")

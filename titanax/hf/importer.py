@@ -143,7 +143,7 @@ class _ParamReader:
 
     def block(self, index: Tuple[slice, ...]) -> np.ndarray:
         if not self.map.layers:
-            return np.asarray(self._layer(0)[index], dtype=self.dtype)
+            return np.ascontiguousarray(self._layer(0)[index], dtype=self.dtype)
         layers = range(self.map.layers)[index[0]]
         return np.stack([np.asarray(self._layer(i)[index[1:]], dtype=self.dtype)
                          for i in layers])

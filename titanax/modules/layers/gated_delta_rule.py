@@ -14,8 +14,8 @@ decoding runs, its state carried in the cache; over a whole sequence it is a loo
 steps, which training cannot afford. ``chunked_gated_delta_rule`` computes the same outputs in
 chunks of ``C`` tokens: within a chunk, the corrections ``u_t = beta_t (v_t - ...)`` every token
 writes depend on the earlier ones through a unit lower-triangular ``[C, C]`` system (solved by
-one triangular solve instead of ``C`` steps), and the state passes from chunk to chunk. So a
-chunk costs matrix products of ``[C, C]`` and ``[C, d]``, and memory is O(S * C) at most -- the
+matrix products instead of ``C`` steps: ``_unit_lower_inverse``), and the state passes from
+chunk to chunk. So a chunk costs matrix products of ``[C, C]`` and ``[C, d]``, and memory is O(S * C) at most -- the
 chunk body is rematerialised in the backward, which then keeps one ``[d_k, d_v]`` state per
 chunk and the inputs: O(S) (measured in tests/modules/layers/test_gated_delta_rule.py).
 
@@ -27,8 +27,8 @@ within the chunk, ``D[t, s] = exp(G_t - G_s)`` for ``s <= t``, else 0)::
     S_C = exp(G_C) S0 + sum_s D[C, s] k_s u_s^T
 
 The first line is ``(I + A) U = beta V - beta exp(G) K S0`` with ``A[t, s] = beta_t D[t, s]
-(k_t . k_s)`` strictly below the diagonal: one solve for ``beta V`` and one for ``beta exp(G)
-K``, and ``U`` is their difference after the second meets ``S0``.
+(k_t . k_s)`` strictly below the diagonal: ``(I + A)^-1`` applied to ``beta V`` and to ``beta
+exp(G) K``, and ``U`` is their difference after the second meets ``S0``.
 
 Packed rows (``segment_ids``): the state starts from zero at each document's first token --
 the token-by-token loop clears it there, the chunked form drops every term that crosses a
@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from titanax.parallel import collectives
 from titanax.utils.dtypes import wide_float
 
-# Tokens per chunk by default: the chunk's [C, C] products stay small and its solve cheap (the
+# Tokens per chunk by default: the chunk's [C, C] products stay small (the
 # flash-linear-attention kernels' and transformers' chunk size too).
 DEFAULT_CHUNK_SIZE = 64
 
@@ -138,12 +138,10 @@ def _chunk(state, chunk):
     carried = (segments == previous)[:, None, :]  # Tokens still in the incoming state's document.
     from_start = jnp.where(carried, jnp.exp(cumulative), 0.0)  # exp(G_t), 0 past a boundary
     strictly_lower = jnp.tril(jnp.ones((size, size), bool), -1)
-    system = jnp.eye(size, dtype=q.dtype) + jnp.where(
-        strictly_lower, beta[..., :, None] * decay * jnp.einsum("bhtk,bhsk->bhts", k, k), 0.0)
-    solve = lambda rhs: jax.scipy.linalg.solve_triangular(  # noqa: E731
-        system, rhs, lower=True, unit_diagonal=True)
-    written = solve(beta[..., None] * v)  # T beta V
-    erased = solve((beta * from_start)[..., None] * k)  # T beta exp(G) K
+    inverse = _unit_lower_inverse(jnp.where(
+        strictly_lower, beta[..., :, None] * decay * jnp.einsum("bhtk,bhsk->bhts", k, k), 0.0))
+    written = inverse @ (beta[..., None] * v)  # T beta V
+    erased = inverse @ ((beta * from_start)[..., None] * k)  # T beta exp(G) K
     corrections = written - jnp.einsum("bhtk,bhkv->bhtv", erased, state)  # U
     outputs = (from_start[..., None] * jnp.einsum("bhtk,bhkv->bhtv", q, state)
                + jnp.einsum("bhts,bhsv->bhtv", decay * jnp.einsum("bhtk,bhsk->bhts", q, k),
@@ -152,6 +150,23 @@ def _chunk(state, chunk):
     state = (from_start[..., -1][..., None, None] * state
              + jnp.einsum("bhs,bhsk,bhsv->bhkv", to_end, k, corrections))
     return state, outputs
+
+
+def _unit_lower_inverse(strict):
+    """``(I + N)^-1`` for strictly lower-triangular ``N`` ``[..., C, C]`` by matrix products
+    only: ``N`` is nilpotent (``N^C = 0``), so ``(I - N)(I + N^2)(I + N^4)...`` with ``2^m >= C``
+    telescopes to it (``(I + N)(I - N) = I - N^2``, ...) -- ``log2(C)`` squarings and products,
+    the same XLA matmuls on every backend, where a triangular solve is a LAPACK call on the CPU
+    (suspected in a job of 8 simulated devices that stalled past XLA's collective rendezvous
+    limit, and not a loop XLA can fuse)."""
+    size = strict.shape[-1]
+    eye = jnp.eye(size, dtype=strict.dtype)
+    inverse, power, reach = eye - strict, strict @ strict, 2
+    while reach < size:
+        inverse = inverse @ (eye + power)
+        power = power @ power
+        reach *= 2
+    return inverse
 
 
 def _heads_first(x, b, chunks, chunk_size):
