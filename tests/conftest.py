@@ -55,6 +55,7 @@ HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_pari
                   "tests/test_distillation_doc.py", "tests/train/test_decoder_training.py",
                   "tests/modules/adapters/test_flax_nnx.py", "tests/hf/test_lora_export.py",
                   "tests/modules/layers/test_blockwise_attention.py",
+                  "tests/modules/models/test_layer_pattern.py",
                   "tests/io/test_checkpointer.py",
                   "tests/train/test_state_updates.py",
                   "tests/harness/test_task_index.py", "tests/test_chat_session.py",
