@@ -37,9 +37,9 @@ MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
 
 def _refuse(key: str, value: Any, why: str, *, where: str) -> errors.HFError:
     return errors.HFError(f"{key}={value!r}: {why}", path=f"{where}: {key}",
-                          suggestion="Titanax imports GPT-2, Llama, Qwen 2/3, Qwen 3 MoE, Mistral "
-                                     "and Mixtral checkpoints as published; this one differs "
-                                     "where named")
+                          suggestion="Titanax imports GPT-2, Llama, Qwen 2/3, Qwen 3 MoE, "
+                                     "Qwen 3.5 (text), Mistral and Mixtral checkpoints as "
+                                     "published; this one differs where named")
 
 
 class _Reader:
@@ -131,16 +131,19 @@ def _rope(r: _Reader, *, partial: bool = False) -> Dict[str, Any]:
     3.5) also ``rotary_fraction`` from ``partial_rotary_factor``, and its multimodal sections
     read without effect (text tokens carry one position in all three: plain RoPE)."""
     params = dict(r.get("rope_parameters") or {})
-    if partial:
-        fraction = float(params.pop("partial_rotary_factor", 1.0))
+    if partial:  # (transformers' Qwen 3.5 default: 0.25, from either place.)
+        top_level = r.get("partial_rotary_factor")
+        fraction = float(params.pop("partial_rotary_factor", None) or top_level or 0.25)
         params.pop("mrope_section", None)
         params.pop("mrope_interleaved", None)
-        return {**_rope_of(r, params), "rotary_fraction": fraction}
+        return {**_rope_of(r, params, partial_read=True), "rotary_fraction": fraction}
     return _rope_of(r, params)
 
 
-def _rope_of(r: _Reader, params: Dict[str, Any]) -> Dict[str, Any]:
-    """``_rope`` of the ``rope_parameters`` left to read."""
+def _rope_of(r: _Reader, params: Dict[str, Any], *, partial_read: bool = False
+             ) -> Dict[str, Any]:
+    """``_rope`` of the ``rope_parameters`` left to read (``partial_read``: the partial rotary
+    factor was taken already)."""
     scaling = r.get("rope_scaling")
     if scaling:
         params.update(scaling)
@@ -148,7 +151,8 @@ def _rope_of(r: _Reader, params: Dict[str, Any]) -> Dict[str, Any]:
     theta = params.pop("rope_theta", None) or top_level_theta or 10000.0
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
-    if "partial_rotary_factor" in params or r.get("partial_rotary_factor") not in (None, 1, 1.0):
+    if not partial_read and ("partial_rotary_factor" in params
+                             or r.get("partial_rotary_factor") not in (None, 1, 1.0)):
         factor = params.get("partial_rotary_factor", r.get("partial_rotary_factor"))
         if factor not in (None, 1, 1.0):
             raise _refuse("partial_rotary_factor", factor, "Titanax rotates whole heads",
@@ -192,7 +196,10 @@ def _qwen3_5_text(r: _Reader) -> Decoder.Config:
     r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
              0.0)
     kinds_of = {"linear_attention": "linear", "full_attention": "full"}
-    layer_types = r.required("layer_types")
+    interval = r.get("full_attention_interval", 4)  # (transformers' default layer_types.)
+    layer_types = r.get("layer_types") or [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(r.required("num_hidden_layers"))]
     unknown = sorted(set(layer_types) - set(kinds_of))
     if unknown:
         raise _refuse("layer_types", unknown, "Qwen 3.5 has linear_attention and "

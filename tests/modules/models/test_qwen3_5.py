@@ -109,3 +109,23 @@ def test_the_decoder_configured_as_qwen3_5_gives_transformers_logits():
         other, _ = functional(cfg.clone(**changed).instantiate(), None, params, (ids,),
                               method="logits", is_training=False)
         assert not np.allclose(np.asarray(other), expected, atol=1e-2), changed
+
+
+def test_a_config_that_leaves_out_the_defaults_reads_as_transformers_reads_it():
+    """No ``partial_rotary_factor`` and no ``layer_types`` (full_attention_interval's): what
+    transformers fills in -- a quarter of each head rotated, every 4th layer full -- not whole
+    heads or a refusal."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import (  # pylint: disable=import-outside-toplevel
+        Qwen3_5TextConfig)
+    from titanax.hf.model_configs import model_config_from_hf  # pylint: disable=import-outside-toplevel
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = ref.BUILDERS["qwen3_5"]().config.to_dict()
+    config["rope_parameters"].pop("partial_rotary_factor")
+    config.pop("layer_types")
+    theirs = Qwen3_5TextConfig(**config)
+    ours = model_config_from_hf(config)
+    assert ours.rotary_fraction == theirs.rope_parameters["partial_rotary_factor"] == 0.25
+    assert ours.layer_pattern == ("linear", "linear", "linear", "full")
+    assert list(theirs.layer_types) == ["linear_attention"] * 3 + ["full_attention"] + \
+        ["linear_attention"] * 3 + ["full_attention"]

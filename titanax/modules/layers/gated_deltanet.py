@@ -207,7 +207,8 @@ class GatedDeltaNet(BaseLayer):
         taps = self.parameters[f"{name}_conv"].astype(y.dtype)
         length = y.shape[1]
         total = sum(extended[:, j:j + length] * taps[j] for j in range(taps.shape[0]))
-        return jax.nn.silu(total), extended[:, -window.shape[1]:].astype(window.dtype)
+        kept = extended[:, extended.shape[1] - window.shape[1]:]  # (Empty for one tap.)
+        return jax.nn.silu(total), kept.astype(window.dtype)
 
     def _project(self, x, name):
         return jnp.einsum("bsd,dhk->bshk", x, self.parameters[f"{name}_weight"].astype(x.dtype))

@@ -50,7 +50,7 @@ class RMSNorm(BaseLayer):
         # Added to the mean square.
         eps: float = 1e-6
         # The param is the scale's offset from 1: x / rms(x) * (1 + param), the param starting
-        # at 0 (Gemma's and Qwen 3.5's "zero-centered" RMSNorm; weight decay pulls it to 1).
+        # at 0 (Gemma's and Qwen 3.5's "zero-centered" RMSNorm).
         zero_centered: bool = False
 
     def _create_layer_parameter_specs(self):

@@ -48,7 +48,7 @@ from titanax.modules.layers.layer_group import LayerGroup
 from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE, check_moe_binding
 from titanax.modules.layers.norm import LayerNorm, RMSNorm
-from titanax.modules.layers.repeat import Repeat
+from titanax.modules.layers.repeat import UNROLL_UP_TO, Repeat
 from titanax.modules.layers.rotary import Llama3RopeScaling
 from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
 from titanax.modules.module import nowrap
@@ -122,8 +122,9 @@ class Decoder(CausalLanguageModel):
         mlp_bias: bool = False
         # RMSNorm of every q and k head before RoPE (Qwen 3).
         qk_norm: bool = False
-        # Every RMSNorm's scale is 1 + its param, which starts at 0 (Qwen 3.5, Gemma:
-        # "zero-centered"); False: the param is the scale (Llama, Qwen 3).
+        # The blocks', QK and final RMSNorms scale by 1 + their params, which start at 0 (Qwen
+        # 3.5, Gemma: "zero-centered"; a Gated DeltaNet's gated norm keeps its plain scale, as
+        # Qwen's); False: the param is the scale (Llama, Qwen 3).
         norm_zero_centered: bool = False
         # A sigmoid gate per attention head on its output, from a second query-sized
         # projection (Qwen 3.5's gated attention).
@@ -251,9 +252,12 @@ class Decoder(CausalLanguageModel):
             layer = LayerGroup.default_config().set(layers=[
                 _block_of_kind(cfg, block, kind, output_init) for kind in cfg.layer_pattern])
             repetitions = cfg.num_layers // len(cfg.layer_pattern)
+        # (None unrolls by the model's depth in layers, not in repetitions of a pattern.)
+        unroll = cfg.unroll_layers if cfg.unroll_layers is not None else \
+            cfg.num_layers <= UNROLL_UP_TO
         self._add_child("decoder", Repeat.default_config().set(
             layer=layer, num_layers=repetitions, layer_remat_policy=cfg.layer_remat_policy,
-            unroll=cfg.unroll_layers))
+            unroll=unroll))
         norm = LayerNorm if cfg.norm == "layer" else RMSNorm
         final_norm = norm.default_config().set(input_dim=cfg.model_dim, eps=cfg.norm_eps)
         if cfg.norm_zero_centered:
@@ -458,6 +462,11 @@ def _pattern_problems(cfg):
     if cfg.sliding_rope_theta is not None and "sliding" not in (cfg.layer_pattern or ()):
         yield "sliding_rope_theta", ("is the RoPE base of a layer pattern's 'sliding' layers, "
                                      "and there are none: leave it None")
+    if cfg.rotary_fraction != 1.0 and cfg.position_embedding != "rotary":
+        yield "rotary_fraction", "is the part of each head RoPE rotates: set it with rotary positions"
+    if cfg.linear_attention is not None and "linear" not in (cfg.layer_pattern or ()):
+        yield "linear_attention", ("configures the layer pattern's 'linear' layers, and there "
+                                   "are none: leave it None")
     pattern = cfg.layer_pattern
     if pattern is None:
         return
@@ -492,7 +501,10 @@ def _block_of_kind(cfg, block, kind, output_init):
         return block.clone(attention=attention.clone(
             sliding_window=cfg.sliding_window,
             rope_theta=cfg.sliding_rope_theta or cfg.rope_theta))
-    return block.clone(attention=cfg.linear_attention.clone(output_param_init=output_init))
+    linear = cfg.linear_attention
+    if linear.output_param_init is None:  # (The model's residual-branch init, unless set.)
+        linear = linear.clone(output_param_init=output_init)
+    return block.clone(attention=linear)
 
 
 def gpt_config(**overrides) -> Decoder.Config:
