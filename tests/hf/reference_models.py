@@ -96,6 +96,57 @@ def _qwen3_5():
     return model
 
 
+def _gemma3():
+    """Gemma 3's text model: two sliding layers (window 5, plain RoPE at base 10000) then a full
+    one (base 1000000, scaled linearly by 2), twice, then one sliding layer more (the stack's
+    tail); queries scaled by 24 ** -0.5, not by the head width; its zero-started norms given
+    values of their own. Its head is untied (a tied one, its embeddings scaled by 8, greedily
+    repeats one token at this size: no test of generation); tests/hf/test_fine_tune.py ties
+    one."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    model = Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=7,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+        sliding_window=5, layer_types=(["sliding_attention"] * 2 + ["full_attention"]) * 2
+        + ["sliding_attention"], max_position_embeddings=64, initializer_range=0.2,
+        tie_word_embeddings=False, rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1000000.0}}))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(torch.randn_like(param) * 0.3)
+    return model
+
+
+def _gemma3_vision():
+    """Gemma 3 as most of its checkpoints are published: multimodal, a (tiny) SigLIP vision
+    tower and projector beside the language model."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    text = dict(vocab_size=VOCAB + 4, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=5,
+                layer_types=["sliding_attention", "full_attention"], initializer_range=0.2,
+                max_position_embeddings=64)
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    return Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=VOCAB + 1,
+        eoi_token_index=VOCAB + 2, image_token_index=VOCAB + 3, initializer_range=0.2))
+
+
+def _qwen3_5_vision():
+    """Qwen 3.5 as published: multimodal, a (tiny) vision encoder beside the language model."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                max_position_embeddings=64, initializer_range=0.3)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    return Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
+
+
 def _qwen3_moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(
@@ -125,7 +176,9 @@ def _gpt2():
 BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwen2,
                                  "mistral": _mistral, "gpt2": _gpt2, "qwen3_moe": _qwen3_moe,
                                  "mixtral": _mixtral, "qwen3_sliding": _qwen3_sliding,
-                                 "qwen3_5": _qwen3_5}
+                                 "qwen3_5": _qwen3_5, "gemma3": _gemma3,
+                                 "gemma3_vision": _gemma3_vision,
+                                 "qwen3_5_vision": _qwen3_5_vision}
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
 
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5")
+         "qwen3_5", "gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +87,24 @@ def test_an_unknown_model_type_is_named(root, tmp_path):
     assert e.value.path.endswith("config.json: model_type")
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}, "rope_type"),
-    ("hidden_act", "gelu", "hidden_act='gelu'"),
-    ("some_new_switch", True, "does not know: some_new_switch"),
+GEMMA_ROPE = {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+              "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
+
+
+@pytest.mark.parametrize("kind,key,value,message", [
+    ("llama", "rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0},
+     "rope_type"),
+    ("llama", "hidden_act", "gelu", "hidden_act='gelu'"),
+    ("llama", "some_new_switch", True, "does not know: some_new_switch"),
+    ("gemma3", "final_logit_softcapping", 30.0, "soft-capping is Gemma 2's"),
+    ("gemma3", "attn_logit_softcapping", 50.0, "soft-capping is Gemma 2's"),
+    ("gemma3", "use_bidirectional_attention", True, "is causal"),
+    ("gemma3", "rope_parameters", GEMMA_ROPE, "sliding layers by plain RoPE"),
+    ("gemma3", "hidden_activation", "gelu", "GELU \\(tanh\\) gated"),
 ])
-def test_a_config_field_titanax_cannot_reproduce_is_named(root, tmp_path, key, value, message):
-    bad = _copy(ref.saved_model("llama", root), tmp_path)
+def test_a_config_field_titanax_cannot_reproduce_is_named(root, tmp_path, kind, key, value,
+                                                          message):
+    bad = _copy(ref.saved_model(kind, root), tmp_path)
     config = json.load(open(os.path.join(bad, "config.json")))
     config[key] = value
     json.dump(config, open(os.path.join(bad, "config.json"), "w"))
@@ -162,10 +173,10 @@ def test_safetensors_views_read_what_the_reference_wrote(root):
 def test_export_refuses_a_family_that_would_drop_a_part(root):
     from titanax.hf.model_configs import hf_config_from_model
     llama = importer.model_config(ref.saved_model("llama", root))  # llama3 scaling, no QK-norm
-    with pytest.raises(errors.HFError, match="qwen3_5_text have QK-norm and no other family"):
+    with pytest.raises(errors.HFError, match="qwen3_5_text and gemma3_text have QK-norm and no other"):
         hf_config_from_model(llama, model_type="qwen3")
     windowed = importer.model_config(ref.saved_model("mistral", root))
-    with pytest.raises(errors.HFError, match="only mistral and mixtral have one sliding window"):
+    with pytest.raises(errors.HFError, match="only mistral, mixtral and gemma3_text have one"):
         hf_config_from_model(windowed, model_type="llama")
     with pytest.raises(errors.HFError, match="mixtral is a mixture of experts and the model"):
         hf_config_from_model(windowed, model_type="mixtral")
@@ -181,8 +192,15 @@ def test_export_refuses_a_family_that_would_drop_a_part(root):
     # A layer pattern: only Qwen's layer_types name each layer's kind; no family has Gated
     # DeltaNet layers yet, nor another RoPE base for the sliding layers.
     alternating = importer.model_config(ref.saved_model("qwen3_sliding", root))
-    with pytest.raises(errors.HFError, match="only qwen2, qwen3, qwen3_moe and qwen3_5_text name each"):
+    with pytest.raises(errors.HFError, match="only qwen2, qwen3, qwen3_moe, qwen3_5_text and "
+                                             "gemma3_text name each"):
         hf_config_from_model(alternating, model_type="mistral")
+    # Gemma 3's sandwich norms and scaled embeddings: in no other family, and needed by it.
+    gemma = importer.model_config(ref.saved_model("gemma3", root))
+    with pytest.raises(errors.HFError, match="qwen3 does not scale its embeddings"):
+        hf_config_from_model(gemma, model_type="qwen3")
+    with pytest.raises(errors.HFError, match="gemma3_text has branch_output_norms=True"):
+        hf_config_from_model(alternating, model_type="gemma3_text")
     with pytest.raises(errors.HFError, match="sliding_rope_theta"):
         hf_config_from_model(alternating.clone(sliding_rope_theta=1e4))
     qwen3 = importer.model_config(ref.saved_model("qwen3", root)).set(attention_output_bias=True)

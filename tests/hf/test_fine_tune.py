@@ -176,23 +176,41 @@ def test_a_run_resumes_after_its_hf_directory_is_gone(byte_llama, tmp_path):
     assert "restored the run from" in resumed.stdout and "step      3/3" in resumed.stdout
 
 
-def test_a_qwen3_5_fine_tunes_exports_and_loads_in_transformers(tmp_path):
-    """Qwen 3.5's text model (Gated DeltaNet and gated attention layers; bytes for a vocabulary)
-    through the Interface's commands: fine-tuned 3 steps from its directory on data 4 x TP 2,
-    exported, loaded by transformers' own class with Titanax's logits; ``generate --hf`` on the
-    export gives the run's greedy ids."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def _qwen3_5(directory):
+    """Qwen 3.5's text model: three Gated DeltaNet layers and a gated attention."""
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM
-    torch.manual_seed(0)
-    source, run, target = (str(tmp_path / name) for name in ("qwen3_5", "run", "export"))
     Qwen3_5ForCausalLM(Qwen3_5TextConfig(
         vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
         linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
         layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=128,
-        initializer_range=0.1)).save_pretrained(source)
+        initializer_range=0.1)).save_pretrained(directory)
+    return "Qwen3_5ForCausalLM"
+
+
+def _gemma3(directory):
+    """Gemma 3's text model, its head tied to its sqrt(width)-scaled embeddings: two sliding
+    layers and a full one, then a sliding one after the stack."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+        layer_types=["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
+        max_position_embeddings=128, initializer_range=0.1)).save_pretrained(directory)
+    return "Gemma3ForCausalLM"
+
+
+@pytest.mark.parametrize("family", [_qwen3_5, _gemma3], ids=["qwen3_5", "gemma3"])
+def test_todays_families_fine_tune_export_and_load_in_transformers(family, tmp_path):
+    """Today's families (bytes for a vocabulary) through the Interface's commands: fine-tuned 3
+    steps from their directory on data 4 x TP 2, exported, loaded by transformers' own class
+    with Titanax's logits; ``generate --hf`` on the export gives the run's greedy ids."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    source, run, target = (str(tmp_path / name) for name in ("source", "run", "export"))
+    architecture = family(source)
     _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={source}",
          f"--trainer_dir={run}", "--cpu_devices=8", "--config.max_steps=3",
          "--config.evalers={}")
@@ -201,11 +219,11 @@ def test_a_qwen3_5_fine_tunes_exports_and_loads_in_transformers(tmp_path):
     engine = saved_run.restored_engine(run)
     ours = np.asarray(engine.steps.model_method("logits")(engine.state.params, ids))
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    assert type(model).__name__ == architecture
     with torch.no_grad():
         theirs = model(torch.tensor(ids)).logits.numpy()
     assert_close(theirs, ours, bound=CROSS_FRAMEWORK,
-                 what="transformers' logits of the exported Qwen 3.5 run")
+                 what=f"transformers' logits of the exported {architecture} run")
     prompt = "--prompt_ids=82,79,77,69,79,58"
     from_run = _run("titanax.generate", f"--trainer_dir={run}", prompt, "--max_new_tokens=16",
                     "--cpu_devices=8")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from tests.commands import run_module
 from tests.hf import reference_models as ref
 from tests.numerics import CROSS_FRAMEWORK, assert_close
 from tests.hf.reference_models import engine_for
@@ -11,7 +12,7 @@ from titanax.modules.module import functional
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5")
+         "qwen3_5", "gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_one_device_logits_equal_transformers(kind, root):
 
 @pytest.mark.parametrize("kind,data,model", [
     ("llama", 4, 2), ("qwen3", 4, 2), ("qwen2", 4, 2), ("mistral", 4, 2), ("gpt2", 4, 2),
-    ("qwen3_sliding", 4, 2), ("qwen3_5", 4, 2),
+    ("qwen3_sliding", 4, 2), ("qwen3_5", 4, 2), ("gemma3", 4, 2),
     # TP=4 over 2 (llama, qwen3) and 1 (mistral) kv heads: kv kept whole on every rank.
     ("llama", 2, 4), ("qwen3", 2, 4), ("mistral", 2, 4)])
 def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):
@@ -68,15 +69,39 @@ def test_pipelined_eval_loss_equals_transformers(kind, root):
     assert_close(loss, expected, bound=CROSS_FRAMEWORK, what=f"{kind} pipelined eval loss")
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3_5", "gemma3"])
 def test_fsdp_logits_equal_transformers(kind, root):
     """FSDP: every param split over data=8 where a dimension divides; gathered for the call
     (a layer pattern's members one repetition at a time)."""
     directory = ref.saved_model(kind, root)
     engine = engine_for(directory, data=8, zero=3)
     stack = engine.layout.param_specs["decoder"]["layer"]
-    assert "data" in tuple(stack.get("3", stack)["attn"]["q_weight"])
+    for block in [v for k, v in stack.items() if k.isdigit()] or [stack]:
+        assert "data" in tuple(block["attn"]["q_weight"])
     ids = ref.token_ids()
     logits = engine.steps.model_method("logits")(engine.state.params, ids)
     assert_close(np.asarray(logits), ref.hf_logits(directory, ids), bound=CROSS_FRAMEWORK,
                  what=f"{kind} logits, FSDP data=8")
+
+
+@pytest.mark.parametrize("kind", ["gemma3_vision", "qwen3_5_vision"])
+def test_a_multimodal_checkpoint_loads_its_language_model(kind, root):
+    """Gemma 3 and Qwen 3.5 as mostly published -- multimodal: the language model's logits are
+    transformers' multimodal model's on text (its vision tower left out, and said so)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+    directory = ref.saved_model(kind, root)
+    cfg = importer.model_config(directory)
+    ids = ref.token_ids()
+    logits, _ = functional(cfg.instantiate(), None, importer.params_as_numpy(directory, cfg),
+                           (ids,), method="logits", is_training=False)
+    model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor(ids)).logits.numpy().astype(np.float64)
+    assert np.std(expected) > 0.5, "the reference's logits are too flat to tell models apart"
+    assert_close(np.asarray(logits), expected, bound=CROSS_FRAMEWORK, what=f"{kind} logits")
+    if kind == "gemma3_vision":  # The command a user runs says what it left out.
+        result = run_module("titanax.generate", f"--hf={directory}", "--prompt_ids=5,6,7",
+                            "--max_new_tokens=3")
+        assert (f"{directory} is a multimodal gemma3 checkpoint: its language model "
+                "(gemma3_text) is loaded; the vision tower and projector") in result.stderr

@@ -23,7 +23,7 @@ from titanax import errors
 from titanax.config import ConfigBase
 from titanax.hf import param_map
 from titanax.hf.model_configs import hf_config_from_model
-from titanax.hf.model_dir import CONFIG, INDEX, SINGLE
+from titanax.hf.model_dir import CONFIG, INDEX, MULTIMODAL, SINGLE, language_model_config
 from titanax.hf.safetensors_io import PlannedTensor, write_file
 from titanax.io.files import new_directory
 from titanax.parallel import rules
@@ -133,7 +133,11 @@ def _source_config(source_dir: Optional[str]) -> Dict[str, Any]:
     if not source_dir or not os.path.isfile(os.path.join(source_dir, CONFIG)):
         return {}
     with open(os.path.join(source_dir, CONFIG), encoding="utf-8") as f:
-        return json.load(f)
+        config = json.load(f)
+    if isinstance(config, dict) and config.get("model_type") in MULTIMODAL:
+        # (A multimodal source exports as its language model: the text model's token ids.)
+        config = language_model_config(config, where=os.path.join(source_dir, CONFIG))
+    return config
 
 
 def _write_json(path: str, value: Any) -> None:

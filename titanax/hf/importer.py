@@ -11,6 +11,7 @@ being filled. Every HF tensor is accounted for: one that is missing, has another
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import jax
@@ -25,15 +26,30 @@ from titanax.hf.model_dir import CONFIG, ModelDir
 from titanax.parallel import rules
 from titanax.parallel.sharding import path_string
 
+_log = logging.getLogger("titanax")
+
 
 # HF tensors that are buffers, not weights (recomputed by the model).
 BUFFER_SUFFIXES = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 
 def model_config(directory: str) -> ConfigBase:
-    """The Titanax model config of an HF model directory."""
-    return model_config_from_hf(ModelDir(directory).config,
-                                where=f"{directory.rstrip('/')}/{CONFIG}")
+    """The Titanax model config of an HF model directory (of a multimodal one: its language
+    model's, said once per directory on the log)."""
+    source = ModelDir(directory)
+    where = f"{directory.rstrip('/')}/{CONFIG}"
+    cfg = model_config_from_hf(source.config, where=where + (": text_config"
+                                                             if source.multimodal else ""))
+    if source.multimodal and source.directory not in _TOLD_LEFT_OUT:
+        _TOLD_LEFT_OUT.add(source.directory)
+        _log.warning("%s is a multimodal %s checkpoint: its language model (%s) is loaded; "
+                     "the vision tower and projector (%d tensors) are left out", directory,
+                     source.multimodal, source.config["model_type"], len(source.left_out))
+    return cfg
+
+
+# The multimodal directories whose left-out vision parts the log has named.
+_TOLD_LEFT_OUT: set = set()
 
 
 def check_tensor_shapes(directory: str, model_cfg: ConfigBase) -> None:

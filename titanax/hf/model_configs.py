@@ -1,5 +1,5 @@
-"""Hugging Face ``config.json`` <-> Titanax model configs (GPT-2, Llama, Qwen 2/3, Mistral, and
-the mixtures of experts Mixtral and Qwen 3 MoE).
+"""Hugging Face ``config.json`` <-> Titanax model configs (GPT-2, Llama, Qwen 2/3, Qwen 3.5's text
+model, Gemma 3's, Mistral, and the mixtures of experts Mixtral and Qwen 3 MoE).
 
 Every key of an HF config is either mapped onto a Titanax field, checked to hold the one value
 Titanax implements (``hidden_act: silu``, no sliding window on Qwen, ...), or known not to change
@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from titanax import errors
 from titanax.config import ConfigBase
 from titanax.modules.layers.moe import MoE
-from titanax.modules.layers.rotary import Llama3RopeScaling
+from titanax.modules.layers.rotary import Llama3RopeScaling, LinearRopeScaling
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
-from titanax.modules.models.decoder import Decoder, gpt_config, is_gpt2
+from titanax.modules.models.decoder import Decoder, gpt_config, is_gpt2, layer_kinds
 
 # Keys of any HF config that do not change the model's numbers.
 NEUTRAL_KEYS = frozenset({
@@ -29,7 +29,7 @@ NEUTRAL_KEYS = frozenset({
     "finetuning_task", "max_length", "num_labels", "_num_labels", "gradient_checkpointing",
 })
 
-DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text")
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text", "gemma3_text")
 # Decoders whose MLPs are mixtures of experts.
 MOE_TYPES = ("mixtral", "qwen3_moe")
 MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
@@ -38,8 +38,8 @@ MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
 def _refuse(key: str, value: Any, why: str, *, where: str) -> errors.HFError:
     return errors.HFError(f"{key}={value!r}: {why}", path=f"{where}: {key}",
                           suggestion="Titanax imports GPT-2, Llama, Qwen 2/3, Qwen 3 MoE, "
-                                     "Qwen 3.5 (text), Mistral and Mixtral checkpoints as "
-                                     "published; this one differs where named")
+                                     "Qwen 3.5 (text), Gemma 3 (text), Mistral and Mixtral "
+                                     "checkpoints as published; this one differs where named")
 
 
 class _Reader:
@@ -82,7 +82,9 @@ def model_type_of(hf: Mapping[str, Any], *, where: str) -> str:
     if model_type not in MODEL_TYPES:
         raise errors.HFError(f"model_type {model_type!r} is not supported",
                              path=f"{where}: model_type",
-                             suggestion=f"supported: {', '.join(MODEL_TYPES)}")
+                             suggestion=f"supported: {', '.join(MODEL_TYPES)}; and the "
+                                        "language model of multimodal gemma3 and qwen3_5 "
+                                        "directories")
     return model_type
 
 
@@ -158,33 +160,45 @@ def _rope_of(r: _Reader, params: Dict[str, Any], *, partial_read: bool = False
             raise _refuse("partial_rotary_factor", factor, "Titanax rotates whole heads",
                           where=r.where)
         params.pop("partial_rotary_factor", None)
-    out: Dict[str, Any] = {"rope_theta": float(theta), "rope_scaling": None}
+    return {"rope_theta": float(theta),
+            "rope_scaling": _rope_scaling(r, rope_type, params, where="rope_parameters")}
+
+
+# The scalings Titanax implements: HF rope_type -> (its config, the fields transformers needs).
+ROPE_SCALINGS = {
+    "llama3": (Llama3RopeScaling, ("factor", "low_freq_factor", "high_freq_factor",
+                                   "original_max_position_embeddings")),
+    "linear": (LinearRopeScaling, ("factor",)),
+}
+
+
+def _rope_scaling(r: _Reader, rope_type: str, params: Dict[str, Any], *, where: str):
+    """The scaling config of ``rope_type`` from its ``params`` (rope_theta and rope_type taken
+    out already); None for the default RoPE."""
     if rope_type == "default":
         if params:
-            raise _refuse("rope_parameters", params, "fields without a rope_type that uses "
-                          "them", where=r.where)
-        return out
-    if rope_type != "llama3":
-        raise _refuse("rope_type", rope_type, "Titanax implements the default RoPE and Llama "
-                      "3's 'llama3' scaling", where=r.where)
-    known = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-    extra = set(params) - known
+            raise _refuse(where, params, "fields without a rope_type that uses them",
+                          where=r.where)
+        return None
+    if rope_type not in ROPE_SCALINGS:
+        raise _refuse("rope_type", rope_type, "Titanax implements the default RoPE and the "
+                      f"{', '.join(map(repr, ROPE_SCALINGS))} scalings", where=r.where)
+    scaling, known = ROPE_SCALINGS[rope_type]
+    extra = set(params) - set(known)
     if extra:
-        raise _refuse("rope_parameters", sorted(extra), "unknown llama3 scaling fields",
+        raise _refuse(where, sorted(extra), f"unknown {rope_type} scaling fields",
                       where=r.where)
     absent = sorted(k for k in known if params.get(k) is None)
     if absent:
-        raise _refuse("rope_parameters", params, f"llama3 scaling needs {', '.join(absent)} "
-                      "(transformers requires all four)", where=r.where)
-    scaling_cfg = Llama3RopeScaling.default_config()
+        raise _refuse(where, params, f"{rope_type} scaling needs {', '.join(absent)} "
+                      "(transformers requires them)", where=r.where)
+    scaling_cfg = scaling.default_config()
     for key in known:
         try:
             setattr(scaling_cfg, key, type(getattr(scaling_cfg, key))(params[key]))
         except (TypeError, ValueError) as e:
-            raise _refuse(f"rope_parameters.{key}", params[key], "not a number",
-                          where=r.where) from e
-    out["rope_scaling"] = scaling_cfg
-    return out
+            raise _refuse(f"{where}.{key}", params[key], "not a number", where=r.where) from e
+    return scaling_cfg
 
 
 def _qwen3_5_text(r: _Reader) -> Decoder.Config:
@@ -229,15 +243,94 @@ def _qwen3_5_text(r: _Reader) -> Decoder.Config:
 
 
 def _shortest_period(kinds):
-    """The shortest group of kinds that repeats through the whole stack."""
+    """The shortest group of kinds that, repeated, gives the whole stack (its last repetition may
+    stop part-way: the Decoder's tail)."""
+    kinds = list(kinds)
     period = next(p for p in range(1, len(kinds) + 1)
-                  if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))
+                  if kinds == (kinds[:p] * -(-len(kinds) // p))[:len(kinds)])
     return tuple(kinds[:period])
+
+
+def _gemma3_text(r: _Reader) -> Decoder.Config:
+    """Gemma 3's text model (``Gemma3ForCausalLM``): sliding and full layers by ``layer_types``
+    (every 6th full by default), each kind its own RoPE, the sandwich norms, the embeddings
+    scaled by sqrt(hidden_size), queries scaled by ``query_pre_attn_scalar ** -0.5``."""
+    r.expect("hidden_activation", lambda v: v == "gelu_pytorch_tanh",
+             "Gemma 3's MLP is GELU (tanh) gated", "gelu_pytorch_tanh")
+    r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
+             0.0)
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        r.expect(key, lambda v: v is None, "soft-capping is Gemma 2's; Titanax's Gemma 3 has "
+                 "none (as every published Gemma 3)")
+    r.expect("use_bidirectional_attention", lambda v: not v, "Titanax's decoder is causal "
+             "(EmbeddingGemma's bidirectional mode is not a language model)", False)
+    r.get("cache_implementation")  # (How transformers caches: "hybrid".)
+    layers = r.required("num_hidden_layers")
+    every = r.get("sliding_window_pattern") or r.get("_sliding_window_pattern") or 6
+    layer_types = r.get("layer_types") or [
+        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    unknown = sorted(set(layer_types) - set(HF_LAYER_KINDS))
+    if unknown or len(layer_types) != layers:
+        raise _refuse("layer_types", unknown or len(layer_types), "Gemma 3 names each of its "
+                      "num_hidden_layers sliding_attention or full_attention", where=r.where)
+    kinds = [HF_LAYER_KINDS[t] for t in layer_types]
+    heads = r.required("num_attention_heads")
+    head_dim = r.get("head_dim", 256)
+    scalar = r.get("query_pre_attn_scalar", 256)
+    bias = bool(r.get("attention_bias", False))
+    width = r.required("hidden_size")
+    sliding = "sliding" in kinds
+    return Decoder.default_config().set(
+        name="gemma3_text", vocab_size=r.required("vocab_size"),
+        max_seq_len=r.required("max_position_embeddings"), num_layers=layers,
+        model_dim=width, num_heads=heads, num_kv_heads=r.get("num_key_value_heads") or heads,
+        head_dim=head_dim, hidden_dim=r.required("intermediate_size"),
+        mlp_activation="gelu_tanh", norm_eps=float(r.get("rms_norm_eps", 1e-6)), qk_norm=True,
+        norm_zero_centered=True, branch_output_norms=True, embedding_multiplier=width ** 0.5,
+        attention_scale=None if scalar == head_dim else float(scalar) ** -0.5,
+        qkv_bias=bias, attention_output_bias=bias,
+        sliding_window=r.required("sliding_window") if sliding else None,
+        layer_pattern=_shortest_period(kinds) if sliding and "full" in kinds else None,
+        tie_embeddings=bool(r.get("tie_word_embeddings", True)),
+        **_gemma3_rope(r, kinds=set(kinds)))
+
+
+def _gemma3_rope(r: _Reader, *, kinds) -> Dict[str, Any]:
+    """Gemma 3's two RoPEs -- the full layers' (``rope_theta``, maybe scaled) and the sliding
+    layers' (``rope_local_base_freq``, plain) -- from transformers 5's per-kind
+    ``rope_parameters`` or the older flat keys."""
+    params = dict(r.get("rope_parameters") or {})
+    if "full_attention" in params or "sliding_attention" in params:
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+    else:
+        full, local = params, {}
+    full.update(r.get("rope_scaling") or {})
+    full_theta = float(full.pop("rope_theta", None) or r.get("rope_theta") or 1e6)
+    local_theta = float(local.pop("rope_theta", None) or r.get("rope_local_base_freq") or 1e4)
+    local_type = local.pop("rope_type", None) or "default"
+    full_type = full.pop("rope_type", None) or full.pop("type", None) or "default"
+    same_rope = (local_theta, local_type, local) == (full_theta, full_type, full)
+    scaling = _rope_scaling(r, full_type, full, where="rope_parameters.full_attention")
+    if kinds == {"full"}:  # Every layer one kind: that kind's RoPE for all.
+        return {"rope_theta": full_theta, "rope_scaling": scaling}
+    local_scaling = _rope_scaling(r, local_type, local, where="rope_parameters.sliding_attention")
+    if kinds == {"sliding"}:
+        return {"rope_theta": local_theta, "rope_scaling": local_scaling}
+    if same_rope:  # Both kinds rotate alike (as Titanax writes a pattern without its own base).
+        return {"rope_theta": full_theta, "rope_scaling": scaling}
+    if local_scaling is not None:
+        raise _refuse("rope_parameters.sliding_attention", {"rope_type": local_type, **local},
+                      "Titanax rotates a pattern's sliding layers by plain RoPE at their own "
+                      "base, or as the full layers", where=r.where)
+    return {"rope_theta": full_theta, "rope_scaling": scaling, "sliding_rope_theta": local_theta}
 
 
 def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
     if model_type == "qwen3_5_text":
         return _qwen3_5_text(r)
+    if model_type == "gemma3_text":
+        return _gemma3_text(r)
     r.expect("hidden_act", lambda v: v == "silu", "the family's MLP is SwiGLU (silu)", "silu")
     r.expect("pretraining_tp", lambda v: v in (None, 1), "a Meta-only split of the matmuls", 1)
     r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
@@ -385,6 +478,8 @@ def hf_config_from_model(cfg: ConfigBase, *, model_type: Optional[str] = None,
 def default_model_type(cfg: Decoder.Config) -> str:
     """The HF family whose modeling code computes what ``cfg`` does (checked by
     ``hf_config_from_model``: a model no family fits is refused there)."""
+    if cfg.branch_output_norms or cfg.embedding_multiplier != 1.0:
+        return "gemma3_text"
     if cfg.norm_zero_centered or cfg.attention_output_gate or \
             "linear" in (cfg.layer_pattern or ()):
         return "qwen3_5_text"
@@ -404,16 +499,18 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     or ignore it: a model that loads and is wrong)."""
     problems: List[str] = moe_misfits(cfg, model_type)
     # The family's GPT-2 switches, which no RoPE family computes.
-    qwen3_5 = model_type == "qwen3_5_text"
-    for name, want in (("norm", "rms"), ("mlp_activation", "silu"), ("gated_mlp", True),
-                       ("fused_qkv", False), ("norm_zero_centered", qwen3_5),
-                       ("attention_output_gate", qwen3_5)):
+    qwen3_5, gemma3 = model_type == "qwen3_5_text", model_type == "gemma3_text"
+    for name, want in (("norm", "rms"), ("mlp_activation", "gelu_tanh" if gemma3 else "silu"),
+                       ("gated_mlp", True), ("fused_qkv", False),
+                       ("norm_zero_centered", qwen3_5 or gemma3),
+                       ("attention_output_gate", qwen3_5), ("branch_output_norms", gemma3)):
         if getattr(cfg, name) != want:
             problems.append(f"{model_type} has {name}={want!r} (this model: "
                             f"{getattr(cfg, name)!r})")
-    if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe", "qwen3_5_text")):
-        problems.append("qwen3, qwen3_moe and qwen3_5_text have QK-norm and no other family "
-                        "does")
+    problems += _gemma3_misfits(cfg, model_type)
+    if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe", "qwen3_5_text", "gemma3_text")):
+        problems.append("qwen3, qwen3_moe, qwen3_5_text and gemma3_text have QK-norm and no "
+                        "other family does")
     if cfg.rotary_fraction != 1.0 and not qwen3_5:
         problems.append(f"{model_type} rotates whole heads (rotary_fraction is "
                         f"{cfg.rotary_fraction})")
@@ -432,8 +529,31 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     problems += _pattern_misfits(cfg, model_type)
     if cfg.mlp_bias and model_type != "llama":
         problems.append("only llama has MLP biases (mlp_bias)")
-    if cfg.rope_scaling is not None and model_type != "llama":
-        problems.append("llama3 rope scaling is written for llama only")
+    if cfg.rope_scaling is not None and model_type not in ("llama", "gemma3_text"):
+        problems.append("rope scaling is written for llama and gemma3_text only")
+    return problems
+
+
+def _gemma3_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
+    """Gemma 3's own switches against ``model_type``: its embedding scale, its attention scale,
+    its one attention_bias."""
+    head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads
+    problems = []
+    if model_type == "gemma3_text":
+        if cfg.embedding_multiplier != cfg.model_dim ** 0.5:
+            problems.append(f"gemma3_text scales the embeddings by sqrt(hidden_size)="
+                            f"{cfg.model_dim ** 0.5} (this model: {cfg.embedding_multiplier})")
+        if cfg.qkv_bias != cfg.attention_output_bias:
+            problems.append("gemma3_text's attention_bias sets q/k/v and output biases together")
+        if cfg.mlp_bias:
+            problems.append("gemma3_text has no MLP biases")
+        return problems
+    if cfg.embedding_multiplier != 1.0:
+        problems.append(f"{model_type} does not scale its embeddings (embedding_multiplier is "
+                        f"{cfg.embedding_multiplier})")
+    if cfg.attention_scale not in (None, head_dim ** -0.5):
+        problems.append(f"{model_type} scales scores by 1/sqrt(head_dim) (attention_scale is "
+                        f"{cfg.attention_scale})")
     return problems
 
 
@@ -443,21 +563,23 @@ def _pattern_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     if cfg.layer_pattern is None and model_type == "qwen3_5_text" and cfg.sliding_window:
         return ["qwen3_5_text has no sliding window"]
     if cfg.layer_pattern is None:
-        if cfg.sliding_window is not None and model_type not in ("mistral", "mixtral"):
-            return ["only mistral and mixtral have one sliding window for every layer"]
+        if cfg.sliding_window is not None and \
+                model_type not in ("mistral", "mixtral", "gemma3_text"):
+            return ["only mistral, mixtral and gemma3_text have one sliding window for every "
+                    "layer"]
         return []
     problems = []
     kinds = set(cfg.layer_pattern)
     if model_type == "qwen3_5_text":
         if kinds - {"linear", "full"}:
             problems.append("qwen3_5_text has linear_attention and full_attention layers only")
-    elif not qwen:
-        problems.append("only qwen2, qwen3, qwen3_moe and qwen3_5_text name each layer's kind "
-                        "(layer_types)")
+    elif not (qwen or model_type == "gemma3_text"):
+        problems.append("only qwen2, qwen3, qwen3_moe, qwen3_5_text and gemma3_text name each "
+                        "layer's kind (layer_types)")
     elif "linear" in kinds:
         problems.append(f"{model_type} has no Gated DeltaNet ('linear') layers: qwen3_5_text "
                         "has")
-    if cfg.sliding_rope_theta is not None:
+    if cfg.sliding_rope_theta is not None and model_type != "gemma3_text":
         problems.append(f"{model_type} rotates every layer by one rope_theta "
                         "(sliding_rope_theta is set)")
     return problems
@@ -470,7 +592,8 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
     switches = ("norm", "fused_qkv", "qkv_bias", "attention_output_bias", "mlp_bias",
                 "gated_mlp", "mlp_activation", "tie_embeddings", "moe", "qk_norm",
                 "sliding_window", "layer_pattern", "norm_zero_centered",
-                "attention_output_gate", "rotary_fraction")
+                "attention_output_gate", "rotary_fraction", "branch_output_norms",
+                "embedding_multiplier", "attention_scale")
     misfits = [f"{name}={getattr(cfg, name)!r} (GPT-2: {getattr(gpt2, name)!r})"
                for name in switches if getattr(cfg, name) != getattr(gpt2, name)]
     # (Heads written out at their default values are GPT-2's too.)
@@ -495,11 +618,10 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
 
 def _qwen3_5_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
     """Qwen 3.5's own keys: every layer's type, the Gated DeltaNet sizes, the partial RoPE."""
-    pattern = cfg.layer_pattern or ("full",)
     names = {"linear": "linear_attention", "full": "full_attention"}
     out: Dict[str, Any] = {
         "attention_bias": False,
-        "layer_types": [names[k] for k in pattern] * (cfg.num_layers // len(pattern)),
+        "layer_types": [names[k] for k in layer_kinds(cfg)],
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
                             "partial_rotary_factor": cfg.rotary_fraction}}
     gdn = cfg.linear_attention
@@ -517,9 +639,45 @@ def _qwen_layer_types_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
         return {"use_sliding_window": False, "sliding_window": None}
     names = {kind: name for name, kind in HF_LAYER_KINDS.items()}
     return {"use_sliding_window": True, "sliding_window": cfg.sliding_window,
-            "max_window_layers": 0,
-            "layer_types": [names[k] for k in cfg.layer_pattern]
-                           * (cfg.num_layers // len(cfg.layer_pattern))}
+            "max_window_layers": 0, "layer_types": [names[k] for k in layer_kinds(cfg)]}
+
+
+def _rope_to_hf(theta: float, scaling) -> Dict[str, Any]:
+    """transformers 5's ``rope_parameters`` of one RoPE."""
+    if scaling is None:
+        return {"rope_theta": theta, "rope_type": "default"}
+    if isinstance(scaling, LinearRopeScaling.Config):
+        return {"rope_theta": theta, "rope_type": "linear", "factor": scaling.factor}
+    return {"rope_theta": theta, "rope_type": "llama3", "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings}
+
+
+def _gemma3_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
+    """A whole Gemma 3 text ``config.json``: every layer's type, each kind's RoPE (the sliding
+    layers' as the full ones' when sliding_rope_theta is None), the query scalar."""
+    head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads
+    names = {kind: name for name, kind in HF_LAYER_KINDS.items()}
+    full = _rope_to_hf(cfg.rope_theta, cfg.rope_scaling)
+    local = full if cfg.sliding_rope_theta is None else _rope_to_hf(cfg.sliding_rope_theta, None)
+    scalar = head_dim if cfg.attention_scale is None else cfg.attention_scale ** -2
+    if abs(scalar - round(scalar)) < 1e-6 * scalar:  # (HF writes an int.)
+        scalar = int(round(scalar))
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len,
+        "num_hidden_layers": cfg.num_layers, "hidden_size": cfg.model_dim,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads or cfg.num_heads, "head_dim": head_dim,
+        "intermediate_size": cfg.hidden_dim or 4 * cfg.model_dim, "rms_norm_eps": cfg.norm_eps,
+        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": cfg.qkv_bias, "attention_dropout": 0.0,
+        "query_pre_attn_scalar": scalar, "sliding_window": cfg.sliding_window,
+        "layer_types": [names[k] for k in layer_kinds(cfg)],
+        "rope_parameters": {"full_attention": full, "sliding_attention": dict(local)},
+        "final_logit_softcapping": None, "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False}
 
 
 def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
@@ -531,17 +689,14 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
                              suggestion=f"export as {fits[0]!r}" if fits else
                              "no Hugging Face family computes this combination: change the "
                              "model's options (see docs/huggingface.md)")
+    if model_type == "gemma3_text":
+        return _gemma3_to_hf(cfg)
     architectures = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                      "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                      "qwen3_5_text": "Qwen3_5ForCausalLM"}
     head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads
-    rope: Dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
-    if cfg.rope_scaling is not None:
-        s = cfg.rope_scaling
-        rope = {"rope_theta": cfg.rope_theta, "rope_type": "llama3", "factor": s.factor,
-                "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": s.original_max_position_embeddings}
+    rope = _rope_to_hf(cfg.rope_theta, cfg.rope_scaling)
     out: Dict[str, Any] = {
         "architectures": [architectures[model_type]], "model_type": model_type,
         "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len,

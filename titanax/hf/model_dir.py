@@ -3,13 +3,18 @@
 The weights are one ``model.safetensors`` or shards named by ``model.safetensors.index.json``
 (``{"weight_map": {tensor: file}}``). Every tensor is served as a view of its file's memory map,
 so reading a slice reads only that slice. Errors name the file and what is missing.
+
+A multimodal checkpoint of a family whose language model Titanax implements (Gemma 3's
+``gemma3``, Qwen 3.5's ``qwen3_5``: most published ones are) reads as that language model: its
+``text_config`` is the config, its language model's tensors are served under the text model's
+names, and the vision tower's and projector's are left out (``left_out``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -21,6 +26,14 @@ CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER = "tokenizer.json"
+
+# Multimodal model types -> the model type of their language model (its text_config).
+MULTIMODAL = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}
+# Where a multimodal checkpoint keeps its language model -> the text model's own names
+# (transformers 5 writes Gemma 3's in the older layout, Qwen 3.5's in the newer).
+LANGUAGE_MODEL_PREFIXES = (("language_model.model.", "model."),
+                           ("language_model.lm_head.", "lm_head."),
+                           ("model.language_model.", "model."), ("lm_head.", "lm_head."))
 
 
 def read_config(directory: str) -> Dict[str, Any]:
@@ -42,12 +55,24 @@ class ModelDir:
 
     def __init__(self, directory: str):
         self.directory = os.path.abspath(directory)
-        self.config = read_config(self.directory)
+        config = read_config(self.directory)
+        # The multimodal model type whose language model this is (None: a language model).
+        self.multimodal: Optional[str] = None
+        if config.get("model_type") in MULTIMODAL:
+            self.multimodal = config["model_type"]
+            config = language_model_config(config, where=os.path.join(self.directory, CONFIG))
+        self.config = config
         self._files: Dict[str, SafetensorsFile] = {}
-        # Tensor name -> (file, the name stored in it).
-        self._where: Dict[str, Tuple[str, str]] = {
-            _canonical_name(name, self.config): (file, name)
-            for name, file in self._weight_map().items()}
+        # Tensor name -> (file, the name stored in it); a multimodal checkpoint's other parts
+        # by their stored names.
+        self._where: Dict[str, Tuple[str, str]] = {}
+        self.left_out: List[str] = []
+        for name, file in self._weight_map().items():
+            canonical = _canonical_name(name, self.config, multimodal=self.multimodal)
+            if canonical is None:
+                self.left_out.append(name)
+            else:
+                self._where[canonical] = (file, name)
 
     def _weight_map(self) -> Dict[str, str]:
         index = os.path.join(self.directory, INDEX)
@@ -113,9 +138,32 @@ class ModelDir:
         return path if os.path.isfile(path) else None
 
 
-def _canonical_name(name: str, config: Dict[str, Any]) -> str:
+def language_model_config(config: Dict[str, Any], *, where: str) -> Dict[str, Any]:
+    """A multimodal ``config.json``'s language model config: its ``text_config`` (with the
+    top-level ``tie_word_embeddings``, which the multimodal model's head follows)."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise errors.HFError(f"a {config['model_type']} config without a text_config",
+                             path=f"{where}: text_config",
+                             suggestion="a multimodal directory written by transformers has one")
+    text = dict(text)
+    text.setdefault("model_type", MULTIMODAL[config["model_type"]])
+    if "tie_word_embeddings" in config:
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
+    return text
+
+
+def _canonical_name(name: str, config: Dict[str, Any], *,
+                    multimodal: Optional[str] = None) -> Optional[str]:
     """The published GPT-2 checkpoints store ``GPT2Model``'s names (``h.0.attn...``,
-    ``wte.weight``); ``GPT2LMHeadModel`` saves them under ``transformer.``: both read alike."""
+    ``wte.weight``); ``GPT2LMHeadModel`` saves them under ``transformer.``: both read alike.
+    A multimodal checkpoint's language model tensors read as the text model's; its other
+    tensors (the vision tower, the projector) are None."""
+    if multimodal is not None:
+        for prefix, canonical in LANGUAGE_MODEL_PREFIXES:
+            if name.startswith(prefix):
+                return canonical + name[len(prefix):]
+        return None
     if config.get("model_type") == "gpt2" and not name.startswith(("transformer.", "lm_head")):
         return f"transformer.{name}"
     return name

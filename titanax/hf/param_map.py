@@ -222,10 +222,13 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
     if pattern is None:
         maps += _decoder_layers(cfg, prefix="decoder/layer/", layers=cfg.num_layers)
     else:  # Member m of the group holds layers m, K + m, 2K + m, ... (layer_group.py).
+        repetitions, tail = divmod(cfg.num_layers, len(pattern))
         for member, kind in enumerate(pattern):
-            maps += _decoder_layers(cfg, prefix=f"decoder/layer/{member}/",
-                                    layers=cfg.num_layers // len(pattern),
+            maps += _decoder_layers(cfg, prefix=f"decoder/layer/{member}/", layers=repetitions,
                                     stride=len(pattern), offset=member, kind=kind)
+        for member, kind in enumerate(pattern[:tail]):  # (The unstacked layers after those.)
+            maps += _decoder_layers(cfg, prefix=f"decoder_tail/{member}/", layers=0,
+                                    offset=repetitions * len(pattern) + member, kind=kind)
     maps.append(TensorMap("final_norm/scale", ("model.norm.weight",), same()))
     return maps
 
@@ -244,8 +247,14 @@ def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: in
         return TensorMap(prefix + path, tuple(pre + n for n in names), form, layers=layers,
                          layer_stride=stride, layer_offset=offset)
 
-    maps = [layer("input_norm/scale", "input_layernorm.weight", same()),
-            layer("post_attention_norm/scale", "post_attention_layernorm.weight", same())]
+    maps = [layer("input_norm/scale", "input_layernorm.weight", same())]
+    if cfg.branch_output_norms:  # Gemma's four: the MLP's input norm is its "pre_feedforward".
+        maps += [layer("attention_output_norm/scale", "post_attention_layernorm.weight", same()),
+                 layer("post_attention_norm/scale", "pre_feedforward_layernorm.weight", same()),
+                 layer("mlp_output_norm/scale", "post_feedforward_layernorm.weight", same())]
+    else:
+        maps.append(layer("post_attention_norm/scale", "post_attention_layernorm.weight",
+                          same()))
     if kind == "linear":
         return maps + _linear_attention(cfg, layer) + _mlp(cfg, layer)
     if cfg.attention_output_gate:  # Each head's query, then its gate, in one q_proj.

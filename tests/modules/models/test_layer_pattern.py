@@ -51,6 +51,30 @@ def test_a_pattern_of_alike_layers_is_the_plain_stack(kind, window, float64_nume
     assert_close(_loss(pattern, regrouped, ids), _loss(plain, params, ids), what="loss")
 
 
+def test_a_depth_the_pattern_does_not_divide_ends_in_its_first_kinds(float64_numerics):
+    """Five layers of the pattern (sliding, full): two repetitions, then a sliding layer after
+    the stack (``decoder_tail``) -- the loss of the same five layers as one repetition of the
+    whole pattern written out, params moved across."""
+    del float64_numerics
+    whole = Decoder.default_config().set(
+        num_layers=5, layer_pattern=("sliding", "full") * 2 + ("sliding",), sliding_window=3,
+        **SMALL)
+    params = jax.tree_util.tree_map(np.asarray, whole.instantiate().initialize_parameters_recursively(
+        jax.random.PRNGKey(0)))
+    layers = params["decoder"]["layer"]
+    tailed = whole.clone(layer_pattern=("sliding", "full"))
+    first_two = {str(i): jax.tree_util.tree_map(
+        lambda a, b: np.stack([a[0], b[0]]), layers[str(i)], layers[str(i + 2)])
+        for i in range(2)}
+    moved = {**params, "decoder": {"layer": first_two},
+             "decoder_tail": {"0": jax.tree_util.tree_map(lambda a: a[0], layers["4"])}}
+    model = tailed.instantiate()
+    assert jax.tree_util.tree_structure(moved) == jax.tree_util.tree_structure(
+        model.initialize_parameters_recursively(jax.random.PRNGKey(0)))
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 12)))
+    assert_close(_loss(tailed, moved, ids), _loss(whole, params, ids), what="loss")
+
+
 def test_windows_on_other_layers_than_transformers_slides_give_other_logits(tmp_path):
     """The imported pattern equals transformers' logits (tests/hf/test_import.py); the same
     weights with the kinds swapped -- or no window at all -- do not: the check sees where the
@@ -120,15 +144,16 @@ def _greedy_by_forward(model, params, prompt, steps):
     return np.stack([np.asarray(t) for t in tokens], axis=1)
 
 
-@pytest.mark.parametrize("pattern", ["sliding-full", "linear-x3-full"])
+@pytest.mark.parametrize("pattern", ["sliding-full", "sliding-full-tail", "linear-x3-full"])
 def test_greedy_generation_over_a_pattern_is_the_forwards_argmax(pattern):
     """Each greedy token -- from a key/value cache per attention member, a convolution window
     and recurrent state per Gated DeltaNet member -- is the argmax of the whole forward pass
     over the prompt and the tokens before it (an independent computation); and prompts
     left-padded to one length generate what each does alone."""
-    cfg = (Decoder.default_config().set(num_layers=4, layer_pattern=("sliding", "full"),
-                                        sliding_window=3, **SMALL)
-           if pattern == "sliding-full" else _qwen35_like(max_seq_len=32))
+    cfg = (Decoder.default_config().set(num_layers=5 if pattern.endswith("tail") else 4,
+                                        layer_pattern=("sliding", "full"), sliding_window=3,
+                                        **SMALL)
+           if pattern.startswith("sliding") else _qwen35_like(max_seq_len=32))
     model = cfg.instantiate()
     params = model.initialize_parameters_recursively(jax.random.PRNGKey(1))
     prompt = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 9)))
@@ -149,7 +174,7 @@ def test_greedy_generation_over_a_pattern_is_the_forwards_argmax(pattern):
 
 def test_what_a_pattern_cannot_do_yet_is_refused_by_name():
     with pytest.raises(errors.ConfigValidationError, match="num_layers"):
-        Decoder.default_config().set(num_layers=6, layer_pattern=("sliding", "full", "full", "full"),
+        Decoder.default_config().set(num_layers=3, layer_pattern=("sliding", "full", "full", "full"),
                                      sliding_window=3, **SMALL).instantiate()
     with pytest.raises(errors.ConfigValidationError, match="sliding_window"):
         Decoder.default_config().set(num_layers=4, layer_pattern=("sliding", "full"),

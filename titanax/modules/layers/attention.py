@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -87,8 +87,10 @@ class Attention(BaseLayer):
         rotary: bool = True
         # Rotary base (Llama 3: 500000; Qwen: 1000000; Mistral: 10000 or 1000000).
         rope_theta: float = 10000.0
-        # Llama 3.1 frequency rescaling; None: plain RoPE.
-        rope_scaling: Optional[rotary.Llama3RopeScaling.Config] = None
+        # Frequency rescaling: Llama 3.1's, or linear (Gemma 3's global layers); None: plain
+        # RoPE.
+        rope_scaling: Optional[Union[rotary.Llama3RopeScaling.Config,
+                                     rotary.LinearRopeScaling.Config]] = None
         # RMSNorm each query and key head (over head_dim) before the rotation (Qwen 3).
         qk_norm: bool = False
         # Epsilon of the QK-norm.
@@ -106,6 +108,9 @@ class Attention(BaseLayer):
         sliding_window: Optional[int] = None
         # Dropout on the attention probabilities (training only; GPT-2's attn_pdrop).
         attention_dropout_rate: float = 0.0
+        # What the scores q.k are multiplied by; None: 1 / sqrt(head_dim) (Gemma 3:
+        # query_pre_attn_scalar ** -0.5, which its published sizes set to head_dim or not).
+        scale: Optional[float] = None
         # Initializer of the output projection's weight; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
         # How scores become outputs (IMPLEMENTATIONS): "dense" writes the [t, s] scores out
@@ -142,6 +147,8 @@ class Attention(BaseLayer):
                 yield "sliding_window", f"must be >= 1 (or None), got {self.sliding_window}"
             if self.rope_theta <= 0:
                 yield "rope_theta", f"must be > 0, got {self.rope_theta}"
+            if self.scale is not None and not self.scale > 0:
+                yield "scale", f"must be > 0 (or None: 1 / sqrt(head_dim)), got {self.scale}"
             if self.rotary and not (0.0 < self.rotary_fraction <= 1.0
                                     and int(width * self.rotary_fraction) % 2 == 0
                                     and int(width * self.rotary_fraction) >= 2):
@@ -185,6 +192,11 @@ class Attention(BaseLayer):
     @property
     def num_kv_heads(self) -> int:
         return self.config.num_kv_heads or self.config.num_heads
+
+    @property
+    def scale(self) -> float:
+        """What the scores are multiplied by before the softmax."""
+        return self.config.scale or 1.0 / math.sqrt(self.head_dim)
 
     def _create_layer_parameter_specs(self):
         cfg = self.config
@@ -305,11 +317,11 @@ class Attention(BaseLayer):
         if binding.axis(SEQUENCE) is not None:  # (check_axis_binding refuses dropout here.)
             context = context_attention(
                 q, k, v, positions=positions, segment_ids=segment_ids, axis=binding.axis(SEQUENCE),
-                strategy=binding.context_strategy, scale=1.0 / math.sqrt(self.head_dim),
+                strategy=binding.context_strategy, scale=self.scale,
                 sliding_window=cfg.sliding_window)
         else:
             dropout = self.dropout if self.is_training and cfg.attention_dropout_rate else None
-            context = attend(q, k, v, sliding_window=cfg.sliding_window,
+            context = attend(q, k, v, sliding_window=cfg.sliding_window, scale=self.scale,
                              segment_ids=segment_ids, dropout=dropout,
                              implementation=cfg.implementation, block_size=cfg.block_size)
         return self._output(context, x)
@@ -344,6 +356,7 @@ class Attention(BaseLayer):
         values = self._kv_for_local_queries(v_cache, q.shape[2])
         context = attend(q, keys.astype(q.dtype), values.astype(q.dtype),
                          sliding_window=cfg.sliding_window, kv_length=start + x.shape[1],
+                         scale=self.scale,
                          key_valid=key_valid, implementation=cfg.implementation,
                          block_size=cfg.block_size)
         return self._output(context, x), (k_cache, v_cache)
@@ -433,7 +446,8 @@ def _unfused(*, keys: int, dropout: bool) -> str:
 def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
            segment_ids: Optional[jax.Array] = None, key_valid: Optional[jax.Array] = None,
            dropout: Optional[Callable[[jax.Array], jax.Array]] = None,
-           implementation: str = "auto", block_size: int = 512):
+           implementation: str = "auto", block_size: int = 512,
+           scale: Optional[float] = None):
     """Causal attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g``
     dividing ``n``): queries are the last ``t`` of the ``s`` positions (``t = s`` in training;
     decoding with a cache has ``t < s``). ``kv_length`` (decoding): how many of the ``s``
@@ -442,8 +456,9 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
     ``key_valid`` ``[b, s]`` (decoding left-padded prompts): no query sees a key where it is
     False.
     ``dropout``: applied to the probabilities (which it then writes out). ``implementation``:
-    one of IMPLEMENTATIONS (``Attention.Config.implementation``)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    one of IMPLEMENTATIONS (``Attention.Config.implementation``). ``scale``: what the scores
+    are multiplied by (None: ``1 / sqrt(d)``)."""
+    scale = scale or 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[1], k.shape[1]
     chosen = choose_implementation(implementation, queries=t, keys=s, dtype=q.dtype,
                                    dropout=dropout is not None, decoding=kv_length is not None)
@@ -463,7 +478,7 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
     if chosen == "pallas":  # Decoding against a cache: the kernel's rows are whole.
         return attend(q, k, v, sliding_window=sliding_window, kv_length=kv_length,
                       segment_ids=segment_ids, key_valid=key_valid, implementation="blockwise",
-                      block_size=block_size)
+                      block_size=block_size, scale=scale)
     documents = same_segment(segment_ids)
     if chosen == "fused" and kv_length is None and t == s:
         window = (sliding_window - 1, 0) if sliding_window is not None else None
@@ -475,7 +490,7 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
             except (RuntimeError, ValueError, NotImplementedError):  # jax's cuDNN checks refuse
                 return attend(q, k, v, sliding_window=sliding_window, segment_ids=segment_ids,
                               implementation=_unfused(keys=s, dropout=False),
-                              block_size=block_size)
+                              block_size=block_size, scale=scale)
         return fused(implementation=None)
     query_pos = filled - t + jnp.arange(t)
     key_pos = jnp.arange(s)

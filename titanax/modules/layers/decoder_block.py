@@ -2,7 +2,11 @@
 
 ``x + attn(input_norm(x))``, then ``x + mlp(post_attention_norm(x))`` -- Hugging Face's
 ``input_layernorm`` / ``self_attn`` (or ``linear_attn``) / ``post_attention_layernorm`` /
-``mlp`` (GPT-2's ``ln_1`` / ``attn`` / ``ln_2`` / ``mlp``). The norms are RMSNorm (Llama, Qwen, Mistral) or LayerNorm with a
+``mlp`` (GPT-2's ``ln_1`` / ``attn`` / ``ln_2`` / ``mlp``). With ``output_norms`` each branch's
+output is normed too before it joins the residual stream -- ``x + attention_output_norm(attn(..))``,
+``x + mlp_output_norm(mlp(..))`` (Gemma 2/3's "sandwich": HF ``post_attention_layernorm`` and
+``post_feedforward_layernorm``; its ``pre_feedforward_layernorm`` is ``post_attention_norm``
+here, the norm before the MLP). The norms are RMSNorm (Llama, Qwen, Mistral) or LayerNorm with a
 bias (GPT-2); the feed-forward block a (gated) MLP or a mixture of experts (Mixtral, Qwen 3 MoE);
 each residual branch may end in dropout (GPT-2's resid_pdrop; training only).
 """
@@ -44,6 +48,8 @@ class DecoderBlock(BaseLayer):
         norm_zero_centered: bool = False
         # Dropout on each residual branch's output (training only).
         dropout_rate: float = 0.0
+        # A norm of each branch's output before the residual add (Gemma 2/3).
+        output_norms: bool = False
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
@@ -55,6 +61,9 @@ class DecoderBlock(BaseLayer):
         self._add_child("attn", cfg.attention.clone(model_dim=cfg.model_dim))
         self._add_child("post_attention_norm", norm.clone())
         self._add_child("mlp", cfg.mlp.clone(model_dim=cfg.model_dim))
+        if cfg.output_norms:
+            self._add_child("attention_output_norm", norm.clone())
+            self._add_child("mlp_output_norm", norm.clone())
         # Under sequence parallelism the residual stream is split over the sequence.
         self._add_child("dropout", Dropout.default_config().set(
             rate=cfg.dropout_rate, split_dims=(RESIDUAL_SEQUENCE,)))
@@ -62,16 +71,22 @@ class DecoderBlock(BaseLayer):
     def forward(self, x, *, segment_ids=None, positions=None):
         """``segment_ids`` / ``positions`` (``[batch, seq]``): packed documents (attention stays
         inside each; RoPE restarts in each)."""
-        x = x + self.dropout(self.attn(self.input_norm(x), positions=positions,
-                                       segment_ids=segment_ids))
+        attended = self.attn(self.input_norm(x), positions=positions, segment_ids=segment_ids)
+        x = x + self.dropout(self._branch_output("attention_output_norm", attended))
         # A mixture of experts routes no padding (segment 0) token.
         routing = {"segment_ids": segment_ids} if isinstance(self.mlp, MoE) else {}
-        return x + self.dropout(self.mlp(self.post_attention_norm(x), **routing))
+        mixed = self.mlp(self.post_attention_norm(x), **routing)
+        return x + self.dropout(self._branch_output("mlp_output_norm", mixed))
+
+    def _branch_output(self, norm: str, y):
+        """A residual branch's output, normed by child ``norm`` with ``output_norms``."""
+        return getattr(self, norm)(y) if self.config.output_norms else y
 
     def decode(self, x, cache, *, start, offsets=None):
         """``forward`` for tokens at ``start ..`` over the attention's key/value ``cache``;
         returns ``(x, cache)`` (see ``Attention.decode``; ``offsets``: left padding)."""
         attended, cache = self.attn.decode(self.input_norm(x), cache, start=start,
                                            offsets=offsets)
-        x = x + attended
-        return x + self.mlp(self.post_attention_norm(x)), cache
+        x = x + self._branch_output("attention_output_norm", attended)
+        mixed = self.mlp(self.post_attention_norm(x))
+        return x + self._branch_output("mlp_output_norm", mixed), cache

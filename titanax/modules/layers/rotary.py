@@ -10,7 +10,8 @@ export did); Titanax uses HF's pairing, so HF weights are copied as they are.
 
 Frequencies: ``theta ** (-2i / d)``, optionally rescaled for long context with Llama 3.1's
 "llama3" rule (wavelengths above ``original_max_position_embeddings / low_freq_factor`` divided by
-``factor``, below ``/ high_freq_factor`` kept, a smooth blend between).
+``factor``, below ``/ high_freq_factor`` kept, a smooth blend between), or every frequency divided
+by one factor (HF's "linear" rope type: positions interpolated; Gemma 3's global layers).
 """
 
 from __future__ import annotations
@@ -64,8 +65,25 @@ class Llama3RopeScaling(Configurable):
         return np.where(medium, blended, scaled).astype(np.float32)
 
 
+class LinearRopeScaling(Configurable):
+    """Every frequency divided by ``factor`` (HF ``rope_type: "linear"``: position ``p`` rotates
+    as ``p / factor`` would; Gemma 3's global layers at 4B and up: 8)."""
+
+    class Config(Configurable.Config):
+        # What the frequencies are divided by.
+        factor: float = 8.0
+
+        def _validate_values(self):
+            if not self.factor > 0:
+                yield "factor", f"must be > 0, got {self.factor}"
+
+    def rescale(self, inv_freq: np.ndarray) -> np.ndarray:
+        return (inv_freq / np.float32(self.config.factor)).astype(np.float32)
+
+
 def inverse_frequencies(head_dim: int, theta: float,
-                        scaling: "Llama3RopeScaling | None" = None) -> np.ndarray:
+                        scaling: "Llama3RopeScaling | LinearRopeScaling | None" = None
+                        ) -> np.ndarray:
     """``[head_dim / 2]`` float32 inverse frequencies (computed as HF does, in float32)."""
     exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
     inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)

@@ -28,7 +28,7 @@ published sizes).
 from __future__ import annotations
 
 import math
-from typing import Dict, Literal, Optional, Sequence, Tuple
+from typing import Dict, Literal, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,7 @@ from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE, check_moe_binding
 from titanax.modules.layers.norm import LayerNorm, RMSNorm
 from titanax.modules.layers.repeat import UNROLL_UP_TO, Repeat
-from titanax.modules.layers.rotary import Llama3RopeScaling
+from titanax.modules.layers.rotary import Llama3RopeScaling, LinearRopeScaling
 from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
@@ -110,8 +110,10 @@ class Decoder(CausalLanguageModel):
         position_embedding: Literal["rotary", "learned"] = "rotary"
         # Rotary base (HF rope_theta).
         rope_theta: float = 10000.0
-        # Llama 3.1 frequency rescaling (HF rope_type "llama3"); None: plain RoPE.
-        rope_scaling: Optional[Llama3RopeScaling.Config] = None
+        # Frequency rescaling: Llama 3.1's (HF rope_type "llama3") or linear (HF "linear":
+        # Gemma 3's global layers); None: plain RoPE.
+        rope_scaling: Optional[Union[Llama3RopeScaling.Config,
+                                     LinearRopeScaling.Config]] = None
         # One q/k/v projection (GPT-2's c_attn; needs num_kv_heads None).
         fused_qkv: bool = False
         # Biases on q, k, v (GPT-2, Qwen 2; Llama's attention_bias sets this and output_bias).
@@ -120,8 +122,18 @@ class Decoder(CausalLanguageModel):
         attention_output_bias: bool = False
         # Biases on the MLP projections (GPT-2; HF mlp_bias).
         mlp_bias: bool = False
-        # RMSNorm of every q and k head before RoPE (Qwen 3).
+        # RMSNorm of every q and k head before RoPE (Qwen 3, Gemma 3).
         qk_norm: bool = False
+        # What the attention scores are multiplied by; None: 1 / sqrt(head_dim) (Gemma 3:
+        # query_pre_attn_scalar ** -0.5).
+        attention_scale: Optional[float] = None
+        # The token embeddings are multiplied by this before the first block (Gemma:
+        # sqrt(model_dim), rounded to the embedding's dtype as Gemma's code does; the tied LM
+        # head reads the table unscaled).
+        embedding_multiplier: float = 1.0
+        # A norm of each residual branch's output before it joins the stream (Gemma 2/3's
+        # post-attention and post-feedforward norms: DecoderBlock.Config.output_norms).
+        branch_output_norms: bool = False
         # The blocks', QK and final RMSNorms scale by 1 + their params, which start at 0 (Qwen
         # 3.5, Gemma: "zero-centered"; a Gated DeltaNet's gated norm keeps its plain scale, as
         # Qwen's); False: the param is the scale (Llama, Qwen 3).
@@ -153,13 +165,17 @@ class Decoder(CausalLanguageModel):
         # The kinds of one repeating group of layers, in order: "full" (attention over every
         # earlier position), "sliding" (attention within sliding_window) or "linear" (Gated
         # DeltaNet, linear_attention). Gemma 3: 5 x "sliding" then "full"; gpt-oss: "sliding",
-        # "full"; Qwen 3.5: 3 x "linear" then "full". The stack repeats the group num_layers /
+        # "full"; Qwen 3.5: 3 x "linear" then "full". The stack repeats the group num_layers //
         # len(pattern) times (layer g * len + i is member i of repetition g: param path
-        # decoder/layer/{i}/..., modules/layers/layer_group.py). None: every layer alike (full,
-        # or sliding where sliding_window is set), param path decoder/layer/...
+        # decoder/layer/{i}/..., modules/layers/layer_group.py); a depth the pattern does not
+        # divide ends in the pattern's first num_layers % len(pattern) kinds, unrolled after
+        # the stack (Gemma 3 27B: 62 layers = 10 x 6 + 2; param path decoder_tail/{i}/...).
+        # None: every layer alike (full, or sliding where sliding_window is set), param path
+        # decoder/layer/...
         layer_pattern: Optional[Sequence[Literal["full", "sliding", "linear"]]] = None
-        # RoPE base of the pattern's "sliding" layers (Gemma 3: 10000, its full layers'
-        # rope_theta 1000000); None: rope_theta.
+        # RoPE base of the pattern's "sliding" layers, which then rotate by plain RoPE, without
+        # rope_scaling (Gemma 3: 10000; its full layers 1000000, scaled linearly by 8 at 4B and
+        # up); None: the sliding layers rotate as the full ones (rope_theta, rope_scaling).
         sliding_rope_theta: Optional[float] = None
         # The Gated DeltaNet of the pattern's "linear" layers (its model_dim follows the
         # model's).
@@ -225,33 +241,15 @@ class Decoder(CausalLanguageModel):
         # The projections that write into the residual stream start smaller, by
         # 1 / sqrt(2 x layers) (GPT-2's scheme).
         output_init = Normal.default_config().set(stddev=0.02 / math.sqrt(2 * cfg.num_layers))
-        attention = Attention.default_config().set(
-            model_dim=cfg.model_dim, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim, fused_qkv=cfg.fused_qkv,
-            rotary=cfg.position_embedding == "rotary", rope_theta=cfg.rope_theta,
-            rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
-            output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-            norm_zero_centered=cfg.norm_zero_centered, output_gate=cfg.attention_output_gate,
-            rotary_fraction=cfg.rotary_fraction,
-            sliding_window=cfg.sliding_window, attention_dropout_rate=cfg.attention_dropout_rate,
-            implementation=cfg.attention_implementation, block_size=cfg.attention_block_size,
-            output_param_init=output_init)
-        if cfg.moe is not None:
-            mlp = cfg.moe.clone(model_dim=cfg.model_dim, output_param_init=output_init)
-        else:
-            mlp = MLP.default_config().set(
-                model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim or 4 * cfg.model_dim,
-                gated=cfg.gated_mlp, activation=cfg.mlp_activation, bias=cfg.mlp_bias,
-                output_param_init=output_init)
-        block = DecoderBlock.default_config().set(
-            model_dim=cfg.model_dim, attention=attention, mlp=mlp, norm=cfg.norm,
-            norm_eps=cfg.norm_eps, norm_zero_centered=cfg.norm_zero_centered,
-            dropout_rate=cfg.dropout_rate)
+        block = _block_config(cfg, output_init)
         layer, repetitions = block, cfg.num_layers
         if cfg.layer_pattern is not None:
-            layer = LayerGroup.default_config().set(layers=[
-                _block_of_kind(cfg, block, kind, output_init) for kind in cfg.layer_pattern])
-            repetitions = cfg.num_layers // len(cfg.layer_pattern)
+            members = [_block_of_kind(cfg, block, kind, output_init) for kind in cfg.layer_pattern]
+            layer = LayerGroup.default_config().set(layers=members)
+            repetitions, tail = divmod(cfg.num_layers, len(cfg.layer_pattern))
+            if tail:  # (Unstacked, after the stack: the pattern's first `tail` kinds.)
+                self._add_child("decoder_tail",
+                                LayerGroup.default_config().set(layers=members[:tail]))
         # (None unrolls by the model's depth in layers, not in repetitions of a pattern.)
         unroll = cfg.unroll_layers if cfg.unroll_layers is not None else \
             cfg.num_layers <= UNROLL_UP_TO
@@ -295,13 +293,23 @@ class Decoder(CausalLanguageModel):
     def attention_width(self) -> int:
         return self.config.num_heads * self.head_dim
 
+    def stack_tail(self, decoded: jax.Array, **layer_inputs) -> jax.Array:
+        """The layers after the stack (``decoder_tail``: a depth the layer pattern does not
+        divide), if any."""
+        if "decoder_tail" not in self.children:
+            return decoded
+        return self.decoder_tail(decoded, **layer_inputs)
+
     def embed(self, input_ids: jax.Array, positions: Optional[jax.Array] = None) -> jax.Array:
         """The token embeddings ``[batch, seq, model_dim]`` (this rank's part of the sequence
-        under sequence parallelism), plus the learned positions' (GPT-2: ``positions`` --
+        under sequence parallelism; times ``embedding_multiplier``), plus the learned
+        positions' (GPT-2: ``positions`` --
         packed rows: each token's place in its document -- pick the rows, by default
         ``0 .. seq-1``); rotary models read the positions in attention."""
         x = self.token_emb(input_ids)
         cfg = self.config
+        if cfg.embedding_multiplier != 1.0:  # (In the embedding's dtype, as Gemma's code.)
+            x = x * jnp.asarray(cfg.embedding_multiplier, x.dtype)
         if cfg.position_embedding == "learned":
             length = x.shape[1]
             start = self.axis_binding.rank(RESIDUAL_SEQUENCE) * length
@@ -311,12 +319,14 @@ class Decoder(CausalLanguageModel):
                 positions = jax.lax.dynamic_slice_in_dim(positions, start, length, axis=1)
             return self.emb_dropout(x + self.pos_emb(positions))
         binding = self.axis_binding
-        biased = ([binding.active(HEADS)] if cfg.attention_output_bias else []) + \
-            ([binding.active(MLP_DIM)] if cfg.mlp_bias else [])
+        biased = ([binding.active(HEADS)] if cfg.attention_output_bias
+                  or cfg.branch_output_norms else []) + \
+            ([binding.active(MLP_DIM)] if cfg.mlp_bias or cfg.branch_output_norms else [])
         for axis in sorted({a for a in biased if a is not None}):
-            # A bias added after a row-parallel psum varies over the TP axis as the params do,
-            # so the residual stream does from the first block on; the layer loop's carry must
-            # have one type, so it starts so (the first block would cast it anyway). (A learned
+            # A bias added -- or a norm's scale multiplied (Gemma's branch output norms) --
+            # after a row-parallel psum varies over the TP axis as the params do, so the
+            # residual stream does from the first block on; the layer loop's carry must have
+            # one type, so it starts so (the first block would cast it anyway). (A learned
             # position table, replicated over TP, makes it vary from the start.)
             x = collectives.cast_varying(x, axis)
         return self.emb_dropout(x)
@@ -373,13 +383,13 @@ class Decoder(CausalLanguageModel):
                                                             temperature=temperature)
             return (token, logp, entropy), cache_out
 
-        x, cache = self.decoder.decode(self.embed(prompt_ids, positions(0, prompt)), cache,
+        x, cache = self._decode_layers(self.embed(prompt_ids, positions(0, prompt)), cache,
                                        start=0, offsets=offsets)
         first, cache = choose(x, cache, 0)
 
         def step(carry, index):
             chosen, cache_in = carry
-            x, cache_out = self.decoder.decode(
+            x, cache_out = self._decode_layers(
                 self.embed(chosen[0][:, None], positions(prompt + index, 1)), cache_in,
                 start=prompt + index, offsets=offsets)
             return choose(x, cache_out, index + 1), chosen
@@ -392,26 +402,44 @@ class Decoder(CausalLanguageModel):
         return self._sample_until_ended(step, first, cache, max_new_tokens=max_new_tokens,
                                         end_ids=end_ids, agree_over=agree_over)
 
+    def _decode_layers(self, x, cache, *, start, offsets):
+        """Every layer's ``decode`` over ``cache`` (``_empty_cache``'s): the stack's, then the
+        tail's."""
+        if "decoder_tail" not in self.children:
+            return self.decoder.decode(x, cache, start=start, offsets=offsets)
+        x, stack_cache = self.decoder.decode(x, cache[0], start=start, offsets=offsets)
+        x, tail_cache = self.decoder_tail.decode(x, cache[1], start=start, offsets=offsets)
+        return x, (stack_cache, tail_cache)
+
     def _empty_cache(self, *, batch: int, length: int):
         """Every layer's cache, zeros: ``(k, v)`` of ``length`` positions stacked over the layers,
         or with a layer pattern one cache per member of the group, stacked over its repetitions
-        (a Gated DeltaNet's: its convolution window and state, ``GatedDeltaNet.empty_cache``)."""
+        (a Gated DeltaNet's: its convolution window and state, ``GatedDeltaNet.empty_cache``);
+        with a ``decoder_tail``, ``(the stack's, one per tail layer)``."""
         table = self.parameters["token_emb"]["weight"]
-        params = self.parameters["decoder"]["layer"]
-        repetitions = self.decoder.config.num_layers
 
-        def cache(block, block_params):
+        def cache(block, block_params, layers):
             if isinstance(block.attn, GatedDeltaNet):  # (A convolution window and a state.)
-                return block.attn.empty_cache(block_params["attn"], layers=repetitions,
+                return block.attn.empty_cache(block_params["attn"], layers=layers,
                                               batch=batch, dtype=table.dtype)
-            shape = block.attn.cache_shape(block_params["attn"], layers=repetitions,
+            shape = block.attn.cache_shape(block_params["attn"], layers=layers,
                                            batch=batch, length=length)
             return jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype)
 
-        if isinstance(self.decoder.layer, LayerGroup):
-            return tuple(cache(member, params[str(i)])
-                         for i, member in enumerate(self.decoder.layer.members))
-        return cache(self.decoder.layer, params)
+        params = self.parameters["decoder"]["layer"]
+        repetitions = self.decoder.config.num_layers
+        if not isinstance(self.decoder.layer, LayerGroup):
+            return cache(self.decoder.layer, params, repetitions)
+        stack = tuple(cache(member, params[str(i)], repetitions)
+                      for i, member in enumerate(self.decoder.layer.members))
+        if "decoder_tail" not in self.children:
+            return stack
+        # (The tail's params are not stacked: each cache as one layer's, its layer axis dropped.)
+        tail_params = {name: jax.tree_util.tree_map(lambda p: p[None], value)
+                       for name, value in self.parameters["decoder_tail"].items()}
+        tail = tuple(jax.tree_util.tree_map(lambda a: a[0], cache(member, tail_params[str(i)], 1))
+                     for i, member in enumerate(self.decoder_tail.members))
+        return stack, tail
 
     def _sample_until_ended(self, step, first, cache, *, max_new_tokens: int,
                             end_ids: Sequence[int], agree_over: Sequence[str]):
@@ -455,6 +483,10 @@ def _pattern_problems(cfg):
     ``layer_pattern``'s agreement with the fields its kinds read (Config validation)."""
     if cfg.norm_zero_centered and cfg.norm != "rms":
         yield "norm_zero_centered", "centres RMSNorm's scale: set norm='rms'"
+    for name in ("attention_scale", "embedding_multiplier"):
+        value = getattr(cfg, name)
+        if value is not None and not value > 0:
+            yield name, f"must be > 0, got {value}"
     if not 0.0 < cfg.rotary_fraction <= 1.0:
         yield "rotary_fraction", f"must be in (0, 1], got {cfg.rotary_fraction}"
     if cfg.sliding_rope_theta is not None and not cfg.sliding_rope_theta > 0:
@@ -476,9 +508,9 @@ def _pattern_problems(cfg):
     unknown = sorted(set(pattern) - set(LAYER_KINDS))
     if unknown:
         yield "layer_pattern", f"unknown kind(s) {unknown}; each one of {list(LAYER_KINDS)}"
-    if cfg.num_layers >= 1 and cfg.num_layers % len(pattern):
-        yield "num_layers", (f"must be a multiple of the layer pattern's length {len(pattern)} "
-                             f"(the stack repeats the pattern), got {cfg.num_layers}")
+    if 1 <= cfg.num_layers < len(pattern):
+        yield "num_layers", (f"must be at least the layer pattern's length {len(pattern)} (the "
+                             f"stack repeats the pattern), got {cfg.num_layers}")
     if "sliding" in pattern and cfg.sliding_window is None:
         yield "sliding_window", "the layer pattern has sliding layers: give their window"
     if cfg.sliding_window is not None and "sliding" not in pattern:
@@ -488,8 +520,44 @@ def _pattern_problems(cfg):
         yield "linear_attention", "the layer pattern has linear layers: configure their Gated DeltaNet"
 
 
+def _block_config(cfg, output_init) -> DecoderBlock.Config:
+    """The decoder block a Decoder config describes (a layer pattern's kinds change its mixer:
+    ``_block_of_kind``)."""
+    attention = Attention.default_config().set(
+        model_dim=cfg.model_dim, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, fused_qkv=cfg.fused_qkv,
+        rotary=cfg.position_embedding == "rotary", rope_theta=cfg.rope_theta,
+        rope_scaling=cfg.rope_scaling, qkv_bias=cfg.qkv_bias,
+        output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
+        scale=cfg.attention_scale, norm_zero_centered=cfg.norm_zero_centered,
+        output_gate=cfg.attention_output_gate, rotary_fraction=cfg.rotary_fraction,
+        sliding_window=cfg.sliding_window, attention_dropout_rate=cfg.attention_dropout_rate,
+        implementation=cfg.attention_implementation, block_size=cfg.attention_block_size,
+        output_param_init=output_init)
+    if cfg.moe is not None:
+        mlp = cfg.moe.clone(model_dim=cfg.model_dim, output_param_init=output_init)
+    else:
+        mlp = MLP.default_config().set(
+            model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim or 4 * cfg.model_dim,
+            gated=cfg.gated_mlp, activation=cfg.mlp_activation, bias=cfg.mlp_bias,
+            output_param_init=output_init)
+    return DecoderBlock.default_config().set(
+        model_dim=cfg.model_dim, attention=attention, mlp=mlp, norm=cfg.norm,
+        norm_eps=cfg.norm_eps, norm_zero_centered=cfg.norm_zero_centered,
+        dropout_rate=cfg.dropout_rate, output_norms=cfg.branch_output_norms)
+
+
 # The kinds a layer pattern names (Decoder.Config.layer_pattern).
 LAYER_KINDS = ("full", "sliding", "linear")
+
+
+def layer_kinds(cfg) -> Tuple[str, ...]:
+    """Every layer's kind, first to last: the pattern repeated through the depth (a tail
+    included), or one kind for every layer ("sliding" where sliding_window is set)."""
+    if cfg.layer_pattern is None:
+        return ("sliding" if cfg.sliding_window is not None else "full",) * cfg.num_layers
+    pattern = tuple(cfg.layer_pattern)
+    return (pattern * -(-cfg.num_layers // len(pattern)))[:cfg.num_layers]
 
 
 def _block_of_kind(cfg, block, kind, output_init):
@@ -497,10 +565,12 @@ def _block_of_kind(cfg, block, kind, output_init):
     attention = block.attention
     if kind == "full":
         return block.clone(attention=attention.clone(sliding_window=None))
-    if kind == "sliding":
+    if kind == "sliding" and cfg.sliding_rope_theta is not None:  # (Plain RoPE: Gemma 3.)
         return block.clone(attention=attention.clone(
-            sliding_window=cfg.sliding_window,
-            rope_theta=cfg.sliding_rope_theta or cfg.rope_theta))
+            sliding_window=cfg.sliding_window, rope_theta=cfg.sliding_rope_theta,
+            rope_scaling=None))
+    if kind == "sliding":
+        return block.clone(attention=attention.clone(sliding_window=cfg.sliding_window))
     linear = cfg.linear_attention
     if linear.output_param_init is None:  # (The model's residual-branch init, unless set.)
         linear = linear.clone(output_param_init=output_init)

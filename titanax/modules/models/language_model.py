@@ -94,7 +94,15 @@ class CausalLanguageModel(BaseLayer):
                       positions: Optional[jax.Array] = None) -> jax.Array:
         """The final-normed residual stream ``[batch, seq, model_dim]`` (seq-split under SP)."""
         documents = document_inputs({"segment_ids": segment_ids, "positions": positions})
-        return self.final_norm(self.decoder(self.embed(input_ids, positions), **documents))
+        decoded = self.decoder(self.embed(input_ids, positions), **documents)
+        return self.final_norm(self.stack_tail(decoded, **documents))
+
+    def stack_tail(self, decoded: jax.Array, **layer_inputs) -> jax.Array:
+        """The layers after the repeated stack, run on its output (Decoder: the first layers of
+        a pattern the depth ends part-way through); none here. A pipeline's last stage runs them
+        with the head (``head_loss``)."""
+        del layer_inputs
+        return decoded
 
     def _whole_sequence(self, hidden: jax.Array) -> jax.Array:
         """``hidden`` with its sequence whole (gathered where sequence parallelism split it)."""
@@ -138,10 +146,10 @@ class CausalLanguageModel(BaseLayer):
 
     def head_loss(self, decoded: jax.Array, batch: Dict[str, jax.Array]
                   ) -> Tuple[jax.Array, Dict[str, Any]]:
-        """Final norm, LM head and loss of the decoder's output (what a pipeline's last stage
-        runs); returns ``(loss, aux)`` as ``forward`` does."""
-        return token_mean(self.token_losses(self.final_norm(decoded), batch["target_ids"]),
-                          batch)
+        """The stack's tail, final norm, LM head and loss of the decoder's output (what a
+        pipeline's last stage runs); returns ``(loss, aux)`` as ``forward`` does."""
+        hidden = self.final_norm(self.stack_tail(decoded, **document_inputs(batch)))
+        return token_mean(self.token_losses(hidden, batch["target_ids"]), batch)
 
     def token_losses(self, hidden: jax.Array, target_ids: jax.Array, *,
                      temperature: Optional[float] = None) -> jax.Array:
