@@ -15,7 +15,7 @@ import numpy as np
 
 from titanax.config import config_for_function
 from titanax.hf import importer
-from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
+from titanax.parallel.plan import CP, DP, PP, TP, Plan, ZeRO
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import optimizers
 from titanax.train.engine import Engine
@@ -209,19 +209,21 @@ def token_ids(rows: int = 8, length: int = 16, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, (rows, length)).astype(np.int32)
 
 
-def engine_for(directory, *, data, model=1, pipe=1, zero=None, **model_changes) -> Engine:
-    """An Engine of the HF model on data x model x pipe devices, its params imported."""
-    axes = tuple(a for a, n in (("data", data), ("model", model), ("pipe", pipe))
-                 if a == "data" or n > 1)
-    sizes = {"data": data, "model": model, "pipe": pipe}
+def engine_for(directory, *, data, model=1, pipe=1, context=1, zero=None,
+               **model_changes) -> Engine:
+    """An Engine of the HF model on data x model x pipe x context devices, its params
+    imported."""
+    sizes = {"data": data, "model": model, "pipe": pipe, "context": context}
+    axes = tuple(a for a, n in sizes.items() if a == "data" or n > 1)
     plan = Plan.default_config().set(
         data_parallel=DP.default_config(),
         tensor_parallel=TP.default_config() if model > 1 else None,
         pipeline_parallel=PP.default_config().set(microbatch_size=2) if pipe > 1 else None,
+        context_parallel=CP.default_config().set(axis="context") if context > 1 else None,
         zero=ZeRO.default_config().set(stage=zero) if zero else None)
     cfg = Engine.default_config().set(
         mesh=MeshSpec.default_config().set(axes=axes, shape=tuple(sizes[a] for a in axes),
-                                           devices=list(range(data * model * pipe))),
+                                           devices=list(range(data * model * pipe * context))),
         plan=plan, model=importer.model_config(directory).set(**model_changes),
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.sgd).set(learning_rate=0.1)),
