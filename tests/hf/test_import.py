@@ -121,4 +121,6 @@ def test_a_multimodal_checkpoint_loads_its_language_model(kind, root):
         result = run_module("titanax.generate", f"--hf={directory}", "--prompt_ids=5,6,7",
                             "--max_new_tokens=3")
         assert (f"{directory} is a multimodal gemma3 checkpoint: its language model "
-                "(gemma3_text) is loaded; the vision tower and projector") in result.stderr
+                "(gemma3_text) is loaded; its other ") in result.stderr
+        assert "tensors (the vision tower and projector, any MTP head) are left out" in \
+            result.stderr

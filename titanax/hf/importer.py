@@ -43,8 +43,9 @@ def model_config(directory: str) -> ConfigBase:
     if source.multimodal and source.directory not in _TOLD_LEFT_OUT:
         _TOLD_LEFT_OUT.add(source.directory)
         _log.warning("%s is a multimodal %s checkpoint: its language model (%s) is loaded; "
-                     "the vision tower and projector (%d tensors) are left out", directory,
-                     source.multimodal, source.config["model_type"], len(source.left_out))
+                     "its other %d tensors (the vision tower and projector, any MTP head) are "
+                     "left out", directory, source.multimodal, source.config["model_type"],
+                     len(source.left_out))
     return cfg
 
 

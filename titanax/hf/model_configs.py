@@ -251,10 +251,21 @@ def _shortest_period(kinds):
     return tuple(kinds[:period])
 
 
+# What transformers' Gemma3TextConfig holds where a config.json leaves a key out (a multimodal
+# checkpoint's text_config is written as its difference from these: google/gemma-3-4b-it's names
+# six keys).
+GEMMA3_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                   "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                   "head_dim": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                   "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                   "tie_word_embeddings": True, "attention_bias": False}
+
+
 def _gemma3_text(r: _Reader) -> Decoder.Config:
     """Gemma 3's text model (``Gemma3ForCausalLM``): sliding and full layers by ``layer_types``
     (every 6th full by default), each kind its own RoPE, the sandwich norms, the embeddings
-    scaled by sqrt(hidden_size), queries scaled by ``query_pre_attn_scalar ** -0.5``."""
+    scaled by sqrt(hidden_size), queries scaled by ``query_pre_attn_scalar ** -0.5``; a key left
+    out reads as transformers' default."""
     r.expect("hidden_activation", lambda v: v == "gelu_pytorch_tanh",
              "Gemma 3's MLP is GELU (tanh) gated", "gelu_pytorch_tanh")
     r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
@@ -265,34 +276,41 @@ def _gemma3_text(r: _Reader) -> Decoder.Config:
     r.expect("use_bidirectional_attention", lambda v: not v, "Titanax's decoder is causal "
              "(EmbeddingGemma's bidirectional mode is not a language model)", False)
     r.get("cache_implementation")  # (How transformers caches: "hybrid".)
-    layers = r.required("num_hidden_layers")
-    every = r.get("sliding_window_pattern") or r.get("_sliding_window_pattern") or 6
+    value = {key: r.get(key, default) for key, default in GEMMA3_DEFAULTS.items()}
+    kinds = _gemma3_kinds(r, value["num_hidden_layers"])
+    heads, head_dim, width = (value[k] for k in ("num_attention_heads", "head_dim",
+                                                 "hidden_size"))
+    scalar, bias = value["query_pre_attn_scalar"], bool(value["attention_bias"])
+    sliding = "sliding" in kinds
+    return Decoder.default_config().set(
+        name="gemma3_text", vocab_size=value["vocab_size"],
+        max_seq_len=value["max_position_embeddings"], num_layers=len(kinds), model_dim=width,
+        num_heads=heads, num_kv_heads=value["num_key_value_heads"] or heads, head_dim=head_dim,
+        hidden_dim=value["intermediate_size"], mlp_activation="gelu_tanh",
+        norm_eps=float(value["rms_norm_eps"]), qk_norm=True, norm_zero_centered=True,
+        branch_output_norms=True, embedding_multiplier=width ** 0.5,
+        attention_scale=None if scalar == head_dim else float(scalar) ** -0.5,
+        qkv_bias=bias, attention_output_bias=bias,
+        sliding_window=value["sliding_window"] if sliding else None,
+        layer_pattern=_shortest_period(kinds) if sliding and "full" in kinds else None,
+        tie_embeddings=bool(value["tie_word_embeddings"]), **_gemma3_rope(r, kinds=set(kinds)))
+
+
+def _gemma3_kinds(r: _Reader, layers: int) -> List[str]:
+    """Every layer's kind: ``layer_types``, or every ``sliding_window_pattern``-th layer full
+    (both spellings of the pattern read: transformers 5 writes ``_sliding_window_pattern``)."""
+    patterns = {r.get("sliding_window_pattern"), r.get("_sliding_window_pattern")} - {None}
+    if len(patterns) > 1:
+        raise _refuse("sliding_window_pattern", sorted(patterns), "its two spellings disagree",
+                      where=r.where)
+    every = patterns.pop() if patterns else 6
     layer_types = r.get("layer_types") or [
         "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
     unknown = sorted(set(layer_types) - set(HF_LAYER_KINDS))
     if unknown or len(layer_types) != layers:
         raise _refuse("layer_types", unknown or len(layer_types), "Gemma 3 names each of its "
                       "num_hidden_layers sliding_attention or full_attention", where=r.where)
-    kinds = [HF_LAYER_KINDS[t] for t in layer_types]
-    heads = r.required("num_attention_heads")
-    head_dim = r.get("head_dim", 256)
-    scalar = r.get("query_pre_attn_scalar", 256)
-    bias = bool(r.get("attention_bias", False))
-    width = r.required("hidden_size")
-    sliding = "sliding" in kinds
-    return Decoder.default_config().set(
-        name="gemma3_text", vocab_size=r.required("vocab_size"),
-        max_seq_len=r.required("max_position_embeddings"), num_layers=layers,
-        model_dim=width, num_heads=heads, num_kv_heads=r.get("num_key_value_heads") or heads,
-        head_dim=head_dim, hidden_dim=r.required("intermediate_size"),
-        mlp_activation="gelu_tanh", norm_eps=float(r.get("rms_norm_eps", 1e-6)), qk_norm=True,
-        norm_zero_centered=True, branch_output_norms=True, embedding_multiplier=width ** 0.5,
-        attention_scale=None if scalar == head_dim else float(scalar) ** -0.5,
-        qkv_bias=bias, attention_output_bias=bias,
-        sliding_window=r.required("sliding_window") if sliding else None,
-        layer_pattern=_shortest_period(kinds) if sliding and "full" in kinds else None,
-        tie_embeddings=bool(r.get("tie_word_embeddings", True)),
-        **_gemma3_rope(r, kinds=set(kinds)))
+    return [HF_LAYER_KINDS[t] for t in layer_types]
 
 
 def _gemma3_rope(r: _Reader, *, kinds) -> Dict[str, Any]:
@@ -306,8 +324,10 @@ def _gemma3_rope(r: _Reader, *, kinds) -> Dict[str, Any]:
     else:
         full, local = params, {}
     full.update(r.get("rope_scaling") or {})
-    full_theta = float(full.pop("rope_theta", None) or r.get("rope_theta") or 1e6)
-    local_theta = float(local.pop("rope_theta", None) or r.get("rope_local_base_freq") or 1e4)
+    # (The flat keys are read either way: transformers 5 takes the per-kind values first.)
+    flat_theta, flat_local = r.get("rope_theta"), r.get("rope_local_base_freq")
+    full_theta = float(full.pop("rope_theta", None) or flat_theta or 1e6)
+    local_theta = float(local.pop("rope_theta", None) or flat_local or 1e4)
     local_type = local.pop("rope_type", None) or "default"
     full_type = full.pop("rope_type", None) or full.pop("type", None) or "default"
     same_rope = (local_theta, local_type, local) == (full_theta, full_type, full)
@@ -676,6 +696,11 @@ def _gemma3_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
         "query_pre_attn_scalar": scalar, "sliding_window": cfg.sliding_window,
         "layer_types": [names[k] for k in layer_kinds(cfg)],
         "rope_parameters": {"full_attention": full, "sliding_attention": dict(local)},
+        # The older spelling too, for transformers 4.x readers (a plain sliding RoPE only).
+        "rope_theta": cfg.rope_theta,
+        "rope_local_base_freq": local["rope_theta"],
+        "rope_scaling": ({k: v for k, v in full.items() if k != "rope_theta"}
+                         if cfg.rope_scaling is not None else None),
         "final_logit_softcapping": None, "attn_logit_softcapping": None,
         "use_bidirectional_attention": False}
 

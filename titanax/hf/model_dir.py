@@ -29,6 +29,8 @@ TOKENIZER = "tokenizer.json"
 
 # Multimodal model types -> the model type of their language model (its text_config).
 MULTIMODAL = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}
+# Whether their heads are tied when config.json does not say (transformers' class defaults).
+MULTIMODAL_TIED = {"gemma3": True, "qwen3_5": False}
 # Where a multimodal checkpoint keeps its language model -> the text model's own names
 # (transformers 5 writes Gemma 3's in the older layout, Qwen 3.5's in the newer).
 LANGUAGE_MODEL_PREFIXES = (("language_model.model.", "model."),
@@ -148,8 +150,13 @@ def language_model_config(config: Dict[str, Any], *, where: str) -> Dict[str, An
                              suggestion="a multimodal directory written by transformers has one")
     text = dict(text)
     text.setdefault("model_type", MULTIMODAL[config["model_type"]])
-    if "tie_word_embeddings" in config:
-        text["tie_word_embeddings"] = config["tie_word_embeddings"]
+    # The multimodal model's head is tied as its own config says (by default: Gemma 3's tied,
+    # Qwen 3.5's not).
+    text["tie_word_embeddings"] = config.get("tie_word_embeddings",
+                                             MULTIMODAL_TIED[config["model_type"]])
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # (Gemma 3 keeps them here.)
+        if text.get(key) is None and config.get(key) is not None:
+            text[key] = config[key]
     return text
 
 

@@ -245,6 +245,11 @@ class Decoder(CausalLanguageModel):
         layer, repetitions = block, cfg.num_layers
         if cfg.layer_pattern is not None:
             members = [_block_of_kind(cfg, block, kind, output_init) for kind in cfg.layer_pattern]
+            if cfg.layer_remat_policy is not None:
+                # Each member its own checkpoint too: a group's backward then holds one layer's
+                # activations, not the whole group's (and the tail's layers are rematerialised).
+                members = [m.clone(remat_policy=m.remat_policy or cfg.layer_remat_policy)
+                           for m in members]
             layer = LayerGroup.default_config().set(layers=members)
             repetitions, tail = divmod(cfg.num_layers, len(cfg.layer_pattern))
             if tail:  # (Unstacked, after the stack: the pattern's first `tail` kinds.)

@@ -1,0 +1,46 @@
+"""Today's open models at their real sizes, each sized by ``--compile_only`` for 80 GB devices.
+
+* ``gemma3_27b``: Gemma 3 27B, FSDP over ``data`` x tensor parallel 8 (32 devices).
+* ``qwen3_5_27b``: Qwen 3.5 27B's language model, FSDP over ``data`` x tensor parallel 8 (32).
+
+Each trains on the bundled text as every language-model experiment does; start one from the
+published weights with ``--config.init_from=DIR`` (docs/huggingface.md).
+"""
+
+from titanax.config import register_experiment
+from titanax.modules.models.gemma3 import gemma3_config
+from titanax.modules.models.qwen3_5 import qwen3_5_config
+from titanax.parallel.plan import ZeRO
+from titanax.runtime.mesh import MeshSpec
+
+from .language_runs import language_model_run
+
+
+def _fsdp_tp(model, *, seq_len: int, batch_size: int):
+    """FSDP over ``data`` (params, gradients and optimizer state split, gathered per layer) x
+    tensor parallel 8 over ``model``."""
+    cfg = language_model_run(model=model, tp_axis="model", seq_len=seq_len,
+                             batch_size=batch_size, steps=5000, peak_lr=1e-4, eval_batches=20)
+    cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "model"), shape=(None, 8))
+    return cfg
+
+
+@register_experiment
+def gemma3_27b():
+    """Gemma 3 27B (62 layers: ten repetitions of five sliding and one global layer, then two
+    sliding ones; 262k vocabulary, tied head). Sized for 32 80 GB devices (data 4 x model 8) at
+    4,096 tokens x 32 rows: 64.6 GiB peak each by ``--compile_only --cpu_devices=32``
+    (docs/performance.md; saving the matmuls' outputs instead of recomputing them needs 199)."""
+    model = gemma3_config("27b", layer_remat_policy="nothing_saveable")
+    return _fsdp_tp(model, seq_len=4096, batch_size=32)
+
+
+@register_experiment
+def qwen3_5_27b():
+    """Qwen 3.5 27B's language model (64 layers: three Gated DeltaNet layers then a gated full
+    attention, sixteen times; 248k vocabulary). Sized for 32 80 GB devices (data 4 x model 8)
+    at 4,096 tokens x 32 rows: 44.5 GiB peak each by ``--compile_only --cpu_devices=32``
+    (docs/performance.md; saving the matmuls' outputs instead of recomputing them needs 164)."""
+    model = qwen3_5_config("27b", layer_remat_policy="nothing_saveable")
+    return _fsdp_tp(model, seq_len=4096, batch_size=32)
