@@ -74,10 +74,11 @@ def _hf_mean_loss(directory, batch):
     return -np.take_along_axis(log_probs, batch["target_ids"][..., None], -1).mean()
 
 
-@pytest.mark.parametrize("kind", ["mistral", "gemma3"])
+@pytest.mark.parametrize("kind", ["mistral", "gemma3", "qwen3_5"])
 def test_context_parallel_eval_loss_equals_transformers(kind, root):
-    """Context parallelism over 4 devices (each holds a quarter of every row; sliding windows
-    reach across the split): the eval loss is transformers' cross-entropy."""
+    """Context parallelism over 4 devices (each holds two eighths of every row; sliding windows
+    reach across the cuts, Gated DeltaNet's state and convolution cross them): the eval loss is
+    transformers' cross-entropy."""
     directory = ref.saved_model(kind, root)
     engine = engine_for(directory, data=2, context=4)
     ids = ref.token_ids(length=17)

@@ -52,6 +52,10 @@ class AxisBinding:
     # How attention's keys cross the SEQUENCE axis: "all_gather", "ring" or "ulysses"
     # (modules/layers/context_attention.py; from plan.context_parallel.strategy).
     context_strategy: str = "all_gather"
+    # How many chunks of every row each rank of the SEQUENCE axis holds: 2 under CP's
+    # "dual_chunk" load balance (chunks r and 2C-1-r), 1 under "none" (chunk r). Layers whose
+    # state runs along the sequence read it (modules/layers/context_delta_rule.py).
+    context_pieces: int = 2
     # (mesh axis, devices) of the mesh a plan is checked against (Plan.check_model); empty in
     # the bindings layers run under, which read sizes from their shard_map instead.
     mesh_shape: Tuple[Tuple[str, int], ...] = ()

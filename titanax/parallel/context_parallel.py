@@ -4,8 +4,9 @@
 along ``seq`` over ``axis`` before the embedding, as rows are over the data axis, and every token
 keeps its own ``positions`` (the host adds ``0 .. seq-1`` when the batch has none) and
 ``segment_ids``. Params are replicated over the axis, so the reducer reduces their gradients
-there like over a data axis, weighted by each device's trained tokens. Attention is the only
-layer that talks across it (``context_attention.py``).
+there like over a data axis, weighted by each device's trained tokens. Attention talks across
+it (``context_attention.py``), and so does Gated DeltaNet, whose state and convolution run along
+the sequence (``context_delta_rule.py``).
 
 **Load balance.** Under a causal mask the last tokens of a row attend to the most keys: with the
 sequence cut into C contiguous chunks, rank C-1 does about 2C-1 times rank 0's attention work.

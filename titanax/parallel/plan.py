@@ -532,7 +532,9 @@ class Plan(Configurable):
         return AxisBinding(
             dims=tuple(dims.items()),
             context_strategy=(cfg.context_parallel.strategy if cfg.context_parallel is not None
-                              else "all_gather"))
+                              else "all_gather"),
+            context_pieces=(1 if cfg.context_parallel is not None
+                            and cfg.context_parallel.load_balance == "none" else 2))
 
     def check_hand_written_step(self, *, state_split: bool) -> None:
         """What a hand-written ``@step_fn`` (it sees whole params and applies its gradients to

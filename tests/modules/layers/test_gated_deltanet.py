@@ -115,3 +115,49 @@ def test_tensor_parallel_heads_equal_one_device():
     got = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(specs, P("data")),
                                 out_specs=P("data")))(params, x)
     assert_close(got, want, what="tensor-parallel outputs")
+
+
+@pytest.mark.parametrize("load_balance", ["dual_chunk", "none"])
+def test_context_parallel_equals_one_device(load_balance, float64_numerics):
+    """Rows of 16 split over context=4 (CP's order: chunks r and 7-r per rank, of 2 tokens --
+    fewer than the convolution reads back -- or chunk r, of 4), documents packed across the
+    cuts: outputs and gradients (params and input) of one device (float64). The state crosses
+    as affine maps, the convolution reads the tokens before each chunk."""
+    del float64_numerics
+    from titanax.parallel.context_parallel import dual_chunk_order
+    from titanax.parallel.plan import CP
+    layer = _layer(chunk_size=3)
+    params = jax.tree_util.tree_map(lambda p: jnp.asarray(p, jnp.float64),
+                                    _random_params(layer, seed=6))
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.normal(size=(2, 16, 32)))
+    # Documents end inside chunks and on their edges.
+    lengths = [5, 3, 4, 1, 3]
+    segments = jnp.asarray(np.stack([np.repeat(np.arange(5), lengths),
+                                     np.repeat(np.arange(5), lengths[::-1])]))
+    cotangent = jnp.asarray(rng.normal(size=(2, 16, 32)))
+
+    def loss(p, v, seg, run):
+        return jnp.sum(run(p, v, seg) * cotangent[:, order])
+
+    def alone(p, v, seg):
+        return functional(layer, None, p, {"x": v, "segment_ids": seg}, is_training=False)[0]
+
+    order = np.arange(16)
+    want = jax.value_and_grad(loss, argnums=(0, 1))(params, x, segments, alone)
+    mesh = MeshSpec(axes=("data", "context"), shape=(2, 4)).build()
+    binding = Plan(context_parallel=CP(axis="context", load_balance=load_balance)).axis_binding()
+
+    def local(p, v, seg):
+        with axis_binding.bound(binding):
+            return functional(layer, None, p, {"x": v, "segment_ids": seg}, is_training=False)[0]
+
+    split = jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data", "context"),
+                                                      P("data", "context")),
+                          out_specs=P("data", "context"))
+    order = dual_chunk_order(16, 4) if load_balance == "dual_chunk" else np.arange(16)
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=3)(
+        params, x[:, order], segments[:, order], split)
+    assert_close(got[0], want[0], bound=1e-9, what="the loss")
+    assert_close(got[1][0], want[1][0], bound=1e-9, what="params' gradients")
+    assert_close(got[1][1], want[1][1][:, order], bound=1e-9, what="the input's gradient")

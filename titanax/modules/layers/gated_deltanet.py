@@ -18,8 +18,9 @@ on ``heads`` (their z / a / b projections, conv taps, decay parameters with them
 on ``kv_heads`` -- each key head serves a consecutive group of value heads, so splitting both by
 the TP size keeps every group on one device -- and the output projection row-parallel.
 Hugging Face's ``in_proj_qkv`` / ``conv1d`` hold q, k and v one after the other
-(``hf/param_map``). No context parallelism yet: the state would have to pass from shard to
-shard, which is refused at build rather than computed wrongly.
+(``hf/param_map``). Under context parallelism the state passes from chunk to chunk of the row
+as an affine map, and the convolution reads the chunk before's last tokens
+(``context_delta_rule.py``): the sequence is never gathered.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import jax.numpy as jnp
 from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
+from titanax.modules.layers.context_delta_rule import (by_piece, context_parallel_gated_delta_rule,
+                                                       piece_halos)
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers.gated_delta_rule import (DEFAULT_CHUNK_SIZE, chunked_gated_delta_rule,
                                                      recurrent_gated_delta_rule)
@@ -128,11 +131,6 @@ class GatedDeltaNet(BaseLayer):
 
     @nowrap
     def check_axis_binding(self, binding, *, path):
-        if binding.axis(SEQUENCE) is not None:
-            raise errors.PlanError(
-                "Gated DeltaNet's state runs through the whole sequence; splitting the sequence "
-                "over devices (context parallelism) is not supported for it yet",
-                path=path, suggestion="drop context_parallel from the plan for this model")
         if (binding.axis(HEADS) is None) != (binding.axis(KV_HEADS) is None):
             raise errors.PlanError(
                 "value heads and query/key heads must be split alike: each key head serves a "
@@ -149,11 +147,18 @@ class GatedDeltaNet(BaseLayer):
         binding = self.axis_binding
         if binding.active(RESIDUAL_SEQUENCE) is not None:
             x = collectives.all_gather(x, binding.active(RESIDUAL_SEQUENCE), axis_index=1)
-        q, k, v = (self._convolved(x, name, segment_ids) for name in ("q", "k", "v"))
+        context = binding.active(SEQUENCE)  # (Context parallelism: this rank's chunks.)
+        q, k, v = (self._convolved(x, name, segment_ids, context=context)
+                   for name in ("q", "k", "v"))
         q, k = _l2_normalised(q), _l2_normalised(k)
         beta, g = self._gates(x)
-        out, _ = chunked_gated_delta_rule(q, k, v, g, beta, chunk_size=self.config.chunk_size,
-                                          segment_ids=segment_ids)
+        if context is None:
+            out, _ = chunked_gated_delta_rule(q, k, v, g, beta, chunk_size=self.config.chunk_size,
+                                              segment_ids=segment_ids)
+        else:
+            out = context_parallel_gated_delta_rule(
+                q, k, v, g, beta, axis=context, pieces=binding.context_pieces,
+                chunk_size=self.config.chunk_size, segment_ids=segment_ids)
         out = self._gated_norm(out, self._project(x, "z"))
         return self.o(out.reshape(out.shape[:2] + (-1,)))
 
@@ -203,33 +208,30 @@ class GatedDeltaNet(BaseLayer):
         y = self._project(x, name)
         if padding is not None:
             y = jnp.where(padding[..., None, None], 0, y)
-        extended = jnp.concatenate([window.astype(y.dtype), y], axis=1)
         taps = self.parameters[f"{name}_conv"].astype(y.dtype)
-        length = y.shape[1]
-        total = sum(extended[:, j:j + length] * taps[j] for j in range(taps.shape[0]))
+        extended = jnp.concatenate([window.astype(y.dtype), y], axis=1)
         kept = extended[:, extended.shape[1] - window.shape[1]:]  # (Empty for one tap.)
-        return jax.nn.silu(total), kept.astype(window.dtype)
+        return causal_conv(y, taps, halo=window.astype(y.dtype)), kept.astype(window.dtype)
 
     def _project(self, x, name):
         return jnp.einsum("bsd,dhk->bshk", x, self.parameters[f"{name}_weight"].astype(x.dtype))
 
-    def _convolved(self, x, name, segment_ids):
-        """``silu`` of the causal depthwise convolution of ``name``'s projection: tap ``j``
-        (of ``K``) reads the token ``K - 1 - j`` places back, nothing before the row's start
-        or, packed, before the token's own document."""
+    def _convolved(self, x, name, segment_ids, *, context=None):
+        """``causal_conv`` of ``name``'s projection: nothing before the row's start or, packed,
+        before the token's own document. Under context parallelism (``context``: the axis) each
+        local chunk reads the last tokens of the chunk before it in the row."""
         y = self._project(x, name)
         taps = self.parameters[f"{name}_conv"].astype(y.dtype)
-        size, length = taps.shape[0], y.shape[1]
-        total = jnp.zeros_like(y)
-        for j in range(size):
-            back = size - 1 - j
-            shifted = jnp.pad(y, [(0, 0), (back, 0), (0, 0), (0, 0)])[:, :length]
-            if segment_ids is not None and back:
-                same = segment_ids == jnp.pad(segment_ids, [(0, 0), (back, 0)],
-                                              constant_values=-1)[:, :length]
-                shifted = jnp.where(same[..., None, None], shifted, 0)
-            total = total + shifted * taps[j]
-        return jax.nn.silu(total)
+        width = taps.shape[0] - 1
+        if context is None or not width:
+            return causal_conv(y, taps, segments=segment_ids)
+        pieces = self.axis_binding.context_pieces
+        segments = (jnp.zeros(y.shape[:2], jnp.int32) if segment_ids is None
+                    else jnp.asarray(segment_ids, jnp.int32))
+        halo, halo_segments = piece_halos(y, segments, axis=context, pieces=pieces, width=width)
+        out = causal_conv(by_piece(y, pieces), taps, segments=by_piece(segments, pieces),
+                          halo=halo, halo_segments=halo_segments)
+        return out.reshape(y.shape)
 
     def _gates(self, x):
         """``beta = sigmoid(x W_b)`` and ``g = -exp(a_log) softplus(x W_a + dt_bias)``, per value
@@ -249,6 +251,32 @@ class GatedDeltaNet(BaseLayer):
                                        + self.config.norm_eps)
         normed = self.parameters["norm_scale"].astype(dtype) * normed.astype(dtype)
         return (normed * jax.nn.silu(at_least_float32(gate))).astype(dtype)
+
+
+def causal_conv(y, taps, *, segments=None, halo=None, halo_segments=None):
+    """``silu`` of the causal depthwise convolution of ``y`` ``[b, t, heads, width]`` by ``taps``
+    ``[K, heads, width]`` (oldest first): tap ``j`` reads the token ``K - 1 - j`` places back --
+    into ``halo`` ``[b, K - 1, ...]`` (the tokens before ``y``; zeros if None) before the first.
+    With ``segments`` ``[b, t]`` a token reads only its own document's tokens (``halo_segments``
+    ``[b, K - 1]``: the halo's; -1, none, if None)."""
+    size, length = taps.shape[0], y.shape[1]
+    b = y.shape[0]
+    if halo is None:
+        halo = jnp.zeros((b, size - 1) + y.shape[2:], y.dtype)
+    extended = jnp.concatenate([halo.astype(y.dtype), y], axis=1)
+    if segments is not None:
+        if halo_segments is None:
+            halo_segments = jnp.full((b, size - 1), -1, jnp.int32)
+        extended_segments = jnp.concatenate([jnp.asarray(halo_segments, jnp.int32),
+                                             jnp.asarray(segments, jnp.int32)], axis=1)
+    total = jnp.zeros_like(y)
+    for j in range(size):
+        term = extended[:, j:j + length]
+        if segments is not None and j < size - 1:
+            same = extended_segments[:, j:j + length] == jnp.asarray(segments, jnp.int32)
+            term = jnp.where(same[..., None, None], term, 0)
+        total = total + term * taps[j]
+    return jax.nn.silu(total)
 
 
 def _l2_normalised(x):
