@@ -92,8 +92,10 @@ GEMMA_ROPE = {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_
 
 
 @pytest.mark.parametrize("kind,key,value,message", [
+    ("llama", "rope_parameters", {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0},
+     "rope_type='longrope'"),
     ("llama", "rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0},
-     "rope_type"),
+     "yarn scaling needs original_max_position_embeddings"),
     ("llama", "hidden_act", "gelu", "hidden_act='gelu'"),
     ("llama", "some_new_switch", True, "does not know: some_new_switch"),
     ("gemma3", "final_logit_softcapping", 30.0, "soft-capping is Gemma 2's"),

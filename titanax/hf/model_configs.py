@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from titanax import errors
 from titanax.config import ConfigBase
 from titanax.modules.layers.moe import MoE
-from titanax.modules.layers.rotary import Llama3RopeScaling, LinearRopeScaling
+from titanax.modules.layers.rotary import Llama3RopeScaling, LinearRopeScaling, YarnRopeScaling
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
 from titanax.modules.models.decoder import Decoder, gpt_config, is_gpt2, layer_kinds
 
@@ -164,11 +164,15 @@ def _rope_of(r: _Reader, params: Dict[str, Any], *, partial_read: bool = False
             "rope_scaling": _rope_scaling(r, rope_type, params, where="rope_parameters")}
 
 
-# The scalings Titanax implements: HF rope_type -> (its config, the fields transformers needs).
+# The scalings Titanax implements: HF rope_type -> (its config, the fields transformers needs,
+# those it reads when present).
 ROPE_SCALINGS = {
     "llama3": (Llama3RopeScaling, ("factor", "low_freq_factor", "high_freq_factor",
-                                   "original_max_position_embeddings")),
-    "linear": (LinearRopeScaling, ("factor",)),
+                                   "original_max_position_embeddings"), ()),
+    "linear": (LinearRopeScaling, ("factor",), ()),
+    "yarn": (YarnRopeScaling, ("factor", "original_max_position_embeddings"),
+             ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+              "truncate")),
 }
 
 
@@ -183,19 +187,22 @@ def _rope_scaling(r: _Reader, rope_type: str, params: Dict[str, Any], *, where: 
     if rope_type not in ROPE_SCALINGS:
         raise _refuse("rope_type", rope_type, "Titanax implements the default RoPE and the "
                       f"{', '.join(map(repr, ROPE_SCALINGS))} scalings", where=r.where)
-    scaling, known = ROPE_SCALINGS[rope_type]
-    extra = set(params) - set(known)
+    scaling, known, optional = ROPE_SCALINGS[rope_type]
+    extra = set(params) - set(known) - set(optional)
     if extra:
         raise _refuse(where, sorted(extra), f"unknown {rope_type} scaling fields",
                       where=r.where)
     absent = sorted(k for k in known if params.get(k) is None)
     if absent:
         raise _refuse(where, params, f"{rope_type} scaling needs {', '.join(absent)} "
-                      "(transformers requires them)", where=r.where)
+                      "(Titanax reads them from the config, not from transformers' fallbacks)",
+                      where=r.where)
     scaling_cfg = scaling.default_config()
-    for key in known:
+    for key in known + tuple(k for k in optional if params.get(k) is not None):
+        default = getattr(scaling_cfg, key)
+        kind = float if default is None else type(default)
         try:
-            setattr(scaling_cfg, key, type(getattr(scaling_cfg, key))(params[key]))
+            setattr(scaling_cfg, key, kind(params[key]))
         except (TypeError, ValueError) as e:
             raise _refuse(f"{where}.{key}", params[key], "not a number", where=r.where) from e
     return scaling_cfg
@@ -549,8 +556,11 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     problems += _pattern_misfits(cfg, model_type)
     if cfg.mlp_bias and model_type != "llama":
         problems.append("only llama has MLP biases (mlp_bias)")
-    if cfg.rope_scaling is not None and model_type not in ("llama", "gemma3_text"):
-        problems.append("rope scaling is written for llama and gemma3_text only")
+    if cfg.rope_scaling is not None and model_type not in ("llama", "gemma3_text") and not (
+            isinstance(cfg.rope_scaling, YarnRopeScaling.Config)
+            and model_type in ("qwen2", "qwen3", "qwen3_moe")):
+        problems.append("rope scaling is written for llama and gemma3_text (YaRN for Qwen too) "
+                        "only")
     return problems
 
 
@@ -668,6 +678,10 @@ def _rope_to_hf(theta: float, scaling) -> Dict[str, Any]:
         return {"rope_theta": theta, "rope_type": "default"}
     if isinstance(scaling, LinearRopeScaling.Config):
         return {"rope_theta": theta, "rope_type": "linear", "factor": scaling.factor}
+    if isinstance(scaling, YarnRopeScaling.Config):
+        fields = ROPE_SCALINGS["yarn"][1] + ROPE_SCALINGS["yarn"][2]
+        return {"rope_theta": theta, "rope_type": "yarn",
+                **{k: getattr(scaling, k) for k in fields if getattr(scaling, k) is not None}}
     return {"rope_theta": theta, "rope_type": "llama3", "factor": scaling.factor,
             "low_freq_factor": scaling.low_freq_factor,
             "high_freq_factor": scaling.high_freq_factor,

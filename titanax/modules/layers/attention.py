@@ -87,10 +87,11 @@ class Attention(BaseLayer):
         rotary: bool = True
         # Rotary base (Llama 3: 500000; Qwen: 1000000; Mistral: 10000 or 1000000).
         rope_theta: float = 10000.0
-        # Frequency rescaling: Llama 3.1's, or linear (Gemma 3's global layers); None: plain
-        # RoPE.
+        # Frequency rescaling: Llama 3.1's, linear (Gemma 3's global layers) or YaRN (gpt-oss,
+        # DeepSeek-V3); None: plain RoPE.
         rope_scaling: Optional[Union[rotary.Llama3RopeScaling.Config,
-                                     rotary.LinearRopeScaling.Config]] = None
+                                     rotary.LinearRopeScaling.Config,
+                                     rotary.YarnRopeScaling.Config]] = None
         # RMSNorm each query and key head (over head_dim) before the rotation (Qwen 3).
         qk_norm: bool = False
         # Epsilon of the QK-norm.
@@ -179,11 +180,12 @@ class Attention(BaseLayer):
                 self._add_child(name, RMSNorm.default_config().set(
                     input_dim=self.head_dim, eps=cfg.norm_eps,
                     zero_centered=cfg.norm_zero_centered))
-        self._inv_freq = None
+        self._inv_freq, self._rope_magnitude = None, 1.0
         if cfg.rotary:
             scaling = cfg.rope_scaling.instantiate() if cfg.rope_scaling is not None else None
             self._inv_freq = rotary.inverse_frequencies(
                 int(self.head_dim * cfg.rotary_fraction), cfg.rope_theta, scaling)
+            self._rope_magnitude = rotary.attention_scaling(scaling)
 
     @property
     def head_dim(self) -> int:
@@ -275,8 +277,8 @@ class Attention(BaseLayer):
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.rotary:
-            q = rotary.rotate(q, positions, self._inv_freq)
-            k = rotary.rotate(k, positions, self._inv_freq)
+            q = rotary.rotate(q, positions, self._inv_freq, self._rope_magnitude)
+            k = rotary.rotate(k, positions, self._inv_freq, self._rope_magnitude)
         return q, k, v
 
     def _project(self, x, name: str):

@@ -49,7 +49,8 @@ from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE, check_moe_binding
 from titanax.modules.layers.norm import LayerNorm, RMSNorm
 from titanax.modules.layers.repeat import UNROLL_UP_TO, Repeat
-from titanax.modules.layers.rotary import Llama3RopeScaling, LinearRopeScaling
+from titanax.modules.layers.rotary import (Llama3RopeScaling, LinearRopeScaling,
+                                            YarnRopeScaling)
 from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
@@ -110,10 +111,11 @@ class Decoder(CausalLanguageModel):
         position_embedding: Literal["rotary", "learned"] = "rotary"
         # Rotary base (HF rope_theta).
         rope_theta: float = 10000.0
-        # Frequency rescaling: Llama 3.1's (HF rope_type "llama3") or linear (HF "linear":
-        # Gemma 3's global layers); None: plain RoPE.
-        rope_scaling: Optional[Union[Llama3RopeScaling.Config,
-                                     LinearRopeScaling.Config]] = None
+        # Frequency rescaling: Llama 3.1's (HF rope_type "llama3"), linear (HF "linear":
+        # Gemma 3's global layers) or YaRN (HF "yarn": gpt-oss, DeepSeek-V3, long-context
+        # Qwen); None: plain RoPE.
+        rope_scaling: Optional[Union[Llama3RopeScaling.Config, LinearRopeScaling.Config,
+                                     YarnRopeScaling.Config]] = None
         # One q/k/v projection (GPT-2's c_attn; needs num_kv_heads None).
         fused_qkv: bool = False
         # Biases on q, k, v (GPT-2, Qwen 2; Llama's attention_bias sets this and output_bias).
