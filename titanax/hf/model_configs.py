@@ -535,6 +535,8 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
             problems.append(f"{model_type} has {name}={want!r} (this model: "
                             f"{getattr(cfg, name)!r})")
     problems += _gemma3_misfits(cfg, model_type)
+    if cfg.attention_sinks:
+        problems.append(f"{model_type} has no attention sinks (gpt-oss's are not mapped yet)")
     if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe", "qwen3_5_text", "gemma3_text")):
         problems.append("qwen3, qwen3_moe, qwen3_5_text and gemma3_text have QK-norm and no "
                         "other family does")
@@ -623,7 +625,7 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
                 "gated_mlp", "mlp_activation", "tie_embeddings", "moe", "qk_norm",
                 "sliding_window", "layer_pattern", "norm_zero_centered",
                 "attention_output_gate", "rotary_fraction", "branch_output_norms",
-                "embedding_multiplier", "attention_scale")
+                "embedding_multiplier", "attention_scale", "attention_sinks")
     misfits = [f"{name}={getattr(cfg, name)!r} (GPT-2: {getattr(gpt2, name)!r})"
                for name in switches if getattr(cfg, name) != getattr(gpt2, name)]
     # (Heads written out at their default values are GPT-2's too.)

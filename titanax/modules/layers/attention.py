@@ -109,6 +109,9 @@ class Attention(BaseLayer):
         sliding_window: Optional[int] = None
         # Dropout on the attention probabilities (training only; GPT-2's attn_pdrop).
         attention_dropout_rate: float = 0.0
+        # A learned logit per head that joins every query's softmax as a key without a value,
+        # so a head may attend to nothing (gpt-oss's attention sinks; param "sinks").
+        sinks: bool = False
         # What the scores q.k are multiplied by; None: 1 / sqrt(head_dim) (Gemma 3:
         # query_pre_attn_scalar ** -0.5, which its published sizes set to head_dim or not).
         scale: Optional[float] = None
@@ -155,6 +158,9 @@ class Attention(BaseLayer):
                                     and int(width * self.rotary_fraction) >= 2):
                 yield "rotary_fraction", (f"must rotate an even number of a head's {width} "
                                           f"features, at least 2: got {self.rotary_fraction}")
+            if self.sinks and self.implementation in ("fused", "pallas"):
+                yield "implementation", (f"{self.implementation!r} has no attention sinks: "
+                                         "use 'auto', 'dense' or 'blockwise' with sinks")
             if self.output_gate and (self.qkv_bias or self.fused_qkv):
                 yield "output_gate", ("gates the heads of separate q/k/v projections without "
                                       "biases (Qwen 3.5's): not with qkv_bias or fused_qkv")
@@ -218,6 +224,8 @@ class Attention(BaseLayer):
         if cfg.output_gate:
             specs["gate_weight"] = ParameterSpec(shape=(cfg.model_dim, heads, width),
                                                  logical_axes=(None, HEADS, None), fan_axes=fan)
+        if cfg.sinks:
+            specs["sinks"] = ParameterSpec(shape=(heads,), logical_axes=(HEADS,), **bias)
         for name in ("k_weight", "v_weight"):
             specs[name] = ParameterSpec(shape=(cfg.model_dim, kv, width),
                                         logical_axes=(None, KV_HEADS, None), fan_axes=fan,
@@ -238,6 +246,11 @@ class Attention(BaseLayer):
         refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
         refuse_ignored_implementation(self.config.implementation, binding,
                                       path=f"{path}.implementation")
+        if self.config.sinks and binding.axis(SEQUENCE) is not None:
+            raise errors.PlanError(
+                "attention sinks under context parallelism are not implemented yet (each "
+                "query's softmax spans the ranks)", path=f"{path}.sinks",
+                suggestion="drop context_parallel from the plan for this model")
         if binding.axis(HEADS) is None and (binding.axis(KV_HEADS) is not None
                                             or binding.axis(RESIDUAL_SEQUENCE) is not None):
             split = ("the key/value heads are split" if binding.axis(KV_HEADS) is not None
@@ -324,9 +337,13 @@ class Attention(BaseLayer):
         else:
             dropout = self.dropout if self.is_training and cfg.attention_dropout_rate else None
             context = attend(q, k, v, sliding_window=cfg.sliding_window, scale=self.scale,
-                             segment_ids=segment_ids, dropout=dropout,
+                             segment_ids=segment_ids, dropout=dropout, sinks=self._sinks(),
                              implementation=cfg.implementation, block_size=cfg.block_size)
         return self._output(context, x)
+
+    def _sinks(self) -> Optional[jax.Array]:
+        """This device's heads' sink logits (None without sinks)."""
+        return self.parameters["sinks"] if self.config.sinks else None
 
     def _output(self, context, x):
         """The heads' outputs ``[batch, seq, local heads, head_dim]`` through the output
@@ -358,7 +375,7 @@ class Attention(BaseLayer):
         values = self._kv_for_local_queries(v_cache, q.shape[2])
         context = attend(q, keys.astype(q.dtype), values.astype(q.dtype),
                          sliding_window=cfg.sliding_window, kv_length=start + x.shape[1],
-                         scale=self.scale,
+                         scale=self.scale, sinks=self._sinks(),
                          key_valid=key_valid, implementation=cfg.implementation,
                          block_size=cfg.block_size)
         return self._output(context, x), (k_cache, v_cache)
@@ -449,7 +466,7 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
            segment_ids: Optional[jax.Array] = None, key_valid: Optional[jax.Array] = None,
            dropout: Optional[Callable[[jax.Array], jax.Array]] = None,
            implementation: str = "auto", block_size: int = 512,
-           scale: Optional[float] = None):
+           scale: Optional[float] = None, sinks: Optional[jax.Array] = None):
     """Causal attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g``
     dividing ``n``): queries are the last ``t`` of the ``s`` positions (``t = s`` in training;
     decoding with a cache has ``t < s``). ``kv_length`` (decoding): how many of the ``s``
@@ -459,21 +476,25 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
     False.
     ``dropout``: applied to the probabilities (which it then writes out). ``implementation``:
     one of IMPLEMENTATIONS (``Attention.Config.implementation``). ``scale``: what the scores
-    are multiplied by (None: ``1 / sqrt(d)``)."""
+    are multiplied by (None: ``1 / sqrt(d)``). ``sinks`` ``[n]``: attention sinks
+    (``Attention.Config.sinks``; written out or blockwise only)."""
     scale = scale or 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[1], k.shape[1]
     chosen = choose_implementation(implementation, queries=t, keys=s, dtype=q.dtype,
                                    dropout=dropout is not None, decoding=kv_length is not None)
+    if sinks is not None and chosen in ("fused", "pallas"):  # (Neither kernel takes sinks.)
+        chosen = _unfused(keys=s, dropout=dropout is not None)
     filled = s if kv_length is None else kv_length
     q_segments = k_segments = segment_ids
     if key_valid is not None:  # (Decoding: no segment ids; a padding key is "another document".)
         q_segments, k_segments = jnp.ones((q.shape[0], t), jnp.int32), key_valid
     if chosen == "blockwise":
-        return blockwise_attention(
+        out = blockwise_attention(
             q, k, v, scale=scale, q_positions=filled - t + jnp.arange(t),
             k_positions=jnp.arange(s), q_segments=q_segments, k_segments=k_segments,
             sliding_window=sliding_window, kv_length=kv_length, block_q=block_size,
-            block_k=block_size)
+            block_k=block_size, with_lse=sinks is not None)
+        return out if sinks is None else with_sinks(*out, sinks)
     if chosen == "pallas" and kv_length is None and t == s:
         return pallas_attention(q, k, v, scale=scale, segment_ids=segment_ids,
                                 block_size=block_size)
@@ -494,6 +515,14 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
                               implementation=_unfused(keys=s, dropout=False),
                               block_size=block_size, scale=scale)
         return fused(implementation=None)
+    allowed = _allowed(t, s, filled=filled, sliding_window=sliding_window, documents=documents,
+                       key_valid=key_valid)
+    return masked_attention(q, k, v, allowed, scale=scale, dropout=dropout, sinks=sinks)
+
+
+def _allowed(t: int, s: int, *, filled, sliding_window, documents, key_valid):
+    """``attend``'s written-out mask: causal over the filled keys, within the window, within
+    the document, valid keys only (broadcastable to ``[b, 1, t, s]``)."""
     query_pos = filled - t + jnp.arange(t)
     key_pos = jnp.arange(s)
     allowed = (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] < filled)
@@ -503,4 +532,12 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
         allowed = allowed & documents
     if key_valid is not None:
         allowed = allowed & key_valid[:, None, None, :]
-    return masked_attention(q, k, v, allowed, scale=scale, dropout=dropout)
+    return allowed
+
+
+def with_sinks(out: jax.Array, lse: jax.Array, sinks: jax.Array) -> jax.Array:
+    """Attention ``out`` ``[b, t, n, d]`` of a softmax over the keys alone (log-sum-exp ``lse``
+    ``[b, t, n]``) as it is with each head's sink logit in the denominator too: times
+    ``Z / (Z + e^sink) = sigmoid(lse - sink)``."""
+    kept = jax.nn.sigmoid(lse - sinks.astype(lse.dtype))
+    return (out * kept[..., None].astype(out.dtype)).astype(out.dtype)

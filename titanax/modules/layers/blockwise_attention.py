@@ -42,13 +42,16 @@ _NEVER = jnp.iinfo(jnp.int32).max
 
 def blockwise_attention(q, k, v, *, scale: float, q_positions, k_positions,
                         q_segments=None, k_segments=None, sliding_window: Optional[int] = None,
-                        kv_length=None, block_q: int = 512, block_k: int = 512) -> jax.Array:
+                        kv_length=None, block_q: int = 512, block_k: int = 512,
+                        with_lse: bool = False):
     """Attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g`` dividing
     ``n``), ``[b, t, n, d]`` out. A query sees a key when the key's position is not after its
     own, both carry the same segment id (when given: ``[b, t]`` / ``[b, s]``), the key is within
     ``sliding_window`` positions, and its index is below ``kv_length`` (a cache's filled part).
     Positions ``[t]`` / ``[s]`` or ``[b, t]`` / ``[b, s]``. A query that sees no key (padding)
-    gets zeros. Sequences that blocks do not divide are padded with keys no query sees."""
+    gets zeros. Sequences that blocks do not divide are padded with keys no query sees.
+    ``with_lse``: also each query's log-sum-exp of its scores ``[b, t, n]`` (-inf where it sees
+    no key), differentiable (attention sinks correct the output with it)."""
     b, t, _, _ = q.shape
     s = k.shape[1]
     q_pos = jnp.broadcast_to(jnp.asarray(q_positions, jnp.int32), (b, t))
@@ -60,9 +63,13 @@ def blockwise_attention(q, k, v, *, scale: float, q_positions, k_positions,
     block_q, block_k = min(block_q, t), min(block_k, s)
     q, q_pos, q_seg = padded_queries(q, q_pos, q_seg, block_q)
     k, v, k_pos, k_seg = padded_keys(k, v, k_pos, k_seg, block_k)
-    out = _attention(q, k, v, q_pos, k_pos, q_seg, k_seg,
-                     Static(float(scale), sliding_window, block_q, block_k))
-    return out[:, :t]
+    out, lse = _attention(q, k, v, q_pos, k_pos, q_seg, k_seg,
+                          Static(float(scale), sliding_window, block_q, block_k))
+    if not with_lse:
+        return out[:, :t]
+    # [b, g, r, t] -> [b, t, g * r]
+    lse = jnp.moveaxis(lse, 3, 1).reshape(lse.shape[0], lse.shape[3], -1)
+    return out[:, :t], lse[:, :t]
 
 
 class Static(NamedTuple):
@@ -235,21 +242,26 @@ def _forward(q, k, v, q_pos, k_pos, q_seg, k_seg, static: Static):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _attention(q, k, v, q_pos, k_pos, q_seg, k_seg, static):
-    return _forward(q, k, v, q_pos, k_pos, q_seg, k_seg, static)[0]
+    return _forward(q, k, v, q_pos, k_pos, q_seg, k_seg, static)
 
 
 def _attention_fwd(q, k, v, q_pos, k_pos, q_seg, k_seg, static):
     out, lse = _forward(q, k, v, q_pos, k_pos, q_seg, k_seg, static)
-    return out, (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
+    return (out, lse), (q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse)
 
 
 # --- Backward: every tile's probabilities recomputed from the log-sum-exp --------------------------
 
-def query_grad_blocks(q, q_pos, q_seg, d_out, out, lse, block_q: int):
+def query_grad_blocks(q, q_pos, q_seg, d_out, out, lse, block_q: int, d_lse=None):
     """What the backward reads per query block, blocked: q, positions, segments, dO, and each
-    query's log-sum-exp and softmax correction D = rowsum(dO * O) (``[nq, b, bq, g, r]``)."""
+    query's log-sum-exp and softmax correction D = rowsum(dO * O) - dlse (``[nq, b, bq, g,
+    r]``; ``d_lse`` ``[b, g, r, t]``: the log-sum-exp's own cotangent, whose gradient on the
+    scores is the probabilities times it)."""
     groups = lse.shape[1]
     correction = jnp.sum(_grouped(d_out, groups) * _grouped(out, groups), axis=-1)
+    if d_lse is not None:
+        correction = correction - jnp.where(jnp.isfinite(lse), d_lse, 0.0).astype(
+            correction.dtype)
     return (_blocks(q, block_q), _blocks(q_pos, block_q), _blocks(q_seg, block_q),
             _blocks(d_out, block_q), _blocks(jnp.moveaxis(lse, 3, 1), block_q),
             _blocks(jnp.moveaxis(correction, 3, 1), block_q))
@@ -296,9 +308,10 @@ def fold_key_grads(d_q, q_blocks, k, v, k_pos, k_seg, static: "Static"):
     return d_q, unblocked(d_k), unblocked(d_v)
 
 
-def _attention_bwd(static: Static, residuals, d_out):
+def _attention_bwd(static: Static, residuals, cotangents):
     q, k, v, q_pos, k_pos, q_seg, k_seg, out, lse = residuals
-    q_blocks = query_grad_blocks(q, q_pos, q_seg, d_out, out, lse, static.block_q)
+    d_out, d_lse = cotangents
+    q_blocks = query_grad_blocks(q, q_pos, q_seg, d_out, out, lse, static.block_q, d_lse)
     d_q0 = cast_like(q, k, v, d_out, lse)(jnp.zeros(q_blocks[0].shape, wide_float(q.dtype)))
     d_q, d_k, d_v = fold_key_grads(d_q0, q_blocks, k, v, k_pos, k_seg, static)
     return (unblocked(d_q).astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype),

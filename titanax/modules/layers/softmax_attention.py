@@ -22,10 +22,12 @@ from titanax.utils.dtypes import lowest, wide_float
 
 
 def masked_attention(q, k, v, allowed, *, scale: float,
-                     dropout: Optional[Callable[[jax.Array], jax.Array]] = None) -> jax.Array:
+                     dropout: Optional[Callable[[jax.Array], jax.Array]] = None,
+                     sinks: Optional[jax.Array] = None) -> jax.Array:
     """Attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g`` dividing
     ``n``) where ``allowed`` (broadcastable to ``[b, 1, t, s]``) holds; scores and softmax in
-    float32 or wider. ``dropout`` is applied to the probabilities."""
+    float32 or wider. ``dropout`` is applied to the probabilities. ``sinks`` ``[n]``: per head,
+    a logit that joins every query's softmax as a key without a value (gpt-oss)."""
     allowed = jnp.asarray(allowed)
     allowed = allowed.reshape((1,) * (4 - allowed.ndim) + allowed.shape)  # [b | 1, 1, t, s]
     group = q.shape[2] // k.shape[2]
@@ -37,7 +39,12 @@ def masked_attention(q, k, v, allowed, *, scale: float,
                             preferred_element_type=wide_float(q.dtype))
         allowed = allowed[:, :, None]
     scores = jnp.where(allowed, scores * scale, lowest(scores.dtype))
-    probs = jax.nn.softmax(scores, axis=-1)
+    if sinks is not None:  # One more column per head, dropped after the softmax.
+        column = sinks.astype(scores.dtype).reshape(scores.shape[1:-2] + (1, 1))
+        column = jnp.broadcast_to(column, scores.shape[:-1] + (1,))
+        probs = jax.nn.softmax(jnp.concatenate([scores, column], axis=-1), axis=-1)[..., :-1]
+    else:
+        probs = jax.nn.softmax(scores, axis=-1)
     if dropout is not None:
         probs = dropout(probs)
     if group == 1:

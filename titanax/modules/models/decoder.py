@@ -143,6 +143,9 @@ class Decoder(CausalLanguageModel):
         # A sigmoid gate per attention head on its output, from a second query-sized
         # projection (Qwen 3.5's gated attention).
         attention_output_gate: bool = False
+        # A learned logit per attention head in every query's softmax, a key without a value
+        # (gpt-oss's sinks: Attention.Config.sinks).
+        attention_sinks: bool = False
         # The part of each head RoPE rotates (Qwen 3.5: 0.25, HF partial_rotary_factor).
         rotary_fraction: float = 1.0
         # Mistral's sliding-window attention (positions attended, itself included); None: full.
@@ -538,6 +541,7 @@ def _block_config(cfg, output_init) -> DecoderBlock.Config:
         output_bias=cfg.attention_output_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
         scale=cfg.attention_scale, norm_zero_centered=cfg.norm_zero_centered,
         output_gate=cfg.attention_output_gate, rotary_fraction=cfg.rotary_fraction,
+        sinks=cfg.attention_sinks,
         sliding_window=cfg.sliding_window, attention_dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_implementation, block_size=cfg.attention_block_size,
         output_param_init=output_init)
