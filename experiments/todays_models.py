@@ -2,6 +2,7 @@
 
 * ``gemma3_27b``: Gemma 3 27B, FSDP over ``data`` x tensor parallel 8 (32 devices).
 * ``qwen3_5_27b``: Qwen 3.5 27B's language model, FSDP over ``data`` x tensor parallel 8 (32).
+* ``gpt_oss_20b``: gpt-oss 20B, FSDP over ``data`` x experts over 8 ``expert`` devices (16).
 
 Each trains on the bundled text as every language-model experiment does; start one from the
 published weights with ``--config.init_from=DIR`` (docs/huggingface.md).
@@ -9,6 +10,8 @@ published weights with ``--config.init_from=DIR`` (docs/huggingface.md).
 
 from titanax.config import register_experiment
 from titanax.modules.models.gemma3 import gemma3_config
+from titanax.modules.models.gpt_oss import gpt_oss_config
+from titanax.parallel.expert_parallel import EP
 from titanax.modules.models.qwen3_5 import qwen3_5_config
 from titanax.parallel.plan import ZeRO
 from titanax.runtime.mesh import MeshSpec
@@ -44,3 +47,18 @@ def qwen3_5_27b():
     (docs/performance.md; saving the matmuls' outputs instead of recomputing them needs 164)."""
     model = qwen3_5_config("27b", layer_remat_policy="nothing_saveable")
     return _fsdp_tp(model, seq_len=4096, batch_size=32)
+
+
+@register_experiment
+def gpt_oss_20b():
+    """gpt-oss 20B (24 layers of sliding and full attention in turn, 32 experts of which 4 per
+    token): its experts over 8 ``expert`` devices (4 each), FSDP over ``data``. Sized for 16
+    80 GB devices (data 2 x expert 8) at 4,096 tokens x 16 rows: 50.8 GiB peak each by
+    ``--compile_only --cpu_devices=16`` (docs/performance.md; 48.3 recomputing everything)."""
+    model = gpt_oss_config("20b", layer_remat_policy="dots_with_no_batch_dims_saveable")
+    cfg = language_model_run(model=model, tp_axis=None, seq_len=4096, batch_size=16,
+                             steps=5000, peak_lr=1e-4, eval_batches=20)
+    cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
+    cfg.plan.expert_parallel = EP.default_config().set(axis="expert")
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "expert"), shape=(None, 8))
+    return cfg

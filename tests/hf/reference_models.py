@@ -15,6 +15,7 @@ import numpy as np
 
 from titanax.config import config_for_function
 from titanax.hf import importer
+from titanax.parallel.expert_parallel import EP
 from titanax.parallel.plan import CP, DP, PP, TP, Plan, ZeRO
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import optimizers
@@ -147,6 +148,28 @@ def _qwen3_5_vision():
     return Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
 
 
+def _gpt_oss():
+    """gpt-oss: sliding (window 5) and full layers in turn, attention sinks and biases, YaRN
+    (an original context of 8, so the ramp's both ends occur), four experts with biases (two
+    per token), a biased router, the clamped SwiGLU (a limit of 1.5: values reach it here); its
+    sinks and biases given values of their own."""
+    import torch
+    from transformers import GptOssConfig, GptOssForCausalLM
+    model = GptOssForCausalLM(GptOssConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=4,
+        num_local_experts=4, num_experts_per_tok=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=5, max_position_embeddings=64,
+        initializer_range=0.3, swiglu_limit=1.5,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 8,
+                         "rope_theta": 150000.0}))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "sinks" in name or "bias" in name:
+                param.copy_(torch.randn_like(param) * 0.5)
+    return model
+
+
 def _qwen3_moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(
@@ -178,7 +201,7 @@ BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwe
                                  "mixtral": _mixtral, "qwen3_sliding": _qwen3_sliding,
                                  "qwen3_5": _qwen3_5, "gemma3": _gemma3,
                                  "gemma3_vision": _gemma3_vision,
-                                 "qwen3_5_vision": _qwen3_5_vision}
+                                 "qwen3_5_vision": _qwen3_5_vision, "gpt_oss": _gpt_oss}
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,21 +232,23 @@ def token_ids(rows: int = 8, length: int = 16, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, (rows, length)).astype(np.int32)
 
 
-def engine_for(directory, *, data, model=1, pipe=1, context=1, zero=None,
+def engine_for(directory, *, data, model=1, pipe=1, context=1, expert=1, zero=None,
                **model_changes) -> Engine:
-    """An Engine of the HF model on data x model x pipe x context devices, its params
+    """An Engine of the HF model on data x model x pipe x context x expert devices, its params
     imported."""
-    sizes = {"data": data, "model": model, "pipe": pipe, "context": context}
+    sizes = {"data": data, "model": model, "pipe": pipe, "context": context, "expert": expert}
     axes = tuple(a for a, n in sizes.items() if a == "data" or n > 1)
     plan = Plan.default_config().set(
         data_parallel=DP.default_config(),
         tensor_parallel=TP.default_config() if model > 1 else None,
         pipeline_parallel=PP.default_config().set(microbatch_size=2) if pipe > 1 else None,
         context_parallel=CP.default_config().set(axis="context") if context > 1 else None,
+        expert_parallel=EP.default_config().set(axis="expert") if expert > 1 else None,
         zero=ZeRO.default_config().set(stage=zero) if zero else None)
     cfg = Engine.default_config().set(
         mesh=MeshSpec.default_config().set(axes=axes, shape=tuple(sizes[a] for a in axes),
-                                           devices=list(range(data * model * pipe * context))),
+                                           devices=list(range(data * model * pipe * context
+                                                              * expert))),
         plan=plan, model=importer.model_config(directory).set(**model_changes),
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.sgd).set(learning_rate=0.1)),

@@ -14,7 +14,7 @@ from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
 
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5", "gemma3")
+         "qwen3_5", "gemma3", "gpt_oss")
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,8 @@ GEMMA_ROPE = {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_
     ("gemma3", "use_bidirectional_attention", True, "is causal"),
     ("gemma3", "rope_parameters", GEMMA_ROPE, "sliding layers by plain RoPE"),
     ("gemma3", "hidden_activation", "gelu", "GELU \\(tanh\\) gated"),
+    ("gpt_oss", "quantization_config", {"quant_method": "mxfp4"}, "reads unquantised weights"),
+    ("gpt_oss", "experts_per_token", 3, "another top-k"),
 ])
 def test_a_config_field_titanax_cannot_reproduce_is_named(root, tmp_path, kind, key, value,
                                                           message):

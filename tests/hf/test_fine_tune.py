@@ -201,17 +201,35 @@ def _gemma3(directory):
     return "Gemma3ForCausalLM"
 
 
-@pytest.mark.parametrize("family", [_qwen3_5, _gemma3], ids=["qwen3_5", "gemma3"])
-def test_todays_families_fine_tune_export_and_load_in_transformers(family, tmp_path):
+def _gpt_oss(directory):
+    """gpt-oss: sliding and full layers, sinks, YaRN, four biased experts (two per token)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+    GptOssForCausalLM(GptOssConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+        num_local_experts=4, num_experts_per_tok=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=4, max_position_embeddings=128,
+        initializer_range=0.1,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 32,
+                         "rope_theta": 150000.0})).save_pretrained(directory)
+    return "GptOssForCausalLM"
+
+
+@pytest.mark.parametrize("family,experiment", [
+    (_qwen3_5, "llama_tiny_dp_tp"), (_gemma3, "llama_tiny_dp_tp"), (_gpt_oss, "moe_tiny_ep")],
+    ids=["qwen3_5", "gemma3", "gpt_oss"])
+def test_todays_families_fine_tune_export_and_load_in_transformers(family, experiment,
+                                                                   tmp_path):
     """Today's families (bytes for a vocabulary) through the Interface's commands: fine-tuned 3
-    steps from their directory on data 4 x TP 2, exported, loaded by transformers' own class
-    with Titanax's logits; ``generate --hf`` on the export gives the run's greedy ids."""
+    steps from their directory (dense ones on data 4 x TP 2, gpt-oss's experts on data 2 x
+    expert 4), exported, loaded by transformers' own class with Titanax's logits; ``generate
+    --hf`` on the export gives the run's greedy ids."""
     import torch
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     source, run, target = (str(tmp_path / name) for name in ("source", "run", "export"))
     architecture = family(source)
-    _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={source}",
+    _run("titanax.launch", f"--config={experiment}", f"--config.init_from={source}",
          f"--trainer_dir={run}", "--cpu_devices=8", "--config.max_steps=3",
          "--config.evalers={}")
     _run("titanax.export", f"--trainer_dir={run}", f"--to={target}", "--cpu_devices=8")

@@ -35,7 +35,9 @@ def hf_greedy(directory, prompt_ids, new_tokens=NEW_TOKENS):
     # Layer patterns: a cache per member (Gated DeltaNet: its conv window and state).
     ("qwen3_sliding", 4, 2), ("qwen3_5", 1, 1), ("qwen3_5", 4, 2),
     # Gemma 3: a tail of layers after the stack, its own caches.
-    ("gemma3", 1, 1), ("gemma3", 4, 2)])
+    ("gemma3", 1, 1), ("gemma3", 4, 2),
+    # gpt-oss: sinks in every cached step, experts dropless.
+    ("gpt_oss", 1, 1), ("gpt_oss", 4, 2)])
 def test_greedy_tokens_equal_transformers(kind, data, model, root):
     import jax
     directory = ref.saved_model(kind, root)

@@ -12,7 +12,7 @@ from titanax.modules.module import functional
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5", "gemma3")
+         "qwen3_5", "gemma3", "gpt_oss")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_one_device_logits_equal_transformers(kind, root):
 
 @pytest.mark.parametrize("kind,data,model", [
     ("llama", 4, 2), ("qwen3", 4, 2), ("qwen2", 4, 2), ("mistral", 4, 2), ("gpt2", 4, 2),
-    ("qwen3_sliding", 4, 2), ("qwen3_5", 4, 2), ("gemma3", 4, 2),
+    ("qwen3_sliding", 4, 2), ("qwen3_5", 4, 2), ("gemma3", 4, 2), ("gpt_oss", 4, 2),
     # TP=4 over 2 (llama, qwen3) and 1 (mistral) kv heads: kv kept whole on every rank.
     ("llama", 2, 4), ("qwen3", 2, 4), ("mistral", 2, 4)])
 def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):
@@ -72,6 +72,21 @@ def _hf_mean_loss(directory, batch):
     shifted = logits - logits.max(-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     return -np.take_along_axis(log_probs, batch["target_ids"][..., None], -1).mean()
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss"])
+def test_expert_parallel_logits_equal_transformers(kind, root):
+    """Experts over expert=4 (one each), tokens exchanged all-to-all, dropless: transformers'
+    logits (gpt-oss: the experts' biases, the router's, the clamped SwiGLU)."""
+    directory = ref.saved_model(kind, root)
+    engine = engine_for(directory, data=2, expert=4)
+    assert "expert" in tuple(engine.layout.param_specs["decoder"]["layer"]
+                             .get("0", engine.layout.param_specs["decoder"]["layer"])
+                             ["mlp"]["gate_up_weight"])
+    ids = ref.token_ids()
+    logits = engine.steps.model_method("logits")(engine.state.params, ids)
+    assert_close(np.asarray(logits), ref.hf_logits(directory, ids), bound=CROSS_FRAMEWORK,
+                 what=f"{kind} logits on data=2 x expert=4")
 
 
 @pytest.mark.parametrize("kind", ["mistral", "gemma3", "qwen3_5"])

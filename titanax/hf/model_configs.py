@@ -1,5 +1,5 @@
 """Hugging Face ``config.json`` <-> Titanax model configs (GPT-2, Llama, Qwen 2/3, Qwen 3.5's text
-model, Gemma 3's, Mistral, and the mixtures of experts Mixtral and Qwen 3 MoE).
+model, Gemma 3's, Mistral, and the mixtures of experts Mixtral, Qwen 3 MoE and gpt-oss).
 
 Every key of an HF config is either mapped onto a Titanax field, checked to hold the one value
 Titanax implements (``hidden_act: silu``, no sliding window on Qwen, ...), or known not to change
@@ -31,15 +31,16 @@ NEUTRAL_KEYS = frozenset({
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text", "gemma3_text")
 # Decoders whose MLPs are mixtures of experts.
-MOE_TYPES = ("mixtral", "qwen3_moe")
+MOE_TYPES = ("mixtral", "qwen3_moe", "gpt_oss")
 MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
 
 
 def _refuse(key: str, value: Any, why: str, *, where: str) -> errors.HFError:
     return errors.HFError(f"{key}={value!r}: {why}", path=f"{where}: {key}",
                           suggestion="Titanax imports GPT-2, Llama, Qwen 2/3, Qwen 3 MoE, "
-                                     "Qwen 3.5 (text), Gemma 3 (text), Mistral and Mixtral "
-                                     "checkpoints as published; this one differs where named")
+                                     "Qwen 3.5 (text), Gemma 3 (text), gpt-oss, Mistral and "
+                                     "Mixtral checkpoints as published; this one differs where "
+                                     "named")
 
 
 class _Reader:
@@ -353,9 +354,65 @@ def _gemma3_rope(r: _Reader, *, kinds) -> Dict[str, Any]:
     return {"rope_theta": full_theta, "rope_scaling": scaling, "sliding_rope_theta": local_theta}
 
 
+def _gpt_oss(r: _Reader) -> Decoder.Config:
+    """gpt-oss (``GptOssForCausalLM``): sliding and full layers by ``layer_types`` (in turn by
+    default), attention sinks and biases, YaRN, and experts with biases, a biased router and the
+    clamped SwiGLU. Quantised (MXFP4) checkpoints are refused: dequantise them first."""
+    r.expect("quantization_config", lambda v: not v, "Titanax reads unquantised weights: "
+             "load the model in transformers (dequantised) and save it again", None)
+    r.expect("hidden_act", lambda v: v in (None, "silu"), "gpt-oss's experts are clamped SwiGLU",
+             "silu")
+    r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
+             0.0)
+    top_k = r.required("num_experts_per_tok")
+    r.expect("experts_per_token", lambda v: v in (None, top_k), "names another top-k than "
+             "num_experts_per_tok")
+    r.get("initial_context_length")  # (The original one; the YaRN parameters say it again.)
+    layers = r.required("num_hidden_layers")
+    layer_types = r.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    unknown = sorted(set(layer_types) - set(HF_LAYER_KINDS))
+    if unknown or len(layer_types) != layers:
+        raise _refuse("layer_types", unknown or len(layer_types), "gpt-oss names each of its "
+                      "num_hidden_layers sliding_attention or full_attention", where=r.where)
+    kinds = [HF_LAYER_KINDS[t] for t in layer_types]
+    sliding = "sliding" in kinds
+    balancing = bool(r.get("output_router_logits", False))
+    coefficient = float(r.get("router_aux_loss_coef", 0.0) or 0.0)  # (Used when balancing.)
+    moe = MoE.default_config().set(
+        hidden_dim=r.required("intermediate_size"), num_experts=r.required("num_local_experts"),
+        top_k=top_k, dispatch="dropless", activation="clamped_swiglu", expert_bias=True,
+        swiglu_alpha=float(r.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(r.get("swiglu_limit", 7.0)),
+        aux_loss_weight=coefficient / layers if balancing else 0.0)
+    moe.router.normalize_top_k = True
+    moe.router.bias = True
+    heads = r.required("num_attention_heads")
+    bias = bool(r.get("attention_bias", True))
+    return Decoder.default_config().set(
+        name="gpt_oss", vocab_size=r.required("vocab_size"),
+        max_seq_len=r.required("max_position_embeddings"), num_layers=layers,
+        model_dim=r.required("hidden_size"), num_heads=heads,
+        num_kv_heads=r.get("num_key_value_heads") or heads, head_dim=r.get("head_dim"),
+        hidden_dim=r.required("intermediate_size"), norm_eps=float(r.get("rms_norm_eps", 1e-5)),
+        qkv_bias=bias, attention_output_bias=bias, attention_sinks=True, moe=moe,
+        sliding_window=_window_of(r, sliding),
+        layer_pattern=_shortest_period(kinds) if sliding and "full" in kinds else None,
+        tie_embeddings=bool(r.get("tie_word_embeddings", False)), **_rope(r))
+
+
+def _window_of(r: _Reader, sliding: bool) -> Optional[int]:
+    """``sliding_window`` where some layer slides (read either way: with none it changes
+    nothing)."""
+    r.get("sliding_window")
+    return r.required("sliding_window") if sliding else None
+
+
 def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
     if model_type == "qwen3_5_text":
         return _qwen3_5_text(r)
+    if model_type == "gpt_oss":
+        return _gpt_oss(r)
     if model_type == "gemma3_text":
         return _gemma3_text(r)
     r.expect("hidden_act", lambda v: v == "silu", "the family's MLP is SwiGLU (silu)", "silu")
@@ -468,7 +525,13 @@ def moe_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     if model_type not in MOE_TYPES:
         return [f"the model is a mixture of experts, which {model_type} is not"]
     problems: List[str] = []
-    router = cfg.moe.router
+    router, gpt_oss = cfg.moe.router, model_type == "gpt_oss"
+    if (cfg.moe.activation == "clamped_swiglu") != gpt_oss or cfg.moe.expert_bias != gpt_oss \
+            or router.bias != gpt_oss:
+        problems.append("gpt_oss's experts -- and only its -- have biases, a biased router and "
+                        "the clamped SwiGLU")
+    if gpt_oss and not router.normalize_top_k:
+        problems.append("gpt_oss renormalises the top-k gates")
     if router.scoring != "softmax" or router.routed_scaling != 1.0:
         problems.append("HF's MoE routers are softmax top-k with unscaled gates")
     if router.balance_rate:
@@ -476,7 +539,7 @@ def moe_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
                         "HF's router, and choosing without it changes the model")
     if cfg.moe.shared_hidden_dim:
         problems.append("neither family has shared experts")
-    if cfg.moe.activation != "silu":
+    if cfg.moe.activation not in ("silu", "clamped_swiglu"):
         problems.append("HF's experts are SwiGLU (silu)")
     if model_type == "mixtral" and not router.normalize_top_k:
         problems.append("mixtral always renormalises the top-k gates")
@@ -507,6 +570,8 @@ def default_model_type(cfg: Decoder.Config) -> str:
     ``hf_config_from_model``: a model no family fits is refused there)."""
     if cfg.branch_output_norms or cfg.embedding_multiplier != 1.0:
         return "gemma3_text"
+    if cfg.attention_sinks or (cfg.moe is not None and cfg.moe.expert_bias):
+        return "gpt_oss"
     if cfg.norm_zero_centered or cfg.attention_output_gate or \
             "linear" in (cfg.layer_pattern or ()):
         return "qwen3_5_text"
@@ -535,8 +600,10 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
             problems.append(f"{model_type} has {name}={want!r} (this model: "
                             f"{getattr(cfg, name)!r})")
     problems += _gemma3_misfits(cfg, model_type)
-    if cfg.attention_sinks:
-        problems.append(f"{model_type} has no attention sinks (gpt-oss's are not mapped yet)")
+    if cfg.attention_sinks != (model_type == "gpt_oss"):
+        problems.append("gpt_oss has attention sinks and no other family does")
+    if model_type == "gpt_oss" and cfg.qkv_bias != cfg.attention_output_bias:
+        problems.append("gpt_oss's attention_bias sets q/k/v and output biases together")
     if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe", "qwen3_5_text", "gemma3_text")):
         problems.append("qwen3, qwen3_moe, qwen3_5_text and gemma3_text have QK-norm and no "
                         "other family does")
@@ -560,7 +627,7 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
         problems.append("only llama has MLP biases (mlp_bias)")
     if cfg.rope_scaling is not None and model_type not in ("llama", "gemma3_text") and not (
             isinstance(cfg.rope_scaling, YarnRopeScaling.Config)
-            and model_type in ("qwen2", "qwen3", "qwen3_moe")):
+            and model_type in ("qwen2", "qwen3", "qwen3_moe", "gpt_oss")):
         problems.append("rope scaling is written for llama and gemma3_text (YaRN for Qwen too) "
                         "only")
     return problems
@@ -596,7 +663,7 @@ def _pattern_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
         return ["qwen3_5_text has no sliding window"]
     if cfg.layer_pattern is None:
         if cfg.sliding_window is not None and \
-                model_type not in ("mistral", "mixtral", "gemma3_text"):
+                model_type not in ("mistral", "mixtral", "gemma3_text", "gpt_oss"):
             return ["only mistral, mixtral and gemma3_text have one sliding window for every "
                     "layer"]
         return []
@@ -605,7 +672,7 @@ def _pattern_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     if model_type == "qwen3_5_text":
         if kinds - {"linear", "full"}:
             problems.append("qwen3_5_text has linear_attention and full_attention layers only")
-    elif not (qwen or model_type == "gemma3_text"):
+    elif not (qwen or model_type in ("gemma3_text", "gpt_oss")):
         problems.append("only qwen2, qwen3, qwen3_moe, qwen3_5_text and gemma3_text name each "
                         "layer's kind (layer_types)")
     elif "linear" in kinds:
@@ -721,6 +788,28 @@ def _gemma3_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
         "use_bidirectional_attention": False}
 
 
+def _gpt_oss_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
+    """A whole gpt-oss ``config.json``."""
+    moe = cfg.moe
+    names = {kind: name for name, kind in HF_LAYER_KINDS.items()}
+    return {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len,
+        "num_hidden_layers": cfg.num_layers, "hidden_size": cfg.model_dim,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads or cfg.num_heads,
+        "head_dim": cfg.head_dim or cfg.model_dim // cfg.num_heads,
+        "intermediate_size": moe.hidden_dim, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.qkv_bias,
+        "attention_dropout": 0.0, "sliding_window": cfg.sliding_window,
+        "layer_types": [names[k] for k in layer_kinds(cfg)],
+        "rope_parameters": _rope_to_hf(cfg.rope_theta, cfg.rope_scaling),
+        "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+        "swiglu_alpha": moe.swiglu_alpha, "swiglu_limit": moe.swiglu_limit,
+        "router_aux_loss_coef": moe.aux_loss_weight * cfg.num_layers,
+        "output_router_logits": moe.aux_loss_weight > 0}
+
+
 def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
     problems = _misfits(cfg, model_type)
     if problems:
@@ -732,6 +821,8 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
                              "model's options (see docs/huggingface.md)")
     if model_type == "gemma3_text":
         return _gemma3_to_hf(cfg)
+    if model_type == "gpt_oss":
+        return _gpt_oss_to_hf(cfg)
     architectures = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                      "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",

@@ -283,6 +283,8 @@ def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: in
     if cfg.qk_norm:
         maps += [layer("attn/q_norm/scale", "self_attn.q_norm.weight", same()),
                  layer("attn/k_norm/scale", "self_attn.k_norm.weight", same())]
+    if cfg.attention_sinks:
+        maps.append(layer("attn/sinks", "self_attn.sinks", same()))
     return maps
 
 
@@ -328,12 +330,43 @@ def _linear_attention(cfg: Decoder.Config, layer) -> List[TensorMap]:
     ]
 
 
+def interleaved(shape: Tuple[int, ...]) -> Form:
+    """gpt-oss's gate and up columns interleaved on the last axis (``[..., 2F]``: gate at even
+    places, up at odd) <-> Titanax's ``[..., 2, F]``."""
+    def to_titanax(ts):
+        t = ts[0]
+        return np.swapaxes(t.reshape(t.shape[:-1] + (t.shape[-1] // 2, 2)), -1, -2)
+
+    def to_hf(a):
+        return [np.swapaxes(a, -1, -2).reshape(a.shape[:-2] + (-1,))]
+    del shape
+    return Form(to_titanax, to_hf)
+
+
+def _gpt_oss_experts(cfg: Decoder.Config, layer) -> List[TensorMap]:
+    """gpt-oss's router (with a bias) and experts, all experts in one tensor each, stored
+    ``[in, out]`` with biases (``mlp.experts.gate_up_proj`` interleaving gate and up)."""
+    moe = cfg.moe
+    d, experts, hidden = cfg.model_dim, moe.num_experts, moe.hidden_dim
+    pre = "mlp.experts."
+    return [
+        layer("mlp/router/weight", "mlp.router.weight", transposed((d, experts))),
+        layer("mlp/router/bias", "mlp.router.bias", same()),
+        layer("mlp/gate_up_weight", pre + "gate_up_proj", interleaved((experts, d, 2, hidden))),
+        layer("mlp/gate_up_bias", pre + "gate_up_proj_bias", interleaved((experts, 2, hidden))),
+        layer("mlp/down_weight", pre + "down_proj", same()),
+        layer("mlp/down_bias", pre + "down_proj_bias", same()),
+    ]
+
+
 def _experts(cfg: Decoder.Config, layer) -> List[TensorMap]:
     """A mixture of experts' router and experts, in Qwen 3 MoE's names (``mlp.gate``,
     ``mlp.experts.{e}.gate_proj``...) or Mixtral's (``block_sparse_moe.gate``,
     ``block_sparse_moe.experts.{e}.w1`` (gate), ``w3`` (up), ``w2`` (down))."""
     moe = cfg.moe
     d, experts, hidden = cfg.model_dim, moe.num_experts, moe.hidden_dim
+    if moe.expert_bias:
+        return _gpt_oss_experts(cfg, layer)
     if cfg.qk_norm:  # The family export and import pick for this model (qwen3_moe).
         block, gate, up, down = "mlp", "gate_proj", "up_proj", "down_proj"
     else:

@@ -20,7 +20,7 @@ slot is empty and none is dropped (``ragged_experts``).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -75,18 +75,23 @@ def exchange(buffer: jax.Array, axis: str) -> jax.Array:
 
 
 def gated_experts(slots: jax.Array, gate_up: jax.Array, down: jax.Array,
-                  activation: Callable) -> jax.Array:
-    """SwiGLU experts on their slots: ``slots [E, N, D]``, ``gate_up [E, D, 2, F]``,
-    ``down [E, F, D]`` -> ``[E, N, D]`` (one batched matmul per projection)."""
+                  glu: Callable, gate_up_bias: Optional[jax.Array] = None) -> jax.Array:
+    """Gated experts on their slots: ``slots [E, N, D]``, ``gate_up [E, D, 2, F]`` (plus
+    ``gate_up_bias [E, 2, F]``), ``down [E, F, D]`` -> ``[E, N, D]`` (one batched matmul per
+    projection); ``glu(gate, up)`` is the hidden activation (SwiGLU: ``silu(gate) * up``)."""
     both = jnp.einsum("end,edtf->entf", slots, gate_up.astype(slots.dtype))
-    hidden = activation(both[:, :, 0]) * both[:, :, 1]
+    if gate_up_bias is not None:
+        both = both + gate_up_bias[:, None].astype(both.dtype)
+    hidden = glu(both[:, :, 0], both[:, :, 1])
     return jnp.einsum("enf,efd->end", hidden, down.astype(slots.dtype))
 
 
 def ragged_experts(tokens: jax.Array, expert_ids: jax.Array, gates: jax.Array,
-                   gate_up: jax.Array, down: jax.Array, activation: Callable) -> jax.Array:
+                   gate_up: jax.Array, down: jax.Array, glu: Callable,
+                   gate_up_bias: Optional[jax.Array] = None) -> jax.Array:
     """``[T, D]``: every assignment through its expert with ``jax.lax.ragged_dot`` (sorted by
-    expert, one group per expert; nothing dropped), weighted by the gates."""
+    expert, one group per expert; nothing dropped), weighted by the gates (``glu`` and
+    ``gate_up_bias`` as ``gated_experts``')."""
     num_tokens, top_k = expert_ids.shape
     experts, width, _, hidden_width = gate_up.shape
     flat = expert_ids.reshape(-1)
@@ -96,7 +101,8 @@ def ragged_experts(tokens: jax.Array, expert_ids: jax.Array, gates: jax.Array,
     both = jax.lax.ragged_dot(ordered, gate_up.reshape(experts, width, 2 * hidden_width)
                               .astype(tokens.dtype), sizes)
     both = both.reshape(-1, 2, hidden_width)
-    outputs = jax.lax.ragged_dot(activation(both[:, 0]) * both[:, 1],
-                                 down.astype(tokens.dtype), sizes)
+    if gate_up_bias is not None:  # Each sorted assignment's expert's bias.
+        both = both + gate_up_bias[flat[order]].astype(both.dtype)
+    outputs = jax.lax.ragged_dot(glu(both[:, 0], both[:, 1]), down.astype(tokens.dtype), sizes)
     restored = outputs[jnp.argsort(order)].reshape(num_tokens, top_k, -1)
     return jnp.einsum("tkd,tk->td", restored, gates.astype(tokens.dtype))

@@ -46,7 +46,7 @@ from jax.ad_checkpoint import checkpoint_name
 from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.parallel.axis_binding import EXPERTS, MLP, RESIDUAL_SEQUENCE, STAGES
-from titanax.modules.base_layer import BaseLayer, ParameterSpec
+from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.context import VectorSummary
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import expert_dispatch
@@ -78,8 +78,16 @@ class MoE(BaseLayer):
         # Hidden width of the shared expert every token also goes through (DeepSeek's
         # n_shared_experts x moe_intermediate_size); 0: none.
         shared_hidden_dim: int = 0
-        # The gate's activation: "silu" (SwiGLU) or "gelu_tanh".
-        activation: Literal["silu", "gelu_tanh"] = "silu"
+        # The gate's activation: "silu" (SwiGLU), "gelu_tanh", or gpt-oss's "clamped_swiglu":
+        # gate clamped above and up on both sides at swiglu_limit, then
+        # (up + 1) * gate * sigmoid(swiglu_alpha * gate).
+        activation: Literal["silu", "gelu_tanh", "clamped_swiglu"] = "silu"
+        # clamped_swiglu's sigmoid sharpness and clamp (gpt-oss: 1.702 and 7).
+        swiglu_alpha: float = 1.702
+        swiglu_limit: float = 7.0
+        # Biases on every routed expert's projections (gpt-oss): gate_up_bias [E, 2, F],
+        # down_bias [E, D] (added once per token: the gate-weighted sum of its experts').
+        expert_bias: bool = False
         # "capacity": at most capacity_factor x the balanced share of a group's assignments per
         # expert, the rest dropped and counted; "dropless": none dropped (see the docstring).
         dispatch: Literal["capacity", "dropless"] = "capacity"
@@ -130,6 +138,13 @@ class MoE(BaseLayer):
                 initializer=output_init, fan_axes=FanAxes(in_axes=(1,), out_axes=(2,)),
                 active_fraction=active),
         }
+        if cfg.expert_bias:
+            bias = dict(initializer=constant(0.0), weight_decay_scale=0.0)
+            specs["gate_up_bias"] = ParameterSpec(shape=(experts, 2, hidden),
+                                                  logical_axes=(EXPERTS, None, MLP), **bias)
+            # (Whole on every device: each token adds its experts' after the exchange back.)
+            specs["down_bias"] = ParameterSpec(shape=(experts, width), logical_axes=(None, None),
+                                               **bias)
         if cfg.shared_hidden_dim:
             shared = cfg.shared_hidden_dim
             specs["shared_gate_up_weight"] = ParameterSpec(
@@ -160,19 +175,29 @@ class MoE(BaseLayer):
         tokens = x.reshape(-1, x.shape[-1])
         valid = None if segment_ids is None else (segment_ids.reshape(-1) != 0)
         routing = self.router(tokens, valid)
-        activation = ACTIVATIONS[cfg.activation]
+        glu = self._glu()
+        gate_up_bias = params["gate_up_bias"] if cfg.expert_bias else None
+        kept_assignments = None
         if cfg.dispatch == "dropless" and binding.active(EXPERTS) is None:
             out = expert_dispatch.ragged_experts(
                 tokens, routing.expert_ids, routing.gates, params["gate_up_weight"],
-                params["down_weight"], activation)
+                params["down_weight"], glu, gate_up_bias)
             kept = jnp.sum(routing.valid) * cfg.top_k
         else:
-            out, kept = self._through_slots(tokens, routing, activation)
+            out, kept, kept_assignments = self._through_slots(tokens, routing, glu)
         if cfg.shared_hidden_dim:
             both = jnp.einsum("td,dsf->tsf", tokens,
                               params["shared_gate_up_weight"].astype(tokens.dtype))
-            hidden = activation(both[:, 0]) * both[:, 1]
+            hidden = glu(both[:, 0], both[:, 1])
             out = out + hidden @ params["shared_down_weight"].astype(tokens.dtype)
+        if cfg.expert_bias:  # sum_k gate_k b_down[expert_k], of the assignments kept ...
+            gates = routing.gates if kept_assignments is None else \
+                routing.gates * kept_assignments
+            term = jnp.einsum("tk,tkd->td", gates.astype(out.dtype),
+                              params["down_bias"].astype(out.dtype)[routing.expert_ids])
+            if tensor_parallel is not None:  # ... once: the sum over the split carries it.
+                term = jnp.where(collectives.axis_index(tensor_parallel) == 0, term, 0.0)
+            out = out + term
         out = out.reshape(x.shape)
         if tensor_parallel is not None:  # Every expert's hidden features are split: sum once.
             out = (collectives.reduce_scatter(out, tensor_parallel, scatter_dimension=1)
@@ -189,10 +214,24 @@ class MoE(BaseLayer):
         return expert_dispatch.capacity(tokens=num_tokens, top_k=cfg.top_k,
                                         num_experts=cfg.num_experts, factor=cfg.capacity_factor)
 
-    def _through_slots(self, tokens, routing, activation):
+    def _glu(self):
+        """``(gate, up) -> hidden`` of the configured activation."""
+        cfg = self.config
+        if cfg.activation != "clamped_swiglu":
+            activation = ACTIVATIONS[cfg.activation]
+            return lambda gate, up: activation(gate) * up
+        alpha, limit = cfg.swiglu_alpha, cfg.swiglu_limit
+
+        def clamped(gate, up):
+            gate = jnp.minimum(gate, limit)
+            up = jnp.clip(up, -limit, limit)
+            return (up + 1) * (gate * jax.nn.sigmoid(gate * alpha))
+        return clamped
+
+    def _through_slots(self, tokens, routing, glu):
         """The capacity path (see expert_dispatch.py): scatter into slots, exchange over the
-        expert axis, run the local experts, exchange back, combine. Returns the output and the
-        number of assignments kept."""
+        expert axis, run the local experts, exchange back, combine. Returns the output, the
+        number of assignments kept and which (``[T, top_k]``, 1.0 / 0.0)."""
         cfg = self.config
         params = self.parameters
         slots = self.slots_per_expert(tokens.shape[0])
@@ -209,14 +248,14 @@ class MoE(BaseLayer):
         grouped = buffer.reshape(-1, local_experts, slots, buffer.shape[-1]).transpose(1, 0, 2, 3)
         outputs = expert_dispatch.gated_experts(
             grouped.reshape(local_experts, -1, buffer.shape[-1]), params["gate_up_weight"],
-            params["down_weight"], activation)
+            params["down_weight"], glu, params["gate_up_bias"] if cfg.expert_bias else None)
         outputs = outputs.reshape(grouped.shape).transpose(1, 0, 2, 3).reshape(buffer.shape)
         if parallel is not None:  # (Both exchanges are named: remat policies save them.)
             outputs = checkpoint_name(expert_dispatch.exchange(outputs, parallel),
                                       EXPERT_EXCHANGE)
-        kept = jnp.sum((positions < slots).astype(float))  # (jax's default float.)
-        return expert_dispatch.combine(outputs, routing.expert_ids, positions,
-                                       routing.gates), kept
+        kept_assignments = (positions < slots).astype(float)  # (jax's default float.)
+        return (expert_dispatch.combine(outputs, routing.expert_ids, positions, routing.gates),
+                jnp.sum(kept_assignments), kept_assignments)
 
     def _report(self, routing, kept):
         """Summaries of this call, and its part of the training objective."""

@@ -114,6 +114,9 @@ class YarnRopeScaling(Configurable):
                 yield "factor", f"must be > 0, got {self.factor}"
             if self.original_max_position_embeddings < 1:
                 yield "original_max_position_embeddings", "must be >= 1"
+            for name in ("beta_fast", "beta_slow"):
+                if not getattr(self, name) > 0:
+                    yield name, f"must be > 0 (rotations over the context), got {getattr(self, name)}"
             if self.attention_factor is not None and not self.attention_factor > 0:
                 yield "attention_factor", f"must be > 0 (or None), got {self.attention_factor}"
 

@@ -77,6 +77,9 @@ class Router(BaseLayer):
         # Aux-loss-free balancing: the expert bias moves by this much per training step (0: off,
         # no bias; DeepSeek-V3 uses 0.001).
         balance_rate: float = 0.0
+        # A learned bias on the router's logits (gpt-oss; param "bias"), trained as any param --
+        # unlike balance_rate's expert bias, which only picks.
+        bias: bool = False
 
         def _validate_values(self):
             if isinstance(self.num_experts, int) and self.num_experts < 1:
@@ -104,6 +107,9 @@ class Router(BaseLayer):
             specs["expert_bias"] = ParameterSpec(shape=(cfg.num_experts,), mesh_axes=(None,),
                                                  dtype=jnp.float32, initializer=constant(0.0),
                                                  weight_decay_scale=0.0)
+        if cfg.bias:
+            specs["bias"] = ParameterSpec(shape=(cfg.num_experts,), mesh_axes=(None,),
+                                          initializer=constant(0.0), weight_decay_scale=0.0)
         return specs
 
     def forward(self, tokens: jax.Array, valid: Optional[jax.Array] = None) -> Routing:
@@ -115,6 +121,8 @@ class Router(BaseLayer):
         params = self.parameters
         logits = jnp.einsum("td,de->te", at_least_float32(tokens),
                             at_least_float32(params["weight"]))
+        if cfg.bias:
+            logits = logits + at_least_float32(params["bias"])
         if cfg.scoring == "softmax":
             scores = jax.nn.softmax(logits, axis=-1)
             probabilities = scores
