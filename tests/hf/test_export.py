@@ -306,3 +306,19 @@ def test_a_chat_template_the_run_chose_is_the_exported_tokenizers(root, tmp_path
     rendered = AutoTokenizer.from_pretrained(out).apply_chat_template(
         [{"role": "user", "content": "1+1="}], tokenize=False, add_generation_prompt=True)
     assert rendered.endswith("### user\n1+1=\n\n### assistant\n"), rendered
+
+
+def test_a_gpt_oss_config_without_rope_reads_as_transformers_fills_it_in(root, tmp_path):
+    """No rope_parameters and no rope_scaling: transformers' gpt-oss defaults -- YaRN, factor
+    32 over 4,096 tokens, base 150,000 -- not plain RoPE."""
+    from transformers import GptOssConfig
+    bad = _copy(ref.saved_model("gpt_oss", root), tmp_path)
+    config = json.load(open(os.path.join(bad, "config.json")))
+    del config["rope_parameters"]
+    json.dump(config, open(os.path.join(bad, "config.json"), "w"))
+    theirs = GptOssConfig.from_pretrained(bad).rope_parameters
+    ours = importer.model_config(bad)
+    assert ours.rope_theta == theirs["rope_theta"] == 150000.0
+    for key in ("factor", "beta_fast", "beta_slow", "truncate",
+                "original_max_position_embeddings"):
+        assert getattr(ours.rope_scaling, key) == theirs[key], key

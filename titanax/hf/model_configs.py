@@ -340,6 +340,10 @@ def _gemma3_rope(r: _Reader, *, kinds) -> Dict[str, Any]:
     full_type = full.pop("rope_type", None) or full.pop("type", None) or "default"
     same_rope = (local_theta, local_type, local) == (full_theta, full_type, full)
     scaling = _rope_scaling(r, full_type, full, where="rope_parameters.full_attention")
+    if isinstance(scaling, YarnRopeScaling.Config) and not scaling.truncate:
+        raise _refuse("rope_parameters.full_attention.truncate", False, "transformers reads "
+                      "truncate only at the top of rope_parameters, which Gemma 3 keys by layer "
+                      "type: it always rounds (leave truncate out, or true)", where=r.where)
     if kinds == {"full"}:  # Every layer one kind: that kind's RoPE for all.
         return {"rope_theta": full_theta, "rope_scaling": scaling}
     local_scaling = _rope_scaling(r, local_type, local, where="rope_parameters.sliding_attention")
@@ -398,7 +402,27 @@ def _gpt_oss(r: _Reader) -> Decoder.Config:
         qkv_bias=bias, attention_output_bias=bias, attention_sinks=True, moe=moe,
         sliding_window=_window_of(r, sliding),
         layer_pattern=_shortest_period(kinds) if sliding and "full" in kinds else None,
-        tie_embeddings=bool(r.get("tie_word_embeddings", False)), **_rope(r))
+        tie_embeddings=bool(r.get("tie_word_embeddings", False)), **_gpt_oss_rope(r))
+
+
+# gpt-oss's RoPE where its config.json says none (transformers' GptOssConfig fills it in).
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
+
+
+def _gpt_oss_rope(r: _Reader) -> Dict[str, Any]:
+    """``_rope``, with transformers' defaults for gpt-oss where the config leaves them out:
+    YaRN (factor 32 over 4,096 tokens) at base 150,000."""
+    theta = r.get("rope_theta")
+    if not r.get("rope_parameters") and not r.get("rope_scaling"):
+        return {"rope_theta": float(theta or 150000.0),
+                "rope_scaling": _rope_scaling(r, "yarn", {k: v for k, v in GPT_OSS_ROPE.items()
+                                                          if k != "rope_type"},
+                                              where="rope_parameters")}
+    rope = _rope(r)
+    if not theta and "rope_theta" not in (r.get("rope_parameters") or {}):
+        rope["rope_theta"] = 150000.0  # (transformers' gpt-oss base, not the generic one.)
+    return rope
 
 
 def _window_of(r: _Reader, sliding: bool) -> Optional[int]:
@@ -639,6 +663,9 @@ def _gemma3_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads
     problems = []
     if model_type == "gemma3_text":
+        if isinstance(cfg.rope_scaling, YarnRopeScaling.Config) and not cfg.rope_scaling.truncate:
+            problems.append("gemma3_text's YaRN always rounds its ramp (truncate=False is not "
+                            "read from its per-kind rope_parameters)")
         if cfg.embedding_multiplier != cfg.model_dim ** 0.5:
             problems.append(f"gemma3_text scales the embeddings by sqrt(hidden_size)="
                             f"{cfg.model_dim ** 0.5} (this model: {cfg.embedding_multiplier})")
@@ -804,6 +831,10 @@ def _gpt_oss_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
         "attention_dropout": 0.0, "sliding_window": cfg.sliding_window,
         "layer_types": [names[k] for k in layer_kinds(cfg)],
         "rope_parameters": _rope_to_hf(cfg.rope_theta, cfg.rope_scaling),
+        # The older spelling too, for transformers 4.x readers.
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": ({k: v for k, v in _rope_to_hf(cfg.rope_theta, cfg.rope_scaling).items()
+                          if k != "rope_theta"} if cfg.rope_scaling is not None else None),
         "num_local_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
         "swiglu_alpha": moe.swiglu_alpha, "swiglu_limit": moe.swiglu_limit,
         "router_aux_loss_coef": moe.aux_loss_weight * cfg.num_layers,

@@ -15,7 +15,10 @@ from titanax.hf import importer
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
 from titanax.modules.models.decoder import Decoder
 from titanax.modules.module import functional
-from titanax.parallel.plan import DP, PP, TP, Plan
+from titanax.modules.layers.moe import MoE
+from titanax.modules.layers.rotary import LinearRopeScaling, YarnRopeScaling
+from titanax.parallel.expert_parallel import EP
+from titanax.parallel.plan import CP, DP, PP, TP, Plan
 from tests.hf import reference_models as ref
 from tests.numerics import assert_close
 from tests.train import helpers
@@ -102,35 +105,79 @@ def _qwen35_like(**changes):
         linear_attention=linear, **{**SMALL, "max_seq_len": 16, **changes})
 
 
-def _engine(mesh_shape, axes, plan, **model_changes):
+def _gemma3_like(**changes):
+    """Gemma 3's switches: two sliding layers (plain RoPE at their own base) and a full one
+    (linear RoPE scaling), twice, then a sliding layer after the stack; sandwich norms, scaled
+    embeddings, QK-norm, a query scale of its own."""
+    return Decoder.default_config().set(
+        num_layers=7, layer_pattern=("sliding", "sliding", "full"), sliding_window=5,
+        sliding_rope_theta=100.0, rope_scaling=LinearRopeScaling.default_config().set(factor=2.0),
+        qk_norm=True, norm_zero_centered=True, branch_output_norms=True,
+        embedding_multiplier=32 ** 0.5, attention_scale=0.3, mlp_activation="gelu_tanh",
+        **{**SMALL, "max_seq_len": 16, **changes})
+
+
+def _gpt_oss_like(**changes):
+    """gpt-oss's switches: sliding and full layers in turn, sinks, attention biases, YaRN, four
+    experts with biases behind a biased router, the clamped SwiGLU."""
+    moe = MoE.default_config().set(hidden_dim=24, num_experts=4, top_k=2, dispatch="dropless",
+                                   activation="clamped_swiglu", expert_bias=True,
+                                   swiglu_limit=1.0)
+    moe.router.bias = True
+    return Decoder.default_config().set(
+        num_layers=4, layer_pattern=("sliding", "full"), sliding_window=5, attention_sinks=True,
+        qkv_bias=True, attention_output_bias=True, moe=moe,
+        rope_scaling=YarnRopeScaling.default_config().set(factor=4.0,
+                                                          original_max_position_embeddings=8),
+        **{**SMALL, "max_seq_len": 16, **changes})
+
+
+FAMILIES = {"qwen3_5": _qwen35_like, "gemma3": _gemma3_like, "gpt_oss": _gpt_oss_like}
+
+
+def _engine(family, mesh_shape, axes, plan):
     cfg = helpers.gpt_engine(data=1, learner=helpers.sgd(0.5)).config.clone()
-    cfg.model = _qwen35_like(vocab_size=256, **model_changes)  # (text_batches: bytes.)
+    cfg.model = FAMILIES[family](vocab_size=256)  # (text_batches: bytes.)
     cfg.mesh = helpers.mesh(mesh_shape, axes, devices=list(range(int(np.prod(mesh_shape)))))
     cfg.plan = plan
     return cfg.instantiate()
 
 
-def test_a_stack_of_linear_and_full_attention_trains_alike_on_every_layout():
-    """Three SGD steps of the Qwen 3.5-like stack on one device, on data 4 x TP 2 (key and value
-    heads split) and on data 4 x pipe 2 (the stack cut between its two repetitions): the same
-    losses and params, and the loss falls."""
+def _layouts(family):
+    """The layouts a family trains under, each against one device: data x TP, data x pipe (the
+    stack cut between repetitions; Gemma's tail on the last stage), data x context (the
+    attention families; Gated DeltaNet's state across the cuts), data x experts (gpt-oss)."""
+    dp = DP.default_config()
+    layouts = {
+        "dp4 x tp2": ((4, 2), ("data", "model"), Plan.default_config().set(
+            data_parallel=dp, tensor_parallel=TP.default_config())),
+        "dp4 x pp2": ((4, 2), ("data", "pipe"), Plan.default_config().set(
+            data_parallel=dp, pipeline_parallel=PP.default_config().set(microbatch_size=1)))}
+    if family == "gpt_oss":
+        layouts["dp2 x ep4"] = ((2, 4), ("data", "expert"), Plan.default_config().set(
+            data_parallel=dp, expert_parallel=EP.default_config().set(axis="expert")))
+    else:
+        layouts["dp2 x cp4"] = ((2, 4), ("data", "context"), Plan.default_config().set(
+            data_parallel=dp, context_parallel=CP.default_config().set(axis="context")))
+    return layouts
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_todays_families_train_alike_on_every_layout(family, float64_numerics):
+    """Three SGD steps of each family's tiny stack on one device and on every layout it runs
+    under: the same losses and params (float64: a wrong layout is off by far more than
+    rounding), and the loss falls."""
+    del float64_numerics
     batches = helpers.text_batches(batch_size=8, seq_len=16, count=3)
-    runs = {
-        "one device": _engine((1,), ("data",), Plan.default_config().set(
-            data_parallel=DP.default_config())),
-        "dp4 x tp2": _engine((4, 2), ("data", "model"), Plan.default_config().set(
-            data_parallel=DP.default_config(), tensor_parallel=TP.default_config())),
-        "dp4 x pp2": _engine((4, 2), ("data", "pipe"), Plan.default_config().set(
-            data_parallel=DP.default_config(),
-            pipeline_parallel=PP.default_config().set(microbatch_size=1))),
-    }
+    runs = {"one device": _engine(family, (1,), ("data",), Plan.default_config().set(
+        data_parallel=DP.default_config()))}
+    runs.update({name: _engine(family, *layout) for name, layout in _layouts(family).items()})
     results = {name: helpers.train(engine, batches) for name, engine in runs.items()}
-    want_losses, want_params = results["one device"]
+    want_losses, want_params = results.pop("one device")
     assert want_losses[-1] < want_losses[0], want_losses
-    for name in ("dp4 x tp2", "dp4 x pp2"):
-        losses, params = results[name]
-        assert_close(losses, want_losses, what=f"{name} losses")
-        assert_close(params, want_params, what=f"{name} params")
+    for name, (losses, params) in results.items():
+        assert_close(losses, want_losses, what=f"{family} {name} losses")
+        assert_close(params, want_params, what=f"{family} {name} params")
 
 
 def _greedy_by_forward(model, params, prompt, steps):

@@ -158,6 +158,8 @@ class Attention(BaseLayer):
                                     and int(width * self.rotary_fraction) >= 2):
                 yield "rotary_fraction", (f"must rotate an even number of a head's {width} "
                                           f"features, at least 2: got {self.rotary_fraction}")
+            if self.sinks and self.fused_qkv:
+                yield "sinks", "are gpt-oss's, on separate q/k/v projections: not with fused_qkv"
             if self.sinks and self.implementation in ("fused", "pallas"):
                 yield "implementation", (f"{self.implementation!r} has no attention sinks: "
                                          "use 'auto', 'dense' or 'blockwise' with sinks")
