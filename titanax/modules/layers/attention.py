@@ -364,11 +364,8 @@ class Attention(BaseLayer):
         (RoPE's) start after them. No sequence parallelism here: decoding has no sequence to
         split."""
         cfg = self.config
-        places = start + jnp.arange(x.shape[1])
-        key_valid = None
-        if offsets is not None:
-            places = jnp.maximum(places[None, :] - offsets[:, None], 0)
-            key_valid = jnp.arange(cache[0].shape[1])[None, :] >= offsets[:, None]
+        places, key_valid = decoding_places(x.shape[1], start=start, offsets=offsets,
+                                            cache_length=cache[0].shape[1])
         q, k, v = self._qkv(x, places)
         k_cache, v_cache = cache
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, 1)
@@ -381,6 +378,18 @@ class Attention(BaseLayer):
                          key_valid=key_valid, implementation=cfg.implementation,
                          block_size=cfg.block_size)
         return self._output(context, x), (k_cache, v_cache)
+
+
+def decoding_places(length: int, *, start, offsets: Optional[jax.Array], cache_length: int):
+    """``(positions, key_valid)`` of ``length`` tokens decoded at cache slots ``start ..``:
+    their RoPE positions (``[length]``, or per row ``[b, length]`` after left padding of
+    ``offsets[i]`` slots, which shifts no position) and which cache slots hold real keys
+    (``[b, cache_length]``; None without padding)."""
+    places = start + jnp.arange(length)
+    if offsets is None:
+        return places, None
+    return (jnp.maximum(places[None, :] - offsets[:, None], 0),
+            jnp.arange(cache_length)[None, :] >= offsets[:, None])
 
 
 def refuse_split_attention_dropout(rate: float, binding, *, path: str) -> None:
