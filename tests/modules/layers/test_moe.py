@@ -260,3 +260,41 @@ def test_padding_tokens_are_not_routed(dispatch):
                  what="load of the real tokens")
     aux = EXPERTS * np.sum(counts / len(tokens) * probs.mean(0))
     assert_close(float(summaries["aux_loss"]), aux, what="aux loss of the real tokens")
+
+
+def test_group_limited_routing_is_deepseek_v3s():
+    """Sigmoid scores plus the choosing bias, experts in 4 groups of which each token may use 2
+    (a group scored by its best two), top 3, renormalised and scaled: transformers'
+    DeepseekV3TopkRouter's experts and gates, token for token."""
+    torch = pytest.importorskip("torch")
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    from titanax.modules.layers.router import Router
+    router = Router.default_config().set(
+        name="router", model_dim=16, num_experts=16, top_k=3, scoring="sigmoid",
+        routed_scaling=2.5, balance_rate=0.001, num_groups=4, top_groups=2).instantiate()
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(16, 16)).astype(np.float32)
+    bias = (rng.normal(size=(16,)) * 0.3).astype(np.float32)
+    tokens = rng.normal(size=(40, 16)).astype(np.float32)
+    routing, _ = functional(router, None, {"weight": weight, "expert_bias": bias},
+                            (tokens,), is_training=False)
+    theirs = DeepseekV3TopkRouter(DeepseekV3Config(
+        hidden_size=16, n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5))
+    theirs.weight.data = torch.tensor(weight.T)
+    theirs.e_score_correction_bias.data = torch.tensor(bias)
+    with torch.no_grad():
+        _, gates, ids = theirs(torch.tensor(tokens))
+    order = np.argsort(ids.numpy(), axis=-1)
+    ours_order = np.argsort(np.asarray(routing.expert_ids), axis=-1)
+    np.testing.assert_array_equal(np.take_along_axis(np.asarray(routing.expert_ids), ours_order, -1),
+                                  np.take_along_axis(ids.numpy(), order, -1))
+    assert_close(np.take_along_axis(np.asarray(routing.gates), ours_order, -1),
+                 np.take_along_axis(gates.numpy(), order, -1), what="gates")
+    # Groups matter here: without them some token takes another expert.
+    free = router.config.clone(num_groups=1, top_groups=None).instantiate()
+    unlimited, _ = functional(free, None, {"weight": weight, "expert_bias": bias}, (tokens,),
+                              is_training=False)
+    assert not np.array_equal(np.sort(np.asarray(unlimited.expert_ids), -1),
+                              np.sort(np.asarray(routing.expert_ids), -1))

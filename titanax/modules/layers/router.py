@@ -80,6 +80,12 @@ class Router(BaseLayer):
         # A learned bias on the router's logits (gpt-oss; param "bias"), trained as any param --
         # unlike balance_rate's expert bias, which only picks.
         bias: bool = False
+        # Group-limited choice (DeepSeek-V3: 8 groups, 4 of them): the experts split into
+        # num_groups consecutive groups, each scored by the sum of its two best choosing scores;
+        # a token picks its top_k experts among the top_groups best groups only. 1: no groups.
+        num_groups: int = 1
+        # How many groups a token may choose from (HF topk_group); None: all of them.
+        top_groups: Optional[int] = None
 
         def _validate_values(self):
             if isinstance(self.num_experts, int) and self.num_experts < 1:
@@ -96,6 +102,7 @@ class Router(BaseLayer):
                 yield "balance_rate", f"must be in [0, 1], got {self.balance_rate}"
             if self.routed_scaling <= 0:
                 yield "routed_scaling", f"must be > 0, got {self.routed_scaling}"
+            yield from _group_problems(self)
 
     def _create_layer_parameter_specs(self):
         cfg = self.config
@@ -132,6 +139,9 @@ class Router(BaseLayer):
         choosing = scores
         if cfg.balance_rate > 0:
             choosing = scores + jax.lax.stop_gradient(params["expert_bias"])
+        if cfg.num_groups > 1:
+            choosing = _within_top_groups(choosing, groups=cfg.num_groups,
+                                          top_groups=cfg.top_groups or cfg.num_groups)
         _, expert_ids = jax.lax.top_k(jax.lax.stop_gradient(choosing), cfg.top_k)
         gates = jnp.take_along_axis(scores, expert_ids, axis=-1)
         if cfg.normalize_top_k or cfg.scoring == "sigmoid":
@@ -146,6 +156,36 @@ class Router(BaseLayer):
             self.add_state_update("expert_bias", step, increment=True)
         return Routing(expert_ids=expert_ids.astype(jnp.int32), gates=gates, logits=logits,
                        probabilities=probabilities, valid=valid, counts=counts)
+
+
+def _group_problems(cfg):
+    """Group-limited routing's fields against the experts and top_k (Config validation)."""
+    groups, experts = cfg.num_groups, cfg.num_experts
+    if groups < 1:
+        yield "num_groups", f"must be >= 1, got {groups}"
+        return
+    if isinstance(experts, int) and experts % groups:
+        yield "num_groups", f"must divide num_experts={experts}, got {groups}"
+    elif isinstance(experts, int) and groups > 1 and experts // groups < 2:
+        yield "num_groups", "each group needs two experts at least (it is scored by its best two)"
+    top = cfg.top_groups
+    if top is not None and not 1 <= top <= groups:
+        yield "top_groups", f"must be in [1, num_groups={groups}] (or None), got {top}"
+    elif top is not None and isinstance(experts, int) and isinstance(cfg.top_k, int) and \
+            experts % groups == 0 and top * (experts // groups) < cfg.top_k:
+        yield "top_groups", (f"{top} group(s) of {experts // groups} experts hold fewer than "
+                             f"top_k={cfg.top_k}")
+
+
+def _within_top_groups(choosing: jax.Array, *, groups: int, top_groups: int) -> jax.Array:
+    """``choosing`` ``[T, E]`` with every expert outside a token's ``top_groups`` best groups
+    set to -inf (a group's score: the sum of its two best)."""
+    tokens, experts = choosing.shape
+    grouped = choosing.reshape(tokens, groups, experts // groups)
+    group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [T, groups]
+    _, best = jax.lax.top_k(group_scores, top_groups)
+    kept = jnp.zeros((tokens, groups), bool).at[jnp.arange(tokens)[:, None], best].set(True)
+    return jnp.where(kept[:, :, None], grouped, -jnp.inf).reshape(tokens, experts)
 
 
 def assignment_counts(expert_ids: jax.Array, num_experts: int,
