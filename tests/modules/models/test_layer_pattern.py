@@ -15,6 +15,7 @@ from titanax.hf import importer
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
 from titanax.modules.models.decoder import Decoder
 from titanax.modules.module import functional
+from titanax.modules.layers.latent_attention import MultiHeadLatentAttention
 from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.rotary import LinearRopeScaling, YarnRopeScaling
 from titanax.parallel.expert_parallel import EP
@@ -132,7 +133,26 @@ def _gpt_oss_like(**changes):
         **{**SMALL, "max_seq_len": 16, **changes})
 
 
-FAMILIES = {"qwen3_5": _qwen35_like, "gemma3": _gemma3_like, "gpt_oss": _gpt_oss_like}
+def _deepseek_v3_like(**changes):
+    """DeepSeek-V3's switches: multi-head latent attention (low-rank queries, a latent with a
+    shared RoPE key; YaRN with mscale), experts chosen by sigmoid scores with a choosing bias
+    among the best groups, scaled gates, a shared expert."""
+    moe = MoE.default_config().set(hidden_dim=16, num_experts=8, top_k=2, dispatch="dropless",
+                                   shared_hidden_dim=16)
+    moe.router.set(scoring="sigmoid", routed_scaling=2.5, balance_rate=0.01, num_groups=4,
+                   top_groups=2)
+    latent = MultiHeadLatentAttention.default_config().set(
+        num_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+        v_head_dim=5)
+    return Decoder.default_config().set(
+        num_layers=2, latent_attention=latent, moe=moe,
+        rope_scaling=YarnRopeScaling.default_config().set(
+            factor=4.0, original_max_position_embeddings=8, mscale=1.0, mscale_all_dim=1.0),
+        **{**SMALL, "max_seq_len": 16, **changes})
+
+
+FAMILIES = {"qwen3_5": _qwen35_like, "gemma3": _gemma3_like, "gpt_oss": _gpt_oss_like,
+            "deepseek_v3": _deepseek_v3_like}
 
 
 def _engine(family, mesh_shape, axes, plan):
@@ -146,14 +166,17 @@ def _engine(family, mesh_shape, axes, plan):
 def _layouts(family):
     """The layouts a family trains under, each against one device: data x TP, data x pipe (the
     stack cut between repetitions; Gemma's tail on the last stage), data x context (the
-    attention families; Gated DeltaNet's state across the cuts), data x experts (gpt-oss)."""
+    attention families; Gated DeltaNet's state across the cuts), data x experts (gpt-oss,
+    DeepSeek-V3)."""
     dp = DP.default_config()
     layouts = {
         "dp4 x tp2": ((4, 2), ("data", "model"), Plan.default_config().set(
             data_parallel=dp, tensor_parallel=TP.default_config())),
         "dp4 x pp2": ((4, 2), ("data", "pipe"), Plan.default_config().set(
             data_parallel=dp, pipeline_parallel=PP.default_config().set(microbatch_size=1)))}
-    if family == "gpt_oss":
+    if family == "deepseek_v3":  # (A pipeline cannot carry the choosing bias's update.)
+        del layouts["dp4 x pp2"]
+    if family in ("gpt_oss", "deepseek_v3"):
         layouts["dp2 x ep4"] = ((2, 4), ("data", "expert"), Plan.default_config().set(
             data_parallel=dp, expert_parallel=EP.default_config().set(axis="expert")))
     else:
@@ -191,7 +214,8 @@ def _greedy_by_forward(model, params, prompt, steps):
     return np.stack([np.asarray(t) for t in tokens], axis=1)
 
 
-@pytest.mark.parametrize("pattern", ["sliding-full", "sliding-full-tail", "linear-x3-full"])
+@pytest.mark.parametrize("pattern", ["sliding-full", "sliding-full-tail", "linear-x3-full",
+                                     "latent"])
 def test_greedy_generation_over_a_pattern_is_the_forwards_argmax(pattern):
     """Each greedy token -- from a key/value cache per attention member, a convolution window
     and recurrent state per Gated DeltaNet member -- is the argmax of the whole forward pass
@@ -200,7 +224,8 @@ def test_greedy_generation_over_a_pattern_is_the_forwards_argmax(pattern):
     cfg = (Decoder.default_config().set(num_layers=5 if pattern.endswith("tail") else 4,
                                         layer_pattern=("sliding", "full"), sliding_window=3,
                                         **SMALL)
-           if pattern.startswith("sliding") else _qwen35_like(max_seq_len=32))
+           if pattern.startswith("sliding") else _deepseek_v3_like(max_seq_len=32)
+           if pattern == "latent" else _qwen35_like(max_seq_len=32))
     model = cfg.instantiate()
     params = model.initialize_parameters_recursively(jax.random.PRNGKey(1))
     prompt = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 9)))

@@ -21,6 +21,7 @@ from titanax.modules.base_layer import BaseLayer
 from titanax.modules.layers.attention import Attention
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
+from titanax.modules.layers.latent_attention import MultiHeadLatentAttention
 from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.norm import LayerNorm, RMSNorm
@@ -34,9 +35,11 @@ class DecoderBlock(BaseLayer):
     class Config(BaseLayer.Config):
         # Residual-stream width.
         model_dim: Required[int] = REQUIRED
-        # The token mixer (its model_dim follows the block's): softmax attention, or Gated
-        # DeltaNet's linear attention (Qwen 3.5's "linear_attention" layers).
-        attention: Union[Attention.Config, GatedDeltaNet.Config] = Attention.default_config()
+        # The token mixer (its model_dim follows the block's): softmax attention, DeepSeek's
+        # multi-head latent attention, or Gated DeltaNet's linear attention (Qwen 3.5's
+        # "linear_attention" layers).
+        attention: Union[Attention.Config, MultiHeadLatentAttention.Config,
+                         GatedDeltaNet.Config] = Attention.default_config()
         # The feed-forward block, dense or a mixture of experts (its model_dim follows the
         # block's).
         mlp: Union[MLP.Config, MoE.Config] = MLP.default_config()

@@ -44,6 +44,7 @@ from titanax.modules.layers.decoder_block import DecoderBlock
 from titanax.modules.layers.dropout import Dropout
 from titanax.modules.layers.embedding import Embedding, VocabParallelEmbedding
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
+from titanax.modules.layers.latent_attention import MultiHeadLatentAttention
 from titanax.modules.layers.layer_group import LayerGroup
 from titanax.modules.layers.mlp import MLP
 from titanax.modules.layers.moe import MoE, check_moe_binding
@@ -185,6 +186,10 @@ class Decoder(CausalLanguageModel):
         # The Gated DeltaNet of the pattern's "linear" layers (its model_dim follows the
         # model's).
         linear_attention: Optional[GatedDeltaNet.Config] = None
+        # Multi-head latent attention in place of every attention layer (DeepSeek-V2/V3, Kimi
+        # K2; its model_dim, sliding window, RoPE base and scaling follow the model's; num_heads,
+        # num_kv_heads, head_dim, the biases and QK-norm are not read). None: Attention.
+        latent_attention: Optional[MultiHeadLatentAttention.Config] = None
 
         def _validate_values(self):
             yield from super()._validate_values()
@@ -434,6 +439,8 @@ class Decoder(CausalLanguageModel):
                                               batch=batch, dtype=table.dtype)
             shape = block.attn.cache_shape(block_params["attn"], layers=layers,
                                            batch=batch, length=length)
+            if isinstance(block.attn, MultiHeadLatentAttention):  # (The latent and rope key.)
+                return tuple(jnp.zeros(part, table.dtype) for part in shape)
             return jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype)
 
         params = self.parameters["decoder"]["layer"]
@@ -506,6 +513,16 @@ def _pattern_problems(cfg):
                                      "and there are none: leave it None")
     if cfg.rotary_fraction != 1.0 and cfg.position_embedding != "rotary":
         yield "rotary_fraction", "is the part of each head RoPE rotates: set it with rotary positions"
+    if cfg.latent_attention is not None:
+        if cfg.position_embedding != "rotary":
+            yield "latent_attention", "rotates its shared key: set position_embedding='rotary'"
+        attention_only = [name for name in ("attention_sinks", "attention_output_gate",
+                                            "qk_norm", "qkv_bias", "attention_output_bias",
+                                            "fused_qkv") if getattr(cfg, name)]
+        if attention_only:
+            yield "latent_attention", (f"replaces Attention, so {', '.join(attention_only)} "
+                                       "would be ignored: unset them (MLA's own biases: "
+                                       "latent_attention.bias)")
     if cfg.linear_attention is not None and "linear" not in (cfg.layer_pattern or ()):
         yield "linear_attention", ("configures the layer pattern's 'linear' layers, and there "
                                    "are none: leave it None")
@@ -552,6 +569,11 @@ def _block_config(cfg, output_init) -> DecoderBlock.Config:
             model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim or 4 * cfg.model_dim,
             gated=cfg.gated_mlp, activation=cfg.mlp_activation, bias=cfg.mlp_bias,
             output_param_init=output_init)
+    if cfg.latent_attention is not None:  # (DeepSeek's attention in every attention layer.)
+        attention = cfg.latent_attention.clone(
+            model_dim=cfg.model_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
+            sliding_window=cfg.sliding_window, norm_eps=cfg.norm_eps, output_param_init=output_init,
+            implementation=cfg.attention_implementation, block_size=cfg.attention_block_size)
     return DecoderBlock.default_config().set(
         model_dim=cfg.model_dim, attention=attention, mlp=mlp, norm=cfg.norm,
         norm_eps=cfg.norm_eps, norm_zero_centered=cfg.norm_zero_centered,
