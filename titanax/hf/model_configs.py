@@ -624,6 +624,9 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
             problems.append(f"{model_type} has {name}={want!r} (this model: "
                             f"{getattr(cfg, name)!r})")
     problems += _gemma3_misfits(cfg, model_type)
+    if cfg.first_dense_layers:
+        problems.append("no Hugging Face family here maps dense first layers yet "
+                        "(first_dense_layers: DeepSeek-V3's import is to come)")
     if cfg.attention_sinks != (model_type == "gpt_oss"):
         problems.append("gpt_oss has attention sinks and no other family does")
     if model_type == "gpt_oss" and cfg.qkv_bias != cfg.attention_output_bias:
@@ -719,7 +722,8 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
                 "gated_mlp", "mlp_activation", "tie_embeddings", "moe", "qk_norm",
                 "sliding_window", "layer_pattern", "norm_zero_centered",
                 "attention_output_gate", "rotary_fraction", "branch_output_norms",
-                "embedding_multiplier", "attention_scale", "attention_sinks")
+                "embedding_multiplier", "attention_scale", "attention_sinks",
+                "first_dense_layers", "latent_attention")
     misfits = [f"{name}={getattr(cfg, name)!r} (GPT-2: {getattr(gpt2, name)!r})"
                for name in switches if getattr(cfg, name) != getattr(gpt2, name)]
     # (Heads written out at their default values are GPT-2's too.)

@@ -135,8 +135,9 @@ def _gpt_oss_like(**changes):
 
 def _deepseek_v3_like(**changes):
     """DeepSeek-V3's switches: multi-head latent attention (low-rank queries, a latent with a
-    shared RoPE key; YaRN with mscale), experts chosen by sigmoid scores with a choosing bias
-    among the best groups, scaled gates, a shared expert."""
+    shared RoPE key; YaRN with mscale), a dense first layer (before the stack), then experts
+    chosen by sigmoid scores with a choosing bias among the best groups, scaled gates, a shared
+    expert."""
     moe = MoE.default_config().set(hidden_dim=16, num_experts=8, top_k=2, dispatch="dropless",
                                    shared_hidden_dim=16)
     moe.router.set(scoring="sigmoid", routed_scaling=2.5, balance_rate=0.01, num_groups=4,
@@ -145,14 +146,23 @@ def _deepseek_v3_like(**changes):
         num_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
         v_head_dim=5)
     return Decoder.default_config().set(
-        num_layers=2, latent_attention=latent, moe=moe,
+        num_layers=3, first_dense_layers=1, latent_attention=latent, moe=moe,
         rope_scaling=YarnRopeScaling.default_config().set(
             factor=4.0, original_max_position_embeddings=8, mscale=1.0, mscale_all_dim=1.0),
         **{**SMALL, "max_seq_len": 16, **changes})
 
 
+def _deepseek_v3_without_choosing_bias(**changes):
+    """``_deepseek_v3_like`` without the choosing bias, whose update a pipeline cannot carry:
+    its dense first layer then runs on the first stage with the embedding."""
+    cfg = _deepseek_v3_like(**changes)
+    cfg.moe.router.balance_rate = 0.0
+    return cfg
+
+
 FAMILIES = {"qwen3_5": _qwen35_like, "gemma3": _gemma3_like, "gpt_oss": _gpt_oss_like,
-            "deepseek_v3": _deepseek_v3_like}
+            "deepseek_v3": _deepseek_v3_like,
+            "deepseek_v3_pipelined": _deepseek_v3_without_choosing_bias}
 
 
 def _engine(family, mesh_shape, axes, plan):
@@ -174,6 +184,8 @@ def _layouts(family):
             data_parallel=dp, tensor_parallel=TP.default_config())),
         "dp4 x pp2": ((4, 2), ("data", "pipe"), Plan.default_config().set(
             data_parallel=dp, pipeline_parallel=PP.default_config().set(microbatch_size=1)))}
+    if family == "deepseek_v3_pipelined":
+        return {"dp4 x pp2": layouts["dp4 x pp2"]}
     if family == "deepseek_v3":  # (A pipeline cannot carry the choosing bias's update.)
         del layouts["dp4 x pp2"]
     if family in ("gpt_oss", "deepseek_v3"):

@@ -186,6 +186,11 @@ class Decoder(CausalLanguageModel):
         # The Gated DeltaNet of the pattern's "linear" layers (its model_dim follows the
         # model's).
         linear_attention: Optional[GatedDeltaNet.Config] = None
+        # The first this many layers have a dense MLP of hidden_dim where the others have moe's
+        # experts (DeepSeek-V3: 3, HF first_k_dense_replace); they run before the stack,
+        # unstacked (param path decoder_head/{i}/...; under a pipeline, on the first stage with
+        # the embedding).
+        first_dense_layers: int = 0
         # Multi-head latent attention in place of every attention layer (DeepSeek-V2/V3, Kimi
         # K2; its model_dim, sliding window, RoPE base and scaling follow the model's; num_heads,
         # num_kv_heads, head_dim, the biases and QK-norm are not read). None: Attention.
@@ -252,7 +257,12 @@ class Decoder(CausalLanguageModel):
         # 1 / sqrt(2 x layers) (GPT-2's scheme).
         output_init = Normal.default_config().set(stddev=0.02 / math.sqrt(2 * cfg.num_layers))
         block = _block_config(cfg, output_init)
-        layer, repetitions = block, cfg.num_layers
+        if cfg.first_dense_layers:  # (Unstacked, before the stack: dense MLPs.)
+            dense = block.clone(mlp=_dense_mlp(cfg, output_init),
+                                remat_policy=cfg.layer_remat_policy)
+            self._add_child("decoder_head", LayerGroup.default_config().set(
+                layers=[dense] * cfg.first_dense_layers))
+        layer, repetitions = block, cfg.num_layers - cfg.first_dense_layers
         if cfg.layer_pattern is not None:
             members = [_block_of_kind(cfg, block, kind, output_init) for kind in cfg.layer_pattern]
             if cfg.layer_remat_policy is not None:
@@ -307,6 +317,12 @@ class Decoder(CausalLanguageModel):
     @nowrap
     def attention_width(self) -> int:
         return self.config.num_heads * self.head_dim
+
+    def stack_head(self, embedded: jax.Array, **layer_inputs) -> jax.Array:
+        """The layers before the stack (``decoder_head``: dense first layers), if any."""
+        if "decoder_head" not in self.children:
+            return embedded
+        return self.decoder_head(embedded, **layer_inputs)
 
     def stack_tail(self, decoded: jax.Array, **layer_inputs) -> jax.Array:
         """The layers after the stack (``decoder_tail``: a depth the layer pattern does not
@@ -418,19 +434,24 @@ class Decoder(CausalLanguageModel):
                                         end_ids=end_ids, agree_over=agree_over)
 
     def _decode_layers(self, x, cache, *, start, offsets):
-        """Every layer's ``decode`` over ``cache`` (``_empty_cache``'s): the stack's, then the
-        tail's."""
-        if "decoder_tail" not in self.children:
+        """Every layer's ``decode`` over ``cache`` (``_empty_cache``'s): the head's, the
+        stack's, then the tail's."""
+        if not isinstance(cache, dict):
             return self.decoder.decode(x, cache, start=start, offsets=offsets)
-        x, stack_cache = self.decoder.decode(x, cache[0], start=start, offsets=offsets)
-        x, tail_cache = self.decoder_tail.decode(x, cache[1], start=start, offsets=offsets)
-        return x, (stack_cache, tail_cache)
+        out = {}
+        for part, module in (("head", "decoder_head"), ("stack", "decoder"),
+                             ("tail", "decoder_tail")):
+            if part in cache:
+                x, out[part] = getattr(self, module).decode(x, cache[part], start=start,
+                                                            offsets=offsets)
+        return x, out
 
     def _empty_cache(self, *, batch: int, length: int):
         """Every layer's cache, zeros: ``(k, v)`` of ``length`` positions stacked over the layers,
         or with a layer pattern one cache per member of the group, stacked over its repetitions
         (a Gated DeltaNet's: its convolution window and state, ``GatedDeltaNet.empty_cache``);
-        with a ``decoder_tail``, ``(the stack's, one per tail layer)``."""
+        with a ``decoder_head`` or ``decoder_tail``, ``{"head": one per head layer, "stack": the
+        stack's, "tail": one per tail layer}``."""
         table = self.parameters["token_emb"]["weight"]
 
         def cache(block, block_params, layers):
@@ -446,17 +467,24 @@ class Decoder(CausalLanguageModel):
         params = self.parameters["decoder"]["layer"]
         repetitions = self.decoder.config.num_layers
         if not isinstance(self.decoder.layer, LayerGroup):
-            return cache(self.decoder.layer, params, repetitions)
-        stack = tuple(cache(member, params[str(i)], repetitions)
-                      for i, member in enumerate(self.decoder.layer.members))
-        if "decoder_tail" not in self.children:
+            stack = cache(self.decoder.layer, params, repetitions)
+        else:
+            stack = tuple(cache(member, params[str(i)], repetitions)
+                          for i, member in enumerate(self.decoder.layer.members))
+        unstacked = {part: module for part, module in (("head", "decoder_head"),
+                                                       ("tail", "decoder_tail"))
+                     if module in self.children}
+        if not unstacked:
             return stack
-        # (The tail's params are not stacked: each cache as one layer's, its layer axis dropped.)
-        tail_params = {name: jax.tree_util.tree_map(lambda p: p[None], value)
-                       for name, value in self.parameters["decoder_tail"].items()}
-        tail = tuple(jax.tree_util.tree_map(lambda a: a[0], cache(member, tail_params[str(i)], 1))
-                     for i, member in enumerate(self.decoder_tail.members))
-        return stack, tail
+        out = {"stack": stack}
+        for part, module in unstacked.items():
+            # (Unstacked params: each cache as one layer's, its layer axis dropped.)
+            group_params = {name: jax.tree_util.tree_map(lambda p: p[None], value)
+                            for name, value in self.parameters[module].items()}
+            out[part] = tuple(
+                jax.tree_util.tree_map(lambda a: a[0], cache(member, group_params[str(i)], 1))
+                for i, member in enumerate(getattr(self, module).members))
+        return out
 
     def _sample_until_ended(self, step, first, cache, *, max_new_tokens: int,
                             end_ids: Sequence[int], agree_over: Sequence[str]):
@@ -513,6 +541,14 @@ def _pattern_problems(cfg):
                                      "and there are none: leave it None")
     if cfg.rotary_fraction != 1.0 and cfg.position_embedding != "rotary":
         yield "rotary_fraction", "is the part of each head RoPE rotates: set it with rotary positions"
+    if cfg.first_dense_layers:
+        if not 0 < cfg.first_dense_layers < cfg.num_layers:
+            yield "first_dense_layers", (f"must be in [0, num_layers={cfg.num_layers}), got "
+                                         f"{cfg.first_dense_layers}")
+        if cfg.moe is None:
+            yield "first_dense_layers", "are dense where the rest have experts: set moe"
+        if cfg.layer_pattern is not None:
+            yield "first_dense_layers", "with a layer pattern is not implemented yet"
     if cfg.latent_attention is not None:
         if cfg.position_embedding != "rotary":
             yield "latent_attention", "rotates its shared key: set position_embedding='rotary'"
@@ -547,6 +583,14 @@ def _pattern_problems(cfg):
         yield "linear_attention", "the layer pattern has linear layers: configure their Gated DeltaNet"
 
 
+def _dense_mlp(cfg, output_init) -> MLP.Config:
+    """The dense feed-forward block of a Decoder config (hidden_dim wide)."""
+    return MLP.default_config().set(
+        model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim or 4 * cfg.model_dim,
+        gated=cfg.gated_mlp, activation=cfg.mlp_activation, bias=cfg.mlp_bias,
+        output_param_init=output_init)
+
+
 def _block_config(cfg, output_init) -> DecoderBlock.Config:
     """The decoder block a Decoder config describes (a layer pattern's kinds change its mixer:
     ``_block_of_kind``)."""
@@ -565,10 +609,7 @@ def _block_config(cfg, output_init) -> DecoderBlock.Config:
     if cfg.moe is not None:
         mlp = cfg.moe.clone(model_dim=cfg.model_dim, output_param_init=output_init)
     else:
-        mlp = MLP.default_config().set(
-            model_dim=cfg.model_dim, hidden_dim=cfg.hidden_dim or 4 * cfg.model_dim,
-            gated=cfg.gated_mlp, activation=cfg.mlp_activation, bias=cfg.mlp_bias,
-            output_param_init=output_init)
+        mlp = _dense_mlp(cfg, output_init)
     if cfg.latent_attention is not None:  # (DeepSeek's attention in every attention layer.)
         attention = cfg.latent_attention.clone(
             model_dim=cfg.model_dim, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,

@@ -94,8 +94,16 @@ class CausalLanguageModel(BaseLayer):
                       positions: Optional[jax.Array] = None) -> jax.Array:
         """The final-normed residual stream ``[batch, seq, model_dim]`` (seq-split under SP)."""
         documents = document_inputs({"segment_ids": segment_ids, "positions": positions})
-        decoded = self.decoder(self.embed(input_ids, positions), **documents)
+        embedded = self.stack_head(self.embed(input_ids, positions), **documents)
+        decoded = self.decoder(embedded, **documents)
         return self.final_norm(self.stack_tail(decoded, **documents))
+
+    def stack_head(self, embedded: jax.Array, **layer_inputs) -> jax.Array:
+        """The layers before the repeated stack, run on the embeddings (Decoder: dense first
+        layers); none here. A pipeline's first stage runs them with the embedding
+        (``embed_batch``)."""
+        del layer_inputs
+        return embedded
 
     def stack_tail(self, decoded: jax.Array, **layer_inputs) -> jax.Array:
         """The layers after the repeated stack, run on its output (Decoder: the first layers of
@@ -241,8 +249,9 @@ class CausalLanguageModel(BaseLayer):
 
     def embed_batch(self, batch: Dict[str, jax.Array]) -> jax.Array:
         """What enters the first stage: ``embed`` of the batch's ``input_ids`` (at its
-        ``positions``, when the rows are packed)."""
-        return self.embed(batch["input_ids"], batch.get("positions"))
+        ``positions``, when the rows are packed), through the layers before the stack."""
+        return self.stack_head(self.embed(batch["input_ids"], batch.get("positions")),
+                               **document_inputs(batch))
 
     @staticmethod
     def stack_inputs(batch: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
