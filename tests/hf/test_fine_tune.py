@@ -50,26 +50,26 @@ def test_the_run_starts_from_the_checkpoint_and_says_so(fine_tuned, byte_llama):
     assert len(losses) == 20 and losses[-1] < losses[0] - 0.5, losses
 
 
-def test_exported_run_loads_in_transformers_with_titanax_logits(fine_tuned, tmp_path):
-    run, _ = fine_tuned
-    target = str(tmp_path / "export")
+def _exported_in_transformers(run, target, *, architecture=None):
+    """``titanax.export`` of ``run`` to ``target``; transformers' own class (``architecture``,
+    when named) loads it with the run's logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
     _run("titanax.export", f"--trainer_dir={run}", f"--to={target}", "--cpu_devices=8")
     ids = np.random.default_rng(0).integers(0, 256, (8, 24)).astype(np.int32)
     engine = saved_run.restored_engine(run)
     ours = np.asarray(engine.steps.model_method("logits")(engine.state.params, ids))
-    import torch
-    from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    if architecture is not None:
+        assert type(model).__name__ == architecture
     with torch.no_grad():
         theirs = model(torch.tensor(ids)).logits.numpy()
     assert_close(theirs, ours, bound=CROSS_FRAMEWORK,
-                 what="transformers' logits of the exported run")
-    # A second export to the same place is refused, and the first is left as it was.
-    before = sorted(os.listdir(target))
-    refused = _run("titanax.export", f"--trainer_dir={run}", f"--to={target}",
-                   "--cpu_devices=8", expect=2)
-    assert "not an empty directory" in refused.stderr and sorted(os.listdir(target)) == before
-    # The run and its export generate the same greedy tokens.
+                 what=f"transformers' logits of the exported {architecture or ''} run")
+
+
+def _generates_alike(run, target):
+    """``titanax.generate`` on the run and ``--hf`` on its export: the same greedy ids."""
     prompt = "--prompt_ids=82,79,77,69,79,58"
     from_run = _run("titanax.generate", f"--trainer_dir={run}", prompt, "--max_new_tokens=16",
                     "--cpu_devices=8")
@@ -78,6 +78,18 @@ def test_exported_run_loads_in_transformers_with_titanax_logits(fine_tuned, tmp_
     ids_line = [line for line in from_run.stdout.splitlines() if line.startswith("ids: ")]
     assert len(ids_line) == 1 and len(ids_line[0].split()) >= 2, from_run.stdout
     assert ids_line[0] in from_hf.stdout.splitlines(), (from_run.stdout, from_hf.stdout)
+
+
+def test_exported_run_loads_in_transformers_with_titanax_logits(fine_tuned, tmp_path):
+    run, _ = fine_tuned
+    target = str(tmp_path / "export")
+    _exported_in_transformers(run, target)
+    # A second export to the same place is refused, and the first is left as it was.
+    before = sorted(os.listdir(target))
+    refused = _run("titanax.export", f"--trainer_dir={run}", f"--to={target}",
+                   "--cpu_devices=8", expect=2)
+    assert "not an empty directory" in refused.stderr and sorted(os.listdir(target)) == before
+    _generates_alike(run, target)
 
 
 def test_bad_hf_directories_exit_2_naming_the_file(byte_llama, tmp_path):
@@ -225,28 +237,11 @@ def test_todays_families_fine_tune_export_and_load_in_transformers(family, exper
     expert 4), exported, loaded by transformers' own class with Titanax's logits; ``generate
     --hf`` on the export gives the run's greedy ids."""
     import torch
-    from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     source, run, target = (str(tmp_path / name) for name in ("source", "run", "export"))
     architecture = family(source)
     _run("titanax.launch", f"--config={experiment}", f"--config.init_from={source}",
          f"--trainer_dir={run}", "--cpu_devices=8", "--config.max_steps=3",
          "--config.evalers={}")
-    _run("titanax.export", f"--trainer_dir={run}", f"--to={target}", "--cpu_devices=8")
-    ids = np.random.default_rng(0).integers(0, 256, (8, 24)).astype(np.int32)
-    engine = saved_run.restored_engine(run)
-    ours = np.asarray(engine.steps.model_method("logits")(engine.state.params, ids))
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    assert type(model).__name__ == architecture
-    with torch.no_grad():
-        theirs = model(torch.tensor(ids)).logits.numpy()
-    assert_close(theirs, ours, bound=CROSS_FRAMEWORK,
-                 what=f"transformers' logits of the exported {architecture} run")
-    prompt = "--prompt_ids=82,79,77,69,79,58"
-    from_run = _run("titanax.generate", f"--trainer_dir={run}", prompt, "--max_new_tokens=16",
-                    "--cpu_devices=8")
-    from_hf = _run("titanax.generate", f"--hf={target}", prompt, "--max_new_tokens=16",
-                   "--cpu_devices=8", "--model_parallel=2")
-    ids_line = [line for line in from_run.stdout.splitlines() if line.startswith("ids: ")]
-    assert len(ids_line) == 1 and ids_line[0] in from_hf.stdout.splitlines(), \
-        (from_run.stdout, from_hf.stdout)
+    _exported_in_transformers(run, target, architecture=architecture)
+    _generates_alike(run, target)

@@ -330,7 +330,7 @@ def _linear_attention(cfg: Decoder.Config, layer) -> List[TensorMap]:
     ]
 
 
-def interleaved(shape: Tuple[int, ...]) -> Form:
+def interleaved() -> Form:
     """gpt-oss's gate and up columns interleaved on the last axis (``[..., 2F]``: gate at even
     places, up at odd) <-> Titanax's ``[..., 2, F]``."""
     def to_titanax(ts):
@@ -339,7 +339,6 @@ def interleaved(shape: Tuple[int, ...]) -> Form:
 
     def to_hf(a):
         return [np.swapaxes(a, -1, -2).reshape(a.shape[:-2] + (-1,))]
-    del shape
     return Form(to_titanax, to_hf)
 
 
@@ -352,8 +351,8 @@ def _gpt_oss_experts(cfg: Decoder.Config, layer) -> List[TensorMap]:
     return [
         layer("mlp/router/weight", "mlp.router.weight", transposed((d, experts))),
         layer("mlp/router/bias", "mlp.router.bias", same()),
-        layer("mlp/gate_up_weight", pre + "gate_up_proj", interleaved((experts, d, 2, hidden))),
-        layer("mlp/gate_up_bias", pre + "gate_up_proj_bias", interleaved((experts, 2, hidden))),
+        layer("mlp/gate_up_weight", pre + "gate_up_proj", interleaved()),
+        layer("mlp/gate_up_bias", pre + "gate_up_proj_bias", interleaved()),
         layer("mlp/down_weight", pre + "down_proj", same()),
         layer("mlp/down_bias", pre + "down_proj_bias", same()),
     ]
