@@ -24,6 +24,7 @@ from absl import logging as absl_logging
 
 from titanax import errors
 from titanax.observe import console
+from titanax.runtime import garbage_collection
 
 # What asks absl for help (absl prints it, then exits 1: not an error here).
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
@@ -88,6 +89,7 @@ def run(body: Callable[[Sequence[str]], int], *, name: str,
     """The whole of a command's ``if __name__ == "__main__":`` -- streams protected, flags
     defined and parsed (``parse_flags``), ``body`` run (``main_of``)."""
     console.protect_standard_streams()
+    garbage_collection.tune_garbage_collection()
     if define_flags is not None:
         define_flags()
     app.run(main_of(body, name=name), flags_parser=lambda argv: parse_flags(argv, name=name))

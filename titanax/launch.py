@@ -48,7 +48,7 @@ from titanax.config import overrides as overrides_lib
 from titanax.config import registry
 from titanax.config import config_file
 from titanax.observe import console
-from titanax.runtime import cluster, cpu_devices, distributed, local_processes
+from titanax.runtime import cluster, cpu_devices, distributed, garbage_collection, local_processes
 from titanax.utils.files import atomic_write_text
 
 _CONFIG = flags.DEFINE_string("config", None, "Name of a registered experiment (see --list).")
@@ -459,6 +459,7 @@ def run_main() -> None:
     preemption.install_early()
     console.protect_standard_streams()  # Printing never stops a run (a closed pipe, a full disk).
     local_processes.die_with_launcher()
+    garbage_collection.tune_garbage_collection()
     # absl's --help lists the flags of the main module and prints its docstring; for the
     # installed script the main module is a generated stub, so name ours as the main one.
     main_module = sys.modules.get("__main__")
