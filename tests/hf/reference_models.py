@@ -170,6 +170,30 @@ def _gpt_oss():
     return model
 
 
+def _deepseek_v3():
+    """DeepSeek-V3: latent attention (low-rank queries; YaRN with both mscales, an original
+    context of 8), one dense layer, then eight sigmoid-scored experts in four groups (two per
+    token, from the best two groups) with a choosing bias of its own, scaled gates and a shared
+    expert."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    model = DeepseekV3ForCausalLM(DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5,
+        max_position_embeddings=64, initializer_range=0.3, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                         "original_max_position_embeddings": 8, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}))
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn_like(buffer) * 0.3)
+    return model
+
+
 def _qwen3_moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(
@@ -201,7 +225,8 @@ BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwe
                                  "mixtral": _mixtral, "qwen3_sliding": _qwen3_sliding,
                                  "qwen3_5": _qwen3_5, "gemma3": _gemma3,
                                  "gemma3_vision": _gemma3_vision,
-                                 "qwen3_5_vision": _qwen3_5_vision, "gpt_oss": _gpt_oss}
+                                 "qwen3_5_vision": _qwen3_5_vision, "gpt_oss": _gpt_oss,
+                                 "deepseek_v3": _deepseek_v3}
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
 
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5", "gemma3", "gpt_oss")
+         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3")
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +105,10 @@ GEMMA_ROPE = {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_
     ("gemma3", "hidden_activation", "gelu", "GELU \\(tanh\\) gated"),
     ("gpt_oss", "quantization_config", {"quant_method": "mxfp4"}, "reads unquantised weights"),
     ("gpt_oss", "experts_per_token", 3, "another top-k"),
+    ("deepseek_v3", "rope_interleave", False, "interleaved pairs"),
+    ("deepseek_v3", "norm_topk_prob", False, "renormalises the chosen gates"),
+    ("deepseek_v3", "num_key_value_heads", 2, "as many key/value heads"),
+    ("deepseek_v3", "qk_head_dim", 7, "qk_nope_head_dim \\+ qk_rope_head_dim"),
 ])
 def test_a_config_field_titanax_cannot_reproduce_is_named(root, tmp_path, kind, key, value,
                                                           message):
@@ -154,6 +158,33 @@ def test_a_leftover_tensor_is_named(root, tmp_path):
         importer.params_as_numpy(bad)
 
 
+def test_deepseek_v3s_prediction_layers_are_not_read_and_its_router_needs_its_bias(root, tmp_path):
+    """DeepSeek-V3's multi-token-prediction layer (``model.layers.{N}`` after the N layers, as
+    published) is left unread, as transformers leaves it -- a tensor of any other unknown name
+    is still refused; a router without the choosing bias is not exported as DeepSeek-V3's
+    (transformers would choose with a zero bias: another model)."""
+    from safetensors.numpy import load_file, save_file
+    from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
+    source = ref.saved_model("deepseek_v3", root)
+    with_mtp = _copy(source, tmp_path, "with_mtp")
+    path = os.path.join(with_mtp, "model.safetensors")
+    tensors = load_file(path)
+    tensors["model.layers.3.eh_proj.weight"] = np.ones((64, 128), np.float32)
+    save_file(tensors, path)
+    want = importer.params_as_numpy(source)
+    got = importer.params_as_numpy(with_mtp)
+    np.testing.assert_array_equal(got["decoder_head"]["0"]["attn"]["kv_b_weight"],
+                                  want["decoder_head"]["0"]["attn"]["kv_b_weight"])
+    tensors["model.norm.extra"] = np.ones((64,), np.float32)
+    save_file(tensors, path)
+    with pytest.raises(errors.HFError, match="have no place .*model.norm.extra"):
+        importer.params_as_numpy(with_mtp)
+    cfg = importer.model_config(source)
+    cfg.moe.router.choosing_bias = False
+    with pytest.raises(errors.HFError, match="chooses with a bias"):
+        hf_config_from_model(cfg)
+
+
 def test_export_refuses_a_directory_that_holds_anything(root, tmp_path):
     source = ref.saved_model("gpt2", root)
     cfg = importer.model_config(source)
@@ -184,15 +215,21 @@ def test_export_refuses_a_family_that_would_drop_a_part(root):
         hf_config_from_model(windowed, model_type="llama")
     with pytest.raises(errors.HFError, match="mixtral is a mixture of experts and the model"):
         hf_config_from_model(windowed, model_type="mixtral")
-    # What HF's MoE routers do not compute: a sigmoid router, the aux-loss-free bias.
+    # What the softmax families' routers do not compute: a sigmoid router, a choosing bias.
     moe = importer.model_config(ref.saved_model("qwen3_moe", root))
     moe.moe.router.scoring = "sigmoid"
     with pytest.raises(errors.HFError, match="softmax top-k with unscaled gates"):
         hf_config_from_model(moe)
     moe = importer.model_config(ref.saved_model("mixtral", root))
     moe.moe.router.balance_rate = 0.01
-    with pytest.raises(errors.HFError, match="aux-loss-free expert bias"):
+    with pytest.raises(errors.HFError, match="the expert bias that chooses"):
         hf_config_from_model(moe)
+    # Latent attention and dense first layers: DeepSeek-V3's only.
+    deepseek = importer.model_config(ref.saved_model("deepseek_v3", root))
+    with pytest.raises(errors.HFError, match="deepseek_v3 -- and only it -- has latent"):
+        hf_config_from_model(deepseek, model_type="qwen3_moe")
+    with pytest.raises(errors.HFError, match="latent norms use epsilon 1e-6"):
+        hf_config_from_model(deepseek.clone(norm_eps=1e-5))
     # A layer pattern: only Qwen's layer_types name each layer's kind; no family has Gated
     # DeltaNet layers yet, nor another RoPE base for the sliding layers.
     alternating = importer.model_config(ref.saved_model("qwen3_sliding", root))

@@ -227,14 +227,31 @@ def _gpt_oss(directory):
     return "GptOssForCausalLM"
 
 
+def _deepseek_v3(directory):
+    """DeepSeek-V3: latent attention (low-rank queries, YaRN), a dense first layer, then four
+    sigmoid-scored experts in two groups with the choosing bias, a shared expert."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    DeepseekV3ForCausalLM(DeepseekV3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, n_group=2,
+        topk_group=1, n_shared_experts=1, max_position_embeddings=128, initializer_range=0.1,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                         "original_max_position_embeddings": 32, "mscale": 1.0,
+                         "mscale_all_dim": 1.0})).save_pretrained(directory)
+    return "DeepseekV3ForCausalLM"
+
+
 @pytest.mark.parametrize("family,experiment", [
-    (_qwen3_5, "llama_tiny_dp_tp"), (_gemma3, "llama_tiny_dp_tp"), (_gpt_oss, "moe_tiny_ep")],
-    ids=["qwen3_5", "gemma3", "gpt_oss"])
+    (_qwen3_5, "llama_tiny_dp_tp"), (_gemma3, "llama_tiny_dp_tp"), (_gpt_oss, "moe_tiny_ep"),
+    (_deepseek_v3, "moe_tiny_ep")],
+    ids=["qwen3_5", "gemma3", "gpt_oss", "deepseek_v3"])
 def test_todays_families_fine_tune_export_and_load_in_transformers(family, experiment,
                                                                    tmp_path):
     """Today's families (bytes for a vocabulary) through the Interface's commands: fine-tuned 3
-    steps from their directory (dense ones on data 4 x TP 2, gpt-oss's experts on data 2 x
-    expert 4), exported, loaded by transformers' own class with Titanax's logits; ``generate
+    steps from their directory (dense ones on data 4 x TP 2, gpt-oss's and DeepSeek-V3's experts
+    on data 2 x expert 4), exported, loaded by transformers' own class with Titanax's logits; ``generate
     --hf`` on the export gives the run's greedy ids."""
     import torch
     torch.manual_seed(0)

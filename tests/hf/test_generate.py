@@ -37,7 +37,9 @@ def hf_greedy(directory, prompt_ids, new_tokens=NEW_TOKENS):
     # Gemma 3: a tail of layers after the stack, its own caches.
     ("gemma3", 1, 1), ("gemma3", 4, 2),
     # gpt-oss: sinks in every cached step, experts dropless.
-    ("gpt_oss", 1, 1), ("gpt_oss", 4, 2)])
+    ("gpt_oss", 1, 1), ("gpt_oss", 4, 2),
+    # DeepSeek-V3: the latent cache, a dense first layer's own cache.
+    ("deepseek_v3", 1, 1), ("deepseek_v3", 4, 2)])
 def test_greedy_tokens_equal_transformers(kind, data, model, root):
     import jax
     directory = ref.saved_model(kind, root)

@@ -12,7 +12,7 @@ from titanax.modules.module import functional
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5", "gemma3", "gpt_oss")
+         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3")
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,7 @@ def test_one_device_logits_equal_transformers(kind, root):
 @pytest.mark.parametrize("kind,data,model", [
     ("llama", 4, 2), ("qwen3", 4, 2), ("qwen2", 4, 2), ("mistral", 4, 2), ("gpt2", 4, 2),
     ("qwen3_sliding", 4, 2), ("qwen3_5", 4, 2), ("gemma3", 4, 2), ("gpt_oss", 4, 2),
+    ("deepseek_v3", 4, 2),
     # TP=4 over 2 (llama, qwen3) and 1 (mistral) kv heads: kv kept whole on every rank.
     ("llama", 2, 4), ("qwen3", 2, 4), ("mistral", 2, 4)])
 def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):
@@ -45,9 +46,11 @@ def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):
     logits = engine.steps.model_method("logits")(engine.state.params, ids)
     assert_close(np.asarray(logits), ref.hf_logits(directory, ids), bound=CROSS_FRAMEWORK,
                  what=f"{kind} logits on data={data} x model={model}")
-    if kind != "gpt2":
-        stack = engine.layout.param_specs["decoder"]["layer"]
-        block = stack.get("0", stack)  # (A layer pattern's first member.)
+    stack = engine.layout.param_specs["decoder"]["layer"]
+    block = stack.get("0", stack)  # (A layer pattern's first member.)
+    if kind == "deepseek_v3":  # (Latent attention: every head's keys and values split.)
+        assert "model" in tuple(block["attn"]["kv_b_weight"]), block["attn"]["kv_b_weight"]
+    elif kind != "gpt2":
         kv = block["attn"]["k_weight"]
         split = engine.model.num_kv_heads % model == 0
         assert ("model" in tuple(kv)) == split, kv
@@ -74,7 +77,7 @@ def _hf_mean_loss(directory, batch):
     return -np.take_along_axis(log_probs, batch["target_ids"][..., None], -1).mean()
 
 
-@pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
 def test_expert_parallel_logits_equal_transformers(kind, root):
     """Experts over expert=4 (one each), tokens exchanged all-to-all, dropless: transformers'
     logits (gpt-oss: the experts' biases, the router's, the clamped SwiGLU)."""

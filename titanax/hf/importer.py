@@ -107,11 +107,22 @@ def import_params(directory: str, *, model_cfg: ConfigBase, parameter_specs: Any
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
+def _prediction_layer(name: str, model_cfg: ConfigBase) -> bool:
+    """A tensor of DeepSeek-V3's multi-token-prediction layers (``model.layers.{i}`` past the
+    last layer), which Titanax does not load (as transformers)."""
+    if getattr(model_cfg, "latent_attention", None) is None or \
+            not name.startswith("model.layers."):
+        return False
+    index = name.split(".")[2]
+    return index.isdigit() and int(index) >= model_cfg.num_layers
+
+
 def _check_all_used(source: ModelDir, used: set, model_cfg: ConfigBase) -> None:
     tied = getattr(model_cfg, "tie_embeddings", True)  # (GPT-2 has no field: always tied.)
     left = sorted(n for n in source.names()
                   if n not in used and not n.endswith(BUFFER_SUFFIXES)
-                  and not (tied and n == "lm_head.weight"))
+                  and not (tied and n == "lm_head.weight")
+                  and not _prediction_layer(n, model_cfg))
     if left:
         raise errors.HFError(
             f"{len(left)} tensor(s) of the checkpoint have no place in the model config.json "

@@ -16,6 +16,7 @@ from titanax.config import ConfigBase
 from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.rotary import Llama3RopeScaling, LinearRopeScaling, YarnRopeScaling
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
+from titanax.modules.layers.latent_attention import MultiHeadLatentAttention
 from titanax.modules.models.decoder import Decoder, gpt_config, is_gpt2, layer_kinds
 
 # Keys of any HF config that do not change the model's numbers.
@@ -31,7 +32,7 @@ NEUTRAL_KEYS = frozenset({
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text", "gemma3_text")
 # Decoders whose MLPs are mixtures of experts.
-MOE_TYPES = ("mixtral", "qwen3_moe", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")
 MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
 
 
@@ -425,6 +426,58 @@ def _gpt_oss_rope(r: _Reader) -> Dict[str, Any]:
     return rope
 
 
+def _deepseek_v3(r: _Reader) -> Decoder.Config:
+    """DeepSeek-V3 (``DeepseekV3ForCausalLM``): multi-head latent attention in every layer, the
+    first ``first_k_dense_replace`` layers dense, the rest experts chosen by sigmoid scores plus
+    a fixed choosing bias (``e_score_correction_bias``) among the best groups, with scaled gates
+    and shared experts. The multi-token-prediction layers a checkpoint may hold after its last
+    layer are not read (transformers does not load them either). A key left out reads as
+    transformers' default (None where the config says null: no low-rank queries)."""
+    r.expect("hidden_act", lambda v: v == "silu", "DeepSeek-V3's MLPs are SwiGLU (silu)", "silu")
+    r.expect("attention_bias", lambda v: not v, "no published DeepSeek-V3 has attention biases; "
+             "Titanax does not map them", False)
+    r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
+             0.0)
+    r.expect("pretraining_tp", lambda v: v in (None, 1), "a split of the matmuls", 1)
+    r.expect("norm_topk_prob", lambda v: v in (None, True), "Titanax's sigmoid router "
+             "renormalises the chosen gates (as every published DeepSeek-V3)", True)
+    r.expect("rope_interleave", lambda v: v in (None, True), "Titanax reads the published "
+             "layout, RoPE features in interleaved pairs", True)
+    r.get("num_nextn_predict_layers")  # (The MTP layers: not read, see above.)
+    r.get("num_mtp_layers")
+    r.get("output_router_logits")  # (DeepSeek-V3 adds no balancing loss in transformers.)
+    heads = r.required("num_attention_heads")
+    r.expect("num_key_value_heads", lambda v: v in (None, heads), "latent attention has as many "
+             "key/value heads as query heads", heads)
+    nope, rope = r.required("qk_nope_head_dim"), r.required("qk_rope_head_dim")
+    r.expect("head_dim", lambda v: v in (None, rope), "transformers derives it: qk_rope_head_dim")
+    r.expect("qk_head_dim", lambda v: v in (None, nope + rope),
+             "transformers derives it: qk_nope_head_dim + qk_rope_head_dim")
+    experts_width = r.required("moe_intermediate_size")
+    moe = MoE.default_config().set(
+        hidden_dim=experts_width, num_experts=r.required("n_routed_experts"),
+        top_k=r.required("num_experts_per_tok"), dispatch="dropless",
+        shared_hidden_dim=experts_width * int(r.get("n_shared_experts", 1) or 0))
+    moe.router.set(scoring="sigmoid", normalize_top_k=True, choosing_bias=True,
+                   routed_scaling=float(r.get("routed_scaling_factor", 2.5)),
+                   num_groups=int(r.get("n_group", 8) or 1), top_groups=r.get("topk_group", 4))
+    latent = MultiHeadLatentAttention.default_config().set(
+        num_heads=heads, q_lora_rank=r.get("q_lora_rank", 1536),
+        kv_lora_rank=r.required("kv_lora_rank"), qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+        v_head_dim=r.required("v_head_dim"))
+    return Decoder.default_config().set(
+        name="deepseek_v3", vocab_size=r.required("vocab_size"),
+        max_seq_len=r.required("max_position_embeddings"),
+        num_layers=r.required("num_hidden_layers"), model_dim=r.required("hidden_size"),
+        num_heads=heads, hidden_dim=r.required("intermediate_size"),
+        norm_eps=float(r.expect("rms_norm_eps", lambda v: v in (None, 1e-6), "transformers' "
+                                "latent norms use 1e-6 whatever it says, and Titanax one "
+                                "epsilon for every norm", 1e-6) or 1e-6),
+        latent_attention=latent, moe=moe,
+        first_dense_layers=int(r.get("first_k_dense_replace", 3) or 0),
+        tie_embeddings=bool(r.get("tie_word_embeddings", False)), **_rope(r))
+
+
 def _window_of(r: _Reader, sliding: bool) -> Optional[int]:
     """``sliding_window`` where some layer slides (read either way: with none it changes
     nothing)."""
@@ -439,6 +492,8 @@ def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
         return _gpt_oss(r)
     if model_type == "gemma3_text":
         return _gemma3_text(r)
+    if model_type == "deepseek_v3":
+        return _deepseek_v3(r)
     r.expect("hidden_act", lambda v: v == "silu", "the family's MLP is SwiGLU (silu)", "silu")
     r.expect("pretraining_tp", lambda v: v in (None, 1), "a Meta-only split of the matmuls", 1)
     r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
@@ -548,6 +603,8 @@ def moe_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
             if model_type in MOE_TYPES else []
     if model_type not in MOE_TYPES:
         return [f"the model is a mixture of experts, which {model_type} is not"]
+    if model_type == "deepseek_v3":
+        return _deepseek_v3_moe_misfits(cfg.moe)
     problems: List[str] = []
     router, gpt_oss = cfg.moe.router, model_type == "gpt_oss"
     if (cfg.moe.activation == "clamped_swiglu") != gpt_oss or cfg.moe.expert_bias != gpt_oss \
@@ -558,15 +615,34 @@ def moe_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
         problems.append("gpt_oss renormalises the top-k gates")
     if router.scoring != "softmax" or router.routed_scaling != 1.0:
         problems.append("HF's MoE routers are softmax top-k with unscaled gates")
-    if router.balance_rate:
-        problems.append("the aux-loss-free expert bias (router.balance_rate) has no place in "
-                        "HF's router, and choosing without it changes the model")
+    if router.balance_rate or router.choosing_bias:
+        problems.append("the expert bias that chooses (router.balance_rate, choosing_bias) has "
+                        "no place in this family's router (deepseek_v3's has one), and choosing "
+                        "without it changes the model")
     if cfg.moe.shared_hidden_dim:
         problems.append("neither family has shared experts")
     if cfg.moe.activation not in ("silu", "clamped_swiglu"):
         problems.append("HF's experts are SwiGLU (silu)")
     if model_type == "mixtral" and not router.normalize_top_k:
         problems.append("mixtral always renormalises the top-k gates")
+    return problems
+
+
+def _deepseek_v3_moe_misfits(moe: MoE.Config) -> List[str]:
+    """What of a mixture of experts DeepSeek-V3's router and experts would not compute."""
+    router, problems = moe.router, []
+    if router.scoring != "sigmoid":
+        problems.append("deepseek_v3's router scores by sigmoid")
+    if not (router.choosing_bias or router.balance_rate):
+        problems.append("deepseek_v3's router chooses with a bias (e_score_correction_bias): "
+                        "set moe.router.choosing_bias")
+    if router.bias or moe.expert_bias or moe.activation != "silu":
+        problems.append("deepseek_v3's router and experts have no biases; its experts are "
+                        "SwiGLU (silu)")
+    if moe.shared_hidden_dim % moe.hidden_dim:
+        problems.append(f"deepseek_v3's shared experts are n_shared_experts x "
+                        f"moe_intermediate_size={moe.hidden_dim} wide (shared_hidden_dim is "
+                        f"{moe.shared_hidden_dim})")
     return problems
 
 
@@ -592,6 +668,8 @@ def hf_config_from_model(cfg: ConfigBase, *, model_type: Optional[str] = None,
 def default_model_type(cfg: Decoder.Config) -> str:
     """The HF family whose modeling code computes what ``cfg`` does (checked by
     ``hf_config_from_model``: a model no family fits is refused there)."""
+    if cfg.latent_attention is not None or cfg.first_dense_layers:
+        return "deepseek_v3"
     if cfg.branch_output_norms or cfg.embedding_multiplier != 1.0:
         return "gemma3_text"
     if cfg.attention_sinks or (cfg.moe is not None and cfg.moe.expert_bias):
@@ -624,9 +702,7 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
             problems.append(f"{model_type} has {name}={want!r} (this model: "
                             f"{getattr(cfg, name)!r})")
     problems += _gemma3_misfits(cfg, model_type)
-    if cfg.first_dense_layers:
-        problems.append("no Hugging Face family here maps dense first layers yet "
-                        "(first_dense_layers: DeepSeek-V3's import is to come)")
+    problems += _deepseek_v3_misfits(cfg, model_type)
     if cfg.attention_sinks != (model_type == "gpt_oss"):
         problems.append("gpt_oss has attention sinks and no other family does")
     if model_type == "gpt_oss" and cfg.qkv_bias != cfg.attention_output_bias:
@@ -654,9 +730,9 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
         problems.append("only llama has MLP biases (mlp_bias)")
     if cfg.rope_scaling is not None and model_type not in ("llama", "gemma3_text") and not (
             isinstance(cfg.rope_scaling, YarnRopeScaling.Config)
-            and model_type in ("qwen2", "qwen3", "qwen3_moe", "gpt_oss")):
-        problems.append("rope scaling is written for llama and gemma3_text (YaRN for Qwen too) "
-                        "only")
+            and model_type in ("qwen2", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v3")):
+        problems.append("rope scaling is written for llama and gemma3_text (YaRN for Qwen, "
+                        "gpt_oss and deepseek_v3 too) only")
     return problems
 
 
@@ -683,6 +759,22 @@ def _gemma3_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     if cfg.attention_scale not in (None, head_dim ** -0.5):
         problems.append(f"{model_type} scales scores by 1/sqrt(head_dim) (attention_scale is "
                         f"{cfg.attention_scale})")
+    return problems
+
+
+def _deepseek_v3_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
+    """What of latent attention and dense first layers ``model_type`` would not compute."""
+    deepseek = model_type == "deepseek_v3"
+    if (cfg.latent_attention is not None) != deepseek:
+        return ["deepseek_v3 -- and only it -- has latent attention (latent_attention)"]
+    if not deepseek:
+        return ["only deepseek_v3 has dense first layers"] if cfg.first_dense_layers else []
+    problems = []
+    if cfg.norm_eps != 1e-6:  # (transformers' latent norms take no epsilon from the config.)
+        problems.append(f"deepseek_v3's latent norms use epsilon 1e-6 whatever rms_norm_eps "
+                        f"says, and Titanax one epsilon (norm_eps is {cfg.norm_eps})")
+    if cfg.latent_attention.bias:
+        problems.append("deepseek_v3's attention_bias is not mapped (latent_attention.bias)")
     return problems
 
 
@@ -845,6 +937,31 @@ def _gpt_oss_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
         "output_router_logits": moe.aux_loss_weight > 0}
 
 
+def _deepseek_v3_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
+    """A whole DeepSeek-V3 ``config.json``, RoPE features in the published interleaved layout
+    (param_map reorders them); no multi-token-prediction layers."""
+    moe, mla = cfg.moe, cfg.latent_attention
+    router = moe.router
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len,
+        "num_hidden_layers": cfg.num_layers, "hidden_size": cfg.model_dim,
+        "intermediate_size": cfg.hidden_dim or 4 * cfg.model_dim,
+        "moe_intermediate_size": moe.hidden_dim, "num_attention_heads": mla.num_heads,
+        "num_key_value_heads": mla.num_heads, "q_lora_rank": mla.q_lora_rank,
+        "kv_lora_rank": mla.kv_lora_rank, "qk_nope_head_dim": mla.qk_nope_head_dim,
+        "qk_rope_head_dim": mla.qk_rope_head_dim, "v_head_dim": mla.v_head_dim,
+        "n_routed_experts": moe.num_experts, "num_experts_per_tok": moe.top_k,
+        "n_shared_experts": moe.shared_hidden_dim // moe.hidden_dim,
+        "routed_scaling_factor": router.routed_scaling, "n_group": router.num_groups,
+        "topk_group": router.top_groups or router.num_groups, "norm_topk_prob": True,
+        "first_k_dense_replace": cfg.first_dense_layers, "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": False, "attention_dropout": 0.0, "rope_interleave": True,
+        "num_nextn_predict_layers": 0,
+        "rope_parameters": _rope_to_hf(cfg.rope_theta, cfg.rope_scaling)}
+
+
 def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
     problems = _misfits(cfg, model_type)
     if problems:
@@ -858,6 +975,8 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
         return _gemma3_to_hf(cfg)
     if model_type == "gpt_oss":
         return _gpt_oss_to_hf(cfg)
+    if model_type == "deepseek_v3":
+        return _deepseek_v3_to_hf(cfg)
     architectures = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                      "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",

@@ -218,9 +218,13 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
     if not cfg.tie_embeddings:
         maps.append(TensorMap("lm_head/weight", ("lm_head.weight",),
                               padded_rows(_padded(cfg), cfg.vocab_size)))
-    pattern = cfg.layer_pattern
+    pattern, first = cfg.layer_pattern, cfg.first_dense_layers
+    for index in range(first):  # (DeepSeek-V3's dense layers, unstacked before the stack.)
+        maps += _decoder_layers(cfg, prefix=f"decoder_head/{index}/", layers=0, offset=index,
+                                dense=True)
     if pattern is None:
-        maps += _decoder_layers(cfg, prefix="decoder/layer/", layers=cfg.num_layers)
+        maps += _decoder_layers(cfg, prefix="decoder/layer/", layers=cfg.num_layers - first,
+                                offset=first)
     else:  # Member m of the group holds layers m, K + m, 2K + m, ... (layer_group.py).
         repetitions, tail = divmod(cfg.num_layers, len(pattern))
         for member, kind in enumerate(pattern):
@@ -234,9 +238,11 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
 
 
 def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: int = 1,
-                    offset: int = 0, kind: str = "full") -> List[TensorMap]:
+                    offset: int = 0, kind: str = "full", dense: bool = False
+                    ) -> List[TensorMap]:
     """The maps of one stacked block's params (``prefix``: its path), ``layers`` deep; ``kind``:
-    the block's layer-pattern kind (its mixer's names)."""
+    the block's layer-pattern kind (its mixer's names); ``dense``: a dense MLP where the model
+    has experts (``first_dense_layers``)."""
     d, heads = cfg.model_dim, cfg.num_heads
     kv = cfg.num_kv_heads or heads
     head_dim = cfg.head_dim or d // heads
@@ -257,6 +263,8 @@ def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: in
                           same()))
     if kind == "linear":
         return maps + _linear_attention(cfg, layer) + _mlp(cfg, layer)
+    if cfg.latent_attention is not None:
+        return maps + _latent_attention(cfg, layer) + _mlp(cfg, layer, dense=dense)
     if cfg.attention_output_gate:  # Each head's query, then its gate, in one q_proj.
         maps += [layer("attn/q_weight", "self_attn.q_proj.weight",
                        head_part_transposed(heads, 2, 0, head_dim, d)),
@@ -288,9 +296,10 @@ def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: in
     return maps
 
 
-def _mlp(cfg: Decoder.Config, layer) -> List[TensorMap]:
-    """The feed-forward block's maps: dense (with its biases) or experts."""
-    if cfg.moe is not None:
+def _mlp(cfg: Decoder.Config, layer, *, dense: bool = False) -> List[TensorMap]:
+    """The feed-forward block's maps: dense (with its biases) or experts (``dense``: a dense
+    layer of a model with experts)."""
+    if cfg.moe is not None and not dense:
         return _experts(cfg, layer)
     d, hidden = cfg.model_dim, cfg.hidden_dim or 4 * cfg.model_dim
     maps = [layer("mlp/gate_up_weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
@@ -330,6 +339,51 @@ def _linear_attention(cfg: Decoder.Config, layer) -> List[TensorMap]:
     ]
 
 
+def rope_pairs_transposed(groups: int, plain: int, rope: int, shape: Tuple[int, ...]) -> Form:
+    """An HF ``[out, in]`` weight whose outputs are ``groups`` runs of ``plain`` features then
+    ``rope`` RoPE features in interleaved pairs (DeepSeek-V3's ``rope_interleave``: pair k is
+    features 2k, 2k+1) <-> Titanax ``[in, *out]`` with each run's RoPE features in rotate-half
+    order (the even ones, then the odd ones: pair k is k, rope/2 + k)."""
+    order = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
+    back = np.argsort(order)
+
+    def to_titanax(ts):
+        t = ts[0].reshape(groups, plain + rope, -1)
+        t = np.concatenate([t[:, :plain], t[:, plain:][:, order]], axis=1)
+        return t.reshape(groups * (plain + rope), -1).T.reshape(shape)
+
+    def to_hf(a):
+        t = a.reshape(a.shape[0], groups, plain + rope)
+        t = np.concatenate([t[..., :plain], t[..., plain:][..., back]], axis=-1)
+        return [t.reshape(a.shape[0], -1).T]
+    return Form(to_titanax, to_hf)
+
+
+def _latent_attention(cfg: Decoder.Config, layer) -> List[TensorMap]:
+    """Multi-head latent attention's maps in DeepSeek-V3's names: low-rank queries (or one
+    ``q_proj``), the latent with its shared RoPE key (``kv_a_proj_with_mqa``), its expansion to
+    every head's keys and values (``kv_b_proj``)."""
+    mla, d = cfg.latent_attention, cfg.model_dim
+    heads, nope, rope = mla.num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim
+    latent, values, pre = mla.kv_lora_rank, mla.v_head_dim, "self_attn."
+    queries = rope_pairs_transposed(heads, nope, rope, (mla.q_lora_rank or d, heads, nope + rope))
+    if mla.q_lora_rank is None:
+        maps = [layer("attn/q_weight", pre + "q_proj.weight", queries)]
+    else:
+        maps = [layer("attn/q_a_weight", pre + "q_a_proj.weight",
+                      transposed((d, mla.q_lora_rank))),
+                layer("attn/q_norm/scale", pre + "q_a_layernorm.weight", same()),
+                layer("attn/q_b_weight", pre + "q_b_proj.weight", queries)]
+    return maps + [
+        layer("attn/kv_a_weight", pre + "kv_a_proj_with_mqa.weight",
+              rope_pairs_transposed(1, latent, rope, (d, latent + rope))),
+        layer("attn/kv_norm/scale", pre + "kv_a_layernorm.weight", same()),
+        layer("attn/kv_b_weight", pre + "kv_b_proj.weight",
+              transposed((latent, heads, nope + values))),
+        layer("attn/o/weight", pre + "o_proj.weight", transposed((heads * values, d))),
+    ]
+
+
 def interleaved() -> Form:
     """gpt-oss's gate and up columns interleaved on the last axis (``[..., 2F]``: gate at even
     places, up at odd) <-> Titanax's ``[..., 2, F]``."""
@@ -366,16 +420,27 @@ def _experts(cfg: Decoder.Config, layer) -> List[TensorMap]:
     d, experts, hidden = cfg.model_dim, moe.num_experts, moe.hidden_dim
     if moe.expert_bias:
         return _gpt_oss_experts(cfg, layer)
-    if cfg.qk_norm:  # The family export and import pick for this model (qwen3_moe).
+    if cfg.qk_norm or cfg.latent_attention is not None:  # (qwen3_moe's names; DeepSeek-V3's.)
         block, gate, up, down = "mlp", "gate_proj", "up_proj", "down_proj"
     else:
         block, gate, up, down = "block_sparse_moe", "w1", "w3", "w2"
     both = tuple(f"{block}.experts.{e}.{name}.weight" for e in range(experts)
                  for name in (gate, up))
-    return [
+    maps = [
         layer("mlp/router/weight", f"{block}.gate.weight", transposed((d, experts))),
         layer("mlp/gate_up_weight", both, experts_transposed(experts, 2, (experts, d, 2, hidden))),
         layer("mlp/down_weight", tuple(f"{block}.experts.{e}.{down}.weight"
                                        for e in range(experts)),
               experts_transposed(experts, 1, (experts, hidden, d))),
     ]
+    if moe.router.choosing_bias or moe.router.balance_rate:  # (DeepSeek-V3's.)
+        maps.append(layer("mlp/router/expert_bias", f"{block}.gate.e_score_correction_bias",
+                          same()))
+    if moe.shared_hidden_dim:
+        shared, names = moe.shared_hidden_dim, f"{block}.shared_experts."
+        maps += [layer("mlp/shared_gate_up_weight", (names + "gate_proj.weight",
+                                                     names + "up_proj.weight"),
+                       stacked_transposed(2, (d, 2, shared))),
+                 layer("mlp/shared_down_weight", names + "down_proj.weight",
+                       transposed((shared, d)))]
+    return maps

@@ -161,17 +161,26 @@ def test_balancing_and_z_losses_and_the_load_summaries_match_their_formulas():
     assert_close(float(summaries["group_load_max"]), load.max(), what="max load")
 
 
-def test_the_expert_bias_steers_choices_and_moves_towards_balance():
-    """Aux-loss-free balancing: the bias changes which experts are chosen, never the gates'
-    values; a training call moves it by the rate times each expert's shortfall against the mean
-    load (up for the under-loaded experts)."""
-    layer, params = _layer(router=dict(balance_rate=0.1))
+def _steered(router):
+    """``(layer, params, x, collection, output)``: a layer with ``router``'s settings and an
+    expert bias, run for training on ``x``, its output checked against the reference's with
+    that bias."""
+    layer, params = _layer(router=router)
     bias = np.linspace(-0.5, 0.5, EXPERTS).astype(np.float32)
     params["router"]["expert_bias"] = bias
     x = RNG.normal(size=(2, 8, WIDTH)).astype(np.float32)
     out, collection = functional(layer, None, params, (x,), is_training=True)
     want, _ = _reference(params, x, bias=bias)
     assert_close(np.asarray(out), want, what="output with the bias")
+    return layer, params, x, collection, want
+
+
+def test_the_expert_bias_steers_choices_and_moves_towards_balance():
+    """Aux-loss-free balancing: the bias changes which experts are chosen, never the gates'
+    values; a training call moves it by the rate times each expert's shortfall against the mean
+    load (up for the under-loaded experts)."""
+    layer, params, x, collection, _ = _steered(dict(balance_rate=0.1))
+    bias = params["router"]["expert_bias"]
     # An increment, added to the stored bias (not to the compute-dtype copy the layer read).
     step = np.asarray(collection.state_updates["router"]["expert_bias"].value)
     tokens = x.reshape(-1, WIDTH).astype(np.float64)
@@ -180,6 +189,21 @@ def test_the_expert_bias_steers_choices_and_moves_towards_balance():
     probs /= probs.sum(-1, keepdims=True)
     counts = np.bincount(np.argsort(-(probs + bias), -1)[:, :TOP_K].ravel(), minlength=EXPERTS)
     assert_close(step, 0.1 * (1 - counts / counts.mean()), what="bias step")
+
+
+def test_a_fixed_choosing_bias_steers_choices_and_stays_as_loaded():
+    """``choosing_bias`` without balancing (DeepSeek-V3's ``e_score_correction_bias`` when
+    fine-tuning): the same choices as the balancing bias, no update written, a zero gradient
+    and no weight decay -- an optimiser leaves it as it was."""
+    layer, params, x, collection, want = _steered(dict(choosing_bias=True))
+    assert not collection.state_updates.get("router")
+    gradient = jax.grad(lambda p: functional(layer, None, p, (x,), is_training=True)[0].sum())(
+        params)
+    assert not np.any(np.asarray(gradient["router"]["expert_bias"]))
+    spec = layer.create_parameter_specs_recursively()["router"]["expert_bias"]
+    assert spec.weight_decay_scale == 0
+    without, _ = _reference(params, x)
+    assert not np.allclose(want, without), "a bias that changes no choice proves little"
 
 
 def test_the_moe_objective_joins_the_gradient_not_the_value():

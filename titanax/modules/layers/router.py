@@ -77,6 +77,10 @@ class Router(BaseLayer):
         # Aux-loss-free balancing: the expert bias moves by this much per training step (0: off,
         # no bias; DeepSeek-V3 uses 0.001).
         balance_rate: float = 0.0
+        # Keep the expert bias without moving it (balance_rate 0): DeepSeek-V3's
+        # e_score_correction_bias as loaded, for fine-tuning -- it still only picks (zero
+        # gradient, no weight decay). Implied by balance_rate > 0.
+        choosing_bias: bool = False
         # A learned bias on the router's logits (gpt-oss; param "bias"), trained as any param --
         # unlike balance_rate's expert bias, which only picks.
         bias: bool = False
@@ -109,7 +113,7 @@ class Router(BaseLayer):
         specs = {"weight": ParameterSpec(shape=(cfg.model_dim, cfg.num_experts),
                                          mesh_axes=(None, None),
                                          fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))}
-        if cfg.balance_rate > 0:
+        if _has_choosing_bias(cfg):
             # Not trained (its gradient is zero: it only picks); written as a state update.
             specs["expert_bias"] = ParameterSpec(shape=(cfg.num_experts,), mesh_axes=(None,),
                                                  dtype=jnp.float32, initializer=constant(0.0),
@@ -137,7 +141,7 @@ class Router(BaseLayer):
             scores = jax.nn.sigmoid(logits)
             probabilities = scores / jnp.sum(scores, axis=-1, keepdims=True)
         choosing = scores
-        if cfg.balance_rate > 0:
+        if _has_choosing_bias(cfg):
             choosing = scores + jax.lax.stop_gradient(params["expert_bias"])
         if cfg.num_groups > 1:
             choosing = _within_top_groups(choosing, groups=cfg.num_groups,
@@ -156,6 +160,11 @@ class Router(BaseLayer):
             self.add_state_update("expert_bias", step, increment=True)
         return Routing(expert_ids=expert_ids.astype(jnp.int32), gates=gates, logits=logits,
                        probabilities=probabilities, valid=valid, counts=counts)
+
+
+def _has_choosing_bias(cfg) -> bool:
+    """Whether the router holds an expert bias that picks (and balance_rate moves)."""
+    return cfg.choosing_bias or cfg.balance_rate > 0
 
 
 def _group_problems(cfg):
