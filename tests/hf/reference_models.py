@@ -194,6 +194,19 @@ def _deepseek_v3():
     return model
 
 
+def _deepseek_v3_q_proj():
+    """DeepSeek-V3 with full-rank queries (``q_proj``; q_lora_rank null) and two dense layers
+    before the experts, no groups, two shared experts (one of twice the width)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    return DeepseekV3ForCausalLM(DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=4, first_k_dense_replace=2, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, n_shared_experts=2, routed_scaling_factor=1.5,
+        max_position_embeddings=64, initializer_range=0.3, tie_word_embeddings=False))
+
+
 def _qwen3_moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(
@@ -226,7 +239,8 @@ BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwe
                                  "qwen3_5": _qwen3_5, "gemma3": _gemma3,
                                  "gemma3_vision": _gemma3_vision,
                                  "qwen3_5_vision": _qwen3_5_vision, "gpt_oss": _gpt_oss,
-                                 "deepseek_v3": _deepseek_v3}
+                                 "deepseek_v3": _deepseek_v3,
+                                 "deepseek_v3_q_proj": _deepseek_v3_q_proj}
 
 
 @functools.lru_cache(maxsize=None)

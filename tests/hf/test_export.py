@@ -14,7 +14,7 @@ from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
 
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3")
+         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj")
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,9 @@ GEMMA_ROPE = {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_
     ("gpt_oss", "quantization_config", {"quant_method": "mxfp4"}, "reads unquantised weights"),
     ("gpt_oss", "experts_per_token", 3, "another top-k"),
     ("deepseek_v3", "rope_interleave", False, "interleaved pairs"),
+    ("deepseek_v3", "rope_interleave", None, "interleaved pairs"),
+    ("deepseek_v3", "norm_topk_prob", None, "renormalises the chosen gates"),
+    ("deepseek_v3", "rms_norm_eps", 1e-5, "latent norms use 1e-6"),
     ("deepseek_v3", "norm_topk_prob", False, "renormalises the chosen gates"),
     ("deepseek_v3", "num_key_value_heads", 2, "as many key/value heads"),
     ("deepseek_v3", "qk_head_dim", 7, "qk_nope_head_dim \\+ qk_rope_head_dim"),

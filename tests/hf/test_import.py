@@ -12,7 +12,7 @@ from titanax.modules.module import functional
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3")
+         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj")
 
 
 @pytest.fixture(scope="module")

@@ -439,10 +439,11 @@ def _deepseek_v3(r: _Reader) -> Decoder.Config:
     r.expect("attention_dropout", lambda v: not v, "Titanax's decoder has no attention dropout",
              0.0)
     r.expect("pretraining_tp", lambda v: v in (None, 1), "a split of the matmuls", 1)
-    r.expect("norm_topk_prob", lambda v: v in (None, True), "Titanax's sigmoid router "
-             "renormalises the chosen gates (as every published DeepSeek-V3)", True)
-    r.expect("rope_interleave", lambda v: v in (None, True), "Titanax reads the published "
-             "layout, RoPE features in interleaved pairs", True)
+    # (Absent: transformers' default, true; null reads as false in its modeling code.)
+    r.expect("norm_topk_prob", lambda v: v is True, "Titanax's sigmoid router renormalises "
+             "the chosen gates (as every published DeepSeek-V3)", True)
+    r.expect("rope_interleave", lambda v: v is True, "Titanax reads the published layout, RoPE "
+             "features in interleaved pairs", True)
     r.get("num_nextn_predict_layers")  # (The MTP layers: not read, see above.)
     r.get("num_mtp_layers")
     r.get("output_router_logits")  # (DeepSeek-V3 adds no balancing loss in transformers.)

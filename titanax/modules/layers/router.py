@@ -74,8 +74,8 @@ class Router(BaseLayer):
         normalize_top_k: bool = True
         # The gates are multiplied by this (DeepSeek-V3's routed_scaling_factor).
         routed_scaling: float = 1.0
-        # Aux-loss-free balancing: the expert bias moves by this much per training step (0: off,
-        # no bias; DeepSeek-V3 uses 0.001).
+        # Aux-loss-free balancing: the expert bias moves by this much per training step (0: it
+        # does not move -- no bias unless choosing_bias; DeepSeek-V3 uses 0.001).
         balance_rate: float = 0.0
         # Keep the expert bias without moving it (balance_rate 0): DeepSeek-V3's
         # e_score_correction_bias as loaded, for fine-tuning -- it still only picks (zero
