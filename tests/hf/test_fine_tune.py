@@ -243,6 +243,20 @@ def _deepseek_v3(directory):
     return "DeepseekV3ForCausalLM"
 
 
+def test_aux_loss_free_balancing_may_be_turned_on_over_a_checkpoint(tmp_path):
+    """How fast the expert bias moves is a training rule, not the checkpoint's architecture: a
+    DeepSeek-V3 model with router.balance_rate set still matches its directory; a changed
+    scaling of the chosen gates does not."""
+    from titanax.hf import fine_tune, importer
+    _deepseek_v3(str(tmp_path))
+    model = importer.model_config(str(tmp_path))
+    model.moe.router.balance_rate = 0.001
+    assert fine_tune.architecture_differences(model, str(tmp_path)) == []
+    model.moe.router.routed_scaling = 1.0
+    assert fine_tune.architecture_differences(model, str(tmp_path)) == [
+        "model.moe.router.routed_scaling: 2.5 -> 1.0"]
+
+
 @pytest.mark.parametrize("family,experiment", [
     (_qwen3_5, "llama_tiny_dp_tp"), (_gemma3, "llama_tiny_dp_tp"), (_gpt_oss, "moe_tiny_ep"),
     (_deepseek_v3, "moe_tiny_ep")],

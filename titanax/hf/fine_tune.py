@@ -48,6 +48,9 @@ MOE_RUNTIME_FIELDS = ("dtype", "param_init", "remat_policy", "output_param_init"
                       "capacity_factor", "aux_loss_weight", "z_loss_weight")
 MOE_FREE_FIELDS = MOE_RUNTIME_FIELDS
 ROUTER_RUNTIME_FIELDS = ("dtype", "param_init", "remat_policy")
+# ... and those a user may set apart from the checkpoint's: how fast aux-loss-free balancing
+# moves the expert bias (a training rule; the bias it starts from is the checkpoint's).
+ROUTER_FREE_FIELDS = ROUTER_RUNTIME_FIELDS + ("balance_rate",)
 
 
 def derive_model(cfg: ConfigBase, *, recorded: Optional[ConfigBase] = None) -> ConfigBase:
@@ -71,7 +74,7 @@ def derive_model(cfg: ConfigBase, *, recorded: Optional[ConfigBase] = None) -> C
     for field in RUNTIME_FIELDS:
         if field in type(derived).__fields__ and field in type(cfg.model).__fields__:
             setattr(derived, field, getattr(cfg.model, field))
-    _keep_moe_fields(derived, cfg.model, MOE_RUNTIME_FIELDS)
+    _keep_moe_fields(derived, cfg.model, MOE_RUNTIME_FIELDS, ROUTER_RUNTIME_FIELDS)
     out = cfg.clone()
     out.model = derived
     out.init_from = directory
@@ -87,19 +90,19 @@ def architecture_differences(model: ConfigBase, directory: str) -> List[str]:
     for field in FREE_FIELDS:
         if field in type(derived).__fields__:
             setattr(derived, field, getattr(model, field))
-    _keep_moe_fields(derived, model, MOE_FREE_FIELDS)
+    _keep_moe_fields(derived, model, MOE_FREE_FIELDS, ROUTER_FREE_FIELDS)
     return [f"model.{line}" for line in overrides_lib.config_diff(derived, model)]
 
 
-def _keep_moe_fields(derived: ConfigBase, model: ConfigBase, fields) -> None:
-    """``derived``'s mixture of experts with ``fields`` (and its router's runtime fields) taken
-    from ``model``'s, when both have one."""
+def _keep_moe_fields(derived: ConfigBase, model: ConfigBase, fields, router_fields) -> None:
+    """``derived``'s mixture of experts with ``fields`` (and its router's ``router_fields``)
+    taken from ``model``'s, when both have one."""
     ours, theirs = getattr(model, "moe", None), getattr(derived, "moe", None)
     if ours is None or theirs is None:
         return
     for field in fields:
         setattr(theirs, field, getattr(ours, field))
-    for field in ROUTER_RUNTIME_FIELDS:
+    for field in router_fields:
         setattr(theirs.router, field, getattr(ours.router, field))
 
 

@@ -262,7 +262,7 @@ def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: in
         maps.append(layer("post_attention_norm/scale", "post_attention_layernorm.weight",
                           same()))
     if kind == "linear":
-        return maps + _linear_attention(cfg, layer) + _mlp(cfg, layer)
+        return maps + _linear_attention(cfg, layer) + _mlp(cfg, layer, dense=dense)
     if cfg.latent_attention is not None:
         return maps + _latent_attention(cfg, layer) + _mlp(cfg, layer, dense=dense)
     if cfg.attention_output_gate:  # Each head's query, then its gate, in one q_proj.
@@ -278,7 +278,7 @@ def _decoder_layers(cfg: Decoder.Config, *, prefix: str, layers: int, stride: in
         layer("attn/v_weight", "self_attn.v_proj.weight", transposed((d, kv, head_dim))),
         layer("attn/o/weight", "self_attn.o_proj.weight", transposed((heads * head_dim, d))),
     ]
-    maps += _mlp(cfg, layer)
+    maps += _mlp(cfg, layer, dense=dense)
     if cfg.qkv_bias:
         maps += [layer("attn/q_bias", "self_attn.q_proj.bias",
                        reshaped((heads, head_dim), (heads * head_dim,))),

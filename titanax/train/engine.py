@@ -100,14 +100,12 @@ class Engine(Configurable):
         # command line with --config.profile.start_step=N --config.profile.num_steps=K.
         profile: Optional[Profile.Config] = None
         # Steps allowed to execute at once (the next batch is still prepared while one runs).
-        # None: 1 on the CPU platform -- simulated devices share the host's threads, and
-        # overlapping executions of a program with collectives have deadlocked XLA's in-process
-        # rendezvous there -- and unbounded (fully asynchronous dispatch) elsewhere.
+        # None: 1 on CPU (simulated devices share the host's threads; overlapping programs with
+        # collectives deadlocked XLA's in-process rendezvous there), unbounded elsewhere.
         max_inflight_steps: Optional[int] = None
 
         def completed(self) -> "Engine.Config":
-            """Evalers' inputs and an unset ``model.vocab_size`` from the train input's
-            (``inputs.complete_from_train_input``)."""
+            """Evalers' inputs and an unset ``model.vocab_size`` from the train input's."""
             return complete_from_train_input(self)
 
         def _validate_values(self):
