@@ -3,12 +3,15 @@
 * ``gemma3_27b``: Gemma 3 27B, FSDP over ``data`` x tensor parallel 8 (32 devices).
 * ``qwen3_5_27b``: Qwen 3.5 27B's language model, FSDP over ``data`` x tensor parallel 8 (32).
 * ``gpt_oss_20b``: gpt-oss 20B, FSDP over ``data`` x experts over 8 ``expert`` devices (16).
+* ``deepseek_v3_671b``: DeepSeek-V3 671B with its multi-token-prediction depth, FSDP over
+  ``data`` x experts over 32 ``expert`` devices (256).
 
 Each trains on the bundled text as every language-model experiment does; start one from the
 published weights with ``--config.init_from=DIR`` (docs/huggingface.md).
 """
 
 from titanax.config import register_experiment
+from titanax.modules.models.deepseek_v3 import deepseek_v3_config
 from titanax.modules.models.gemma3 import gemma3_config
 from titanax.modules.models.gpt_oss import gpt_oss_config
 from titanax.parallel.expert_parallel import EP
@@ -61,4 +64,32 @@ def gpt_oss_20b():
     cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch")
     cfg.plan.expert_parallel = EP.default_config().set(axis="expert")
     cfg.mesh = MeshSpec.default_config().set(axes=("data", "expert"), shape=(None, 8))
+    return cfg
+
+
+@register_experiment
+def deepseek_v3_671b():
+    """DeepSeek-V3 671B (61 layers of latent attention, the first 3 dense, then 256 experts of
+    which 8 per token beside a shared one; one multi-token-prediction depth): its experts over
+    32 ``expert`` devices (8 each), FSDP over ``data`` x ``expert`` for the rest. Sized for 256
+    80 GB devices (data 8 x expert 32) at 4,096 tokens x 256 rows: 71.95 GiB peak each by
+    ``--compile_only --cpu_devices=256`` (docs/performance.md: what it took)."""
+    model = deepseek_v3_config("671b", layer_remat_policy="nothing_saveable",
+                               attention_block_size=1024)
+    # Each expert's slots at its balanced share (capacity factor 1, as DeepSeek-V2 trained;
+    # dropless dispatch sizes its exchanges for the worst case), the exchanged tokens sent
+    # again in the backward pass rather than held.
+    model.moe.set(dispatch="capacity", capacity_factor=1.0, keep_exchanged_tokens=False)
+    cfg = language_model_run(model=model, tp_axis=None, seq_len=4096, batch_size=256,
+                             steps=5000, peak_lr=2.2e-4, eval_batches=20)
+    # As DeepSeek-V3 trained: bfloat16 compute over float32 master params, AdamW's moments
+    # stored in bfloat16.
+    cfg.precision.set(bfloat16=True, enable_x32_params=True)
+    cfg.learner.optimizer.moments_dtype = "bfloat16"
+    # FSDP over data x expert for every param the experts' split leaves free (the dense ones
+    # spread over all 256 devices, the experts over data on top of their expert split).
+    cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch",
+                                              also_over=("expert",))
+    cfg.plan.expert_parallel = EP.default_config().set(axis="expert")
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "expert"), shape=(None, 32))
     return cfg

@@ -161,28 +161,74 @@ def test_a_leftover_tensor_is_named(root, tmp_path):
         importer.params_as_numpy(bad)
 
 
-def test_deepseek_v3s_prediction_layers_are_not_read_and_its_router_needs_its_bias(root, tmp_path):
-    """DeepSeek-V3's multi-token-prediction layer (``model.layers.{N}`` after the N layers, as
-    published) is left unread, as transformers leaves it -- a tensor of any other unknown name
-    is still refused; a router without the choosing bias is not exported as DeepSeek-V3's
-    (transformers would choose with a zero bias: another model)."""
+def _with_prediction_layer(source, tmp_path):
+    """The reference DeepSeek-V3 directory with a multi-token-prediction layer after its three
+    layers, as published checkpoints hold one (``num_nextn_predict_layers``: 1): an MoE
+    layer's tensors (layer 2's, renamed), its own norms and projection, the embedding's and
+    head's copies."""
     from safetensors.numpy import load_file, save_file
-    from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
-    source = ref.saved_model("deepseek_v3", root)
-    with_mtp = _copy(source, tmp_path, "with_mtp")
-    path = os.path.join(with_mtp, "model.safetensors")
+    target = _copy(source, tmp_path, "with_mtp")
+    path = os.path.join(target, "model.safetensors")
     tensors = load_file(path)
-    tensors["model.layers.3.eh_proj.weight"] = np.ones((64, 128), np.float32)
+    rng = np.random.default_rng(0)
+    for name in [n for n in tensors if n.startswith("model.layers.2.")]:
+        tensors[name.replace("layers.2.", "layers.3.")] = \
+            tensors[name] + rng.normal(size=tensors[name].shape).astype(np.float32)
+    for name, shape in (("enorm.weight", (64,)), ("hnorm.weight", (64,)),
+                        ("shared_head.norm.weight", (64,)), ("eh_proj.weight", (64, 128))):
+        tensors[f"model.layers.3.{name}"] = rng.normal(size=shape).astype(np.float32)
+    tensors["model.layers.3.embed_tokens.weight"] = tensors["model.embed_tokens.weight"]
+    tensors["model.layers.3.shared_head.head.weight"] = tensors["lm_head.weight"]
     save_file(tensors, path)
+    config_path = os.path.join(target, "config.json")
+    config = json.load(open(config_path))
+    json.dump({**config, "num_nextn_predict_layers": 1}, open(config_path, "w"))
+    return target, tensors
+
+
+def test_deepseek_v3s_prediction_layer_is_read_only_for_a_depth_the_model_holds(root, tmp_path):
+    """A published DeepSeek-V3's multi-token-prediction layer is left unread without depths (as
+    transformers leaves it: the main model's params are the same), read into the depth with
+    ``mtp_depths=1``, and exported back bit for bit -- copies of the shared embedding and head
+    included -- into a directory transformers still loads with the same logits; the same
+    tensor in a checkpoint that declares no such layer is refused, as is a depth it lacks."""
+    source = ref.saved_model("deepseek_v3", root)
+    with_mtp, tensors = _with_prediction_layer(source, tmp_path)
     want = importer.params_as_numpy(source)
     got = importer.params_as_numpy(with_mtp)
-    np.testing.assert_array_equal(got["decoder_head"]["0"]["attn"]["kv_b_weight"],
-                                  want["decoder_head"]["0"]["attn"]["kv_b_weight"])
-    tensors["model.norm.extra"] = np.ones((64,), np.float32)
-    save_file(tensors, path)
-    with pytest.raises(errors.HFError, match="have no place .*model.norm.extra"):
-        importer.params_as_numpy(with_mtp)
-    cfg = importer.model_config(source)
+    assert "prediction" not in got
+    assert_close(got, want, bound=0.0, what="the main model's params")
+    cfg = importer.model_config(with_mtp).set(mtp_depths=1)
+    params = importer.params_as_numpy(with_mtp, cfg)
+    depth = params["prediction"]["0"]
+    np.testing.assert_array_equal(depth["project"]["weight"],
+                                  tensors["model.layers.3.eh_proj.weight"].T)
+    np.testing.assert_array_equal(depth["block"]["mlp"]["router"]["expert_bias"],
+                                  tensors["model.layers.3.mlp.gate.e_score_correction_bias"])
+    out = exporter.export_params(params, model_cfg=cfg, directory=str(tmp_path / "out"),
+                                 source_dir=with_mtp)
+    after = _tensors(out)
+    assert sorted(after) == sorted(tensors)
+    for name, value in tensors.items():
+        assert np.array_equal(after[name], value), name
+    assert json.load(open(os.path.join(out, "config.json")))["num_nextn_predict_layers"] == 1
+    ids = ref.token_ids()
+    assert_close(ref.hf_logits(out, ids), ref.hf_logits(source, ids), bound=FLOAT32,
+                 what="transformers' logits of the export with its prediction layer")
+    with pytest.raises(errors.HFError, match="model.layers.4"):
+        importer.params_as_numpy(with_mtp, cfg.clone(mtp_depths=2))
+    undeclared = _copy(with_mtp, tmp_path, "undeclared")
+    config_path = os.path.join(undeclared, "config.json")
+    config = json.load(open(config_path))
+    json.dump({**config, "num_nextn_predict_layers": 0}, open(config_path, "w"))
+    with pytest.raises(errors.HFError, match="have no place .*model.layers.3"):
+        importer.params_as_numpy(undeclared)
+
+
+def test_a_deepseek_v3_router_without_its_choosing_bias_is_not_exported_as_deepseek_v3(root):
+    """transformers would choose with a zero bias: another model."""
+    from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel
+    cfg = importer.model_config(ref.saved_model("deepseek_v3", root))
     cfg.moe.router.choosing_bias = False
     with pytest.raises(errors.HFError, match="chooses with a bias"):
         hf_config_from_model(cfg)

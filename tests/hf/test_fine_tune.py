@@ -1,6 +1,8 @@
 """Fine-tuning from a Hugging Face directory through the launcher, exporting, generating."""
 
 import os
+import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -94,7 +96,6 @@ def test_exported_run_loads_in_transformers_with_titanax_logits(fine_tuned, tmp_
 
 def test_bad_hf_directories_exit_2_naming_the_file(byte_llama, tmp_path):
     import json
-    import shutil
     empty = tmp_path / "no_config"
     empty.mkdir()
     result = _run("titanax.launch", "--config=llama_tiny_dp_tp", f"--config.init_from={empty}",
@@ -123,7 +124,6 @@ def test_bad_hf_directories_exit_2_naming_the_file(byte_llama, tmp_path):
 
 def test_generate_reads_the_model_directorys_tokenizer(byte_llama, tmp_path):
     """A tokenizer.json beside the weights turns --prompt into ids and the ids back into text."""
-    import shutil
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     directory = tmp_path / "with_tokenizer"
     shutil.copytree(byte_llama, directory)
@@ -176,7 +176,6 @@ def test_commands_on_a_run_build_no_optimizer_state(fine_tuned):
 
 
 def test_a_run_resumes_after_its_hf_directory_is_gone(byte_llama, tmp_path):
-    import shutil
     source = tmp_path / "source"
     shutil.copytree(byte_llama, source)
     run = str(tmp_path / "run")
@@ -257,22 +256,41 @@ def test_aux_loss_free_balancing_may_be_turned_on_over_a_checkpoint(tmp_path):
         "model.moe.router.routed_scaling: 2.5 -> 1.0"]
 
 
-@pytest.mark.parametrize("family,experiment", [
-    (_qwen3_5, "llama_tiny_dp_tp"), (_gemma3, "llama_tiny_dp_tp"), (_gpt_oss, "moe_tiny_ep"),
-    (_deepseek_v3, "moe_tiny_ep")],
+def _deepseek_v3_with_prediction(directory):
+    """``_deepseek_v3`` with a multi-token-prediction layer after its layers, as published."""
+    from tests.hf.test_export import _with_prediction_layer  # pylint: disable=import-outside-toplevel
+    architecture = _deepseek_v3(directory + "_plain")
+    parts = pathlib.Path(directory + "_parts")
+    parts.mkdir()
+    shutil.copytree(_with_prediction_layer(directory + "_plain", parts)[0], directory)
+    return architecture
+
+
+@pytest.mark.parametrize("family,experiment,flags", [
+    (_qwen3_5, "llama_tiny_dp_tp", ()), (_gemma3, "llama_tiny_dp_tp", ()),
+    (_gpt_oss, "moe_tiny_ep", ()),
+    (_deepseek_v3_with_prediction, "moe_tiny_ep", ("--config.model.mtp_depths=1",))],
     ids=["qwen3_5", "gemma3", "gpt_oss", "deepseek_v3"])
-def test_todays_families_fine_tune_export_and_load_in_transformers(family, experiment,
+def test_todays_families_fine_tune_export_and_load_in_transformers(family, experiment, flags,
                                                                    tmp_path):
     """Today's families (bytes for a vocabulary) through the Interface's commands: fine-tuned 3
     steps from their directory (dense ones on data 4 x TP 2, gpt-oss's and DeepSeek-V3's experts
-    on data 2 x expert 4), exported, loaded by transformers' own class with Titanax's logits; ``generate
-    --hf`` on the export gives the run's greedy ids."""
+    on data 2 x expert 4; DeepSeek-V3's multi-token-prediction depth trained too, from its
+    checkpoint's layer, and reported per step), exported, loaded by transformers' own class
+    with Titanax's logits; ``generate --hf`` on the export gives the run's greedy ids."""
     import torch
     torch.manual_seed(0)
     source, run, target = (str(tmp_path / name) for name in ("source", "run", "export"))
     architecture = family(source)
-    _run("titanax.launch", f"--config={experiment}", f"--config.init_from={source}",
-         f"--trainer_dir={run}", "--cpu_devices=8", "--config.max_steps=3",
-         "--config.evalers={}")
+    result = _run("titanax.launch", f"--config={experiment}", f"--config.init_from={source}",
+                  f"--trainer_dir={run}", "--cpu_devices=8", "--config.max_steps=3",
+                  "--config.evalers={}", *flags)
+    if flags:
+        assert "mtp_loss/1 " in result.stdout, result.stdout
+        exported = os.path.join(target, "model.safetensors")
     _exported_in_transformers(run, target, architecture=architecture)
+    if flags:  # (The trained depth is in the export, where published checkpoints hold it.)
+        from safetensors import safe_open
+        with safe_open(exported, "np") as f:
+            assert "model.layers.3.eh_proj.weight" in f.keys()
     _generates_alike(run, target)

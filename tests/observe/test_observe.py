@@ -20,6 +20,22 @@ def test_basic_logger_line(capsys):
     assert "heldout/loss 1.5000" in capsys.readouterr().out
 
 
+def test_each_depth_and_each_moe_child_is_shown_by_its_name(capsys):
+    """A DeepSeek-V3 run's line: the multi-token-prediction depths' losses after the loss, and
+    the experts' load of the stack and of the prediction depth told apart (one alone keeps
+    the short name)."""
+    metrics = {"loss": 2.0, "mtp_loss/1": 2.5, "mtp_loss/2": 3.0, "learning_rate": 1e-3,
+               "summaries/decoder/layer/mlp/expert_load/max": 1.5,
+               "summaries/prediction/0/block/mlp/expert_load/max": 1.25}
+    Basic().log_dict(metrics, 3)
+    assert capsys.readouterr().out.strip() == (
+        "step      3  loss 2.0000  mtp_loss/1 2.5000  mtp_loss/2 3.0000  learning_rate 0.0010  "
+        "expert_load/max(decoder) 1.5000  expert_load/max(prediction) 1.2500")
+    del metrics["summaries/prediction/0/block/mlp/expert_load/max"]
+    Basic().log_dict(metrics, 4)
+    assert capsys.readouterr().out.strip().endswith("expert_load/max 1.5000")
+
+
 def test_progress_line_shows_step_of_total(capsys):
     logger = Basic()
     logger.start(step=0, total_steps=200)

@@ -45,7 +45,7 @@ def _moe(**changes):
 
 
 def _engine(sizes=None, *, moe=None, tp=False, fsdp=False, zero=None, pipe=None, learner=None,
-            **model):
+            also_over=(), **model):
     sizes = sizes or {"data": 1}
     axes, shape = tuple(sizes), tuple(sizes.values())
     plan = Plan.default_config().set(
@@ -57,7 +57,8 @@ def _engine(sizes=None, *, moe=None, tp=False, fsdp=False, zero=None, pipe=None,
                            if pipe else None),
         zero=(ZeRO.default_config().set(stage=3, min_shard_size=64,
                                         axis="fsdp" if "fsdp" in sizes else None,
-                                        grad_sync="per_step" if pipe else "per_microbatch")
+                                        grad_sync="per_step" if pipe else "per_microbatch",
+                                        also_over=also_over)
               if fsdp else ZeRO.default_config().set(stage=zero, min_shard_size=64)
               if zero else None))
     network = Decoder.default_config().set(**MODEL, moe=moe or _moe()).set(**model)
@@ -128,6 +129,22 @@ def test_expert_parallel_trains_like_one_device(sizes, case):
     _assert_updates_close(updates, want_updates)
     experts = engine.layout.param_specs["decoder"]["layer"]["mlp"]["gate_up_weight"]
     assert "expert" in tuple(experts)
+
+
+def test_fsdp_also_over_the_expert_axis_trains_like_one_device():
+    """``zero.also_over=("expert",)``: the dense params split over data x expert (each gather
+    spans both, its transpose sums over both), the experts over data on top of their expert
+    split -- every param spread over all eight devices, the steps those of one device."""
+    engine = _engine({"data": 2, "expert": 4}, fsdp=True, also_over=("expert",))
+    want_losses, want_updates = _one_device()
+    losses, updates, engine = _updates(engine)
+    assert_close(losses, want_losses, what="losses")
+    _assert_updates_close(updates, want_updates)
+    specs = engine.layout.param_specs["decoder"]["layer"]
+    assert ("data", "expert") in tuple(specs["attn"]["q_weight"]), specs["attn"]["q_weight"]
+    experts = tuple(specs["mlp"]["gate_up_weight"])
+    assert "expert" in experts and "data" in experts and ("data", "expert") not in experts
+    assert "'data' x 'expert'" in engine.states.strategy.title
 
 
 def test_dropless_dispatch_trains_like_capacity_slots_that_never_drop():

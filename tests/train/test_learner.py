@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from titanax import errors
 from titanax.config import config_for_function
 from titanax.train import learner as learner_lib
 from titanax.train import optimizers, prng
@@ -34,6 +35,30 @@ def test_adamw_decay_is_scaled_per_param_and_matches_optax_where_full():
     half = optimizers.adamw(0.1, weight_decay=0.5, decay_scales={"w": 0.5, "b": 0.0})
     got_half = half.update(grads, half.init(params), params)[0]
     assert_close(got_half["w"] - got["w"], 0.1 * 0.25 * params["w"], what="half the decay")
+
+
+def test_adam_moments_stored_in_bfloat16_follow_optax_to_their_rounding():
+    """``moments_dtype="bfloat16"`` (DeepSeek-V3's AdamW states): moments stored in bfloat16,
+    the update computed in float32 -- over five steps within bfloat16's rounding of optax's
+    float32 AdamW, and a state of optax's structure; float16 is refused by name."""
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(64,)), jnp.float32)}
+    ours = optimizers.adamw(0.01, weight_decay=0.1, moments_dtype="bfloat16",
+                            decay_scales={"w": 1.0})
+    reference = optax.adamw(0.01, weight_decay=0.1)
+    state, reference_state = ours.init(params), reference.init(params)
+    for step in range(5):
+        grads = {"w": jnp.asarray(rng.normal(size=(64,)) * 10.0 ** -step, jnp.float32)}
+        got, state = ours.update(grads, state, params)
+        want, reference_state = reference.update(grads, reference_state, params)
+        # bfloat16 keeps 8 bits: each moment within 2^-8 of its own size, the update too.
+        assert_close(got, want, bound=2.0 ** -7, what=f"update {step}")
+    adam = state[0]
+    assert adam.mu["w"].dtype == jnp.bfloat16 and adam.nu["w"].dtype == jnp.bfloat16
+    assert int(adam.count) == 5 and float(jnp.min(adam.nu["w"])) > 0
+    with pytest.raises(errors.ConfigError, match="moments_dtype"):
+        config_for_function(optimizers.adamw).set(learning_rate=0.1,
+                                                  moments_dtype="float16").validate()
 
 
 def test_lion_and_sgd_momentum():

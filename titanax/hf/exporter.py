@@ -153,7 +153,7 @@ def _plan(params: Any, model_cfg: ConfigBase, dtype: Optional[Any]) -> List[Plan
         params, is_leaf=rules.is_param_leaf)[0])
     planned: List[PlannedTensor] = []
     shared: Dict[str, list] = {}  # HF name -> [(part, producer, dtype)] of the params it holds
-    for tensor_map in param_map.tensor_maps(model_cfg):
+    for tensor_map in param_map.tensor_maps(model_cfg) + param_map.prediction_copies(model_cfg):
         if tensor_map.path not in leaves:
             raise errors.HFError(f"the params have no {tensor_map.path}", path=tensor_map.path,
                                  suggestion="export params of the model the config describes")

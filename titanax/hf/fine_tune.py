@@ -39,8 +39,10 @@ RUNTIME_FIELDS = ("name", "dtype", "param_init", "remat_policy", "layer_remat_po
                   "attention_implementation", "attention_block_size")
 # Fields a user may set apart from the checkpoint's without changing what its weights compute
 # (a shorter sequence limit -- a position table's shape is checked when the weights load --
-# and training-time dropout).
-FREE_FIELDS = RUNTIME_FIELDS + ("max_seq_len", "dropout_rate", "attention_dropout_rate")
+# training-time dropout, and whether to train multi-token-prediction depths beside the model:
+# a depth's weights are read from the checkpoint's MTP layers, which must hold it).
+FREE_FIELDS = RUNTIME_FIELDS + ("max_seq_len", "dropout_rate", "attention_dropout_rate",
+                                "mtp_depths", "mtp_loss_weight")
 # A mixture of experts' fields that say how it runs or trains, not what its weights compute
 # (how tokens are dispatched; balancing weights -- the expert and TP axes are the plan's):
 # the experiment's are kept over the checkpoint's, and its router's runtime fields too.

@@ -107,14 +107,22 @@ def import_params(directory: str, *, model_cfg: ConfigBase, parameter_specs: Any
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _prediction_layer(name: str, model_cfg: ConfigBase) -> bool:
-    """A tensor of DeepSeek-V3's multi-token-prediction layers (``model.layers.{i}`` past the
-    last layer), which Titanax does not load (as transformers)."""
-    if getattr(model_cfg, "latent_attention", None) is None or \
-            not name.startswith("model.layers."):
+def _unread_prediction_tensor(name: str, model_cfg: ConfigBase, source: Any) -> bool:
+    """A tensor of a checkpoint's multi-token-prediction layers (``model.layers.{i}`` past the
+    last layer, as many as its ``num_nextn_predict_layers``: DeepSeek-V3) that the model does
+    not read: a depth past its ``mtp_depths`` (transformers reads none), or a depth's copy of
+    the embedding or head it shares."""
+    config = getattr(source, "config", None) or {}
+    depths = int(config.get("num_nextn_predict_layers") or 0)
+    parts = name.split(".")
+    if not depths or len(parts) < 4 or parts[:2] != ["model", "layers"] or \
+            not parts[2].isdigit():
         return False
-    index = name.split(".")[2]
-    return index.isdigit() and int(index) >= model_cfg.num_layers
+    depth = int(parts[2]) - model_cfg.num_layers
+    if not 0 <= depth < depths:
+        return False
+    return depth >= getattr(model_cfg, "mtp_depths", 0) or \
+        ".".join(parts[3:]) in param_map.PREDICTION_COPIES
 
 
 def _check_all_used(source: ModelDir, used: set, model_cfg: ConfigBase) -> None:
@@ -122,7 +130,7 @@ def _check_all_used(source: ModelDir, used: set, model_cfg: ConfigBase) -> None:
     left = sorted(n for n in source.names()
                   if n not in used and not n.endswith(BUFFER_SUFFIXES)
                   and not (tied and n == "lm_head.weight")
-                  and not _prediction_layer(n, model_cfg))
+                  and not _unread_prediction_tensor(n, model_cfg, source))
     if left:
         raise errors.HFError(
             f"{len(left)} tensor(s) of the checkpoint have no place in the model config.json "

@@ -431,8 +431,9 @@ def _deepseek_v3(r: _Reader) -> Decoder.Config:
     first ``first_k_dense_replace`` layers dense, the rest experts chosen by sigmoid scores plus
     a fixed choosing bias (``e_score_correction_bias``) among the best groups, with scaled gates
     and shared experts. The multi-token-prediction layers a checkpoint may hold after its last
-    layer are not read (transformers does not load them either). A key left out reads as
-    transformers' default (None where the config says null: no low-rank queries)."""
+    layer are left out (as transformers does) unless the run asks for depths
+    (``--config.model.mtp_depths=1``: depth k's weights from MTP layer k). A key left out reads
+    as transformers' default (None where the config says null: no low-rank queries)."""
     r.expect("hidden_act", lambda v: v == "silu", "DeepSeek-V3's MLPs are SwiGLU (silu)", "silu")
     r.expect("attention_bias", lambda v: not v, "no published DeepSeek-V3 has attention biases; "
              "Titanax does not map them", False)
@@ -444,7 +445,8 @@ def _deepseek_v3(r: _Reader) -> Decoder.Config:
              "the chosen gates (as every published DeepSeek-V3)", True)
     r.expect("rope_interleave", lambda v: v is True, "Titanax reads the published layout, RoPE "
              "features in interleaved pairs", True)
-    r.get("num_nextn_predict_layers")  # (The MTP layers: not read, see above.)
+    # (The MTP layers: read when the run sets model.mtp_depths, see above.)
+    r.get("num_nextn_predict_layers")
     r.get("num_mtp_layers")
     r.get("output_router_logits")  # (DeepSeek-V3 adds no balancing loss in transformers.)
     heads = r.required("num_attention_heads")
@@ -704,6 +706,9 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
                             f"{getattr(cfg, name)!r})")
     problems += _gemma3_misfits(cfg, model_type)
     problems += _deepseek_v3_misfits(cfg, model_type)
+    if cfg.mtp_depths and model_type != "deepseek_v3":
+        problems.append(f"only deepseek_v3 holds multi-token-prediction layers (mtp_depths is "
+                        f"{cfg.mtp_depths})")
     if cfg.attention_sinks != (model_type == "gpt_oss"):
         problems.append("gpt_oss has attention sinks and no other family does")
     if model_type == "gpt_oss" and cfg.qkv_bias != cfg.attention_output_bias:
@@ -816,7 +821,7 @@ def _gpt2_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
                 "sliding_window", "layer_pattern", "norm_zero_centered",
                 "attention_output_gate", "rotary_fraction", "branch_output_norms",
                 "embedding_multiplier", "attention_scale", "attention_sinks",
-                "first_dense_layers", "latent_attention")
+                "first_dense_layers", "latent_attention", "mtp_depths")
     misfits = [f"{name}={getattr(cfg, name)!r} (GPT-2: {getattr(gpt2, name)!r})"
                for name in switches if getattr(cfg, name) != getattr(gpt2, name)]
     # (Heads written out at their default values are GPT-2's too.)
@@ -940,7 +945,8 @@ def _gpt_oss_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
 
 def _deepseek_v3_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
     """A whole DeepSeek-V3 ``config.json``, RoPE features in the published interleaved layout
-    (param_map reorders them); no multi-token-prediction layers."""
+    (param_map reorders them); the multi-token-prediction depths as the layers after the last
+    (``num_nextn_predict_layers``)."""
     moe, mla = cfg.moe, cfg.latent_attention
     router = moe.router
     return {
@@ -959,7 +965,7 @@ def _deepseek_v3_to_hf(cfg: Decoder.Config) -> Dict[str, Any]:
         "first_k_dense_replace": cfg.first_dense_layers, "hidden_act": "silu",
         "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": False, "attention_dropout": 0.0, "rope_interleave": True,
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": cfg.mtp_depths,
         "rope_parameters": _rope_to_hf(cfg.rope_theta, cfg.rope_scaling)}
 
 

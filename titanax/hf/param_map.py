@@ -234,6 +234,39 @@ def _decoder(cfg: Decoder.Config) -> List[TensorMap]:
             maps += _decoder_layers(cfg, prefix=f"decoder_tail/{member}/", layers=0,
                                     offset=repetitions * len(pattern) + member, kind=kind)
     maps.append(TensorMap("final_norm/scale", ("model.norm.weight",), same()))
+    for depth in range(cfg.mtp_depths):
+        maps += _prediction_depth(cfg, depth)
+    return maps
+
+
+def _prediction_depth(cfg: Decoder.Config, depth: int) -> List[TensorMap]:
+    """A multi-token-prediction depth's maps in DeepSeek-V3's names: HF layer ``num_layers +
+    depth`` holds its norms (``enorm``, ``hnorm``, ``shared_head.norm``), its projection
+    (``eh_proj``, embedding features first) and a decoder layer's tensors (its block); the
+    shared embedding and head's copies there are ``prediction_copies``'."""
+    layer_index, prefix, d = cfg.num_layers + depth, f"prediction/{depth}/", cfg.model_dim
+    pre = f"model.layers.{layer_index}."
+    return _decoder_layers(cfg, prefix=prefix + "block/", layers=0, offset=layer_index) + [
+        TensorMap(prefix + "embedding_norm/scale", (pre + "enorm.weight",), same()),
+        TensorMap(prefix + "hidden_norm/scale", (pre + "hnorm.weight",), same()),
+        TensorMap(prefix + "project/weight", (pre + "eh_proj.weight",), transposed((2 * d, d))),
+        TensorMap(prefix + "output_norm/scale", (pre + "shared_head.norm.weight",), same())]
+
+
+# The tensors of an HF multi-token-prediction layer that copy the model's shared embedding and
+# head (DeepSeek-V3's checkpoints hold them per depth; Titanax shares one of each).
+PREDICTION_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
+
+
+def prediction_copies(cfg: ConfigBase) -> List[TensorMap]:
+    """The export-only maps of each depth's copies of the embedding and the LM head (an import
+    reads the model's own tensors and leaves these)."""
+    maps = []
+    for depth in range(getattr(cfg, "mtp_depths", 0)):
+        pre = f"model.layers.{cfg.num_layers + depth}."
+        head = "token_emb/weight" if cfg.tie_embeddings else "lm_head/weight"
+        maps += [TensorMap(path, (pre + name,), padded_rows(_padded(cfg), cfg.vocab_size))
+                 for path, name in zip(("token_emb/weight", head), PREDICTION_COPIES)]
     return maps
 
 

@@ -66,8 +66,9 @@ def is_gather_on_use(x: Any) -> bool:
 def gathered_axes(tree: Any) -> FrozenSet[str]:
     """The mesh axes the wrapped leaves of ``tree`` gather over (empty: FSDP's gather on use is
     off here)."""
-    return frozenset(x.axis for x in jax.tree_util.tree_leaves(tree, is_leaf=is_gather_on_use)
-                     if is_gather_on_use(x))
+    return frozenset(a for x in jax.tree_util.tree_leaves(tree, is_leaf=is_gather_on_use)
+                     if is_gather_on_use(x)
+                     for a in (x.axis if isinstance(x.axis, tuple) else (x.axis,)))
 
 
 def gathered(state: Any) -> Any:
@@ -77,12 +78,18 @@ def gathered(state: Any) -> Any:
     return {k: v.gather() if is_gather_on_use(v) else v for k, v in state.items()}
 
 
-def wrap(params: Any, dims: Any, *, axis: str) -> Any:
+def wrap(params: Any, dims: Any, *, axis: str, axes: Any = None) -> Any:
     """``params`` (local shards) with each sharded leaf wrapped; ``dims`` from
-    ``parallel.state_dims.choose_dims`` (None: a whole param, left as it is)."""
+    ``parallel.state_dims.choose_dims`` (None: a whole param, left as it is); ``axes``: per
+    param, the mesh axes it is split over (``state_dims.split_axes``; None: ``axis``)."""
+    if axes is None:
+        return jax.tree_util.tree_map(
+            lambda p, d: p if d is None else GatherOnUse(p, axis=axis, dim_from_end=p.ndim - d),
+            params, dims)
     return jax.tree_util.tree_map(
-        lambda p, d: p if d is None else GatherOnUse(p, axis=axis, dim_from_end=p.ndim - d),
-        params, dims)
+        lambda p, d, own: p if d is None else GatherOnUse(
+            p, axis=own[0] if len(own) == 1 else tuple(own), dim_from_end=p.ndim - d),
+        params, dims, axes)
 
 
 def never_saving_gathered(policy: Optional[Callable], axes: FrozenSet[str]) -> Callable:

@@ -83,10 +83,13 @@ class Basic(Logger):
     class Config(Logger.Config):
         # Metrics shown first, in this order (others follow alphabetically when verbose). An
         # entry "*/<name>" shows every metric whose path ends with /<name> (a layer's summary,
-        # e.g. a mixture of experts' load imbalance averaged over its layers), as <name>.
-        columns: tuple = ("loss", "learning_rate", "grad_norm", "step_time_s", "tokens_per_s",
-                       "examples_per_s", "mfu", "peak_memory_gib", "compile_time_s",
-                       "pipeline_bubble", "*/expert_load/max", "*/dropped_fraction")
+        # e.g. a mixture of experts' load imbalance averaged over its layers), as <name> -- with
+        # the model child it comes from when several do (decoder, prediction); "<name>/*"
+        # every metric under <name>/ (the multi-token-prediction depths' mtp_loss/1, /2...).
+        columns: tuple = ("loss", "mtp_loss/*", "learning_rate", "grad_norm", "step_time_s",
+                          "tokens_per_s", "examples_per_s", "mfu", "peak_memory_gib",
+                          "compile_time_s", "pipeline_bubble", "*/expert_load/max",
+                          "*/dropped_fraction")
         # Show the run's objective's metrics first, before ``columns`` (its
         # ``console_columns``: GRPO's reward, reward_std, kl...; a preference run's
         # rewards/accuracies and rewards/margins; distillation's reverse_kl).
@@ -104,7 +107,10 @@ class Basic(Logger):
             if column.startswith("*/"):
                 matches = sorted(k for k in metrics if k.endswith(column[1:]))
                 shown += matches
-                labels.update({k: column[2:] for k in matches})
+                labels.update({k: column[2:] if len(matches) == 1 else
+                               f"{column[2:]}({_model_child(k)})" for k in matches})
+            elif column.endswith("/*"):
+                shown += sorted(k for k in metrics if k.startswith(column[:-1]))
             elif column in metrics:
                 shown.append(column)
         others = sorted(k for k in metrics if k not in shown and k != "eta_s")
@@ -116,6 +122,12 @@ class Basic(Logger):
         if "eta_s" in metrics:
             parts.append(f"eta {_duration(metrics['eta_s'])}")
         print("  ".join(parts), file=sys.stdout, flush=True)
+
+
+def _model_child(metric: str) -> str:
+    """The model's child a layer summary comes from (``summaries/decoder/...`` -> decoder)."""
+    parts = metric.split("/")
+    return parts[1] if parts[0] == "summaries" and len(parts) > 2 else parts[0]
 
 
 def _duration(seconds: float) -> str:

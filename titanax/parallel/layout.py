@@ -64,6 +64,10 @@ class Layout:
     state_axis: Optional[str] = None
     # Per param, the dimension that carries ``state_axis`` (None: kept whole); None: no ZeRO.
     state_dims: Any = None
+    # Per param, the mesh axes that dimension is split over -- ``state_axis`` and the ZeRO
+    # config's ``also_over`` axes its layout leaves free (None: kept whole); None: the ZeRO
+    # axis alone for every param.
+    state_axes: Any = None
     # FSDP: the params themselves carry ``state_axis`` (``param_specs`` name it); else only the
     # optimizer state does.
     params_sharded: bool = False

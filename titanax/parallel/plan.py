@@ -199,10 +199,20 @@ class ZeRO(Configurable):
         # {param path pattern: dimension (negative counts from the end) or None (keep whole)};
         # first match wins, before the default (the largest divisible dimension).
         dim_overrides: Dict[str, Optional[int]] = {}
+        # Stage 3, grad_sync "per_microbatch": more mesh axes the batch's rows are split over
+        # (expert parallelism's) that each param not already split over them is split over too,
+        # with ``axis``, on its one dimension: e.g. ("expert",) spreads the dense params of an
+        # MoE model over data x expert devices while the experts, split over expert, add data
+        # alone (as MaxText shards its dense weights over its expert axis). Each gather then
+        # spans those axes, and its transpose sums the gradient over them.
+        also_over: Sequence[str] = ()
 
         def _validate_values(self):
             if isinstance(self.min_shard_size, int) and self.min_shard_size < 0:
                 yield "min_shard_size", f"must be >= 0, got {self.min_shard_size}"
+            if self.also_over and (self.stage != 3 or self.grad_sync != "per_microbatch"):
+                yield "also_over", ("splits the params themselves, gathered where each layer "
+                                    "runs: it needs stage=3 and grad_sync='per_microbatch'")
 
     @property
     def fsdp(self) -> bool:
@@ -214,7 +224,8 @@ class ZeRO(Configurable):
         cfg = self.config
         return [state_dims.StateSplit(axis=axis, params_sharded=self.fsdp,
                                       min_shard_size=cfg.min_shard_size,
-                                      dim_overrides=tuple(cfg.dim_overrides.items()))]
+                                      dim_overrides=tuple(cfg.dim_overrides.items()),
+                                      also_over=tuple(cfg.also_over))]
 
 
 class Plan(Configurable):
@@ -272,6 +283,19 @@ class Plan(Configurable):
                 yield "data_parallel.sync_metrics", (
                     "reports one data shard's values, which context parallelism spreads over "
                     "several devices (each holding part of every row): leave it True")
+            if self.zero is not None:
+                rows = {part.axis for part in (self.data_parallel, self.expert_parallel)
+                        if part is not None} | ({self.zero.axis} - {None})
+                primary = self.zero.axis or (self.data_parallel.axis
+                                             if self.data_parallel is not None else None)
+                for axis in self.zero.also_over:
+                    if axis == primary:
+                        yield "zero.also_over", f"mesh axis {axis!r} is the ZeRO axis itself"
+                    elif axis not in rows:
+                        yield "zero.also_over", (
+                            f"mesh axis {axis!r} does not split the batch's rows (the data, "
+                            f"ZeRO or expert axis): a gradient gathered over it would be summed "
+                            f"over copies")
             pp = self.pipeline_parallel
             if self.zero is not None and self.zero.stage == 3 and pp is not None:
                 if pp.stages:

@@ -35,11 +35,34 @@ from titanax.parallel import rules, sharding
 
 def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size: int,
                 min_shard_size: int, dim_overrides: Sequence[Tuple[str, Optional[int]]] = (),
-                preferred: Any = None) -> Any:
+                preferred: Any = None, also_over: Sequence[Tuple[str, int]] = ()) -> Any:
     """A tree like the params: the dimension (>= 0) the axis goes on, or None (kept whole).
     ``preferred``: a tree like the params of what the logical axis rules ask for
     (``logical_axes.StatePreference``: a dimension, taken where it can carry the axis, and the
-    dimensions they keep whole; None where the param names no axes)."""
+    dimensions they keep whole; None where the param names no axes). ``also_over``: (mesh
+    axis, size) pairs split with ``axis`` where a param is not split over them already
+    (``split_axes`` says which, per param)."""
+    return _choose(parameter_specs, param_specs, axis=axis, axis_size=axis_size,
+                   min_shard_size=min_shard_size, dim_overrides=dim_overrides,
+                   preferred=preferred, also_over=also_over)[0]
+
+
+def split_axes(param_specs: Any, dims: Any, *, axis: str,
+               also_over: Sequence[Tuple[str, int]] = ()) -> Any:
+    """Per param, the mesh axes its chosen dimension is split over: ``axis``, then each of
+    ``also_over`` its layout does not split already (None where it is kept whole)."""
+    def axes(partition, dim):
+        if dim is None:
+            return None
+        taken = rules.spec_axes(partition)
+        return (axis,) + tuple(a for a, _ in also_over if a not in taken)
+
+    return jax.tree_util.tree_map(axes, param_specs, dims,
+                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _choose(parameter_specs, param_specs, *, axis, axis_size, min_shard_size, dim_overrides,
+            preferred, also_over):
     compiled = [(pattern, rules.compile_pattern(pattern), dim) for pattern, dim in dim_overrides]
     if preferred is None:
         preferred = jax.tree_util.tree_map(lambda _: None, param_specs,
@@ -49,7 +72,9 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
         path = sharding.path_string(path)
         shape = tuple(spec.shape)
         entries = tuple(partition) + (None,) * (len(shape) - len(partition))
-        if axis in rules.spec_axes(partition):
+        taken = rules.spec_axes(partition)
+        size = axis_size * math.prod(n for a, n in also_over if a not in taken)
+        if axis in taken:
             raise errors.PlanError(
                 f"param {path} is already split over mesh axis {axis!r} (spec {partition}); "
                 "ZeRO/FSDP adds that axis itself", path="plan.zero.axis",
@@ -58,14 +83,14 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
         stacked = getattr(spec, "stacked_dims", 0)  # (Hand-written steps' shapes have none.)
         for pattern, regex, dim in compiled:
             if regex.fullmatch(path):
-                return _checked_override(path, pattern, dim, shape, entries, axis, axis_size,
+                return _checked_override(path, pattern, dim, shape, entries, axis, size,
                                          stacked)
         if getattr(spec, "layer_state", False) or math.prod(shape) < min_shard_size:
             return None
         whole = preference.whole if preference is not None else ()
         fits = [dim for dim in range(stacked, len(shape))
-                if entries[dim] is None and shape[dim] % axis_size == 0
-                and shape[dim] >= axis_size and dim not in whole]
+                if entries[dim] is None and shape[dim] % size == 0
+                and shape[dim] >= size and dim not in whole]
         if preference is not None and preference.dim in fits:
             return preference.dim
         best = None
@@ -74,8 +99,8 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
                 best = dim
         return best
 
-    return jax.tree_util.tree_map_with_path(
-        choose, parameter_specs, param_specs, preferred, is_leaf=rules.is_param_leaf)
+    return (jax.tree_util.tree_map_with_path(
+        choose, parameter_specs, param_specs, preferred, is_leaf=rules.is_param_leaf),)
 
 
 def _checked_override(path, pattern, dim, shape, entries, axis, axis_size, stacked):
@@ -99,18 +124,22 @@ def _checked_override(path, pattern, dim, shape, entries, axis, axis_size, stack
     return resolved
 
 
-def add_axis(param_specs: Any, dims: Any, axis: str) -> Any:
+def add_axis(param_specs: Any, dims: Any, axis: str, axes: Any = None) -> Any:
     """``param_specs`` with ``axis`` on each param's chosen dimension (``dims`` from
-    ``choose_dims``; None leaves the spec as it is)."""
-    def add(partition: PartitionSpec, dim: Optional[int]) -> PartitionSpec:
+    ``choose_dims``; None leaves the spec as it is) -- or, with ``axes`` (``split_axes``), each
+    param's own axes there."""
+    def add(partition: PartitionSpec, dim: Optional[int], own=None) -> PartitionSpec:
         if dim is None:
             return partition
         entries = list(tuple(partition))
         entries += [None] * (dim + 1 - len(entries))
-        entries[dim] = axis
+        entries[dim] = axis if own is None or len(own) == 1 else tuple(own)
         return PartitionSpec(*entries)
 
-    return jax.tree_util.tree_map(add, param_specs, dims,
+    if axes is None:
+        return jax.tree_util.tree_map(add, param_specs, dims,
+                                      is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return jax.tree_util.tree_map(add, param_specs, dims, axes,
                                   is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
@@ -124,19 +153,26 @@ class StateSplit:
     params_sharded: bool
     min_shard_size: int
     dim_overrides: Tuple[Tuple[str, Optional[int]], ...] = ()
+    # More mesh axes the params are split over where their layout does not split them
+    # (``ZeRO.Config.also_over``).
+    also_over: Tuple[str, ...] = ()
     name: str = "ZeRO / FSDP state split"
 
     def apply(self, layout):
         size = int(layout.mesh_shape[self.axis])
-        if size == 1:  # Nothing to split over: every param (and its state) stays whole.
+        also_over = tuple((a, int(layout.mesh_shape[a])) for a in self.also_over)
+        if size * math.prod(n for _, n in also_over) == 1:  # Nothing to split over.
             dims = jax.tree_util.tree_map(lambda _: None, layout.param_specs,
                                           is_leaf=lambda x: isinstance(x, PartitionSpec))
         else:
             dims = choose_dims(layout.parameter_specs, layout.param_specs, axis=self.axis,
                                axis_size=size, min_shard_size=self.min_shard_size,
                                dim_overrides=self.dim_overrides,
-                               preferred=layout.logical_state_dims)
-        specs = add_axis(layout.param_specs, dims, self.axis) if self.params_sharded \
+                               preferred=layout.logical_state_dims, also_over=also_over)
+        axes = split_axes(layout.param_specs, dims, axis=self.axis, also_over=also_over) \
+            if also_over else None
+        specs = add_axis(layout.param_specs, dims, self.axis, axes) if self.params_sharded \
             else layout.param_specs
         return layout.evolve(self.name, param_specs=specs, state_axis=self.axis,
-                             state_dims=dims, params_sharded=self.params_sharded)
+                             state_dims=dims, state_axes=axes,
+                             params_sharded=self.params_sharded)

@@ -36,11 +36,49 @@ def decayed_weights(weight_decay: float, decay_scales: Any) -> optax.GradientTra
     return optax.GradientTransformation(init, update)
 
 
-def _adam_arguments(b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, **_):
+# The dtypes Adam's moments may be stored in (float16's range cannot hold a small gradient's
+# square: the second moment flushes to zero).
+MOMENT_DTYPES = ("float32", "bfloat16")
+
+
+def _adam_arguments(b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, moments_dtype=None, **_):
     yield from check.fraction("b1", b1)
     yield from check.fraction("b2", b2)
     yield from check.positive("eps", eps)  # eps = 0 divides a zero gradient by zero.
     yield from check.at_least("weight_decay", weight_decay, 0)
+    if moments_dtype is not None and moments_dtype not in MOMENT_DTYPES:
+        yield "moments_dtype", (f"must be one of {', '.join(MOMENT_DTYPES)} (or None: the "
+                                f"params' dtype), got {moments_dtype!r}")
+
+
+def scale_by_adam_stored_in(dtype: str, *, b1: float, b2: float,
+                            eps: float) -> optax.GradientTransformation:
+    """Adam's scaling with both moments stored in ``dtype`` and computed in float32 (DeepSeek-V3
+    keeps AdamW's moments in bfloat16: 4 bytes per param instead of 8). The state is optax's
+    ``ScaleByAdamState``, so a checkpoint's structure is Adam's."""
+    stored = jnp.dtype(dtype)
+
+    def init(params):
+        zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, stored), params)
+        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros,
+                                      nu=jax.tree_util.tree_map(jnp.copy, zeros))
+
+    def update(updates, state, params=None):
+        del params
+        count = optax.safe_increment(state.count)
+        wide = lambda x: x.astype(jnp.float32)  # noqa: E731
+        mu = jax.tree_util.tree_map(lambda g, m: b1 * wide(m) + (1 - b1) * wide(g),
+                                    updates, state.mu)
+        nu = jax.tree_util.tree_map(lambda g, v: b2 * wide(v) + (1 - b2) * jnp.square(wide(g)),
+                                    updates, state.nu)
+        first, second = 1 - b1 ** wide(count), 1 - b2 ** wide(count)
+        scaled = jax.tree_util.tree_map(
+            lambda g, m, v: (m / first / (jnp.sqrt(v / second) + eps)).astype(g.dtype),
+            updates, mu, nu)
+        narrow = lambda tree: jax.tree_util.tree_map(lambda x: x.astype(stored), tree)  # noqa
+        return scaled, optax.ScaleByAdamState(count=count, mu=narrow(mu), nu=narrow(nu))
+
+    return optax.GradientTransformation(init, update)
 
 
 def _lion_arguments(b1=0.9, b2=0.99, weight_decay=0.0, **_):
@@ -61,9 +99,14 @@ def _schedule_arguments(warmup_steps=0, init_value=0.0, **_):
 
 @checked_by(_adam_arguments)
 def adamw(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          weight_decay: float = 0.0, *, decay_scales: Any = None) -> optax.GradientTransformation:
-    """AdamW (decoupled weight decay, scaled per param)."""
-    return optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+          weight_decay: float = 0.0, moments_dtype: Optional[str] = None, *,
+          decay_scales: Any = None) -> optax.GradientTransformation:
+    """AdamW (decoupled weight decay, scaled per param). ``moments_dtype``: the dtype both
+    moments are stored in ("bfloat16": half the optimizer state, computed in float32); None:
+    the params' dtype, as optax's."""
+    scaling = optax.scale_by_adam(b1=b1, b2=b2, eps=eps) if moments_dtype is None else \
+        scale_by_adam_stored_in(moments_dtype, b1=b1, b2=b2, eps=eps)
+    return optax.chain(scaling,
                        decayed_weights(weight_decay, decay_scales),
                        optax.scale_by_learning_rate(learning_rate))
 

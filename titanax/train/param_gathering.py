@@ -10,7 +10,8 @@ are left to the reducer's reduce-scatter.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, Tuple
 
 import jax
 
@@ -27,6 +28,11 @@ class ParamGathering:
     # Per param, the dimension split over ``axis`` (None: stored whole).
     dims: Any
     per_microbatch: bool
+    # Per param, the mesh axes that dimension is split over (``Layout.state_axes``: ``axis``
+    # and the ZeRO config's ``also_over`` ones); None: ``axis`` alone for every param.
+    axes: Any = None
+    # Mesh axis -> size (for the axes of ``axes``).
+    mesh_shape: Tuple[Tuple[str, int], ...] = ()
 
     def for_use(self, params: Any) -> Any:
         """The params as the model sees them: wrapped (``per_microbatch``) or all gathered."""
@@ -38,9 +44,16 @@ class ParamGathering:
             params, self.dims)
 
     def wrap(self, params: Any) -> Any:
-        return gather_on_use.wrap(params, self.dims, axis=self.axis)
+        return gather_on_use.wrap(params, self.dims, axis=self.axis, axes=self.axes)
 
     def unwrap_gradients(self, grads: Any) -> Any:
-        return jax.tree_util.tree_map(
-            lambda g: g.shard / self.axis_size if gather_on_use.is_gather_on_use(g) else g,
-            grads, is_leaf=gather_on_use.is_gather_on_use)
+        """The gathers' transposes summed each gradient over its axes: their mean."""
+        sizes = dict(self.mesh_shape)
+
+        def mean(g):
+            if not gather_on_use.is_gather_on_use(g):
+                return g
+            axes = g.axis if isinstance(g.axis, tuple) else (g.axis,)
+            return g.shard / (math.prod(sizes[a] for a in axes) if sizes else self.axis_size)
+
+        return jax.tree_util.tree_map(mean, grads, is_leaf=gather_on_use.is_gather_on_use)

@@ -115,13 +115,16 @@ class GradientReducer:
              data_axis: Optional[str], loss_relation: Optional[LossRelation] = None,
              scatter_dims: Any = None, shard_axis: Optional[str] = None,
              param_layout: Any = None, fold_axes: Sequence[str] = (),
-             layer_summed: Sequence[str] = ()) -> "GradientReducer":
+             layer_summed: Sequence[str] = (), gather_summed: Any = None
+             ) -> "GradientReducer":
         """``param_specs``: the layout of the *reduced* gradients (with ZeRO-2 / FSDP the shard
         axis on the scattered dimension); ``scatter_dims``: a tree like them (None leaves: no
         scatter); ``param_layout``: the params' own specs, when they differ (ZeRO-2);
         ``fold_axes``: see the field (ignored without a data axis); ``layer_summed``: the batch
         axes whose layers sum the gradients of the params split over them (the expert axis;
-        see ``layer_summed_axes``)."""
+        see ``layer_summed_axes``); ``gather_summed``: a tree like ``param_specs`` of the axes
+        FSDP's gather already summed (and averaged) each gradient over (None: none) -- never a
+        layer's sum too."""
         is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
         specs = jax.tree_util.tree_leaves(param_specs, is_leaf=is_spec)
         scatter = ()
@@ -130,6 +133,9 @@ class GradientReducer:
                             .flatten_up_to(scatter_dims))
         axes = tuple(mesh_shape)
         fold = tuple(fold_axes) if data_axis is not None else ()
+        gathered = [()] * len(specs) if gather_summed is None else [
+            own or () for own in jax.tree_util.tree_structure(param_specs, is_leaf=is_spec)
+            .flatten_up_to(gather_summed)]
         layout = jax.tree_util.tree_leaves(param_layout if param_layout is not None
                                            else param_specs, is_leaf=is_spec)
         whole_over = tuple(a for a in fold if a not in layer_summed)
@@ -157,7 +163,8 @@ class GradientReducer:
                    param_replicated_axes=tuple(others(spec) for spec in layout),
                    fold_axes=fold,
                    layer_summed_axes=tuple(tuple(a for a in axes if a in rules.spec_axes(spec)
-                                                 and a in layer_summed) for spec in specs))
+                                                 and a in layer_summed and a not in own)
+                                           for spec, own in zip(specs, gathered)))
 
     @property
     def data_size(self) -> int:

@@ -89,6 +89,13 @@ class StateSharding(abc.ABC):
         return None
 
     @property
+    def gather_summed_axes(self) -> Any:
+        """Per trainable param, the mesh axes its gather's transpose summed (and the gathering
+        averaged) its gradient over, when they go beyond the ZeRO axis
+        (``ZeRO.Config.also_over``); None: the ZeRO axis alone, or no gather."""
+        return None
+
+    @property
     def title(self) -> str:
         """What --explain calls this layout of the state."""
         return "replicated state"
@@ -215,16 +222,24 @@ class FullySharded(StateSharding):
     ``"per_microbatch"`` gathers each layer where it runs and autodiff reduce-scatters."""
 
     def __init__(self, *, param_specs: Any, axis: str, axis_size: int, dims: Any,
-                 grad_sync: str, trainable: Optional[Trainable] = None):
+                 grad_sync: str, trainable: Optional[Trainable] = None, axes: Any = None,
+                 mesh_shape: Tuple[Tuple[str, int], ...] = ()):
         super().__init__(param_specs=param_specs, trainable=trainable)
         self.shard_axis = axis
         self.axis_size = axis_size
         self.dims = dims
         self.grad_sync = grad_sync
+        # Per param, its split's mesh axes (``Layout.state_axes``; None: ``axis`` alone).
+        self.axes = axes
+        self.mesh_shape = mesh_shape
 
     @property
     def title(self) -> str:
-        return f"ZeRO-3 over {self.shard_axis!r}, grad_sync={self.grad_sync}"
+        also = sorted({a for own in jax.tree_util.tree_leaves(
+            self.axes, is_leaf=lambda x: isinstance(x, tuple)) if isinstance(own, tuple)
+            for a in own[1:]})
+        over = " x ".join(repr(a) for a in [self.shard_axis] + also)
+        return f"ZeRO-3 over {over}, grad_sync={self.grad_sync}"
 
     @property
     def gathers(self) -> Optional[str]:
@@ -234,9 +249,14 @@ class FullySharded(StateSharding):
     def scatter_dims(self) -> Optional[Any]:
         return self.trainable.select(self.dims) if self.grad_sync == "per_step" else None
 
+    @property
+    def gather_summed_axes(self) -> Any:
+        return None if self.axes is None else self.trainable.select(self.axes)
+
     def param_gathering(self) -> Optional[ParamGathering]:
         return ParamGathering(axis=self.shard_axis, axis_size=self.axis_size, dims=self.dims,
-                              per_microbatch=self.grad_sync == "per_microbatch")
+                              per_microbatch=self.grad_sync == "per_microbatch",
+                              axes=self.axes, mesh_shape=self.mesh_shape)
 
     def _update_trained(self, *, learner, adapter, params, opt_state, grads, norm_squared):
         return _update_as_stored(learner, adapter, params, opt_state, grads, norm_squared)
@@ -270,7 +290,8 @@ def for_layout(layout: Layout, *, zero: Any) -> StateSharding:
     if layout.params_sharded:
         return FullySharded(param_specs=layout.param_specs, axis=layout.state_axis,
                             axis_size=size, dims=layout.state_dims, grad_sync=zero.grad_sync,
-                            trainable=trainable)
+                            trainable=trainable, axes=layout.state_axes,
+                            mesh_shape=layout.mesh_axes)
     return ShardedOptimizerState(param_specs=layout.param_specs, axis=layout.state_axis,
                                  axis_size=size, dims=layout.state_dims,
                                  scatter_gradients=zero.stage == 2, trainable=trainable)

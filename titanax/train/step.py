@@ -126,7 +126,8 @@ class StepSetup:
                                     # of them, frozen ones included).
                                     param_layout=strategy.param_specs,
                                     fold_axes=self.fold_axes,
-                                    layer_summed=self.layer_summed_axes)
+                                    layer_summed=self.layer_summed_axes,
+                                    gather_summed=strategy.gather_summed_axes)
 
 
 def local_train_step(setup: StepSetup, state: TrainState, batch: Any

@@ -137,7 +137,7 @@ def _deepseek_v3_like(**changes):
     """DeepSeek-V3's switches: multi-head latent attention (low-rank queries, a latent with a
     shared RoPE key; YaRN with mscale), a dense first layer (before the stack), then experts
     chosen by sigmoid scores with a choosing bias among the best groups, scaled gates, a shared
-    expert."""
+    expert; one multi-token-prediction depth (an MoE block of its own)."""
     moe = MoE.default_config().set(hidden_dim=16, num_experts=8, top_k=2, dispatch="dropless",
                                    shared_hidden_dim=16)
     moe.router.set(scoring="sigmoid", routed_scaling=2.5, balance_rate=0.01, num_groups=4,
@@ -146,7 +146,7 @@ def _deepseek_v3_like(**changes):
         num_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
         v_head_dim=5)
     return Decoder.default_config().set(
-        num_layers=3, first_dense_layers=1, latent_attention=latent, moe=moe,
+        num_layers=3, first_dense_layers=1, latent_attention=latent, moe=moe, mtp_depths=1,
         rope_scaling=YarnRopeScaling.default_config().set(
             factor=4.0, original_max_position_embeddings=8, mscale=1.0, mscale_all_dim=1.0),
         **{**SMALL, "max_seq_len": 16, **changes})

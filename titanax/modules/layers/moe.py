@@ -100,6 +100,11 @@ class MoE(BaseLayer):
         z_loss_weight: float = 0.0
         # Initializer of the down projections; None: the layer's param_init.
         output_param_init: Optional[Initializer.Config] = None
+        # Under expert parallelism with a remat policy: keep the tokens the all-to-alls
+        # exchanged for the backward pass (modules/saved_values.py: two [E, C, D] buffers per
+        # layer -- 2.3 GB per layer and device at DeepSeek-V3 671B's size) instead of
+        # exchanging them again (two more all-to-alls per layer).
+        keep_exchanged_tokens: bool = True
 
         def _validate_values(self):
             for name in ("num_experts", "top_k", "hidden_dim", "model_dim"):
@@ -240,9 +245,10 @@ class MoE(BaseLayer):
         buffer = expert_dispatch.dispatch(tokens, routing.expert_ids, positions,
                                           num_experts=cfg.num_experts, slots=slots)
         parallel = self.axis_binding.active(EXPERTS)
+        kept = (lambda x: checkpoint_name(x, EXPERT_EXCHANGE)) if cfg.keep_exchanged_tokens \
+            else (lambda x: x)
         if parallel is not None:
-            buffer = checkpoint_name(expert_dispatch.exchange(buffer, parallel),
-                                     EXPERT_EXCHANGE)
+            buffer = kept(expert_dispatch.exchange(buffer, parallel))
         local_experts = params["gate_up_weight"].shape[0]
         # [E, C, D] -> [local experts, ranks x C, D]: every rank's slots for each local expert.
         grouped = buffer.reshape(-1, local_experts, slots, buffer.shape[-1]).transpose(1, 0, 2, 3)
@@ -251,8 +257,7 @@ class MoE(BaseLayer):
             params["down_weight"], glu, params["gate_up_bias"] if cfg.expert_bias else None)
         outputs = outputs.reshape(grouped.shape).transpose(1, 0, 2, 3).reshape(buffer.shape)
         if parallel is not None:  # (Both exchanges are named: remat policies save them.)
-            outputs = checkpoint_name(expert_dispatch.exchange(outputs, parallel),
-                                      EXPERT_EXCHANGE)
+            outputs = kept(expert_dispatch.exchange(outputs, parallel))
         kept_assignments = (positions < slots).astype(float)  # (jax's default float.)
         return (expert_dispatch.combine(outputs, routing.expert_ids, positions, routing.gates),
                 jnp.sum(kept_assignments), kept_assignments)

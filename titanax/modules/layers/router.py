@@ -114,10 +114,11 @@ class Router(BaseLayer):
                                          mesh_axes=(None, None),
                                          fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))}
         if _has_choosing_bias(cfg):
-            # Not trained (its gradient is zero: it only picks); written as a state update.
+            # Not trained (its gradient is zero: it only picks); written as a state update
+            # (kept whole under FSDP: the update replaces the whole value).
             specs["expert_bias"] = ParameterSpec(shape=(cfg.num_experts,), mesh_axes=(None,),
                                                  dtype=jnp.float32, initializer=constant(0.0),
-                                                 weight_decay_scale=0.0)
+                                                 weight_decay_scale=0.0, layer_state=True)
         if cfg.bias:
             specs["bias"] = ParameterSpec(shape=(cfg.num_experts,), mesh_axes=(None,),
                                           initializer=constant(0.0), weight_decay_scale=0.0)

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 
 from titanax.modules import sampling
-from titanax.parallel.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUENCE
+from titanax import errors
+from titanax.parallel.axis_binding import HEADS, MLP as MLP_DIM, RESIDUAL_SEQUENCE, SEQUENCE
 from titanax.modules.initializers import Normal
 from titanax.modules.layers.attention import (Attention, check_implementation,
                                                refuse_ignored_implementation,
@@ -52,6 +53,8 @@ from titanax.modules.layers.norm import LayerNorm, RMSNorm
 from titanax.modules.layers.repeat import UNROLL_UP_TO, Repeat
 from titanax.modules.layers.rotary import (Llama3RopeScaling, LinearRopeScaling,
                                             YarnRopeScaling)
+from titanax.modules.layers.token_prediction import (ExtraHeads, TokenPrediction,
+                                                     TokenPredictions, prediction_heads)
 from titanax.modules.models.language_model import UNSET_VOCABULARY, CausalLanguageModel
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
@@ -195,6 +198,15 @@ class Decoder(CausalLanguageModel):
         # K2; its model_dim, sliding window, RoPE base and scaling follow the model's; num_heads,
         # num_kv_heads, head_dim, the biases and QK-norm are not read). None: Attention.
         latent_attention: Optional[MultiHeadLatentAttention.Config] = None
+        # Multi-token prediction: this many extra depths, each predicting one token further
+        # ahead through a decoder block of the stack's kind and the shared embedding and head,
+        # trained beside the next-token loss (DeepSeek-V3: 1, HF num_nextn_predict_layers;
+        # modules/layers/token_prediction.py; param path prediction/{k-1}/...). Each depth's
+        # loss is the metric mtp_loss/<k>. 0: none.
+        mtp_depths: int = 0
+        # The weight of the depths' mean loss in the gradient (DeepSeek-V3: 0.3 for its first
+        # 10T tokens, then 0.1); the reported loss stays the next-token one.
+        mtp_loss_weight: float = 0.3
 
         def _validate_values(self):
             yield from super()._validate_values()
@@ -239,6 +251,10 @@ class Decoder(CausalLanguageModel):
             if self.attention_block_size < 1:
                 yield "attention_block_size", f"must be >= 1, got {self.attention_block_size}"
             yield from _pattern_problems(self)
+            if self.mtp_depths < 0:
+                yield "mtp_depths", f"must be >= 0, got {self.mtp_depths}"
+            if self.mtp_loss_weight < 0:
+                yield "mtp_loss_weight", f"must be >= 0, got {self.mtp_loss_weight}"
 
     def __init__(self, cfg=None, *, parent=None, **fields):
         super().__init__(cfg, parent=parent, **fields)
@@ -286,6 +302,12 @@ class Decoder(CausalLanguageModel):
         if cfg.norm_zero_centered:
             final_norm.zero_centered = True
         self._add_child("final_norm", final_norm)
+        if cfg.mtp_depths:  # (A full-attention block of the stack's MLP: DeepSeek-V3's MoE.)
+            depth_block = _block_of_kind(cfg, block, "full", output_init)
+            self._add_child("prediction", TokenPredictions.default_config().set(
+                num_depths=cfg.mtp_depths, depth=TokenPrediction.default_config().set(
+                    model_dim=cfg.model_dim, norm=final_norm,
+                    block=depth_block.clone(remat_policy=cfg.layer_remat_policy))))
         # (A checkpoint of the former GPT class restores with its param paths mapped.)
         self.checkpoint_renames = (GPT_CHECKPOINT_RENAMES
                                    if cfg.position_embedding == "learned" else {})
@@ -308,11 +330,42 @@ class Decoder(CausalLanguageModel):
                                      path=f"{path}.attention_implementation")
         if self.config.moe is not None:
             check_moe_binding(self.config.moe, binding, path=f"{path}.moe")
+        split = binding.active(RESIDUAL_SEQUENCE) or binding.axis(SEQUENCE)
+        if self.config.mtp_depths and split is not None:
+            raise errors.PlanError(
+                f"the multi-token-prediction depths read tokens further along the sequence, "
+                f"which mesh axis {split!r} splits (sequence or context parallelism): not "
+                f"implemented yet", path=f"{path}.mtp_depths",
+                suggestion="set it to 0, or train without sequence / context parallelism")
         super().check_axis_binding(binding, path=path)
 
     @nowrap
     def head(self) -> VocabParallelEmbedding:
         return self.token_emb if self.config.tie_embeddings else self.lm_head
+
+    def extra_heads(self, hidden: jax.Array, batch: Dict[str, jax.Array], *,
+                    weights: jax.Array, token_embeddings: Optional[jax.Array] = None
+                    ) -> Optional[ExtraHeads]:
+        """The multi-token-prediction depths' head inputs in training, their loss sum
+        ``mtp_loss_weight / D x (L_1 + ... + L_D)`` (layers/token_prediction.py); none in
+        evaluation or without depths."""
+        if "prediction" not in self.children or not self.is_training:
+            return None
+        if token_embeddings is None:  # (A pipeline's last stage: one lookup for every depth.)
+            token_embeddings = self.embed(batch["input_ids"], batch.get("positions"))
+        return prediction_heads(self, hidden, batch, weights=weights,
+                                token_embeddings=token_embeddings,
+                                loss_weight=self.config.mtp_loss_weight)
+
+    @nowrap
+    def flops_per_token(self, seq_len: int) -> float:
+        """The stack's count (``CausalLanguageModel.flops_per_token``: the depths' params are
+        among the model's) plus each multi-token-prediction depth's own pass through the LM
+        head and its attention over the sequence."""
+        cfg = self.config
+        depths = cfg.mtp_depths * (6.0 * self.padded_vocab_size * cfg.model_dim
+                                   + 12.0 * self.attention_width() * seq_len)
+        return super().flops_per_token(seq_len) + depths
 
     @nowrap
     def attention_width(self) -> int:
