@@ -85,7 +85,7 @@ def deepseek_v3_671b():
     # As DeepSeek-V3 trained: bfloat16 compute over float32 master params, AdamW's moments
     # stored in bfloat16.
     cfg.precision.set(bfloat16=True, enable_x32_params=True)
-    cfg.learner.optimizer.moments_dtype = "bfloat16"
+    cfg.learner.optimizer.set(moments_dtype="bfloat16", b2=0.95)  # (The paper's b2.)
     # FSDP over data x expert for every param the experts' split leaves free (the dense ones
     # spread over all 256 devices, the experts over data on top of their expert split).
     cfg.plan.zero = ZeRO.default_config().set(stage=3, grad_sync="per_microbatch",

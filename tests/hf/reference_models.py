@@ -97,6 +97,29 @@ def _qwen3_5():
     return model
 
 
+def _qwen3_5_moe():
+    """Qwen 3.5 MoE's text model: Qwen 3.5's layers (one linear then one full attention,
+    twice), each MLP four experts (two per token) beside a shared expert with its sigmoid gate;
+    the zero-started norms and decay params, and the gate, given values of their own."""
+    import torch
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeForCausalLM
+    model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=4,
+        num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"] * 2,
+        max_position_embeddings=64, initializer_range=0.3, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25}))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or "A_log" in name or "dt_bias" in name or "expert_gate" in name:
+                param.copy_(torch.randn_like(param) * 0.3)
+    return model
+
+
 def _gemma3():
     """Gemma 3's text model: two sliding layers (window 5, plain RoPE at base 10000) then a full
     one (base 1000000, scaled linearly by 2), twice, then one sliding layer more (the stack's
@@ -146,6 +169,22 @@ def _qwen3_5_vision():
     vision = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                   patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
     return Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
+
+
+def _qwen3_5_moe_vision():
+    """Qwen 3.5 MoE as published: multimodal, a (tiny) vision encoder beside the language
+    model."""
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+    text = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=4,
+                num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"],
+                max_position_embeddings=64, initializer_range=0.3)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    return Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text,
+                                                               vision_config=vision))
 
 
 def _gpt_oss():
@@ -240,7 +279,9 @@ BUILDERS: Dict[str, Callable] = {"llama": _llama, "qwen3": _qwen3, "qwen2": _qwe
                                  "gemma3_vision": _gemma3_vision,
                                  "qwen3_5_vision": _qwen3_5_vision, "gpt_oss": _gpt_oss,
                                  "deepseek_v3": _deepseek_v3,
-                                 "deepseek_v3_q_proj": _deepseek_v3_q_proj}
+                                 "deepseek_v3_q_proj": _deepseek_v3_q_proj,
+                                 "qwen3_5_moe": _qwen3_5_moe,
+                                 "qwen3_5_moe_vision": _qwen3_5_moe_vision}
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from titanax.hf import exporter, importer
 from titanax.hf.safetensors_io import SafetensorsFile
 
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj")
+         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj", "qwen3_5_moe")
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +257,7 @@ def test_safetensors_views_read_what_the_reference_wrote(root):
 def test_export_refuses_a_family_that_would_drop_a_part(root):
     from titanax.hf.model_configs import hf_config_from_model
     llama = importer.model_config(ref.saved_model("llama", root))  # llama3 scaling, no QK-norm
-    with pytest.raises(errors.HFError, match="qwen3_5_text and gemma3_text have QK-norm and no other"):
+    with pytest.raises(errors.HFError, match="qwen3_5 and gemma3_text have QK-norm and no other"):
         hf_config_from_model(llama, model_type="qwen3")
     windowed = importer.model_config(ref.saved_model("mistral", root))
     with pytest.raises(errors.HFError, match="only mistral, mixtral and gemma3_text have one"):
@@ -273,6 +273,13 @@ def test_export_refuses_a_family_that_would_drop_a_part(root):
     moe.moe.router.balance_rate = 0.01
     with pytest.raises(errors.HFError, match="the expert bias that chooses"):
         hf_config_from_model(moe)
+    # A shared expert with its own gate: Qwen 3.5 MoE's; DeepSeek-V3's shared experts have none.
+    qwen3_5_moe = importer.model_config(ref.saved_model("qwen3_5_moe", root))
+    with pytest.raises(errors.HFError, match="qwen3_5_moe_text has a shared expert with its own"):
+        hf_config_from_model(qwen3_5_moe.clone(moe=qwen3_5_moe.moe.clone(shared_gate=False)))
+    deepseek = importer.model_config(ref.saved_model("deepseek_v3", root))
+    with pytest.raises(errors.HFError, match="shared experts have no gate of their own"):
+        hf_config_from_model(deepseek.clone(moe=deepseek.moe.clone(shared_gate=True)))
     # Latent attention and dense first layers: DeepSeek-V3's only.
     deepseek = importer.model_config(ref.saved_model("deepseek_v3", root))
     with pytest.raises(errors.HFError, match="deepseek_v3 -- and only it -- has latent"):

@@ -200,6 +200,21 @@ def _qwen3_5(directory):
     return "Qwen3_5ForCausalLM"
 
 
+def _qwen3_5_moe(directory):
+    """Qwen 3.5 MoE's text model: a Gated DeltaNet layer and a gated attention, each MLP four
+    experts beside a gated shared expert."""
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeForCausalLM
+    Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(
+        vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, num_experts=4, num_experts_per_tok=2,
+        layer_types=["linear_attention", "full_attention"], max_position_embeddings=128,
+        initializer_range=0.1)).save_pretrained(directory)
+    return "Qwen3_5MoeForCausalLM"
+
+
 def _gemma3(directory):
     """Gemma 3's text model, its head tied to its sqrt(width)-scaled embeddings: two sliding
     layers and a full one, then a sliding one after the stack."""
@@ -269,13 +284,14 @@ def _deepseek_v3_with_prediction(directory):
 @pytest.mark.parametrize("family,experiment,flags", [
     (_qwen3_5, "llama_tiny_dp_tp", ()), (_gemma3, "llama_tiny_dp_tp", ()),
     (_gpt_oss, "moe_tiny_ep", ()),
-    (_deepseek_v3_with_prediction, "moe_tiny_ep", ("--config.model.mtp_depths=1",))],
-    ids=["qwen3_5", "gemma3", "gpt_oss", "deepseek_v3"])
+    (_deepseek_v3_with_prediction, "moe_tiny_ep", ("--config.model.mtp_depths=1",)),
+    (_qwen3_5_moe, "moe_tiny_ep", ())],
+    ids=["qwen3_5", "gemma3", "gpt_oss", "deepseek_v3", "qwen3_5_moe"])
 def test_todays_families_fine_tune_export_and_load_in_transformers(family, experiment, flags,
                                                                    tmp_path):
     """Today's families (bytes for a vocabulary) through the Interface's commands: fine-tuned 3
-    steps from their directory (dense ones on data 4 x TP 2, gpt-oss's and DeepSeek-V3's experts
-    on data 2 x expert 4; DeepSeek-V3's multi-token-prediction depth trained too, from its
+    steps from their directory (dense ones on data 4 x TP 2, gpt-oss's, DeepSeek-V3's and Qwen
+    3.5 MoE's experts on data 2 x expert 4; DeepSeek-V3's multi-token-prediction depth trained too, from its
     checkpoint's layer, and reported per step), exported, loaded by transformers' own class
     with Titanax's logits; ``generate --hf`` on the export gives the run's greedy ids."""
     import torch

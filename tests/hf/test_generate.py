@@ -39,7 +39,9 @@ def hf_greedy(directory, prompt_ids, new_tokens=NEW_TOKENS):
     # gpt-oss: sinks in every cached step, experts dropless.
     ("gpt_oss", 1, 1), ("gpt_oss", 4, 2),
     # DeepSeek-V3: the latent cache, a dense first layer's own cache.
-    ("deepseek_v3", 1, 1), ("deepseek_v3", 4, 2)])
+    ("deepseek_v3", 1, 1), ("deepseek_v3", 4, 2),
+    # Qwen 3.5 MoE: Gated DeltaNet's caches, experts and the gated shared expert.
+    ("qwen3_5_moe", 1, 1), ("qwen3_5_moe", 4, 2)])
 def test_greedy_tokens_equal_transformers(kind, data, model, root):
     import jax
     directory = ref.saved_model(kind, root)

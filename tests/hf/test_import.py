@@ -12,7 +12,7 @@ from titanax.modules.module import functional
 
 # Every family, its logits against transformers' (float32; the parity bound of tests/numerics).
 KINDS = ("llama", "qwen3", "qwen2", "mistral", "gpt2", "qwen3_moe", "mixtral", "qwen3_sliding",
-         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj")
+         "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj", "qwen3_5_moe")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_one_device_logits_equal_transformers(kind, root):
 @pytest.mark.parametrize("kind,data,model", [
     ("llama", 4, 2), ("qwen3", 4, 2), ("qwen2", 4, 2), ("mistral", 4, 2), ("gpt2", 4, 2),
     ("qwen3_sliding", 4, 2), ("qwen3_5", 4, 2), ("gemma3", 4, 2), ("gpt_oss", 4, 2),
-    ("deepseek_v3", 4, 2),
+    ("deepseek_v3", 4, 2), ("qwen3_5_moe", 4, 2),
     # TP=4 over 2 (llama, qwen3) and 1 (mistral) kv heads: kv kept whole on every rank.
     ("llama", 2, 4), ("qwen3", 2, 4), ("mistral", 2, 4)])
 def test_tensor_parallel_logits_equal_transformers(kind, data, model, root):
@@ -77,7 +77,7 @@ def _hf_mean_loss(directory, batch):
     return -np.take_along_axis(log_probs, batch["target_ids"][..., None], -1).mean()
 
 
-@pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe"])
 def test_expert_parallel_logits_equal_transformers(kind, root):
     """Experts over expert=4 (one each), tokens exchanged all-to-all, dropless: transformers'
     logits (gpt-oss: the experts' biases, the router's, the clamped SwiGLU)."""
@@ -92,7 +92,7 @@ def test_expert_parallel_logits_equal_transformers(kind, root):
                  what=f"{kind} logits on data=2 x expert=4")
 
 
-@pytest.mark.parametrize("kind", ["mistral", "gemma3", "qwen3_5"])
+@pytest.mark.parametrize("kind", ["mistral", "gemma3", "qwen3_5", "qwen3_5_moe"])
 def test_context_parallel_eval_loss_equals_transformers(kind, root):
     """Context parallelism over 4 devices (each holds two eighths of every row; sliding windows
     reach across the cuts, Gated DeltaNet's state and convolution cross them): the eval loss is
@@ -105,7 +105,8 @@ def test_context_parallel_eval_loss_equals_transformers(kind, root):
                  bound=CROSS_FRAMEWORK, what=f"{kind} eval loss, context=4")
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3_5", "gemma3", "gpt_oss", "deepseek_v3",
+                                  "qwen3_5_moe"])
 def test_fsdp_logits_equal_transformers(kind, root):
     """FSDP: every param split over data=8 where a dimension divides; gathered for the call
     (a layer pattern's members one repetition at a time; DeepSeek-V3's dense first layer
@@ -122,9 +123,9 @@ def test_fsdp_logits_equal_transformers(kind, root):
                  what=f"{kind} logits, FSDP data=8")
 
 
-@pytest.mark.parametrize("kind", ["gemma3_vision", "qwen3_5_vision"])
+@pytest.mark.parametrize("kind", ["gemma3_vision", "qwen3_5_vision", "qwen3_5_moe_vision"])
 def test_a_multimodal_checkpoint_loads_its_language_model(kind, root):
-    """Gemma 3 and Qwen 3.5 as mostly published -- multimodal: the language model's logits are
+    """Gemma 3, Qwen 3.5 and Qwen 3.5 MoE as mostly published -- multimodal: the language model's logits are
     transformers' multimodal model's on text (its vision tower left out, and said so)."""
     import torch
     from transformers import AutoModelForImageTextToText

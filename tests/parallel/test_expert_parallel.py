@@ -136,6 +136,14 @@ def test_fsdp_also_over_the_expert_axis_trains_like_one_device():
     spans both, its transpose sums over both), the experts over data on top of their expert
     split -- every param spread over all eight devices, the steps those of one device."""
     engine = _engine({"data": 2, "expert": 4}, fsdp=True, also_over=("expert",))
+    one = _engine()
+    ids = np.asarray(BATCHES[0]["input_ids"])
+    for run in (engine, one):
+        run.init_state()
+    # A model call outside the step (generation, evaluation harnesses) gathers them too.
+    logits = engine.steps.model_method("logits")(engine.state.params, ids)
+    assert_close(np.asarray(logits), np.asarray(one.steps.model_method("logits")(
+        one.state.params, ids)), what="logits of a model call")
     want_losses, want_updates = _one_device()
     losses, updates, engine = _updates(engine)
     assert_close(losses, want_losses, what="losses")

@@ -6,6 +6,7 @@ import pytest
 
 from titanax import errors
 from titanax.parallel.context_parallel import CP
+from titanax.parallel.expert_parallel import EP
 from titanax.parallel.plan import DP, PP, TP, Plan, ZeRO
 from titanax.runtime.mesh import MeshSpec
 
@@ -113,6 +114,28 @@ def test_batch_divisibility_names_the_numbers():
      "pipeline_parallel.virtual_stages", "need schedule='circular'"),
     (dict(pipeline_parallel=PP.default_config().set(checkpoint_ratio=2.0)),
      "pipeline_parallel.checkpoint_ratio", "must be in [0, 1]"),
+    (dict(data_parallel=DP.default_config(), expert_parallel=EP.default_config(),
+          zero=ZeRO.default_config().set(stage=1, also_over=("expert",))),
+     "zero.also_over", "needs stage=3"),
+    (dict(data_parallel=DP.default_config(), expert_parallel=EP.default_config(),
+          zero=ZeRO.default_config().set(stage=3, grad_sync="per_step", also_over=("expert",))),
+     "zero.also_over", "grad_sync='per_microbatch'"),
+    (dict(data_parallel=DP.default_config(), tensor_parallel=TP.default_config(),
+          zero=ZeRO.default_config().set(stage=3, also_over=("model",))),
+     "zero.also_over", "does not split the batch's rows"),
+    (dict(data_parallel=DP.default_config(),
+          zero=ZeRO.default_config().set(stage=3, also_over=("data",))),
+     "zero.also_over", "is the ZeRO axis itself"),
+    (dict(data_parallel=DP.default_config(), expert_parallel=EP.default_config(),
+          zero=ZeRO.default_config().set(stage=3, also_over=("expert", "expert"))),
+     "zero.also_over", "names a mesh axis twice"),
+    (dict(data_parallel=DP.default_config(), expert_parallel=EP.default_config(),
+          zero=ZeRO.default_config().set(stage=3, axis="fsdp", also_over=("expert",))),
+     "zero.also_over", "HSDP"),
+    (dict(data_parallel=DP.default_config(), expert_parallel=EP.default_config(),
+          pipeline_parallel=PP.default_config(),
+          zero=ZeRO.default_config().set(stage=3, also_over=("expert",))),
+     "zero.also_over", "a pipeline's"),
 ])
 def test_config_level_plan_errors_have_paths(cfg_changes, path, text):
     cfg = Plan.default_config().set(**cfg_changes)

@@ -38,14 +38,16 @@ def test_adamw_decay_is_scaled_per_param_and_matches_optax_where_full():
 
 
 def test_adam_moments_stored_in_bfloat16_follow_optax_to_their_rounding():
-    """``moments_dtype="bfloat16"`` (DeepSeek-V3's AdamW states): moments stored in bfloat16,
-    the update computed in float32 -- over five steps within bfloat16's rounding of optax's
-    float32 AdamW, and a state of optax's structure; float16 is refused by name."""
+    """``moments_dtype="bfloat16"`` (DeepSeek-V3's AdamW states, b2 0.95): moments stored in
+    bfloat16, the update computed in float32 -- over five steps within bfloat16's rounding of
+    optax's float32 AdamW, a state of optax's structure; after a spike the second moment falls
+    back to the gradients' square (a bfloat16 moment with b2 0.999 would not: refused by
+    name, as float16 moments are)."""
     rng = np.random.default_rng(0)
     params = {"w": jnp.asarray(rng.normal(size=(64,)), jnp.float32)}
-    ours = optimizers.adamw(0.01, weight_decay=0.1, moments_dtype="bfloat16",
+    ours = optimizers.adamw(0.01, b2=0.95, weight_decay=0.1, moments_dtype="bfloat16",
                             decay_scales={"w": 1.0})
-    reference = optax.adamw(0.01, weight_decay=0.1)
+    reference = optax.adamw(0.01, b2=0.95, weight_decay=0.1)
     state, reference_state = ours.init(params), reference.init(params)
     for step in range(5):
         grads = {"w": jnp.asarray(rng.normal(size=(64,)) * 10.0 ** -step, jnp.float32)}
@@ -56,9 +58,15 @@ def test_adam_moments_stored_in_bfloat16_follow_optax_to_their_rounding():
     adam = state[0]
     assert adam.mu["w"].dtype == jnp.bfloat16 and adam.nu["w"].dtype == jnp.bfloat16
     assert int(adam.count) == 5 and float(jnp.min(adam.nu["w"])) > 0
-    with pytest.raises(errors.ConfigError, match="moments_dtype"):
-        config_for_function(optimizers.adamw).set(learning_rate=0.1,
-                                                  moments_dtype="float16").validate()
+    spike = ours.update({"w": jnp.full(64, 0.1)}, state, params)[1]
+    small = {"w": jnp.full(64, 0.01, jnp.float32)}
+    for _ in range(400):
+        _, spike = ours.update(small, spike, params)
+    # The fixed point's bound: within 2^-8 / (1 - b2) of g^2 = 1e-4.
+    assert float(jnp.max(spike[0].nu["w"])) <= 1e-4 * (1 + 2.0 ** -8 / 0.05)
+    for changes in (dict(moments_dtype="float16"), dict(moments_dtype="bfloat16", b2=0.999)):
+        with pytest.raises(errors.ConfigError, match="moments_dtype|b2"):
+            config_for_function(optimizers.adamw).set(learning_rate=0.1, **changes).validate()
 
 
 def test_lion_and_sgd_momentum():

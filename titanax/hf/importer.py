@@ -113,7 +113,7 @@ def _unread_prediction_tensor(name: str, model_cfg: ConfigBase, source: Any) -> 
     not read: a depth past its ``mtp_depths`` (transformers reads none), or a depth's copy of
     the embedding or head it shares."""
     config = getattr(source, "config", None) or {}
-    depths = int(config.get("num_nextn_predict_layers") or 0)
+    depths = int(config.get("num_nextn_predict_layers") or config.get("num_mtp_layers") or 0)
     parts = name.split(".")
     if not depths or len(parts) < 4 or parts[:2] != ["model", "layers"] or \
             not parts[2].isdigit():

@@ -32,16 +32,18 @@ NEUTRAL_KEYS = frozenset({
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text", "gemma3_text")
 # Decoders whose MLPs are mixtures of experts.
-MOE_TYPES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")
+MOE_TYPES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe_text")
 MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
+# Qwen 3.5's families: the dense text model and its mixture-of-experts variant.
+QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
 
 
 def _refuse(key: str, value: Any, why: str, *, where: str) -> errors.HFError:
     return errors.HFError(f"{key}={value!r}: {why}", path=f"{where}: {key}",
                           suggestion="Titanax imports GPT-2, Llama, Qwen 2/3, Qwen 3 MoE, "
-                                     "Qwen 3.5 (text), Gemma 3 (text), gpt-oss, Mistral and "
-                                     "Mixtral checkpoints as published; this one differs where "
-                                     "named")
+                                     "Qwen 3.5 and 3.5 MoE (text), Gemma 3 (text), gpt-oss, "
+                                     "DeepSeek-V3, Mistral and Mixtral checkpoints as "
+                                     "published; this one differs where named")
 
 
 class _Reader:
@@ -85,8 +87,8 @@ def model_type_of(hf: Mapping[str, Any], *, where: str) -> str:
         raise errors.HFError(f"model_type {model_type!r} is not supported",
                              path=f"{where}: model_type",
                              suggestion=f"supported: {', '.join(MODEL_TYPES)}; and the "
-                                        "language model of multimodal gemma3 and qwen3_5 "
-                                        "directories")
+                                        "language model of multimodal gemma3, qwen3_5 and "
+                                        "qwen3_5_moe directories")
     return model_type
 
 
@@ -210,9 +212,22 @@ def _rope_scaling(r: _Reader, rope_type: str, params: Dict[str, Any], *, where: 
     return scaling_cfg
 
 
-def _qwen3_5_text(r: _Reader) -> Decoder.Config:
+def _qwen3_5_moe_text(r: _Reader) -> Decoder.Config:
+    """Qwen 3.5 MoE's text model (``Qwen3_5MoeForCausalLM``): Qwen 3.5's layers, each MLP a
+    mixture of experts (softmax top-k, the chosen gates renormalised) beside a shared expert
+    scaled by its own sigmoid gate (``shared_expert_gate``)."""
+    cfg = _qwen3_5_text(r, moe_model=True)
+    cfg.name = "qwen3_5_moe_text"
+    cfg.moe = _moe(r, "qwen3_5_moe_text").set(
+        shared_hidden_dim=r.required("shared_expert_intermediate_size"), shared_gate=True)
+    cfg.moe.router.normalize_top_k = True  # (Always, in transformers' Qwen3_5MoeTopKRouter.)
+    return cfg
+
+
+def _qwen3_5_text(r: _Reader, *, moe_model: bool = False) -> Decoder.Config:
     """Qwen 3.5's text model (``Qwen3_5ForCausalLM``): its ``layer_types`` -- Gated DeltaNet
-    ``linear_attention`` and gated ``full_attention`` -- as a layer pattern."""
+    ``linear_attention`` and gated ``full_attention`` -- as a layer pattern (``moe_model``: the
+    MoE variant's, which has no dense MLP width)."""
     r.expect("hidden_act", lambda v: v == "silu", "Qwen 3.5's MLP and convolution use silu",
              "silu")
     r.expect("attention_bias", lambda v: not v, "Qwen 3.5's attention has no biases", False)
@@ -244,7 +259,8 @@ def _qwen3_5_text(r: _Reader) -> Decoder.Config:
         max_seq_len=r.required("max_position_embeddings"), num_layers=len(kinds),
         model_dim=r.required("hidden_size"), num_heads=heads,
         num_kv_heads=r.get("num_key_value_heads") or heads, head_dim=r.get("head_dim"),
-        hidden_dim=r.required("intermediate_size"), norm_eps=eps, qk_norm=True,
+        hidden_dim=r.get("intermediate_size") if moe_model else r.required("intermediate_size"),
+        norm_eps=eps, qk_norm=True,
         norm_zero_centered=True, attention_output_gate=True,
         layer_pattern=_shortest_period(kinds) if "linear" in kinds else None,
         linear_attention=linear if "linear" in kinds else None,
@@ -491,6 +507,8 @@ def _window_of(r: _Reader, sliding: bool) -> Optional[int]:
 def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
     if model_type == "qwen3_5_text":
         return _qwen3_5_text(r)
+    if model_type == "qwen3_5_moe_text":
+        return _qwen3_5_moe_text(r)
     if model_type == "gpt_oss":
         return _gpt_oss(r)
     if model_type == "gemma3_text":
@@ -585,7 +603,7 @@ def _moe(r: _Reader, model_type: str) -> MoE.Config:
         experts = r.get("num_local_experts") or r.required("num_experts")
         hidden = r.required("moe_intermediate_size")
         r.get("intermediate_size")  # The dense MLPs' width: kept for the export only.
-        normalize = bool(r.get("norm_topk_prob", False))
+        normalize = bool(r.get("norm_topk_prob", model_type == "qwen3_5_moe_text"))
         r.expect("decoder_sparse_step", lambda v: v in (None, 1),
                  "every layer is a mixture of experts in Titanax's decoder", 1)
         r.expect("mlp_only_layers", lambda v: not v,
@@ -622,12 +640,17 @@ def moe_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
         problems.append("the expert bias that chooses (router.balance_rate, choosing_bias) has "
                         "no place in this family's router (deepseek_v3's has one), and choosing "
                         "without it changes the model")
-    if cfg.moe.shared_hidden_dim:
-        problems.append("neither family has shared experts")
+    qwen3_5 = model_type == "qwen3_5_moe_text"
+    if qwen3_5 and not (cfg.moe.shared_hidden_dim and cfg.moe.shared_gate):
+        problems.append("qwen3_5_moe_text has a shared expert with its own sigmoid gate "
+                        "(shared_hidden_dim, shared_gate)")
+    if not qwen3_5 and (cfg.moe.shared_hidden_dim or cfg.moe.shared_gate):
+        problems.append(f"{model_type} has no shared expert (qwen3_5_moe_text and deepseek_v3 "
+                        "have)")
     if cfg.moe.activation not in ("silu", "clamped_swiglu"):
         problems.append("HF's experts are SwiGLU (silu)")
-    if model_type == "mixtral" and not router.normalize_top_k:
-        problems.append("mixtral always renormalises the top-k gates")
+    if model_type in ("mixtral", "qwen3_5_moe_text") and not router.normalize_top_k:
+        problems.append(f"{model_type} always renormalises the top-k gates")
     return problems
 
 
@@ -642,6 +665,8 @@ def _deepseek_v3_moe_misfits(moe: MoE.Config) -> List[str]:
     if router.bias or moe.expert_bias or moe.activation != "silu":
         problems.append("deepseek_v3's router and experts have no biases; its experts are "
                         "SwiGLU (silu)")
+    if moe.shared_gate:
+        problems.append("deepseek_v3's shared experts have no gate of their own")
     if moe.shared_hidden_dim % moe.hidden_dim:
         problems.append(f"deepseek_v3's shared experts are n_shared_experts x "
                         f"moe_intermediate_size={moe.hidden_dim} wide (shared_hidden_dim is "
@@ -679,7 +704,7 @@ def default_model_type(cfg: Decoder.Config) -> str:
         return "gpt_oss"
     if cfg.norm_zero_centered or cfg.attention_output_gate or \
             "linear" in (cfg.layer_pattern or ()):
-        return "qwen3_5_text"
+        return "qwen3_5_moe_text" if cfg.moe is not None else "qwen3_5_text"
     if cfg.moe is not None:
         return "qwen3_moe" if cfg.qk_norm else "mixtral"
     if cfg.qk_norm:
@@ -696,7 +721,7 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     or ignore it: a model that loads and is wrong)."""
     problems: List[str] = moe_misfits(cfg, model_type)
     # The family's GPT-2 switches, which no RoPE family computes.
-    qwen3_5, gemma3 = model_type == "qwen3_5_text", model_type == "gemma3_text"
+    qwen3_5, gemma3 = model_type in QWEN3_5_TYPES, model_type == "gemma3_text"
     for name, want in (("norm", "rms"), ("mlp_activation", "gelu_tanh" if gemma3 else "silu"),
                        ("gated_mlp", True), ("fused_qkv", False),
                        ("norm_zero_centered", qwen3_5 or gemma3),
@@ -713,17 +738,17 @@ def _misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
         problems.append("gpt_oss has attention sinks and no other family does")
     if model_type == "gpt_oss" and cfg.qkv_bias != cfg.attention_output_bias:
         problems.append("gpt_oss's attention_bias sets q/k/v and output biases together")
-    if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe", "qwen3_5_text", "gemma3_text")):
-        problems.append("qwen3, qwen3_moe, qwen3_5_text and gemma3_text have QK-norm and no "
+    if cfg.qk_norm != (model_type in ("qwen3", "qwen3_moe", "gemma3_text") + QWEN3_5_TYPES):
+        problems.append("qwen3, qwen3_moe, qwen3_5 and gemma3_text have QK-norm and no "
                         "other family does")
     if cfg.rotary_fraction != 1.0 and not qwen3_5:
         problems.append(f"{model_type} rotates whole heads (rotary_fraction is "
                         f"{cfg.rotary_fraction})")
     if qwen3_5 and (cfg.qkv_bias or cfg.attention_output_bias):
-        problems.append("qwen3_5_text has no attention biases")
+        problems.append(f"{model_type} has no attention biases")
     if qwen3_5 and cfg.linear_attention is not None and \
             cfg.linear_attention.norm_eps != cfg.norm_eps:
-        problems.append("qwen3_5_text's Gated DeltaNet norm has the model's rms_norm_eps")
+        problems.append(f"{model_type}'s Gated DeltaNet norm has the model's rms_norm_eps")
     if model_type == "qwen2" and (not cfg.qkv_bias or cfg.attention_output_bias):
         problems.append("qwen2 has q/k/v biases and no output bias")
     if model_type in ("llama", "qwen3", "qwen3_moe") and \
@@ -787,8 +812,8 @@ def _deepseek_v3_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
 def _pattern_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
     """What of the layers' kinds and windows ``model_type`` would not compute."""
     qwen = model_type in ("qwen2", "qwen3", "qwen3_moe")
-    if cfg.layer_pattern is None and model_type == "qwen3_5_text" and cfg.sliding_window:
-        return ["qwen3_5_text has no sliding window"]
+    if cfg.layer_pattern is None and model_type in QWEN3_5_TYPES and cfg.sliding_window:
+        return [f"{model_type} has no sliding window"]
     if cfg.layer_pattern is None:
         if cfg.sliding_window is not None and \
                 model_type not in ("mistral", "mixtral", "gemma3_text", "gpt_oss"):
@@ -797,9 +822,9 @@ def _pattern_misfits(cfg: Decoder.Config, model_type: str) -> List[str]:
         return []
     problems = []
     kinds = set(cfg.layer_pattern)
-    if model_type == "qwen3_5_text":
+    if model_type in QWEN3_5_TYPES:
         if kinds - {"linear", "full"}:
-            problems.append("qwen3_5_text has linear_attention and full_attention layers only")
+            problems.append(f"{model_type} has linear_attention and full_attention layers only")
     elif not (qwen or model_type in ("gemma3_text", "gpt_oss")):
         problems.append("only qwen2, qwen3, qwen3_moe, qwen3_5_text and gemma3_text name each "
                         "layer's kind (layer_types)")
@@ -987,7 +1012,8 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
     architectures = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                      "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                     "qwen3_5_text": "Qwen3_5ForCausalLM"}
+                     "qwen3_5_text": "Qwen3_5ForCausalLM",
+                     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
     head_dim = cfg.head_dim or cfg.model_dim // cfg.num_heads
     rope = _rope_to_hf(cfg.rope_theta, cfg.rope_scaling)
     out: Dict[str, Any] = {
@@ -1010,10 +1036,16 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
         out.update(attention_bias=cfg.qkv_bias)
     if model_type in ("qwen2", "qwen3", "qwen3_moe"):
         out.update(_qwen_layer_types_to_hf(cfg))
-    if model_type == "qwen3_5_text":
+    if model_type in QWEN3_5_TYPES:
         out.update(_qwen3_5_to_hf(cfg))
     if model_type in ("mistral", "mixtral"):
         out.update(sliding_window=cfg.sliding_window)
+    return _with_moe_keys(out, cfg, model_type)
+
+
+def _with_moe_keys(out: Dict[str, Any], cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
+    """``out`` with the keys of ``model_type``'s experts (Mixtral's, Qwen 3 MoE's, Qwen 3.5
+    MoE's; none for a dense family)."""
     moe = cfg.moe
     if model_type == "mixtral":
         out.update(num_local_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
@@ -1024,6 +1056,13 @@ def _decoder_to_hf(cfg: Decoder.Config, model_type: str) -> Dict[str, Any]:
         out.update(num_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
                    moe_intermediate_size=moe.hidden_dim, norm_topk_prob=moe.router.normalize_top_k,
                    decoder_sparse_step=1, mlp_only_layers=[],
+                   router_aux_loss_coef=moe.aux_loss_weight * cfg.num_layers,
+                   output_router_logits=moe.aux_loss_weight > 0)
+    if model_type == "qwen3_5_moe_text":
+        del out["intermediate_size"]  # (No dense MLP.)
+        out.update(num_experts=moe.num_experts, num_experts_per_tok=moe.top_k,
+                   moe_intermediate_size=moe.hidden_dim,
+                   shared_expert_intermediate_size=moe.shared_hidden_dim,
                    router_aux_loss_coef=moe.aux_loss_weight * cfg.num_layers,
                    output_router_logits=moe.aux_loss_weight > 0)
     return out

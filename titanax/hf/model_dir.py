@@ -28,9 +28,10 @@ INDEX = "model.safetensors.index.json"
 TOKENIZER = "tokenizer.json"
 
 # Multimodal model types -> the model type of their language model (its text_config).
-MULTIMODAL = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}
+MULTIMODAL = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text",
+              "qwen3_5_moe": "qwen3_5_moe_text"}
 # Whether their heads are tied when config.json does not say (transformers' class defaults).
-MULTIMODAL_TIED = {"gemma3": True, "qwen3_5": False}
+MULTIMODAL_TIED = {"gemma3": True, "qwen3_5": False, "qwen3_5_moe": False}
 # Where a multimodal checkpoint keeps its language model -> the text model's own names
 # (transformers 5 writes Gemma 3's in the older layout, Qwen 3.5's in the newer).
 LANGUAGE_MODEL_PREFIXES = (("language_model.model.", "model."),

@@ -469,11 +469,15 @@ def _experts(cfg: Decoder.Config, layer) -> List[TensorMap]:
     if moe.router.choosing_bias or moe.router.balance_rate:  # (DeepSeek-V3's.)
         maps.append(layer("mlp/router/expert_bias", f"{block}.gate.e_score_correction_bias",
                           same()))
-    if moe.shared_hidden_dim:
-        shared, names = moe.shared_hidden_dim, f"{block}.shared_experts."
+    if moe.shared_hidden_dim:  # (DeepSeek-V3's shared_experts; Qwen 3.5's gated one.)
+        shared = moe.shared_hidden_dim
+        names = f"{block}.shared_expert{'' if moe.shared_gate else 's'}."
         maps += [layer("mlp/shared_gate_up_weight", (names + "gate_proj.weight",
                                                      names + "up_proj.weight"),
                        stacked_transposed(2, (d, 2, shared))),
                  layer("mlp/shared_down_weight", names + "down_proj.weight",
                        transposed((shared, d)))]
+    if moe.shared_gate:
+        maps.append(layer("mlp/shared_gate_weight", f"{block}.shared_expert_gate.weight",
+                          reshaped((d,), (1, d))))
     return maps

@@ -81,7 +81,7 @@ def gathered(state: Any) -> Any:
 def wrap(params: Any, dims: Any, *, axis: str, axes: Any = None) -> Any:
     """``params`` (local shards) with each sharded leaf wrapped; ``dims`` from
     ``parallel.state_dims.choose_dims`` (None: a whole param, left as it is); ``axes``: per
-    param, the mesh axes it is split over (``state_dims.split_axes``; None: ``axis``)."""
+    param, the mesh axes it is split over (``state_dims.choose_dims_and_axes``; None: ``axis``)."""
     if axes is None:
         return jax.tree_util.tree_map(
             lambda p, d: p if d is None else GatherOnUse(p, axis=axis, dim_from_end=p.ndim - d),

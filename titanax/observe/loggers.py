@@ -107,8 +107,7 @@ class Basic(Logger):
             if column.startswith("*/"):
                 matches = sorted(k for k in metrics if k.endswith(column[1:]))
                 shown += matches
-                labels.update({k: column[2:] if len(matches) == 1 else
-                               f"{column[2:]}({_model_child(k)})" for k in matches})
+                labels.update(_labels(matches, column[2:]))
             elif column.endswith("/*"):
                 shown += sorted(k for k in metrics if k.startswith(column[:-1]))
             elif column in metrics:
@@ -124,10 +123,18 @@ class Basic(Logger):
         print("  ".join(parts), file=sys.stdout, flush=True)
 
 
-def _model_child(metric: str) -> str:
-    """The model's child a layer summary comes from (``summaries/decoder/...`` -> decoder)."""
-    parts = metric.split("/")
-    return parts[1] if parts[0] == "summaries" and len(parts) > 2 else parts[0]
+def _labels(metrics: List[str], name: str) -> Dict[str, str]:
+    """``name`` for one layer summary; for several, ``name(where)`` with the fewest leading
+    parts of each one's module path that tell them apart (``summaries/decoder/...`` ->
+    decoder; two prediction depths -> prediction/0, prediction/1)."""
+    if len(metrics) <= 1:
+        return {m: name for m in metrics}
+    paths = [m.split("/")[1:] if m.startswith("summaries/") else m.split("/") for m in metrics]
+    for depth in range(1, max(len(p) for p in paths) + 1):
+        wheres = ["/".join(p[:depth]) for p in paths]
+        if len(set(wheres)) == len(wheres):
+            break
+    return {m: f"{name}({w})" for m, w in zip(metrics, wheres)}
 
 
 def _duration(seconds: float) -> str:

@@ -90,7 +90,11 @@ def _gathered(parameter_specs, param_specs, dims, mesh_shape, axis, itemsize):
     for leaf, spec, dim in zip(leaves, spec_leaves, dim_leaves):
         if dim is None:
             continue
-        gathered = _local_bytes(leaf.shape, spec, mesh_shape, itemsize) * size
+        # (Over the axes its spec names on that dimension: ZeRO's, and any also_over.)
+        entry = tuple(spec)[dim] if dim < len(tuple(spec)) else None
+        axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        factor = math.prod(mesh_shape[a] for a in axes) if axes else size
+        gathered = _local_bytes(leaf.shape, spec, mesh_shape, itemsize) * factor
         whole += gathered
         stacked = getattr(leaf, "stacked_dims", 0)
         if stacked:

@@ -283,21 +283,10 @@ class Plan(Configurable):
                 yield "data_parallel.sync_metrics", (
                     "reports one data shard's values, which context parallelism spreads over "
                     "several devices (each holding part of every row): leave it True")
-            if self.zero is not None:
-                rows = {part.axis for part in (self.data_parallel, self.expert_parallel)
-                        if part is not None} | ({self.zero.axis} - {None})
-                primary = self.zero.axis or (self.data_parallel.axis
-                                             if self.data_parallel is not None else None)
-                for axis in self.zero.also_over:
-                    if axis == primary:
-                        yield "zero.also_over", f"mesh axis {axis!r} is the ZeRO axis itself"
-                    elif axis not in rows:
-                        yield "zero.also_over", (
-                            f"mesh axis {axis!r} does not split the batch's rows (the data, "
-                            f"ZeRO or expert axis): a gradient gathered over it would be summed "
-                            f"over copies")
+            yield from self._also_over_problems()
             pp = self.pipeline_parallel
-            if self.zero is not None and self.zero.stage == 3 and pp is not None:
+            if self.zero is not None and self.zero.stage == 3 and pp is not None \
+                    and not self.zero.also_over:
                 if pp.stages:
                     yield "zero.stage", ("explicit pipeline stages hold every param on every pipe "
                                          "device; FSDP (stage 3) runs the stacked path only: use "
@@ -305,6 +294,34 @@ class Plan(Configurable):
                 elif self.zero.grad_sync == "per_microbatch":
                     yield "zero.grad_sync", ("FSDP under a pipeline gathers the params once per "
                                              "step: set it to 'per_step'")
+
+        def _also_over_problems(self):
+            """What ``zero.also_over`` cannot split over (see its field)."""
+            if self.zero is None:
+                return
+            rows = {part.axis for part in (self.data_parallel, self.expert_parallel)
+                    if part is not None} | ({self.zero.axis} - {None})
+            primary = self.zero.axis or (self.data_parallel.axis
+                                         if self.data_parallel is not None else None)
+            also = list(self.zero.also_over)
+            if len(set(also)) != len(also):
+                yield "zero.also_over", f"names a mesh axis twice: {also}"
+            if also and self.zero.axis is not None and self.data_parallel is not None \
+                    and self.zero.axis != self.data_parallel.axis:
+                yield "zero.also_over", (
+                    "with ZeRO's own axis (HSDP) is not built: the data all-reduce would "
+                    "cross the gathered axes again; give ZeRO the data axis")
+            if also and self.pipeline_parallel is not None:
+                yield "zero.also_over", ("gathers where each layer runs, which a pipeline's "
+                                         "FSDP (grad_sync='per_step') does not")
+            for axis in also:
+                if axis == primary:
+                    yield "zero.also_over", f"mesh axis {axis!r} is the ZeRO axis itself"
+                elif axis not in rows:
+                    yield "zero.also_over", (
+                        f"mesh axis {axis!r} does not split the batch's rows (the data, "
+                        f"ZeRO or expert axis): a gradient gathered over it would be summed "
+                        f"over copies")
 
         def _roles(self) -> Dict[str, str]:
             roles = {}

@@ -41,28 +41,48 @@ def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size:
     (``logical_axes.StatePreference``: a dimension, taken where it can carry the axis, and the
     dimensions they keep whole; None where the param names no axes). ``also_over``: (mesh
     axis, size) pairs split with ``axis`` where a param is not split over them already
-    (``split_axes`` says which, per param)."""
-    return _choose(parameter_specs, param_specs, axis=axis, axis_size=axis_size,
-                   min_shard_size=min_shard_size, dim_overrides=dim_overrides,
-                   preferred=preferred, also_over=also_over)[0]
+    (``choose_dims_and_axes`` says which, per param)."""
+    return choose_dims_and_axes(parameter_specs, param_specs, axis=axis, axis_size=axis_size,
+                                min_shard_size=min_shard_size, dim_overrides=dim_overrides,
+                                preferred=preferred, also_over=also_over)[0]
 
 
-def split_axes(param_specs: Any, dims: Any, *, axis: str,
-               also_over: Sequence[Tuple[str, int]] = ()) -> Any:
-    """Per param, the mesh axes its chosen dimension is split over: ``axis``, then each of
-    ``also_over`` its layout does not split already (None where it is kept whole)."""
-    def axes(partition, dim):
-        if dim is None:
-            return None
-        taken = rules.spec_axes(partition)
-        return (axis,) + tuple(a for a, _ in also_over if a not in taken)
+def choose_dims_and_axes(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size: int,
+                         min_shard_size: int,
+                         dim_overrides: Sequence[Tuple[str, Optional[int]]] = (),
+                         preferred: Any = None,
+                         also_over: Sequence[Tuple[str, int]] = ()) -> Tuple[Any, Any]:
+    """``(dims, axes)``: ``choose_dims``'s dimension per param and the mesh axes it is split
+    over -- ``axis``, then each of ``also_over`` the param's layout leaves free; where no
+    dimension divides by all of them, ``axis`` alone (the split FSDP gives without
+    ``also_over``); None where the param is kept whole."""
+    with_all = _choose(parameter_specs, param_specs, axis=axis, axis_size=axis_size,
+                       min_shard_size=min_shard_size, dim_overrides=dim_overrides,
+                       preferred=preferred, also_over=also_over)
+    if not also_over:
+        return with_all, None
+    alone = _choose(parameter_specs, param_specs, axis=axis, axis_size=axis_size,
+                    min_shard_size=min_shard_size, dim_overrides=dim_overrides,
+                    preferred=preferred, also_over=())
 
-    return jax.tree_util.tree_map(axes, param_specs, dims,
-                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
+    def pick(partition, dim_all, dim_alone):
+        if dim_all is not None:
+            taken = rules.spec_axes(partition)
+            return dim_all, (axis,) + tuple(a for a, _ in also_over if a not in taken)
+        return dim_alone, None if dim_alone is None else (axis,)
+
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    picked = jax.tree_util.tree_map(pick, param_specs, with_all, alone, is_leaf=is_spec)
+    is_pair = lambda x: isinstance(x, tuple) and len(x) == 2 and not is_spec(x)  # noqa: E731
+    first = jax.tree_util.tree_map(lambda p: p[0], picked, is_leaf=is_pair)
+    second = jax.tree_util.tree_map(lambda p: p[1], picked, is_leaf=is_pair)
+    return first, second
 
 
 def _choose(parameter_specs, param_specs, *, axis, axis_size, min_shard_size, dim_overrides,
             preferred, also_over):
+    """``choose_dims`` with the size of ``axis`` x each of ``also_over`` a param's layout
+    leaves free."""
     compiled = [(pattern, rules.compile_pattern(pattern), dim) for pattern, dim in dim_overrides]
     if preferred is None:
         preferred = jax.tree_util.tree_map(lambda _: None, param_specs,
@@ -99,8 +119,8 @@ def _choose(parameter_specs, param_specs, *, axis, axis_size, min_shard_size, di
                 best = dim
         return best
 
-    return (jax.tree_util.tree_map_with_path(
-        choose, parameter_specs, param_specs, preferred, is_leaf=rules.is_param_leaf),)
+    return jax.tree_util.tree_map_with_path(
+        choose, parameter_specs, param_specs, preferred, is_leaf=rules.is_param_leaf)
 
 
 def _checked_override(path, pattern, dim, shape, entries, axis, axis_size, stacked):
@@ -126,7 +146,7 @@ def _checked_override(path, pattern, dim, shape, entries, axis, axis_size, stack
 
 def add_axis(param_specs: Any, dims: Any, axis: str, axes: Any = None) -> Any:
     """``param_specs`` with ``axis`` on each param's chosen dimension (``dims`` from
-    ``choose_dims``; None leaves the spec as it is) -- or, with ``axes`` (``split_axes``), each
+    ``choose_dims``; None leaves the spec as it is) -- or, with ``axes`` (``choose_dims_and_axes``), each
     param's own axes there."""
     def add(partition: PartitionSpec, dim: Optional[int], own=None) -> PartitionSpec:
         if dim is None:
@@ -164,13 +184,12 @@ class StateSplit:
         if size * math.prod(n for _, n in also_over) == 1:  # Nothing to split over.
             dims = jax.tree_util.tree_map(lambda _: None, layout.param_specs,
                                           is_leaf=lambda x: isinstance(x, PartitionSpec))
+            axes = None
         else:
-            dims = choose_dims(layout.parameter_specs, layout.param_specs, axis=self.axis,
-                               axis_size=size, min_shard_size=self.min_shard_size,
-                               dim_overrides=self.dim_overrides,
-                               preferred=layout.logical_state_dims, also_over=also_over)
-        axes = split_axes(layout.param_specs, dims, axis=self.axis, also_over=also_over) \
-            if also_over else None
+            dims, axes = choose_dims_and_axes(
+                layout.parameter_specs, layout.param_specs, axis=self.axis, axis_size=size,
+                min_shard_size=self.min_shard_size, dim_overrides=self.dim_overrides,
+                preferred=layout.logical_state_dims, also_over=also_over)
         specs = add_axis(layout.param_specs, dims, self.axis, axes) if self.params_sharded \
             else layout.param_specs
         return layout.evolve(self.name, param_specs=specs, state_axis=self.axis,

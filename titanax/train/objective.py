@@ -55,6 +55,9 @@ class Objective(Configurable):
     sources: Tuple[type, ...] = ()
     # The metrics a user judges it by, first on the console's progress lines (loggers.Basic).
     console_columns: Tuple[str, ...] = ("loss",)
+    # Whether its loss is the model's own forward, which also trains what the model adds to
+    # it (a Decoder's multi-token-prediction depths); elsewhere those would only decay.
+    trains_model_extras: bool = False
 
     # --- At build ------------------------------------------------------------------------------
 
@@ -63,6 +66,13 @@ class Objective(Configurable):
         the plan, the model or the data. Called once the run's model and plan exist;
         subclasses add theirs to these (the data it reads, a pipeline it cannot be staged by)."""
         self.check_sources(run.config)
+        depths = getattr(run.config.model, "mtp_depths", 0)
+        if depths and not self.trains_model_extras:
+            raise errors.ConfigError(
+                f"the {self.name} objective computes its loss from the model's primitives, so "
+                f"its {depths} multi-token-prediction depth(s) would get no gradient (and "
+                "weight decay alone)", path="model.mtp_depths",
+                suggestion="set it to 0 for this objective")
         if not self.staged_by_pipelines:
             requirements.require_whole_rows(
                 run.config.plan, parts=("pipeline_parallel",),
@@ -168,6 +178,7 @@ class ModelLoss(Objective):
     language model (pretraining, SFT), or whatever loss a model defines."""
 
     staged_by_pipelines = True
+    trains_model_extras = True
 
 
 class PlainBatches:

@@ -137,3 +137,16 @@ def test_bad_depths_and_split_sequences_are_refused_by_name():
     binding = axis_binding.AxisBinding(dims=((axis_binding.SEQUENCE, "context"),))
     with pytest.raises(errors.PlanError, match="model.mtp_depths"):
         model.check_axis_binding(binding, path="model")
+
+
+def test_an_objective_that_does_not_run_the_models_loss_refuses_the_depths():
+    """A preference objective scores sequences with the model's primitives: the depths would
+    get no gradient, only weight decay, and an export would write them decayed."""
+    from titanax.objectives.preference import Preference  # pylint: disable=import-outside-toplevel
+    from titanax.train.engine import Engine  # pylint: disable=import-outside-toplevel
+    cfg = Engine.default_config().set(
+        model=_model().config.clone(dtype=None), objective=Preference.default_config(),
+        loggers=[])
+    with pytest.raises(errors.ConfigError, match="multi-token-prediction") as raised:
+        cfg.instantiate().build()
+    assert raised.value.path == "model.mtp_depths"

@@ -78,6 +78,9 @@ class MoE(BaseLayer):
         # Hidden width of the shared expert every token also goes through (DeepSeek's
         # n_shared_experts x moe_intermediate_size); 0: none.
         shared_hidden_dim: int = 0
+        # The shared expert's output scaled per token by sigmoid(x . w), a learned gate of its
+        # own (Qwen 3.5 MoE's and Qwen3-Next's shared_expert_gate; param shared_gate_weight).
+        shared_gate: bool = False
         # The gate's activation: "silu" (SwiGLU), "gelu_tanh", or gpt-oss's "clamped_swiglu":
         # gate clamped above and up on both sides at swiglu_limit, then
         # (up + 1) * gate * sigmoid(swiglu_alpha * gate).
@@ -117,6 +120,8 @@ class MoE(BaseLayer):
                 yield "capacity_factor", f"must be a finite number > 0, got {self.capacity_factor}"
             if self.shared_hidden_dim < 0:
                 yield "shared_hidden_dim", f"must be >= 0, got {self.shared_hidden_dim}"
+            if self.shared_gate and not self.shared_hidden_dim:
+                yield "shared_gate", "gates the shared expert: set shared_hidden_dim too"
             for name in ("aux_loss_weight", "z_loss_weight"):
                 if getattr(self, name) < 0:
                     yield name, f"must be >= 0, got {getattr(self, name)}"
@@ -158,6 +163,10 @@ class MoE(BaseLayer):
             specs["shared_down_weight"] = ParameterSpec(
                 shape=(shared, width), logical_axes=(MLP, None), initializer=output_init,
                 fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))
+            if cfg.shared_gate:
+                specs["shared_gate_weight"] = ParameterSpec(
+                    shape=(width,), logical_axes=(None,),
+                    fan_axes=FanAxes(in_axes=(0,), out_axes=()))
         return specs
 
     def _own_implemented_dims(self):
@@ -194,7 +203,11 @@ class MoE(BaseLayer):
             both = jnp.einsum("td,dsf->tsf", tokens,
                               params["shared_gate_up_weight"].astype(tokens.dtype))
             hidden = glu(both[:, 0], both[:, 1])
-            out = out + hidden @ params["shared_down_weight"].astype(tokens.dtype)
+            shared = hidden @ params["shared_down_weight"].astype(tokens.dtype)
+            if cfg.shared_gate:  # (Linear in the output: a TP rank's part scales alike.)
+                shared = shared * jax.nn.sigmoid(
+                    tokens @ params["shared_gate_weight"].astype(tokens.dtype))[:, None]
+            out = out + shared
         if cfg.expert_bias:  # sum_k gate_k b_down[expert_k], of the assignments kept ...
             gates = routing.gates if kept_assignments is None else \
                 routing.gates * kept_assignments

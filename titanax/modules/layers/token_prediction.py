@@ -5,8 +5,8 @@ Depth ``k`` (1 .. D) reads the previous depth's representation ``h^{k-1}`` of to
 main stack's output before its final norm for ``k = 1``) and the embedding of token ``i + k``,
 and predicts token ``i + k + 1`` through the model's own embedding and LM head::
 
-    h'^k_i = W_k [RMSNorm(Emb(t_{i+k})); RMSNorm(h^{k-1}_i)]      (W_k: 2 x model_dim -> model_dim)
-    h^k    = Block_k(h'^k)                                           (a decoder block, causal)
+    h'^k_i = W_k [RMSNorm(Emb(t_{i+k})); RMSNorm(h^{k-1}_i)]   (W_k: 2 x width -> width)
+    h^k    = Block_k(h'^k)                                        (a decoder block, causal)
     L_k    = 1/T x sum over i of -log softmax(Head(RMSNorm_k(h^k_i)))[t_{i+k+1}]
     loss   = L_main + weight / D x sum_k L_k
 
@@ -103,6 +103,7 @@ class TokenPredictions(BaseLayer):
 
 def shifted(values: jax.Array, places: int, fill: Any = 0) -> jax.Array:
     """``values[:, i + places]`` at ``i`` (``fill`` past the row's end)."""
+    places = min(places, values.shape[1])  # (A depth past the row's length: all fill.)
     pad = jnp.full(values.shape[:1] + (places,) + values.shape[2:], fill, values.dtype)
     return jnp.concatenate([values[:, places:], pad], axis=1)
 
@@ -122,7 +123,7 @@ class ExtraHeads:
     """Inputs the LM head reads beyond the next-token ones, and what their token losses add to
     the objective: ``hidden[i]`` (final-normed, ``[batch, seq, model_dim]``) predicts
     ``targets[i]``; ``loss_sum(per_token)`` (their per-token losses, in order) is the summed
-    term the gradient follows (``CausalLanguageModel.gradient_only``). The model runs one head
+    term the gradient follows (``CausalLanguageModel.extra_heads``). The model runs one head
     pass over the next-token inputs and these together: one gradient of the head's table."""
 
     hidden: List[jax.Array]

@@ -344,18 +344,16 @@ class Decoder(CausalLanguageModel):
         return self.token_emb if self.config.tie_embeddings else self.lm_head
 
     def extra_heads(self, hidden: jax.Array, batch: Dict[str, jax.Array], *,
-                    weights: jax.Array, token_embeddings: Optional[jax.Array] = None
-                    ) -> Optional[ExtraHeads]:
+                    weights: jax.Array) -> Optional[ExtraHeads]:
         """The multi-token-prediction depths' head inputs in training, their loss sum
-        ``mtp_loss_weight / D x (L_1 + ... + L_D)`` (layers/token_prediction.py); none in
-        evaluation or without depths."""
+        ``mtp_loss_weight / D x (L_1 + ... + L_D)`` (layers/token_prediction.py; one embedding
+        lookup for every depth); none in evaluation or without depths."""
         if "prediction" not in self.children or not self.is_training:
             return None
-        if token_embeddings is None:  # (A pipeline's last stage: one lookup for every depth.)
-            token_embeddings = self.embed(batch["input_ids"], batch.get("positions"))
-        return prediction_heads(self, hidden, batch, weights=weights,
-                                token_embeddings=token_embeddings,
-                                loss_weight=self.config.mtp_loss_weight)
+        return prediction_heads(
+            self, hidden, batch, weights=weights,
+            token_embeddings=self.embed(batch["input_ids"], batch.get("positions")),
+            loss_weight=self.config.mtp_loss_weight)
 
     @nowrap
     def flops_per_token(self, seq_len: int) -> float:

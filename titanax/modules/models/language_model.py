@@ -147,24 +147,18 @@ class CausalLanguageModel(BaseLayer):
         Returns ``(loss, aux)`` with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` so a caller can
         average exactly over several shards.
         """
-        documents = document_inputs(batch)
-        embedded = self.embed(batch["input_ids"], batch.get("positions"))
-        loss, aux = self.head_loss(self.decoder(self.stack_head(embedded, **documents),
-                                                **documents), batch, token_embeddings=embedded)
+        loss, aux = self.head_loss(self.decoder(self.embed_batch(batch),
+                                                **document_inputs(batch)), batch)
         # Mixture-of-experts layers' balancing terms join the gradient, not the reported loss.
         return add_moe_objective(loss, self.collected_outputs()), aux
 
-    def head_loss(self, decoded: jax.Array, batch: Dict[str, jax.Array], *,
-                  token_embeddings: Optional[jax.Array] = None
+    def head_loss(self, decoded: jax.Array, batch: Dict[str, jax.Array]
                   ) -> Tuple[jax.Array, Dict[str, Any]]:
         """The stack's tail, final norm, LM head and loss of the decoder's output (what a
-        pipeline's last stage runs); returns ``(loss, aux)`` as ``forward`` does.
-        ``token_embeddings``: ``embed`` of the batch's ``input_ids``, when the caller has them
-        (``gradient_only_sum`` reads them)."""
+        pipeline's last stage runs); returns ``(loss, aux)`` as ``forward`` does."""
         tail = self.stack_tail(decoded, **document_inputs(batch))
         hidden, targets = self.final_norm(tail), batch["target_ids"]
-        extra = self.extra_heads(tail, batch, weights=token_weights(batch, targets.shape),
-                                 token_embeddings=token_embeddings)
+        extra = self.extra_heads(tail, batch, weights=token_weights(batch, targets.shape))
         if extra is None:
             return token_mean(self.token_losses(hidden, targets), batch)
         # One head pass over the next-token inputs and the extra ones, side by side.
@@ -176,14 +170,13 @@ class CausalLanguageModel(BaseLayer):
                           gradient_only_sum=term - jax.lax.stop_gradient(term))
 
     def extra_heads(self, hidden: jax.Array, batch: Dict[str, jax.Array], *,
-                    weights: jax.Array, token_embeddings: Optional[jax.Array] = None
-                    ) -> Optional[Any]:
+                    weights: jax.Array) -> Optional[Any]:
         """What else the LM head reads in training beyond the next-token inputs, from the
         stack's output before the final norm (``hidden``): a ``token_prediction.ExtraHeads``
         whose loss sum the gradient follows, with value 0 (the reported loss stays the
         next-token one). None here (Decoder: its multi-token-prediction depths).
-        ``weights``: per target token; ``token_embeddings``: as ``head_loss``'s."""
-        del hidden, batch, weights, token_embeddings
+        ``weights``: per target token."""
+        del hidden, batch, weights
         return None
 
     def token_losses(self, hidden: jax.Array, target_ids: jax.Array, *,
@@ -304,7 +297,7 @@ def token_mean(per_token: jax.Array, batch: Dict[str, jax.Array], *,
     """``(mean of per_token over the trained tokens, aux)``: tokens weighted by
     ``batch["weights"]``, with ``aux["loss_sum"]`` and ``aux["num_tokens"]`` (the loss of an
     all-padding shard is 0, not 0/0). ``gradient_only_sum``: a summed term the gradient
-    follows, value 0 (``CausalLanguageModel.gradient_only_sum``)."""
+    follows, value 0 (``CausalLanguageModel.extra_heads``)."""
     weights = token_weights(batch, per_token.shape)
     loss_sum = jnp.sum(per_token * weights)
     if gradient_only_sum is not None:
