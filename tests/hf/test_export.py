@@ -225,6 +225,36 @@ def test_deepseek_v3s_prediction_layer_is_read_only_for_a_depth_the_model_holds(
         importer.params_as_numpy(undeclared)
 
 
+def test_deepseek_v3s_and_kimi_k2s_own_config_json_read_as_transformers_reads_them(root,
+                                                                                   tmp_path):
+    """DeepSeek's published config.json (its code's keys beside transformers': auto_map,
+    scoring_func, topk_method, moe_layer_freq, ep_size, the balancing loss's; the older RoPE
+    spelling) and Kimi K2's (model_type kimi_k2: the same architecture) read as the model
+    transformers builds; FP8 weights and another scoring are refused by name."""
+    source = ref.saved_model("deepseek_v3", root)
+    want = importer.model_config(source).debug_string()
+    config = json.load(open(os.path.join(source, "config.json")))
+    rope = config.pop("rope_parameters")
+    published = {**config, "rope_theta": rope.pop("rope_theta"),
+                 "rope_scaling": {"type": rope.pop("rope_type"), **rope},
+                 "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+                 "aux_loss_alpha": 0.001, "ep_size": 1, "moe_layer_freq": 1,
+                 "scoring_func": "sigmoid", "seq_aux": True, "topk_method": "noaux_tc",
+                 "num_nextn_predict_layers": 0}
+    for name, changes in (("published", {}), ("kimi", {"model_type": "kimi_k2"})):
+        directory = _copy(source, tmp_path, name)
+        json.dump({**published, **changes}, open(os.path.join(directory, "config.json"), "w"))
+        assert importer.model_config(directory).debug_string() == want, name
+    for key, value, message in (
+            ("quantization_config", {"quant_method": "fp8", "weight_block_size": [128, 128]},
+             "dequantise them to bfloat16"),
+            ("scoring_func", "softmax", "scoring_func='softmax'")):
+        directory = _copy(source, tmp_path, key)
+        json.dump({**published, key: value}, open(os.path.join(directory, "config.json"), "w"))
+        with pytest.raises(errors.HFError, match=message):
+            importer.model_config(directory)
+
+
 def test_a_deepseek_v3_router_without_its_choosing_bias_is_not_exported_as_deepseek_v3(root):
     """transformers would choose with a zero bias: another model."""
     from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel

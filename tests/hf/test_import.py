@@ -92,11 +92,11 @@ def test_expert_parallel_logits_equal_transformers(kind, root):
                  what=f"{kind} logits on data=2 x expert=4")
 
 
-@pytest.mark.parametrize("kind", ["mistral", "gemma3", "qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("kind", ["mistral", "gemma3", "qwen3_5", "qwen3_5_moe", "deepseek_v3"])
 def test_context_parallel_eval_loss_equals_transformers(kind, root):
     """Context parallelism over 4 devices (each holds two eighths of every row; sliding windows
-    reach across the cuts, Gated DeltaNet's state and convolution cross them): the eval loss is
-    transformers' cross-entropy."""
+    reach across the cuts, Gated DeltaNet's state and convolution cross them, latent attention
+    gathers the row's latents): the eval loss is transformers' cross-entropy."""
     directory = ref.saved_model(kind, root)
     engine = engine_for(directory, data=2, context=4)
     ids = ref.token_ids(length=17)

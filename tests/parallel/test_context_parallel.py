@@ -16,6 +16,7 @@ from tests.numerics import assert_close
 from tests.train import helpers
 from tests.train.test_decoder_training import MODEL, _packed
 from titanax import errors
+from titanax.modules.layers.latent_attention import MultiHeadLatentAttention
 from titanax.modules.models.decoder import Decoder
 from titanax.modules.models.decoder import gpt_config
 from titanax.parallel.context_parallel import CP, causal_work, dual_chunk_order
@@ -27,6 +28,10 @@ pytestmark = pytest.mark.usefixtures("float64_numerics")
 BATCHES = helpers.text_batches(batch_size=8, count=2, uneven=True)
 GPT_MODEL = dict(name="gpt", vocab_size=256, max_seq_len=16, num_layers=2, model_dim=32,
                  num_heads=4)
+# DeepSeek-V3's multi-head latent attention in place of the decoder's (model "latent").
+LATENT = MultiHeadLatentAttention.default_config().set(
+    num_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+    v_head_dim=5)
 
 
 def _learner():
@@ -48,8 +53,11 @@ def _engine(model: str, sizes=None, *, strategy="all_gather", load_balance="dual
                            if pipe else None),
         zero=(ZeRO.default_config().set(stage=3, min_shard_size=64,
                                         grad_sync="per_microbatch") if fsdp else None))
-    network = (Decoder.default_config().set(**MODEL) if model == "decoder"
-               else gpt_config().set(**GPT_MODEL)).set(**model_changes)
+    network = {"decoder": lambda: Decoder.default_config().set(**MODEL),
+               "latent": lambda: Decoder.default_config().set(**{
+                   **MODEL, "qkv_bias": False, "attention_output_bias": False,
+                   "latent_attention": LATENT}),
+               "gpt": lambda: gpt_config().set(**GPT_MODEL)}[model]().set(**model_changes)
     cfg = Engine.default_config().set(
         mesh=helpers.mesh(shape, axes, devices=list(range(int(np.prod(shape))))), plan=plan,
         model=network, learner=_learner(), loggers=[], log_every=1000,
@@ -87,6 +95,15 @@ def test_context_parallel_trains_like_one_device(strategy, model, packed, sizes,
     """(Ulysses at CP=8 repeats the decoder's 2 kv heads to its 8 query heads first.)"""
     engine = _engine(model, sizes, strategy=strategy, load_balance=load_balance)
     _assert_trains_like_one_device(engine, model, packed)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_latent_attention_under_context_parallelism_trains_like_one_device(strategy):
+    """DeepSeek-V3's attention on packed rows, data 2 x context 4: the all-gather strategy
+    gathers each token's latent and RoPE key and expands the row's keys and values on every
+    rank; the ring and Ulysses carry the expanded ones."""
+    engine = _engine("latent", {"data": 2, "context": 4}, strategy=strategy)
+    _assert_trains_like_one_device(engine, "latent", True)
 
 
 @pytest.mark.parametrize("case,strategy", [

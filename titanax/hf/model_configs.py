@@ -28,12 +28,16 @@ NEUTRAL_KEYS = frozenset({
     "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder", "torchscript",
     "_attn_implementation_autoset", "tokenizer_class", "prefix", "task_specific_params",
     "finetuning_task", "max_length", "num_labels", "_num_labels", "gradient_checkpointing",
+    "auto_map",  # (The classes of a checkpoint's own modeling code: Titanax runs its own.)
 })
 
 DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text", "gemma3_text")
 # Decoders whose MLPs are mixtures of experts.
 MOE_TYPES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe_text")
-MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES
+# Model types read as another's (Kimi K2 is DeepSeek-V3's architecture, as transformers reads
+# it); exported as that one.
+ALIASES = {"kimi_k2": "deepseek_v3"}
+MODEL_TYPES = ("gpt2",) + DECODER_TYPES + MOE_TYPES + tuple(ALIASES)
 # Qwen 3.5's families: the dense text model and its mixture-of-experts variant.
 QWEN3_5_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
 
@@ -442,6 +446,25 @@ def _gpt_oss_rope(r: _Reader) -> Dict[str, Any]:
     return rope
 
 
+def _deepseek_v3_published_keys(r: _Reader) -> None:
+    """The keys DeepSeek's own config.json (and Kimi K2's) carries beside transformers' ones:
+    what its modeling code computes is what transformers' does, or refused by name."""
+    r.expect("quantization_config", lambda v: not v, "Titanax reads unquantised weights (the "
+             "published DeepSeek-V3 and Kimi K2 are FP8 blocks): dequantise them to bfloat16 "
+             "first (DeepSeek's fp8_cast_bf16.py, or load in transformers and save again)", None)
+    r.expect("scoring_func", lambda v: v in (None, "sigmoid"), "DeepSeek-V3 scores experts by "
+             "sigmoid (softmax is DeepSeek-V2's)", "sigmoid")
+    r.expect("topk_method", lambda v: v in (None, "noaux_tc"), "DeepSeek-V3 chooses the top "
+             "groups, then experts, by score plus the choosing bias (noaux_tc)", "noaux_tc")
+    r.expect("moe_layer_freq", lambda v: v in (None, 1), "every layer after the dense ones has "
+             "experts in Titanax's DeepSeek-V3", 1)
+    r.get("ep_size")  # (How DeepSeek's own code spread the experts: the plan's part here.)
+    # (The sequence-wise balancing loss DeepSeek trained with; transformers computes none, nor
+    # does an import: set model.moe.aux_loss_weight to train with one.)
+    r.get("aux_loss_alpha")
+    r.get("seq_aux")
+
+
 def _deepseek_v3(r: _Reader) -> Decoder.Config:
     """DeepSeek-V3 (``DeepseekV3ForCausalLM``): multi-head latent attention in every layer, the
     first ``first_k_dense_replace`` layers dense, the rest experts chosen by sigmoid scores plus
@@ -461,6 +484,7 @@ def _deepseek_v3(r: _Reader) -> Decoder.Config:
              "the chosen gates (as every published DeepSeek-V3)", True)
     r.expect("rope_interleave", lambda v: v is True, "Titanax reads the published layout, RoPE "
              "features in interleaved pairs", True)
+    _deepseek_v3_published_keys(r)
     # (The MTP layers: read when the run sets model.mtp_depths, see above.)
     r.get("num_nextn_predict_layers")
     r.get("num_mtp_layers")
@@ -513,7 +537,7 @@ def _decoder(r: _Reader, model_type: str) -> Decoder.Config:
         return _gpt_oss(r)
     if model_type == "gemma3_text":
         return _gemma3_text(r)
-    if model_type == "deepseek_v3":
+    if ALIASES.get(model_type, model_type) == "deepseek_v3":
         return _deepseek_v3(r)
     r.expect("hidden_act", lambda v: v == "silu", "the family's MLP is SwiGLU (silu)", "silu")
     r.expect("pretraining_tp", lambda v: v in (None, 1), "a Meta-only split of the matmuls", 1)

@@ -68,10 +68,21 @@ def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: ja
 
 def _all_gather(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
     kv = collectives.all_gather(jnp.stack([k, v]), axis, axis_index=2)
+    return attend_gathered_row(q, kv[0], kv[1], positions=positions, segment_ids=segment_ids,
+                               axis=axis, scale=scale, sliding_window=sliding_window)
+
+
+def attend_gathered_row(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
+                        segment_ids: Optional[jax.Array], axis: str, scale: float,
+                        sliding_window: Optional[int] = None) -> jax.Array:
+    """This rank's queries over keys and values of the whole row, gathered over ``axis`` in
+    rank order (``all_gather``'s; a layer that gathers something smaller and expands it --
+    latent attention's latent -- calls this with its expansion): the tokens' positions and
+    segments are gathered alike, and the mask built from them."""
     key_positions = collectives.all_gather(positions, axis, axis_index=1)
     key_segments = (None if segment_ids is None
                     else collectives.all_gather(segment_ids, axis, axis_index=1))
-    return _attend_rows(q, kv[0], kv[1], scale=scale, queries=(positions, segment_ids),
+    return _attend_rows(q, k, v, scale=scale, queries=(positions, segment_ids),
                         keys=(key_positions, key_segments), sliding_window=sliding_window)
 
 

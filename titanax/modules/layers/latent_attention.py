@@ -17,7 +17,10 @@ times ``mscale(factor, mscale_all_dim) ** 2`` under DeepSeek's YaRN (``rope_scal
 
 Params by heads, as ``Attention``'s: under tensor parallelism the heads of ``q_b`` / ``kv_b`` and
 the output projection's input are split (the latent projections are small and stay whole), so
-the output projection's all-reduce is the layer's only collective. Hugging Face's DeepSeek-V3
+the output projection's all-reduce is the layer's only collective. Under context parallelism
+each rank gathers the row's latents and RoPE keys, not keys and values (``all_gather``
+strategy: ~70x fewer bytes at DeepSeek-V3's sizes), and expands them itself; the ring and
+Ulysses strategies carry the expanded keys and values as for any attention. Hugging Face's DeepSeek-V3
 rotates interleaved pairs; its import permutes the RoPE rows of ``q_b_proj`` / ``kv_a_proj`` once
 to Titanax's rotate-half pairing (``hf/param_map``), which leaves every score unchanged.
 """
@@ -36,6 +39,7 @@ from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import rotary
 from titanax.modules.layers.attention import attend, decoding_places
+from titanax.modules.layers.context_attention import attend_gathered_row, context_attention
 from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.module import nowrap
@@ -149,14 +153,6 @@ class MultiHeadLatentAttention(BaseLayer):
         return (SEQUENCE,)
 
     @nowrap
-    def check_axis_binding(self, binding, *, path):
-        if binding.axis(SEQUENCE) is not None:
-            raise errors.PlanError(
-                "multi-head latent attention under context parallelism is not implemented yet",
-                path=path, suggestion="drop context_parallel from the plan for this model")
-        super().check_axis_binding(binding, path=path)
-
-    @nowrap
     def cache_shape(self, stacked_params, *, layers: int, batch: int, length: int):
         """The latent cache of ``layers`` stacked layers: ``([layers, batch, length,
         kv_lora_rank], [layers, batch, length, qk_rope_head_dim])`` -- the normalised latent and
@@ -228,11 +224,35 @@ class MultiHeadLatentAttention(BaseLayer):
         if positions is None:
             positions = jnp.arange(x.shape[1])
         q = self._queries(x, positions)
-        k, v = self._keys_values(*self._latent(x, positions))
+        latent, k_rope = self._latent(x, positions)
+        axis = binding.axis(SEQUENCE)
+        if axis is not None:
+            return self._output(self._split_row_attention(q, latent, k_rope, axis=axis,
+                                                          positions=positions,
+                                                          segment_ids=segment_ids))
+        k, v = self._keys_values(latent, k_rope)
         context = attend(q, k, v, sliding_window=cfg.sliding_window, scale=self.scale,
                          segment_ids=segment_ids, implementation=cfg.implementation,
                          block_size=cfg.block_size)
         return self._output(context)
+
+    def _split_row_attention(self, q, latent, k_rope, *, axis, positions, segment_ids):
+        """Context parallelism: with the ``all_gather`` strategy the rank gathers the row's
+        latents and shared RoPE keys (``kv_lora_rank + qk_rope_head_dim`` numbers a token --
+        not every head's keys and values) and expands them itself; the ring and Ulysses pass
+        the expanded keys and values as they would any attention's."""
+        cfg, strategy = self.config, self.axis_binding.context_strategy
+        if strategy == "all_gather":
+            row = collectives.all_gather(jnp.concatenate([latent, k_rope], -1), axis,
+                                         axis_index=1)
+            k, v = self._keys_values(row[..., :cfg.kv_lora_rank], row[..., cfg.kv_lora_rank:])
+            return attend_gathered_row(q, k, v, positions=positions, segment_ids=segment_ids,
+                                       axis=axis, scale=self.scale,
+                                       sliding_window=cfg.sliding_window)
+        k, v = self._keys_values(latent, k_rope)
+        return context_attention(q, k, v, positions=positions, segment_ids=segment_ids,
+                                 axis=axis, strategy=strategy, scale=self.scale,
+                                 sliding_window=cfg.sliding_window)
 
     def decode(self, x, cache, *, start, offsets: Optional[jax.Array] = None):
         """As ``Attention.decode``, over the latent cache ``(latent, k_rope)``: this step's
