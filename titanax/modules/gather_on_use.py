@@ -19,7 +19,7 @@ so slicing leading (stacked-layer) dimensions keeps it right.
 
 from __future__ import annotations
 
-from typing import Any, Callable, FrozenSet, Optional
+from typing import Any, Callable, FrozenSet, Optional, Sequence, Tuple, Union
 
 import jax
 from jax.ad_checkpoint import checkpoint_name
@@ -80,16 +80,21 @@ def gathered(state: Any) -> Any:
 
 def wrap(params: Any, dims: Any, *, axis: str, axes: Any = None) -> Any:
     """``params`` (local shards) with each sharded leaf wrapped; ``dims`` from
-    ``parallel.state_dims.choose_dims`` (None: a whole param, left as it is); ``axes``: per
-    param, the mesh axes it is split over (``state_dims.choose_dims_and_axes``; None: ``axis``)."""
-    if axes is None:
-        return jax.tree_util.tree_map(
-            lambda p, d: p if d is None else GatherOnUse(p, axis=axis, dim_from_end=p.ndim - d),
-            params, dims)
-    return jax.tree_util.tree_map(
-        lambda p, d, own: p if d is None else GatherOnUse(
-            p, axis=own[0] if len(own) == 1 else tuple(own), dim_from_end=p.ndim - d),
-        params, dims, axes)
+    ``parallel.state_dims.choose_dims_and_axes`` (None: a whole param, left as it is); ``axes``:
+    per param, the mesh axes it is split over (from the same call; None: ``axis``)."""
+    def one(p, d, own=None):
+        if d is None:
+            return p
+        return GatherOnUse(p, axis=split_axes(own, axis=axis), dim_from_end=p.ndim - d)
+
+    return jax.tree_util.tree_map(one, params, dims, *(() if axes is None else (axes,)))
+
+
+def split_axes(own: Optional[Sequence[str]], *, axis: str) -> Union[str, Tuple[str, ...]]:
+    """The axis name a collective takes for a param split over ``own`` (None: ``axis``)."""
+    if own is None:
+        return axis
+    return own[0] if len(own) == 1 else tuple(own)
 
 
 def never_saving_gathered(policy: Optional[Callable], axes: FrozenSet[str]) -> Callable:

@@ -38,7 +38,7 @@ WHERE = "plan.logical_axis_rules"
 
 @dataclasses.dataclass(frozen=True)
 class StatePreference:
-    """What the rules ask of one param's ZeRO / FSDP split (``state_dims.choose_dims``)."""
+    """What the rules ask of one param's ZeRO / FSDP split (``state_dims.choose_dims_and_axes``)."""
 
     # The dimension a rule maps to the ZeRO / FSDP axis (None: none does).
     dim: Optional[int]

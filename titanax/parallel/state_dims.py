@@ -33,29 +33,18 @@ from titanax import errors
 from titanax.parallel import rules, sharding
 
 
-def choose_dims(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size: int,
-                min_shard_size: int, dim_overrides: Sequence[Tuple[str, Optional[int]]] = (),
-                preferred: Any = None, also_over: Sequence[Tuple[str, int]] = ()) -> Any:
-    """A tree like the params: the dimension (>= 0) the axis goes on, or None (kept whole).
-    ``preferred``: a tree like the params of what the logical axis rules ask for
-    (``logical_axes.StatePreference``: a dimension, taken where it can carry the axis, and the
-    dimensions they keep whole; None where the param names no axes). ``also_over``: (mesh
-    axis, size) pairs split with ``axis`` where a param is not split over them already
-    (``choose_dims_and_axes`` says which, per param)."""
-    return choose_dims_and_axes(parameter_specs, param_specs, axis=axis, axis_size=axis_size,
-                                min_shard_size=min_shard_size, dim_overrides=dim_overrides,
-                                preferred=preferred, also_over=also_over)[0]
-
-
 def choose_dims_and_axes(parameter_specs: Any, param_specs: Any, *, axis: str, axis_size: int,
                          min_shard_size: int,
                          dim_overrides: Sequence[Tuple[str, Optional[int]]] = (),
                          preferred: Any = None,
                          also_over: Sequence[Tuple[str, int]] = ()) -> Tuple[Any, Any]:
-    """``(dims, axes)``: ``choose_dims``'s dimension per param and the mesh axes it is split
-    over -- ``axis``, then each of ``also_over`` the param's layout leaves free; where no
-    dimension divides by all of them, ``axis`` alone (the split FSDP gives without
-    ``also_over``); None where the param is kept whole."""
+    """``(dims, axes)``: per param, the dimension (>= 0) the split goes on, or None (kept whole),
+    and the mesh axes it is split over -- ``axis``, then each of ``also_over`` ((mesh axis,
+    size) pairs) the param's layout leaves free; where no dimension divides by all of them,
+    ``axis`` alone (the split FSDP gives without ``also_over``). ``preferred``: a tree like the
+    params of what the logical axis rules ask for (``logical_axes.StatePreference``: a
+    dimension, taken where it can carry the axis, and the dimensions they keep whole; None where
+    the param names no axes)."""
     with_all = _choose(parameter_specs, param_specs, axis=axis, axis_size=axis_size,
                        min_shard_size=min_shard_size, dim_overrides=dim_overrides,
                        preferred=preferred, also_over=also_over)
@@ -81,8 +70,8 @@ def choose_dims_and_axes(parameter_specs: Any, param_specs: Any, *, axis: str, a
 
 def _choose(parameter_specs, param_specs, *, axis, axis_size, min_shard_size, dim_overrides,
             preferred, also_over):
-    """``choose_dims`` with the size of ``axis`` x each of ``also_over`` a param's layout
-    leaves free."""
+    """``choose_dims_and_axes``'s dimensions with the size of ``axis`` x each of ``also_over`` a
+    param's layout leaves free."""
     compiled = [(pattern, rules.compile_pattern(pattern), dim) for pattern, dim in dim_overrides]
     if preferred is None:
         preferred = jax.tree_util.tree_map(lambda _: None, param_specs,
@@ -146,8 +135,8 @@ def _checked_override(path, pattern, dim, shape, entries, axis, axis_size, stack
 
 def add_axis(param_specs: Any, dims: Any, axis: str, axes: Any = None) -> Any:
     """``param_specs`` with ``axis`` on each param's chosen dimension (``dims`` from
-    ``choose_dims``; None leaves the spec as it is) -- or, with ``axes`` (``choose_dims_and_axes``), each
-    param's own axes there."""
+    ``choose_dims_and_axes``; None leaves the spec as it is) -- or, with ``axes`` (from the same
+    call), each param's own axes there."""
     def add(partition: PartitionSpec, dim: Optional[int], own=None) -> PartitionSpec:
         if dim is None:
             return partition

@@ -40,15 +40,14 @@ class ParamGathering:
 
     def gather_all(self, params: Any) -> Any:
         """Every param whole: each gathered over its own axes (``axes``; else ``axis``)."""
-        if self.axes is None:
-            return jax.tree_util.tree_map(
-                lambda p, d: p if d is None else collectives.all_gather(p, self.axis,
-                                                                        axis_index=d),
-                params, self.dims)
-        return jax.tree_util.tree_map(
-            lambda p, d, own: p if d is None else collectives.all_gather(
-                p, tuple(own) if len(own) > 1 else own[0], axis_index=d),
-            params, self.dims, self.axes)
+        def one(p, d, own=None):
+            if d is None:
+                return p
+            return collectives.all_gather(p, gather_on_use.split_axes(own, axis=self.axis),
+                                          axis_index=d)
+
+        return jax.tree_util.tree_map(one, params, self.dims,
+                                      *(() if self.axes is None else (self.axes,)))
 
     def wrap(self, params: Any) -> Any:
         return gather_on_use.wrap(params, self.dims, axis=self.axis, axes=self.axes)

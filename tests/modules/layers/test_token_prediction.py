@@ -109,7 +109,6 @@ def test_losses_metrics_and_gradient_equal_the_written_formula(experts):
     assert_close(loss, main, what="reported loss = the next-token one")
     for k, expected in enumerate(losses, start=1):
         assert_close(summaries[f"metrics/mtp_loss/{k}"], expected, what=f"mtp_loss/{k}")
-    assert all(float(value) > 0 for value in losses)
 
     def formula(p):
         main, losses = _written_out(model, p, batch)
