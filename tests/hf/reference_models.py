@@ -19,6 +19,7 @@ from titanax.parallel.expert_parallel import EP
 from titanax.parallel.plan import CP, DP, PP, TP, Plan, ZeRO
 from titanax.runtime.mesh import MeshSpec
 from titanax.train import optimizers
+from titanax.train import starting_params
 from titanax.train.engine import Engine
 from titanax.train.learner import Learner
 
@@ -312,10 +313,10 @@ def token_ids(rows: int = 8, length: int = 16, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, (rows, length)).astype(np.int32)
 
 
-def engine_for(directory, *, data, model=1, pipe=1, context=1, expert=1, zero=None,
+def engine_for(directory, *, data, model=1, pipe=1, context=1, expert=1, zero=None, lora=None,
                **model_changes) -> Engine:
     """An Engine of the HF model on data x model x pipe x context x expert devices, its params
-    imported."""
+    imported (``lora``: a LoRA config, its adapters added fresh)."""
     sizes = {"data": data, "model": model, "pipe": pipe, "context": context, "expert": expert}
     axes = tuple(a for a, n in sizes.items() if a == "data" or n > 1)
     plan = Plan.default_config().set(
@@ -332,7 +333,9 @@ def engine_for(directory, *, data, model=1, pipe=1, context=1, expert=1, zero=No
         plan=plan, model=importer.model_config(directory).set(**model_changes),
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.sgd).set(learning_rate=0.1)),
-        loggers=[], log_every=1000)
+        loggers=[], log_every=1000, lora=lora, init_from=directory if lora else None)
     engine = cfg.instantiate()
-    engine.init_state(params=importer.params_for_engine(engine, directory))
+    # (With adapters: the directory's weights and fresh adapters, as a launched run starts.)
+    engine.init_state(params=starting_params.params_from_hf(engine) if lora else
+                      importer.params_for_engine(engine, directory))
     return engine

@@ -144,3 +144,83 @@ def _flat(tree, prefix=""):
         path = f"{prefix}/{name}" if prefix else name
         out.update(_flat(value, path) if isinstance(value, dict) else {path: value})
     return out
+
+
+# Every weight today's families let LoRA adapt: the default targets (attention q / k / v / output,
+# latent attention's low-rank projections, Gated DeltaNet's q / k / v, the dense MLPs) and Gated
+# DeltaNet's gate and decay projections.
+_EVERY_ADAPTABLE = lora.DEFAULT_TARGETS + (r"(^|/)attn/(z|a|b)_weight$",)
+# Every attention projection (what the refusal of DeepSeek-V3's MLP adapters suggests).
+_ATTENTION = (r"(^|/)attn/.*weight$",)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj",
+                                  "qwen3_5", "qwen3_5_moe"])
+def test_todays_families_peft_adapters_give_titanax_logits(kind, tmp_path_factory, tmp_path):
+    """Adapters on every adaptable weight of each new family, moved off zero, exported as PEFT
+    and loaded onto the transformers model: its logits are Titanax's. Covers the weights whose
+    Hugging Face tensor is shared (Qwen 3.5's in_proj_qkv: q, k and v in one adapter of rank
+    3r; its gated q_proj: the query's rows), reordered (DeepSeek-V3's interleaved RoPE rows)
+    or folded from heads."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from tests.hf import reference_models
+    from titanax.hf.peft_export import export_peft
+    directory = reference_models.saved_model(kind, tmp_path_factory.getbasetemp())
+    # (PEFT reads DeepSeek-V3's MLP names as its experts': attention only, the MLP refused below.)
+    targets = {"qwen3_5": _EVERY_ADAPTABLE, "qwen3_5_moe": _EVERY_ADAPTABLE,
+               "deepseek_v3": _ATTENTION, "deepseek_v3_q_proj": _ATTENTION}
+    engine = reference_models.engine_for(directory, data=1, lora=lora.LoRA.default_config().set(
+        rank=4, alpha=8.0, targets=targets.get(kind, lora.DEFAULT_TARGETS)))
+    params = _moved(engine.state.params)
+    ids = reference_models.token_ids(rows=2, length=12)
+    ours = np.asarray(engine.steps.model_method("logits")(params, ids))
+    target = str(tmp_path / "adapter")
+    export_peft(engine.states.canonical_params(params), model_cfg=engine.model.config,
+                specs=engine.model_specs(), lora_cfg=engine.config.lora, directory=target,
+                base_model=directory)
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), target).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor(ids)).logits.numpy()
+        with model.disable_adapter():
+            plain = model(torch.tensor(ids)).logits.numpy()
+    assert np.abs(plain - theirs).max() > 1e-2  # The adapters change the model.
+    assert_close(theirs, ours, bound=CROSS_FRAMEWORK, what=f"peft's logits of {kind}'s adapters")
+    if kind == "deepseek_v3":
+        _refused_with_mlp_adapters(directory, ids, tmp_path)
+
+
+def _refused_with_mlp_adapters(directory, ids, tmp_path):
+    """PEFT (under transformers 5) would load a DeepSeek-V3 adapter's gate / up / down
+    projections as the experts' fused weights, dropping a dense layer's adapter: refused by
+    name; the merged export carries them (transformers' logits equal Titanax's)."""
+    from tests.hf import reference_models
+    from titanax.errors import HFError
+    from titanax.hf import exporter
+    from titanax.hf.peft_export import export_peft
+    engine = reference_models.engine_for(directory, data=1,
+                                         lora=lora.LoRA.default_config().set(rank=4))
+    params = _moved(engine.state.params)
+    canonical = engine.states.canonical_params(params)
+    with pytest.raises(HFError, match=r"lora.targets: .*mlp.down_proj would be dropped"):
+        export_peft(canonical, model_cfg=engine.model.config, specs=engine.model_specs(),
+                    lora_cfg=engine.config.lora, directory=str(tmp_path / "refused"))
+    assert not os.path.exists(tmp_path / "refused")
+    merged = str(tmp_path / "merged")
+    exporter.export_params(lora.merged_params(canonical, engine.model_specs(),
+                                              scale=engine.converters[0].scale),
+                           model_cfg=engine.model.config, directory=merged, source_dir=directory)
+    ours = np.asarray(engine.steps.model_method("logits")(params, ids))
+    assert_close(reference_models.hf_logits(merged, ids), ours, bound=CROSS_FRAMEWORK,
+                 what="the merged DeepSeek-V3 export's logits")
+
+
+def _moved(params):
+    """``params`` with every LoRA B moved off zero (fixed random values)."""
+    import jax
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(len(jax.tree_util.keystr(p))),
+                                                 x.shape, x.dtype)
+        if jax.tree_util.keystr(p).endswith("_lora_b']") else x, params)

@@ -14,6 +14,15 @@ DELTAS = {
     "qkv_weight": "ldr,lrthk->ldthk",    # GPT-2's fused q/k/v: one A, B over (3, heads, dim)
     "gate_up_weight": "ltdr,ltrf->ldtf",  # [L, 2, d, r] x [L, 2, r, hidden]: gate, up apart
     "weight": "lir,lro->lio",            # A Linear (o, down, GPT-2's up).
+    # Latent attention: low-rank query / latent projections [L, d, n], head expansions.
+    "q_a_weight": "ldr,lro->ldo",
+    "kv_a_weight": "ldr,lro->ldo",
+    "q_b_weight": "ldr,lrhk->ldhk",
+    "kv_b_weight": "ldr,lrhk->ldhk",
+    # Gated DeltaNet: the output gate by heads, the decay and write-strength projections.
+    "z_weight": "ldr,lrhk->ldhk",
+    "a_weight": "ldr,lrh->ldh",
+    "b_weight": "ldr,lrh->ldh",
 }
 
 

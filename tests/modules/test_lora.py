@@ -12,6 +12,8 @@ from tests.numerics import assert_close, parity_floats
 from titanax.errors import ConfigError
 from titanax.modules import functional, lora
 from titanax.modules.lora import A_SUFFIX, B_SUFFIX, LoRA
+from titanax.modules.layers.gated_deltanet import GatedDeltaNet
+from titanax.modules.layers.latent_attention import MultiHeadLatentAttention
 from titanax.modules.models.decoder import Decoder, gpt_config
 
 pytestmark = pytest.mark.usefixtures("float64_numerics")
@@ -72,12 +74,29 @@ def _loss(model, params):
     return functional(model, None, params, (_batch(),), is_training=False)[0][0]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def _family(family):
+    """A tiny model of ``family`` and the LoRA targets that adapt every weight its layers can."""
+    if family == "gpt2":
+        return gpt_config(name="decoder", vocab_size=64, max_seq_len=16, num_layers=2,
+                          model_dim=32, num_heads=4).instantiate(), lora.DEFAULT_TARGETS
+    changes = {}
+    if family == "latent":  # DeepSeek-V3's attention: low-rank queries and a shared latent.
+        changes = dict(latent_attention=MultiHeadLatentAttention.default_config().set(
+            num_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6,
+            qk_rope_head_dim=4, v_head_dim=5))
+    elif family == "delta":  # Qwen 3.5's: a Gated DeltaNet layer, then gated full attention.
+        changes = dict(layer_pattern=("linear", "full"), attention_output_gate=True,
+                       linear_attention=GatedDeltaNet.default_config().set(
+                           num_key_heads=2, num_value_heads=4, key_head_dim=8,
+                           value_head_dim=8, chunk_size=8))
+    model = Decoder.default_config().set(**BASE, **changes).instantiate()
+    return model, lora.DEFAULT_TARGETS + (r"(^|/)attn/(z|a|b)_weight$",) * (family == "delta")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "latent", "delta"])
 def test_the_model_starts_as_its_base_and_adapter_gradients_equal_the_merged_weights(family):
-    model = _model() if family == "llama" else gpt_config(
-        name="decoder", vocab_size=64, max_seq_len=16, num_layers=2, model_dim=32,
-        num_heads=4).instantiate()
-    adapters, specs = _adapted(model)
+    model, targets = _family(family)
+    adapters, specs = _adapted(model, targets=targets)
     settings = adapters.settings()
     params = parity_floats(model.initialize_parameters_recursively(jax.random.PRNGKey(0),
                                                                    specs=specs))

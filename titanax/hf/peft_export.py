@@ -15,9 +15,12 @@ written here: export such a run merged.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
-from typing import Any, Dict, List, Optional
+import re
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -33,6 +36,11 @@ from titanax.modules.models.decoder import is_gpt2
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PREFIX = "base_model.model."
+# Families whose MLP projection names PEFT's loader (0.18+, under transformers 5) takes for their
+# experts' fused weights (peft/utils/transformers_weight_conversion.py): an adapter of a dense
+# MLP or a shared expert there would be dropped on load, silently.
+EXPERT_RENAMED_TYPES = frozenset({"deepseek_v3", "qwen3_moe"})
+EXPERT_RENAMED_NAMES = ("gate_proj", "up_proj", "down_proj")
 
 
 def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
@@ -45,55 +53,120 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
                              path="--format", suggestion="export the run with --format=merged")
     # The base must be a model some HF family computes (the field that is not, named): PEFT
     # loads the adapters onto that family's modules.
-    hf_config_from_model(model_cfg)
+    model_type = hf_config_from_model(model_cfg)["model_type"]
     maps = {m.path: m for m in param_map.tensor_maps(model_cfg)}
     _, adapters = lora.split_adapters(params)
-    planned: List[PlannedTensor] = []
-    modules = set()
+    modules: Dict[str, List[_Adapter]] = {}
     for path in lora.adapted_paths(specs):
-        spec = _at(specs, path)
         tensor_map = maps.get(path)
         if tensor_map is None:
             raise errors.HFError(f"{path} has no Hugging Face tensor to attach its adapter to",
                                  path="lora.targets",
                                  suggestion="export the run with --format=merged")
         a, b = (_host(_at(adapters, path + suffix)) for suffix in (lora.A_SUFFIX, lora.B_SUFFIX))
-        layer_spec = lora.per_layer(spec)
-        for layer in range(tensor_map.layers or 1):
-            a_layer, b_layer = (x[layer] for x in (a, b)) if tensor_map.layers else (a, b)
-            a_weight, b_weight = (np.asarray(x) for x in lora.as_weights(a_layer, b_layer,
-                                                                          spec=layer_spec))
-            for name, hf_a, hf_b in zip(tensor_map.names_for(layer),
-                                        tensor_map.form.to_hf(a_weight),
-                                        tensor_map.form.to_hf(b_weight)):
-                module = name[:-len(".weight")]
-                modules.add(module.rsplit(".", 1)[-1])
-                for part, value in (("lora_A", hf_a), ("lora_B", hf_b)):
-                    value = np.ascontiguousarray(value)
-                    planned.append(PlannedTensor(
-                        name=f"{PREFIX}{module}.{part}.weight", shape=tuple(value.shape),
-                        dtype=value.dtype, produce=lambda v=value: v))
+        for name, adapter in _hf_adapters(tensor_map, a, b, spec=_at(specs, path)):
+            modules.setdefault(name[:-len(".weight")], []).append(adapter)
+    _check_loadable(modules, model_type=model_type)
+    planned: List[PlannedTensor] = []
+    ranks: Dict[str, int] = {}
+    for module, parts in modules.items():
+        hf_a, hf_b = _joined(parts) if len(parts) > 1 or parts[0].part else (parts[0].a,
+                                                                              parts[0].b)
+        if len(parts) > 1:
+            ranks[module] = hf_a.shape[0]
+        for part, value in (("lora_A", hf_a), ("lora_B", hf_b)):
+            value = np.ascontiguousarray(value)
+            planned.append(PlannedTensor(
+                name=f"{PREFIX}{module}.{part}.weight", shape=tuple(value.shape),
+                dtype=value.dtype, produce=lambda v=value: v))
     writer = jax.process_index() == 0
     if writer:
         os.makedirs(directory, exist_ok=True)
     write_file(os.path.join(directory, WEIGHTS_FILE), sorted(planned, key=lambda t: t.name),
                write=writer)
     if writer:
-        config = adapter_config(lora_cfg, sorted(modules), base_model=base_model)
+        config = adapter_config(lora_cfg, sorted({m.rsplit(".", 1)[-1] for m in modules}),
+                                base_model=base_model, ranks=ranks)
         with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, sort_keys=True)
             f.write("\n")
     return directory
 
 
+def _check_loadable(modules: Dict[str, Any], *, model_type: str) -> None:
+    renamed = sorted(m for m in modules if m.rsplit(".", 1)[-1] in EXPERT_RENAMED_NAMES)
+    if model_type in EXPERT_RENAMED_TYPES and renamed:
+        raise errors.HFError(
+            f"PEFT loads a {model_type} adapter's {'/'.join(EXPERT_RENAMED_NAMES)} as the "
+            f"experts' fused weights, so the adapter of {renamed[0]} would be dropped on load",
+            path="lora.targets",
+            suggestion="export the run with --format=merged, or train without MLP targets "
+                       "(e.g. --config.lora.targets=\"['(^|/)attn/']\")")
+
+
 def adapter_config(lora_cfg: ConfigBase, target_modules: List[str], *,
-                   base_model: Optional[str]) -> Dict[str, Any]:
-    """PEFT's LoraConfig fields for these adapters."""
+                   base_model: Optional[str], ranks: Optional[Dict[str, int]] = None
+                   ) -> Dict[str, Any]:
+    """PEFT's LoraConfig fields for these adapters. ``ranks``: the modules whose adapter joins
+    several of Titanax's (one HF tensor holding several params), by name, and its rank -- a
+    multiple of ``r`` -- with the alpha that keeps ``r``'s scale."""
+    ranks = ranks or {}
+    times = {m: rank / lora_cfg.rank for m, rank in ranks.items()}
+    alphas = {re.escape(m): lora_cfg.alpha * (math.sqrt(k) if lora_cfg.rslora else k)
+              for m, k in times.items()}
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora_cfg.rank,
+            "rank_pattern": {re.escape(m): rank for m, rank in ranks.items()},
+            "alpha_pattern": alphas,
             "lora_alpha": lora_cfg.alpha, "lora_dropout": lora_cfg.dropout_rate,
             "use_rslora": lora_cfg.rslora, "target_modules": target_modules, "bias": "none",
             "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True,
             "modules_to_save": None, "base_model_name_or_path": base_model}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Adapter:
+    """One Titanax adapter pair as PEFT's tensors of its HF module: ``a`` ``[r, in]``, ``b``
+    ``[out, r]`` -- or, where the param is a ``part`` of the module's tensor, ``b`` the part's
+    rows only."""
+
+    a: np.ndarray
+    b: np.ndarray
+    part: Optional[param_map.Part]
+
+
+def _hf_adapters(tensor_map: param_map.TensorMap, a: np.ndarray, b: np.ndarray, *,
+                 spec: Any) -> Iterator[Tuple[str, _Adapter]]:
+    """``(HF tensor name, adapter)`` for each layer of one adapted param. B is a weight from
+    the rank to the param's outputs, so the param's form turns it as it turns the weight
+    (heads folded into rows, RoPE features reordered); A goes from the inputs to the rank, so
+    a weight with its inputs first and nothing else beside them (no gate / up pair) gives
+    ``A^T``, whatever its form does to outputs."""
+    layer_spec = lora.per_layer(spec)
+    roles = lora.weight_roles(layer_spec, path=tensor_map.path)
+    plain_inputs = not roles.batch and roles.inputs == (0,)
+    for layer in range(tensor_map.layers or 1):
+        a_layer, b_layer = (x[layer] for x in (a, b)) if tensor_map.layers else (a, b)
+        a_weight, b_weight = (np.asarray(x) for x in lora.as_weights(a_layer, b_layer,
+                                                                      spec=layer_spec))
+        hf_as = ([a_weight.reshape(a_weight.shape[0], -1).T] if plain_inputs
+                 else tensor_map.form.to_hf(a_weight))
+        for name, hf_a, hf_b in zip(tensor_map.names_for(layer), hf_as,
+                                    tensor_map.form.to_hf(b_weight)):
+            yield name, _Adapter(a=hf_a, b=hf_b, part=tensor_map.form.part)
+
+
+def _joined(parts: List[_Adapter]) -> Tuple[np.ndarray, np.ndarray]:
+    """One module's adapter from its params' (each a part of the module's tensor): A their As
+    stacked (rank ``k r``), B zero but for each part's rows, which read its own rank's
+    columns -- the same product, summed, as the params' adapters."""
+    rank = parts[0].a.shape[0]
+    total = rank * len(parts)
+    full = parts[0].part.full_shape
+    b = np.zeros(full[:-1] + (total,), parts[0].b.dtype)
+    view = b.reshape(parts[0].part.view_shape[:-1] + (total,))
+    for k, adapter in enumerate(parts):
+        view[adapter.part.index][..., k * rank:(k + 1) * rank] = adapter.b
+    return np.concatenate([adapter.a for adapter in parts]), b
 
 
 def _at(tree: Dict[str, Any], path: str) -> Any:

@@ -200,8 +200,10 @@ class BaseLayer(Module):
     @nowrap
     def adaptable_weight_paths(self, prefix: str = "") -> List[str]:
         """'/'-joined paths (as in the spec tree) of the weights whose layers add a LoRA update
-        to their product (``ADAPTABLE_WEIGHTS``: modules/lora.py)."""
-        paths = [f"{prefix}{name}" for name in self.ADAPTABLE_WEIGHTS]
+        to their product (``ADAPTABLE_WEIGHTS``: modules/lora.py; those the layer's config
+        gives it)."""
+        own = self._create_layer_parameter_specs() if self.ADAPTABLE_WEIGHTS else {}
+        paths = [f"{prefix}{name}" for name in self.ADAPTABLE_WEIGHTS if name in own]
         for name, child in self._children.items():
             if isinstance(child, BaseLayer):
                 paths += child.adaptable_weight_paths(f"{prefix}{name}/")

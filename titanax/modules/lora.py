@@ -49,10 +49,12 @@ A_SUFFIX = "_lora_a"
 B_SUFFIX = "_lora_b"
 
 # The default targets: attention's q / k / v / output projections and the MLP's, in the decoder
-# family (GPT-2's fused qkv and c_fc / c_proj included), as regular expressions over param paths
+# family (GPT-2's fused qkv and c_fc / c_proj, latent attention's low-rank query and key/value
+# projections, Gated DeltaNet's q / k / v included), as regular expressions over param paths
 # ('/'-joined, e.g. "decoder/layer/attn/q_weight").
 DEFAULT_TARGETS = (
     r"(^|/)attn/(q|k|v|qkv)_weight$",
+    r"(^|/)attn/(q_a|q_b|kv_a|kv_b)_weight$",
     r"(^|/)attn/o/weight$",
     r"(^|/)mlp/gate_up_weight$",
     r"(^|/)mlp/(up|down)/weight$",
@@ -315,10 +317,22 @@ def weight_roles(spec, *, path: str) -> WeightRoles:
 # --- The adapted product (layers call it) ----------------------------------------------------
 
 
-def low_rank_update(layer, equation: str, x: jax.Array, name: str) -> Optional[jax.Array]:
+def adapted_einsum(layer, equation: str, x: jax.Array, name: str, *,
+                   whole_sequence: bool = False) -> jax.Array:
+    """``einsum(equation, x, W)`` for ``layer``'s weight ``name`` (in ``x``'s dtype), plus its
+    ``low_rank_update`` where the weight is adapted: a layer's adaptable product in one call."""
+    y = jnp.einsum(equation, x, layer.parameters[name].astype(x.dtype))
+    update = low_rank_update(layer, equation, x, name, whole_sequence=whole_sequence)
+    return y if update is None else y + update
+
+
+def low_rank_update(layer, equation: str, x: jax.Array, name: str, *,
+                    whole_sequence: bool = False) -> Optional[jax.Array]:
     """``scale * (dropout(x) A) B`` for ``layer``'s weight ``name`` used as ``einsum(equation,
     x, W)``: what the layer adds to that product when it holds an adapter for the weight and
-    the scope enables adapters; None otherwise (the layer's code is then unchanged)."""
+    the scope enables adapters; None otherwise (the layer's code is then unchanged).
+    ``whole_sequence``: ``x`` holds the whole row on every rank even under context parallelism
+    (a row gathered there), so its dropout mask is the one one device draws."""
     params = layer.parameters
     a = params.get(name + A_SUFFIX) if isinstance(params, dict) else None
     settings = current_settings()
@@ -335,13 +349,14 @@ def low_rank_update(layer, equation: str, x: jax.Array, name: str) -> Optional[j
     rate = settings.dropout_rate if layer.is_training else 0.0
     x_in = x
     if rate:
-        keep = jax.random.bernoulli(_dropout_key(layer, spec, name), 1.0 - rate, x.shape)
+        key = _dropout_key(layer, spec, name, whole_sequence=whole_sequence)
+        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
         x_in = jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
     return _low_rank_product(x_in, a.astype(x.dtype), b.astype(x.dtype), a_eq=a_eq, b_eq=b_eq,
                              scale=settings.scale)
 
 
-def _dropout_key(layer, spec, name: str) -> jax.Array:
+def _dropout_key(layer, spec, name: str, *, whole_sequence: bool) -> jax.Array:
     """The key of the dropout on the adapter's input: the layer's, salted by the weight, and
     folded with this device's place along every dimension of ``x`` split across devices -- the
     weight's input features (a row-parallel projection's heads / mlp) and a context-parallel
@@ -351,7 +366,7 @@ def _dropout_key(layer, spec, name: str) -> jax.Array:
     binding = layer.axis_binding
     names = [spec.logical_axes[d] for d in weight_roles(spec, path=name).inputs] \
         if spec.logical_axes is not None else []
-    for dim in names + [SEQUENCE]:
+    for dim in names + ([] if whole_sequence else [SEQUENCE]):
         if dim is not None and binding.active(dim) is not None:
             key = jax.random.fold_in(key, binding.rank(dim))
     return key

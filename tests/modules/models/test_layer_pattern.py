@@ -13,6 +13,7 @@ import pytest
 from titanax import errors
 from titanax.hf import importer
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
+from titanax.modules.lora import DEFAULT_TARGETS, LoRA
 from titanax.modules.models.decoder import Decoder
 from titanax.modules.module import functional
 from titanax.modules.layers.latent_attention import MultiHeadLatentAttention
@@ -165,11 +166,12 @@ FAMILIES = {"qwen3_5": _qwen35_like, "gemma3": _gemma3_like, "gpt_oss": _gpt_oss
             "deepseek_v3_pipelined": _deepseek_v3_without_choosing_bias}
 
 
-def _engine(family, mesh_shape, axes, plan):
+def _engine(family, mesh_shape, axes, plan, *, lora=None, **model_changes):
     cfg = helpers.gpt_engine(data=1, learner=helpers.sgd(0.5)).config.clone()
-    cfg.model = FAMILIES[family](vocab_size=256)  # (text_batches: bytes.)
+    cfg.model = FAMILIES[family](vocab_size=256).set(**model_changes)  # (text_batches: bytes.)
     cfg.mesh = helpers.mesh(mesh_shape, axes, devices=list(range(int(np.prod(mesh_shape)))))
     cfg.plan = plan
+    cfg.lora = lora
     return cfg.instantiate()
 
 
@@ -213,6 +215,36 @@ def test_todays_families_train_alike_on_every_layout(family, float64_numerics):
     for name, (losses, params) in results.items():
         assert_close(losses, want_losses, what=f"{family} {name} losses")
         assert_close(params, want_params, what=f"{family} {name} params")
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "deepseek_v3"])
+def test_lora_on_todays_attention_trains_alike_under_tp_and_cp(family, float64_numerics):
+    """LoRA on every weight Gated DeltaNet and latent attention adapt (and the stacks' other
+    projections): three steps under data x TP (the adapters of head-split weights split with
+    them) and data x context (the latent attention's adapters on the gathered row) equal one
+    device's."""
+    del float64_numerics
+    adapters = LoRA.default_config().set(rank=4, alpha=8.0, targets=(
+        *DEFAULT_TARGETS, *[r"(^|/)attn/(z|a|b)_weight$"] * (family == "qwen3_5")))
+    layouts = _layouts(family)
+    layouts["dp2 x cp4"] = ((2, 4), ("data", "context"), Plan.default_config().set(
+        data_parallel=DP.default_config(), context_parallel=CP.default_config().set(
+            axis="context")))
+    layouts = {name: layouts[name] for name in ("dp4 x tp2", "dp2 x cp4")}
+    batches = helpers.text_batches(batch_size=8, seq_len=16, count=3)
+    changes = dict(mtp_depths=0)  # (Context parallelism takes no MTP depth.)
+    runs = {"one device": _engine(family, (1,), ("data",), Plan.default_config().set(
+        data_parallel=DP.default_config()), lora=adapters, **changes)}
+    runs.update({name: _engine(family, *layout, lora=adapters, **changes)
+                 for name, layout in layouts.items()})
+    results = {name: helpers.train(engine, batches) for name, engine in runs.items()}
+    want_losses, want_params = results.pop("one device")
+    moved = {k for k, v in helpers.flat(want_params).items()
+             if k.endswith("_lora_b") and np.abs(v).max() > 0}
+    assert any("attn" in k for k in moved), moved  # The adapters trained.
+    for name, (losses, params) in results.items():
+        assert_close(losses, want_losses, what=f"{family} LoRA {name} losses")
+        assert_close(params, want_params, what=f"{family} LoRA {name} params")
 
 
 def _greedy_by_forward(model, params, prompt, tokens):

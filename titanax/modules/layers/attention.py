@@ -297,13 +297,9 @@ class Attention(BaseLayer):
         return q, k, v
 
     def _project(self, x, name: str):
-        params = self.parameters
-        y = jnp.einsum("bsd,dhk->bshk", x, params[f"{name}_weight"].astype(x.dtype))
-        update = lora.low_rank_update(self, "bsd,dhk->bshk", x, f"{name}_weight")
-        if update is not None:
-            y = y + update
+        y = lora.adapted_einsum(self, "bsd,dhk->bshk", x, f"{name}_weight")
         if self.config.qkv_bias:
-            y = y + params[f"{name}_bias"].astype(x.dtype)
+            y = y + self.parameters[f"{name}_bias"].astype(x.dtype)
         return y
 
     def _kv_for_local_queries(self, kv, local_heads: int):

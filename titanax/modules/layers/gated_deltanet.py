@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import REQUIRED, Required
+from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.layers.context_delta_rule import (by_piece, context_parallel_gated_delta_rule,
                                                        piece_halos)
@@ -52,6 +53,10 @@ L2_NORM_EPS = 1e-6
 
 class GatedDeltaNet(BaseLayer):
     """``[batch, seq, model_dim]`` in and out; see the module docstring."""
+
+    # LoRA may adapt the projections of the input (Hugging Face's in_proj_qkv holds q, k and v;
+    # in_proj_z, in_proj_a, in_proj_b); the output projection is a Linear of its own.
+    ADAPTABLE_WEIGHTS = ("q_weight", "k_weight", "v_weight", "z_weight", "a_weight", "b_weight")
 
     class Config(BaseLayer.Config):
         # Width of the input and output (the residual stream; inside a Decoder: the model's,
@@ -214,7 +219,7 @@ class GatedDeltaNet(BaseLayer):
         return causal_conv(y, taps, halo=window.astype(y.dtype)), kept.astype(window.dtype)
 
     def _project(self, x, name):
-        return jnp.einsum("bsd,dhk->bshk", x, self.parameters[f"{name}_weight"].astype(x.dtype))
+        return lora.adapted_einsum(self, "bsd,dhk->bshk", x, f"{name}_weight")
 
     def _convolved(self, x, name, segment_ids, *, context=None):
         """``causal_conv`` of ``name``'s projection: nothing before the row's start or, packed,
@@ -238,8 +243,9 @@ class GatedDeltaNet(BaseLayer):
         head, in float32 or wider."""
         params = self.parameters
         x32 = at_least_float32(x)
-        beta = jax.nn.sigmoid(x32 @ params["b_weight"].astype(x32.dtype))
-        a = x32 @ params["a_weight"].astype(x32.dtype) + params["dt_bias"].astype(x32.dtype)
+        beta = jax.nn.sigmoid(lora.adapted_einsum(self, "bsd,dh->bsh", x32, "b_weight"))
+        a = (lora.adapted_einsum(self, "bsd,dh->bsh", x32, "a_weight")
+             + params["dt_bias"].astype(x32.dtype))
         return beta, -jnp.exp(params["a_log"].astype(x32.dtype)) * jax.nn.softplus(a)
 
     def _gated_norm(self, out, gate):

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import REQUIRED, Required
+from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import rotary
@@ -49,6 +50,10 @@ from titanax.parallel.axis_binding import HEADS, RESIDUAL_SEQUENCE, SEQUENCE
 
 class MultiHeadLatentAttention(BaseLayer):
     """Causal MLA; ``forward(x, positions=None, segment_ids=None)`` as ``Attention``'s."""
+
+    # LoRA may adapt each projection (PEFT's q_proj / q_a_proj / q_b_proj / kv_a_proj_with_mqa /
+    # kv_b_proj; the output projection is a Linear of its own).
+    ADAPTABLE_WEIGHTS = ("q_weight", "q_a_weight", "q_b_weight", "kv_a_weight", "kv_b_weight")
 
     class Config(BaseLayer.Config):
         # Width of the input and output (inside a Decoder: the model's, which sets it).
@@ -133,7 +138,8 @@ class MultiHeadLatentAttention(BaseLayer):
                                               fan_axes=FanAxes(in_axes=(0,), out_axes=(1, 2)))
         else:
             specs["q_a_weight"] = ParameterSpec(shape=(d, cfg.q_lora_rank),
-                                                logical_axes=(None, None))
+                                                logical_axes=(None, None), fan_axes=FanAxes(
+                                                    in_axes=(0,), out_axes=(1,)))
             specs["q_b_weight"] = ParameterSpec(
                 shape=(cfg.q_lora_rank, heads, qk), logical_axes=(None, HEADS, None),
                 fan_axes=FanAxes(in_axes=(0,), out_axes=(1, 2)))
@@ -141,7 +147,8 @@ class MultiHeadLatentAttention(BaseLayer):
                 specs["q_a_bias"] = ParameterSpec(shape=(cfg.q_lora_rank,),
                                                   logical_axes=(None,), **bias)
         latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim
-        specs["kv_a_weight"] = ParameterSpec(shape=(d, latent), logical_axes=(None, None))
+        specs["kv_a_weight"] = ParameterSpec(shape=(d, latent), logical_axes=(None, None),
+                                             fan_axes=FanAxes(in_axes=(0,), out_axes=(1,)))
         if cfg.bias:
             specs["kv_a_bias"] = ParameterSpec(shape=(latent,), logical_axes=(None,), **bias)
         specs["kv_b_weight"] = ParameterSpec(
@@ -168,12 +175,12 @@ class MultiHeadLatentAttention(BaseLayer):
         cfg = self.config
         params = self.parameters
         if cfg.q_lora_rank is None:
-            q = jnp.einsum("bsd,dhk->bshk", x, params["q_weight"].astype(x.dtype))
+            q = lora.adapted_einsum(self, "bsd,dhk->bshk", x, "q_weight")
         else:
-            low = x @ params["q_a_weight"].astype(x.dtype)
+            low = lora.adapted_einsum(self, "bsd,dr->bsr", x, "q_a_weight")
             if cfg.bias:
                 low = low + params["q_a_bias"].astype(x.dtype)
-            q = jnp.einsum("bsr,rhk->bshk", self.q_norm(low), params["q_b_weight"].astype(x.dtype))
+            q = lora.adapted_einsum(self, "bsr,rhk->bshk", self.q_norm(low), "q_b_weight")
         nope = cfg.qk_nope_head_dim
         return jnp.concatenate([q[..., :nope], self._rotated(q[..., nope:], positions)], -1)
 
@@ -184,21 +191,21 @@ class MultiHeadLatentAttention(BaseLayer):
         """The normalised latent ``[b, s, kv_lora_rank]`` and the rotated shared key ``[b, s,
         rope]``: what the cache holds."""
         cfg = self.config
-        params = self.parameters
-        both = x @ params["kv_a_weight"].astype(x.dtype)
+        both = lora.adapted_einsum(self, "bsd,dl->bsl", x, "kv_a_weight")
         if cfg.bias:
-            both = both + params["kv_a_bias"].astype(x.dtype)
+            both = both + self.parameters["kv_a_bias"].astype(x.dtype)
         latent = self.kv_norm(both[..., :cfg.kv_lora_rank])
         k_rope = self._rotated(both[..., None, cfg.kv_lora_rank:], positions)[..., 0, :]
         return latent, k_rope
 
-    def _keys_values(self, latent, k_rope):
+    def _keys_values(self, latent, k_rope, *, gathered: bool = False):
         """Per local head, keys ``[b, s, h, nope + rope]`` and values ``[b, s, h, qk width]``
         (zero-padded to the keys' width when narrower, so every attention implementation takes
-        them; ``_output`` drops the padding)."""
+        them; ``_output`` drops the padding). ``gathered``: the latents are the whole row's,
+        gathered under context parallelism."""
         cfg = self.config
-        kv = jnp.einsum("bsr,rhk->bshk", latent,
-                        self.parameters["kv_b_weight"].astype(latent.dtype))
+        kv = lora.adapted_einsum(self, "bsr,rhk->bshk", latent, "kv_b_weight",
+                                 whole_sequence=gathered)
         nope = cfg.qk_nope_head_dim
         heads = kv.shape[2]
         k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(
@@ -245,7 +252,8 @@ class MultiHeadLatentAttention(BaseLayer):
         if strategy == "all_gather":
             row = collectives.all_gather(jnp.concatenate([latent, k_rope], -1), axis,
                                          axis_index=1)
-            k, v = self._keys_values(row[..., :cfg.kv_lora_rank], row[..., cfg.kv_lora_rank:])
+            k, v = self._keys_values(row[..., :cfg.kv_lora_rank], row[..., cfg.kv_lora_rank:],
+                                     gathered=True)
             return attend_gathered_row(q, k, v, positions=positions, segment_ids=segment_ids,
                                        axis=axis, scale=self.scale,
                                        sliding_window=cfg.sliding_window)
