@@ -6,8 +6,18 @@
 * ``deepseek_v3_671b``: DeepSeek-V3 671B with its multi-token-prediction depth, FSDP over
   ``data`` x experts over 32 ``expert`` devices (256).
 
+And each family's switches at CPU size (byte vocabulary, width 64), on the layout it needs:
+
+* ``gemma3_tiny``: sliding and global layers 5:1 with a tail layer, data x tensor parallel (4 x 2).
+* ``qwen3_5_tiny``: Gated DeltaNet and gated full attention 3:1, data x pipeline (4 x 2).
+* ``gpt_oss_tiny``: sliding / full layers with sinks, 8 experts, data x experts (2 x 4).
+* ``deepseek_v3_tiny``: latent attention, a dense first layer, 8 grouped sigmoid-routed experts
+  with a shared one and a balancing bias, one MTP depth, data x experts (2 x 4).
+
 Each trains on the bundled text as every language-model experiment does; start one from the
-published weights with ``--config.init_from=DIR`` (docs/huggingface.md).
+published weights with ``--config.init_from=DIR`` (docs/huggingface.md). A tiny one takes the
+same flags to change its layout as the others (``tests/test_todays_experiments.py`` trains each
+under several against data parallelism alone).
 """
 
 from titanax.config import register_experiment
@@ -16,7 +26,7 @@ from titanax.modules.models.gemma3 import gemma3_config
 from titanax.modules.models.gpt_oss import gpt_oss_config
 from titanax.parallel.expert_parallel import EP
 from titanax.modules.models.qwen3_5 import qwen3_5_config
-from titanax.parallel.plan import ZeRO
+from titanax.parallel.plan import PP, ZeRO
 from titanax.runtime.mesh import MeshSpec
 
 from .language_runs import language_model_run
@@ -93,3 +103,67 @@ def deepseek_v3_671b():
     cfg.plan.expert_parallel = EP.default_config().set(axis="expert")
     cfg.mesh = MeshSpec.default_config().set(axes=("data", "expert"), shape=(None, 32))
     return cfg
+
+
+# The shapes every tiny family shares (the family's own switches are kept).
+_TINY = dict(vocab_size=256, max_seq_len=64, model_dim=64, num_heads=4, num_kv_heads=2,
+             head_dim=16, hidden_dim=128)
+
+
+def _tiny_run(model, *, tp_axis=None):
+    return language_model_run(model=model, tp_axis=tp_axis, seq_len=64, batch_size=16,
+                              steps=500, peak_lr=3e-3, eval_batches=10)
+
+
+def _tiny_experts(cfg):
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "expert"), shape=(None, 4))
+    cfg.plan.expert_parallel = EP.default_config().set(axis="expert")
+    return cfg
+
+
+@register_experiment
+def gemma3_tiny():
+    """Gemma 3's switches (five sliding layers then a global one, and a sliding tail layer;
+    sandwich norms, QK-norm, scaled embeddings, tied head) at CPU size, data x TP (4 x 2)."""
+    return _tiny_run(gemma3_config("1b", **_TINY, num_layers=7, sliding_window=16,
+                                   embedding_multiplier=8.0, attention_scale=None),
+                     tp_axis="model")
+
+
+@register_experiment
+def qwen3_5_tiny():
+    """Qwen 3.5's switches (three Gated DeltaNet layers then one of gated full attention with
+    partial RoPE, twice) at CPU size, in two pipeline stages (data x pipe = 4 x 2, 1F1B)."""
+    model = qwen3_5_config("27b", **_TINY, num_layers=8, tie_embeddings=True)
+    model.linear_attention.set(num_key_heads=2, num_value_heads=4, key_head_dim=16,
+                               value_head_dim=16, chunk_size=16)
+    cfg = _tiny_run(model)
+    cfg.mesh = MeshSpec.default_config().set(axes=("data", "pipe"), shape=(None, 2))
+    cfg.plan.pipeline_parallel = PP.default_config().set(axis="pipe", schedule="1f1b",
+                                                         microbatch_size=1)
+    return cfg
+
+
+@register_experiment
+def gpt_oss_tiny():
+    """gpt-oss's switches (sliding and full layers in turn, sinks, biased projections, YaRN,
+    clamped-SwiGLU experts behind a biased router) at CPU size: 8 experts (top 2), data x
+    experts (2 x 4)."""
+    model = gpt_oss_config("20b", **_TINY, num_layers=4, sliding_window=16)
+    model.moe.set(hidden_dim=64, num_experts=8, top_k=2, dispatch="dropless")
+    model.rope_scaling.set(factor=4.0, original_max_position_embeddings=16)
+    return _tiny_experts(_tiny_run(model))
+
+
+@register_experiment
+def deepseek_v3_tiny():
+    """DeepSeek-V3's switches (latent attention with low-rank queries, a dense first layer,
+    sigmoid routing over the best groups with a balancing bias, a shared expert, one MTP
+    depth) at CPU size: 8 experts (top 2), data x experts (2 x 4)."""
+    model = deepseek_v3_config("671b", **_TINY, num_layers=3, first_dense_layers=1)
+    model.moe.set(hidden_dim=32, num_experts=8, top_k=2, shared_hidden_dim=32)
+    model.moe.router.set(num_groups=4, top_groups=2)
+    model.latent_attention.set(num_heads=4, q_lora_rank=24, kv_lora_rank=16,
+                               qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)
+    model.rope_scaling.set(factor=4.0, original_max_position_embeddings=16)
+    return _tiny_experts(_tiny_run(model))

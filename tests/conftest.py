@@ -40,7 +40,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # (pytest.ini), and a heavy file started last would run alone at the end of the suite.
 HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_parity.py",
                   "tests/train/test_preference_training.py", "tests/harness/test_lm_eval_parity.py",
-                  "tests/rl/test_grpo_launch.py", "tests/test_pipeline_experiments.py",
+                  "tests/rl/test_grpo_launch.py", "tests/test_todays_experiments.py",
+                  "tests/test_pipeline_experiments.py",
                   "tests/harness/test_lm_eval_evaler.py", "tests/train/test_sharded_state.py",
                   "tests/train/test_lora_training.py", "tests/test_moe_experiments.py",
                   "tests/parallel/test_context_parallel.py",

@@ -199,16 +199,24 @@ def _layouts(family):
     return layouts
 
 
+# The layout each family's tiny experiment trains on, checked through the launcher instead
+# (tests/test_todays_experiments.py).
+LAUNCHED = {"gemma3": "dp4 x tp2", "qwen3_5": "dp4 x pp2", "gpt_oss": "dp2 x ep4",
+            "deepseek_v3": "dp2 x ep4"}
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_todays_families_train_alike_on_every_layout(family, float64_numerics):
     """Three SGD steps of each family's tiny stack on one device and on every layout it runs
-    under: the same losses and params (float64: a wrong layout is off by far more than
-    rounding), and the loss falls."""
+    under (but the one its tiny experiment trains on through the launcher): the same losses
+    and params (float64: a wrong layout is off by far more than rounding), and the loss
+    falls."""
     del float64_numerics
     batches = helpers.text_batches(batch_size=8, seq_len=16, count=3)
     runs = {"one device": _engine(family, (1,), ("data",), Plan.default_config().set(
         data_parallel=DP.default_config()))}
-    runs.update({name: _engine(family, *layout) for name, layout in _layouts(family).items()})
+    runs.update({name: _engine(family, *layout) for name, layout in _layouts(family).items()
+                 if name != LAUNCHED.get(family)})
     results = {name: helpers.train(engine, batches) for name, engine in runs.items()}
     want_losses, want_params = results.pop("one device")
     assert want_losses[-1] < want_losses[0], want_losses
