@@ -246,8 +246,9 @@ def test_deepseek_v3s_and_kimi_k2s_own_config_json_read_as_transformers_reads_th
         json.dump({**published, **changes}, open(os.path.join(directory, "config.json"), "w"))
         assert importer.model_config(directory).debug_string() == want, name
     for key, value, message in (
-            ("quantization_config", {"quant_method": "fp8", "weight_block_size": [128, 128]},
-             "dequantise them to bfloat16"),
+            ("quantization_config", {"quant_method": "fp8", "fmt": "e5m2",
+                                     "weight_block_size": [128, 128]},
+             "FP8 blocks as DeepSeek publishes them"),
             ("scoring_func", "softmax", "scoring_func='softmax'")):
         directory = _copy(source, tmp_path, key)
         json.dump({**published, key: value}, open(os.path.join(directory, "config.json"), "w"))

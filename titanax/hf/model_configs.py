@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from titanax import errors
 from titanax.config import ConfigBase
+from titanax.hf import fp8_blocks
 from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.rotary import Llama3RopeScaling, LinearRopeScaling, YarnRopeScaling
 from titanax.modules.layers.gated_deltanet import GatedDeltaNet
@@ -449,9 +450,9 @@ def _gpt_oss_rope(r: _Reader) -> Dict[str, Any]:
 def _deepseek_v3_published_keys(r: _Reader) -> None:
     """The keys DeepSeek's own config.json (and Kimi K2's) carries beside transformers' ones:
     what its modeling code computes is what transformers' does, or refused by name."""
-    r.expect("quantization_config", lambda v: not v, "Titanax reads unquantised weights (the "
-             "published DeepSeek-V3 and Kimi K2 are FP8 blocks): dequantise them to bfloat16 "
-             "first (DeepSeek's fp8_cast_bf16.py, or load in transformers and save again)", None)
+    r.expect("quantization_config", fp8_blocks.readable, "Titanax reads unquantised weights "
+             "and FP8 blocks as DeepSeek publishes them (quant_method 'fp8', fmt 'e4m3', "
+             "dynamic activations, a weight_block_size): dequantise others first", None)
     r.expect("scoring_func", lambda v: v in (None, "sigmoid"), "DeepSeek-V3 scores experts by "
              "sigmoid (softmax is DeepSeek-V2's)", "sigmoid")
     r.expect("topk_method", lambda v: v in (None, "noaux_tc"), "DeepSeek-V3 chooses the top "

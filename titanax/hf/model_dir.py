@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from titanax import errors
+from titanax.hf import fp8_blocks
 from titanax.hf.safetensors_io import SafetensorsFile
 from titanax.io.files import read_json_object
 
@@ -65,6 +66,8 @@ class ModelDir:
             self.multimodal = config["model_type"]
             config = language_model_config(config, where=os.path.join(self.directory, CONFIG))
         self.config = config
+        # The (out, in) block of FP8 weights (None: unquantised): hf/fp8_blocks.py.
+        self.fp8_block = fp8_blocks.block_size(config)
         self._files: Dict[str, SafetensorsFile] = {}
         # Tensor name -> (file, the name stored in it); a multimodal checkpoint's other parts
         # by their stored names.
@@ -134,7 +137,22 @@ class ModelDir:
                                               else ""),
                 path=file.path, suggestion="the config.json and the weights disagree: check "
                                            "that both come from the same model")
+        if view.dtype == fp8_blocks.FP8:
+            return self._dequantized(name, view, file_path=file.path)
         return view
+
+    def _dequantized(self, name: str, weight: np.ndarray, *, file_path: str) -> np.ndarray:
+        """An FP8 weight times its blocks' scales (float32)."""
+        if self.fp8_block is None or weight.ndim != 2:
+            raise errors.HFError(
+                f"tensor {name!r} is stored in FP8 ({tuple(weight.shape)}), but config.json "
+                "names no FP8 block quantisation (quantization_config) for it", path=file_path,
+                suggestion="the config.json and the weights disagree: check that both come "
+                           "from the same model")
+        scales = self.tensor(name + fp8_blocks.SCALE_SUFFIX, needed_by=f"the scales of {name}",
+                             expected_shape=fp8_blocks.scales_shape(weight.shape,
+                                                                    block=self.fp8_block))
+        return fp8_blocks.dequantized(weight, scales, block=self.fp8_block)
 
     def tokenizer_path(self) -> Optional[str]:
         path = os.path.join(self.directory, TOKENIZER)

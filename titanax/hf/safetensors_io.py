@@ -26,6 +26,8 @@ DTYPES = {
     "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
+    # (Block-quantised FP8 checkpoints: DeepSeek-V3's; hf/fp8_blocks.py dequantises them.)
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
 }
 NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
