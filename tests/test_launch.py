@@ -110,6 +110,19 @@ def test_explain_prints_mesh_layouts_and_collectives(tmp_path):
     assert "all-reduce  data" in result.stdout
 
 
+def test_explain_compiles_from_shapes_a_model_that_would_not_fit_this_machine(tmp_path):
+    """60 GiB of params (a train state of 120 GiB per device), on a machine of 24 GiB: --explain
+    reads the first batch but allocates no state -- the step is compiled on the state's shapes."""
+    result = _launch("--config=llama_tiny_dp_tp", "--cpu_devices=8", "--explain",
+                     "--config.model.model_dim=16384", "--config.model.hidden_dim=65536",
+                     "--config.evalers={}", f"--trainer_dir={tmp_path}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "total: 11 params, 60.0 GiB global, 30.0 GiB per device" in result.stdout
+    assert re.search(r"total +120\.1 GiB", result.stdout), result.stdout[-3000:]
+    assert "collectives of the train step:" in result.stdout
+    assert "all-reduce  data" in result.stdout
+
+
 def test_explain_of_a_sampling_objective_shows_and_writes_no_samples(tmp_path):
     """--explain samples one rollout for the shapes of the step it compiles: no samples shown,
     no samples.jsonl left where a later run would append its own."""

@@ -60,16 +60,20 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
     return "\n\n".join(parts)
 
 
-def explain_engine(engine: Any) -> str:
+def explain_engine(engine: Any, *, compiled: Any = None, local_batch: Optional[int] = None
+                   ) -> str:
     """``explain`` of a built Engine: its schedule (the gradient computer's, the reducer's and
-    the objective's lines) and its compiled train step when there is one."""
-    train_step = engine.compiled_train_step()
-    compiled = train_step.latest if train_step is not None else None
+    the objective's lines) and its compiled train step -- ``compiled`` (with ``local_batch``
+    rows per batch shard) or the engine's own when there is one."""
+    if compiled is None:
+        train_step = engine.compiled_train_step()
+        compiled = train_step.latest if train_step is not None else None
+        local_batch = engine._local_batch_rows  # pylint: disable=protected-access
     schedule = None
     if engine.model is not None:
         analysis = compiled.memory_analysis() if compiled is not None else None
         schedule = engine.steps.setup.gradients.describe(
-            layout=engine.layout, local_batch=engine._local_batch_rows,  # pylint: disable=protected-access
+            layout=engine.layout, local_batch=local_batch,
             itemsize=np.dtype(engine.precision.param_dtype).itemsize,
             temp_bytes=getattr(analysis, "temp_size_in_bytes", None) if analysis else None)
         paths = [sharding.path_string(path) for path, _ in jax.tree_util.tree_flatten_with_path(

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import jax
 
 from titanax import errors
 from titanax.runtime.mesh import describe_mesh
 from titanax.train import abstract_compile, preemption
+from titanax.train import explain as explain_lib
 
 
 def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain: bool = False,
@@ -41,14 +42,13 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
         print(json.dumps(report), flush=True)
         return 0
     preemption.exit_if_requested("while the run was built")
-    if explain:  # Shapes are all it needs: fresh params, no checkpoint read.
-        engine.init_state()
-        engine.records_samples = False  # (A rollout for its shapes: nothing shown or written.)
-        engine.compile(example_batch=engine.first_train_batch())
+    if explain:
+        compiled, local_batch = _explained_step(engine)
         engine.prepare_evaluation()  # (What the held-out data cuts or leaves unscored.)
         if on_start is not None and jax.process_index() == 0:
             on_start()
-        print(engine.explain(), flush=True)
+        print(explain_lib.explain_engine(engine, compiled=compiled, local_batch=local_batch),
+              flush=True)
         return 0
     print(describe_mesh(engine.mesh).splitlines()[0], flush=True)
     started = time.perf_counter()
@@ -56,6 +56,25 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
     _report_end(engine, time.perf_counter() - started)
     engine.close()
     return 0
+
+
+def _explained_step(engine: Any) -> Tuple[Any, Optional[int]]:
+    """``--explain``'s train step, compiled on the first batch's shapes; ``(compiled, rows per
+    batch shard)``. Shapes are all it needs: the state is abstract (no param allocated -- a
+    671B model explains on a CPU host as it compiles), no checkpoint is read. A sampling
+    objective's first batch is a rollout, which needs params: it gets fresh ones (and shows or
+    writes no sample)."""
+    if engine.objective.abstract_batch(engine) is not None:
+        engine.init_state()
+        engine.records_samples = False
+        engine.compile(example_batch=engine.first_train_batch())
+        return engine.compiled_train_step().latest, None
+    batch = engine.inputs.placed(engine.first_train_batch())
+    engine.steps.check_batch(batch)
+    step = engine.steps.train_step(None, engine.states.state_specs())
+    compiled = step.lower(engine.state_template(), batch).compile()
+    rows = jax.tree_util.tree_leaves(batch)[0].shape[0] // engine.plan.batch_shards(engine.mesh)
+    return compiled, rows
 
 
 def _report_end(engine: Any, seconds: float) -> None:
