@@ -1,7 +1,8 @@
 """Today's families through the real launcher: each tiny experiment (experiments/todays_models.py)
 trains on the layout it needs -- Gemma 3 under TP, Qwen 3.5's hybrid stack in pipeline stages,
-gpt-oss and DeepSeek-V3 with their experts over an ``expert`` axis -- with per-step losses equal
-to the same model and batch under data parallelism alone. The launches run in one child process
+gpt-oss and DeepSeek-V3 with their experts over an ``expert`` axis -- with per-step losses and
+gradient norms equal to the same model and batch under data parallelism alone (at the peak
+learning rate from step 1, so each later loss checks the params the step before made). The launches run in one child process
 (tests/launch_cases.py: the launcher's parsing and main, flags reset per launch). Every other
 layout of each family is checked against one device by the Engine
 (tests/modules/models/test_layer_pattern.py)."""
@@ -34,6 +35,8 @@ def launches(tmp_path_factory):
     runs = [(name, layout) for name in EXPERIMENTS for layout in ("own", "data only")]
     cases = [{"args": [f"--config={name}", f"--trainer_dir={root / name / layout}",
                        f"--config.max_steps={STEPS}", "--config.log_every=1",
+                       # (The peak rate from step 1: params move, so later losses check them.)
+                       "--config.learner.optimizer.learning_rate.warmup_steps=1",
                        "--config.evalers={}", "--config.checkpoint=None",
                        *(DATA_ONLY if layout == "data only" else ())], "cwd": REPO_ROOT}
              for name, layout in runs]
@@ -61,6 +64,10 @@ def test_each_family_on_its_layout_trains_like_data_parallelism_alone(name, laun
     losses = {layout: [float(rows[s]["loss"]) for s in steps]
               for layout, rows in (("own", own), ("data only", data_only))}
     assert_close(losses["own"], losses["data only"], bound=ADAM, what=f"{name} losses")
+    # The gradients each step, whose scale Adam's update would hide.
+    assert_close([float(own[s]["grad_norm"]) for s in steps],
+                 [float(data_only[s]["grad_norm"]) for s in steps], bound=ADAM,
+                 what=f"{name} gradient norms")
     assert losses["own"][-1] < losses["own"][0], losses  # It trains.
     if name == "deepseek_v3_tiny":  # Its prediction depth's loss is on the console and here.
         assert_close([float(own[s]["mtp_loss/1"]) for s in steps],

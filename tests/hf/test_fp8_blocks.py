@@ -77,6 +77,8 @@ def test_an_fp8_import_is_the_hand_dequantised_model_bit_for_bit(directories):
         importer.model_config(dequantised).debug_string()
     assert_identical(importer.params_as_numpy(fp8), importer.params_as_numpy(dequantised),
                      what="params imported from FP8 blocks")
+    # The launcher's shape check reads headers (and each weight's scales' shape), nothing more.
+    importer.check_tensor_shapes(fp8, importer.model_config(fp8))
 
 
 def test_an_fp8_directorys_logits_are_transformers_on_its_dequantised_weights(directories):

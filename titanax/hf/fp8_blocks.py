@@ -24,8 +24,10 @@ def readable(quantization: Optional[Mapping[str, Any]]) -> bool:
     """Whether a config's ``quantization_config`` is none, or FP8 blocks this module reads."""
     if not quantization:
         return True
+    if not isinstance(quantization, Mapping):
+        return False
     size = quantization.get("weight_block_size")
-    return (isinstance(quantization, Mapping) and quantization.get("quant_method") == "fp8"
+    return (quantization.get("quant_method") == "fp8"
             and quantization.get("fmt", "e4m3") == "e4m3"
             and quantization.get("activation_scheme", "dynamic") == "dynamic"
             and isinstance(size, (list, tuple)) and len(size) == 2

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from titanax import errors
 from titanax.config import ConfigBase
-from titanax.hf import fp8_blocks, param_map
+from titanax.hf import param_map
 from titanax.hf.model_configs import model_config_from_hf
 from titanax.hf.model_dir import CONFIG, ModelDir
 from titanax.parallel import rules
@@ -73,7 +73,8 @@ def check_tensor_shapes(directory: str, model_cfg: ConfigBase) -> None:
         expected = param_map.hf_shapes(tensor_map.form, per_layer)
         for layer in range(tensor_map.layers or 1):
             for name, want in zip(tensor_map.names_for(layer), expected):
-                source.tensor(name, expected_shape=want, needed_by=tensor_map.path)
+                source.tensor(name, expected_shape=want, needed_by=tensor_map.path,
+                              dequantize=False)
 
 
 def import_params(directory: str, *, model_cfg: ConfigBase, parameter_specs: Any, mesh: Mesh,
@@ -127,7 +128,7 @@ def _unread_prediction_tensor(name: str, model_cfg: ConfigBase, source: Any) -> 
 
 def _check_all_used(source: ModelDir, used: set, model_cfg: ConfigBase) -> None:
     tied = getattr(model_cfg, "tie_embeddings", True)  # (GPT-2 has no field: always tied.)
-    used = used | {n + fp8_blocks.SCALE_SUFFIX for n in used}  # (FP8 weights' scales.)
+    used = used | source.scales_read  # (The scales of the FP8 weights dequantised.)
     left = sorted(n for n in source.names()
                   if n not in used and not n.endswith(BUFFER_SUFFIXES)
                   and not (tied and n == "lm_head.weight")

@@ -68,6 +68,8 @@ class ModelDir:
         self.config = config
         # The (out, in) block of FP8 weights (None: unquantised): hf/fp8_blocks.py.
         self.fp8_block = fp8_blocks.block_size(config)
+        # The scales of the FP8 weights read so far (what the importer counts as used).
+        self.scales_read: set = set()
         self._files: Dict[str, SafetensorsFile] = {}
         # Tensor name -> (file, the name stored in it); a multimodal checkpoint's other parts
         # by their stored names.
@@ -117,8 +119,9 @@ class ModelDir:
         return self._where.keys()
 
     def tensor(self, name: str, *, expected_shape: Optional[Tuple[int, ...]] = None,
-               needed_by: str = "") -> np.ndarray:
-        """The tensor as a view of its file; a missing tensor or a shape other than
+               needed_by: str = "", dequantize: bool = True) -> np.ndarray:
+        """The tensor as a view of its file (an FP8 weight dequantised, unless not
+        ``dequantize``: a shape check); a missing tensor or a shape other than
         ``expected_shape`` is an ``HFError`` naming it, its file and the param it feeds."""
         if name not in self._where:
             raise errors.HFError(
@@ -138,21 +141,24 @@ class ModelDir:
                 path=file.path, suggestion="the config.json and the weights disagree: check "
                                            "that both come from the same model")
         if view.dtype == fp8_blocks.FP8:
-            return self._dequantized(name, view, file_path=file.path)
+            scales = self._scales(name, view, file_path=file.path)
+            if dequantize:
+                self.scales_read.add(name + fp8_blocks.SCALE_SUFFIX)
+                return fp8_blocks.dequantized(view, scales, block=self.fp8_block)
         return view
 
-    def _dequantized(self, name: str, weight: np.ndarray, *, file_path: str) -> np.ndarray:
-        """An FP8 weight times its blocks' scales (float32)."""
+    def _scales(self, name: str, weight: np.ndarray, *, file_path: str) -> np.ndarray:
+        """The block scales of an FP8 weight (a view), their shape checked."""
         if self.fp8_block is None or weight.ndim != 2:
+            why = ("config.json names no FP8 block quantisation (quantization_config) for it"
+                   if self.fp8_block is None else "FP8 blocks are read for 2-D weights only")
             raise errors.HFError(
-                f"tensor {name!r} is stored in FP8 ({tuple(weight.shape)}), but config.json "
-                "names no FP8 block quantisation (quantization_config) for it", path=file_path,
-                suggestion="the config.json and the weights disagree: check that both come "
-                           "from the same model")
-        scales = self.tensor(name + fp8_blocks.SCALE_SUFFIX, needed_by=f"the scales of {name}",
-                             expected_shape=fp8_blocks.scales_shape(weight.shape,
-                                                                    block=self.fp8_block))
-        return fp8_blocks.dequantized(weight, scales, block=self.fp8_block)
+                f"tensor {name!r} is stored in FP8 ({tuple(weight.shape)}), but {why}",
+                path=file_path, suggestion="the config.json and the weights disagree: check "
+                                           "that both come from the same model")
+        return self.tensor(name + fp8_blocks.SCALE_SUFFIX, needed_by=f"the scales of {name}",
+                           expected_shape=fp8_blocks.scales_shape(weight.shape,
+                                                                  block=self.fp8_block))
 
     def tokenizer_path(self) -> Optional[str]:
         path = os.path.join(self.directory, TOKENIZER)

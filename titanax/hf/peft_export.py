@@ -41,6 +41,8 @@ PREFIX = "base_model.model."
 # MLP or a shared expert there would be dropped on load, silently.
 EXPERT_RENAMED_TYPES = frozenset({"deepseek_v3", "qwen3_moe"})
 EXPERT_RENAMED_NAMES = ("gate_proj", "up_proj", "down_proj")
+# Where the multi-token-prediction depths' params sit (no transformers module reads them).
+PREDICTION_PREFIX = "prediction/"
 
 
 def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
@@ -59,6 +61,12 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
     modules: Dict[str, List[_Adapter]] = {}
     for path in lora.adapted_paths(specs):
         tensor_map = maps.get(path)
+        if path.startswith(PREDICTION_PREFIX):
+            raise errors.HFError(
+                f"{path} is a multi-token-prediction depth's weight, and transformers builds no "
+                "module for those layers: PEFT would drop its adapter on load",
+                path="lora.targets", suggestion="export the run with --format=merged, or leave "
+                "the depths out of lora.targets (e.g. '^decoder/.*attn/.*weight$')")
         if tensor_map is None:
             raise errors.HFError(f"{path} has no Hugging Face tensor to attach its adapter to",
                                  path="lora.targets",
@@ -101,7 +109,7 @@ def _check_loadable(modules: Dict[str, Any], *, model_type: str) -> None:
             f"experts' fused weights, so the adapter of {renamed[0]} would be dropped on load",
             path="lora.targets",
             suggestion="export the run with --format=merged, or train without MLP targets "
-                       "(e.g. --config.lora.targets=\"['(^|/)attn/']\")")
+                       "(attention's only: --config.lora.targets=\"['(^|/)attn/.*weight$']\")")
 
 
 def adapter_config(lora_cfg: ConfigBase, target_modules: List[str], *,
