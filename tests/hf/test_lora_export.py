@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.commands import run_module
+from tests.modules import lora_reference
 from tests.numerics import CROSS_FRAMEWORK, assert_close, assert_identical
 from titanax.hf import importer
 from titanax.modules import lora
@@ -173,7 +174,7 @@ def test_todays_families_peft_adapters_give_titanax_logits(kind, tmp_path_factor
                "deepseek_v3": _ATTENTION, "deepseek_v3_q_proj": _ATTENTION}
     engine = reference_models.engine_for(directory, data=1, lora=lora.LoRA.default_config().set(
         rank=4, alpha=8.0, targets=targets.get(kind, lora.DEFAULT_TARGETS)))
-    params = _moved(engine.state.params)
+    params = lora_reference.with_moved_adapters(engine.state.params, scale=0.3)
     ids = reference_models.token_ids(rows=2, length=12)
     ours = np.asarray(engine.steps.model_method("logits")(params, ids))
     target = str(tmp_path / "adapter")
@@ -202,7 +203,7 @@ def _refused_with_mlp_adapters(directory, ids, tmp_path):
     from titanax.hf.peft_export import export_peft
     engine = reference_models.engine_for(directory, data=1,
                                          lora=lora.LoRA.default_config().set(rank=4))
-    params = _moved(engine.state.params)
+    params = lora_reference.with_moved_adapters(engine.state.params, scale=0.3)
     canonical = engine.states.canonical_params(params)
     with pytest.raises(HFError, match=r"lora.targets: .*mlp.down_proj would be dropped"):
         export_peft(canonical, model_cfg=engine.model.config, specs=engine.model_specs(),
@@ -216,11 +217,3 @@ def _refused_with_mlp_adapters(directory, ids, tmp_path):
     assert_close(reference_models.hf_logits(merged, ids), ours, bound=CROSS_FRAMEWORK,
                  what="the merged DeepSeek-V3 export's logits")
 
-
-def _moved(params):
-    """``params`` with every LoRA B moved off zero (fixed random values)."""
-    import jax
-    return jax.tree_util.tree_map_with_path(
-        lambda p, x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(len(jax.tree_util.keystr(p))),
-                                                 x.shape, x.dtype)
-        if jax.tree_util.keystr(p).endswith("_lora_b']") else x, params)

@@ -2,6 +2,7 @@
 adapted weight replaced by ``W + scale * A B`` (one einsum per weight kind, its roles spelled out
 here), so the base model's forward is the adapted model's."""
 
+import jax
 import jax.numpy as jnp
 
 from titanax.modules.lora import A_SUFFIX, B_SUFFIX
@@ -41,3 +42,16 @@ def merged(params, scale: float):
 
 def is_adapter(path: str) -> bool:
     return path.endswith((A_SUFFIX, B_SUFFIX))
+
+
+def with_moved_adapters(params, *, scale: float):
+    """``params`` with every LoRA B moved off zero (fixed random values, ``scale`` their spread,
+    each from its path): B starts at zero, and an adapter whose B is zero has no gradient by A
+    and leaves the model its base's."""
+    def moved(path, value):
+        where = jax.tree_util.keystr(path)
+        if not where.endswith(B_SUFFIX + "']"):
+            return value
+        return value + scale * jax.random.normal(jax.random.PRNGKey(len(where)), value.shape,
+                                                 value.dtype)
+    return jax.tree_util.tree_map_with_path(moved, params)

@@ -107,9 +107,7 @@ def test_the_model_starts_as_its_base_and_adapter_gradients_equal_the_merged_wei
     assert float(start) == float(_loss(model, base))
 
     # Move every B off zero, then differentiate by the adapters both ways.
-    params = jax.tree_util.tree_map_with_path(
-        lambda p, x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(len(str(p))), x.shape)
-        if jax.tree_util.keystr(p).endswith("_lora_b']") else x, params)
+    params = lora_reference.with_moved_adapters(params, scale=0.05)
 
     def factored(p):
         with lora.scope(settings):
@@ -131,8 +129,7 @@ def test_disabled_runs_the_base_weights():
     model = _model()
     adapters, specs = _adapted(model)
     params = model.initialize_parameters_recursively(jax.random.PRNGKey(0), specs=specs)
-    params = jax.tree_util.tree_map_with_path(
-        lambda p, x: x + 0.1 if jax.tree_util.keystr(p).endswith("_lora_b']") else x, params)
+    params = lora_reference.with_moved_adapters(params, scale=0.1)
     base = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
     with lora.disabled():
         off = _loss(model, params)

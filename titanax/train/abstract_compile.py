@@ -53,14 +53,20 @@ def batch_template(engine: Any) -> Dict[str, jax.ShapeDtypeStruct]:
         host, specs)
 
 
+def compiled_from_shapes(engine: Any, *, state: Any, batch: Any) -> Any:
+    """The train step compiled on ``state`` (the engine's ``state_template()``: no param
+    allocated, no checkpoint read) and ``batch`` (arrays or ShapeDtypeStructs): what
+    ``--compile_only`` sizes and ``--explain`` prints."""
+    step = engine.steps.train_step(None, engine.states.state_specs())
+    return step.lower(state, batch).compile()
+
+
 def compile_only(engine: Any) -> Dict[str, int]:
     """Per-device bytes of the compiled train step: temp, arguments, outputs, aliased, and the
     peak (arguments + outputs + temp - aliased)."""
     engine.build()
     state = engine.state_template()
-    batch = batch_template(engine)
-    step = engine.steps.train_step(None, engine.states.state_specs())
-    compiled = step.lower(state, batch).compile()
+    compiled = compiled_from_shapes(engine, state=state, batch=batch_template(engine))
     analysis = compiled.memory_analysis()
     report = {
         "temp_bytes": int(analysis.temp_size_in_bytes),

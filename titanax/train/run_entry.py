@@ -71,8 +71,8 @@ def _explained_step(engine: Any) -> Tuple[Any, Optional[int]]:
         return engine.compiled_train_step().latest, None
     batch = engine.inputs.placed(engine.first_train_batch())
     engine.steps.check_batch(batch)
-    step = engine.steps.train_step(None, engine.states.state_specs())
-    compiled = step.lower(engine.state_template(), batch).compile()
+    compiled = abstract_compile.compiled_from_shapes(engine, state=engine.state_template(),
+                                                     batch=batch)
     rows = jax.tree_util.tree_leaves(batch)[0].shape[0] // engine.plan.batch_shards(engine.mesh)
     return compiled, rows
 
