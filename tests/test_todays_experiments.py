@@ -1,8 +1,10 @@
 """Today's families through the real launcher: each tiny experiment (experiments/todays_models.py)
 trains on the layout it needs -- Gemma 3 under TP, Qwen 3.5's hybrid stack in pipeline stages,
 gpt-oss and DeepSeek-V3 with their experts over an ``expert`` axis -- with per-step losses and
-gradient norms equal to the same model and batch under data parallelism alone (at the peak
-learning rate from step 1, so each later loss checks the params the step before made). The launches run in one child process
+gradient norms equal to the same model and batch under data parallelism alone (a one-step warmup:
+the rate is 0 at step 1 and the peak from step 2, so steps 3 and 4 check the params the steps
+before made; measured here, the largest difference 1.7e-7 of the scale, Qwen 3.5's losses --
+DeepSeek-V3's equal bit for bit). The launches run in one child process
 (tests/launch_cases.py: the launcher's parsing and main, flags reset per launch). Every other
 layout of each family is checked against one device by the Engine
 (tests/modules/models/test_layer_pattern.py)."""
@@ -35,7 +37,7 @@ def launches(tmp_path_factory):
     runs = [(name, layout) for name in EXPERIMENTS for layout in ("own", "data only")]
     cases = [{"args": [f"--config={name}", f"--trainer_dir={root / name / layout}",
                        f"--config.max_steps={STEPS}", "--config.log_every=1",
-                       # (The peak rate from step 1: params move, so later losses check them.)
+                       # (The peak rate from step 2: params move, so later losses check them.)
                        "--config.learner.optimizer.learning_rate.warmup_steps=1",
                        "--config.evalers={}", "--config.checkpoint=None",
                        *(DATA_ONLY if layout == "data only" else ())], "cwd": REPO_ROOT}
