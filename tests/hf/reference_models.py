@@ -314,9 +314,10 @@ def token_ids(rows: int = 8, length: int = 16, seed: int = 0) -> np.ndarray:
 
 
 def engine_for(directory, *, data, model=1, pipe=1, context=1, expert=1, zero=None, lora=None,
-               **model_changes) -> Engine:
+               fresh=False, **model_changes) -> Engine:
     """An Engine of the HF model on data x model x pipe x context x expert devices, its params
-    imported (``lora``: a LoRA config, its adapters added fresh)."""
+    imported (``lora``: a LoRA config, its adapters added fresh; ``fresh``: every param fresh,
+    for ``model_changes`` that add weights the directory lacks)."""
     sizes = {"data": data, "model": model, "pipe": pipe, "context": context, "expert": expert}
     axes = tuple(a for a, n in sizes.items() if a == "data" or n > 1)
     plan = Plan.default_config().set(
@@ -333,8 +334,11 @@ def engine_for(directory, *, data, model=1, pipe=1, context=1, expert=1, zero=No
         plan=plan, model=importer.model_config(directory).set(**model_changes),
         learner=Learner.default_config().set(
             optimizer=config_for_function(optimizers.sgd).set(learning_rate=0.1)),
-        loggers=[], log_every=1000, lora=lora, init_from=directory if lora else None)
+        loggers=[], log_every=1000, lora=lora, init_from=directory if lora and not fresh else None)
     engine = cfg.instantiate()
+    if fresh:
+        engine.init_state()
+        return engine
     # (With adapters: the directory's weights and fresh adapters, as a launched run starts.)
     engine.init_state(params=starting_params.params_from_hf(engine) if lora else
                       importer.params_for_engine(engine, directory))

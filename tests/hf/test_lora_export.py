@@ -172,8 +172,10 @@ def test_todays_families_peft_adapters_give_titanax_logits(kind, tmp_path_factor
     # (PEFT reads DeepSeek-V3's MLP names as its experts': attention only, the MLP refused below.)
     targets = {"qwen3_5": _EVERY_ADAPTABLE, "qwen3_5_moe": _EVERY_ADAPTABLE,
                "deepseek_v3": _ATTENTION, "deepseek_v3_q_proj": _ATTENTION}
+    # (Qwen 3.5 under rsLoRA: its joined q / k / v adapter's scale, alpha / sqrt(r) per part.)
     engine = reference_models.engine_for(directory, data=1, lora=lora.LoRA.default_config().set(
-        rank=4, alpha=8.0, targets=targets.get(kind, lora.DEFAULT_TARGETS)))
+        rank=4, alpha=8.0, targets=targets.get(kind, lora.DEFAULT_TARGETS),
+        rslora=kind == "qwen3_5"))
     params = lora_reference.with_moved_adapters(engine.state.params, scale=0.3)
     ids = reference_models.token_ids(rows=2, length=12)
     ours = np.asarray(engine.steps.model_method("logits")(params, ids))
@@ -191,6 +193,25 @@ def test_todays_families_peft_adapters_give_titanax_logits(kind, tmp_path_factor
     assert_close(theirs, ours, bound=CROSS_FRAMEWORK, what=f"peft's logits of {kind}'s adapters")
     if kind == "deepseek_v3":
         _refused_with_mlp_adapters(directory, ids, tmp_path)
+        _refused_with_prediction_depth_adapters(directory, tmp_path)
+
+
+def _refused_with_prediction_depth_adapters(directory, tmp_path):
+    """A multi-token-prediction depth's adapter (``--config.model.mtp_depths=1`` adds a depth
+    transformers builds no module for: PEFT would drop it on load) is refused by name."""
+    from tests.hf import reference_models
+    from titanax.errors import HFError
+    from titanax.hf.peft_export import export_peft
+    engine = reference_models.engine_for(directory, data=1, fresh=True, mtp_depths=1,
+                                         lora=lora.LoRA.default_config().set(rank=4,
+                                                                            targets=_ATTENTION))
+    assert any(path.startswith("prediction/") for path in lora.adapted_paths(engine.model_specs()))
+    with pytest.raises(HFError, match=r"lora.targets: prediction/.* multi-token-prediction"):
+        export_peft(engine.states.canonical_params(engine.state.params),
+                    model_cfg=engine.model.config, specs=engine.model_specs(),
+                    lora_cfg=engine.config.lora, directory=str(tmp_path / "depths"),
+                    base_model=directory)
+    assert not os.path.exists(tmp_path / "depths")
 
 
 def _refused_with_mlp_adapters(directory, ids, tmp_path):
