@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from titanax import errors
 from titanax.config import overrides as overrides_lib
@@ -71,13 +71,25 @@ def _names_the_field(error_path: str, field: str) -> bool:
     return error_path == field or field.startswith(error_path + "[")
 
 
+_LIMITS: Dict[str, Any] = {}
+
+
+def _model_limits(model_cfg) -> Any:
+    """``model_limits``, once per distinct model config: building the model is most of the
+    sweep's time, and most probes leave the model's fields as they are."""
+    key = repr(model_cfg)
+    if key not in _LIMITS:
+        _LIMITS[key] = model_limits(model_cfg)
+    return _LIMITS[key]
+
+
 def start(cfg, field: str, text: str) -> str:
     """"starts" or "refused" (the error names ``field``); anything else fails the test."""
     try:
         cfg = overrides_lib.apply_overrides(cfg, [overrides_lib.Override(path=field, text=text)])
         cfg = complete_from_train_input(cfg)
         cfg.validate()
-        check_declarations(cfg, model_limits(cfg.model))
+        check_declarations(cfg, _model_limits(cfg.model))
     except errors.TitanaxError as e:
         problems = getattr(e, "problems", None) or [e]
         named = [p.path or "" for p in problems]
