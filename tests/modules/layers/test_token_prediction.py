@@ -50,10 +50,13 @@ def _cross_entropy(hidden, table, targets):
     return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
 
 
-def _written_out(model, params, batch):
+def _written_out(model, params, batch, *, block_summaries=None):
     """``(L_main, [L_1 .. L_D])`` by the formula (module docstring of token_prediction.py): the
     stack and each depth's decoder block run as modules (each is a layer tested on its own),
-    the rest -- shifts, norms, projection, head, masks -- by hand."""
+    the rest -- shifts, norms, projection, head, masks -- by hand. Depth ``k``'s block sees the
+    positions without a target ``k`` places on in their document as padding (the paper runs
+    the depth on the sequence less its last ``k`` tokens; a counted position attends only to
+    positions that have one); its summaries go to ``block_summaries[k]``."""
     docs = {k: batch[k] for k in ("segment_ids", "positions")}
     table, head = params["token_emb"]["weight"], params["lm_head"]["weight"]
     hidden, _ = functional(model.decoder, None, params["decoder"],
@@ -70,14 +73,19 @@ def _written_out(model, params, batch):
         ahead = jnp.pad(batch["input_ids"][:, k:], ((0, 0), (0, k)))
         joined = jnp.concatenate([_rms(table[ahead], p["embedding_norm"]["scale"]),
                                   _rms(hidden, p["hidden_norm"]["scale"])], axis=-1)
-        hidden, _ = functional(depth.block, None, p["block"],
-                               {"x": joined @ p["project"]["weight"], **docs}, is_training=True)
         targets = jnp.pad(batch["target_ids"][:, k:], ((0, 0), (0, k)))
-        counted = np.zeros(weights.shape)
+        counted, has_target = np.zeros(weights.shape), np.zeros(weights.shape, bool)
         for row in range(weights.shape[0]):
             for i in range(LENGTH - k):  # Target t_{i+k+1}: in the row, the same document.
                 if segments[row, i + k] == segments[row, i]:
                     counted[row, i] = weights[row, i + k]
+                    has_target[row, i] = True
+        hidden, collection = functional(
+            depth.block, None, p["block"], {"x": joined @ p["project"]["weight"], **docs,
+                                            "segment_ids": jnp.where(has_target, segments, 0)},
+            is_training=True)
+        if block_summaries is not None:
+            block_summaries[k] = collection.summaries
         # (Over the next-token loss's count, as the paper's 1/T.)
         losses.append(jnp.sum(_cross_entropy(_rms(hidden, p["output_norm"]["scale"]), head,
                                              targets) * counted) / jnp.sum(weights))
@@ -116,6 +124,28 @@ def test_losses_metrics_and_gradient_equal_the_written_formula(experts):
     expected = jax.grad(formula)(params)
     assert_close(grads, expected, what="gradient")
     assert float(jnp.max(jnp.abs(grads["prediction"]["1"]["project"]["weight"]))) > 0
+
+
+def test_a_depths_experts_route_only_the_positions_with_a_target():
+    """Depth k's mixture of experts routes no position whose target k places on lies past its
+    row or document: what its balance loss, loads and choosing bias count is the written-out
+    block's with those positions as padding."""
+    moe = MoE.default_config().set(hidden_dim=8, num_experts=4, top_k=2, dispatch="dropless")
+    model = _model(moe=moe)
+    params, batch = _random_params(model), _batch()
+    _, collection = functional(model, None, params, (batch,), is_training=True)
+    written = {}
+    _written_out(model, params, batch, block_summaries=written)
+    for k in range(1, DEPTHS + 1):
+        for name in ("aux_loss", "expert_load"):  # (The load: one value per expert.)
+            got = _at(collection.summaries, f"prediction/{k - 1}/block/mlp/{name}")
+            assert_close(got, _at(written[k], f"mlp/{name}"), what=f"depth {k}'s {name}")
+
+
+def _at(tree, path):
+    for key in path.split("/"):
+        tree = tree[key]
+    return getattr(tree, "value", tree)  # (A vector summary's values.)
 
 
 def test_evaluation_runs_no_depth():

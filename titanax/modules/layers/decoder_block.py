@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Literal, Union
 
+import jax.numpy as jnp
+
 from titanax.config import REQUIRED, Required
 from titanax.parallel.axis_binding import RESIDUAL_SEQUENCE
 from titanax.modules.base_layer import BaseLayer
@@ -71,12 +73,16 @@ class DecoderBlock(BaseLayer):
         self._add_child("dropout", Dropout.default_config().set(
             rate=cfg.dropout_rate, split_dims=(RESIDUAL_SEQUENCE,)))
 
-    def forward(self, x, *, segment_ids=None, positions=None):
+    def forward(self, x, *, segment_ids=None, positions=None, routed=None):
         """``segment_ids`` / ``positions`` (``[batch, seq]``): packed documents (attention stays
-        inside each; RoPE restarts in each)."""
+        inside each; RoPE restarts in each). ``routed`` (``[batch, seq]`` bool): the tokens a
+        mixture of experts routes, where fewer than every non-padding one (a multi-token-
+        prediction depth's: those with a target)."""
         attended = self.attn(self.input_norm(x), positions=positions, segment_ids=segment_ids)
         x = x + self.dropout(self._branch_output("attention_output_norm", attended))
         # A mixture of experts routes no padding (segment 0) token.
+        if routed is not None:
+            segment_ids = jnp.where(routed, 1 if segment_ids is None else segment_ids, 0)
         routing = {"segment_ids": segment_ids} if isinstance(self.mlp, MoE) else {}
         mixed = self.mlp(self.post_attention_norm(x), **routing)
         return x + self.dropout(self._branch_output("mlp_output_norm", mixed))

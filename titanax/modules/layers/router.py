@@ -15,7 +15,9 @@ it). After each training call it moves towards balance by ``balance_rate`` times
 shortfall against the mean load, ``1 - assignments_i / mean`` (up for the under-loaded, down for
 the over-loaded). It is a state update (``add_state_update``), averaged over the data shards and
 microbatches like every other; being linear in the loads, the average is the update the whole
-batch's loads give, on any mesh. (DeepSeek-V3 moves by the sign of the shortfall, counted over
+batch's loads give, on any mesh whose shards hold as many real tokens each (a mean of the shards'
+steps weighs each shard alike: with padding spread unevenly it is not the whole batch's step --
+as the balancing loss and the load metrics, averaged over shards the same way). (DeepSeek-V3 moves by the sign of the shortfall, counted over
 the whole batch; a sign per shard, averaged, would be a noisy vote instead.)
 
 The logits are computed in float32 whatever the compute dtype: a top-k choice flips on rounding.
@@ -129,7 +131,7 @@ class Router(BaseLayer):
         cfg = self.config
         # (Counts in jax's default float: float32, float64 in its 64-bit mode.)
         valid = (jnp.ones(tokens.shape[:1], float) if valid is None
-                 else at_least_float32(valid))
+                 else jnp.asarray(valid).astype(jnp.result_type(float)))
         params = self.parameters
         logits = jnp.einsum("td,de->te", at_least_float32(tokens),
                             at_least_float32(params["weight"]))

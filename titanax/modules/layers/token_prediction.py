@@ -62,15 +62,20 @@ class TokenPrediction(BaseLayer):
         self._add_child("block", cfg.block.clone(model_dim=cfg.model_dim))
         self._add_child("output_norm", norm.clone())  # (HF shared_head.norm)
 
-    def forward(self, hidden: jax.Array, embedded: jax.Array,
+    def forward(self, hidden: jax.Array, embedded: jax.Array, *, places: int,
                 **layer_inputs) -> Tuple[jax.Array, jax.Array]:
         """``hidden``: ``h^{k-1}`` ``[batch, seq, model_dim]``; ``embedded``: the embeddings of
-        the tokens ``k`` places ahead; ``layer_inputs``: packed rows' ``segment_ids`` /
+        the tokens ``places`` (``k``) ahead; ``layer_inputs``: packed rows' ``segment_ids`` /
         ``positions``, as the stack's. Returns ``(h^k, output_norm(h^k))``: what the next depth
-        reads, what the LM head reads."""
+        reads, what the LM head reads. A mixture of experts in the block routes only the
+        positions with a target ``k`` places on in their document (the paper's depth runs on
+        the sequence less its last ``k`` tokens): the rest would count in its balance terms
+        and its choosing bias's loads, and take capacity."""
         joined = jnp.concatenate([self.embedding_norm(embedded), self.hidden_norm(hidden)],
                                  axis=-1)
-        hidden = self.block(self.project(joined), **layer_inputs)
+        with_target = depth_weights(jnp.ones(hidden.shape[:2], jnp.float32),
+                                    layer_inputs.get("segment_ids"), places) > 0
+        hidden = self.block(self.project(joined), routed=with_target, **layer_inputs)
         return hidden, self.output_norm(hidden)
 
 
@@ -96,7 +101,8 @@ class TokenPredictions(BaseLayer):
         (what the LM head reads)."""
         outputs = []
         for index in range(self.config.num_depths):
-            hidden, normed = self._children[str(index)](hidden, embedded[index], **layer_inputs)
+            hidden, normed = self._children[str(index)](hidden, embedded[index],
+                                                        places=index + 1, **layer_inputs)
             outputs.append(normed)
         return outputs
 
