@@ -156,13 +156,14 @@ _ATTENTION = (r"(^|/)attn/.*weight$",)
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "gpt_oss", "deepseek_v3", "deepseek_v3_q_proj",
-                                  "qwen3_5", "qwen3_5_moe"])
+                                  "qwen3_5", "qwen3_5_moe", "gemma3_vision", "qwen3_5_vision"])
 def test_todays_families_peft_adapters_give_titanax_logits(kind, tmp_path_factory, tmp_path):
     """Adapters on every adaptable weight of each new family, moved off zero, exported as PEFT
     and loaded onto the transformers model: its logits are Titanax's. Covers the weights whose
     Hugging Face tensor is shared (Qwen 3.5's in_proj_qkv: q, k and v in one adapter of rank
     3r; its gated q_proj: the query's rows), reordered (DeepSeek-V3's interleaved RoPE rows)
-    or folded from heads."""
+    or folded from heads -- and multimodal bases as transformers builds them for a causal LM
+    (Gemma 3's language model nested beside its vision tower, Qwen 3.5's alone)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

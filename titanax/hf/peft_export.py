@@ -43,6 +43,13 @@ EXPERT_RENAMED_TYPES = frozenset({"deepseek_v3", "qwen3_moe"})
 EXPERT_RENAMED_NAMES = ("gate_proj", "up_proj", "down_proj")
 # Where the multi-token-prediction depths' params sit (no transformers module reads them).
 PREDICTION_PREFIX = "prediction/"
+# Multimodal base model types -> where AutoModelForCausalLM puts the language model's modules
+# when it loads such a directory (transformers 5): a Gemma 3 directory builds
+# Gemma3ForConditionalGeneration (``model.language_model.layers...``, a vision tower beside it
+# whose attention has q_proj too); a Qwen 3.5 one builds the text model alone
+# (Qwen3_5ForCausalLM: ``model.layers...``), as a language model's directory does.
+MULTIMODAL_MODULE_PREFIXES = {"gemma3": "model.language_model."}
+TEXT_MODEL_PREFIX = "model."
 
 
 def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
@@ -75,6 +82,10 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
         for name, adapter in _hf_adapters(tensor_map, a, b, spec=_at(specs, path)):
             modules.setdefault(name[:-len(".weight")], []).append(adapter)
     _check_loadable(modules, model_type=model_type)
+    within = _language_model_prefix(base_model)
+    if within:
+        modules = {within + m[len(TEXT_MODEL_PREFIX):] if m.startswith(TEXT_MODEL_PREFIX)
+                   else m: parts for m, parts in modules.items()}
     planned: List[PlannedTensor] = []
     ranks: Dict[str, int] = {}
     for module, parts in modules.items():
@@ -93,12 +104,26 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
     write_file(os.path.join(directory, WEIGHTS_FILE), sorted(planned, key=lambda t: t.name),
                write=writer)
     if writer:
-        config = adapter_config(lora_cfg, sorted({m.rsplit(".", 1)[-1] for m in modules}),
-                                base_model=base_model, ranks=ranks)
+        names = sorted({m.rsplit(".", 1)[-1] for m in modules})
+        # (Beside a vision tower: its modules of the same names are left alone.)
+        targets = (f"{re.escape(within)}.*\\.({'|'.join(names)})" if within else names)
+        config = adapter_config(lora_cfg, targets, base_model=base_model, ranks=ranks)
         with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, sort_keys=True)
             f.write("\n")
     return directory
+
+
+def _language_model_prefix(base_model: Optional[str]) -> str:
+    """Where the language model's modules sit in what AutoModelForCausalLM builds from
+    ``base_model`` ("" unless a multimodal directory nests them)."""
+    path = os.path.join(base_model, "config.json") if base_model else ""
+    if not path or not os.path.isfile(path):
+        return ""
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    return MULTIMODAL_MODULE_PREFIXES.get(kind, "")
 
 
 def _check_loadable(modules: Dict[str, Any], *, model_type: str) -> None:
@@ -112,10 +137,11 @@ def _check_loadable(modules: Dict[str, Any], *, model_type: str) -> None:
                        "(attention's only: --config.lora.targets=\"['(^|/)attn/.*weight$']\")")
 
 
-def adapter_config(lora_cfg: ConfigBase, target_modules: List[str], *,
+def adapter_config(lora_cfg: ConfigBase, target_modules: Any, *,
                    base_model: Optional[str], ranks: Optional[Dict[str, int]] = None
                    ) -> Dict[str, Any]:
-    """PEFT's LoraConfig fields for these adapters. ``ranks``: the modules whose adapter joins
+    """PEFT's LoraConfig fields for these adapters (``target_modules``: module names, or a
+    regular expression PEFT matches whole names with). ``ranks``: the modules whose adapter joins
     several of Titanax's (one HF tensor holding several params), by name, and its rank -- a
     multiple of ``r`` -- with the alpha that keeps ``r``'s scale."""
     ranks = ranks or {}
