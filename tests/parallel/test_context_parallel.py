@@ -9,6 +9,7 @@ parts.
 
 import functools
 
+import jax
 import numpy as np
 import pytest
 
@@ -104,6 +105,38 @@ def test_latent_attention_under_context_parallelism_trains_like_one_device(strat
     rank; the ring and Ulysses carry the expanded ones."""
     engine = _engine("latent", {"data": 2, "context": 4}, strategy=strategy)
     _assert_trains_like_one_device(engine, "latent", True)
+
+
+@pytest.mark.parametrize("blockwise", [False, True], ids=["written-out", "blockwise"])
+@pytest.mark.parametrize("strategy", ["all_gather", "ulysses"])
+def test_attention_sinks_under_context_parallelism_train_like_one_device(strategy, blockwise,
+                                                                         monkeypatch):
+    """gpt-oss's per-head sinks join each query's softmax over the whole row once: under
+    Ulysses each rank's heads take their own sinks; written out and blockwise (from 1 key on,
+    in 2-token tiles). Packed rows, dp2 x cp4, each head's sink its own from the start."""
+    from titanax.modules.layers import context_attention  # pylint: disable=import-outside-toplevel
+    one = _engine("decoder", attention_sinks=True)
+    start = jax.tree_util.tree_map_with_path(  # (They start at 0: every head's the same.)
+        lambda path, x: np.linspace(-2.0, 3.0, x.size).reshape(x.shape)
+        if jax.tree_util.keystr(path).endswith("['sinks']") else x,
+        jax.device_get(one.init_state().params))
+    assert any(k.endswith("sinks") for k in helpers.flat(start))
+    one.init_state(params=start)
+    if blockwise:
+        monkeypatch.setattr(context_attention, "BLOCKWISE_FROM", 1)
+        monkeypatch.setattr(context_attention, "RING_TILE", 2)
+    engine = _engine("decoder", {"data": 2, "context": 4}, strategy=strategy,
+                     attention_sinks=True)
+    engine.init_state(params=start)
+    want_losses, want_params = helpers.train(one, _batches(True))
+    losses, params = helpers.train(engine, _batches(True))
+    assert_close(losses, want_losses, what="losses")
+    assert_close(params, want_params, what="params after 2 SGD-momentum steps")
+    ring = _engine("decoder", {"data": 2, "context": 4}, strategy="ring",
+                   attention_sinks=True)
+    with pytest.raises(errors.PlanError, match="sinks under the ring") as raised:
+        ring.build()
+    assert raised.value.path == "plan.context_parallel.strategy"
 
 
 @pytest.mark.parametrize("case,strategy", [

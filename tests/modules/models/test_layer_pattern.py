@@ -178,8 +178,8 @@ def _engine(family, mesh_shape, axes, plan, *, lora=None, **model_changes):
 def _layouts(family):
     """The layouts a family trains under, each against one device: data x TP, data x pipe (the
     stack cut between repetitions; Gemma's tail on the last stage), data x context (the
-    attention families; Gated DeltaNet's state across the cuts), data x experts (gpt-oss,
-    DeepSeek-V3)."""
+    attention families -- gpt-oss's sinks over the whole row; Gated DeltaNet's state across
+    the cuts), data x experts (gpt-oss, DeepSeek-V3)."""
     dp = DP.default_config()
     layouts = {
         "dp4 x tp2": ((4, 2), ("data", "model"), Plan.default_config().set(
@@ -193,7 +193,7 @@ def _layouts(family):
     if family in ("gpt_oss", "deepseek_v3"):
         layouts["dp2 x ep4"] = ((2, 4), ("data", "expert"), Plan.default_config().set(
             data_parallel=dp, expert_parallel=EP.default_config().set(axis="expert")))
-    else:
+    if family != "deepseek_v3":  # (Its depths' shifted rows do not split.)
         layouts["dp2 x cp4"] = ((2, 4), ("data", "context"), Plan.default_config().set(
             data_parallel=dp, context_parallel=CP.default_config().set(axis="context")))
     return layouts

@@ -52,10 +52,12 @@ from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.norm import RMSNorm
 from titanax.modules.module import nowrap
 from titanax.parallel import collectives
-from titanax.modules.layers.context_attention import context_attention
+from titanax.modules.layers.context_attention import (SINKS_ON_A_RING,
+                                                      SINKS_ON_A_RING_SUGGESTION,
+                                                      context_attention)
 from titanax.modules.layers.blockwise_attention import BLOCKWISE_FROM, blockwise_attention
 from titanax.modules.layers.pallas_attention import pallas_attention
-from titanax.modules.layers.softmax_attention import masked_attention
+from titanax.modules.layers.softmax_attention import masked_attention, with_sinks
 from titanax.utils.dtypes import fused_attention_fits
 
 
@@ -248,11 +250,11 @@ class Attention(BaseLayer):
         refuse_split_attention_dropout(self.config.attention_dropout_rate, binding, path=path)
         refuse_ignored_implementation(self.config.implementation, binding,
                                       path=f"{path}.implementation")
-        if self.config.sinks and binding.axis(SEQUENCE) is not None:
-            raise errors.PlanError(
-                "attention sinks under context parallelism are not implemented yet (each "
-                "query's softmax spans the ranks)", path=f"{path}.sinks",
-                suggestion="drop context_parallel from the plan for this model")
+        if (self.config.sinks and binding.axis(SEQUENCE) is not None
+                and binding.context_strategy == "ring"):
+            raise errors.PlanError(f"{path}.sinks: {SINKS_ON_A_RING}",
+                                   path="plan.context_parallel.strategy",
+                                   suggestion=SINKS_ON_A_RING_SUGGESTION)
         if binding.axis(HEADS) is None and (binding.axis(KV_HEADS) is not None
                                             or binding.axis(RESIDUAL_SEQUENCE) is not None):
             split = ("the key/value heads are split" if binding.axis(KV_HEADS) is not None
@@ -331,7 +333,7 @@ class Attention(BaseLayer):
             context = context_attention(
                 q, k, v, positions=positions, segment_ids=segment_ids, axis=binding.axis(SEQUENCE),
                 strategy=binding.context_strategy, scale=self.scale,
-                sliding_window=cfg.sliding_window)
+                sliding_window=cfg.sliding_window, sinks=self._sinks())
         else:
             dropout = self.dropout if self.is_training and cfg.attention_dropout_rate else None
             context = attend(q, k, v, sliding_window=cfg.sliding_window, scale=self.scale,
@@ -540,11 +542,3 @@ def _allowed(t: int, s: int, *, filled, sliding_window, documents, key_valid):
     if key_valid is not None:
         allowed = allowed & key_valid[:, None, None, :]
     return allowed
-
-
-def with_sinks(out: jax.Array, lse: jax.Array, sinks: jax.Array) -> jax.Array:
-    """Attention ``out`` ``[b, t, n, d]`` of a softmax over the keys alone (log-sum-exp ``lse``
-    ``[b, t, n]``) as it is with each head's sink logit in the denominator too: times
-    ``Z / (Z + e^sink) = sigmoid(lse - sink)``."""
-    kept = jax.nn.sigmoid(lse - sinks.astype(lse.dtype))
-    return (out * kept[..., None].astype(out.dtype)).astype(out.dtype)

@@ -38,43 +38,59 @@ from titanax.parallel import collectives
 from titanax.modules.layers.blockwise_attention import (
     BLOCKWISE_FROM, Static, blockwise_attention, cast_like, empty_state, finish, fold_key_grads,
     fold_keys, padded_keys, padded_queries, query_grad_blocks, unblocked)
-from titanax.modules.layers.softmax_attention import masked_attention
+from titanax.modules.layers.softmax_attention import masked_attention, with_sinks
 from titanax.utils.dtypes import wide_float
+
+
+# Why the ring takes no sinks, and what to use instead (``Attention.check_axis_binding`` says it
+# before anything compiles).
+SINKS_ON_A_RING = ("attention sinks under the ring strategy are not built (its custom backward "
+                   "pass carries no log-sum-exp gradient, which a sink's term needs)")
+SINKS_ON_A_RING_SUGGESTION = ("use --config.plan.context_parallel.strategy=all_gather or "
+                              "ulysses for a model with attention sinks")
 
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
                       segment_ids: Optional[jax.Array], axis: str, strategy: str, scale: float,
-                      sliding_window: Optional[int] = None) -> jax.Array:
+                      sliding_window: Optional[int] = None,
+                      sinks: Optional[jax.Array] = None) -> jax.Array:
     """``[batch, t, heads, head_dim]`` attention outputs of this rank's queries (see the module
-    docstring). ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention)."""
+    docstring). ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention).
+    ``sinks`` ``[heads]``: gpt-oss's per-head sink logits (all_gather and ulysses: each query's
+    softmax is over the whole row there, so the sink joins it once)."""
     if positions is None or jnp.ndim(positions) != 2:
         raise errors.PlanError("context-parallel attention needs each token's [batch, seq] "
                                "positions", path="plan.context_parallel",
                                suggestion="feed batches through the engine, which adds them")
     if strategy == "all_gather":
         return _all_gather(q, k, v, positions=positions, segment_ids=segment_ids, axis=axis,
-                           scale=scale, sliding_window=sliding_window)
+                           scale=scale, sliding_window=sliding_window, sinks=sinks)
     if strategy == "ring":
+        if sinks is not None:
+            raise errors.PlanError(SINKS_ON_A_RING, path="plan.context_parallel.strategy",
+                                   suggestion=SINKS_ON_A_RING_SUGGESTION)
         segments = (jnp.zeros_like(positions) if segment_ids is None
                     else segment_ids.astype(positions.dtype))
         return _ring(q, k, v, positions, segments, axis, float(scale), sliding_window)
     if strategy == "ulysses":
         return _ulysses(q, k, v, positions=positions, segment_ids=segment_ids, axis=axis,
-                        scale=scale, sliding_window=sliding_window)
+                        scale=scale, sliding_window=sliding_window, sinks=sinks)
     raise errors.PlanError(f"unknown context-parallel strategy {strategy!r}",
                            path="plan.context_parallel.strategy",
                            suggestion="use 'all_gather', 'ring' or 'ulysses'")
 
 
-def _all_gather(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
+def _all_gather(q, k, v, *, positions, segment_ids, axis, scale, sliding_window, sinks):
     kv = collectives.all_gather(jnp.stack([k, v]), axis, axis_index=2)
     return attend_gathered_row(q, kv[0], kv[1], positions=positions, segment_ids=segment_ids,
-                               axis=axis, scale=scale, sliding_window=sliding_window)
+                               axis=axis, scale=scale, sliding_window=sliding_window,
+                               sinks=sinks)
 
 
 def attend_gathered_row(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array,
                         segment_ids: Optional[jax.Array], axis: str, scale: float,
-                        sliding_window: Optional[int] = None) -> jax.Array:
+                        sliding_window: Optional[int] = None,
+                        sinks: Optional[jax.Array] = None) -> jax.Array:
     """This rank's queries over keys and values of the whole row, gathered over ``axis`` in
     rank order (``all_gather``'s; a layer that gathers something smaller and expands it --
     latent attention's latent -- calls this with its expansion): the tokens' positions and
@@ -83,10 +99,11 @@ def attend_gathered_row(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: 
     key_segments = (None if segment_ids is None
                     else collectives.all_gather(segment_ids, axis, axis_index=1))
     return _attend_rows(q, k, v, scale=scale, queries=(positions, segment_ids),
-                        keys=(key_positions, key_segments), sliding_window=sliding_window)
+                        keys=(key_positions, key_segments), sliding_window=sliding_window,
+                        sinks=sinks)
 
 
-def _ulysses(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
+def _ulysses(q, k, v, *, positions, segment_ids, axis, scale, sliding_window, sinks):
     size = collectives.axis_size(axis)
     heads, kv_heads = q.shape[2], k.shape[2]
     if heads % size:
@@ -102,23 +119,27 @@ def _ulysses(q, k, v, *, positions, segment_ids, axis, scale, sliding_window):
     row_positions = collectives.all_gather(positions, axis, axis_index=1)
     row_segments = (None if segment_ids is None
                     else collectives.all_gather(segment_ids, axis, axis_index=1))
+    if sinks is not None:  # (Rank r attends the r-th block of this rank's heads.)
+        local = heads // size
+        sinks = jax.lax.dynamic_slice_in_dim(sinks, collectives.axis_index(axis) * local, local)
     out = _attend_rows(to_heads(q), to_heads(k), to_heads(v), scale=scale,
                        queries=(row_positions, row_segments), keys=(row_positions, row_segments),
-                       sliding_window=sliding_window)
+                       sliding_window=sliding_window, sinks=sinks)
     return collectives.all_to_all(out, axis, split_dimension=1, concat_dimension=2)
 
 
-def _attend_rows(q, k, v, *, scale, queries, keys, sliding_window):
+def _attend_rows(q, k, v, *, scale, queries, keys, sliding_window, sinks=None):
     """Attention of ``q`` over ``k``/``v`` by the tokens' ``(positions, segments)``: blockwise
     (O(S) memory, masked tiles skipped) from BLOCKWISE_FROM keys on, written out below."""
     (q_pos, q_seg), (k_pos, k_seg) = queries, keys
     if k.shape[1] >= BLOCKWISE_FROM:
-        return blockwise_attention(q, k, v, scale=scale, q_positions=q_pos, k_positions=k_pos,
-                                   q_segments=q_seg, k_segments=k_seg,
-                                   sliding_window=sliding_window, block_q=RING_TILE,
-                                   block_k=RING_TILE)
+        out = blockwise_attention(q, k, v, scale=scale, q_positions=q_pos, k_positions=k_pos,
+                                  q_segments=q_seg, k_segments=k_seg,
+                                  sliding_window=sliding_window, block_q=RING_TILE,
+                                  block_k=RING_TILE, with_lse=sinks is not None)
+        return out if sinks is None else with_sinks(*out, sinks)
     allowed = visible(q_pos, k_pos, q_seg, k_seg, sliding_window=sliding_window)
-    return masked_attention(q, k, v, allowed, scale=scale)
+    return masked_attention(q, k, v, allowed, scale=scale, sinks=sinks)
 
 
 # --- Ring attention: an online softmax over the blocks that pass by, a custom VJP ------------------

@@ -51,3 +51,11 @@ def masked_attention(q, k, v, allowed, *, scale: float,
         return jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
     out = jnp.einsum("bgqts,bsgd->btgqd", probs.astype(v.dtype), v)
     return out.reshape(q.shape[:3] + (v.shape[-1],))
+
+
+def with_sinks(out: jax.Array, lse: jax.Array, sinks: jax.Array) -> jax.Array:
+    """Attention ``out`` ``[b, t, n, d]`` of a softmax over the keys alone (log-sum-exp ``lse``
+    ``[b, t, n]``) as it is with each head's sink logit in the denominator too: times
+    ``Z / (Z + e^sink) = sigmoid(lse - sink)``."""
+    kept = jax.nn.sigmoid(lse - sinks.astype(lse.dtype))
+    return (out * kept[..., None].astype(out.dtype)).astype(out.dtype)
