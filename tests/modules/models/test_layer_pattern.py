@@ -20,7 +20,7 @@ from titanax.modules.layers.latent_attention import MultiHeadLatentAttention
 from titanax.modules.layers.moe import MoE
 from titanax.modules.layers.rotary import LinearRopeScaling, YarnRopeScaling
 from titanax.parallel.expert_parallel import EP
-from titanax.parallel.plan import CP, DP, PP, TP, Plan
+from titanax.parallel.plan import CP, DP, PP, TP, Plan, ZeRO
 from tests.hf import reference_models as ref
 from tests.numerics import assert_close
 from tests.train import helpers
@@ -176,12 +176,15 @@ def _engine(family, mesh_shape, axes, plan, *, lora=None, **model_changes):
 
 
 def _layouts(family):
-    """The layouts a family trains under, each against one device: data x TP, data x pipe (the
+    """The layouts a family trains under, each against one device: FSDP (ZeRO-3 over data:
+    every param of 64 numbers or more sharded, gathered where used), data x TP, data x pipe (the
     stack cut between repetitions; Gemma's tail on the last stage), data x context (the
     attention families -- gpt-oss's sinks over the whole row; Gated DeltaNet's state across
     the cuts), data x experts (gpt-oss, DeepSeek-V3)."""
     dp = DP.default_config()
     layouts = {
+        "fsdp8": ((8,), ("data",), Plan.default_config().set(
+            data_parallel=dp, zero=ZeRO.default_config().set(stage=3, min_shard_size=64))),
         "dp4 x tp2": ((4, 2), ("data", "model"), Plan.default_config().set(
             data_parallel=dp, tensor_parallel=TP.default_config())),
         "dp4 x pp2": ((4, 2), ("data", "pipe"), Plan.default_config().set(
