@@ -36,6 +36,11 @@ def _quantised(weight):
     return (weight / expanded[:rows, :cols]).to(torch.float8_e4m3fn), scales
 
 
+def _rounded(tree, dtype):
+    import jax
+    return jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), tree)
+
+
 def _is_projection(name, tensor):
     return tensor.ndim == 2 and name.endswith(("proj.weight", "proj_with_mqa.weight"))
 
@@ -75,8 +80,13 @@ def test_an_fp8_import_is_the_hand_dequantised_model_bit_for_bit(directories):
     fp8, dequantised = directories
     assert importer.model_config(fp8).debug_string() == \
         importer.model_config(dequantised).debug_string()
-    assert_identical(importer.params_as_numpy(fp8), importer.params_as_numpy(dequantised),
-                     what="params imported from FP8 blocks")
+    want = importer.params_as_numpy(dequantised)
+    assert_identical(importer.params_as_numpy(fp8), want, what="params imported from FP8 blocks")
+    # Into bfloat16 (each weight dequantised straight into it): the float32 import, rounded.
+    import ml_dtypes
+    assert_identical(importer.params_as_numpy(fp8, dtype=ml_dtypes.bfloat16),
+                     _rounded(want, ml_dtypes.bfloat16),
+                     what="params imported from FP8 blocks into bfloat16")
     # The launcher's shape check reads headers (and each weight's scales' shape), nothing more.
     importer.check_tensor_shapes(fp8, importer.model_config(fp8))
 

@@ -44,12 +44,19 @@ def block_size(config: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
     return int(out), int(inputs)
 
 
-def dequantized(weight: np.ndarray, scales: np.ndarray, *, block: Tuple[int, int]) -> np.ndarray:
-    """``weight`` (FP8, ``[out, in]``) times each block's scale, in float32."""
+def dequantized(weight: np.ndarray, scales: np.ndarray, *, block: Tuple[int, int],
+                dtype: np.dtype = np.float32) -> np.ndarray:
+    """``weight`` (FP8, ``[out, in]``) times each block's scale -- one float32 multiply per
+    element -- rounded to ``dtype``, a block of rows at a time (the float32 product never
+    larger than one row of blocks)."""
     rows, cols = weight.shape
-    expanded = np.repeat(np.repeat(np.asarray(scales, np.float32), block[0], axis=0),
-                         block[1], axis=1)[:rows, :cols]
-    return np.asarray(weight, np.float32) * expanded
+    out = np.empty((rows, cols), dtype)
+    for start in range(0, rows, block[0]):
+        stop = min(start + block[0], rows)
+        row_scales = np.repeat(np.asarray(scales[start // block[0]], np.float32),
+                               block[1])[:cols]
+        out[start:stop] = np.asarray(weight[start:stop], np.float32) * row_scales
+    return out
 
 
 def scales_shape(shape: Tuple[int, ...], *, block: Tuple[int, int]) -> Tuple[int, int]:

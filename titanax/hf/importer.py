@@ -159,7 +159,8 @@ class _ParamReader:
         if layer in self._cache:
             return self._cache[layer]
         names = self.map.names_for(layer)
-        tensors = [self.source.tensor(n, needed_by=self.map.path) for n in names]
+        tensors = [self.source.tensor(n, needed_by=self.map.path, dtype=self.dtype)
+                   for n in names]
         expected = self.shape[1:] if self.map.layers else self.shape
         try:
             array = self.map.form.to_titanax(tensors)
@@ -196,7 +197,9 @@ class StateDict:
     def names(self):
         return self.tensors.keys()
 
-    def tensor(self, name: str, *, needed_by: str = "") -> np.ndarray:
+    def tensor(self, name: str, *, needed_by: str = "",
+               dtype: Optional[np.dtype] = None) -> np.ndarray:  # pylint: disable=unused-argument
+        """(``dtype``: read by a directory's FP8 weights only; these are cast per slice.)"""
         if name not in self.tensors:
             raise errors.HFError(f"tensor {name!r} is missing" + (
                 f" (Titanax param {needed_by})" if needed_by else ""), path=name,
@@ -224,8 +227,9 @@ def params_from_state_dict(tensors: Mapping[str, np.ndarray], model_cfg: ConfigB
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def params_as_numpy(directory: str, model_cfg: Optional[ConfigBase] = None) -> Dict[str, Any]:
-    """Every param as a float32 numpy array on the host (tests and small models only)."""
+def params_as_numpy(directory: str, model_cfg: Optional[ConfigBase] = None, *,
+                    dtype: Any = np.float32) -> Dict[str, Any]:
+    """Every param as a numpy array of ``dtype`` on the host (tests and small models only)."""
     cfg = model_cfg or model_config(directory)
     model = cfg.instantiate()
     specs = model.create_parameter_specs_recursively()
@@ -233,7 +237,7 @@ def params_as_numpy(directory: str, model_cfg: Optional[ConfigBase] = None) -> D
     params = import_params(directory, model_cfg=cfg, parameter_specs=specs, mesh=mesh,
                            partition_specs=jax.tree_util.tree_map(
                                lambda _: jax.sharding.PartitionSpec(), specs,
-                               is_leaf=rules.is_param_leaf), dtype=np.float32)
+                               is_leaf=rules.is_param_leaf), dtype=dtype)
     return jax.tree_util.tree_map(np.asarray, params)
 
 

@@ -119,10 +119,13 @@ class ModelDir:
         return self._where.keys()
 
     def tensor(self, name: str, *, expected_shape: Optional[Tuple[int, ...]] = None,
-               needed_by: str = "", dequantize: bool = True) -> np.ndarray:
-        """The tensor as a view of its file (an FP8 weight dequantised, unless not
-        ``dequantize``: a shape check); a missing tensor or a shape other than
-        ``expected_shape`` is an ``HFError`` naming it, its file and the param it feeds."""
+               needed_by: str = "", dequantize: bool = True,
+               dtype: Optional[np.dtype] = None) -> np.ndarray:
+        """The tensor as a view of its file (an FP8 weight dequantised -- into ``dtype``, the
+        param's, when given: a layer's stack of them is then as large as the param's share,
+        not float32's -- unless not ``dequantize``: a shape check); a missing tensor or a shape
+        other than ``expected_shape`` is an ``HFError`` naming it, its file and the param it
+        feeds."""
         if name not in self._where:
             raise errors.HFError(
                 f"tensor {name!r} is missing" + (f" (Titanax param {needed_by})"
@@ -144,7 +147,8 @@ class ModelDir:
             scales = self._scales(name, view, file_path=file.path)
             if dequantize:
                 self.scales_read.add(name + fp8_blocks.SCALE_SUFFIX)
-                return fp8_blocks.dequantized(view, scales, block=self.fp8_block)
+                return fp8_blocks.dequantized(view, scales, block=self.fp8_block,
+                                              dtype=dtype or np.float32)
         return view
 
     def _scales(self, name: str, weight: np.ndarray, *, file_path: str) -> np.ndarray:
