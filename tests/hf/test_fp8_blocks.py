@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 
+import jax
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -37,7 +39,6 @@ def _quantised(weight):
 
 
 def _rounded(tree, dtype):
-    import jax
     return jax.tree_util.tree_map(lambda x: np.asarray(x).astype(dtype), tree)
 
 
@@ -83,7 +84,6 @@ def test_an_fp8_import_is_the_hand_dequantised_model_bit_for_bit(directories):
     want = importer.params_as_numpy(dequantised)
     assert_identical(importer.params_as_numpy(fp8), want, what="params imported from FP8 blocks")
     # Into bfloat16 (each weight dequantised straight into it): the float32 import, rounded.
-    import ml_dtypes
     assert_identical(importer.params_as_numpy(fp8, dtype=ml_dtypes.bfloat16),
                      _rounded(want, ml_dtypes.bfloat16),
                      what="params imported from FP8 blocks into bfloat16")

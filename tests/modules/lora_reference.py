@@ -2,6 +2,8 @@
 adapted weight replaced by ``W + scale * A B`` (one einsum per weight kind, its roles spelled out
 here), so the base model's forward is the adapted model's."""
 
+import zlib
+
 import jax
 import jax.numpy as jnp
 
@@ -52,6 +54,6 @@ def with_moved_adapters(params, *, scale: float):
         where = jax.tree_util.keystr(path)
         if not where.endswith(B_SUFFIX + "']"):
             return value
-        return value + scale * jax.random.normal(jax.random.PRNGKey(len(where)), value.shape,
-                                                 value.dtype)
+        key = jax.random.PRNGKey(zlib.crc32(where.encode()))
+        return value + scale * jax.random.normal(key, value.shape, value.dtype)
     return jax.tree_util.tree_map_with_path(moved, params)

@@ -107,13 +107,16 @@ def test_latent_attention_under_context_parallelism_trains_like_one_device(strat
     _assert_trains_like_one_device(engine, "latent", True)
 
 
-@pytest.mark.parametrize("blockwise", [False, True], ids=["written-out", "blockwise"])
-@pytest.mark.parametrize("strategy", ["all_gather", "ulysses"])
-def test_attention_sinks_under_context_parallelism_train_like_one_device(strategy, blockwise,
+@pytest.mark.parametrize("strategy,blockwise,tp", [
+    ("all_gather", False, False), ("ulysses", False, False), ("all_gather", True, False),
+    ("ulysses", True, False), ("ulysses", False, True)],
+    ids=["all_gather", "ulysses", "all_gather-blockwise", "ulysses-blockwise", "ulysses-tp2"])
+def test_attention_sinks_under_context_parallelism_train_like_one_device(strategy, blockwise, tp,
                                                                          monkeypatch):
     """gpt-oss's per-head sinks join each query's softmax over the whole row once: under
-    Ulysses each rank's heads take their own sinks; written out and blockwise (from 1 key on,
-    in 2-token tiles). Packed rows, dp2 x cp4, each head's sink its own from the start."""
+    Ulysses each rank's heads take their own sinks (under TP too: of the model rank's heads);
+    written out and blockwise (from 1 key on, in 2-token tiles). Packed rows, dp2 x cp4 (tp2 x
+    cp4), each head's sink its own from the start."""
     from titanax.modules.layers import context_attention  # pylint: disable=import-outside-toplevel
     one = _engine("decoder", attention_sinks=True)
     start = jax.tree_util.tree_map_with_path(  # (They start at 0: every head's the same.)
@@ -125,8 +128,8 @@ def test_attention_sinks_under_context_parallelism_train_like_one_device(strateg
     if blockwise:
         monkeypatch.setattr(context_attention, "BLOCKWISE_FROM", 1)
         monkeypatch.setattr(context_attention, "RING_TILE", 2)
-    engine = _engine("decoder", {"data": 2, "context": 4}, strategy=strategy,
-                     attention_sinks=True)
+    sizes = {"data": 1, "context": 4, "model": 2} if tp else {"data": 2, "context": 4}
+    engine = _engine("decoder", sizes, strategy=strategy, tp=tp, attention_sinks=True)
     engine.init_state(params=start)
     want_losses, want_params = helpers.train(one, _batches(True))
     losses, params = helpers.train(engine, _batches(True))

@@ -148,7 +148,7 @@ class ModelDir:
             if dequantize:
                 self.scales_read.add(name + fp8_blocks.SCALE_SUFFIX)
                 return fp8_blocks.dequantized(view, scales, block=self.fp8_block,
-                                              dtype=dtype or np.float32)
+                                              dtype=np.float32 if dtype is None else dtype)
         return view
 
     def _scales(self, name: str, weight: np.ndarray, *, file_path: str) -> np.ndarray:

@@ -29,6 +29,7 @@ from titanax import errors
 from titanax.config import ConfigBase
 from titanax.hf import param_map
 from titanax.hf.model_configs import hf_config_from_model
+from titanax.hf.model_dir import read_config
 from titanax.hf.safetensors_io import PlannedTensor, write_file
 from titanax.modules import lora
 from titanax.modules.models.decoder import is_gpt2
@@ -73,7 +74,7 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
                 f"{path} is a multi-token-prediction depth's weight, and transformers builds no "
                 "module for those layers: PEFT would drop its adapter on load",
                 path="lora.targets", suggestion="export the run with --format=merged, or leave "
-                "the depths out of lora.targets (e.g. '^decoder/.*attn/.*weight$')")
+                "the depths out of lora.targets (e.g. '^(?!prediction/).*attn/.*weight$')")
         if tensor_map is None:
             raise errors.HFError(f"{path} has no Hugging Face tensor to attach its adapter to",
                                  path="lora.targets",
@@ -82,10 +83,7 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
         for name, adapter in _hf_adapters(tensor_map, a, b, spec=_at(specs, path)):
             modules.setdefault(name[:-len(".weight")], []).append(adapter)
     _check_loadable(modules, model_type=model_type)
-    within = _language_model_prefix(base_model)
-    if within:
-        modules = {within + m[len(TEXT_MODEL_PREFIX):] if m.startswith(TEXT_MODEL_PREFIX)
-                   else m: parts for m, parts in modules.items()}
+    modules, targets = _named_in_base(modules, base_model=base_model)
     planned: List[PlannedTensor] = []
     ranks: Dict[str, int] = {}
     for module, parts in modules.items():
@@ -104,9 +102,6 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
     write_file(os.path.join(directory, WEIGHTS_FILE), sorted(planned, key=lambda t: t.name),
                write=writer)
     if writer:
-        names = sorted({m.rsplit(".", 1)[-1] for m in modules})
-        # (Beside a vision tower: its modules of the same names are left alone.)
-        targets = (f"{re.escape(within)}.*\\.({'|'.join(names)})" if within else names)
         config = adapter_config(lora_cfg, targets, base_model=base_model, ranks=ranks)
         with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, sort_keys=True)
@@ -116,14 +111,28 @@ def export_peft(params: Any, *, model_cfg: ConfigBase, specs: Dict[str, Any],
 
 def _language_model_prefix(base_model: Optional[str]) -> str:
     """Where the language model's modules sit in what AutoModelForCausalLM builds from
-    ``base_model`` ("" unless a multimodal directory nests them)."""
-    path = os.path.join(base_model, "config.json") if base_model else ""
-    if not path or not os.path.isfile(path):
+    ``base_model`` ("" unless a multimodal directory nests them). A base whose config.json is
+    gone is refused: the names would be a guess, and adapters under wrong names load nowhere
+    (PEFT puts fresh ones in their place: the base model, silently)."""
+    if not base_model:
         return ""
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    kind = config.get("model_type") if isinstance(config, dict) else None
-    return MULTIMODAL_MODULE_PREFIXES.get(kind, "")
+    config = read_config(base_model)
+    return MULTIMODAL_MODULE_PREFIXES.get(config.get("model_type"), "")
+
+
+def _named_in_base(modules: Dict[str, Any], *, base_model: Optional[str]
+                   ) -> Tuple[Dict[str, Any], Any]:
+    """``(modules by their names in the base AutoModelForCausalLM builds, PEFT's
+    target_modules)``: the module names' last parts, or -- for a language model nested beside
+    a vision tower -- a pattern of the language model's, so the tower's modules of the same
+    names get no adapter."""
+    within = _language_model_prefix(base_model)
+    names = sorted({m.rsplit(".", 1)[-1] for m in modules})
+    if not within:
+        return modules, names
+    renamed = {within + m[len(TEXT_MODEL_PREFIX):] if m.startswith(TEXT_MODEL_PREFIX) else m:
+               parts for m, parts in modules.items()}
+    return renamed, f"{re.escape(within)}.*\\.({'|'.join(names)})"
 
 
 def _check_loadable(modules: Dict[str, Any], *, model_type: str) -> None:

@@ -54,8 +54,8 @@ def batch_template(engine: Any) -> Dict[str, jax.ShapeDtypeStruct]:
 
 
 def compiled_from_shapes(engine: Any, *, state: Any, batch: Any) -> Any:
-    """The train step compiled on ``state`` (the engine's ``state_template()``: no param
-    allocated, no checkpoint read) and ``batch`` (arrays or ShapeDtypeStructs): what
+    """The train step compiled on ``state`` (ShapeDtypeStructs with the layout's shardings:
+    no param allocated, no checkpoint read) and ``batch`` (arrays or ShapeDtypeStructs): what
     ``--compile_only`` sizes and ``--explain`` prints."""
     step = engine.steps.train_step(None, engine.states.state_specs())
     return step.lower(state, batch).compile()

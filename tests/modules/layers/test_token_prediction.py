@@ -50,13 +50,13 @@ def _cross_entropy(hidden, table, targets):
     return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
 
 
-def _written_out(model, params, batch, *, block_summaries=None):
+def _written_out(model, params, batch, *, block_collections=None):
     """``(L_main, [L_1 .. L_D])`` by the formula (module docstring of token_prediction.py): the
     stack and each depth's decoder block run as modules (each is a layer tested on its own),
     the rest -- shifts, norms, projection, head, masks -- by hand. Depth ``k``'s block sees the
     positions without a target ``k`` places on in their document as padding (the paper runs
     the depth on the sequence less its last ``k`` tokens; a counted position attends only to
-    positions that have one); its summaries go to ``block_summaries[k]``."""
+    positions that have one); its output collection goes to ``block_collections[k]``."""
     docs = {k: batch[k] for k in ("segment_ids", "positions")}
     table, head = params["token_emb"]["weight"], params["lm_head"]["weight"]
     hidden, _ = functional(model.decoder, None, params["decoder"],
@@ -84,8 +84,8 @@ def _written_out(model, params, batch, *, block_summaries=None):
             depth.block, None, p["block"], {"x": joined @ p["project"]["weight"], **docs,
                                             "segment_ids": jnp.where(has_target, segments, 0)},
             is_training=True)
-        if block_summaries is not None:
-            block_summaries[k] = collection.summaries
+        if block_collections is not None:
+            block_collections[k] = collection
         # (Over the next-token loss's count, as the paper's 1/T.)
         losses.append(jnp.sum(_cross_entropy(_rms(hidden, p["output_norm"]["scale"]), head,
                                              targets) * counted) / jnp.sum(weights))
@@ -126,20 +126,27 @@ def test_losses_metrics_and_gradient_equal_the_written_formula(experts):
     assert float(jnp.max(jnp.abs(grads["prediction"]["1"]["project"]["weight"]))) > 0
 
 
-def test_a_depths_experts_route_only_the_positions_with_a_target():
+@pytest.mark.parametrize("dispatch", ["dropless", "capacity"])
+def test_a_depths_experts_route_only_the_positions_with_a_target(dispatch):
     """Depth k's mixture of experts routes no position whose target k places on lies past its
-    row or document: what its balance loss, loads and choosing bias count is the written-out
-    block's with those positions as padding."""
-    moe = MoE.default_config().set(hidden_dim=8, num_experts=4, top_k=2, dispatch="dropless")
+    row or document: what its balance loss, loads, dropped fraction and choosing bias's step
+    count is the written-out block's with those positions as padding (which takes no slot)."""
+    moe = MoE.default_config().set(hidden_dim=8, num_experts=4, top_k=2, dispatch=dispatch,
+                                   capacity_factor=0.75)
+    moe.router.balance_rate = 0.01
     model = _model(moe=moe)
     params, batch = _random_params(model), _batch()
     _, collection = functional(model, None, params, (batch,), is_training=True)
     written = {}
-    _written_out(model, params, batch, block_summaries=written)
+    _written_out(model, params, batch, block_collections=written)
     for k in range(1, DEPTHS + 1):
-        for name in ("aux_loss", "expert_load"):  # (The load: one value per expert.)
+        for name in ("aux_loss", "expert_load", "dropped_fraction"):  # (Load: per expert.)
             got = _at(collection.summaries, f"prediction/{k - 1}/block/mlp/{name}")
-            assert_close(got, _at(written[k], f"mlp/{name}"), what=f"depth {k}'s {name}")
+            assert_close(got, _at(written[k].summaries, f"mlp/{name}"),
+                         what=f"depth {k}'s {name}")
+        step = _at(collection.state_updates, f"prediction/{k - 1}/block/mlp/router/expert_bias")
+        assert_close(step, _at(written[k].state_updates, "mlp/router/expert_bias"),
+                     what=f"depth {k}'s choosing-bias step")
 
 
 def _at(tree, path):

@@ -17,8 +17,9 @@ the over-loaded). It is a state update (``add_state_update``), averaged over the
 microbatches like every other; being linear in the loads, the average is the update the whole
 batch's loads give, on any mesh whose shards hold as many real tokens each (a mean of the shards'
 steps weighs each shard alike: with padding spread unevenly it is not the whole batch's step --
-as the balancing loss and the load metrics, averaged over shards the same way). (DeepSeek-V3 moves by the sign of the shortfall, counted over
-the whole batch; a sign per shard, averaged, would be a noisy vote instead.)
+as the balancing loss and the load metrics, averaged over shards the same way). (DeepSeek-V3
+moves by the sign of the shortfall, counted over the whole batch; a sign per shard, averaged,
+would be a noisy vote instead.)
 
 The logits are computed in float32 whatever the compute dtype: a top-k choice flips on rounding.
 

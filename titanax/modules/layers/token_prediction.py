@@ -70,7 +70,9 @@ class TokenPrediction(BaseLayer):
         reads, what the LM head reads. A mixture of experts in the block routes only the
         positions with a target ``k`` places on in their document (the paper's depth runs on
         the sequence less its last ``k`` tokens): the rest would count in its balance terms
-        and its choosing bias's loads, and take capacity."""
+        and its choosing bias's loads, and take capacity. (On packed rows each document drops
+        its last ``k``: data shards then route different counts, and those terms are means
+        over the shards -- router.py.)"""
         joined = jnp.concatenate([self.embedding_norm(embedded), self.hidden_norm(hidden)],
                                  axis=-1)
         with_target = depth_weights(jnp.ones(hidden.shape[:2], jnp.float32),
