@@ -120,10 +120,10 @@ class ModelDir:
 
     def tensor(self, name: str, *, expected_shape: Optional[Tuple[int, ...]] = None,
                needed_by: str = "", dequantize: bool = True,
-               dtype: Optional[np.dtype] = None) -> np.ndarray:
+               dtype: np.dtype = np.float32) -> np.ndarray:
         """The tensor as a view of its file (an FP8 weight dequantised -- into ``dtype``, the
-        param's, when given: a layer's stack of them is then as large as the param's share,
-        not float32's -- unless not ``dequantize``: a shape check); a missing tensor or a shape
+        param's where an importer reads it: a layer's stack of them is then as large as the
+        param's share, not float32's -- unless not ``dequantize``: a shape check); a missing tensor or a shape
         other than ``expected_shape`` is an ``HFError`` naming it, its file and the param it
         feeds."""
         if name not in self._where:
@@ -147,8 +147,7 @@ class ModelDir:
             scales = self._scales(name, view, file_path=file.path)
             if dequantize:
                 self.scales_read.add(name + fp8_blocks.SCALE_SUFFIX)
-                return fp8_blocks.dequantized(view, scales, block=self.fp8_block,
-                                              dtype=np.float32 if dtype is None else dtype)
+                return fp8_blocks.dequantized(view, scales, block=self.fp8_block, dtype=dtype)
         return view
 
     def _scales(self, name: str, weight: np.ndarray, *, file_path: str) -> np.ndarray:

@@ -57,7 +57,7 @@ from titanax.modules.layers.context_attention import (SINKS_ON_A_RING,
                                                       context_attention)
 from titanax.modules.layers.blockwise_attention import BLOCKWISE_FROM, blockwise_attention
 from titanax.modules.layers.pallas_attention import pallas_attention
-from titanax.modules.layers.softmax_attention import masked_attention, with_sinks
+from titanax.modules.layers.softmax_attention import masked_attention
 from titanax.utils.dtypes import fused_attention_fits
 
 
@@ -498,12 +498,11 @@ def attend(q, k, v, *, sliding_window: Optional[int] = None, kv_length=None,
     if key_valid is not None:  # (Decoding: no segment ids; a padding key is "another document".)
         q_segments, k_segments = jnp.ones((q.shape[0], t), jnp.int32), key_valid
     if chosen == "blockwise":
-        out = blockwise_attention(
+        return blockwise_attention(
             q, k, v, scale=scale, q_positions=filled - t + jnp.arange(t),
             k_positions=jnp.arange(s), q_segments=q_segments, k_segments=k_segments,
             sliding_window=sliding_window, kv_length=kv_length, block_q=block_size,
-            block_k=block_size, with_lse=sinks is not None)
-        return out if sinks is None else with_sinks(*out, sinks)
+            block_k=block_size, sinks=sinks)
     if chosen == "pallas" and kv_length is None and t == s:
         return pallas_attention(q, k, v, scale=scale, segment_ids=segment_ids,
                                 block_size=block_size)

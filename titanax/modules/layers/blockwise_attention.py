@@ -29,6 +29,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from titanax.modules.layers.softmax_attention import with_sinks
 from titanax.parallel import collectives
 from titanax.utils.dtypes import wide_float
 
@@ -43,15 +44,15 @@ _NEVER = jnp.iinfo(jnp.int32).max
 def blockwise_attention(q, k, v, *, scale: float, q_positions, k_positions,
                         q_segments=None, k_segments=None, sliding_window: Optional[int] = None,
                         kv_length=None, block_q: int = 512, block_k: int = 512,
-                        with_lse: bool = False):
+                        sinks: Optional[jax.Array] = None):
     """Attention of ``q`` ``[b, t, n, d]`` over ``k``/``v`` ``[b, s, g, d]`` (``g`` dividing
     ``n``), ``[b, t, n, d]`` out. A query sees a key when the key's position is not after its
     own, both carry the same segment id (when given: ``[b, t]`` / ``[b, s]``), the key is within
     ``sliding_window`` positions, and its index is below ``kv_length`` (a cache's filled part).
     Positions ``[t]`` / ``[s]`` or ``[b, t]`` / ``[b, s]``. A query that sees no key (padding)
     gets zeros. Sequences that blocks do not divide are padded with keys no query sees.
-    ``with_lse``: also each query's log-sum-exp of its scores ``[b, t, n]`` (-inf where it sees
-    no key), differentiable (attention sinks correct the output with it)."""
+    ``sinks`` ``[n]``: each head's sink logit in every query's softmax denominator (gpt-oss's),
+    applied through the queries' log-sum-exp, which is differentiable."""
     b, t, _, _ = q.shape
     s = k.shape[1]
     q_pos = jnp.broadcast_to(jnp.asarray(q_positions, jnp.int32), (b, t))
@@ -65,11 +66,11 @@ def blockwise_attention(q, k, v, *, scale: float, q_positions, k_positions,
     k, v, k_pos, k_seg = padded_keys(k, v, k_pos, k_seg, block_k)
     out, lse = _attention(q, k, v, q_pos, k_pos, q_seg, k_seg,
                           Static(float(scale), sliding_window, block_q, block_k))
-    if not with_lse:
+    if sinks is None:
         return out[:, :t]
     # [b, g, r, t] -> [b, t, g * r]
     lse = jnp.moveaxis(lse, 3, 1).reshape(lse.shape[0], lse.shape[3], -1)
-    return out[:, :t], lse[:, :t]
+    return with_sinks(out[:, :t], lse[:, :t], sinks)
 
 
 class Static(NamedTuple):

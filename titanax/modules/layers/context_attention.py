@@ -38,7 +38,7 @@ from titanax.parallel import collectives
 from titanax.modules.layers.blockwise_attention import (
     BLOCKWISE_FROM, Static, blockwise_attention, cast_like, empty_state, finish, fold_key_grads,
     fold_keys, padded_keys, padded_queries, query_grad_blocks, unblocked)
-from titanax.modules.layers.softmax_attention import masked_attention, with_sinks
+from titanax.modules.layers.softmax_attention import masked_attention
 from titanax.utils.dtypes import wide_float
 
 
@@ -133,11 +133,10 @@ def _attend_rows(q, k, v, *, scale, queries, keys, sliding_window, sinks=None):
     (O(S) memory, masked tiles skipped) from BLOCKWISE_FROM keys on, written out below."""
     (q_pos, q_seg), (k_pos, k_seg) = queries, keys
     if k.shape[1] >= BLOCKWISE_FROM:
-        out = blockwise_attention(q, k, v, scale=scale, q_positions=q_pos, k_positions=k_pos,
-                                  q_segments=q_seg, k_segments=k_seg,
-                                  sliding_window=sliding_window, block_q=RING_TILE,
-                                  block_k=RING_TILE, with_lse=sinks is not None)
-        return out if sinks is None else with_sinks(*out, sinks)
+        return blockwise_attention(q, k, v, scale=scale, q_positions=q_pos, k_positions=k_pos,
+                                   q_segments=q_seg, k_segments=k_seg,
+                                   sliding_window=sliding_window, block_q=RING_TILE,
+                                   block_k=RING_TILE, sinks=sinks)
     allowed = visible(q_pos, k_pos, q_seg, k_seg, sliding_window=sliding_window)
     return masked_attention(q, k, v, allowed, scale=scale, sinks=sinks)
 

@@ -2,8 +2,8 @@
 
 The one written-out attention both attention paths share: the decoder's (``layers/attention.py``:
 ``implementation="dense"``, which attention dropout needs) and context parallelism's
-(``modules/layers/context_attention.py``) -- and, for the same two, ``with_sinks``: the
-attention sinks' factor on an output whose log-sum-exp a blockwise pass returned.
+(``modules/layers/context_attention.py``) -- and ``with_sinks``: the attention sinks' factor on
+an output whose log-sum-exp the blockwise pass computed (``blockwise_attention.py`` applies it).
 
 Off a GPU, ``jax.nn.dot_product_attention`` is this same XLA math, vmapped over each kv head's
 group of query heads; without grouped queries that leaves a unit group dimension in the scores,

@@ -75,9 +75,8 @@ class TokenPrediction(BaseLayer):
         over the shards -- router.py.)"""
         joined = jnp.concatenate([self.embedding_norm(embedded), self.hidden_norm(hidden)],
                                  axis=-1)
-        with_target = depth_weights(jnp.ones(hidden.shape[:2], jnp.float32),
-                                    layer_inputs.get("segment_ids"), places) > 0
-        hidden = self.block(self.project(joined), routed=with_target, **layer_inputs)
+        routed = has_target(hidden.shape[:2], layer_inputs.get("segment_ids"), places)
+        hidden = self.block(self.project(joined), routed=routed, **layer_inputs)
         return hidden, self.output_norm(hidden)
 
 
@@ -116,14 +115,20 @@ def shifted(values: jax.Array, places: int, fill: Any = 0) -> jax.Array:
     return jnp.concatenate([values[:, places:], pad], axis=1)
 
 
+def has_target(shape: Tuple[int, int], segment_ids: Any, places: int) -> jax.Array:
+    """``[batch, seq]`` booleans: whether position ``i`` has a token ``places`` further on in
+    its row and its document."""
+    inside = jnp.arange(shape[1]) < shape[1] - places
+    if segment_ids is None:
+        return jnp.broadcast_to(inside, shape)
+    return inside & (shifted(segment_ids, places, fill=-1) == segment_ids)
+
+
 def depth_weights(weights: jax.Array, segment_ids: Any, places: int) -> jax.Array:
     """Per position ``i``, the weight of the target ``places`` tokens further on: its own
     target weight there, 0 past the row or across a document boundary."""
     ahead = shifted(weights, places)
-    if segment_ids is None:
-        return ahead
-    same = shifted(segment_ids, places, fill=-1) == segment_ids
-    return ahead * same.astype(ahead.dtype)
+    return ahead * has_target(weights.shape[:2], segment_ids, places).astype(ahead.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
