@@ -17,7 +17,8 @@ And each family's switches at CPU size (byte vocabulary, width 64), on the layou
 Each trains on the bundled text as every language-model experiment does; start one from the
 published weights with ``--config.init_from=DIR`` (docs/huggingface.md). A tiny one takes the
 same flags to change its layout as the others (``tests/test_todays_experiments.py`` trains each
-on its own layout and on data parallelism alone, and compares them).
+on its own layout, on every other layout its layers take and on data parallelism alone, in
+float64, and compares them).
 """
 
 from titanax.config import register_experiment

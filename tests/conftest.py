@@ -38,9 +38,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 # The heaviest files first (measured, --durations, cold cache): the two workers take whole files
 # (pytest.ini), and a heavy file started last would run alone at the end of the suite.
-HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/train/test_pipeline_parity.py",
+HEAVIEST_FIRST = ("tests/test_todays_experiments.py", "tests/test_multi_process.py",
+                  "tests/train/test_pipeline_parity.py",
                   "tests/train/test_preference_training.py", "tests/harness/test_lm_eval_parity.py",
-                  "tests/rl/test_grpo_launch.py", "tests/test_todays_experiments.py",
+                  "tests/rl/test_grpo_launch.py",
                   "tests/test_pipeline_experiments.py",
                   "tests/harness/test_lm_eval_evaler.py", "tests/train/test_sharded_state.py",
                   "tests/train/test_lora_training.py", "tests/test_moe_experiments.py",

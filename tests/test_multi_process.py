@@ -6,7 +6,6 @@ Each job runs in subprocesses with its own simulated CPU devices; the pytest pro
 their metrics.csv and checkpoints.
 """
 
-import csv
 import functools
 import os
 import shutil
@@ -15,14 +14,13 @@ import subprocess
 import sys
 import time
 
-import jax
-import numpy as np
 import pytest
 
 from titanax.runtime import local_processes
 from titanax.runtime.peer_watch import EXIT_LOST_PEER
 from tests.environment import child_environment
 from tests.numerics import ADAM, assert_close
+from tests.run_outputs import metric_rows, newest_params
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6
@@ -68,24 +66,11 @@ def _run(name, trainer_dir, *extra, processes=1, steps=STEPS):
 
 
 def _losses(trainer_dir):
-    with open(os.path.join(trainer_dir, "metrics.csv"), encoding="utf-8") as f:
-        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r.get("loss")}
+    return {step: float(row["loss"]) for step, row in metric_rows(trainer_dir).items()}
 
 
 def _params(trainer_dir):
-    """The params of the newest checkpoint in ``trainer_dir``, read from its files with plain
-    Orbax as numpy arrays (a checkpoint holds the canonical params, whatever the layout that
-    wrote it: no engine, nothing compiled)."""
-    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-    folder = os.path.join(trainer_dir, "checkpoints")
-    step = max(int(d) for d in os.listdir(folder) if d.isdigit())
-    path = os.path.join(folder, str(step), "params")
-    with ocp.StandardCheckpointer() as checkpointer:
-        tree = checkpointer.metadata(path).item_metadata.tree
-        target = jax.tree_util.tree_map(lambda m: np.zeros(m.shape, m.dtype), tree)
-        params = checkpointer.restore(path, target)
-    assert len(jax.tree_util.tree_leaves(params)) > 4, path  # (A model's, not an empty tree.)
-    return params
+    return newest_params(trainer_dir)[1]
 
 
 @functools.lru_cache(maxsize=None)

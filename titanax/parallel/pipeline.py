@@ -208,9 +208,11 @@ class StageSplit:
         stages = int(layout.mesh_shape[self.pipe_axis])
         if layers % stages:
             raise errors.PlanError(
-                f"{layers} layers do not split evenly into {stages} pipeline stages",
-                path="model.num_layers", suggestion=f"use a multiple of {stages} layers, or "
-                "another size for the pipe axis")
+                f"the {layers} stacked layers under {prefix!r} (a layer pattern's repetitions: "
+                f"each counts once) do not split evenly into {stages} pipeline stages",
+                path="model.num_layers", suggestion=f"stack a multiple of {stages} layers (with "
+                "a layer_pattern: num_layers // len(layer_pattern) repetitions), or use another "
+                "size for the pipe axis")
         return layout.evolve(self.name, param_specs=specs)
 
 
