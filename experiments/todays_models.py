@@ -57,7 +57,7 @@ def gemma3_27b():
 def qwen3_5_27b():
     """Qwen 3.5 27B's language model (64 layers: three Gated DeltaNet layers then a gated full
     attention, sixteen times; 248k vocabulary). Sized for 32 80 GB devices (data 4 x model 8)
-    at 4,096 tokens x 32 rows: 44.5 GiB peak each by ``--compile_only --cpu_devices=32``
+    at 4,096 tokens x 32 rows: 44.4 GiB peak each by ``--compile_only --cpu_devices=32``
     (docs/performance.md; saving the matmuls' outputs instead of recomputing them needs 164)."""
     model = qwen3_5_config("27b", layer_remat_policy="nothing_saveable")
     return _fsdp_tp(model, seq_len=4096, batch_size=32)

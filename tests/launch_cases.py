@@ -1,11 +1,10 @@
-"""Many launches that end before training, in one child process: ``python -m tests.launch_cases
-CASES.json RESULTS.json``.
+"""Many launches in one child process: ``python -m tests.launch_cases CASES.json RESULTS.json``
+(launches refused before they start a run, and short trainings).
 
 Each case is ``{"args": [launcher flags...], "cwd": DIR}``; its result ``{"returncode",
-"stdout", "stderr"}`` is what ``python -m titanax.launch ARGS`` run in ``DIR`` would give, for a
-launch that is refused before it starts a run: the launcher's own flag parsing and ``main``
-(``titanax/launch.py``), the flags reset to their defaults before each case, the streams
-captured. A fresh interpreter per case would repeat the same second of imports 35 times
+"stdout", "stderr"}`` is what ``python -m titanax.launch ARGS`` run in ``DIR`` would give: the
+launcher's own flag parsing and ``main`` (``titanax/launch.py``), the flags reset to their
+defaults before each case, the streams captured. A fresh interpreter per case would repeat the same second of imports 35 times
 (tests/test_launch_errors.py); the process entry (signal handlers, protected streams) is
 exercised by the tests that launch the real command.
 """

@@ -4,7 +4,7 @@ nothing compiled; a checkpoint holds the canonical params whatever layout wrote 
 
 import csv
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import jax
 import numpy as np
@@ -16,7 +16,7 @@ def metric_rows(trainer_dir: str) -> Dict[int, Dict[str, str]]:
         return {int(r["step"]): r for r in csv.DictReader(f) if r.get("loss")}
 
 
-def newest_params(trainer_dir: str) -> Any:
+def newest_params(trainer_dir: str) -> Tuple[int, Any]:
     """``(step, params)`` of the newest checkpoint in ``trainer_dir``."""
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
     folder = os.path.join(trainer_dir, "checkpoints")

@@ -16,7 +16,6 @@ Each family's launches run in one child process (tests/launch_cases.py: the laun
 and main, flags reset per launch).
 """
 
-import functools
 import json
 import os
 import subprocess
@@ -43,66 +42,76 @@ PARTS_OFF = ("--config.plan.tensor_parallel=None", "--config.plan.pipeline_paral
 
 
 def _mesh(axes, shape):
+    """The flags of a mesh of ``axes`` (a tuple's text) and ``shape``."""
     return (f"--config.mesh.axes={axes}", f"--config.mesh.shape={shape}")
 
 
+# layout -> (its flags, the mesh axes and the plan part it takes: what each run's saved
+# config.json is checked for -- a flag that stopped taking effect would leave data parallelism
+# alone, which trains like itself).
 LAYOUTS = {
-    "data only": _mesh("('data',)", "(None,)"),
+    "data only": (_mesh("('data',)", "(None,)"), ("data",), None),
     # ZeRO-3 over data: every param of 64 numbers or more sharded, gathered where used.
-    "fsdp8": (*_mesh("('data',)", "(None,)"), "--config.plan.zero.stage=3",
-              "--config.plan.zero.min_shard_size=64"),
-    "dp4 x tp2": (*_mesh("('data','model')", "(None,2)"),
-                  "--config.plan.tensor_parallel.axis=model"),
-    "dp4 x pp2": (*_mesh("('data','pipe')", "(None,2)"),
-                  "--config.plan.pipeline_parallel.axis=pipe",
-                  "--config.plan.pipeline_parallel.microbatch_size=1"),
-    "dp2 x cp4": (*_mesh("('data','context')", "(None,4)"),
-                  "--config.plan.context_parallel.axis=context"),
-    "dp2 x ep4": (*_mesh("('data','expert')", "(None,4)"),
-                  "--config.plan.expert_parallel.axis=expert"),
+    "fsdp8": ((*_mesh("('data',)", "(None,)"), "--config.plan.zero.stage=3",
+               "--config.plan.zero.min_shard_size=64"), ("data",), "zero"),
+    "dp4 x tp2": ((*_mesh("('data','model')", "(None,2)"),
+                   "--config.plan.tensor_parallel.axis=model"), ("data", "model"),
+                  "tensor_parallel"),
+    "dp4 x pp2": ((*_mesh("('data','pipe')", "(None,2)"),
+                   "--config.plan.pipeline_parallel.axis=pipe",
+                   "--config.plan.pipeline_parallel.microbatch_size=1"), ("data", "pipe"),
+                  "pipeline_parallel"),
+    "dp2 x cp4": ((*_mesh("('data','context')", "(None,4)"),
+                   "--config.plan.context_parallel.axis=context"), ("data", "context"),
+                  "context_parallel"),
+    "dp2 x ep4": ((*_mesh("('data','expert')", "(None,4)"),
+                   "--config.plan.expert_parallel.axis=expert"), ("data", "expert"),
+                  "expert_parallel"),
 }
+PLAN_PARTS = ("zero", "tensor_parallel", "pipeline_parallel", "context_parallel",
+              "expert_parallel")
 # DeepSeek-V3 without its choosing bias's update, which a pipeline cannot carry (its dense
 # first layer then runs on the first stage with the embedding): a pair of its own.
 NO_CHOOSING_BIAS = ("--config.model.moe.router.balance_rate=0.0",)
-# family -> (its experiment's own layout -- None: not run --, the others it is trained on here,
-# extra flags of all its runs). Not here: Gemma 3 in pipeline stages (its tiny stack is one repetition of its
-# 5:1 pattern and a tail: nothing to cut between), DeepSeek-V3 under context parallelism (its
+# Gemma 3's tiny stack is one repetition of its 5:1 pattern and a tail layer: a pipeline has
+# nothing to cut between. Two repetitions (13 layers) put the tail on the last stage.
+TWO_REPETITIONS = ("--config.model.num_layers=13",)
+# name -> (experiment, its own layout -- None: not run --, the other layouts it is trained on
+# here, extra flags of all its runs). Not here: DeepSeek-V3 under context parallelism (its
 # depths' shifted rows do not split).
 FAMILIES = {
-    "gemma3_tiny": ("dp4 x tp2", ("fsdp8", "dp2 x cp4"), ()),
-    "qwen3_5_tiny": ("dp4 x pp2", ("fsdp8", "dp4 x tp2", "dp2 x cp4"), ()),
-    "gpt_oss_tiny": ("dp2 x ep4", ("fsdp8", "dp4 x tp2", "dp4 x pp2", "dp2 x cp4"), ()),
-    "deepseek_v3_tiny": ("dp2 x ep4", ("fsdp8", "dp4 x tp2"), ()),
-    "deepseek_v3_tiny without the choosing bias": (None, ("dp4 x pp2",), NO_CHOOSING_BIAS),
+    "gemma3_tiny": ("gemma3_tiny", "dp4 x tp2", ("fsdp8", "dp2 x cp4"), ()),
+    "gemma3_tiny with two repetitions": ("gemma3_tiny", None, ("dp4 x pp2",), TWO_REPETITIONS),
+    "qwen3_5_tiny": ("qwen3_5_tiny", "dp4 x pp2", ("fsdp8", "dp4 x tp2", "dp2 x cp4"), ()),
+    "gpt_oss_tiny": ("gpt_oss_tiny", "dp2 x ep4",
+                     ("fsdp8", "dp4 x tp2", "dp4 x pp2", "dp2 x cp4"), ()),
+    "deepseek_v3_tiny": ("deepseek_v3_tiny", "dp2 x ep4", ("fsdp8", "dp4 x tp2"), ()),
+    "deepseek_v3_tiny without the choosing bias": ("deepseek_v3_tiny", None, ("dp4 x pp2",),
+                                                   NO_CHOOSING_BIAS),
 }
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("todays"))
-
-
 def _runs(family):
-    """``{layout: launcher flags}``: data only, the experiment's own layout (no flags), and the
-    others."""
-    own, others, extra = FAMILIES[family]
-    experiment = family.split()[0]
-    layouts = {"data only": LAYOUTS["data only"], **({f"{own} (its own)": ()} if own else {}),
-               **{name: LAYOUTS[name] for name in others}}
-    return {name: (f"--config={experiment}", *COMMON, *extra,
-                   *(PARTS_OFF + flags if flags else ())) for name, flags in layouts.items()}
+    """``{layout: (launcher flags, the layout it is)}``: data only, the experiment's own
+    layout (no layout flags), and the others."""
+    experiment, own, others, extra = FAMILIES[family]
+    layouts = {"data only": "data only", **({f"{own} (its own)": own} if own else {}),
+               **{name: name for name in others}}
+    runs = {}
+    for name, layout in layouts.items():
+        flags = () if name.endswith("(its own)") else PARTS_OFF + LAYOUTS[layout][0]
+        runs[name] = ((f"--config={experiment}", *COMMON, *extra, *flags), layout)
+    return runs
 
 
-@functools.lru_cache(maxsize=None)
 def _launched(family, root):
-    """``{layout: (per-step rows of metrics.csv, final params)}`` of the family's runs."""
+    """``{layout: (per-step rows of metrics.csv, final params)}`` of the family's runs, each
+    run's saved config checked to be its layout."""
     runs = _runs(family)
-    folder = os.path.join(root, family.replace(" ", "_"))
-    dirs = {name: os.path.join(folder, name.replace(" ", "_")) for name in runs}
+    dirs = {name: os.path.join(root, name.replace(" ", "_")) for name in runs}
     cases = [{"args": [*args, f"--trainer_dir={dirs[name]}"], "cwd": REPO_ROOT}
-             for name, args in runs.items()]
-    os.makedirs(folder, exist_ok=True)
-    given, got = os.path.join(folder, "cases.json"), os.path.join(folder, "results.json")
+             for name, (args, _) in runs.items()]
+    given, got = os.path.join(root, "cases.json"), os.path.join(root, "results.json")
     with open(given, "w", encoding="utf-8") as f:
         json.dump(cases, f)
     run = subprocess.run([sys.executable, "-m", "tests.launch_cases", given, got], cwd=REPO_ROOT,
@@ -111,13 +120,26 @@ def _launched(family, root):
     with open(got, encoding="utf-8") as f:
         results = json.load(f)
     launched = {}
-    for name, result in zip(runs, results):
+    for (name, (_, layout)), result in zip(runs.items(), results):
         assert result["returncode"] == 0, (family, name, result["stderr"][-3000:])
+        _check_layout(dirs[name], layout)
         launched[name] = metric_rows(dirs[name]), _final_params(dirs[name])
     return launched
 
 
+def _check_layout(trainer_dir, layout):
+    """The run's saved config has the layout's mesh axes and its plan part, no other."""
+    with open(os.path.join(trainer_dir, "config.json"), encoding="utf-8") as f:
+        saved = json.load(f)
+    _, axes, part = LAYOUTS[layout]
+    on = {name for name in PLAN_PARTS if saved["plan"][name] is not None}
+    assert tuple(saved["mesh"]["axes"]) == axes and on == ({part} if part else set()), (
+        trainer_dir, saved["mesh"]["axes"], on)
+
+
 def _final_params(trainer_dir):
+    """The newest checkpoint's params: the last step's, in float64 (a run that fell back to
+    float32 would make FLOAT64's bound meaningless)."""
     step, params = newest_params(trainer_dir)
     assert step == STEPS, (trainer_dir, step)
     assert all(leaf.dtype == np.float64 for leaf in jax.tree_util.tree_leaves(params)), trainer_dir
@@ -125,12 +147,13 @@ def _final_params(trainer_dir):
 
 
 def _column(rows, name):
+    """The metric ``name`` at every step."""
     return [float(rows[step][name]) for step in range(1, STEPS + 1)]
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_each_layout_of_a_family_trains_like_data_parallelism_alone(family, root):
-    launched = _launched(family, root)
+def test_each_layout_of_a_family_trains_like_data_parallelism_alone(family, tmp_path):
+    launched = _launched(family, str(tmp_path))
     want_rows, want_params = launched.pop("data only")
     assert sorted(want_rows) == list(range(1, STEPS + 1)), sorted(want_rows)
     losses = _column(want_rows, "loss")

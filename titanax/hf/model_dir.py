@@ -123,9 +123,9 @@ class ModelDir:
                dtype: np.dtype = np.float32) -> np.ndarray:
         """The tensor as a view of its file (an FP8 weight dequantised -- into ``dtype``, the
         param's where an importer reads it: a layer's stack of them is then as large as the
-        param's share, not float32's -- unless not ``dequantize``: a shape check); a missing tensor or a shape
-        other than ``expected_shape`` is an ``HFError`` naming it, its file and the param it
-        feeds."""
+        param's share, not float32's -- unless not ``dequantize``: a shape check); a missing
+        tensor or a shape other than ``expected_shape`` is an ``HFError`` naming it, its file
+        and the param it feeds."""
         if name not in self._where:
             raise errors.HFError(
                 f"tensor {name!r} is missing" + (f" (Titanax param {needed_by})"

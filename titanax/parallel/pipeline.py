@@ -208,11 +208,12 @@ class StageSplit:
         stages = int(layout.mesh_shape[self.pipe_axis])
         if layers % stages:
             raise errors.PlanError(
-                f"the {layers} stacked layers under {prefix!r} (a layer pattern's repetitions: "
-                f"each counts once) do not split evenly into {stages} pipeline stages",
-                path="model.num_layers", suggestion=f"stack a multiple of {stages} layers (with "
-                "a layer_pattern: num_layers // len(layer_pattern) repetitions), or use another "
-                "size for the pipe axis")
+                f"the stack under {prefix!r} holds {layers} stacked layer(s) (where the model "
+                f"repeats a layer pattern, one per repetition), which do not split evenly into "
+                f"{stages} pipeline stages", path="model.num_layers",
+                suggestion=f"make the stacked count a multiple of {stages} (num_layers, or with a "
+                "layer_pattern num_layers // len(layer_pattern)), or use another size for the "
+                "pipe axis")
         return layout.evolve(self.name, param_specs=specs)
 
 

@@ -1,10 +1,11 @@
 """Stacks whose layers differ (``Decoder.Config.layer_pattern``): a pattern of alike layers is the
 plain stack; windows on other layers than transformers' Qwen 3 slides give other logits;
-LoRA on Qwen 3.5-like and DeepSeek-V3-like stacks trains alike under data x tensor and data x
-context parallelism (every layout of the families' tiny experiments is checked through the
-launcher: tests/test_todays_experiments.py); greedy generation over a pattern (Gated DeltaNet's state and window
-cached) is the forward pass's argmax, token by token; and what a pattern cannot do yet is
-refused by name."""
+a Gemma-3-like stack's tail trains on a pipeline's last stage like one device; LoRA on Qwen
+3.5-like and DeepSeek-V3-like stacks trains alike under data x tensor and data x context
+parallelism (every layout of the families' tiny experiments is checked through the launcher:
+tests/test_todays_experiments.py); greedy generation over a pattern (Gated DeltaNet's state and
+window cached) is the forward pass's argmax, token by token; and what a pattern cannot do yet
+is refused by name."""
 
 import jax
 import jax.numpy as jnp
@@ -221,7 +222,7 @@ def test_what_a_pattern_cannot_do_yet_is_refused_by_name():
                                      **SMALL).instantiate()
     one_repetition = _engine("qwen3_5", (4, 2), ("data", "pipe"), Plan.default_config().set(
         data_parallel=DP.default_config(), pipeline_parallel=PP.default_config()), num_layers=4)
-    with pytest.raises(errors.PlanError, match="repetitions") as info:  # (Nothing to cut.)
+    with pytest.raises(errors.PlanError, match="one per repetition") as info:  # (Nothing to cut.)
         one_repetition.build()
     assert info.value.path == "model.num_layers", info.value.path
     from titanax.hf.model_configs import hf_config_from_model  # pylint: disable=import-outside-toplevel

@@ -75,7 +75,7 @@ class TokenPrediction(BaseLayer):
         over the shards -- router.py.)"""
         joined = jnp.concatenate([self.embedding_norm(embedded), self.hidden_norm(hidden)],
                                  axis=-1)
-        routed = has_target(hidden.shape[:2], layer_inputs.get("segment_ids"), places)
+        routed = has_target(hidden.shape[:2], layer_inputs.get("segment_ids"), places=places)
         hidden = self.block(self.project(joined), routed=routed, **layer_inputs)
         return hidden, self.output_norm(hidden)
 
@@ -115,7 +115,7 @@ def shifted(values: jax.Array, places: int, fill: Any = 0) -> jax.Array:
     return jnp.concatenate([values[:, places:], pad], axis=1)
 
 
-def has_target(shape: Tuple[int, int], segment_ids: Any, places: int) -> jax.Array:
+def has_target(shape: Tuple[int, int], segment_ids: Any, *, places: int) -> jax.Array:
     """``[batch, seq]`` booleans: whether position ``i`` has a token ``places`` further on in
     its row and its document."""
     inside = jnp.arange(shape[1]) < shape[1] - places
@@ -128,7 +128,7 @@ def depth_weights(weights: jax.Array, segment_ids: Any, places: int) -> jax.Arra
     """Per position ``i``, the weight of the target ``places`` tokens further on: its own
     target weight there, 0 past the row or across a document boundary."""
     ahead = shifted(weights, places)
-    return ahead * has_target(weights.shape[:2], segment_ids, places).astype(ahead.dtype)
+    return ahead * has_target(weights.shape[:2], segment_ids, places=places).astype(ahead.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
