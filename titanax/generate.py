@@ -4,6 +4,7 @@
     python -m titanax.generate --hf=path/to/hf_dir --prompt_ids=1,2,3 --max_new_tokens=32 --temperature=0.8 --top_p=0.9
     python -m titanax.generate --trainer_dir=runs/chat_sft --chat --prompt="What is 7 x 6?" --max_new_tokens=64
     python -m titanax.generate --trainer_dir=runs/chat_sft --chat --interactive --system="Be brief."
+    python -m titanax.generate --hf=path/to/hf_dir --prompts_file=prompts.jsonl --num_samples=16 --max_new_tokens=128 --temperature=1.0 --output=completions.jsonl
 
 The model runs with a key/value cache (the prompt once, then one token at a time) inside one
 compiled program on a mesh of the devices at hand: a run's own mesh and tensor parallelism (its
@@ -21,6 +22,14 @@ template's end-of-turn token (or an end-of-sequence id of the HF directory's
 generation_config.json / config.json), whose text is printed without it. ``--system`` opens the
 conversation with a system prompt; ``--interactive`` chats over several turns in this process,
 one message per input line (``chat_session.py``).
+
+``--prompts_file`` generates for every line of a JSONL file (``prompts_file.py``: a line's
+``prompt_ids`` or ``prompt`` text, and its own ``max_new_tokens`` at most the flag's),
+``--num_samples`` completions each, batched (``batch_generation.py``), and writes ``--output``:
+one line per prompt, in order, ``{"completions": [[ids], ...], "texts": [...]}`` (texts where a
+tokenizer is known; each completion ends after its end id, which the text leaves out). The last
+line printed is one JSON object: ``prompts``, ``completion_tokens``, ``seconds`` (generation
+alone) and ``compile_seconds``.
 """
 
 from __future__ import annotations
@@ -57,6 +66,12 @@ def _define_flags() -> None:
     flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the most likely tokens up to "
                       "this probability (with --temperature).")
     flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
+    flags.DEFINE_string("prompts_file", None, "A JSONL file of prompts, one {\"prompt_ids\": "
+                        "[...]} or {\"prompt\": \"...\"} per line (optionally its own "
+                        "\"max_new_tokens\", at most --max_new_tokens); needs --output.")
+    flags.DEFINE_integer("num_samples", 1, "With --prompts_file: completions per prompt.")
+    flags.DEFINE_string("output", None, "With --prompts_file: the JSONL file to write, one line "
+                        "per prompt in order with its \"completions\" (and \"texts\").")
 
 
 def _check_flags() -> None:
@@ -69,6 +84,13 @@ def _check_flags() -> None:
         raise errors.LaunchFlagError("a chat reads text messages", path="--prompt_ids",
                                      suggestion="type the messages (or give the first as "
                                                 "--prompt='...')")
+    if FLAGS.prompts_file is not None:
+        _check_file_flags()
+        return
+    for flag in ("output", "num_samples"):
+        if getattr(FLAGS, flag) != FLAGS[flag].default:
+            raise errors.LaunchFlagError("is a --prompts_file option", path=f"--{flag}",
+                                         suggestion="add --prompts_file=P.jsonl")
     if not FLAGS.interactive and (FLAGS.prompt is None) == (FLAGS.prompt_ids is None):
         raise errors.LaunchFlagError("give exactly one prompt", path="--prompt/--prompt_ids",
                                      suggestion="--prompt='text' or --prompt_ids=1,2,3 (or "
@@ -87,6 +109,31 @@ def _check_flags() -> None:
         raise errors.LaunchFlagError(f"must be in (0, 1], got {FLAGS.top_p}", path="--top_p",
                                      suggestion="e.g. 0.9")
     command_line.check_seed_flag(FLAGS.seed)
+
+
+def _check_file_flags() -> None:
+    """``--prompts_file``: no other prompt, an output that is new (nothing written over) in a
+    directory that exists, samples >= 1."""
+    import os  # pylint: disable=import-outside-toplevel
+    given = [f"--{f}" for f in ("prompt", "prompt_ids", "chat", "interactive", "system")
+             if getattr(FLAGS, f) not in (None, False)]
+    if given:
+        raise errors.LaunchFlagError(f"reads its prompts from the file, not {given[0]}",
+                                     path="--prompts_file", suggestion=f"drop {given[0]}")
+    if FLAGS.num_samples < 1:
+        raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.num_samples}",
+                                     path="--num_samples", suggestion="e.g. 16 for GRPO-style "
+                                                                      "groups")
+    if not FLAGS.output:
+        raise errors.LaunchFlagError("--prompts_file writes its completions to a file",
+                                     path="--output", suggestion="--output=completions.jsonl")
+    output = os.path.abspath(FLAGS.output)
+    if os.path.exists(output):
+        raise errors.LaunchFlagError(f"{FLAGS.output} exists: nothing is written over",
+                                     path="--output", suggestion="remove it or name a new file")
+    if not os.path.isdir(os.path.dirname(output)):
+        raise errors.LaunchFlagError(f"no such directory: {os.path.dirname(output)}",
+                                     path="--output", suggestion="create it first")
 
 
 class _Tokens:
@@ -116,10 +163,11 @@ class _Tokens:
                 suggestion="give the prompt as --prompt_ids=...")
         return self.tokenizer
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str, *, flag: str = "--prompt") -> List[int]:
         """A plain prompt, special tokens read as such, after BOS where the tokenizer has one
-        (as transformers' ``tokenizer(text)`` and packed documents)."""
-        return self._needed("--prompt").encode_prompt(text)
+        (as transformers' ``tokenizer(text)`` and packed documents); ``flag``: where it came
+        from (what a missing tokenizer's refusal names)."""
+        return self._needed(flag).encode_prompt(text)
 
     def encode_chat(self, messages: Sequence[Tuple[str, str]]) -> List[int]:
         """``messages`` ((role, content), ...) through the chat template, with the generation
@@ -169,6 +217,8 @@ def generate(argv: Sequence[str]) -> int:
             f"{type(engine.model).__name__} has no key/value-cache decoding", path="model",
             suggestion="generation runs the Llama / Qwen / Mistral Decoder family")
     tokens = _Tokens(tokenizer_cfg, source, cfg.vocab_size)
+    if FLAGS.prompts_file is not None:
+        return _generate_file(engine, tokens)
     system = [("system", FLAGS.system)] if FLAGS.system else []
     if FLAGS.interactive:
         return _interactive(engine, tokens, system)
@@ -210,6 +260,38 @@ def generate(argv: Sequence[str]) -> int:
     text = tokens.decode(shown)
     if text is not None:
         print(f"text: {text}", flush=True)
+    return 0
+
+
+def _generate_file(engine: Any, tokens: _Tokens) -> int:
+    """``--prompts_file``: every line checked first, then generated (batch_generation.py);
+    the output written whole (a temporary file renamed: never half a file), then one JSON
+    line of figures."""
+    import json  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    from titanax import batch_generation, prompts_file  # pylint: disable=import-outside-toplevel
+    cfg = engine.model.config
+    requests = prompts_file.read_prompts(
+        FLAGS.prompts_file, encode=lambda text: tokens.encode(text, flag="--prompts_file"),
+        vocab_size=cfg.vocab_size,
+        max_new_tokens=FLAGS.max_new_tokens, max_seq_len=cfg.max_seq_len)
+    done = batch_generation.generate_all(
+        engine, requests, num_samples=FLAGS.num_samples, sampling=batch_generation.Sampling(
+            temperature=FLAGS.temperature or None, top_p=FLAGS.top_p, seed=FLAGS.seed,
+            end_ids=tokens.end_ids))
+    partial = f"{FLAGS.output}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
+        for samples in done.completions:
+            line = {"completions": samples}
+            if tokens.tokenizer is not None:  # (The text without the end id that closed it.)
+                line["texts"] = [tokens.decode(s[:-1] if s and s[-1] in tokens.end_ids else s)
+                                 for s in samples]
+            f.write(json.dumps(line) + "\n")
+    os.replace(partial, FLAGS.output)
+    print(json.dumps({"prompts": len(requests),
+                      "completion_tokens": sum(len(s) for c in done.completions for s in c),
+                      "seconds": round(done.seconds, 6),
+                      "compile_seconds": round(done.compile_seconds, 6)}), flush=True)
     return 0
 
 

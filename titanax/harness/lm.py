@@ -20,7 +20,6 @@ lm-eval's ``hf`` model on the same directory (``tests/harness/test_lm_eval_parit
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -31,15 +30,7 @@ from lm_eval.models import utils as model_utils
 
 from titanax import errors
 from titanax.parallel import batch_shards
-
-
-def _bucket(length: int, limit: int) -> int:
-    """The padded length of a batch whose longest row has ``length`` tokens: the next multiple
-    of 16 up to 256, then of 1/16 of the next power of two (a few percent of padding at most;
-    a program per bucket), at most ``limit``."""
-    length = max(length, 1)
-    step = 16 if length <= 256 else (1 << math.ceil(math.log2(length))) // 16
-    return min(limit, -(-length // step) * step)
+from titanax.utils.length_buckets import padded_length
 
 
 class TitanaxLM(TemplateLM):
@@ -172,7 +163,7 @@ class TitanaxLM(TemplateLM):
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
         for start in range(0, len(order), self.batch_size_value):
             chosen = order[start:start + self.batch_size_value]
-            length = _bucket(max(len(rows[i][0]) for i in chosen), self._max_length)
+            length = padded_length(max(len(rows[i][0]) for i in chosen), limit=self._max_length)
             count = self._rows(len(chosen))
             inputs = np.zeros((count, length), np.int32)
             targets = np.zeros((count, length), np.int32)
@@ -269,7 +260,7 @@ class TitanaxLM(TemplateLM):
         if model_utils.has_bos_prefix(contexts[0], getattr(self.tokenizer, "bos_token", None)):
             special = {"add_special_tokens": False}
         encoded = [self.tokenizer.encode(text, **special)[-max_context:] for text in contexts]
-        length = _bucket(max(len(e) for e in encoded), max_context)
+        length = padded_length(max(len(e) for e in encoded), limit=max_context)
         count = self._rows(len(encoded))
         prompts = np.zeros((count, length), np.int32)
         lengths = np.ones((count,), np.int32)
