@@ -107,7 +107,8 @@ def test_bad_flags_are_refused_by_name_before_the_model_loads(hf_dir, tmp_path):
             (["--num_samples=0"], tmp_path / "out.jsonl", "--num_samples"),
             ([], tmp_path / "taken.jsonl", "--output"),
             ([], tmp_path / "missing" / "out.jsonl", "--output"),
-            (["--prompt_ids=1,2"], tmp_path / "out.jsonl", "--prompts_file")):
+            (["--prompt_ids=1,2"], tmp_path / "out.jsonl", "--prompts_file"),
+            (["--prompts_file=nowhere.jsonl"], tmp_path / "out.jsonl", "--prompts_file")):
         stderr = _generate(hf_dir, prompts, output, *extra, expect=2)
         assert f"{path}: " in stderr and "Traceback" not in stderr, stderr[-2000:]
     assert (tmp_path / "taken.jsonl").read_text() == "kept\n"  # Nothing written over.

@@ -112,14 +112,19 @@ def _check_flags() -> None:
 
 
 def _check_file_flags() -> None:
-    """``--prompts_file``: no other prompt, an output that is new (nothing written over) in a
-    directory that exists, samples >= 1."""
+    """``--prompts_file``: a file that exists and no other prompt, an output that is new
+    (nothing written over) in a directory that exists, samples >= 1 -- before the model
+    loads."""
     import os  # pylint: disable=import-outside-toplevel
     given = [f"--{f}" for f in ("prompt", "prompt_ids", "chat", "interactive", "system")
              if getattr(FLAGS, f) not in (None, False)]
     if given:
         raise errors.LaunchFlagError(f"reads its prompts from the file, not {given[0]}",
                                      path="--prompts_file", suggestion=f"drop {given[0]}")
+    if not os.path.isfile(FLAGS.prompts_file):
+        raise errors.LaunchFlagError(f"no such file: {FLAGS.prompts_file}",
+                                     path="--prompts_file", suggestion="a JSONL file of prompts "
+                                                                       "(docs/huggingface.md)")
     if FLAGS.num_samples < 1:
         raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.num_samples}",
                                      path="--num_samples", suggestion="e.g. 16 for GRPO-style "
