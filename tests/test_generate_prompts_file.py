@@ -100,7 +100,8 @@ def test_a_bad_line_is_refused_naming_it_before_anything_is_generated(hf_dir, tm
     assert not {"out.jsonl", "out.jsonl.partial"} & set(os.listdir(tmp_path))
 
 
-def test_bad_flags_are_refused_by_name_before_the_model_loads(hf_dir, tmp_path):
+def test_bad_flags_and_an_empty_file_are_refused_by_name(hf_dir, tmp_path):
+    """The flags before the model loads; a file of blank lines once it has."""
     prompts = _write_prompts(tmp_path / "prompts.jsonl", _prompt_lines()[:1])
     (tmp_path / "taken.jsonl").write_text("kept\n")
     for extra, output, path in (
@@ -108,10 +109,16 @@ def test_bad_flags_are_refused_by_name_before_the_model_loads(hf_dir, tmp_path):
             ([], tmp_path / "taken.jsonl", "--output"),
             ([], tmp_path / "missing" / "out.jsonl", "--output"),
             (["--prompt_ids=1,2"], tmp_path / "out.jsonl", "--prompts_file"),
-            (["--prompts_file=nowhere.jsonl"], tmp_path / "out.jsonl", "--prompts_file")):
+            (["--prompts_file=nowhere.jsonl"], tmp_path / "out.jsonl", "--prompts_file"),
+            (["--temperature=-1"], tmp_path / "out.jsonl", "--temperature"),
+            (["--top_p=1.5"], tmp_path / "out.jsonl", "--top_p"),
+            (["--max_new_tokens=0"], tmp_path / "out.jsonl", "--max_new_tokens")):
         stderr = _generate(hf_dir, prompts, output, *extra, expect=2)
         assert f"{path}: " in stderr and "Traceback" not in stderr, stderr[-2000:]
     assert (tmp_path / "taken.jsonl").read_text() == "kept\n"  # Nothing written over.
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    stderr = _generate(hf_dir, str(tmp_path / "blank.jsonl"), tmp_path / "out.jsonl", expect=2)
+    assert "holds no prompt" in stderr, stderr[-2000:]
     missing = run_module("titanax.generate", f"--hf={hf_dir}", "--num_samples=2",
                          "--prompt_ids=1,2", expect=2)
     assert "--num_samples: is a --prompts_file option" in missing.stderr, missing.stderr

@@ -77,7 +77,8 @@ def generate_all(engine: Any, requests: Sequence[PromptRequest], *, num_samples:
                                                            lengths, key)["tokens"]))
         clocks["seconds"] += time.perf_counter() - start
         for row, (index, sample) in enumerate(chosen):
-            completions[index][sample] = _cut(tokens[row].tolist(), sampling.end_ids)
+            completions[index][sample] = through_first_end(tokens[row].tolist(),
+                                                           sampling.end_ids)
     return Generated(completions=completions, **clocks)
 
 
@@ -104,9 +105,9 @@ def _padded(chosen, requests, batch_rows, *, limit) -> Tuple[np.ndarray, np.ndar
     return prompts, lengths
 
 
-def _cut(tokens: List[int], end_ids: Sequence[int]) -> List[int]:
-    """``tokens`` up to and including the first end id (the batch's sampler ran the rows'
-    own ``max_new_tokens``)."""
+def through_first_end(tokens: List[int], end_ids: Sequence[int]) -> List[int]:
+    """``tokens`` up to and including the first end id (what a sampled row means: the sampler
+    fills the places after it)."""
     for index, token in enumerate(tokens):
         if token in end_ids:
             return tokens[:index + 1]

@@ -84,6 +84,7 @@ def _check_flags() -> None:
         raise errors.LaunchFlagError("a chat reads text messages", path="--prompt_ids",
                                      suggestion="type the messages (or give the first as "
                                                 "--prompt='...')")
+    _check_sampling_flags()
     if FLAGS.prompts_file is not None:
         _check_file_flags()
         return
@@ -98,6 +99,10 @@ def _check_flags() -> None:
     if FLAGS.chat and not FLAGS.interactive and FLAGS.prompt is None:
         raise errors.LaunchFlagError("--chat renders a text message", path="--chat",
                                      suggestion="give the user message as --prompt='...'")
+
+
+def _check_sampling_flags() -> None:
+    """What every prompt samples with -- a single one, a chat or a file's."""
     if FLAGS.max_new_tokens < 1:
         raise errors.LaunchFlagError(f"must be >= 1, got {FLAGS.max_new_tokens}",
                                      path="--max_new_tokens", suggestion="e.g. 32")
@@ -254,11 +259,9 @@ def generate(argv: Sequence[str]) -> int:
                                  temperature=FLAGS.temperature or None, top_p=FLAGS.top_p)
     ids = fn(engine.state.params, np.asarray([prompt] * rows, np.int32),
              jax.random.PRNGKey(FLAGS.seed))
-    out = [int(t) for t in np.asarray(jax.device_get(ids))[0]]
-    for index, token in enumerate(out):
-        if token in tokens.end_ids:
-            out = out[:index + 1]
-            break
+    from titanax import batch_generation  # pylint: disable=import-outside-toplevel
+    out = batch_generation.through_first_end(
+        [int(t) for t in np.asarray(jax.device_get(ids))[0]], tokens.end_ids)
     print("ids: " + " ".join(str(t) for t in out), flush=True)
     # A chat answer's text leaves out the end-of-turn token that closed it (its id is above).
     shown = out[:-1] if FLAGS.chat and out and out[-1] in tokens.end_ids else out

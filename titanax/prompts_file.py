@@ -41,16 +41,17 @@ def read_prompts(path: str, *, encode: Callable[[str], List[int]], vocab_size: i
         for number, line in enumerate(f, start=1):
             if line.strip():
                 requests.append(_request(line, f"{FLAG} line {number}", encode=encode,
-                                         limits=(vocab_size, max_new_tokens, max_seq_len)))
+                                         vocab_size=vocab_size, limit=max_new_tokens,
+                                         max_seq_len=max_seq_len))
     if not requests:
         raise errors.LaunchFlagError(f"{path} holds no prompt", path=FLAG,
                                      suggestion="one JSON object per line")
     return requests
 
 
-def _request(line: str, where: str, *, encode: Callable[[str], List[int]],
-             limits) -> PromptRequest:
-    vocab_size, limit, max_seq_len = limits
+def _request(line: str, where: str, *, encode: Callable[[str], List[int]], vocab_size: int,
+             limit: int, max_seq_len: int) -> PromptRequest:
+    """One line's request (``limit``: the command's ``--max_new_tokens``)."""
     try:
         entry = json.loads(line)
     except json.JSONDecodeError as e:
