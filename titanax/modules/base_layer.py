@@ -221,6 +221,14 @@ class BaseLayer(Module):
         return _initialize(specs, prng_key, prefix=self.name)
 
     @nowrap
+    def draws_each_param_from_its_path(self) -> bool:
+        """True: ``initialize_parameters_recursively`` is ``draw_param`` of each spec with
+        ``name_key(key, param_path(...))``, so a caller may draw the params one at a time
+        (titanax/train/param_draws.py). An adapter running a module's own initialisation says
+        False."""
+        return True
+
+    @nowrap
     def param_partition_specs(self) -> Dict[str, Any]:
         """The layer's declared layout of every param, as PartitionSpecs."""
         return jax.tree_util.tree_map(lambda s: PartitionSpec(*s.mesh_axes),
@@ -290,16 +298,22 @@ def _pad(spec: Sequence[Any], rank: int) -> Tuple[Any, ...]:
     return tuple(spec) + (None,) * (rank - len(spec))
 
 
+def param_path(prefix: str, tree_path: Sequence[Any]) -> str:
+    """The path a param's key is derived from (``name_key``): the root's name and the dict keys
+    down to it (``tree_path``: ``jax.tree_util`` keys), joined by ``/``."""
+    return "/".join([prefix, *(str(entry.key) for entry in tree_path)])
+
+
+def draw_param(spec: ParameterSpec, key: jax.Array) -> jax.Array:
+    """The param ``spec`` initialises from its own ``key`` (``name_key`` of the root's key and
+    its ``param_path``)."""
+    return spec.initializer.init(key, spec.shape, spec.dtype, fan_axes=spec.fan_axes)
+
+
 def _initialize(specs: Dict[str, Any], key: jax.Array, *, prefix: str) -> Dict[str, Any]:
-    out = {}
-    for name, spec in specs.items():
-        path = f"{prefix}/{name}"
-        if isinstance(spec, ParameterSpec):
-            out[name] = spec.initializer.init(name_key(key, path), spec.shape, spec.dtype,
-                                              fan_axes=spec.fan_axes)
-        else:
-            out[name] = _initialize(spec, key, prefix=path)
-    return out
+    return jax.tree_util.tree_map_with_path(
+        lambda tree_path, spec: draw_param(spec, name_key(key, param_path(prefix, tree_path))),
+        specs, is_leaf=lambda x: isinstance(x, ParameterSpec))
 
 
 def describe_parameter_specs(specs: Dict[str, Any]) -> str:

@@ -27,7 +27,8 @@ from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.parallel import axis_binding
 from titanax.parallel import rules, sharding
 from titanax.parallel.layout import Layout
-from titanax.train import prng
+from titanax.modules.base_layer import ParameterSpec
+from titanax.train import param_draws, prng
 from titanax.train import state_sharding as state_sharding_lib
 from titanax.train.learner import OptimizerAdapter
 from titanax.train.precision import Precision
@@ -106,12 +107,12 @@ class StateManager:
                 raise errors.StepError("there is no model to initialise params from",
                                        path="engine.model",
                                        suggestion="pass params= to fit() or init_state()")
-            shardings = sharding.named_shardings(self.mesh, self.layout.param_specs)
-            init = jax.jit(lambda key: self.layout.as_view(self.cast_for_storage(
-                self.model.initialize_parameters_recursively(key, specs=self.model_specs))),
-                out_shardings=shardings)
-            with axis_binding.bound(self.layout.axis_binding):  # (Traced here: a Flax factory
-                params = init(prng.stream_key(self.seed, "init"))  # is told the TP axis.)
+            params = self._drawn(self.model_specs, self.layout.canonical_param_specs,
+                                 self._one_dtype(self.model_specs)
+                                 if self.frozen_dtype is None else self.storage_dtypes())
+            if self.layout.stack_view is not None:  # (The circular schedule's view.)
+                params = jax.jit(self.layout.as_view, donate_argnums=0, out_shardings=(
+                    sharding.named_shardings(self.mesh, self.layout.param_specs)))(params)
         else:
             params = sharding.apply_named_sharding(
                 self.layout.as_view(self.cast_for_storage(params)), self.mesh,
@@ -148,12 +149,21 @@ class StateManager:
         (the same keys: each param's comes from its path), in the canonical layout: what joins
         a model loaded from elsewhere (``init_from``)."""
         specs = pick(self.model_specs)
-        partition_specs = pick(self.layout.canonical_param_specs)
-        init = jax.jit(lambda key: self.precision.cast_params_for_storage(
-            self.model.initialize_parameters_recursively(key, specs=specs)),
-            out_shardings=sharding.named_shardings(self.mesh, partition_specs))
-        with axis_binding.bound(self.layout.axis_binding):
-            return init(prng.stream_key(self.seed, "init"))
+        return self._drawn(specs, pick(self.layout.canonical_param_specs), self._one_dtype(specs))
+
+    def _one_dtype(self, specs: Any) -> Any:
+        """The precision's param dtype for every param of ``specs``."""
+        dtype = self.precision.param_dtype
+        return jax.tree_util.tree_map(lambda _: dtype, specs,
+                                      is_leaf=lambda x: isinstance(x, ParameterSpec))
+
+    def _drawn(self, specs: Any, partition_specs: Any, dtypes: Any) -> Any:
+        """Fresh params for ``specs`` from the run's init key, in the canonical layout's
+        ``partition_specs``, floats stored in ``dtypes`` (trees shaped like ``specs``)."""
+        with axis_binding.bound(self.layout.axis_binding):  # (Traced here: a Flax factory
+            return param_draws.initial_params(              # is told the TP axis.)
+                model=self.model, specs=specs, key=prng.stream_key(self.seed, "init"),
+                shardings=sharding.named_shardings(self.mesh, partition_specs), dtypes=dtypes)
 
     def state_around(self, params: Any, opt_state: Any, step: Any = None, rngs: Any = None,
                      loss_scale: Any = None) -> TrainState:
