@@ -1,8 +1,9 @@
 """Building, restoring and saving train states in a run's layout.
 
-A state is built in its shards: params initialised under ``jit`` with the layout's shardings (or
-the user's params placed), the optimizer state initialised in local view inside ``shard_map`` by
-the state-sharding strategy (split along real param dimensions with ZeRO / FSDP). The same
+A state is built in its shards: params drawn under ``jit`` straight into the layout's
+shardings, one small program per kind of param (titanax/train/param_draws.py), or the user's
+params placed; the optimizer state initialised in local view inside ``shard_map`` by the
+state-sharding strategy (split along real param dimensions with ZeRO / FSDP). The same
 description, as ``ShapeDtypeStruct``s with shardings, is the restore target -- which is why a
 checkpoint resumes on whatever mesh the run has now. Checkpoints hold the canonical layout (the
 circular schedule's view of the stack reshaped back to ``[L, ...]``).
