@@ -222,11 +222,12 @@ class BaseLayer(Module):
 
     @nowrap
     def draws_each_param_from_its_path(self) -> bool:
-        """True: ``initialize_parameters_recursively`` is ``draw_param`` of each spec with
-        ``name_key(key, param_path(...))``, so a caller may draw the params one at a time
-        (titanax/train/param_draws.py). An adapter running a module's own initialisation says
-        False."""
-        return True
+        """Whether ``initialize_parameters_recursively`` is this class's: ``draw_param`` of each
+        spec with ``name_key(key, param_path(...))``, so a caller may draw the params one at a
+        time (titanax/train/param_draws.py). A class with its own initialisation (an adapted
+        Flax module) is initialised by it."""
+        return (type(self).initialize_parameters_recursively
+                is BaseLayer.initialize_parameters_recursively)
 
     @nowrap
     def param_partition_specs(self) -> Dict[str, Any]:

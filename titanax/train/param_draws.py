@@ -5,8 +5,9 @@ threefry loop and the normal's inverse error function), so its compile time grow
 param count -- for gemma3_tiny in float64 it compiled in 5.3 s next to the training step's
 10.9 s, and a model whose layers are not stacked has a copy per layer. A program per param
 *kind* (initializer, shape, dtype, fan axes, storage dtype, sharding) is compiled once, reused
-by every layer of that kind, and found in the persistent compilation cache by later runs
-(measured, the same gemma3_tiny launch: its 16 draws compiled in 1.5 s).
+by every layer of that kind (measured, the same gemma3_tiny launch: its 16 draws compiled in
+1.5 s). (They compile in well under a second, below jax's default threshold for the persistent
+compilation cache: a restart compiles them again -- the test suite's cache keeps them.)
 
 The values are the same draws: each param's key is ``name_key(root key, its path)`` exactly as
 in ``BaseLayer.initialize_parameters_recursively`` (derived here outside the programs, by the
@@ -17,7 +18,8 @@ one device unless its sharding says so.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
+import collections
+from typing import Any, Callable, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -25,14 +27,15 @@ import jax.numpy as jnp
 from titanax.modules.base_layer import ParameterSpec, draw_param, param_path
 from titanax.modules.context import name_key
 
-# (kind of param) -> its compiled draw. Bounded: a process building many engines on many
-# meshes (the test suite) drops the oldest programs past this many.
-_MAX_PROGRAMS = 4096
 # A draw runs once per run: on CPU, LLVM's optimisation of the random-number code costs more
 # than it saves (measured, moe_tiny_ep: its draws compiled in 4.4 s optimised, 1.7 s without;
 # the one program drawing them all, optimised: 3.6 s).
 _CPU_DRAW_OPTIONS = {"xla_backend_optimization_level": 0}
-_PROGRAMS: Dict[Tuple[Any, ...], Callable[[jax.Array], jax.Array]] = {}
+# (kind of param) -> its compiled draw, least recently used first. Bounded: a process building
+# many engines on many meshes (the test suite) drops the least recently used past this many.
+_MAX_PROGRAMS = 1024
+_PROGRAMS: "collections.OrderedDict[Tuple[Any, ...], Callable[[jax.Array], jax.Array]]" = (
+    collections.OrderedDict())
 
 
 def initial_params(*, model: Any, specs: Any, key: jax.Array, shardings: Any,
@@ -67,11 +70,15 @@ def _program(spec: ParameterSpec, sharding: Any, dtype: Any, key: jax.Array
     initializer, fan = spec.initializer, spec.fan_axes
     kind = (type(initializer), initializer.config.debug_string(), tuple(spec.shape),
             str(spec.dtype), None if fan is None else (fan.in_axes, fan.out_axes), str(dtype),
-            sharding, key.shape, str(key.dtype))
+            sharding, key.shape, str(key.dtype),
+            # (A compiled program does not follow jax's config: the draw's settings join the key.)
+            jax.config.jax_threefry_partitionable, str(jax.config.jax_default_prng_impl))
     program = _PROGRAMS.get(kind)
-    if program is None:
+    if program is not None:
+        _PROGRAMS.move_to_end(kind)
+    else:
         if len(_PROGRAMS) >= _MAX_PROGRAMS:
-            del _PROGRAMS[next(iter(_PROGRAMS))]
+            _PROGRAMS.popitem(last=False)
         program = jax.jit(lambda key: _stored(draw_param(spec, key), dtype),
                           out_shardings=sharding)
         if sharding.device_set and next(iter(sharding.device_set)).platform == "cpu":

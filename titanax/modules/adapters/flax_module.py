@@ -337,11 +337,6 @@ class FlaxModule(BaseLayer):
         return names
 
     @nowrap
-    def draws_each_param_from_its_path(self) -> bool:
-        """False: the module initialises itself (``initialize_parameters_recursively``)."""
-        return False
-
-    @nowrap
     def initialize_parameters_recursively(self, prng_key: jax.Array,
                                           specs: Optional[Dict[str, Any]] = None
                                           ) -> Dict[str, Any]:
