@@ -151,6 +151,11 @@ class RewardError(TitanaxError):
 
 # --- Evaluation ----------------------------------------------------------------------------------
 
+class DecodingError(TitanaxError):
+    """A decoding request or the decode engine's cache cannot be served as asked (a pool too
+    small for a request, a block of no tokens, a group of no samples)."""
+
+
 class EvalTaskError(TitanaxError):
     """An lm-eval task cannot run as asked: its YAML does not parse, its data does not load, or
     it holds fewer few-shot examples than asked for."""
