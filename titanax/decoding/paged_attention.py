@@ -1,0 +1,63 @@
+"""The device side of a paged key/value cache: tokens written into their sequences' blocks, and
+attention of each sequence's newest tokens over its own blocks.
+
+A layer's pool is ``[num_blocks, block_size, kv heads, head_dim]`` (keys, and values alike); a
+sequence's block table (``BlockPool.table``, padded to one width) names its blocks in the order
+of its positions, so position ``p`` lives at ``(table[p // block_size], p % block_size)``. Each
+row carries its own length: rows at different places of their generation decode together (the
+point of continuous batching), and two rows whose tables share a block read the same keys
+(a prompt's samples).
+
+Attention here is written out over the gathered blocks -- one query per row when decoding, a
+prompt's length when prefilling -- with ``masked_attention``'s numerics (scores in float32 or
+wider, sinks as an extra softmax column), so a paged row computes what the contiguous cache's
+row does.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from titanax.modules.layers.softmax_attention import masked_attention
+
+
+def write(pool: jax.Array, values: jax.Array, *, tables: jax.Array,
+          positions: jax.Array) -> jax.Array:
+    """``pool`` with ``values`` ``[b, t, kv heads, head_dim]`` written at each row's
+    ``positions`` ``[b, t]`` through its block table ``tables`` ``[b, blocks]``. A position
+    of -1 writes nothing (a row with fewer tokens than ``t``, or a slot with no sequence)."""
+    block_size = pool.shape[1]
+    valid = positions >= 0
+    places = jnp.where(valid, positions, 0)
+    blocks = jnp.take_along_axis(tables, places // block_size, axis=1)
+    # Writes that must not land go past the pool's end, where ``mode="drop"`` discards them.
+    blocks = jnp.where(valid, blocks, pool.shape[0])
+    return pool.at[blocks, places % block_size].set(values.astype(pool.dtype), mode="drop")
+
+
+def gathered(pool: jax.Array, tables: jax.Array) -> jax.Array:
+    """Each row's keys (or values) in the order of its positions: ``[b, blocks * block_size,
+    kv heads, head_dim]`` (past a row's length: whatever its padding blocks hold)."""
+    rows = pool[tables]  # [b, blocks, block_size, kv, d]
+    return rows.reshape((tables.shape[0], -1) + pool.shape[2:])
+
+
+def attend(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, *, tables: jax.Array,
+           lengths: jax.Array, scale: float, sliding_window: Optional[int] = None,
+           sinks: Optional[jax.Array] = None) -> jax.Array:
+    """Causal attention of ``q`` ``[b, t, heads, head_dim]`` -- row ``i``'s tokens at positions
+    ``lengths[i] - t .. lengths[i] - 1``, already written into the pool -- over each row's first
+    ``lengths[i]`` positions (within ``sliding_window`` of each query when given). ``sinks``
+    ``[heads]``: per head, a logit that joins every softmax (gpt-oss)."""
+    k, v = gathered(k_pool, tables), gathered(v_pool, tables)
+    t, s = q.shape[1], k.shape[1]
+    query_pos = lengths[:, None] - t + jnp.arange(t)[None, :]  # [b, t]
+    key_pos = jnp.arange(s)[None, None, :]
+    allowed = (key_pos <= query_pos[:, :, None]) & (query_pos[:, :, None] >= 0)
+    if sliding_window is not None:
+        allowed &= key_pos > query_pos[:, :, None] - sliding_window
+    return masked_attention(q, k.astype(q.dtype), v.astype(q.dtype), allowed[:, None],
+                            scale=scale, sinks=sinks)
