@@ -87,7 +87,7 @@ def test_rows_of_shared_prompts_decode_as_their_own_contiguous_caches(window, wi
         values = [np.concatenate([v, v_step[i]]) for i, v in enumerate(values)]
         q = rng.normal(size=(len(rows), 1, HEADS, DIM))
         got = paged_attention.attend(
-            jnp.asarray(q), k_pool, v_pool, tables=tables, lengths=jnp.asarray(lengths + 1),
+            jnp.asarray(q), k_pool, v_pool, tables=tables, positions=jnp.asarray(lengths[:, None]),
             scale=scale, sliding_window=window,
             sinks=None if sinks is None else jnp.asarray(sinks))
         want = np.stack([_reference(q[i], keys[i], values[i], scale=scale, window=window,
@@ -114,7 +114,7 @@ def test_a_prompt_attends_over_itself_when_prefilled():
     for row, length in enumerate(lengths):  # Each row's queries: its own tokens only.
         got = paged_attention.attend(jnp.asarray(q[row:row + 1, :length]), k_pool, v_pool,
                                      tables=tables[row:row + 1],
-                                     lengths=jnp.asarray([length]), scale=0.3)
+                                     positions=positions[row:row + 1, :length], scale=0.3)
         want = _reference(q[row, :length], k[row, :length], v[row, :length], scale=0.3,
                           window=None, sinks=None)
         assert_close(np.asarray(got[0]), want, bound=FLOAT64, what=f"prefill row {row}")

@@ -16,12 +16,26 @@ row does.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from titanax.modules.layers.softmax_attention import masked_attention
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Paging:
+    """Where a decoding call's tokens go: each row's block table ``tables`` ``[b, blocks]`` and
+    its tokens' positions ``positions`` ``[b, t]`` (-1: no token -- a shorter prompt's padding,
+    or a slot with no sequence). Passed as a layer's ``decode(..., start=paging)``: the layers
+    between the model and its attentions hand it on as they hand on a contiguous cache's
+    ``start``."""
+
+    tables: jax.Array
+    positions: jax.Array
 
 
 def write(pool: jax.Array, values: jax.Array, *, tables: jax.Array,
@@ -46,18 +60,18 @@ def gathered(pool: jax.Array, tables: jax.Array) -> jax.Array:
 
 
 def attend(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, *, tables: jax.Array,
-           lengths: jax.Array, scale: float, sliding_window: Optional[int] = None,
+           positions: jax.Array, scale: float, sliding_window: Optional[int] = None,
            sinks: Optional[jax.Array] = None) -> jax.Array:
-    """Causal attention of ``q`` ``[b, t, heads, head_dim]`` -- row ``i``'s tokens at positions
-    ``lengths[i] - t .. lengths[i] - 1``, already written into the pool -- over each row's first
-    ``lengths[i]`` positions (within ``sliding_window`` of each query when given). ``sinks``
-    ``[heads]``: per head, a logit that joins every softmax (gpt-oss)."""
+    """Causal attention of ``q`` ``[b, t, heads, head_dim]`` -- row ``i``'s tokens at
+    ``positions[i]`` ``[b, t]`` (-1: no token; its output is meaningless), their keys already
+    written into the pool -- over each row's positions up to its own (within ``sliding_window``
+    of it when given). ``sinks`` ``[heads]``: per head, a logit that joins every softmax
+    (gpt-oss)."""
     k, v = gathered(k_pool, tables), gathered(v_pool, tables)
-    t, s = q.shape[1], k.shape[1]
-    query_pos = lengths[:, None] - t + jnp.arange(t)[None, :]  # [b, t]
-    key_pos = jnp.arange(s)[None, None, :]
-    allowed = (key_pos <= query_pos[:, :, None]) & (query_pos[:, :, None] >= 0)
+    key_pos = jnp.arange(k.shape[1])[None, None, :]
+    query_pos = positions[:, :, None]
+    allowed = (key_pos <= query_pos) & (query_pos >= 0)
     if sliding_window is not None:
-        allowed &= key_pos > query_pos[:, :, None] - sliding_window
+        allowed &= key_pos > query_pos - sliding_window
     return masked_attention(q, k.astype(q.dtype), v.astype(q.dtype), allowed[:, None],
                             scale=scale, sinks=sinks)

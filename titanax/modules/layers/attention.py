@@ -58,6 +58,7 @@ from titanax.modules.layers.context_attention import (SINKS_ON_A_RING,
 from titanax.modules.layers.blockwise_attention import BLOCKWISE_FROM, blockwise_attention
 from titanax.modules.layers.pallas_attention import pallas_attention
 from titanax.modules.layers.softmax_attention import masked_attention
+from titanax.decoding import paged_attention
 from titanax.utils.dtypes import fused_attention_fits
 
 
@@ -362,6 +363,8 @@ class Attention(BaseLayer):
         (RoPE's) start after them. No sequence parallelism here: decoding has no sequence to
         split."""
         cfg = self.config
+        if isinstance(start, paged_attention.Paging):
+            return self._decode_paged(x, cache, start)
         places, key_valid = decoding_places(x.shape[1], start=start, offsets=offsets,
                                             cache_length=cache[0].shape[1])
         q, k, v = self._qkv(x, places)
@@ -376,6 +379,21 @@ class Attention(BaseLayer):
                          key_valid=key_valid, implementation=cfg.implementation,
                          block_size=cfg.block_size)
         return self._output(context, x), (k_cache, v_cache)
+
+    def _decode_paged(self, x, pools, paging):
+        """``decode`` over a paged cache (titanax/decoding/paged_attention.py): ``pools`` ``(k,
+        v)``, each ``[num_blocks, block_size, local kv heads, head_dim]``; ``paging`` says where
+        each row's tokens go (their own positions: rows at different places decode together)."""
+        q, k, v = self._qkv(x, jnp.maximum(paging.positions, 0))
+        pools = tuple(paged_attention.write(pool, new, tables=paging.tables,
+                                            positions=paging.positions)
+                      for pool, new in zip(pools, (k, v)))
+        keys, values = (self._kv_for_local_queries(pool, q.shape[2]) for pool in pools)
+        context = paged_attention.attend(q, keys, values, tables=paging.tables,
+                                         positions=paging.positions, scale=self.scale,
+                                         sliding_window=self.config.sliding_window,
+                                         sinks=self._sinks())
+        return self._output(context, x), pools
 
 
 def decoding_places(length: int, *, start, offsets: Optional[jax.Array], cache_length: int):

@@ -537,6 +537,41 @@ class Decoder(CausalLanguageModel):
                 for i, member in enumerate(getattr(self, module).members))
         return out
 
+    # --- Generation over a paged cache (titanax/decoding) ------------------------------------
+
+    def empty_paged_cache(self, *, num_blocks: int, block_size: int):
+        """Every layer's pool of ``num_blocks`` blocks of ``block_size`` tokens, zeros: ``(k,
+        v)`` ``[layers, num_blocks, block_size, local kv heads, head_dim]`` laid out as
+        ``_empty_cache``'s (blocks where it has rows). Attention layers only, so far."""
+        for block in self._blocks():
+            if isinstance(block.attn, (GatedDeltaNet, MultiHeadLatentAttention)):
+                raise errors.DecodingError(
+                    f"the paged cache holds attention keys and values, and this model has a "
+                    f"{type(block.attn).__name__} layer (a recurrent state or a latent cache)",
+                    path="model", suggestion="generate with the contiguous cache (sample)")
+        return self._empty_cache(batch=num_blocks, length=block_size)
+
+    def paged_logits(self, token_ids: jax.Array, pools, paging) -> Tuple[jax.Array, object]:
+        """The logits after each row's last token of ``token_ids`` ``[b, t]`` -- the tokens at
+        ``paging.positions`` (-1 after a row's last: a shorter prompt), their keys and values
+        written into ``pools`` (``empty_paged_cache``'s) through ``paging.tables`` -- and the
+        pools. A prompt's prefill is all its tokens at once; decoding is one token per row."""
+        x = self.embed(token_ids, jnp.maximum(paging.positions, 0))
+        x, pools = self._decode_layers(x, pools, start=paging, offsets=None)
+        last = jnp.argmax(paging.positions, axis=1)
+        x = jnp.take_along_axis(x, last[:, None, None], axis=1)
+        return self.full_logits(self._logits_of(self.final_norm(x)))[:, -1], pools
+
+    def _blocks(self):
+        """Each kind of block the model decodes through: the stack's (each member of a
+        pattern's) and the unstacked head and tail layers."""
+        layer = self.decoder.layer
+        blocks = list(layer.members) if isinstance(layer, LayerGroup) else [layer]
+        for module in ("decoder_head", "decoder_tail"):
+            if module in self.children:
+                blocks += list(getattr(self, module).members)
+        return blocks
+
     def _sample_until_ended(self, step, first, cache, *, max_new_tokens: int,
                             end_ids: Sequence[int], agree_over: Sequence[str]):
         """``sample``'s loop that stops once every row (on every device of ``agree_over``) has
