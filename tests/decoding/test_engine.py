@@ -1,0 +1,90 @@
+"""The decode engine (titanax/decoding/engine.py) against the contiguous-cache sampler, one
+request at a time: requests of mixed prompt lengths, samples, budgets and stop ids through fewer
+slots than samples and a pool too small for all at once (requests wait, finished sequences' slots
+and blocks go to the next), in chunks that sequences end inside -- each completion is the
+sampler's greedy one, to the stop id it drew. Sampled completions do not depend on the slots or
+the chunk length they ran in. Float64."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from titanax import errors
+from titanax.decoding.engine import DecodeEngine, Request
+from tests.decoding.test_paged_decoder import _call, _model
+from tests.numerics import FLOAT64, assert_close
+
+pytestmark = pytest.mark.usefixtures("float64_numerics")
+
+REQUESTS = (Request(prompt_ids=(5, 9, 2, 33, 7), max_new_tokens=7, samples=2),
+            Request(prompt_ids=tuple(range(1, 13)), max_new_tokens=4, samples=3),
+            Request(prompt_ids=(60, 61, 62), max_new_tokens=9, samples=1),
+            Request(prompt_ids=(8,), max_new_tokens=6, samples=2),
+            Request(prompt_ids=(3, 1, 4, 1, 5, 9, 2), max_new_tokens=8, samples=1))
+
+
+def _sampler(model, params, request):
+    """``Decoder.sample``'s greedy completion of one request's prompt (to its first stop)."""
+    out = _call(model, params, lambda m, ids: m.sample(
+        ids, None, max_new_tokens=request.max_new_tokens, end_ids=request.stop_ids),
+        jnp.asarray([request.prompt_ids]))
+    tokens, logps = np.asarray(out["tokens"][0]), np.asarray(out["logps"][0])
+    ends = [i for i, t in enumerate(tokens) if t in request.stop_ids]
+    stop = ends[0] + 1 if ends else len(tokens)
+    return list(tokens[:stop]), logps[:stop]
+
+
+def test_greedy_completions_are_the_samplers_through_refilled_slots_and_a_small_pool():
+    model, params = _model()
+    plain = [_sampler(model, params, r) for r in REQUESTS]
+    # Stop ids each request's own greedy completion reaches before its budget: it must end
+    # there and free its slot early.
+    requests = [r if len(tokens) < 3 else Request(**{**r.__dict__, "stop_ids": (tokens[2],)})
+                for r, (tokens, _) in zip(REQUESTS, plain)]
+    want = [_sampler(model, params, r) for r in requests]
+    assert any(len(t) < r.max_new_tokens for r, (t, _) in zip(requests, want))
+    engine = DecodeEngine(model=model, params=params, pool_tokens=64, block_size=4, slots=4,
+                          chunk_steps=3)
+    got = engine.generate(requests)
+    for request, completions, (tokens, logps) in zip(requests, got, want):
+        assert len(completions) == request.samples
+        for completion in completions:
+            assert completion.tokens == tokens, (request, completion.tokens, tokens)
+            assert_close(np.asarray(completion.logps), logps, bound=FLOAT64, what="log-probs")
+    assert engine.pool.free_blocks == engine.pool.num_blocks  # Every block back.
+
+
+def test_sampled_completions_do_not_depend_on_slots_or_chunks():
+    model, params = _model()
+    requests = [Request(**{**r.__dict__, "temperature": 0.8, "top_p": 0.9, "top_k": 20})
+                for r in REQUESTS]
+    runs = [DecodeEngine(model=model, params=params, pool_tokens=256, block_size=4,
+                         slots=slots, chunk_steps=chunk, seed=7).generate(requests)
+            for slots, chunk in ((3, 1), (8, 5))]
+    tokens = [[[c.tokens for c in completions] for completions in run] for run in runs]
+    assert tokens[0] == tokens[1]
+    # The samples of a request differ (their own keys), and the seed matters.
+    assert any(len({tuple(t) for t in group}) > 1 for group in tokens[0])
+    other = DecodeEngine(model=model, params=params, pool_tokens=256, block_size=4, slots=8,
+                         chunk_steps=5, seed=8).generate(requests)
+    assert [[c.tokens for c in completions] for completions in other] != tokens[0]
+
+
+@pytest.mark.parametrize("request_,match", [
+    (Request(prompt_ids=(1, 2), max_new_tokens=3, samples=0), r"requests\[0\].samples"),
+    (Request(prompt_ids=tuple(range(40)), max_new_tokens=30), "make the pool larger"),
+    (Request(prompt_ids=(), max_new_tokens=3), "needs a prompt"),
+    (Request(prompt_ids=(1,), max_new_tokens=0), "max_new_tokens")],
+    ids=["no samples", "longer than the pool", "no prompt", "no new tokens"])
+def test_requests_that_cannot_be_served_are_refused_by_name(request_, match):
+    model, params = _model()
+    engine = DecodeEngine(model=model, params=params, pool_tokens=64, block_size=4, slots=4)
+    with pytest.raises(errors.DecodingError, match=match):
+        engine.generate([request_])
+
+
+@pytest.mark.parametrize("field", ["block_size", "slots", "chunk_steps"])
+def test_an_engine_of_zero_sized_parts_is_refused_by_name(field):
+    model, params = _model()
+    with pytest.raises(errors.DecodingError, match=f"decoding.{field}"):
+        DecodeEngine(model=model, params=params, pool_tokens=64, **{field: 0})

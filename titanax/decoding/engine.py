@@ -1,0 +1,331 @@
+"""A decode engine: many requests completed over one paged key/value cache, continuously
+batched.
+
+Why: the static sampler (``Decoder.sample``) decodes one batch with a contiguous cache of
+``prompt + max_new_tokens`` per row, every row until the batch's last ends, and prefills a prompt
+once per sample. Here a request's ``samples`` share its prompt's blocks, prefilled once; each
+sequence holds a slot of the decode batch only while it decodes, and a finished sequence's slot
+and blocks go to the next waiting request between chunks of ``chunk_steps`` compiled steps.
+
+What runs where: the host keeps the book (``BlockPool``: blocks, tables) and the queue; the
+device runs three compiled programs -- a prefill per length bucket, a copy of prompt tails to the
+other samples' blocks, and a chunk of decode steps over every slot (a slot with no sequence, or
+one that ended inside the chunk, writes and draws nothing). A request's blocks for its whole
+budget are reserved when it is admitted, so no chunk ever runs out of room.
+
+Each sample's draws use its own key (the engine's seed, the request's index, the sample's, the
+token's place), so what a request gets does not depend on which slot or chunk it ran in.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Dict, List, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titanax import errors
+from titanax.decoding import row_sampling
+from titanax.decoding.block_pool import BlockPool
+from titanax.decoding.paged_attention import Paging
+from titanax.modules.module import functional
+from titanax.utils.length_buckets import padded_length
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One prompt and how to complete it ``samples`` times."""
+
+    prompt_ids: Tuple[int, ...]
+    # Tokens drawn at most per sample (a stop id drawn earlier ends it, itself included).
+    max_new_tokens: int
+    samples: int = 1
+    # 0: greedy.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    # 0: no limit.
+    top_k: int = 0
+    stop_ids: Tuple[int, ...] = ()
+
+
+@dataclasses.dataclass
+class Completion:
+    """One sample's tokens, each one's log-probability and its distribution's entropy
+    (``row_sampling.logp_and_entropy``)."""
+
+    tokens: List[int] = dataclasses.field(default_factory=list)
+    logps: List[float] = dataclasses.field(default_factory=list)
+    entropy: List[float] = dataclasses.field(default_factory=list)
+
+
+class DecodeEngine:
+    """Completes requests with ``model`` (a ``Decoder``) and ``params`` over a cache of
+    ``pool_tokens`` tokens in blocks of ``block_size``, ``slots`` sequences decoding at once,
+    ``chunk_steps`` steps per compiled chunk."""
+
+    def __init__(self, *, model: Any, params: Any, pool_tokens: int, block_size: int = 16,
+                 slots: int = 16, chunk_steps: int = 8, seed: int = 0):
+        for name, value in (("block_size", block_size), ("slots", slots),
+                            ("chunk_steps", chunk_steps)):
+            if value < 1:
+                raise errors.DecodingError(f"must be at least 1, got {value}",
+                                           path=f"decoding.{name}")
+        self.model, self.params, self.slots, self.chunk_steps = model, params, slots, chunk_steps
+        self.pool = BlockPool(num_blocks=pool_tokens // block_size, block_size=block_size)
+        self.pools = self._call(lambda m: m.empty_paged_cache(
+            num_blocks=self.pool.num_blocks, block_size=block_size))
+        self.root_key = jax.random.PRNGKey(seed)
+        self._prefill = jax.jit(self._prefill_logits)
+        self._chunk = jax.jit(self._decode_chunk)
+        self._draw = jax.jit(_draw)
+        self._copy = jax.jit(lambda pools, sources, targets: jax.tree_util.tree_map(
+            lambda a: a.at[:, targets].set(a[:, sources]), pools))
+
+    def _call(self, method, *args):
+        return functional(self.model, None, self.params, args, method=method,
+                          is_training=False)[0]
+
+    # --- The host's loop ----------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[Request]) -> List[List[Completion]]:
+        """Every request's ``samples`` completions, in the requests' order."""
+        self._check(requests)
+        width = max(self.pool.blocks_for(len(r.prompt_ids) + r.max_new_tokens) for r in requests)
+        waiting = collections.deque(enumerate(requests))
+        out = [[Completion() for _ in range(r.samples)] for r in requests]
+        running: Dict[int, Tuple[int, int]] = {}  # slot -> (request, sample)
+        state = _SlotState(self.slots, width, stops=max(1, *(len(r.stop_ids) for r in requests)))
+        while waiting or running:
+            admitted = self._admit(waiting, running, requests)
+            if admitted:
+                state = self._start(admitted, requests, running, state, out, width)
+            if running:
+                state = self._run_chunk(requests, running, state, out)
+        return out
+
+    def _check(self, requests: Sequence[Request]) -> None:
+        for index, request in enumerate(requests):
+            path = f"requests[{index}]"
+            if request.samples < 1 or request.samples > self.slots:
+                raise errors.DecodingError(
+                    f"asks for {request.samples} samples; the engine decodes 1 to {self.slots} "
+                    f"at once", path=f"{path}.samples")
+            if not request.prompt_ids or request.max_new_tokens < 1:
+                raise errors.DecodingError("needs a prompt and max_new_tokens >= 1",
+                                           path=path)
+            need = self._blocks_needed(request)
+            if need > self.pool.num_blocks:
+                raise errors.DecodingError(
+                    f"needs {need} blocks of {self.pool.block_size} tokens for its prompt and "
+                    f"samples, the pool has {self.pool.num_blocks}", path=path,
+                    suggestion="make the pool larger (pool_tokens) or the request shorter")
+
+    def _admit(self, waiting, running, requests) -> List[Tuple[int, List[int]]]:
+        """Requests moved from the queue into free slots while their blocks fit, in order:
+        ``[(request, its samples' slots)]``."""
+        admitted = []
+        free = [s for s in range(self.slots) if s not in running]
+        while waiting:
+            index, request = waiting[0]
+            if len(free) < request.samples or not self._reserve(request, free[:request.samples]):
+                break
+            waiting.popleft()
+            slots, free = free[:request.samples], free[request.samples:]
+            running.update({slot: (index, sample) for sample, slot in enumerate(slots)})
+            admitted.append((index, slots))
+        return admitted
+
+    def _blocks_needed(self, request: Request) -> int:
+        """Blocks a request holds while it runs: its prompt's (the full ones once), and each
+        sample's room for its whole budget."""
+        length = len(request.prompt_ids)
+        extra = self.pool.blocks_for(length + request.max_new_tokens) - \
+            self.pool.blocks_for(length)
+        return self.pool.group_cost(prompt_length=length, samples=request.samples) + \
+            request.samples * extra
+
+    def _reserve(self, request: Request, slots: List[int]) -> bool:
+        """The request's blocks (``_blocks_needed``) under its samples' ``slots``, if they fit."""
+        if self._blocks_needed(request) > self.pool.free_blocks:
+            return False
+        self.pool.add_group(sequences=slots, prompt_length=len(request.prompt_ids))
+        for slot in slots:
+            self.pool.grow(slot, to_length=len(request.prompt_ids) + request.max_new_tokens)
+        return True
+
+    def _start(self, admitted, requests, running, state: "_SlotState", out, width: int):
+        """Prefill the admitted requests' prompts (one row each, through its first sample's
+        table), copy each prompt's tail block to its other samples, draw every sample's first
+        token; the slots' state set to decode on."""
+        prompts = [requests[index].prompt_ids for index, _ in admitted]
+        rows = 1 << (len(prompts) - 1).bit_length()  # (A program per power of two.)
+        length = padded_length(max(len(p) for p in prompts), limit=width * self.pool.block_size)
+        ids = np.zeros((rows, length), np.int32)
+        positions = np.full((rows, length), -1, np.int32)
+        tables = np.zeros((rows, width), np.int32)
+        for row, ((_, slots), prompt) in enumerate(zip(admitted, prompts)):
+            ids[row, :len(prompt)], positions[row, :len(prompt)] = prompt, range(len(prompt))
+            tables[row, :len(self.pool.table(slots[0]))] = self.pool.table(slots[0])
+        logits, self.pools = self._prefill(self.params, self.pools, ids,
+                                           Paging(tables=tables, positions=positions))
+        sources, targets = [], []
+        for (_, slots), prompt in zip(admitted, prompts):
+            if len(prompt) % self.pool.block_size:
+                tail = self.pool.blocks_for(len(prompt)) - 1
+                for slot in slots[1:]:
+                    sources.append(self.pool.table(slots[0])[tail])
+                    targets.append(self.pool.table(slot)[tail])
+        if sources:  # (Padded to one length by repeating a copy: the same value written twice.)
+            pad = self.slots - len(sources)
+            self.pools = self._copy(self.pools, np.asarray(sources + sources[:1] * pad, np.int32),
+                                    np.asarray(targets + targets[:1] * pad, np.int32))
+        started = []
+        for row, (index, slots) in enumerate(admitted):
+            state.admit(slots, index, requests[index], tables=[self.pool.table(s) for s in slots])
+            state.logits_row[slots] = row
+            started += slots
+        for slot, token, logp, entropy in self._first(logits, state, started):
+            index, sample = running[slot]
+            completion = out[index][sample]
+            completion.tokens.append(token)
+            completion.logps.append(logp)
+            completion.entropy.append(entropy)
+            state.drew_first(slot, token)
+            if not state.active[slot]:
+                self._finish(slot, running, state)
+        return state
+
+    def _first(self, logits, state: "_SlotState", slots: List[int]):
+        """The first token of each sample in ``slots``, from its prompt's prefill row."""
+        tokens, logps, entropy = (np.asarray(x) for x in self._draw(
+            logits[state.logits_row], self._keys(state), state.temperature, state.top_p,
+            state.top_k))
+        return [(slot, int(tokens[slot]), float(logps[slot]), float(entropy[slot]))
+                for slot in slots]
+
+    def _keys(self, state: "_SlotState"):
+        return sample_keys(self.root_key, state.request, state.sample, state.counts)
+
+    def _run_chunk(self, requests, running, state: "_SlotState", out):
+        """``chunk_steps`` decode steps over every slot; what each running sample drew
+        recorded, the ended ones' slots and blocks freed."""
+        self.pools, carry, drawn = self._chunk(
+            self.params, self.pools, self.root_key, state.device_inputs())
+        state.update(carry)
+        tokens, logps, entropy, produced = (np.asarray(x) for x in drawn)
+        for slot, (index, sample) in list(running.items()):
+            completion = out[index][sample]
+            for step in np.flatnonzero(produced[slot]):
+                completion.tokens.append(int(tokens[slot, step]))
+                completion.logps.append(float(logps[slot, step]))
+                completion.entropy.append(float(entropy[slot, step]))
+            if not state.active[slot]:
+                self._finish(slot, running, state)
+        return state
+
+    def _finish(self, slot: int, running, state: "_SlotState") -> None:
+        self.pool.release(slot)
+        del running[slot]
+        state.active[slot] = False
+
+    # --- The device's programs ----------------------------------------------------------------
+
+    def _prefill_logits(self, params, pools, ids, paging):
+        return functional(self.model, None, params, (ids, pools, paging), method="paged_logits",
+                          is_training=False)[0]
+
+    def _decode_chunk(self, params, pools, root_key, inputs):
+        """``chunk_steps`` steps: each active slot feeds its last token at its own position and
+        draws the next; one that draws a stop id or spends its budget stops there."""
+        fixed = {k: inputs[k] for k in ("tables", "temperature", "top_p", "top_k", "stops",
+                                        "request", "sample")}
+
+        def step(carry, _):
+            pools, tokens, lengths, active, budgets, counts = carry
+            paging = Paging(tables=fixed["tables"],
+                            positions=jnp.where(active, lengths, -1)[:, None])
+            logits, pools = functional(self.model, None, params, (tokens[:, None], pools, paging),
+                                       method="paged_logits", is_training=False)[0]
+            keys = sample_keys(root_key, fixed["request"], fixed["sample"], counts)
+            new, logp, entropy = _draw(logits, keys, fixed["temperature"], fixed["top_p"],
+                                       fixed["top_k"])
+            stopped = jnp.any(new[:, None] == fixed["stops"], axis=-1)
+            step_of = active.astype(jnp.int32)
+            budgets = budgets - step_of
+            carry = (pools, jnp.where(active, new, tokens), lengths + step_of,
+                     active & ~stopped & (budgets > 0), budgets, counts + step_of)
+            return carry, (new, logp, entropy, active)
+
+        init = (pools, inputs["tokens"], inputs["lengths"], inputs["active"], inputs["budgets"],
+                inputs["counts"])
+        (pools, *carry), drawn = jax.lax.scan(step, init, None, length=self.chunk_steps)
+        return pools, carry, tuple(jnp.moveaxis(x, 0, 1) for x in drawn)
+
+
+def _draw(logits, keys, temperature, top_p, top_k):
+    """Tokens, their log-probs and entropies, per row (``row_sampling``)."""
+    tokens = row_sampling.next_tokens(logits, keys, temperature=temperature, top_p=top_p,
+                                      top_k=top_k)
+    logps, entropy = row_sampling.logp_and_entropy(logits, tokens, temperature=temperature)
+    return tokens, logps, entropy
+
+
+def sample_keys(root_key: jax.Array, request: jax.Array, sample: jax.Array,
+                count: jax.Array) -> jax.Array:
+    """``[b, 2]``: the key of each row's next draw -- its request's, its sample's, its token's
+    place -- whatever slot or chunk it runs in."""
+    def one(r, s, c):
+        return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(root_key, r), s), c)
+    return jax.vmap(one)(request, sample, count)
+
+
+class _SlotState:
+    """What the decode chunk reads and updates per slot, on the host between chunks."""
+
+    def __init__(self, slots: int, width: int, stops: int):
+        self.tables = np.zeros((slots, width), np.int32)
+        self.tokens = np.zeros(slots, np.int32)
+        self.lengths = np.zeros(slots, np.int32)
+        self.active = np.zeros(slots, bool)
+        self.budgets = np.zeros(slots, np.int32)
+        self.counts = np.zeros(slots, np.int32)
+        self.temperature = np.zeros(slots, np.float32)
+        self.top_p = np.ones(slots, np.float32)
+        self.top_k = np.zeros(slots, np.int32)
+        self.stops = np.full((slots, stops), -1, np.int32)
+        self.request = np.zeros(slots, np.int32)
+        self.sample = np.zeros(slots, np.int32)
+        self.logits_row = np.zeros(slots, np.int32)
+
+    def admit(self, slots: List[int], index: int, request: Request, *, tables) -> None:
+        for sample, (slot, table) in enumerate(zip(slots, tables)):
+            self.tables[slot] = 0
+            self.tables[slot, :len(table)] = table
+            self.lengths[slot] = len(request.prompt_ids)
+            self.budgets[slot] = request.max_new_tokens
+            self.counts[slot] = 0
+            self.temperature[slot] = request.temperature
+            self.top_p[slot] = request.top_p
+            self.top_k[slot] = request.top_k
+            self.stops[slot] = -1
+            self.stops[slot, :len(request.stop_ids)] = request.stop_ids
+            self.request[slot], self.sample[slot] = index, sample
+
+    def drew_first(self, slot: int, token: int) -> None:
+        """The slot's first token is drawn: it decodes on unless that ended it."""
+        self.tokens[slot] = token
+        self.counts[slot] = 1
+        self.budgets[slot] -= 1
+        self.active[slot] = self.budgets[slot] > 0 and token not in self.stops[slot]
+
+    def device_inputs(self) -> Dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in (
+            "tables", "tokens", "lengths", "active", "budgets", "counts", "temperature",
+            "top_p", "top_k", "stops", "request", "sample")}
+
+    def update(self, carry) -> None:
+        for name, value in zip(("tokens", "lengths", "active", "budgets", "counts"), carry):
+            setattr(self, name, np.array(value))
