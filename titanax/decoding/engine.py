@@ -212,19 +212,31 @@ class DecodeEngine:
     def _run_chunk(self, requests, running, state: "_SlotState", out):
         """``chunk_steps`` decode steps over every slot; what each running sample drew
         recorded, the ended ones' slots and blocks freed."""
+        rows = self._decode_rows(running)
         self.pools, carry, drawn = self._chunk(
-            self.params, self.pools, self.root_key, state.device_inputs())
-        state.update(carry)
+            self.params, self.pools, self.root_key, state.device_inputs(rows))
+        state.update(carry, rows)
         tokens, logps, entropy, produced = (np.asarray(x) for x in drawn)
-        for slot, (index, sample) in list(running.items()):
+        for row, slot in enumerate(rows):
+            if slot not in running:
+                continue
+            index, sample = running[slot]
             completion = out[index][sample]
-            for step in np.flatnonzero(produced[slot]):
-                completion.tokens.append(int(tokens[slot, step]))
-                completion.logps.append(float(logps[slot, step]))
-                completion.entropy.append(float(entropy[slot, step]))
+            for step in np.flatnonzero(produced[row]):
+                completion.tokens.append(int(tokens[row, step]))
+                completion.logps.append(float(logps[row, step]))
+                completion.entropy.append(float(entropy[row, step]))
             if not state.active[slot]:
                 self._finish(slot, running, state)
         return state
+
+    def _decode_rows(self, running) -> List[int]:
+        """The slots a chunk decodes: the running ones, padded with idle slots to a power of
+        two (a program per size): as sequences end, the chunks shrink with them instead of
+        computing every slot to the last sequence's end."""
+        live = sorted(running)
+        size = min(self.slots, 1 << (len(live) - 1).bit_length())
+        return live + [s for s in range(self.slots) if s not in running][:size - len(live)]
 
     def _finish(self, slot: int, running, state: "_SlotState") -> None:
         self.pool.release(slot)
@@ -321,11 +333,13 @@ class _SlotState:
         self.budgets[slot] -= 1
         self.active[slot] = self.budgets[slot] > 0 and token not in self.stops[slot]
 
-    def device_inputs(self) -> Dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in (
+    def device_inputs(self, rows: List[int]) -> Dict[str, np.ndarray]:
+        """The state of the slots ``rows``, in that order (a chunk's batch)."""
+        return {name: getattr(self, name)[rows] for name in (
             "tables", "tokens", "lengths", "active", "budgets", "counts", "temperature",
             "top_p", "top_k", "stops", "request", "sample")}
 
-    def update(self, carry) -> None:
+    def update(self, carry, rows: List[int]) -> None:
+        """The chunk's final state of the slots ``rows`` written back."""
         for name, value in zip(("tokens", "lengths", "active", "budgets", "counts"), carry):
-            setattr(self, name, np.array(value))
+            getattr(self, name)[rows] = np.asarray(value)
