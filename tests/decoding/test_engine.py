@@ -37,14 +37,16 @@ def _sampler(model, params, request):
 def test_greedy_completions_are_the_samplers_through_refilled_slots_and_a_small_pool():
     model, params = _model()
     plain = [_sampler(model, params, r) for r in REQUESTS]
-    # Stop ids each request's own greedy completion reaches before its budget: it must end
-    # there and free its slot early.
-    requests = [r if len(tokens) < 3 else Request(**{**r.__dict__, "stop_ids": (tokens[2],)})
-                for r, (tokens, _) in zip(REQUESTS, plain)]
+    # Two requests get a stop id their greedy completion reaches at its fifth token (or before,
+    # where it drew that token earlier): they end there and free their slots early; the others
+    # run their whole budgets, over several chunks.
+    requests = [Request(**{**r.__dict__, "stop_ids": (tokens[4],)}) if index in (0, 3) else r
+                for index, (r, (tokens, _)) in enumerate(zip(REQUESTS, plain))]
     want = [_sampler(model, params, r) for r in requests]
     assert any(len(t) < r.max_new_tokens for r, (t, _) in zip(requests, want))
     engine = DecodeEngine(model=model, params=params, pool_tokens=64, block_size=4, slots=4,
                           chunk_steps=3)
+    assert max(len(t) for t, _ in want) > 1 + 2 * engine.chunk_steps  # Across chunks.
     got = engine.generate(requests)
     for request, completions, (tokens, logps) in zip(requests, got, want):
         assert len(completions) == request.samples
