@@ -1,0 +1,182 @@
+"""Rollouts: the static sampler (``Decoder.sample``) vs the decode engine (titanax/decoding),
+side by side in one run on the same model, prompts and settings.
+
+    python benchmarks/rollout_speed.py            # ~3 min on 2 CPU cores
+
+1. GRPO-shaped: ``--prompts`` prompts of ``--prompt_length`` tokens, ``--samples`` samples each,
+   at most ``--max_new_tokens`` new tokens, temperature 1, lengths spread by stop ids (a set of
+   ``--stop_ids`` tokens; a random model's near-uniform draws hit it about every
+   vocab/stop_ids tokens). Rollout tokens/s (tokens up to each sample's stop, compile
+   excluded; median of ``--rounds`` paired rounds, the order alternating) and their ratio.
+2. Prompt prefill FLOPs (XLA's cost analysis of the compiled programs): the sampler prefills
+   every sample's row, the engine each prompt once.
+3. Continuous batching: 16 greedy requests of which 15 end after 8 tokens and one after 256,
+   against 16 that all run 256 -- the engine's time for the first over the second.
+
+The engine against transformers' ``generate`` is not here yet (issue 49).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+
+def _parse():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--prompt_length", type=int, default=256)
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--stop_ids", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model_dim", type=int, default=128)
+    parser.add_argument("--num_layers", type=int, default=4)
+    parser.add_argument("--vocab_size", type=int, default=512)
+    return parser.parse_args()
+
+
+def _model(args):
+    import jax  # pylint: disable=import-outside-toplevel
+    from titanax.modules.models.decoder import Decoder  # pylint: disable=import-outside-toplevel
+    model = Decoder.default_config().set(
+        name="d", vocab_size=args.vocab_size, max_seq_len=4096, model_dim=args.model_dim,
+        num_heads=4, num_kv_heads=2, hidden_dim=args.model_dim * 3,
+        num_layers=args.num_layers).instantiate(parent=None)
+    return model, jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
+
+
+class Static:
+    """The sampler over every sample's row (prompts repeated), stopping when all rows did."""
+
+    def __init__(self, model, params, prompts, args):
+        import jax  # pylint: disable=import-outside-toplevel
+        import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+        from titanax.modules.module import functional  # pylint: disable=import-outside-toplevel
+        self.ids = jnp.repeat(jnp.asarray(prompts), args.samples, axis=0)
+        self.stops = tuple(range(args.stop_ids))
+
+        def sample(params, ids, key, new_tokens):
+            return functional(model, None, params, (ids, key), is_training=False,
+                              method=lambda m, ids, key: m.sample(
+                                  ids, key, max_new_tokens=new_tokens, temperature=1.0,
+                                  end_ids=self.stops))[0]["tokens"]
+
+        self.params = params
+        self.run = jax.jit(lambda p, ids, key: sample(p, ids, key, args.max_new_tokens))
+        self.prefill = jax.jit(lambda p, ids, key: sample(p, ids, key, 1))
+
+    def tokens(self, seed):
+        import jax  # pylint: disable=import-outside-toplevel
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        rows = np.asarray(self.run(self.params, self.ids, jax.random.PRNGKey(seed)))
+        return sum(_until_stop(list(row), self.stops) for row in rows)
+
+
+def _until_stop(tokens, stops):
+    """How many of ``tokens`` a sample keeps: up to its first stop id, itself included."""
+    for index, token in enumerate(tokens):
+        if token in stops:
+            return index + 1
+    return len(tokens)
+
+
+def _requests(prompts, args):
+    from titanax.decoding.engine import Request  # pylint: disable=import-outside-toplevel
+    return [Request(prompt_ids=tuple(int(t) for t in p), max_new_tokens=args.max_new_tokens,
+                    samples=args.samples, temperature=1.0, stop_ids=tuple(range(args.stop_ids)))
+            for p in prompts]
+
+
+def _engine(model, params, *, slots, pool_tokens, seed=0):
+    from titanax.decoding.engine import DecodeEngine  # pylint: disable=import-outside-toplevel
+    return DecodeEngine(model=model, params=params, pool_tokens=pool_tokens, block_size=16,
+                        slots=slots, chunk_steps=8, seed=seed)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def grpo_shaped(model, params, args):
+    """Tokens/s of both, paired rounds; the prefill FLOPs of both."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(args.stop_ids, args.vocab_size, (args.prompts, args.prompt_length))
+    static = Static(model, params, prompts, args)
+    rows = args.prompts * args.samples
+    engine = _engine(model, params, slots=rows,
+                     pool_tokens=rows * (args.prompt_length + args.max_new_tokens + 32))
+    requests = _requests(prompts, args)
+    static.tokens(0), engine.generate(requests)  # Compiled outside the timing.
+    ratios, rates = [], {"sampler": [], "engine": []}
+    for round_ in range(args.rounds):
+        runs = [("sampler", lambda: static.tokens(round_)),
+                ("engine", lambda: sum(len(c.tokens) for group in engine.generate(requests)
+                                       for c in group))]
+        for name, fn in (runs if round_ % 2 == 0 else runs[::-1]):
+            tokens, seconds = _timed(fn)
+            rates[name].append(tokens / seconds)
+        ratios.append(rates["engine"][-1] / rates["sampler"][-1])
+    for name, values in rates.items():
+        print(f"rollout tokens/s  {name:8s} {statistics.median(values):10.1f}")
+    print(f"rollout tokens/s  engine / sampler: {statistics.median(ratios):.2f}x "
+          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+    _prefill_flops(static, engine, prompts, params)
+
+
+def _prefill_flops(static, engine, prompts, params):
+    import jax  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from titanax.decoding.paged_attention import Paging  # pylint: disable=import-outside-toplevel
+    old = static.prefill.lower(params, static.ids, jax.random.PRNGKey(0)).compile()
+    rows, length = prompts.shape
+    width = engine.pool.blocks_for(length)
+    paging = Paging(tables=np.zeros((rows, width), np.int32),
+                    positions=np.tile(np.arange(length, dtype=np.int32), (rows, 1)))
+    new = engine._prefill.lower(  # pylint: disable=protected-access
+        params, engine.pools, np.asarray(prompts, np.int32), paging).compile()
+    old_flops, new_flops = (c.cost_analysis()["flops"] for c in (old, new))
+    print(f"prompt prefill FLOPs  sampler {old_flops:.3e}  engine {new_flops:.3e}  "
+          f"engine / sampler {new_flops / old_flops:.3f}")
+
+
+def short_and_long(model, params, args):
+    """16 greedy requests, 15 ending after 8 tokens and one after 256, against 16 of 256."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from titanax.decoding.engine import Request  # pylint: disable=import-outside-toplevel
+    prompts = np.random.default_rng(1).integers(0, args.vocab_size, (16, 32))
+
+    def requests(budgets):
+        return [Request(prompt_ids=tuple(int(t) for t in p), max_new_tokens=b)
+                for p, b in zip(prompts, budgets)]
+
+    mixed, uniform = requests([8] * 15 + [256]), requests([256] * 16)
+    engine = _engine(model, params, slots=16, pool_tokens=16 * (32 + 256 + 16))
+    engine.generate(mixed), engine.generate(uniform)  # Every chunk size compiled.
+    ratios = []
+    for _ in range(args.rounds):
+        _, short = _timed(lambda: engine.generate(mixed))
+        _, full = _timed(lambda: engine.generate(uniform))
+        ratios.append(short / full)
+    print(f"15 short + 1 long / 16 long (engine): {statistics.median(ratios):.2f} "
+          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+
+
+def main():
+    args = _parse()
+    model, params = _model(args)
+    grpo_shaped(model, params, args)
+    short_and_long(model, params, args)
+
+
+if __name__ == "__main__":
+    main()
