@@ -11,6 +11,7 @@ import pytest
 
 from titanax import errors
 from titanax.decoding.block_pool import BlockPool
+from titanax.decoding import paged_attention
 from titanax.decoding.paged_attention import Paging
 from titanax.modules import sampling
 from titanax.modules.models.decoder import Decoder
@@ -71,8 +72,8 @@ def _paged(model, params):
             source = pool.table(group[0])[-1 + pool.blocks_for(len(prompt))]
             for sequence in group[1:]:
                 target = pool.table(sequence)[pool.blocks_for(len(prompt)) - 1]
-                pools = jax.tree_util.tree_map(lambda a, s=source, t=target: a.at[:, t].set(
-                    a[:, s]), pools)
+                pools = paged_attention.copy_blocks(pools, jnp.asarray([source]),
+                                                    jnp.asarray([target]))
     logits = jnp.repeat(logits, SAMPLES, axis=0)
     lengths = np.repeat([len(p) for p in PROMPTS], SAMPLES)
     tokens, logps = [], []
@@ -88,8 +89,11 @@ def _paged(model, params):
     return np.stack(tokens, 1), np.stack(logps, 1)
 
 
-@pytest.mark.parametrize("changes", [{}, {"sliding_window": 4, "attention_sinks": True}],
-                         ids=["full", "window-and-sinks"])
+@pytest.mark.parametrize("changes", [
+    {}, {"sliding_window": 4, "attention_sinks": True},
+    # Gemma 3's shape: a pattern of sliding and full layers, and an unstacked tail layer.
+    {"layer_pattern": ("sliding", "full"), "sliding_window": 3, "num_layers": 3}],
+    ids=["full", "window-and-sinks", "pattern-and-tail"])
 def test_paged_greedy_decoding_is_the_contiguous_samplers(changes):
     model, params = _model(**changes)
     want_tokens, want_logps = _contiguous(model, params)

@@ -30,6 +30,7 @@ import numpy as np
 from titanax import errors
 from titanax.decoding import row_sampling
 from titanax.decoding.block_pool import BlockPool
+from titanax.decoding import paged_attention
 from titanax.decoding.paged_attention import Paging
 from titanax.modules.module import functional
 from titanax.utils.length_buckets import padded_length
@@ -81,8 +82,7 @@ class DecodeEngine:
         self._prefill = jax.jit(self._prefill_logits)
         self._chunk = jax.jit(self._decode_chunk)
         self._draw = jax.jit(_draw)
-        self._copy = jax.jit(lambda pools, sources, targets: jax.tree_util.tree_map(
-            lambda a: a.at[:, targets].set(a[:, sources]), pools))
+        self._copy = jax.jit(paged_attention.copy_blocks)
 
     def _call(self, method, *args):
         return functional(self.model, None, self.params, args, method=method,

@@ -52,6 +52,17 @@ def write(pool: jax.Array, values: jax.Array, *, tables: jax.Array,
     return pool.at[blocks, places % block_size].set(values.astype(pool.dtype), mode="drop")
 
 
+def copy_blocks(pools, sources: jax.Array, targets: jax.Array):
+    """``pools`` (any tree of pools: a stack's ``[layers, blocks, ...]``, an unstacked layer's
+    ``[blocks, ...]``) with block ``sources[i]`` copied to ``targets[i]``: a prompt's last,
+    partly filled block for each of its other samples."""
+    def copy(pool):
+        axis = pool.ndim - 4  # [.., num_blocks, block_size, kv heads, head_dim]
+        index = (slice(None),) * axis
+        return pool.at[index + (targets,)].set(pool[index + (sources,)])
+    return jax.tree_util.tree_map(copy, pools)
+
+
 def gathered(pool: jax.Array, tables: jax.Array) -> jax.Array:
     """Each row's keys (or values) in the order of its positions: ``[b, blocks * block_size,
     kv heads, head_dim]`` (past a row's length: whatever its padding blocks hold)."""
