@@ -11,6 +11,7 @@ import pytest
 
 from titanax import errors
 from titanax.decoding.engine import DecodeEngine, Request
+from titanax.modules.layers.moe import MoE
 from tests.decoding.test_paged_decoder import _call, _model
 from tests.numerics import FLOAT64, assert_close
 
@@ -44,8 +45,12 @@ def test_greedy_completions_are_the_samplers_through_refilled_slots_and_a_small_
                 for index, (r, (tokens, _)) in enumerate(zip(REQUESTS, plain))]
     want = [_sampler(model, params, r) for r in requests]
     assert any(len(t) < r.max_new_tokens for r, (t, _) in zip(requests, want))
-    engine = DecodeEngine(model=model, params=params, pool_tokens=64, block_size=4, slots=4,
+    # 12 blocks: requests 0 and 1 hold 5 + 6 in 5 of the 6 slots, so request 2 (3 blocks) waits
+    # for blocks with a slot free; later ones wait for slots.
+    engine = DecodeEngine(model=model, params=params, pool_tokens=48, block_size=4, slots=6,
                           chunk_steps=3)
+    needed = [engine._blocks_needed(r) for r in requests[:3]]  # pylint: disable=protected-access
+    assert needed == [5, 6, 3]
     assert max(len(t) for t, _ in want) > 1 + 2 * engine.chunk_steps  # Across chunks.
     got = engine.generate(requests)
     for request, completions, (tokens, logps) in zip(requests, got, want):
@@ -70,14 +75,24 @@ def test_sampled_completions_do_not_depend_on_slots_or_chunks():
     other = DecodeEngine(model=model, params=params, pool_tokens=256, block_size=4, slots=8,
                          chunk_steps=5, seed=8).generate(requests)
     assert [[c.tokens for c in completions] for completions in other] != tokens[0]
+    # A second call on the same engine draws anew (its keys: the seed, then the call's number).
+    again = DecodeEngine(model=model, params=params, pool_tokens=256, block_size=4, slots=8,
+                         chunk_steps=5, seed=7)
+    first, second = again.generate(requests), again.generate(requests)
+    assert [[c.tokens for c in g] for g in first] == tokens[0]
+    assert [[c.tokens for c in g] for g in second] != tokens[0]
 
 
 @pytest.mark.parametrize("request_,match", [
     (Request(prompt_ids=(1, 2), max_new_tokens=3, samples=0), r"requests\[0\].samples"),
     (Request(prompt_ids=tuple(range(40)), max_new_tokens=30), "make the pool larger"),
     (Request(prompt_ids=(), max_new_tokens=3), "needs a prompt"),
-    (Request(prompt_ids=(1,), max_new_tokens=0), "max_new_tokens")],
-    ids=["no samples", "longer than the pool", "no prompt", "no new tokens"])
+    (Request(prompt_ids=(1,), max_new_tokens=0), "max_new_tokens"),
+    (Request(prompt_ids=(1,), max_new_tokens=2, temperature=-1.0), "temperature -1.0"),
+    (Request(prompt_ids=(1,), max_new_tokens=2, top_p=1.5), "top_p 1.5"),
+    (Request(prompt_ids=(1,), max_new_tokens=2, top_k=-2), "top_k -2")],
+    ids=["no samples", "longer than the pool", "no prompt", "no new tokens",
+         "negative temperature", "top_p above 1", "negative top_k"])
 def test_requests_that_cannot_be_served_are_refused_by_name(request_, match):
     model, params = _model()
     engine = DecodeEngine(model=model, params=params, pool_tokens=64, block_size=4, slots=4)
@@ -85,8 +100,18 @@ def test_requests_that_cannot_be_served_are_refused_by_name(request_, match):
         engine.generate([request_])
 
 
-@pytest.mark.parametrize("field", ["block_size", "slots", "chunk_steps"])
+@pytest.mark.parametrize("field", ["block_size", "slots", "chunk_steps", "pool_tokens"])
 def test_an_engine_of_zero_sized_parts_is_refused_by_name(field):
     model, params = _model()
     with pytest.raises(errors.DecodingError, match=f"decoding.{field}"):
-        DecodeEngine(model=model, params=params, pool_tokens=64, **{field: 0})
+        DecodeEngine(model=model, params=params, **{"pool_tokens": 64, field: 0})
+
+
+def test_an_empty_list_of_requests_is_an_empty_answer_and_capacity_experts_are_refused():
+    model, params = _model()
+    engine = DecodeEngine(model=model, params=params, pool_tokens=64, block_size=4)
+    assert engine.generate([]) == []
+    moe = MoE.default_config().set(hidden_dim=16, num_experts=4, top_k=2)  # dispatch="capacity"
+    model, params = _model(moe=moe)
+    with pytest.raises(errors.DecodingError, match="model.moe.dispatch"):
+        DecodeEngine(model=model, params=params, pool_tokens=64, block_size=4)

@@ -70,19 +70,26 @@ class DecodeEngine:
     def __init__(self, *, model: Any, params: Any, pool_tokens: int, block_size: int = 16,
                  slots: int = 16, chunk_steps: int = 8, seed: int = 0):
         for name, value in (("block_size", block_size), ("slots", slots),
-                            ("chunk_steps", chunk_steps)):
+                            ("chunk_steps", chunk_steps), ("pool_tokens", pool_tokens)):
             if value < 1:
                 raise errors.DecodingError(f"must be at least 1, got {value}",
                                            path=f"decoding.{name}")
+        if pool_tokens < block_size:
+            raise errors.DecodingError(f"holds less than one block of {block_size} tokens",
+                                       path="decoding.pool_tokens")
         self.model, self.params, self.slots, self.chunk_steps = model, params, slots, chunk_steps
-        self.pool = BlockPool(num_blocks=pool_tokens // block_size, block_size=block_size)
+        self.block_size, self.num_blocks = block_size, pool_tokens // block_size
+        self.pool = BlockPool(num_blocks=self.num_blocks, block_size=block_size)
         self.pools = self._call(lambda m: m.empty_paged_cache(
-            num_blocks=self.pool.num_blocks, block_size=block_size))
-        self.root_key = jax.random.PRNGKey(seed)
-        self._prefill = jax.jit(self._prefill_logits)
-        self._chunk = jax.jit(self._decode_chunk)
+            num_blocks=self.num_blocks, block_size=block_size))
+        # Each generate() call draws with keys of its own (the seed, then the call's number).
+        self.seed_key, self.calls = jax.random.PRNGKey(seed), 0
+        self.root_key = self.seed_key
+        # The pools are donated: each program updates the cache in place, never a second copy.
+        self._prefill = jax.jit(self._prefill_logits, donate_argnums=1)
+        self._chunk = jax.jit(self._decode_chunk, donate_argnums=1)
         self._draw = jax.jit(_draw)
-        self._copy = jax.jit(paged_attention.copy_blocks)
+        self._copy = jax.jit(paged_attention.copy_blocks, donate_argnums=0)
 
     def _call(self, method, *args):
         return functional(self.model, None, self.params, args, method=method,
@@ -92,7 +99,13 @@ class DecodeEngine:
 
     def generate(self, requests: Sequence[Request]) -> List[List[Completion]]:
         """Every request's ``samples`` completions, in the requests' order."""
+        if not requests:
+            return []
         self._check(requests)
+        # A fresh book (one a failed call left entries in would refuse the next), fresh keys.
+        self.pool = BlockPool(num_blocks=self.num_blocks, block_size=self.block_size)
+        self.root_key = jax.random.fold_in(self.seed_key, self.calls)
+        self.calls += 1
         width = max(self.pool.blocks_for(len(r.prompt_ids) + r.max_new_tokens) for r in requests)
         waiting = collections.deque(enumerate(requests))
         out = [[Completion() for _ in range(r.samples)] for r in requests]
@@ -116,6 +129,11 @@ class DecodeEngine:
             if not request.prompt_ids or request.max_new_tokens < 1:
                 raise errors.DecodingError("needs a prompt and max_new_tokens >= 1",
                                            path=path)
+            if not (request.temperature >= 0 and 0 < request.top_p <= 1 and request.top_k >= 0):
+                raise errors.DecodingError(
+                    f"temperature {request.temperature} (>= 0), top_p {request.top_p} (in (0, "
+                    f"1]) or top_k {request.top_k} (>= 0, 0: no limit) is out of range",
+                    path=path)
             need = self._blocks_needed(request)
             if need > self.pool.num_blocks:
                 raise errors.DecodingError(

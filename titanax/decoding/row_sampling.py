@@ -25,7 +25,10 @@ def next_tokens(logits: jax.Array, keys: jax.Array, *, temperature: jax.Array,
     probs = jax.nn.softmax(ranked, axis=-1)
     before = jnp.cumsum(probs, axis=-1) - probs  # Probability of the tokens ranked above.
     rank = jnp.arange(logits.shape[-1])[None, :]
-    keep_ranked = (before < top_p[:, None]) & ((top_k[:, None] <= 0) | (rank < top_k[:, None]))
+    # (top_p 1 keeps every token, as sampling.next_token: a float32 running sum reaching 1.0
+    # must not drop the tail.)
+    nucleus = (before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    keep_ranked = nucleus & ((top_k[:, None] <= 0) | (rank < top_k[:, None]))
     keep = jnp.zeros_like(keep_ranked).at[jnp.arange(logits.shape[0])[:, None], order].set(
         keep_ranked)
     drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(

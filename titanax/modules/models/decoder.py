@@ -549,6 +549,11 @@ class Decoder(CausalLanguageModel):
                     f"the paged cache holds attention keys and values, and this model has a "
                     f"{type(block.attn).__name__} layer (a recurrent state or a latent cache)",
                     path="model", suggestion="generate with the contiguous cache (sample)")
+            if isinstance(block.mlp, MoE) and block.mlp.config.dispatch != "dropless":
+                raise errors.DecodingError(
+                    "experts of a fixed capacity would be shared with the batch's idle and "
+                    "padding rows, so a sequence's tokens would depend on what ran beside it",
+                    path="model.moe.dispatch", suggestion="decode with dispatch='dropless'")
         return self._empty_cache(batch=num_blocks, length=block_size)
 
     def paged_logits(self, token_ids: jax.Array, pools, paging) -> Tuple[jax.Array, object]:
