@@ -85,13 +85,22 @@ def test_sampled_completions_do_not_depend_on_slots_or_chunks():
 
 @pytest.mark.parametrize("request_,match", [
     (Request(prompt_ids=(1, 2), max_new_tokens=3, samples=0), r"requests\[0\].samples"),
-    (Request(prompt_ids=tuple(range(40)), max_new_tokens=30), "make the pool larger"),
-    (Request(prompt_ids=(), max_new_tokens=3), "needs a prompt"),
+    (Request(prompt_ids=(1, 2), max_new_tokens=3, samples=1.5), r"requests\[0\].samples"),
+    (Request(prompt_ids=tuple(range(30)), max_new_tokens=20, samples=2),
+     "make the pool larger"),
+    (Request(prompt_ids=(), max_new_tokens=3), "prompt_ids"),
+    (Request(prompt_ids=(1, 64), max_new_tokens=3), r"prompt_ids.*vocabulary"),
+    (Request(prompt_ids=(-1,), max_new_tokens=3), "prompt_ids"),
+    (Request(prompt_ids=tuple(range(60)), max_new_tokens=8), "max_seq_len 64"),
+    (Request(prompt_ids=(1,), max_new_tokens=2.5), "max_new_tokens"),
+    (Request(prompt_ids=(1,), max_new_tokens=2, top_k=1.5), "top_k 1.5"),
     (Request(prompt_ids=(1,), max_new_tokens=0), "max_new_tokens"),
     (Request(prompt_ids=(1,), max_new_tokens=2, temperature=-1.0), "temperature -1.0"),
     (Request(prompt_ids=(1,), max_new_tokens=2, top_p=1.5), "top_p 1.5"),
     (Request(prompt_ids=(1,), max_new_tokens=2, top_k=-2), "top_k -2")],
-    ids=["no samples", "longer than the pool", "no prompt", "no new tokens",
+    ids=["no samples", "half a sample", "longer than the pool", "no prompt",
+         "an id past the vocabulary", "a negative id", "past max_seq_len",
+         "a fraction of a token", "a fractional top_k", "no new tokens",
          "negative temperature", "top_p above 1", "negative top_k"])
 def test_requests_that_cannot_be_served_are_refused_by_name(request_, match):
     model, params = _model()
@@ -100,11 +109,12 @@ def test_requests_that_cannot_be_served_are_refused_by_name(request_, match):
         engine.generate([request_])
 
 
+@pytest.mark.parametrize("value", [0, -3, 2.5])
 @pytest.mark.parametrize("field", ["block_size", "slots", "chunk_steps", "pool_tokens"])
-def test_an_engine_of_zero_sized_parts_is_refused_by_name(field):
+def test_an_engine_of_zero_negative_or_fractional_parts_is_refused_by_name(field, value):
     model, params = _model()
     with pytest.raises(errors.DecodingError, match=f"decoding.{field}"):
-        DecodeEngine(model=model, params=params, **{"pool_tokens": 64, field: 0})
+        DecodeEngine(model=model, params=params, **{"pool_tokens": 64, field: value})
 
 
 def test_an_empty_list_of_requests_is_an_empty_answer_and_capacity_experts_are_refused():

@@ -42,7 +42,7 @@ def test_the_draws_are_the_one_programs_in_their_shardings_and_storage_dtypes(mo
         assert_close(np.asarray(got, np.float32), np.asarray(drawn.astype(jnp.bfloat16),
                                                              np.float32),
                      bound=2.0 ** -7, scale="leaf", what=name)
-    # A wrong key (another param's, another seed's) is a different draw altogether.
+    # The draws are draws, not constants (a program that dropped its key would give zeros).
     leaves = [np.asarray(x, np.float32) for x in jax.tree_util.tree_leaves(params)]
     assert any(np.std(x) > 0 for x in leaves)
 

@@ -71,8 +71,8 @@ class DecodeEngine:
                  slots: int = 16, chunk_steps: int = 8, seed: int = 0):
         for name, value in (("block_size", block_size), ("slots", slots),
                             ("chunk_steps", chunk_steps), ("pool_tokens", pool_tokens)):
-            if value < 1:
-                raise errors.DecodingError(f"must be at least 1, got {value}",
+            if not _is_count(value) or value < 1:
+                raise errors.DecodingError(f"must be a whole number >= 1, got {value!r}",
                                            path=f"decoding.{name}")
         if pool_tokens < block_size:
             raise errors.DecodingError(f"holds less than one block of {block_size} tokens",
@@ -121,25 +121,39 @@ class DecodeEngine:
 
     def _check(self, requests: Sequence[Request]) -> None:
         for index, request in enumerate(requests):
-            path = f"requests[{index}]"
-            if request.samples < 1 or request.samples > self.slots:
-                raise errors.DecodingError(
-                    f"asks for {request.samples} samples; the engine decodes 1 to {self.slots} "
-                    f"at once", path=f"{path}.samples")
-            if not request.prompt_ids or request.max_new_tokens < 1:
-                raise errors.DecodingError("needs a prompt and max_new_tokens >= 1",
-                                           path=path)
-            if not (request.temperature >= 0 and 0 < request.top_p <= 1 and request.top_k >= 0):
-                raise errors.DecodingError(
-                    f"temperature {request.temperature} (>= 0), top_p {request.top_p} (in (0, "
-                    f"1]) or top_k {request.top_k} (>= 0, 0: no limit) is out of range",
-                    path=path)
-            need = self._blocks_needed(request)
-            if need > self.pool.num_blocks:
-                raise errors.DecodingError(
-                    f"needs {need} blocks of {self.pool.block_size} tokens for its prompt and "
-                    f"samples, the pool has {self.pool.num_blocks}", path=path,
-                    suggestion="make the pool larger (pool_tokens) or the request shorter")
+            self._check_request(request, path=f"requests[{index}]")
+
+    def _check_request(self, request: Request, *, path: str) -> None:
+        """What the engine cannot serve as asked, refused by name before anything runs."""
+        cfg = self.model.config
+        if not _is_count(request.samples) or not 1 <= request.samples <= self.slots:
+            raise errors.DecodingError(
+                f"asks for {request.samples!r} samples; the engine decodes 1 to {self.slots} "
+                f"at once", path=f"{path}.samples")
+        if not _is_count(request.max_new_tokens) or request.max_new_tokens < 1:
+            raise errors.DecodingError(f"must be a whole number >= 1, got "
+                                       f"{request.max_new_tokens!r}", path=f"{path}.max_new_tokens")
+        if not request.prompt_ids or not all(
+                _is_count(t) and 0 <= t < cfg.vocab_size for t in request.prompt_ids):
+            raise errors.DecodingError(
+                f"needs a prompt of token ids in [0, {cfg.vocab_size}) (the model's vocabulary)",
+                path=f"{path}.prompt_ids")
+        if len(request.prompt_ids) + request.max_new_tokens > cfg.max_seq_len:
+            raise errors.DecodingError(
+                f"{len(request.prompt_ids)} prompt + {request.max_new_tokens} new tokens exceed "
+                f"the model's max_seq_len {cfg.max_seq_len}", path=f"{path}.max_new_tokens")
+        if not (request.temperature >= 0 and 0 < request.top_p <= 1 and _is_count(request.top_k)
+                and request.top_k >= 0):
+            raise errors.DecodingError(
+                f"temperature {request.temperature} (>= 0), top_p {request.top_p} (in (0, "
+                f"1]) or top_k {request.top_k!r} (a whole number >= 0, 0: no limit) is out of "
+                f"range", path=path)
+        need = self._blocks_needed(request)
+        if need > self.pool.num_blocks:
+            raise errors.DecodingError(
+                f"needs {need} blocks of {self.pool.block_size} tokens for its prompt and "
+                f"samples, the pool has {self.pool.num_blocks}", path=path,
+                suggestion="make the pool larger (pool_tokens) or the request shorter")
 
     def _admit(self, waiting, running, requests) -> List[Tuple[int, List[int]]]:
         """Requests moved from the queue into free slots while their blocks fit, in order:
@@ -219,13 +233,10 @@ class DecodeEngine:
     def _first(self, logits, state: "_SlotState", slots: List[int]):
         """The first token of each sample in ``slots``, from its prompt's prefill row."""
         tokens, logps, entropy = (np.asarray(x) for x in self._draw(
-            logits[state.logits_row], self._keys(state), state.temperature, state.top_p,
-            state.top_k))
+            logits[state.logits_row], self.root_key, state.request, state.sample, state.counts,
+            state.temperature, state.top_p, state.top_k))
         return [(slot, int(tokens[slot]), float(logps[slot]), float(entropy[slot]))
                 for slot in slots]
-
-    def _keys(self, state: "_SlotState"):
-        return sample_keys(self.root_key, state.request, state.sample, state.counts)
 
     def _run_chunk(self, requests, running, state: "_SlotState", out):
         """``chunk_steps`` decode steps over every slot; what each running sample drew
@@ -279,8 +290,8 @@ class DecodeEngine:
                             positions=jnp.where(active, lengths, -1)[:, None])
             logits, pools = functional(self.model, None, params, (tokens[:, None], pools, paging),
                                        method="paged_logits", is_training=False)[0]
-            keys = sample_keys(root_key, fixed["request"], fixed["sample"], counts)
-            new, logp, entropy = _draw(logits, keys, fixed["temperature"], fixed["top_p"],
+            new, logp, entropy = _draw(logits, root_key, fixed["request"], fixed["sample"],
+                                       counts, fixed["temperature"], fixed["top_p"],
                                        fixed["top_k"])
             stopped = jnp.any(new[:, None] == fixed["stops"], axis=-1)
             step_of = active.astype(jnp.int32)
@@ -295,12 +306,19 @@ class DecodeEngine:
         return pools, carry, tuple(jnp.moveaxis(x, 0, 1) for x in drawn)
 
 
-def _draw(logits, keys, temperature, top_p, top_k):
-    """Tokens, their log-probs and entropies, per row (``row_sampling``)."""
+def _draw(logits, root_key, request, sample, counts, temperature, top_p, top_k):
+    """Tokens, their log-probs and entropies, per row (``row_sampling``), each row drawn with
+    its own key (``sample_keys``)."""
+    keys = sample_keys(root_key, request, sample, counts)
     tokens = row_sampling.next_tokens(logits, keys, temperature=temperature, top_p=top_p,
                                       top_k=top_k)
     logps, entropy = row_sampling.logp_and_entropy(logits, tokens, temperature=temperature)
     return tokens, logps, entropy
+
+
+def _is_count(value: Any) -> bool:
+    """A whole number (``numpy`` integers too; not a bool, not 2.5)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def sample_keys(root_key: jax.Array, request: jax.Array, sample: jax.Array,
