@@ -144,7 +144,7 @@ def _prefill_flops(static, engine, prompts, params):
     from titanax.decoding.paged_attention import Paging  # pylint: disable=import-outside-toplevel
     old = static.prefill.lower(params, static.ids, jax.random.PRNGKey(0)).compile()
     rows, length = prompts.shape
-    width = engine.pool.blocks_for(length)
+    width = engine.book.blocks_for(length)
     paging = Paging(tables=np.zeros((rows, width), np.int32),
                     positions=np.tile(np.arange(length, dtype=np.int32), (rows, 1)))
     new = engine._prefill.lower(  # pylint: disable=protected-access

@@ -58,7 +58,7 @@ def test_greedy_completions_are_the_samplers_through_refilled_slots_and_a_small_
         for completion in completions:
             assert completion.tokens == tokens, (request, completion.tokens, tokens)
             assert_close(np.asarray(completion.logps), logps, bound=FLOAT64, what="log-probs")
-    assert engine.pool.free_blocks == engine.pool.num_blocks  # Every block back.
+    assert engine.book.free_blocks == engine.num_blocks  # Every block back.
 
 
 def test_sampled_completions_do_not_depend_on_slots_or_chunks():

@@ -31,7 +31,9 @@ from titanax import errors
 from titanax.decoding import row_sampling
 from titanax.decoding.block_pool import BlockPool
 from titanax.decoding import paged_attention
+from titanax.decoding import placement as placement_lib
 from titanax.decoding.paged_attention import Paging
+from titanax.decoding.placement import PARAMS, POOLS, ROWS, SAME
 from titanax.modules.module import functional
 from titanax.utils.length_buckets import padded_length
 
@@ -65,10 +67,12 @@ class Completion:
 class DecodeEngine:
     """Completes requests with ``model`` (a ``Decoder``) and ``params`` over a cache of
     ``pool_tokens`` tokens in blocks of ``block_size``, ``slots`` sequences decoding at once,
-    ``chunk_steps`` steps per compiled chunk."""
+    ``chunk_steps`` steps per compiled chunk -- the pool and the slots per batch shard of
+    ``placement`` (``placement.py``: one device by default)."""
 
     def __init__(self, *, model: Any, params: Any, pool_tokens: int, block_size: int = 16,
-                 slots: int = 16, chunk_steps: int = 8, seed: int = 0):
+                 slots: int = 16, chunk_steps: int = 8, seed: int = 0,
+                 placement: Any = None):
         for name, value in (("block_size", block_size), ("slots", slots),
                             ("chunk_steps", chunk_steps), ("pool_tokens", pool_tokens)):
             if not _is_count(value) or value < 1:
@@ -78,22 +82,34 @@ class DecodeEngine:
             raise errors.DecodingError(f"holds less than one block of {block_size} tokens",
                                        path="decoding.pool_tokens")
         self.model, self.params, self.slots, self.chunk_steps = model, params, slots, chunk_steps
+        self.placement = placement_lib.OneDevice() if placement is None else placement
         self.block_size, self.num_blocks = block_size, pool_tokens // block_size
-        self.pool = BlockPool(num_blocks=self.num_blocks, block_size=block_size)
-        self.pools = self._call(lambda m: m.empty_paged_cache(
-            num_blocks=self.num_blocks, block_size=block_size))
+        self.books = self._fresh_books()
+        program = self.placement.program
+        self.pools = program(self._empty_pools, inputs=(PARAMS,), outputs=POOLS)(params)
         # Each generate() call draws with keys of its own (the seed, then the call's number).
         self.seed_key, self.calls = jax.random.PRNGKey(seed), 0
         self.root_key = self.seed_key
         # The pools are donated: each program updates the cache in place, never a second copy.
-        self._prefill = jax.jit(self._prefill_logits, donate_argnums=1)
-        self._chunk = jax.jit(self._decode_chunk, donate_argnums=1)
+        self._prefill = program(self._prefill_logits, inputs=(PARAMS, POOLS, ROWS, ROWS),
+                                outputs=(ROWS, POOLS), donate=(1,))
+        self._chunk = program(self._decode_chunk, inputs=(PARAMS, POOLS, SAME, ROWS),
+                              outputs=(POOLS, ROWS, ROWS), donate=(1,))
         self._draw = jax.jit(_draw)
-        self._copy = jax.jit(paged_attention.copy_blocks, donate_argnums=0)
+        self._copy = program(paged_attention.copy_blocks, inputs=(POOLS, ROWS, ROWS),
+                             outputs=POOLS, donate=(0,))
 
-    def _call(self, method, *args):
-        return functional(self.model, None, self.params, args, method=method,
-                          is_training=False)[0]
+    @property
+    def book(self) -> BlockPool:
+        """The first shard's book (counting blocks: the same size on every shard)."""
+        return self.books[0]
+
+    def _fresh_books(self) -> List[BlockPool]:
+        return [BlockPool(num_blocks=self.num_blocks, block_size=self.block_size)
+                for _ in range(self.placement.shards)]
+
+    def _shard_of(self, slot: int) -> int:
+        return slot // self.slots
 
     # --- The host's loop ----------------------------------------------------------------------
 
@@ -103,14 +119,14 @@ class DecodeEngine:
             return []
         self._check(requests)
         # A fresh book (one a failed call left entries in would refuse the next), fresh keys.
-        self.pool = BlockPool(num_blocks=self.num_blocks, block_size=self.block_size)
+        self.books = self._fresh_books()
         self.root_key = jax.random.fold_in(self.seed_key, self.calls)
         self.calls += 1
-        width = max(self.pool.blocks_for(len(r.prompt_ids) + r.max_new_tokens) for r in requests)
+        width = max(self.book.blocks_for(len(r.prompt_ids) + r.max_new_tokens) for r in requests)
         waiting = collections.deque(enumerate(requests))
         out = [[Completion() for _ in range(r.samples)] for r in requests]
         running: Dict[int, Tuple[int, int]] = {}  # slot -> (request, sample)
-        state = _SlotState(self.slots, width, stops=max(1, *(len(r.stop_ids) for r in requests)))
+        state = _SlotState(self.slots * self.placement.shards, width, stops=max(1, *(len(r.stop_ids) for r in requests)))
         while waiting or running:
             admitted = self._admit(waiting, running, requests)
             if admitted:
@@ -149,23 +165,30 @@ class DecodeEngine:
                 f"1]) or top_k {request.top_k!r} (a whole number >= 0, 0: no limit) is out of "
                 f"range", path=path)
         need = self._blocks_needed(request)
-        if need > self.pool.num_blocks:
+        if need > self.num_blocks:
             raise errors.DecodingError(
-                f"needs {need} blocks of {self.pool.block_size} tokens for its prompt and "
-                f"samples, the pool has {self.pool.num_blocks}", path=path,
+                f"needs {need} blocks of {self.block_size} tokens for its prompt and "
+                f"samples, the pool has {self.num_blocks}", path=path,
                 suggestion="make the pool larger (pool_tokens) or the request shorter")
 
     def _admit(self, waiting, running, requests) -> List[Tuple[int, List[int]]]:
-        """Requests moved from the queue into free slots while their blocks fit, in order:
-        ``[(request, its samples' slots)]``."""
+        """Requests moved from the queue into free slots while their blocks fit, in order, each
+        to the batch shard with the most free slots that can hold it (its samples share its
+        prompt's blocks, so all run on one shard): ``[(request, its samples' slots)]``."""
+        del requests
         admitted = []
-        free = [s for s in range(self.slots) if s not in running]
+        free = [[s for s in range(shard * self.slots, (shard + 1) * self.slots)
+                 if s not in running] for shard in range(self.placement.shards)]
         while waiting:
             index, request = waiting[0]
-            if len(free) < request.samples or not self._reserve(request, free[:request.samples]):
+            fits = [shard for shard, slots in enumerate(free) if len(slots) >= request.samples
+                    and self._blocks_needed(request) <= self.books[shard].free_blocks]
+            if not fits:
                 break
+            shard = max(fits, key=lambda s: (len(free[s]), -s))
             waiting.popleft()
-            slots, free = free[:request.samples], free[request.samples:]
+            slots, free[shard] = free[shard][:request.samples], free[shard][request.samples:]
+            self._reserve(request, slots, self.books[shard])
             running.update({slot: (index, sample) for sample, slot in enumerate(slots)})
             admitted.append((index, slots))
         return admitted
@@ -174,49 +197,28 @@ class DecodeEngine:
         """Blocks a request holds while it runs: its prompt's (the full ones once), and each
         sample's room for its whole budget."""
         length = len(request.prompt_ids)
-        extra = self.pool.blocks_for(length + request.max_new_tokens) - \
-            self.pool.blocks_for(length)
-        return self.pool.group_cost(prompt_length=length, samples=request.samples) + \
+        extra = self.book.blocks_for(length + request.max_new_tokens) - \
+            self.book.blocks_for(length)
+        return self.book.group_cost(prompt_length=length, samples=request.samples) + \
             request.samples * extra
 
-    def _reserve(self, request: Request, slots: List[int]) -> bool:
-        """The request's blocks (``_blocks_needed``) under its samples' ``slots``, if they fit."""
-        if self._blocks_needed(request) > self.pool.free_blocks:
-            return False
-        self.pool.add_group(sequences=slots, prompt_length=len(request.prompt_ids))
+    @staticmethod
+    def _reserve(request: Request, slots: List[int], book: BlockPool) -> None:
+        """The request's blocks (``_blocks_needed``, which fit) under its samples' ``slots``."""
+        book.add_group(sequences=slots, prompt_length=len(request.prompt_ids))
         for slot in slots:
-            self.pool.grow(slot, to_length=len(request.prompt_ids) + request.max_new_tokens)
-        return True
+            book.grow(slot, to_length=len(request.prompt_ids) + request.max_new_tokens)
 
     def _start(self, admitted, requests, running, state: "_SlotState", out, width: int):
-        """Prefill the admitted requests' prompts (one row each, through its first sample's
-        table), copy each prompt's tail block to its other samples, draw every sample's first
-        token; the slots' state set to decode on."""
-        prompts = [requests[index].prompt_ids for index, _ in admitted]
-        rows = 1 << (len(prompts) - 1).bit_length()  # (A program per power of two.)
-        length = padded_length(max(len(p) for p in prompts), limit=width * self.pool.block_size)
-        ids = np.zeros((rows, length), np.int32)
-        positions = np.full((rows, length), -1, np.int32)
-        tables = np.zeros((rows, width), np.int32)
-        for row, ((_, slots), prompt) in enumerate(zip(admitted, prompts)):
-            ids[row, :len(prompt)], positions[row, :len(prompt)] = prompt, range(len(prompt))
-            tables[row, :len(self.pool.table(slots[0]))] = self.pool.table(slots[0])
-        logits, self.pools = self._prefill(self.params, self.pools, ids,
-                                           Paging(tables=tables, positions=positions))
-        sources, targets = [], []
-        for (_, slots), prompt in zip(admitted, prompts):
-            if len(prompt) % self.pool.block_size:
-                tail = self.pool.blocks_for(len(prompt)) - 1
-                for slot in slots[1:]:
-                    sources.append(self.pool.table(slots[0])[tail])
-                    targets.append(self.pool.table(slot)[tail])
-        if sources:  # (Padded to one length by repeating a copy: the same value written twice.)
-            pad = self.slots - len(sources)
-            self.pools = self._copy(self.pools, np.asarray(sources + sources[:1] * pad, np.int32),
-                                    np.asarray(targets + targets[:1] * pad, np.int32))
+        """Prefill the admitted requests' prompts (``_prefill_prompts``), copy each prompt's
+        tail block to its other samples, draw every sample's first token; the slots' state set
+        to decode on."""
+        logits, rows = self._prefill_prompts(admitted, requests, width)
+        self._copy_tails(admitted, requests)
         started = []
-        for row, (index, slots) in enumerate(admitted):
-            state.admit(slots, index, requests[index], tables=[self.pool.table(s) for s in slots])
+        for row, (index, slots) in zip(rows, admitted):
+            book = self.books[self._shard_of(slots[0])]
+            state.admit(slots, index, requests[index], tables=[book.table(s) for s in slots])
             state.logits_row[slots] = row
             started += slots
         for slot, token, logp, entropy in self._first(logits, state, started):
@@ -229,6 +231,51 @@ class DecodeEngine:
             if not state.active[slot]:
                 self._finish(slot, running, state)
         return state
+
+    def _prefill_prompts(self, admitted, requests, width: int):
+        """One row per admitted prompt, written through its first sample's table, on its
+        shard (each shard's rows padded to one power of two: a program per size): the logits
+        after each row's last token, and each admitted request's row among them."""
+        shards = [self._shard_of(slots[0]) for _, slots in admitted]
+        per_shard = max(shards.count(s) for s in set(shards))
+        rows_each = 1 << (per_shard - 1).bit_length()
+        prompts = [requests[index].prompt_ids for index, _ in admitted]
+        length = padded_length(max(len(p) for p in prompts), limit=width * self.block_size)
+        total = rows_each * self.placement.shards
+        ids = np.zeros((total, length), np.int32)
+        positions = np.full((total, length), -1, np.int32)
+        tables = np.zeros((total, width), np.int32)
+        rows, used = [], [0] * self.placement.shards
+        for shard, (_, slots), prompt in zip(shards, admitted, prompts):
+            row = shard * rows_each + used[shard]
+            used[shard] += 1
+            table = self.books[shard].table(slots[0])
+            ids[row, :len(prompt)], positions[row, :len(prompt)] = prompt, range(len(prompt))
+            tables[row, :len(table)] = table
+            rows.append(row)
+        logits, self.pools = self._prefill(self.params, self.pools, ids,
+                                           Paging(tables=tables, positions=positions))
+        return logits, rows
+
+    def _copy_tails(self, admitted, requests) -> None:
+        """Each prompt's partly filled last block, prefilled under its first sample's table,
+        copied to its other samples' own tail blocks, shard by shard (each shard's copies
+        padded to ``slots`` by repeating one: the same value written twice; a shard with none
+        copies its block 0 onto itself)."""
+        copies = [[] for _ in range(self.placement.shards)]
+        for index, slots in admitted:
+            length = len(requests[index].prompt_ids)
+            if length % self.block_size:
+                book = self.books[self._shard_of(slots[0])]
+                tail = book.blocks_for(length) - 1
+                copies[self._shard_of(slots[0])] += [
+                    (book.table(slots[0])[tail], book.table(slot)[tail]) for slot in slots[1:]]
+        if not any(copies):
+            return
+        padded = [pairs + (pairs or [(0, 0)])[:1] * (self.slots - len(pairs)) for pairs in copies]
+        sources, targets = (np.asarray([[pair[i] for pair in pairs] for pairs in padded],
+                                       np.int32).reshape(-1) for i in (0, 1))
+        self.pools = self._copy(self.pools, sources, targets)
 
     def _first(self, logits, state: "_SlotState", slots: List[int]):
         """The first token of each sample in ``slots``, from its prompt's prefill row."""
@@ -260,29 +307,43 @@ class DecodeEngine:
         return state
 
     def _decode_rows(self, running) -> List[int]:
-        """The slots a chunk decodes: the running ones, padded with idle slots to a power of
-        two (a program per size): as sequences end, the chunks shrink with them instead of
-        computing every slot to the last sequence's end."""
-        live = sorted(running)
-        size = min(self.slots, 1 << (len(live) - 1).bit_length())
-        return live + [s for s in range(self.slots) if s not in running][:size - len(live)]
+        """The slots a chunk decodes: on each shard its running ones, padded with its idle
+        slots to a power of two, the same on every shard (a program per size): as sequences
+        end, the chunks shrink with them instead of computing every slot to the last
+        sequence's end."""
+        shards = range(self.placement.shards)
+        live = [[s for s in sorted(running) if self._shard_of(s) == shard] for shard in shards]
+        size = min(self.slots, 1 << (max(len(x) for x in live) - 1).bit_length())
+        rows = []
+        for shard, slots in zip(shards, live):
+            idle = [s for s in range(shard * self.slots, (shard + 1) * self.slots)
+                    if s not in running]
+            rows += slots + idle[:size - len(slots)]
+        return rows
 
     def _finish(self, slot: int, running, state: "_SlotState") -> None:
-        self.pool.release(slot)
+        self.books[self._shard_of(slot)].release(slot)
         del running[slot]
         state.active[slot] = False
 
     # --- The device's programs ----------------------------------------------------------------
 
-    def _prefill_logits(self, params, pools, ids, paging):
-        return functional(self.model, None, params, (ids, pools, paging), method="paged_logits",
+    def _empty_pools(self, params):
+        return functional(self.model, None, self.placement.local_params(params), (),
+                          method=lambda m: m.empty_paged_cache(
+                              num_blocks=self.num_blocks, block_size=self.block_size),
                           is_training=False)[0]
+
+    def _prefill_logits(self, params, pools, ids, paging):
+        return functional(self.model, None, self.placement.local_params(params),
+                          (ids, pools, paging), method="paged_logits", is_training=False)[0]
 
     def _decode_chunk(self, params, pools, root_key, inputs):
         """``chunk_steps`` steps: each active slot feeds its last token at its own position and
         draws the next; one that draws a stop id or spends its budget stops there."""
         fixed = {k: inputs[k] for k in ("tables", "temperature", "top_p", "top_k", "stops",
                                         "request", "sample")}
+        params = self.placement.local_params(params)  # (Gathered once for every step.)
 
         def step(carry, _):
             pools, tokens, lengths, active, budgets, counts = carry

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from titanax import errors
+from titanax.decoding.placement import OnMesh
 from titanax.parallel import axis_binding
 from titanax.modules import converters as converters_lib
 from titanax.modules.module import functional
@@ -206,6 +207,20 @@ class StepBuilder:
 
         return jax.jit(run)
 
+    def decode_placement(self) -> OnMesh:
+        """Where the decode engine (titanax/decoding) runs on this run's mesh: each batch shard
+        its own slots and pool, key/value heads split as the attention's, params gathered and
+        cast as ``sampler``'s."""
+        self.plan.check_whole_model_call("the decode engine", self.mesh)
+        binding = self.layout.axis_binding.without(axis_binding.SEQUENCE,
+                                                   axis_binding.RESIDUAL_SEQUENCE)
+        kv_axis = binding.axis(axis_binding.KV_HEADS)
+        return OnMesh(mesh=self.mesh, param_specs=self.layout.param_specs,
+                      row_spec=self._batch_spec(),
+                      kv_heads_axis=None if kv_axis in self._unit_axes else kv_axis,
+                      bound=lambda fn: bound_to(fn, binding, self.converters),
+                      local_params=self._params_for_compute)
+
     def _batch_spec(self) -> PartitionSpec:
         return layout_lib.without_axes(self.layout.batch.row_spec(), self._unit_axes)
 
@@ -217,16 +232,21 @@ class StepBuilder:
             raise errors.StepError("there is no model", path="engine.model",
                                    suggestion="configure a model")
         self.plan.check_whole_model_call(f"model.{method}", self.mesh)
-        setup, model = self.setup, self.model
+        model = self.model
 
         def local(params, inputs):
-            if setup.gathering is not None:
-                params = setup.gathering.gather_all(params)
-            outputs, _ = functional(model, None, self.precision.cast_for_compute(params),
-                                    inputs, method=method, is_training=False)
+            outputs, _ = functional(model, None, self._params_for_compute(params), inputs,
+                                    method=method, is_training=False)
             return outputs
 
         return local
+
+    def _params_for_compute(self, params: Any) -> Any:
+        """A shard's params as the whole model computes with them: FSDP's shards gathered,
+        cast to the compute dtype."""
+        if self.setup.gathering is not None:
+            params = self.setup.gathering.gather_all(params)
+        return self.precision.cast_for_compute(params)
 
     # --- What the model's step reports ---------------------------------------------------------
 

@@ -1,0 +1,108 @@
+"""Where the decode engine's programs run: one device, or the mesh a run trains on.
+
+Why: the engine samples with the training params where they live -- no weights move, and the
+log-probs it reports are the ones the train step recomputes. On a mesh each batch shard (the
+devices that hold one slice of a batch's rows) runs a decode engine of its own: its own slots,
+its own pool of blocks, the host keeping one book per shard; tensor parallelism splits every
+block's key/value heads as it splits the attention's weights, FSDP gathers the params once per
+program, as the static sampler (``StepBuilder.sampler``) does.
+
+The engine names the role of each input and output and the placement lays it out:
+- ``PARAMS``: the params in the run's layout (gathered and cast for compute inside);
+- ``POOLS``: the key/value pools, blocks over the batch axes, kv heads over the TP axis -- each
+  shard's block ids are its own (a table's ids index its shard's blocks);
+- ``ROWS``: arrays of slots or prompt rows, split by rows over the batch axes, shard by shard;
+- ``SAME``: the same on every device (a key).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import jax
+from jax.sharding import PartitionSpec
+
+PARAMS, POOLS, ROWS, SAME = "params", "pools", "rows", "same"
+
+
+class OneDevice:
+    """Every program a plain ``jit`` on the default device: one shard."""
+
+    shards = 1
+
+    def program(self, fn: Callable, *, inputs: Sequence[str], outputs: Any,
+                donate: Tuple[int, ...] = ()) -> Callable:
+        """``jit(fn)``; ``inputs``' and ``outputs``' roles matter on a mesh only."""
+        del inputs, outputs
+        return jax.jit(fn, donate_argnums=donate)
+
+    def local_params(self, params: Any) -> Any:
+        """The params the model computes with inside a program: as given."""
+        return params
+
+
+class OnMesh:
+    """Every program ``jit(shard_map(fn))`` over ``mesh``, run with the layers' axis binding."""
+
+    def __init__(self, *, mesh: Any, param_specs: Any, row_spec: PartitionSpec,
+                 kv_heads_axis: Optional[str], bound: Callable[[Callable], Callable],
+                 local_params: Callable[[Any], Any]):
+        """``row_spec``: how rows split over the batch axes (one entry); ``kv_heads_axis``: the
+        mesh axis splitting key/value heads (None: whole); ``bound``: a function run with the
+        run's axis binding and converters' scopes; ``local_params``: a shard's params gathered
+        and cast for compute."""
+        self.mesh, self.param_specs, self.row_spec = mesh, param_specs, row_spec
+        self.kv_heads_axis, self._bound, self._local_params = kv_heads_axis, bound, local_params
+        rows = row_spec[0] if len(row_spec) else None
+        self.row_axes = () if rows is None else (rows,) if isinstance(rows, str) else rows
+        self.shards = math.prod(int(mesh.shape[a]) for a in self.row_axes)
+
+    def local_params(self, params: Any) -> Any:
+        return self._local_params(params)
+
+    def pool_spec(self, leaf: Any) -> PartitionSpec:
+        """A pool ``[.., blocks, block_size, kv heads, head_dim]``: blocks over the batch axes,
+        heads over the TP axis."""
+        rows = self.row_spec[0] if len(self.row_spec) else None
+        return PartitionSpec(*([None] * (leaf.ndim - 4)), rows, None, self.kv_heads_axis, None)
+
+    def program(self, fn: Callable, *, inputs: Sequence[str], outputs: Any,
+                donate: Tuple[int, ...] = ()) -> Callable:
+        """``jit(shard_map(fn))`` with each input and output laid out by its role
+        (``outputs``: a role, or a tuple of roles matching ``fn``'s tuple of outputs); a
+        ``POOLS`` output's spec follows its arrays' ranks, found by tracing ``fn`` once."""
+        bound = self._bound(fn)
+
+        def run(*args):
+            in_specs = tuple(self._specs(role, arg) for role, arg in zip(inputs, args))
+            local = jax.eval_shape(lambda *xs: jax.shard_map(
+                bound, mesh=self.mesh, in_specs=in_specs, out_specs=PartitionSpec(),
+                check_vma=False)(*xs), *args) if _has_pools(outputs) else None
+            out_specs = self._out_specs(outputs, local)
+            return jax.shard_map(bound, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=False)(*args)
+
+        return jax.jit(run, donate_argnums=donate)
+
+    def _specs(self, role: str, tree: Any) -> Any:
+        if role == PARAMS:
+            return self.param_specs
+        if role == POOLS:
+            return jax.tree_util.tree_map(self.pool_spec, tree)
+        if role == ROWS:
+            return jax.tree_util.tree_map(lambda _: self.row_spec, tree)
+        return jax.tree_util.tree_map(lambda _: PartitionSpec(), tree)
+
+    def _out_specs(self, outputs: Any, local: Any) -> Any:
+        if isinstance(outputs, tuple):
+            return tuple(self._out_specs(role, None if local is None else part)
+                         for role, part in zip(outputs, local))
+        if outputs == POOLS:
+            return jax.tree_util.tree_map(self.pool_spec, local)
+        return PartitionSpec() if outputs == SAME else self.row_spec
+
+
+def _has_pools(outputs: Any) -> bool:
+    return any(_has_pools(o) for o in outputs) if isinstance(outputs, tuple) else \
+        outputs == POOLS
