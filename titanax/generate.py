@@ -25,11 +25,13 @@ one message per input line (``chat_session.py``).
 
 ``--prompts_file`` generates for every line of a JSONL file (``prompts_file.py``: a line's
 ``prompt_ids`` or ``prompt`` text, and its own ``max_new_tokens`` at most the flag's),
-``--num_samples`` completions each, batched (``batch_generation.py``), and writes ``--output``:
-one line per prompt, in order, ``{"completions": [[ids], ...], "texts": [...]}`` (texts where a
-tokenizer is known; each completion ends after its end id, which the text leaves out). The last
-line printed is one JSON object: ``prompts``, ``completion_tokens``, ``seconds`` (generation
-alone) and ``compile_seconds``.
+``--num_samples`` completions each, by the decode engine (``batch_generation.py``: one
+prefill per prompt, its samples in continuously refilled slots over a paged cache), and writes
+``--output``: one line per prompt, in order, ``{"completions": [[ids], ...], "texts":
+[...]}`` (texts where a tokenizer is known; each completion ends after its end id, which the
+text leaves out). The last line printed is one JSON object: ``prompts``,
+``completion_tokens``, ``seconds`` (generation alone: its wall time less what jax spent
+compiling inside it) and ``compile_seconds``.
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ class DecodeEngine:
         waiting = collections.deque(enumerate(requests))
         out = [[Completion() for _ in range(r.samples)] for r in requests]
         running: Dict[int, Tuple[int, int]] = {}  # slot -> (request, sample)
-        state = _SlotState(self.slots * self.placement.shards, width, stops=max(1, *(len(r.stop_ids) for r in requests)))
+        state = _SlotState(self.slots * self.placement.shards, width,
+                           stops=max(1, *(len(r.stop_ids) for r in requests)))
         while waiting or running:
             admitted = self._admit(waiting, running, requests)
             if admitted:
