@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +86,13 @@ class DecodeEngine:
         self.block_size, self.num_blocks = block_size, pool_tokens // block_size
         self.books = self._fresh_books()
         program = self.placement.program
-        self.pools = program(self._empty_pools, inputs=(PARAMS,), outputs=POOLS)(params)
+        self._make_pools = pools_program(model=model, placement=self.placement,
+                                         num_blocks=self.num_blocks, block_size=block_size)
+        # What the model cannot decode over a paged cache is refused now (by tracing the
+        # pools' making); the pools are made at the first call: an engine made to be compiled
+        # only holds none.
+        self.pools = None
+        self._make_pools.eval_shape(params)
         # Each generate() call draws with keys of its own (the seed, then the call's number).
         self.seed_key, self.calls = jax.random.PRNGKey(seed), 0
         self.root_key = self.seed_key
@@ -113,14 +119,19 @@ class DecodeEngine:
 
     # --- The host's loop ----------------------------------------------------------------------
 
-    def generate(self, requests: Sequence[Request]) -> List[List[Completion]]:
-        """Every request's ``samples`` completions, in the requests' order."""
+    def generate(self, requests: Sequence[Request], *,
+                 key: Optional[jax.Array] = None) -> List[List[Completion]]:
+        """Every request's ``samples`` completions, in the requests' order; ``key``: the call's
+        root key (a rollout's, so a resumed run draws what the uninterrupted one drew), else
+        the seed's, folded with the call's number."""
         if not requests:
             return []
         self._check(requests)
+        if self.pools is None:
+            self.pools = self._make_pools(self.params)
         # A fresh book (one a failed call left entries in would refuse the next), fresh keys.
         self.books = self._fresh_books()
-        self.root_key = jax.random.fold_in(self.seed_key, self.calls)
+        self.root_key = jax.random.fold_in(self.seed_key, self.calls) if key is None else key
         self.calls += 1
         width = max(self.book.blocks_for(len(r.prompt_ids) + r.max_new_tokens) for r in requests)
         waiting = collections.deque(enumerate(requests))
@@ -327,13 +338,30 @@ class DecodeEngine:
         del running[slot]
         state.active[slot] = False
 
-    # --- The device's programs ----------------------------------------------------------------
+    def pool_bytes_per_device(self) -> int:
+        """The pools' bytes on each device (its shard's blocks, its share of the key/value
+        heads), from their shapes: nothing allocated."""
+        total = 0
+        for leaf in jax.tree_util.tree_leaves(self._make_pools.eval_shape(self.params)):
+            laid = self.placement.abstract(POOLS, leaf)
+            shape = laid.shape if laid.sharding is None else laid.sharding.shard_shape(laid.shape)
+            total += int(np.prod(shape)) * laid.dtype.itemsize
+        return total
 
-    def _empty_pools(self, params):
-        return functional(self.model, None, self.placement.local_params(params), (),
-                          method=lambda m: m.empty_paged_cache(
-                              num_blocks=self.num_blocks, block_size=self.block_size),
-                          is_training=False)[0]
+    def chunk_memory(self, *, width: int, stops: int) -> Any:
+        """The decode chunk compiled for every slot of every shard, from shapes alone (the
+        params may be abstract; nothing is allocated): its ``memory_analysis()``. ``width``:
+        the blocks of a sequence's table; ``stops``: stop ids per request."""
+        rows = self.slots * self.placement.shards
+        state = _SlotState(rows, width, stops=stops)
+        inputs = {name: self.placement.abstract(ROWS, value)
+                  for name, value in state.device_inputs(list(range(rows))).items()}
+        pools = jax.tree_util.tree_map(lambda leaf: self.placement.abstract(POOLS, leaf),
+                                       self._make_pools.eval_shape(self.params))
+        key = jax.ShapeDtypeStruct((2,), np.uint32)
+        return self._chunk.lower(self.params, pools, key, inputs).compile().memory_analysis()
+
+    # --- The device's programs ----------------------------------------------------------------
 
     def _prefill_logits(self, params, pools, ids, paging):
         return functional(self.model, None, self.placement.local_params(params),
@@ -366,6 +394,18 @@ class DecodeEngine:
                 inputs["counts"])
         (pools, *carry), drawn = jax.lax.scan(step, init, None, length=self.chunk_steps)
         return pools, carry, tuple(jnp.moveaxis(x, 0, 1) for x in drawn)
+
+
+def pools_program(*, model: Any, placement: Any, num_blocks: int, block_size: int):
+    """``params -> pools``: every layer's key/value pool of ``num_blocks`` blocks of
+    ``block_size`` tokens per batch shard of ``placement``, zeros (``jax.eval_shape`` of it:
+    their sizes, with nothing allocated)."""
+    def empty(params):
+        return functional(model, None, placement.local_params(params), (),
+                          method=lambda m: m.empty_paged_cache(num_blocks=num_blocks,
+                                                               block_size=block_size),
+                          is_training=False)[0]
+    return placement.program(empty, inputs=(PARAMS,), outputs=POOLS)
 
 
 def _draw(logits, root_key, request, sample, counts, temperature, top_p, top_k):

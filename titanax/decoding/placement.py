@@ -21,7 +21,7 @@ import math
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import jax
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 PARAMS, POOLS, ROWS, SAME = "params", "pools", "rows", "same"
 
@@ -40,6 +40,11 @@ class OneDevice:
     def local_params(self, params: Any) -> Any:
         """The params the model computes with inside a program: as given."""
         return params
+
+    def abstract(self, role: str, value: Any) -> jax.ShapeDtypeStruct:
+        """``value``'s shape and dtype (a program compiled from shapes alone)."""
+        del role
+        return jax.ShapeDtypeStruct(value.shape, value.dtype)
 
 
 class OnMesh:
@@ -60,6 +65,12 @@ class OnMesh:
 
     def local_params(self, params: Any) -> Any:
         return self._local_params(params)
+
+    def abstract(self, role: str, value: Any) -> jax.ShapeDtypeStruct:
+        """``value``'s shape and dtype, laid out as a ``role`` (``POOLS`` or ``ROWS``) array."""
+        spec = self.pool_spec(value) if role == POOLS else self.row_spec
+        return jax.ShapeDtypeStruct(value.shape, value.dtype,
+                                    sharding=NamedSharding(self.mesh, spec))
 
     def pool_spec(self, leaf: Any) -> PartitionSpec:
         """A pool ``[.., blocks, block_size, kv heads, head_dim]``: blocks over the batch axes,

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 
 from titanax import errors
 from titanax.data.prompts import Prompts
+from titanax.decoding.rollout_sampler import PagedDecoding
 from titanax.observe.samples import SampleLog
 from titanax.rl import rows as rollout_rows
 from titanax.rl.rollouts import RolloutStream
@@ -52,6 +53,9 @@ class SamplingObjective(Objective):
         samples_every: int = 10
         # Completions shown each time.
         num_samples: int = 2
+        # The decode engine's sizes (decoding/rollout_sampler.py: one prefill per prompt,
+        # continuously refilled slots over a paged cache); None: the static sampler.
+        decoding: Optional[PagedDecoding.Config] = None
 
         def _validate_values(self):
             yield from super()._validate_values()
@@ -199,8 +203,18 @@ class SamplingObjective(Objective):
 
     def sampler(self, run: Any, *, end_ids: Sequence[int]) -> Any:
         own = self.config
+        if own.decoding is not None:
+            return own.decoding.instantiate().sampler(
+                run, rows_per_shard=self._rows_per_shard(run), group=own.num_generations,
+                max_new_tokens=own.max_new_tokens, temperature=own.temperature,
+                top_p=own.top_p, end_ids=end_ids)
         return run.steps.sampler(max_new_tokens=own.max_new_tokens, temperature=own.temperature,
                                  top_p=own.top_p, end_ids=tuple(end_ids))
+
+    def _rows_per_shard(self, run: Any) -> int:
+        """A rollout's rows on each batch shard."""
+        rows = run.config.train_input.global_batch_size * self.config.num_generations
+        return rows // max(run.plan.batch_shards(run.mesh), 1)
 
     # --- --compile_only ------------------------------------------------------------------------
 
@@ -216,6 +230,15 @@ class SamplingObjective(Objective):
         on the devices while it samples (``rollout_peak_bytes`` counts the train step's
         arguments: the state and one train batch)."""
         input_cfg = run.config.train_input
+        # The program the run samples with: stopping at end tokens where it has them (the
+        # configured ones, or the tokenizer's end of sequence).
+        end_ids = self.config.end_ids
+        if end_ids is None:
+            eos = input_cfg.tokenizer.instantiate().eos_id
+            end_ids = (eos,) if eos is not None else ()
+        if self.config.decoding is not None:
+            return self._engine_report(run, state=state, train_arguments=train_arguments,
+                                       end_ids=end_ids)
         rows = input_cfg.global_batch_size * self.config.num_generations
         host = {"prompt_ids": np.zeros((rows, input_cfg.source.max_prompt_tokens), np.int32),
                 "prompt_lengths": np.zeros((rows,), np.int32)}
@@ -223,15 +246,27 @@ class SamplingObjective(Objective):
         prompts = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
                                            sharding=NamedSharding(run.mesh, specs[k]))
                    for k, v in host.items()}
-        # The program the run samples with: stopping at end tokens where it has them (the
-        # configured ones, or the tokenizer's end of sequence).
-        end_ids = self.config.end_ids
-        if end_ids is None:
-            eos = input_cfg.tokenizer.instantiate().eos_id
-            end_ids = (eos,) if eos is not None else ()
         analysis = self.sampler(run, end_ids=end_ids).lower(
             state.params, prompts["prompt_ids"], prompts["prompt_lengths"],
             jax.ShapeDtypeStruct((2,), np.uint32)).compile().memory_analysis()
         temp, out = int(analysis.temp_size_in_bytes), int(analysis.output_size_in_bytes)
         return {"sampler_temp_bytes": temp, "sampler_output_bytes": out,
                 "rollout_peak_bytes": train_arguments + temp + out}
+
+    def _engine_report(self, run: Any, *, state: Any, train_arguments: int,
+                       end_ids: Sequence[int]) -> Dict[str, int]:
+        """The decode engine's figures: its key/value pool sized in tokens
+        (``decode_pool_tokens`` per batch shard, ``decode_pool_bytes`` per device: its shard's
+        blocks, its share of the key/value heads) and its decode chunk at every slot compiled
+        (``sampler_temp_bytes``); the pool and the chunk's temporaries come on top of the
+        train state."""
+        own, source = self.config, run.config.train_input.source
+        sizes = own.decoding.instantiate().sizes(
+            run, rows_per_shard=self._rows_per_shard(run), max_new_tokens=own.max_new_tokens)
+        engine = sizes.engine(run, state.params)
+        width = -(-(source.max_prompt_tokens + own.max_new_tokens) // sizes.block_size)
+        chunk = engine.chunk_memory(width=width, stops=max(len(end_ids), 1))
+        pool, temp = engine.pool_bytes_per_device(), int(chunk.temp_size_in_bytes)
+        return {"decode_pool_tokens": sizes.pool_tokens, "decode_slots": sizes.slots,
+                "decode_pool_bytes": pool, "sampler_temp_bytes": temp,
+                "rollout_peak_bytes": train_arguments + pool + temp}

@@ -94,4 +94,10 @@ def describe(report: Dict[str, int], *, mesh: Any) -> str:
           ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes")),
         *([f"  the rollout (the sampler's temp {report['sampler_temp_bytes'] / GIB:.3f} GiB "
            f"and outputs on top of the train state): {report['rollout_peak_bytes'] / GIB:.3f} "
-           "GiB"] if "rollout_peak_bytes" in report else [])])
+           "GiB"] if "rollout_peak_bytes" in report and "decode_pool_bytes" not in report
+          else []),
+        *([f"  the rollout (the decode engine's pool of {report['decode_pool_tokens']} tokens "
+           f"per batch shard, {report['decode_pool_bytes'] / GIB:.3f} GiB, and its decode "
+           f"chunk's temp {report['sampler_temp_bytes'] / GIB:.3f} GiB on top of the train "
+           f"state): {report['rollout_peak_bytes'] / GIB:.3f} GiB"]
+          if "decode_pool_bytes" in report else [])])

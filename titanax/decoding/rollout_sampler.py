@@ -1,0 +1,128 @@
+"""The decode engine as a sampling objective's sampler (GRPO, on-policy distillation):
+``objective.decoding`` set, each rollout's groups are completed by the engine on the training
+mesh instead of the static sampler.
+
+What changes for a rollout: each prompt is prefilled once for its ``num_generations`` samples
+(their prompt blocks shared), a completion that ends frees its slot for the next group, and no
+row decodes past its own end. What does not: the rollout's rows, their order, the log-probs the
+train step recomputes (the same params, the same mesh), and the rollout's key -- the engine
+draws each sample with a key of (rollout key, group, sample, token), so a resumed run samples
+what the uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Sequence
+
+import jax
+import numpy as np
+
+from titanax import errors
+from titanax.config import Configurable
+from titanax.decoding.engine import DecodeEngine, Request
+
+
+class PagedDecoding(Configurable):
+    """The decode engine's sizes for a run's rollouts (titanax/decoding/engine.py)."""
+
+    class Config(Configurable.Config):
+        # Tokens of key/value cache per batch shard; None: room for every rollout row of a
+        # shard at its longest (prompt + max_new_tokens), prompts' shared blocks not counted.
+        pool_tokens: Optional[int] = None
+        # Tokens per block of the cache.
+        block_size: int = 16
+        # Sequences decoding at once per batch shard (at least num_generations: a group
+        # decodes on one shard); None: every rollout row of a shard.
+        slots: Optional[int] = None
+        # Decode steps per compiled chunk (slots are refilled between chunks).
+        chunk_steps: int = 8
+
+        def _validate_values(self):
+            yield from super()._validate_values()
+            for name in ("pool_tokens", "block_size", "slots", "chunk_steps"):
+                value = getattr(self, name)
+                if value is not None and value < 1:
+                    yield name, f"must be >= 1, got {value}"
+
+    def sizes(self, run: Any, *, rows_per_shard: int, max_new_tokens: int) -> "EngineSizes":
+        """The engine's sizes for ``run``'s rollouts of ``rows_per_shard`` rows per batch
+        shard (the configured ones, else ``Config``'s defaults)."""
+        cfg = self.config
+        longest = run.config.train_input.source.max_prompt_tokens + max_new_tokens
+        pool = cfg.pool_tokens if cfg.pool_tokens is not None else \
+            rows_per_shard * -(-longest // cfg.block_size) * cfg.block_size
+        return EngineSizes(pool_tokens=pool, block_size=cfg.block_size,
+                           slots=cfg.slots if cfg.slots is not None else rows_per_shard,
+                           chunk_steps=cfg.chunk_steps)
+
+    def sampler(self, run: Any, *, rows_per_shard: int, group: int, max_new_tokens: int,
+                temperature: float, top_p: float, end_ids: Sequence[int]) -> "RolloutSampler":
+        """The rollout sampler for ``run``: ``rows_per_shard`` rollout rows per batch shard in
+        groups of ``group``."""
+        if jax.process_count() > 1:
+            raise errors.ConfigError(
+                "the decode engine's book of blocks is kept by one host, and this run has "
+                f"{jax.process_count()} processes", path="objective.decoding",
+                suggestion="sample with the static sampler (objective.decoding=None)")
+        sizes = self.sizes(run, rows_per_shard=rows_per_shard, max_new_tokens=max_new_tokens)
+        if sizes.slots < group:
+            raise errors.ConfigError(
+                f"{sizes.slots} slots per batch shard cannot decode a group of {group} samples "
+                f"(a group decodes on one shard)", path="objective.decoding.slots",
+                suggestion=f"give at least num_generations={group} slots")
+        return RolloutSampler(sizes.engine(run, run.state.params), group=group, max_new_tokens=max_new_tokens,
+                              temperature=temperature, top_p=top_p, end_ids=end_ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSizes:
+    """A run's decode engine sizes (per batch shard)."""
+
+    pool_tokens: int
+    block_size: int
+    slots: int
+    chunk_steps: int
+
+    def engine(self, run: Any, params: Any) -> DecodeEngine:
+        """The engine on ``run``'s mesh with ``params`` (abstract ones: to be compiled only;
+        its pools are made at its first call)."""
+        return DecodeEngine(model=run.model, params=params, pool_tokens=self.pool_tokens,
+                            block_size=self.block_size, slots=self.slots,
+                            chunk_steps=self.chunk_steps, placement=run.steps.decode_placement())
+
+
+class RolloutSampler:
+    """``(params, prompt_ids, prompt_lengths, key) -> {"tokens", "logps", "entropy"}`` as the
+    static sampler's (``StepBuilder.sampler``): rows of left-padded prompts, each group of
+    ``group`` consecutive rows one prompt; ``[rows, max_new_tokens]`` out, a completion's places
+    after its end id filled with that id (log-prob and entropy 0)."""
+
+    def __init__(self, engine: DecodeEngine, *, group: int, max_new_tokens: int,
+                 temperature: float, top_p: float, end_ids: Sequence[int]):
+        self.engine, self.group, self.max_new_tokens = engine, group, max_new_tokens
+        self.temperature, self.top_p, self.end_ids = temperature, top_p, tuple(end_ids)
+
+    def __call__(self, params: Any, prompt_ids: Any, prompt_lengths: Any,
+                 key: jax.Array) -> Dict[str, jax.Array]:
+        self.engine.params = params  # (The current params: the same layout, no recompile.)
+        ids = np.asarray(jax.device_get(prompt_ids))
+        lengths = np.asarray(jax.device_get(prompt_lengths))
+        width = ids.shape[1]
+        requests = [Request(prompt_ids=tuple(int(t) for t in ids[row, width - lengths[row]:]),
+                            max_new_tokens=self.max_new_tokens, samples=self.group,
+                            temperature=self.temperature, top_p=self.top_p,
+                            stop_ids=self.end_ids)
+                    for row in range(0, len(ids), self.group)]
+        done = self.engine.generate(requests, key=key)
+        rows = len(ids)
+        out = {"tokens": np.zeros((rows, self.max_new_tokens), np.int32),
+               "logps": np.zeros((rows, self.max_new_tokens), np.float32),
+               "entropy": np.zeros((rows, self.max_new_tokens), np.float32)}
+        for row, completion in enumerate(c for group in done for c in group):
+            n = len(completion.tokens)
+            out["tokens"][row, :n] = completion.tokens
+            out["tokens"][row, n:] = completion.tokens[-1]  # (An end id, when n is short.)
+            out["logps"][row, :n] = completion.logps
+            out["entropy"][row, :n] = completion.entropy
+        return {name: jax.device_put(value) for name, value in out.items()}
