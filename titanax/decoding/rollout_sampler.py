@@ -71,8 +71,9 @@ class PagedDecoding(Configurable):
                 f"{sizes.slots} slots per batch shard cannot decode a group of {group} samples "
                 f"(a group decodes on one shard)", path="objective.decoding.slots",
                 suggestion=f"give at least num_generations={group} slots")
-        return RolloutSampler(sizes.engine(run, run.state.params), group=group, max_new_tokens=max_new_tokens,
-                              temperature=temperature, top_p=top_p, end_ids=end_ids)
+        return RolloutSampler(sizes.engine(run, run.state.params), group=group,
+                              max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, end_ids=end_ids)
 
 
 @dataclasses.dataclass(frozen=True)
