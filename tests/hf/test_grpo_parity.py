@@ -27,7 +27,13 @@ VARIANTS = {
     "gspo": ({"loss": "gspo"},
              {"loss_type": "grpo", "importance_sampling_level": "sequence", "beta": 0.0,
               "epsilon": 3e-4, "epsilon_high": 4e-4}),
+    # Rollouts sampled ahead (max_staleness 1), the truncated importance correction: TRL's
+    # vLLM correction ("token_truncate"), its ratio to the policy at the update.
+    "grpo_stale": ({"loss": "grpo", "beta": 0.04, "max_staleness": 1, "importance_cap": 1.1},
+                   {"loss_type": "grpo", "beta": 0.04, "epsilon": 0.2}),
 }
+# The stale variant's cap (its "old" log-probs are the sampler's: some weights pass the cap).
+CAP = 1.1
 
 
 def _save_llama(directory, seed):
@@ -72,6 +78,7 @@ def _inputs(dirs):
     ids = np.concatenate([prompt_ids, completion_ids], 1)
     return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "mask": mask,
             "advantages": np.array([1.3, -0.7, 0.4, -1.1]),
+            "policy": _logps(dirs[0], ids),
             "old": _logps(dirs[0], ids) + rng.normal(0, 0.15, (ROWS, COMPLETION)),
             "ref": _logps(dirs[1], ids)}
 
@@ -105,6 +112,13 @@ def _trl(variant, data, policy_dir, tmp_path):
               "advantages": t(data["advantages"]), "old_per_token_logps": t(data["old"]),
               "ref_per_token_logps": t(data["ref"]),
               "num_items_in_batch": t(data["mask"].sum())}
+    if variant == "grpo_stale":
+        # As TRL's generation step computes them with vLLM: the ratio to the policy now (no
+        # old log-probs), and each token's weight min(exp(policy - sampler), cap).
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+        inputs["old_per_token_logps"] = None
+        inputs["importance_sampling_ratio"] = t(np.minimum(
+            np.exp(data["policy"] - data["old"]), CAP) * data["mask"])
     loss = trainer._compute_loss(trainer.model, inputs)  # pylint: disable=protected-access
     loss.backward()
     grads = {name: p.grad.detach().numpy().astype(np.float64)

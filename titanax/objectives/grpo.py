@@ -85,6 +85,14 @@ class GRPO(SamplingObjective):
         # Built-in rewards (rl/rewards.py: AnswerMatch, FormatMatch, LengthPenalty), by the
         # name their metrics carry.
         rewards: Dict[str, Reward.Config] = {}
+        # With max_staleness > 0, how the loss treats tokens sampled by older params:
+        # "truncated": the ratio is taken to the policy at its update, and each token's loss is
+        # weighed by its importance weight to the sampler, min(p_policy / p_sampler,
+        # importance_cap) (TRL's vllm_importance_sampling_correction, verl's TIS); "none": the
+        # ratio is taken to the sampler's log-probs, uncorrected.
+        importance_correction: Literal["truncated", "none"] = "truncated"
+        # The importance weight's cap.
+        importance_cap: float = 2.0
 
         def _validate_values(self):
             yield from super()._validate_values()
@@ -115,6 +123,15 @@ class GRPO(SamplingObjective):
                     len(self.reward_weights) != len(self.reward_functions):
                 yield "reward_weights", (f"has {len(self.reward_weights)} weights for "
                                          f"{len(self.reward_functions)} reward_functions")
+            if not (math.isfinite(self.importance_cap) and self.importance_cap >= 1):
+                yield "importance_cap", f"must be a finite number >= 1, got " \
+                                        f"{self.importance_cap}"
+            if self.max_staleness > 0 and self.importance_correction == "truncated" and \
+                    self.iterations > 1:
+                yield "iterations", (
+                    f"must be 1 with max_staleness {self.max_staleness} and the truncated "
+                    f"correction (its ratio is to the policy at the rows' first update), got "
+                    f"{self.iterations}")
             if not self.reward_functions and not self.rewards:
                 yield "reward_functions", "no reward: name a function (or a built-in in rewards)"
 
@@ -210,10 +227,15 @@ class GRPO(SamplingObjective):
     def policy_loss(self, *, logps: jax.Array, old_logps: jax.Array, advantages: jax.Array,
                     mask: jax.Array, ref_logps: Optional[jax.Array] = None,
                     row_weights: Optional[jax.Array] = None) -> policy_loss_lib.PolicyLoss:
-        """The variant's loss on ``[rows, tokens]`` log-probs (``policy_loss.policy_loss``)."""
+        """The variant's loss on ``[rows, tokens]`` log-probs (``policy_loss.policy_loss``);
+        ``old_logps``: the sampler's (corrected as ``importance_correction`` says when the
+        rollouts are sampled ahead)."""
         low, high = self.epsilons
+        cfg = self.config
+        corrected = cfg.max_staleness > 0 and cfg.importance_correction == "truncated"
         return policy_loss_lib.policy_loss(
-            logps=logps, old_logps=old_logps, advantages=advantages, mask=mask,
+            logps=logps, old_logps=old_logps,
+            sampler_logps=old_logps if corrected else None, importance_cap=cfg.importance_cap, advantages=advantages, mask=mask,
             aggregation=self._variant(0), sequence_level=self._variant(1), epsilon_low=low,
             epsilon_high=high, beta=self.config.beta, ref_logps=ref_logps,
             kl_importance_correction=self.config.kl_importance_correction,
@@ -227,4 +249,13 @@ class GRPO(SamplingObjective):
         return (f"objective: {cfg.loss} ({cfg.num_generations} completions per prompt of up to "
                 f"{cfg.max_new_tokens} tokens, temperature {cfg.temperature}; clip [{1 - low:g}, "
                 f"{1 + high:g}], beta {cfg.beta}; reference: {reference}; rewards: "
-                f"{', '.join(self.rewards.names) if self.rewards else '?'})")
+                f"{', '.join(self.rewards.names) if self.rewards else '?'}"
+                f"{self._staleness()})")
+
+    def _staleness(self) -> str:
+        cfg = self.config
+        if not cfg.max_staleness:
+            return ""
+        correction = (f"truncated importance weights, cap {cfg.importance_cap:g}"
+                      if cfg.importance_correction == "truncated" else "uncorrected")
+        return f"; rollouts up to {cfg.max_staleness} behind, {correction}"

@@ -53,6 +53,10 @@ class SamplingObjective(Objective):
         samples_every: int = 10
         # Completions shown each time.
         num_samples: int = 2
+        # Rollouts sampled ahead of the one trained on, each with the params of when it
+        # started (asynchronous GRPO: rollout n+1 sampled while rollout n's steps train;
+        # rl/rollouts_ahead.py); 0: on-policy.
+        max_staleness: int = 0
         # The decode engine's sizes (decoding/rollout_sampler.py: one prefill per prompt,
         # continuously refilled slots over a paged cache); None: the static sampler.
         decoding: Optional[PagedDecoding.Config] = None
@@ -71,6 +75,8 @@ class SamplingObjective(Objective):
                 yield "updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}"
             if self.iterations < 1:
                 yield "iterations", f"must be >= 1, got {self.iterations}"
+            if self.max_staleness < 0:
+                yield "max_staleness", f"must be >= 0 (0: on-policy), got {self.max_staleness}"
             if self.end_ids is not None and not self.end_ids:
                 yield "end_ids", "is empty: give the ids that end a completion (or None)"
             for name in ("samples_every", "num_samples"):
@@ -186,7 +192,7 @@ class SamplingObjective(Objective):
             rewards=self.rewards, sample=self.sampler(run, end_ids=end_ids),
             params=lambda: run.state.params, place=run.inputs.placed, shards=shards,
             seed=run.config.seed, end_ids=end_ids, iterations=own.iterations,
-            samples=samples, step=lambda: int(run.state.step))
+            samples=samples, step=lambda: int(run.state.step), max_staleness=own.max_staleness)
 
     # --- The sampler ---------------------------------------------------------------------------
 

@@ -42,6 +42,8 @@ from titanax.observe.samples import SampleLog
 from titanax.parallel import batch_shards
 from titanax.rl.advantages import group_advantages
 from titanax.rl.rewards import RewardSet
+from titanax.rl.rollout_record import Rollout, Update
+from titanax.rl.rollouts_ahead import RolloutsAhead
 from titanax.rl.rows import completion_mask, rollout_rows
 
 _log = logging.getLogger("titanax")
@@ -54,7 +56,8 @@ class RolloutStream:
                  rewards: Optional[RewardSet],
                  sample: Any, params: Any, place: Any, shards: Sequence[int], seed: int,
                  end_ids: Sequence[int], iterations: int = 1,
-                 samples: Optional[SampleLog] = None, step: Optional[Callable[[], int]] = None):
+                 samples: Optional[SampleLog] = None, step: Optional[Callable[[], int]] = None,
+                 max_staleness: int = 0):
         """``prompts``: an iterator of this process's prompt rows (``get_state`` /
         ``set_state``); ``sample(params, prompt_ids, prompt_lengths, key)``: the run's
         sampler; ``params()``: the current params; ``place(host batch)``: global arrays;
@@ -63,7 +66,8 @@ class RolloutStream:
         ``rewards``, GRPO's scale_rewards and drop_equal_groups); ``rewards`` None: the rows are
         not scored (advantages 0: on-policy distillation scores them in its loss);
         ``samples``: shows a few completions (observe/samples.py) at the steps it is due,
-        ``step()`` the run's last finished step."""
+        ``step()`` the run's last finished step; ``max_staleness``: rollouts sampled ahead,
+        each with the params of when it was started (``rollouts_ahead.py``; 0: on-policy)."""
         self.prompts, self.source, self.objective = prompts, source, objective
         self.samples, self.step = samples, step
         self.rewards = rewards
@@ -75,15 +79,20 @@ class RolloutStream:
         self.rollouts = 0  # Rollouts sampled so far.
         # The current rollout's updates left: (train rows, host metrics, completion tokens
         # trained on over the whole batch).
-        self.queue: List[Tuple[Dict[str, np.ndarray], Dict[str, float], float]] = []
+        self.queue: List[Update] = []
+        # Rollouts sampled ahead of the one trained on (asynchronous GRPO).
+        self.ahead = RolloutsAhead(max_staleness=max_staleness)
         self._handed_at: Optional[float] = None
         self._last_train_tokens = 0.0
 
     # --- The checkpointed position --------------------------------------------------------------
 
     def get_state(self) -> Dict[str, Any]:
-        return {"prompts": self.prompts.get_state(), "rollouts": self.rollouts,
-                "updates_left": len(self.queue)}
+        state = {"prompts": self.prompts.get_state(), "rollouts": self.rollouts,
+                 "updates_left": len(self.queue)}
+        if self.ahead.max_staleness:  # (Waits for them: they are saved whole.)
+            state["ahead"] = self.ahead.to_json()
+        return state
 
     def at_boundary(self) -> bool:
         """Whether the position can be saved: no update of the current rollout is left."""
@@ -93,6 +102,7 @@ class RolloutStream:
         self.prompts.set_state(state["prompts"])
         self.rollouts = int(state["rollouts"])
         self.queue = []
+        self.ahead.restore(state.get("ahead", []))
         if state.get("updates_left"):
             _log.warning("resumed inside rollout %d: its %d update(s) left are skipped (the "
                          "checkpoint was taken before they ran)", self.rollouts,
@@ -109,7 +119,7 @@ class RolloutStream:
             jax.block_until_ready(self.params())  # The previous step has finished.
             train_s = time.perf_counter() - self._handed_at
         if not self.queue:
-            self.queue = self._rollout()
+            self.queue = self._take()
         rows, metrics, train_tokens = self.queue.pop(0)
         metrics = dict(metrics)
         if train_s is not None:
@@ -121,30 +131,53 @@ class RolloutStream:
         self._handed_at = time.perf_counter()
         return rows, metrics
 
-    def _rollout(self) -> List[Tuple[Dict[str, np.ndarray], Dict[str, float], float]]:
+    def _take(self) -> List[Update]:
+        """The next rollout's updates: the oldest sampled ahead, else one sampled now with the
+        current params; then rollouts sampled ahead up to ``max_staleness``, each with the
+        params as they are now (before this rollout's updates), while the steps train."""
+        if self.ahead:
+            rollout = self.ahead.oldest()
+        else:
+            rollout = self._make(*self._start(), params=self.params())
+        while self.ahead.wants_more():
+            try:
+                prompts, number = self._start()
+            except StopIteration:
+                break
+            self.ahead.start(self._make, prompts, number, params=self.params())
+        shown_at = self._samples_due(len(rollout.updates))
+        if shown_at is not None:
+            self._show_samples(rollout, first=shown_at)
+        return list(rollout.updates)
+
+    def _start(self) -> Tuple[Dict[str, np.ndarray], int]:
+        """The next rollout's prompts and number (StopIteration: the prompts ran out)."""
+        prompts = next(self.prompts)
+        self.rollouts += 1
+        return prompts, self.rollouts - 1
+
+    def _make(self, prompts: Dict[str, np.ndarray], number: int, *, params: Any) -> Rollout:
+        """Rollout ``number`` of ``prompts``, sampled with ``params``: sampled, scored, its
+        advantages over the whole batch, its updates' rows."""
         cfg = self.objective.config
         started = time.perf_counter()
-        prompts = next(self.prompts)  # (StopIteration ends the run: the prompts ran out.)
         group = cfg.num_generations
         prompt_ids = np.repeat(prompts["prompt_ids"], group, axis=0)
         lengths = np.repeat(prompts["prompt_lengths"], group, axis=0)
         records = np.repeat(prompts["record_index"], group, axis=0)
         placed = self.place({"prompt_ids": prompt_ids, "prompt_lengths": lengths})
-        out = self.sample(self.params(), placed["prompt_ids"], placed["prompt_lengths"],
-                          jax.random.fold_in(self.key, self.rollouts))
+        out = self.sample(params, placed["prompt_ids"], placed["prompt_lengths"],
+                          jax.random.fold_in(self.key, number))
         tokens, logps, entropy = (batch_shards.process_rows(out[name]).astype(dtype) for
                                   name, dtype in (("tokens", np.int64), ("logps", np.float64),
                                                   ("entropy", np.float64)))
-        self.rollouts += 1
         rollout_s = time.perf_counter() - started
         mask = completion_mask(tokens, self.end_ids)
         ended = np.isin(tokens, np.asarray(self.end_ids, np.int64)).any(axis=1)
         completion_ids = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
         steps = cfg.updates_per_rollout * self.iterations  # (The number of parts, below.)
-        shown_at = self._samples_due(steps)
-        # Decoded only for what reads the text: the rewards, or the samples shown now.
-        texts = (self._texts(completion_ids)
-                 if self.rewards is not None or shown_at is not None else [])
+        # Decoded only for what reads the text: the rewards (samples shown decode their own).
+        texts = self._texts(completion_ids) if self.rewards is not None else []
         per_reward = (self._score(texts, completion_ids, records) if self.rewards is not None
                       else np.zeros((len(tokens), 0)))
         # Every process's rows, once each, in the global batch's order.
@@ -162,11 +195,12 @@ class RolloutStream:
                             advantages=advantages[mine],
                             row_weights=keep[mine].astype(np.float32))
         parts = _parts(rows, shards=len(self.shards), count=cfg.updates_per_rollout)
-        if shown_at is not None:
-            self._show_samples(prompt_ids, lengths, texts, per_reward, first=shown_at)
         metrics["time/rollout_s"] = rollout_s / steps
         trained = float(np.sum(merged[:, width + 1] * keep)) / len(parts)
-        return [(part, metrics, trained) for _ in range(self.iterations) for part in parts]
+        return Rollout(updates=[(part, metrics, trained) for _ in range(self.iterations)
+                                for part in parts],
+                       prompt_ids=prompt_ids, lengths=lengths, completion_ids=completion_ids,
+                       texts=texts, per_reward=per_reward)
 
     def _texts(self, completion_ids: List[List[int]]) -> List[str]:
         """The completions' text, their end token left out."""
@@ -182,16 +216,17 @@ class RolloutStream:
         first = self.step() + 1
         return first if self.samples.due(first_step=first, steps=steps) else None
 
-    def _show_samples(self, prompt_ids: np.ndarray, lengths: np.ndarray, texts: List[str],
-                      per_reward: np.ndarray, *, first: int) -> None:
-        """The first rows' prompts (as the model read them: decoded from their tokens, cut as
-        they were), completions and total rewards, shown as step ``first``'s."""
-        width = prompt_ids.shape[1]
+    def _show_samples(self, rollout: Rollout, *, first: int) -> None:
+        """The rollout's first rows' prompts (as the model read them: decoded from their
+        tokens, cut as they were), completions and total rewards, shown as step ``first``'s."""
+        count = self.samples.count
+        width = rollout.prompt_ids.shape[1]
         prompts = [self.source.tokenizer.decode(row[width - int(n):].tolist())
-                   for row, n in zip(prompt_ids[:self.samples.count], lengths)]
+                   for row, n in zip(rollout.prompt_ids[:count], rollout.lengths)]
+        texts = rollout.texts or self._texts(rollout.completion_ids[:count])
         self.samples.show(step=first, prompts=prompts, completions=texts,
                           rewards=None if self.rewards is None
-                          else self.rewards.total(per_reward))
+                          else self.rewards.total(rollout.per_reward))
 
     def _score(self, texts: List[str], completion_ids: List[List[int]],
                records: np.ndarray) -> np.ndarray:
