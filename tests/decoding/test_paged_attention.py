@@ -87,7 +87,8 @@ def test_rows_of_shared_prompts_decode_as_their_own_contiguous_caches(window, wi
         values = [np.concatenate([v, v_step[i]]) for i, v in enumerate(values)]
         q = rng.normal(size=(len(rows), 1, HEADS, DIM))
         got = paged_attention.attend(
-            jnp.asarray(q), k_pool, v_pool, tables=tables, positions=jnp.asarray(lengths[:, None]),
+            jnp.asarray(q), paged_attention.gathered(k_pool, tables),
+            paged_attention.gathered(v_pool, tables), positions=jnp.asarray(lengths[:, None]),
             scale=scale, sliding_window=window,
             sinks=None if sinks is None else jnp.asarray(sinks))
         want = np.stack([_reference(q[i], keys[i], values[i], scale=scale, window=window,
@@ -112,9 +113,31 @@ def test_a_prompt_attends_over_itself_when_prefilled():
     v_pool = paged_attention.write(jnp.zeros((16, BLOCK, KV_HEADS, DIM)), jnp.asarray(v),
                                    tables=tables, positions=positions)
     for row, length in enumerate(lengths):  # Each row's queries: its own tokens only.
-        got = paged_attention.attend(jnp.asarray(q[row:row + 1, :length]), k_pool, v_pool,
-                                     tables=tables[row:row + 1],
-                                     positions=positions[row:row + 1, :length], scale=0.3)
+        got = paged_attention.attend(
+            jnp.asarray(q[row:row + 1, :length]),
+            paged_attention.gathered(k_pool, tables[row:row + 1]),
+            paged_attention.gathered(v_pool, tables[row:row + 1]),
+            positions=positions[row:row + 1, :length], scale=0.3)
         want = _reference(q[row, :length], k[row, :length], v[row, :length], scale=0.3,
                           window=None, sinks=None)
         assert_close(np.asarray(got[0]), want, bound=FLOAT64, what=f"prefill row {row}")
+
+
+def test_a_layer_of_a_stacked_pool_is_written_and_read_in_place_of_its_own():
+    """A stack's pools ``[layers, blocks, ...]`` carried whole: writing layer 1 through
+    ``layer=`` is writing its own pool alone (layer 0 untouched), and gathering it reads the
+    same keys."""
+    rng = np.random.default_rng(2)
+    stacked = jnp.asarray(rng.normal(size=(2, 8, BLOCK, KV_HEADS, DIM)))
+    tables = jnp.asarray([[3, 5], [6, 1]])
+    positions = jnp.asarray([[0, 1, BLOCK + 1], [2, -1, -1]])
+    new = jnp.asarray(rng.normal(size=(2, 3, KV_HEADS, DIM)))
+    got = paged_attention.write(stacked, new, tables=tables, positions=positions,
+                                layer=jnp.asarray(1))
+    alone = paged_attention.write(stacked[1], new, tables=tables, positions=positions)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(alone))
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(stacked[0]))
+    assert not np.array_equal(np.asarray(alone), np.asarray(stacked[1]))
+    np.testing.assert_array_equal(
+        np.asarray(paged_attention.gathered(got, tables, layer=jnp.asarray(1))),
+        np.asarray(paged_attention.gathered(alone, tables)))

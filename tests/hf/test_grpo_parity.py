@@ -29,7 +29,8 @@ VARIANTS = {
               "epsilon": 3e-4, "epsilon_high": 4e-4}),
     # Rollouts sampled ahead (max_staleness 1), the truncated importance correction: TRL's
     # vLLM correction ("token_truncate"), its ratio to the policy at the update.
-    "grpo_stale": ({"loss": "grpo", "beta": 0.04, "max_staleness": 1, "importance_cap": 1.1},
+    "grpo_stale": ({"loss": "grpo", "beta": 0.04, "max_staleness": 1, "importance_cap": 1.1,
+                    "importance_correction": "truncated"},
                    {"loss_type": "grpo", "beta": 0.04, "epsilon": 0.2}),
 }
 # The stale variant's cap (its "old" log-probs are the sampler's: some weights pass the cap).

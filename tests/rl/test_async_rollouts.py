@@ -1,7 +1,7 @@
 """Asynchronous GRPO (``objective.max_staleness``; rl/rollouts_ahead.py): with a staleness of 1
 the rollout step n trains on was sampled with the params of step n - 1 (its log-probs are those
-params', not the current ones'), sampled on a worker thread while step n - 1 trained; the loss
-reports its importance weights; a checkpoint keeps the rollout sampled ahead whole, so a
+params', not the current ones'), sampled on a worker thread while step n - 1 trained; the train
+step reports the lag; a checkpoint keeps the rollout sampled ahead whole, so a
 resumed stream trains on what the uninterrupted one did -- through the launcher too, a run
 stopped and resumed gives the uninterrupted run's rewards; a negative staleness is refused by
 name before any step."""
@@ -53,7 +53,8 @@ def test_each_rollout_is_sampled_with_the_previous_steps_params_and_resumes_whol
         handed.append(rows)
         metrics = run.train_step(rows)
         before.append(_copy(run.state.params))
-    assert "sampling/importance_weight/mean" in metrics
+    # The train step sees how far the sampler lagged (its log-probs against the policy's).
+    assert float(metrics["sampling/logp_difference/mean"]) > 1e-5
     mask = [rows["weights"] > 0 for rows in handed]
     # Rollout 0: the first params (no earlier ones); rollout n > 0: the params before step n.
     for n, sampled_with in ((0, 0), (1, 0), (2, 1)):

@@ -36,20 +36,32 @@ class Paging:
 
     tables: jax.Array
     positions: jax.Array
+    # Inside a stack's loop over its layers: the layer's index into pools stacked over the
+    # layers, which the loop carries whole (each layer writes and reads its own slice in
+    # place: a loop over them as scanned inputs and outputs copies the whole pool every step).
+    # None: the pool is one layer's.
+    layer: Optional[jax.Array] = None
+
+    def at_layer(self, layer: jax.Array) -> "Paging":
+        return dataclasses.replace(self, layer=layer)
 
 
-def write(pool: jax.Array, values: jax.Array, *, tables: jax.Array,
-          positions: jax.Array) -> jax.Array:
+def write(pool: jax.Array, values: jax.Array, *, tables: jax.Array, positions: jax.Array,
+          layer: Optional[jax.Array] = None) -> jax.Array:
     """``pool`` with ``values`` ``[b, t, kv heads, head_dim]`` written at each row's
-    ``positions`` ``[b, t]`` through its block table ``tables`` ``[b, blocks]``. A position
-    of -1 writes nothing (a row with fewer tokens than ``t``, or a slot with no sequence)."""
-    block_size = pool.shape[1]
+    ``positions`` ``[b, t]`` through its block table ``tables`` ``[b, blocks]`` (into layer
+    ``layer``'s slice of a stacked pool, when given). A position of -1 writes nothing (a row
+    with fewer tokens than ``t``, or a slot with no sequence)."""
+    block_size, num_blocks = pool.shape[-3], pool.shape[-4]
     valid = positions >= 0
     places = jnp.where(valid, positions, 0)
     blocks = jnp.take_along_axis(tables, places // block_size, axis=1)
     # Writes that must not land go past the pool's end, where ``mode="drop"`` discards them.
-    blocks = jnp.where(valid, blocks, pool.shape[0])
-    return pool.at[blocks, places % block_size].set(values.astype(pool.dtype), mode="drop")
+    blocks = jnp.where(valid, blocks, num_blocks)
+    values = values.astype(pool.dtype)
+    if layer is None:
+        return pool.at[blocks, places % block_size].set(values, mode="drop")
+    return pool.at[layer, blocks, places % block_size].set(values, mode="drop")
 
 
 def copy_blocks(pools, sources: jax.Array, targets: jax.Array):
@@ -63,22 +75,23 @@ def copy_blocks(pools, sources: jax.Array, targets: jax.Array):
     return jax.tree_util.tree_map(copy, pools)
 
 
-def gathered(pool: jax.Array, tables: jax.Array) -> jax.Array:
+def gathered(pool: jax.Array, tables: jax.Array,
+             layer: Optional[jax.Array] = None) -> jax.Array:
     """Each row's keys (or values) in the order of its positions: ``[b, blocks * block_size,
-    kv heads, head_dim]`` (past a row's length: whatever its padding blocks hold)."""
-    rows = pool[tables]  # [b, blocks, block_size, kv, d]
-    return rows.reshape((tables.shape[0], -1) + pool.shape[2:])
+    kv heads, head_dim]`` (past a row's length: whatever its padding blocks hold); from layer
+    ``layer``'s slice of a stacked pool, when given."""
+    rows = pool[tables] if layer is None else pool[layer, tables]  # [b, blocks, bs, kv, d]
+    return rows.reshape((tables.shape[0], -1) + pool.shape[-2:])
 
 
-def attend(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, *, tables: jax.Array,
-           positions: jax.Array, scale: float, sliding_window: Optional[int] = None,
-           sinks: Optional[jax.Array] = None) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, positions: jax.Array, scale: float,
+           sliding_window: Optional[int] = None, sinks: Optional[jax.Array] = None) -> jax.Array:
     """Causal attention of ``q`` ``[b, t, heads, head_dim]`` -- row ``i``'s tokens at
     ``positions[i]`` ``[b, t]`` (-1: no token; its output is meaningless), their keys already
-    written into the pool -- over each row's positions up to its own (within ``sliding_window``
-    of it when given). ``sinks`` ``[heads]``: per head, a logit that joins every softmax
+    written into the pool -- over each row's gathered keys and values ``k`` / ``v`` (``gathered``:
+    ``[b, positions, heads, head_dim]``), up to its own position (within ``sliding_window`` of
+    it when given). ``sinks`` ``[heads]``: per head, a logit that joins every softmax
     (gpt-oss)."""
-    k, v = gathered(k_pool, tables), gathered(v_pool, tables)
     key_pos = jnp.arange(k.shape[1])[None, None, :]
     query_pos = positions[:, :, None]
     allowed = (key_pos <= query_pos) & (query_pos >= 0)

@@ -9,8 +9,10 @@ by length and padded to a few bucket lengths (so a benchmark compiles a handful 
   vocabulary's max and the target's logit reduced over TP: no full logits);
 - ``loglikelihood_rolling`` (perplexity): a document's log-prob in lm-eval's own rolling
   windows of the model's length;
-- ``generate_until``: greedy (or sampled) continuations by the KV-cache sampler, left-padded
-  prompts, stopping at the end token, cut at the request's stop strings.
+- ``generate_until``: greedy (or sampled) continuations by the decode engine (titanax/decoding:
+  a batch's requests over a paged cache, each ending at its own end token; in one process --
+  with several, the static KV-cache sampler over left-padded prompts), cut at the request's
+  stop strings.
 
 Tokenization is transformers' tokenizer of the model's directory (or of the run's tokenizer
 file), called as lm-eval's ``hf`` model calls it -- context / continuation split, BOS handling,
@@ -29,6 +31,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.models import utils as model_utils
 
 from titanax import errors
+from titanax.decoding.engine import DecodeEngine, Request
 from titanax.parallel import batch_shards
 from titanax.utils.length_buckets import padded_length
 
@@ -61,6 +64,7 @@ class TitanaxLM(TemplateLM):
         self._samplers: Dict[Tuple[int, Optional[float], float], Any] = {}
         self._key = jax.random.PRNGKey(seed)
         self._generations = 0  # Batches sampled so far (each folds its number into the key).
+        self._decoder: Optional[DecodeEngine] = None  # (Made at the first generation.)
 
     # --- What lm-eval reads of a model ------------------------------------------------------------
 
@@ -206,6 +210,20 @@ class TitanaxLM(TemplateLM):
                 end_ids=self.end_ids)
         return self._samplers[key]
 
+    def _decode_engine(self) -> DecodeEngine:
+        """The decode engine on the run's mesh (titanax/decoding): ``batch_size`` requests at
+        once over the batch shards, each with room for the model's whole length."""
+        if self._decoder is None:
+            placement = self.engine.steps.decode_placement()
+            slots = -(-self.batch_size_value // placement.shards)
+            self._decoder = DecodeEngine(
+                model=self.engine.model, params=self.engine.state.params,
+                pool_tokens=slots * -(-self._max_length // 16) * 16, block_size=16,
+                slots=slots, placement=placement)
+        # The run's params now (an evaler's run trains between evaluations, its state donated).
+        self._decoder.params = self.engine.state.params
+        return self._decoder
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
         """Greedy continuations (sampled where a request asks: ``do_sample``, its
         temperature), the context left-truncated to ``max_length - max_gen_toks`` and encoded
@@ -256,18 +274,28 @@ class TitanaxLM(TemplateLM):
 
     def _generate(self, contexts: List[str], *, new_tokens: int, temperature: Optional[float],
                   top_p: float, max_context: int) -> List[str]:
+        """Each context's continuation, to its first end id (left out): by the decode engine
+        in one process (its book of blocks is one host's), else by the static sampler over
+        every process's batch shards."""
         special = {}
         if model_utils.has_bos_prefix(contexts[0], getattr(self.tokenizer, "bos_token", None)):
             special = {"add_special_tokens": False}
         encoded = [self.tokenizer.encode(text, **special)[-max_context:] for text in contexts]
+        key = jax.random.fold_in(self._key, self._generations)
+        self._generations += 1
+        if jax.process_count() == 1:
+            done = self._decode_engine().generate([Request(
+                prompt_ids=tuple(int(t) for t in ids), max_new_tokens=new_tokens,
+                temperature=temperature or 0.0, top_p=top_p, stop_ids=self.end_ids)
+                for ids in encoded], key=key)
+            return [self.tok_decode([t for t in group[0].tokens if t not in self.end_ids])
+                    for group in done]
         length = padded_length(max(len(e) for e in encoded), limit=max_context)
         count = self._rows(len(encoded))
         prompts = np.zeros((count, length), np.int32)
         lengths = np.ones((count,), np.int32)
         for row, ids in enumerate(encoded):
             prompts[row, length - len(ids):], lengths[row] = ids, len(ids)
-        key = jax.random.fold_in(self._key, self._generations)
-        self._generations += 1
         tokens = self._run(self._sampler(new_tokens, temperature, top_p),
                            {"prompt_ids": prompts, "prompt_lengths": lengths}, key)["tokens"]
         texts = []

@@ -86,11 +86,13 @@ class GRPO(SamplingObjective):
         # name their metrics carry.
         rewards: Dict[str, Reward.Config] = {}
         # With max_staleness > 0, how the loss treats tokens sampled by older params:
-        # "truncated": the ratio is taken to the policy at its update, and each token's loss is
-        # weighed by its importance weight to the sampler, min(p_policy / p_sampler,
-        # importance_cap) (TRL's vllm_importance_sampling_correction, verl's TIS); "none": the
-        # ratio is taken to the sampler's log-probs, uncorrected.
-        importance_correction: Literal["truncated", "none"] = "truncated"
+        # "ratio": the clipped ratio to the sampler's log-probs, as on-policy (PPO's own
+        # correction, exact: the sampler's log-probs are the trainer's); "truncated": the
+        # ratio to the policy at its update, each token's loss weighed by min(p_policy /
+        # p_sampler, importance_cap) (TRL's vllm_importance_sampling_correction, verl's TIS:
+        # for samplers whose log-probs are not the trainer's); "off": the ratio to the policy
+        # at its update, no weight (the correction removed).
+        importance_correction: Literal["ratio", "truncated", "off"] = "ratio"
         # The importance weight's cap.
         importance_cap: float = 2.0
 
@@ -126,12 +128,12 @@ class GRPO(SamplingObjective):
             if not (math.isfinite(self.importance_cap) and self.importance_cap >= 1):
                 yield "importance_cap", f"must be a finite number >= 1, got " \
                                         f"{self.importance_cap}"
-            if self.max_staleness > 0 and self.importance_correction == "truncated" and \
+            if self.max_staleness > 0 and self.importance_correction != "ratio" and \
                     self.iterations > 1:
                 yield "iterations", (
-                    f"must be 1 with max_staleness {self.max_staleness} and the truncated "
-                    f"correction (its ratio is to the policy at the rows' first update), got "
-                    f"{self.iterations}")
+                    f"must be 1 with max_staleness {self.max_staleness} and the "
+                    f"{self.importance_correction!r} correction (its ratio is to the policy at "
+                    f"the rows' first update), got {self.iterations}")
             if not self.reward_functions and not self.rewards:
                 yield "reward_functions", "no reward: name a function (or a built-in in rewards)"
 
@@ -232,12 +234,13 @@ class GRPO(SamplingObjective):
         rollouts are sampled ahead)."""
         low, high = self.epsilons
         cfg = self.config
-        corrected = cfg.max_staleness > 0 and cfg.importance_correction == "truncated"
+        stale = cfg.max_staleness > 0 and cfg.importance_correction != "ratio"
         return policy_loss_lib.policy_loss(
-            logps=logps, old_logps=old_logps,
-            sampler_logps=old_logps if corrected else None, importance_cap=cfg.importance_cap, advantages=advantages, mask=mask,
+            logps=logps, old_logps=old_logps, advantages=advantages, mask=mask,
             aggregation=self._variant(0), sequence_level=self._variant(1), epsilon_low=low,
             epsilon_high=high, beta=self.config.beta, ref_logps=ref_logps,
+            stale_correction=cfg.importance_correction if stale else None,
+            importance_cap=cfg.importance_cap,
             kl_importance_correction=self.config.kl_importance_correction,
             max_completion_length=self.config.max_new_tokens, row_weights=row_weights)
 
@@ -256,6 +259,7 @@ class GRPO(SamplingObjective):
         cfg = self.config
         if not cfg.max_staleness:
             return ""
-        correction = (f"truncated importance weights, cap {cfg.importance_cap:g}"
-                      if cfg.importance_correction == "truncated" else "uncorrected")
+        correction = {"ratio": "the clipped ratio to the sampler",
+                      "truncated": f"truncated importance weights, cap {cfg.importance_cap:g}",
+                      "off": "uncorrected"}[cfg.importance_correction]
         return f"; rollouts up to {cfg.max_staleness} behind, {correction}"

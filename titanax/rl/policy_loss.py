@@ -44,26 +44,30 @@ def policy_loss(*, logps: jax.Array, old_logps: jax.Array, advantages: jax.Array
                 ref_logps: Optional[jax.Array] = None, kl_importance_correction: bool = True,
                 max_completion_length: int = 1,
                 row_weights: Optional[jax.Array] = None,
-                sampler_logps: Optional[jax.Array] = None,
+                stale_correction: Optional[str] = None,
                 importance_cap: float = 2.0) -> PolicyLoss:
     """``logps`` / ``old_logps`` / ``ref_logps`` / ``mask``: ``[rows, tokens]`` (``mask``: 1 at
     the completion's tokens); ``advantages`` / ``row_weights``: ``[rows]``.
 
-    ``sampler_logps`` (rollouts sampled by older params: asynchronous GRPO): the ratio is taken
-    to the policy as it is at this update (``old_logps`` ignored: the rows' first update), and
-    every token's policy term (not its KL) is weighed by its truncated importance weight to the
-    sampler,
-    ``min(exp(logp - sampler_logp), importance_cap)`` (no gradient through it) -- TRL's
-    ``vllm_importance_sampling_correction``, verl's TIS."""
+    ``old_logps`` are the sampler's. ``stale_correction`` (rollouts sampled by older params:
+    asynchronous GRPO) replaces the ratio to them: ``"truncated"`` takes the ratio to the policy
+    as it is at this update (the rows' first) and weighs every token's policy term (not its KL)
+    by its truncated importance weight to the sampler, ``min(exp(logp - old_logp),
+    importance_cap)`` (no gradient through it) -- TRL's ``vllm_importance_sampling_correction``,
+    verl's TIS; ``"off"`` takes the ratio to the policy at this update and no weight (the stale
+    tokens treated as the policy's own: the correction removed). None: the ratio to
+    ``old_logps``, clipped -- PPO's own correction, exact where the sampler's log-probs are the
+    trainer's."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     rows = logps.shape[0]
     weights = jnp.ones((rows,), logps.dtype) if row_weights is None else row_weights
     mask = mask.astype(logps.dtype) * weights[:, None]
     tokens_per_row = jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
-    importance = None
-    if sampler_logps is not None:
+    importance, sampler_logps = None, old_logps
+    if stale_correction is not None:
         old_logps = jax.lax.stop_gradient(logps)
+    if stale_correction == "truncated":
         # (0 where masked: a padding place's difference could overflow exp.)
         importance = jnp.minimum(jnp.exp(jnp.where(mask > 0, old_logps - sampler_logps, 0.0)),
                                  importance_cap)
@@ -88,8 +92,7 @@ def policy_loss(*, logps: jax.Array, old_logps: jax.Array, advantages: jax.Array
     loss, count, count_name = _aggregate(per_token, mask=mask, weights=weights,
                                          aggregation=aggregation,
                                          max_completion_length=max_completion_length)
-    stats = _stats(logps=logps, sampled_by=old_logps if sampler_logps is None
-                   else sampler_logps, coef=coef, advantages=a, mask=mask, weights=weights,
+    stats = _stats(logps=logps, sampled_by=sampler_logps, coef=coef, advantages=a, mask=mask, weights=weights,
                    epsilons=(epsilon_low, epsilon_high), kl=kl, importance=importance,
                    importance_cap=importance_cap)
     return PolicyLoss(loss=loss, count=count, count_name=count_name,

@@ -382,15 +382,18 @@ class Attention(BaseLayer):
 
     def _decode_paged(self, x, pools, paging):
         """``decode`` over a paged cache (titanax/decoding/paged_attention.py): ``pools`` ``(k,
-        v)``, each ``[num_blocks, block_size, local kv heads, head_dim]``; ``paging`` says where
-        each row's tokens go (their own positions: rows at different places decode together)."""
+        v)``, each ``[num_blocks, block_size, local kv heads, head_dim]`` (or stacked over a
+        stack's layers, ``paging.layer`` this one's); ``paging`` says where each row's tokens
+        go (their own positions: rows at different places decode together)."""
         q, k, v = self._qkv(x, jnp.maximum(paging.positions, 0))
         pools = tuple(paged_attention.write(pool, new, tables=paging.tables,
-                                            positions=paging.positions)
+                                            positions=paging.positions, layer=paging.layer)
                       for pool, new in zip(pools, (k, v)))
-        keys, values = (self._kv_for_local_queries(pool, q.shape[2]) for pool in pools)
-        context = paged_attention.attend(q, keys, values, tables=paging.tables,
-                                         positions=paging.positions, scale=self.scale,
+        keys, values = (self._kv_for_local_queries(
+            paged_attention.gathered(pool, paging.tables, layer=paging.layer), q.shape[2])
+            for pool in pools)
+        context = paged_attention.attend(q, keys, values, positions=paging.positions,
+                                         scale=self.scale,
                                          sliding_window=self.config.sliding_window,
                                          sinks=self._sinks())
         return self._output(context, x), pools

@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import jax.numpy as jnp
+
 from titanax.config import REQUIRED, Required
+from titanax.decoding.paged_attention import Paging
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, remat_policy
 from titanax.modules.initializers import FanAxes
 from titanax.modules.module import scan_in_context
@@ -101,11 +104,31 @@ class Repeat(BaseLayer):
         """Each layer's ``decode(x, cache_i, start=start, offsets=offsets)`` in turn, ``cache``
         stacked over the layers on its leading dimension; returns ``(x, cache)`` (the layer's own
         decode says what a cache is: keys and values for attention)."""
+        if isinstance(start, Paging):
+            return self._decode_paged(x, cache, paging=start, offsets=offsets)
+
         def body(carry, layer_cache):
             return self.layer.decode(carry, layer_cache, start=start, offsets=offsets)
 
         return scan_in_context(body, carry=x, xs=cache, child_name="layer",
                                num_iterations=self.config.num_layers, unroll=self.unrolled)
+
+    def _decode_paged(self, x, pools, *, paging, offsets):
+        """``decode`` over paged pools stacked over the layers: carried whole through the
+        loop, each layer writing and reading its own slice in place (``Paging.layer``). As the
+        loop's inputs and outputs, every step would copy the whole pool -- a cost set by the
+        pool's size, not by the rows decoding."""
+        def body(carry, layer):
+            x, pools = carry
+            return self.layer.decode(x, pools, start=paging.at_layer(layer),
+                                     offsets=offsets), None
+
+        (x, pools), _ = scan_in_context(body, carry=(x, pools),
+                                        xs=jnp.arange(self.config.num_layers),
+                                        child_name="layer",
+                                        num_iterations=self.config.num_layers,
+                                        unroll=self.unrolled)
+        return x, pools
 
 
 def _map_specs(fn, tree):
