@@ -92,9 +92,9 @@ def policy_loss(*, logps: jax.Array, old_logps: jax.Array, advantages: jax.Array
     loss, count, count_name = _aggregate(per_token, mask=mask, weights=weights,
                                          aggregation=aggregation,
                                          max_completion_length=max_completion_length)
-    stats = _stats(logps=logps, sampled_by=sampler_logps, coef=coef, advantages=a, mask=mask, weights=weights,
-                   epsilons=(epsilon_low, epsilon_high), kl=kl, importance=importance,
-                   importance_cap=importance_cap)
+    stats = _stats(logps=logps, sampled_by=sampler_logps, coef=coef, advantages=a, mask=mask,
+                   weights=weights, epsilons=(epsilon_low, epsilon_high), kl=kl,
+                   importance=importance, importance_cap=importance_cap)
     return PolicyLoss(loss=loss, count=count, count_name=count_name,
                       stats={k: jax.lax.stop_gradient(v) for k, v in stats.items()})
 
