@@ -66,6 +66,9 @@ def test_a_rollouts_key_decides_its_tokens(tmp_path):
                                jax.random.PRNGKey(k))["tokens"]) for k in (3, 3, 4)]
     np.testing.assert_array_equal(draws[0], draws[1])
     assert (draws[0] != draws[2]).any()
+    # Between rollouts the engine holds neither pools nor params: the train steps have that
+    # memory.
+    assert sample.engine.pools is None and sample.engine.params is None
 
 
 @pytest.mark.parametrize("changes,match", [

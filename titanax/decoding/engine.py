@@ -13,8 +13,9 @@ other samples' blocks, and a chunk of decode steps over every slot (a slot with 
 one that ended inside the chunk, writes and draws nothing). A request's blocks for its whole
 budget are reserved when it is admitted, so no chunk ever runs out of room.
 
-Each sample's draws use its own key (the engine's seed, the request's index, the sample's, the
-token's place), so what a request gets does not depend on which slot or chunk it ran in.
+Each sample's draws use its own key (the call's key -- given, or the engine's seed folded with
+the call's number -- then the request's index, the sample's, the token's place), so what a
+request gets does not depend on which slot, chunk or batch shard it ran in.
 """
 
 from __future__ import annotations
@@ -337,6 +338,12 @@ class DecodeEngine:
         self.books[self._shard_of(slot)].release(slot)
         del running[slot]
         state.active[slot] = False
+
+    def release(self) -> None:
+        """Lets the pools go (their memory is free once nothing else holds them); the next
+        call makes them anew. Between rollouts, or between evaluations, the train step has the
+        memory."""
+        self.pools = None
 
     def pool_bytes_per_device(self) -> int:
         """The pools' bytes on each device (its shard's blocks, its share of the key/value

@@ -45,15 +45,22 @@ class PagedDecoding(Configurable):
                 if value is not None and value < 1:
                     yield name, f"must be >= 1, got {value}"
 
-    def sizes(self, run: Any, *, rows_per_shard: int, max_new_tokens: int) -> "EngineSizes":
+    def sizes(self, run: Any, *, rows_per_shard: int, max_new_tokens: int,
+              group: int) -> "EngineSizes":
         """The engine's sizes for ``run``'s rollouts of ``rows_per_shard`` rows per batch
-        shard (the configured ones, else ``Config``'s defaults)."""
+        shard in groups of ``group`` (the configured ones, else ``Config``'s defaults); refused
+        by name when a group does not fit a shard's slots."""
         cfg = self.config
+        slots = cfg.slots if cfg.slots is not None else rows_per_shard
+        if slots < group:
+            raise errors.ConfigError(
+                f"{slots} slots per batch shard cannot decode a group of {group} samples "
+                f"(a group decodes on one shard)", path="objective.decoding.slots",
+                suggestion=f"give at least num_generations={group} slots")
         longest = run.config.train_input.source.max_prompt_tokens + max_new_tokens
         pool = cfg.pool_tokens if cfg.pool_tokens is not None else \
             rows_per_shard * -(-longest // cfg.block_size) * cfg.block_size
-        return EngineSizes(pool_tokens=pool, block_size=cfg.block_size,
-                           slots=cfg.slots if cfg.slots is not None else rows_per_shard,
+        return EngineSizes(pool_tokens=pool, block_size=cfg.block_size, slots=slots,
                            chunk_steps=cfg.chunk_steps)
 
     def sampler(self, run: Any, *, rows_per_shard: int, group: int, max_new_tokens: int,
@@ -65,12 +72,8 @@ class PagedDecoding(Configurable):
                 "the decode engine's book of blocks is kept by one host, and this run has "
                 f"{jax.process_count()} processes", path="objective.decoding",
                 suggestion="sample with the static sampler (objective.decoding=None)")
-        sizes = self.sizes(run, rows_per_shard=rows_per_shard, max_new_tokens=max_new_tokens)
-        if sizes.slots < group:
-            raise errors.ConfigError(
-                f"{sizes.slots} slots per batch shard cannot decode a group of {group} samples "
-                f"(a group decodes on one shard)", path="objective.decoding.slots",
-                suggestion=f"give at least num_generations={group} slots")
+        sizes = self.sizes(run, rows_per_shard=rows_per_shard, max_new_tokens=max_new_tokens,
+                           group=group)
         return RolloutSampler(sizes.engine(run, run.state.params), group=group,
                               max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, end_ids=end_ids)
@@ -116,6 +119,10 @@ class RolloutSampler:
                             stop_ids=self.end_ids)
                     for row in range(0, len(ids), self.group)]
         done = self.engine.generate(requests, key=key)
+        # The pools and these params let go until the next rollout: the train steps between
+        # have their memory (a rollout sampled ahead holds a copy of older params).
+        self.engine.release()
+        self.engine.params = None
         rows = len(ids)
         out = {"tokens": np.zeros((rows, self.max_new_tokens), np.int32),
                "logps": np.zeros((rows, self.max_new_tokens), np.float32),

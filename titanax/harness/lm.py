@@ -270,6 +270,8 @@ class TitanaxLM(TemplateLM):
                     out[index] = model_utils.postprocess_generated_text(text, stop=until,
                                                                        think_end_token=None)
                     self.cache_hook.add_partial("generate_until", args[index], out[index])
+        if self._decoder is not None:  # (Its pools let go: an evaler's run trains next.)
+            self._decoder.release()
         return out
 
     def _generate(self, contexts: List[str], *, new_tokens: int, temperature: Optional[float],

@@ -85,6 +85,10 @@ class GRPO(SamplingObjective):
         # Built-in rewards (rl/rewards.py: AnswerMatch, FormatMatch, LengthPenalty), by the
         # name their metrics carry.
         rewards: Dict[str, Reward.Config] = {}
+        # Rollouts sampled ahead of the one trained on, each with the params of when it
+        # started (asynchronous GRPO: rollout n+1 sampled while rollout n's steps train;
+        # rl/rollouts_ahead.py); 0: on-policy.
+        max_staleness: int = 0
         # With max_staleness > 0, how the loss treats tokens sampled by older params:
         # "ratio": the clipped ratio to the sampler's log-probs, as on-policy (PPO's own
         # correction, exact: the sampler's log-probs are the trainer's); "truncated": the
@@ -125,6 +129,8 @@ class GRPO(SamplingObjective):
                     len(self.reward_weights) != len(self.reward_functions):
                 yield "reward_weights", (f"has {len(self.reward_weights)} weights for "
                                          f"{len(self.reward_functions)} reward_functions")
+            if self.max_staleness < 0:
+                yield "max_staleness", f"must be >= 0 (0: on-policy), got {self.max_staleness}"
             if not (math.isfinite(self.importance_cap) and self.importance_cap >= 1):
                 yield "importance_cap", f"must be a finite number >= 1, got " \
                                         f"{self.importance_cap}"
@@ -192,6 +198,12 @@ class GRPO(SamplingObjective):
                 "names the reference of GRPO's KL, and this run has none (beta 0)",
                 path="objective.reference_from",
                 suggestion="set objective.beta > 0, or drop reference_from")
+        if cfg.max_staleness > 0 and jax.process_count() > 1:
+            raise errors.ConfigError(
+                f"samples rollouts ahead, and this run has {jax.process_count()} processes: "
+                "a checkpoint keeps the rollouts sampled ahead in its data state, which holds "
+                "one process's rows", path="objective.max_staleness",
+                suggestion="train on one process, or on-policy (max_staleness=0)")
         super().check(run)
         self.reference.setup(run, needed=self.needs_reference)
 

@@ -53,10 +53,6 @@ class SamplingObjective(Objective):
         samples_every: int = 10
         # Completions shown each time.
         num_samples: int = 2
-        # Rollouts sampled ahead of the one trained on, each with the params of when it
-        # started (asynchronous GRPO: rollout n+1 sampled while rollout n's steps train;
-        # rl/rollouts_ahead.py); 0: on-policy.
-        max_staleness: int = 0
         # The decode engine's sizes (decoding/rollout_sampler.py: one prefill per prompt,
         # continuously refilled slots over a paged cache); None: the static sampler.
         decoding: Optional[PagedDecoding.Config] = None
@@ -75,8 +71,6 @@ class SamplingObjective(Objective):
                 yield "updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}"
             if self.iterations < 1:
                 yield "iterations", f"must be >= 1, got {self.iterations}"
-            if self.max_staleness < 0:
-                yield "max_staleness", f"must be >= 0 (0: on-policy), got {self.max_staleness}"
             if self.end_ids is not None and not self.end_ids:
                 yield "end_ids", "is empty: give the ids that end a completion (or None)"
             for name in ("samples_every", "num_samples"):
@@ -192,7 +186,8 @@ class SamplingObjective(Objective):
             rewards=self.rewards, sample=self.sampler(run, end_ids=end_ids),
             params=lambda: run.state.params, place=run.inputs.placed, shards=shards,
             seed=run.config.seed, end_ids=end_ids, iterations=own.iterations,
-            samples=samples, step=lambda: int(run.state.step), max_staleness=own.max_staleness)
+            samples=samples, step=lambda: int(run.state.step),
+            max_staleness=getattr(own, "max_staleness", 0))
 
     # --- The sampler ---------------------------------------------------------------------------
 
@@ -268,7 +263,8 @@ class SamplingObjective(Objective):
         train state."""
         own, source = self.config, run.config.train_input.source
         sizes = own.decoding.instantiate().sizes(
-            run, rows_per_shard=self._rows_per_shard(run), max_new_tokens=own.max_new_tokens)
+            run, rows_per_shard=self._rows_per_shard(run), max_new_tokens=own.max_new_tokens,
+            group=own.num_generations)
         engine = sizes.engine(run, state.params)
         width = -(-(source.max_prompt_tokens + own.max_new_tokens) // sizes.block_size)
         chunk = engine.chunk_memory(width=width, stops=max(len(end_ids), 1))

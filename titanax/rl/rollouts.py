@@ -1,21 +1,24 @@
 """The rollout stream: a GRPO run's train batches, each made from completions the model samples
-with its current params on its own mesh.
+with its params on its own mesh -- the current ones, or with ``max_staleness`` those of up to
+that many rollouts before (``rollouts_ahead.py``).
 
 Per rollout: the next batch of prompts (this process's rows of the prompt input), each repeated
 ``num_generations`` times (a group: its rows stay in one batch shard), sampled by the run's
-KV-cache sampler (``StepBuilder.sampler``: the params and mesh the train step uses -- no weights
-move); on the host, the completions cut at their first end token and decoded, scored by the
+sampler (the static KV-cache sampler, ``StepBuilder.sampler``, or the decode engine,
+``objective.decoding``: the params and mesh the train step uses -- no weights move); on the
+host, the completions cut at their first end token and decoded, scored by the
 rewards, the scores gathered from every process, the advantages computed over the global batch
 (``advantages.py``), this process's rows kept (``rows.py``). The rollout batch then feeds
 ``updates_per_rollout`` optimizer steps (equal parts of each shard's rows), ``iterations`` times
 over, the rollout's own log-probs the old policy of every one.
 
 The rollout key is ``fold_in(key(seed), rollout number)``; the stream's state -- the prompt
-input's position and the rollout number -- is saved with every checkpoint, so a resumed run
-samples what the uninterrupted run sampled. Checkpoints (periodic ones and a signal's) wait for
-the end of a rollout's updates (``at_boundary``: the training loop defers them), so every saved
-position is a rollout's end; only a run's last save, when ``max_steps`` ends it inside a
-rollout, is not (a run resumed from it starts the next rollout, and the log says so).
+input's position and the rollout number, and the rollouts sampled ahead whole -- is saved with
+every checkpoint, so a resumed run samples what the uninterrupted run sampled. Checkpoints
+(periodic ones and a signal's) wait for the end of a rollout's updates (``at_boundary``: the
+training loop defers them), so every saved position is a rollout's end; only a run's last
+save, when ``max_steps`` ends it inside a rollout, is not (a run resumed from it starts the next
+rollout, and the log says so).
 
 Each step's metrics gain the host's: ``reward`` (the mean reward of its rollout),
 ``reward_std``, ``rewards/<name>/mean|std``, ``frac_reward_zero_std``, ``entropy`` (of the

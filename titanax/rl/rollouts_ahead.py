@@ -1,15 +1,18 @@
 """Rollouts sampled ahead (asynchronous GRPO): with ``max_staleness`` k, the rollout the next
 steps train on was sampled with params up to k rollouts old, so sampling need not wait for the
 optimizer -- rollout n+1 is sampled while rollout n's steps train (NeMo-RL's and verl's largest
-gain). The loss corrects for the staleness (``objectives/grpo.py``: truncated importance
-sampling).
+gain). How the loss treats the stale tokens is GRPO's ``importance_correction``
+(``objectives/grpo.py``: by default the clipped ratio to the sampler's log-probs).
 
 Each rollout started ahead is sampled with a copy of the params as they are when it starts (the
-train step donates the live ones, and a copy leaves them free to change); in one process on a
-worker thread, so it overlaps the steps; with several processes on the caller's thread when it
-starts (its gathers across processes must keep one order with the train step's). Its key, its
-prompts and its params are fixed when it starts, so when it runs changes nothing it draws. A
-checkpoint saves the rollouts started ahead whole (``rollout_record.py``), waiting for them.
+train step donates the live ones, and a copy leaves them free to change). On CPU devices it runs
+on a worker thread, so it overlaps the steps. Elsewhere it runs on the caller's thread when it
+starts: two threads launching programs with collectives over the same accelerators may launch
+them in different orders on different devices, and their collectives would then wait on each
+other (not yet checked on a GPU). Its key, its prompts and its params are fixed when it starts,
+so where and when it runs changes nothing it draws. A checkpoint saves the rollouts started
+ahead whole (``rollout_record.py``), waiting for them; GRPO refuses it with several processes
+(the checkpoint's data state holds one process's rows).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class RolloutsAhead:
         """Starts ``make(prompts, number, params=a copy of params)``."""
         copied = jax.tree_util.tree_map(jnp.copy, params)
         jax.block_until_ready(copied)  # (Read before the next step donates the originals.)
-        if jax.process_count() > 1:
+        if jax.default_backend() != "cpu":
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_result(make(prompts, number, params=copied))
         else:

@@ -3,7 +3,8 @@ runs -- so a command can report what it spent generating apart from what it spen
 when its programs compile as first met (the decode engine's: a program per batch size).
 
 It listens to jax's own events (``jax.monitoring``: ``/jax/core/compile/...`` durations), so
-whatever compiles inside the clock counts, and nothing outside it does.
+whatever compiles while the clock runs counts -- on any thread of the process -- and nothing
+before or after it does.
 """
 
 from __future__ import annotations
