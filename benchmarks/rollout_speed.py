@@ -13,7 +13,10 @@ side by side in one run on the same model, prompts and settings.
 3. Continuous batching: 16 greedy requests of which 15 end after 8 tokens and one after 256,
    against 16 that all run 256 -- the engine's time for the first over the second.
 
-The engine against transformers' ``generate`` is not here yet (issue 49).
+4. Against transformers: the same random Llama (written by transformers, imported into Titanax)
+   and the same GRPO-shaped work -- transformers' ``generate`` (sampling, ``num_return_sequences``
+   samples per prompt, the stop ids as its end tokens, a KV cache; torch on the same cores) vs
+   the engine: tokens/s of each, compile excluded, median of paired rounds.
 """
 
 from __future__ import annotations
@@ -177,11 +180,81 @@ def short_and_long(model, params, args):
           f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
 
 
+def versus_transformers(args):
+    """Tokens/s of transformers' ``generate`` and of the engine on one random Llama."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+    from titanax.hf import importer  # pylint: disable=import-outside-toplevel
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=args.vocab_size, hidden_size=args.model_dim,
+        intermediate_size=3 * args.model_dim, num_hidden_layers=args.num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=None, eos_token_id=list(range(args.stop_ids)), pad_token_id=0,
+        tie_word_embeddings=False)).eval()
+    with tempfile.TemporaryDirectory() as directory:
+        hf.save_pretrained(directory)
+        model = importer.model_config(directory).instantiate(parent=None)
+        params = importer.params_as_numpy(directory)
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(args.stop_ids, args.vocab_size, (args.prompts, args.prompt_length))
+    _check_same_model(hf, model, params, prompts)
+    rows = args.prompts * args.samples
+    engine = _engine(model, params, slots=rows,
+                     pool_tokens=rows * (args.prompt_length + args.max_new_tokens + 32))
+    requests = _requests(prompts, args)
+    engine.generate(requests)
+
+    def engine_tokens():
+        engine.calls = 0
+        return sum(len(c.tokens) for group in engine.generate(requests) for c in group)
+
+    def hf_tokens():
+        with torch.no_grad():
+            out = hf.generate(torch.tensor(prompts), do_sample=True, temperature=1.0, top_k=0,
+                              num_return_sequences=args.samples,
+                              max_new_tokens=args.max_new_tokens, min_new_tokens=1)
+        stops = set(range(args.stop_ids))
+        return sum(_until_stop(row.tolist(), stops) for row in out[:, args.prompt_length:])
+
+    hf_tokens()  # (Warm-up.)
+    ratios, rates = [], {"transformers": [], "engine": []}
+    for round_ in range(args.rounds):
+        runs = [("transformers", hf_tokens), ("engine", engine_tokens)]
+        for name, fn in (runs if round_ % 2 == 0 else runs[::-1]):
+            tokens, seconds = _timed(fn)
+            rates[name].append(tokens / seconds)
+        ratios.append(rates["engine"][-1] / rates["transformers"][-1])
+    for name, values in rates.items():
+        print(f"tokens/s  {name:12s} {statistics.median(values):10.1f}")
+    print(f"tokens/s  engine / transformers generate: {statistics.median(ratios):.2f}x "
+          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+
+
+def _check_same_model(hf, model, params, prompts):
+    """Both sides run one model: the logits of the prompts agree (float32)."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import torch  # pylint: disable=import-outside-toplevel
+    from titanax.modules.module import functional  # pylint: disable=import-outside-toplevel
+    with torch.no_grad():
+        want = hf(torch.tensor(prompts)).logits.numpy()
+    got = np.asarray(functional(model, None, params, (jnp.asarray(prompts, jnp.int32),),
+                                method="logits", is_training=False)[0])
+    difference = float(np.abs(got - want).max())
+    assert difference <= 1e-3 * max(1.0, float(np.abs(want).max())), difference
+    print(f"transformers vs Titanax logits on the prompts: max |difference| {difference:.1e}")
+
+
 def main():
     args = _parse()
     model, params = _model(args)
     grpo_shaped(model, params, args)
     short_and_long(model, params, args)
+    versus_transformers(args)
 
 
 if __name__ == "__main__":
