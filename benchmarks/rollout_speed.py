@@ -214,7 +214,9 @@ def versus_transformers(args):
 
     def hf_tokens():
         with torch.no_grad():
-            out = hf.generate(torch.tensor(prompts), do_sample=True, temperature=1.0, top_k=0,
+            ids = torch.tensor(prompts)
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                              temperature=1.0, top_k=0,
                               num_return_sequences=args.samples,
                               max_new_tokens=args.max_new_tokens, min_new_tokens=1)
         stops = set(range(args.stop_ids))
