@@ -40,12 +40,7 @@ def test_the_train_step_recomputes_the_engines_log_probs(tmp_path, layout):
         completion = rows["target_ids"][row, -8:]
         end = int(mask[row].sum()) - 1
         assert (completion[end:] == completion[end]).all(), completion
-    recompute = run.steps.model_method("token_logps", constants=(0.8,))
-    placed = run.inputs.placed({k: rows[k] for k in ("input_ids", "target_ids",
-                                                     "segment_ids", "positions")})
-    trained = np.asarray(jax.device_get(recompute(
-        run.state.params, placed["input_ids"], placed["target_ids"], placed["segment_ids"],
-        placed["positions"])))
+    trained = helpers.recomputed_logps(run, run.state.params, rows)
     difference = np.abs(trained - rows["old_logps"])[mask]
     assert difference.max() <= 1e-5, difference.max()
     assert np.abs(rows["old_logps"][mask]).mean() > 0.5, "log-probs this near 0 prove little"

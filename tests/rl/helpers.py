@@ -52,3 +52,16 @@ def engine(files, *, layout="dp", prompts=8, grpo=DEFAULT, **changes) -> Engine:
                 grpo if grpo is not None else ModelLoss.default_config()),
         learner=helpers.adam(1e-3), loggers=[], log_every=1, max_steps=2)
     return cfg.set(**changes).instantiate()
+
+
+def recomputed_logps(run, params, rows):
+    """The train step's log-probs (temperature 0.8, the helpers' GRPO's) of rollout ``rows``
+    under ``params``, on ``run``'s mesh: what a sampler's ``old_logps`` are checked against."""
+    import jax  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    recompute = run.steps.model_method("token_logps", constants=(0.8,))
+    placed = run.inputs.placed({k: rows[k] for k in ("input_ids", "target_ids",
+                                                     "segment_ids", "positions")})
+    return np.asarray(jax.device_get(recompute(
+        params, placed["input_ids"], placed["target_ids"], placed["segment_ids"],
+        placed["positions"])))

@@ -28,15 +28,6 @@ def _grpo():
                                      max_staleness=1)
 
 
-def _recomputed(run, params, rows):
-    recompute = run.steps.model_method("token_logps", constants=(0.8,))
-    placed = run.inputs.placed({k: rows[k] for k in ("input_ids", "target_ids",
-                                                     "segment_ids", "positions")})
-    return np.asarray(jax.device_get(recompute(
-        params, placed["input_ids"], placed["target_ids"], placed["segment_ids"],
-        placed["positions"])))
-
-
 def _copy(params):
     return jax.tree_util.tree_map(jnp.copy, params)
 
@@ -58,10 +49,12 @@ def test_each_rollout_is_sampled_with_the_previous_steps_params_and_resumes_whol
     mask = [rows["weights"] > 0 for rows in handed]
     # Rollout 0: the first params (no earlier ones); rollout n > 0: the params before step n.
     for n, sampled_with in ((0, 0), (1, 0), (2, 1)):
-        own = np.abs(_recomputed(run, before[sampled_with], handed[n]) - handed[n]["old_logps"])
+        own = np.abs(helpers.recomputed_logps(run, before[sampled_with], handed[n])
+                     - handed[n]["old_logps"])
         assert own[mask[n]].max() <= 1e-5, (n, own[mask[n]].max())
     for n in (1, 2):  # (The params each step trains: these rollouts are theirs' elders.)
-        current = np.abs(_recomputed(run, before[n], handed[n]) - handed[n]["old_logps"])
+        current = np.abs(helpers.recomputed_logps(run, before[n], handed[n])
+                         - handed[n]["old_logps"])
         assert current[mask[n]].max() > 1e-4, (n, "the step's own params: proves nothing")
 
     # Saved (rollout 3 sampled ahead, whole) and resumed into a fresh stream: the same rows.

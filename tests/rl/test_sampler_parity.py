@@ -21,12 +21,7 @@ def test_the_train_step_recomputes_the_samplers_log_probs(tmp_path, layout):
     assert len(set(rows["segment_ids"].sum(axis=1).tolist())) > 1, "prompts of one length"
     mask = rows["weights"] > 0
     assert mask.sum() > 0.5 * mask.shape[0] * 8 - 1
-    recompute = engine.steps.model_method("token_logps", constants=(0.8,))
-    placed = engine.inputs.placed({k: rows[k] for k in ("input_ids", "target_ids",
-                                                        "segment_ids", "positions")})
-    trained = np.asarray(jax.device_get(recompute(
-        engine.state.params, placed["input_ids"], placed["target_ids"], placed["segment_ids"],
-        placed["positions"])))
+    trained = helpers.recomputed_logps(engine, engine.state.params, rows)
     difference = np.abs(trained - rows["old_logps"])[mask]
     assert difference.max() <= 1e-5, difference.max()
     assert np.abs(rows["old_logps"][mask]).mean() > 0.5, "log-probs this near 0 prove little"

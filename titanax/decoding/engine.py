@@ -141,7 +141,7 @@ class DecodeEngine:
         state = _SlotState(self.slots * self.placement.shards, width,
                            stops=max(1, *(len(r.stop_ids) for r in requests)))
         while waiting or running:
-            admitted = self._admit(waiting, running, requests)
+            admitted = self._admit(waiting, running)
             if admitted:
                 state = self._start(admitted, requests, running, state, out, width)
             if running:
@@ -184,11 +184,10 @@ class DecodeEngine:
                 f"samples, the pool has {self.num_blocks}", path=path,
                 suggestion="make the pool larger (pool_tokens) or the request shorter")
 
-    def _admit(self, waiting, running, requests) -> List[Tuple[int, List[int]]]:
+    def _admit(self, waiting, running) -> List[Tuple[int, List[int]]]:
         """Requests moved from the queue into free slots while their blocks fit, in order, each
         to the batch shard with the most free slots that can hold it (its samples share its
         prompt's blocks, so all run on one shard): ``[(request, its samples' slots)]``."""
-        del requests
         admitted = []
         free = [[s for s in range(shard * self.slots, (shard + 1) * self.slots)
                  if s not in running] for shard in range(self.placement.shards)]
