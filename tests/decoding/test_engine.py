@@ -2,7 +2,8 @@
 request at a time: requests of mixed prompt lengths, samples, budgets and stop ids through fewer
 slots than samples and a pool too small for all at once (requests wait, finished sequences' slots
 and blocks go to the next), in chunks that sequences end inside -- each completion is the
-sampler's greedy one, to the stop id it drew. Sampled completions do not depend on the slots or
+sampler's greedy one, to the stop id it drew -- for attention, today's recurrent layers (a
+state per slot) and latent attention alike. Sampled completions do not depend on the slots or
 the chunk length they ran in. Float64."""
 
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 from titanax import errors
 from titanax.decoding.engine import DecodeEngine, Request
 from titanax.modules.layers.moe import MoE
-from tests.decoding.test_paged_decoder import _call, _model
+from tests.decoding.test_paged_decoder import _call, _model, models
 from tests.numerics import FLOAT64, assert_close
 
 pytestmark = pytest.mark.usefixtures("float64_numerics")
@@ -35,8 +36,12 @@ def _sampler(model, params, request):
     return list(tokens[:stop]), logps[:stop]
 
 
-def test_greedy_completions_are_the_samplers_through_refilled_slots_and_a_small_pool():
-    model, params = _model()
+@pytest.mark.parametrize("kind", ["gqa", "qwen3_5", "deepseek_v3"])
+def test_greedy_completions_are_the_samplers_through_refilled_slots_and_a_small_pool(kind):
+    """Grouped-query attention; Qwen 3.5's Gated DeltaNet states in slots that later requests
+    take over (each starting from zeros, not the state its slot held); DeepSeek-V3's latents
+    in blocks."""
+    model, params = models(kind)
     plain = [_sampler(model, params, r) for r in REQUESTS]
     # Two requests get a stop id their greedy completion reaches at its fifth token (or before,
     # where it drew that token earlier): they end there and free their slots early; the others
@@ -61,8 +66,9 @@ def test_greedy_completions_are_the_samplers_through_refilled_slots_and_a_small_
     assert engine.book.free_blocks == engine.num_blocks  # Every block back.
 
 
-def test_sampled_completions_do_not_depend_on_slots_or_chunks():
-    model, params = _model()
+@pytest.mark.parametrize("kind", ["gqa", "qwen3_5"])
+def test_sampled_completions_do_not_depend_on_slots_or_chunks(kind):
+    model, params = models(kind)
     requests = [Request(**{**r.__dict__, "temperature": 0.8, "top_p": 0.9, "top_k": 20})
                 for r in REQUESTS]
     runs = [DecodeEngine(model=model, params=params, pool_tokens=256, block_size=4,

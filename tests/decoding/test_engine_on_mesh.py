@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.modules.models.test_layer_pattern import FAMILIES
 from tests.rl import helpers
 from titanax.decoding.engine import DecodeEngine, Request
 from titanax.modules.module import functional
@@ -116,3 +117,36 @@ def test_sampled_tokens_are_the_same_on_every_mesh_and_follow_the_models_distrib
     # runs); the same logits at temperature 0.8 are 0.13 away.
     assert total_variation < 0.07, (total_variation, counts, probs)
     assert 0.3 < probs.max() < 0.7, "a near-uniform or near-certain token proves little"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_todays_recurrent_and_latent_caches_decode_on_the_mesh_as_on_one_device(tmp_path,
+                                                                                family):
+    """Qwen 3.5's Gated DeltaNet states (per slot on each batch shard; value heads over TP)
+    and DeepSeek-V3's latent pools under DP4 x TP2 and FSDP8: the greedy completions of one
+    device's engine (itself the contiguous sampler's: tests/decoding/test_engine.py) -- tokens
+    equal, log-probs within 1e-5 (float32)."""
+    model = FAMILIES[family](vocab_size=16, max_seq_len=24).set(mtp_depths=0)
+    requests = [Request(prompt_ids=p, max_new_tokens=NEW_TOKENS, samples=g)
+                for p, g in zip(PROMPTS, SAMPLES)]
+    got = {}
+    for layout in ("dp_tp", "fsdp"):
+        run = helpers.engine(helpers.sums_file(tmp_path / f"sums_{layout}.jsonl"), layout=layout,
+                             model=model)
+        run.init_or_restore()
+        engine = DecodeEngine(model=run.model, params=run.state.params, pool_tokens=64,
+                              block_size=4, slots=4, chunk_steps=3,
+                              placement=run.steps.decode_placement())
+        got[layout] = engine.generate(requests)
+    one_device = DecodeEngine(model=run.model, params=jax.device_get(run.state.params),
+                              pool_tokens=512, block_size=4, slots=8, chunk_steps=4)
+    want = one_device.generate(requests)
+    for layout, completions in got.items():
+        for group, want_group in zip(completions, want):
+            for completion, expected in zip(group, want_group):
+                assert completion.tokens == expected.tokens, (layout, completion.tokens)
+                difference = np.abs(np.asarray(completion.logps) -
+                                    np.asarray(expected.logps)).max()
+                assert difference <= 1e-5, (layout, difference)
+    logps = np.concatenate([c.logps for g in want for c in g])
+    assert np.abs(logps).mean() > 0.3, "log-probs this near 0 prove little"

@@ -9,9 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from titanax import errors
 from titanax.decoding.block_pool import BlockPool
-from titanax.decoding import paged_attention
+from titanax.decoding import slot_states
 from titanax.decoding.paged_attention import Paging
 from titanax.modules import sampling
 from titanax.modules.models.decoder import Decoder
@@ -31,6 +30,19 @@ def _model(**changes):
     model = Decoder.default_config().set(**{**SMALL, **changes}).instantiate(parent=None)
     params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     return model, jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), params)
+
+
+def _family_model(family):
+    """Today's family ``family`` (``FAMILIES``) at this file's vocabulary, params in float64."""
+    model = FAMILIES[family](vocab_size=64).instantiate(parent=None)
+    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
+    return model, jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), params)
+
+
+def models(kind):
+    """``(model, float64 params)``: ``"gqa"``, this file's grouped-query decoder, or one of
+    today's families."""
+    return _model() if kind == "gqa" else _family_model(kind)
 
 
 def _call(model, params, method, *args):
@@ -59,21 +71,21 @@ def _paged(model, params):
     width = max(len(pool.table(s)) for g in rows for s in g)
     tables = jnp.asarray([pool.table(s) + [0] * (width - len(pool.table(s)))
                           for g in rows for s in g])
-    pools = _call(model, params, lambda m: m.empty_paged_cache(num_blocks=32, block_size=BLOCK))
+    pools = _call(model, params, lambda m: m.empty_paged_cache(num_blocks=32, block_size=BLOCK,
+                                                               slots=len(PROMPTS) * SAMPLES))
     longest = max(len(p) for p in PROMPTS)
     firsts = tables[::SAMPLES]
     logits, pools = _call(model, params, "paged_logits",
                           jnp.asarray([p + [0] * (longest - len(p)) for p in PROMPTS]), pools,
                           Paging(tables=firsts, positions=jnp.asarray(
                               [list(range(len(p))) + [-1] * (longest - len(p))
-                               for p in PROMPTS])))
-    for group, prompt in zip(rows, PROMPTS):  # Each other sample's own copy of the tail.
-        if len(prompt) % BLOCK:
-            source = pool.table(group[0])[-1 + pool.blocks_for(len(prompt))]
-            for sequence in group[1:]:
-                target = pool.table(sequence)[pool.blocks_for(len(prompt)) - 1]
-                pools = paged_attention.copy_blocks(pools, jnp.asarray([source]),
-                                                    jnp.asarray([target]))
+                               for p in PROMPTS]), slots=jnp.asarray([g[0] for g in rows])))
+    for group, prompt in zip(rows, PROMPTS):  # Each other sample's own copy of the prefill.
+        tail = pool.blocks_for(len(prompt)) - 1
+        for sequence in group[1:]:
+            pools = slot_states.copy_prompts(
+                pools, *(jnp.asarray([pool.table(s)[tail]]) for s in (group[0], sequence)),
+                jnp.asarray([group[0]]), jnp.asarray([sequence]))
     logits = jnp.repeat(logits, SAMPLES, axis=0)
     lengths = np.repeat([len(p) for p in PROMPTS], SAMPLES)
     tokens, logps = [], []
@@ -84,7 +96,8 @@ def _paged(model, params):
         logps.append(np.asarray(logp))
         if step + 1 < NEW:
             logits, pools = _call(model, params, "paged_logits", token[:, None], pools,
-                                  Paging(tables=tables, positions=jnp.asarray(lengths[:, None])))
+                                  Paging(tables=tables, positions=jnp.asarray(lengths[:, None]),
+                                         slots=jnp.arange(len(lengths))))
             lengths = lengths + 1
     return np.stack(tokens, 1), np.stack(logps, 1)
 
@@ -104,10 +117,16 @@ def test_paged_greedy_decoding_is_the_contiguous_samplers(changes):
     assert len({tuple(row) for row in want_tokens}) == len(PROMPTS)  # Prompts tell apart.
 
 
-@pytest.mark.parametrize("family,layer", [("qwen3_5", "GatedDeltaNet"),
-                                          ("deepseek_v3", "MultiHeadLatentAttention")])
-def test_a_model_whose_cache_is_not_keys_and_values_is_refused_a_paged_cache(family, layer):
-    model = FAMILIES[family](vocab_size=64).instantiate(parent=None)
-    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
-    with pytest.raises(errors.DecodingError, match=layer):
-        _call(model, params, lambda m: m.empty_paged_cache(num_blocks=4, block_size=4))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_todays_caches_that_are_not_keys_and_values_decode_paged_as_contiguous(family):
+    """Qwen 3.5's Gated DeltaNet layers (a state per slot: prefilled over two of the rule's
+    chunks, copied to each other sample, carried token by token) beside full attention, and
+    DeepSeek-V3's latent attention (latents and RoPE keys in blocks) with a dense first layer
+    and experts: the contiguous sampler's greedy tokens and log-probs."""
+    model, params = _family_model(family)
+    want_tokens, want_logps = _contiguous(model, params)
+    tokens, logps = _paged(model, params)
+    for sample in range(SAMPLES):
+        np.testing.assert_array_equal(tokens[sample::SAMPLES], want_tokens)
+        assert_close(logps[sample::SAMPLES], want_logps, bound=FLOAT64, what="log-probs")
+    assert len({tuple(row) for row in want_tokens}) == len(PROMPTS)

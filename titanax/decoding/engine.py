@@ -31,7 +31,7 @@ import numpy as np
 from titanax import errors
 from titanax.decoding import row_sampling
 from titanax.decoding.block_pool import BlockPool
-from titanax.decoding import paged_attention
+from titanax.decoding import slot_states
 from titanax.decoding import placement as placement_lib
 from titanax.decoding.paged_attention import Paging
 from titanax.decoding.placement import PARAMS, POOLS, ROWS, SAME
@@ -88,12 +88,13 @@ class DecodeEngine:
         self.books = self._fresh_books()
         program = self.placement.program
         self._make_pools = pools_program(model=model, placement=self.placement,
-                                         num_blocks=self.num_blocks, block_size=block_size)
+                                         num_blocks=self.num_blocks, block_size=block_size,
+                                         slots=slots)
         # What the model cannot decode over a paged cache is refused now (by tracing the
         # pools' making); the pools are made at the first call: an engine made to be compiled
         # only holds none.
         self.pools = None
-        self._make_pools.eval_shape(params)
+        self._holds_states = slot_states.holds_states(self._make_pools.eval_shape(params))
         # Each generate() call draws with keys of its own (the seed, then the call's number).
         self.seed_key, self.calls = jax.random.PRNGKey(seed), 0
         self.root_key = self.seed_key
@@ -103,7 +104,7 @@ class DecodeEngine:
         self._chunk = program(self._decode_chunk, inputs=(PARAMS, POOLS, SAME, ROWS),
                               outputs=(POOLS, ROWS, ROWS), donate=(1,))
         self._draw = jax.jit(_draw)
-        self._copy = program(paged_attention.copy_blocks, inputs=(POOLS, ROWS, ROWS),
+        self._copy = program(slot_states.copy_prompts, inputs=(POOLS, ROWS, ROWS, ROWS, ROWS),
                              outputs=POOLS, donate=(0,))
 
     @property
@@ -139,7 +140,8 @@ class DecodeEngine:
         out = [[Completion() for _ in range(r.samples)] for r in requests]
         running: Dict[int, Tuple[int, int]] = {}  # slot -> (request, sample)
         state = _SlotState(self.slots * self.placement.shards, width,
-                           stops=max(1, *(len(r.stop_ids) for r in requests)))
+                           stops=max(1, *(len(r.stop_ids) for r in requests)),
+                           per_shard=self.slots)
         while waiting or running:
             admitted = self._admit(waiting, running)
             if admitted:
@@ -257,6 +259,7 @@ class DecodeEngine:
         ids = np.zeros((total, length), np.int32)
         positions = np.full((total, length), -1, np.int32)
         tables = np.zeros((total, width), np.int32)
+        local_slots = np.full(total, -1, np.int32)  # (A padding row's: none.)
         rows, used = [], [0] * self.placement.shards
         for shard, (_, slots), prompt in zip(shards, admitted, prompts):
             row = shard * rows_each + used[shard]
@@ -264,30 +267,41 @@ class DecodeEngine:
             table = self.books[shard].table(slots[0])
             ids[row, :len(prompt)], positions[row, :len(prompt)] = prompt, range(len(prompt))
             tables[row, :len(table)] = table
+            local_slots[row] = slots[0] % self.slots
             rows.append(row)
-        logits, self.pools = self._prefill(self.params, self.pools, ids,
-                                           Paging(tables=tables, positions=positions))
+        logits, self.pools = self._prefill(
+            self.params, self.pools, ids,
+            Paging(tables=tables, positions=positions, slots=local_slots))
         return logits, rows
 
     def _copy_tails(self, admitted, requests) -> None:
-        """Each prompt's partly filled last block, prefilled under its first sample's table,
-        copied to its other samples' own tail blocks, shard by shard (each shard's copies
-        padded to ``slots`` by repeating one: the same value written twice; a shard with none
-        copies its block 0 onto itself)."""
-        copies = [[] for _ in range(self.placement.shards)]
-        for index, slots in admitted:
-            length = len(requests[index].prompt_ids)
+        """Each prompt's prefill shared with its other samples, shard by shard: its partly
+        filled last block, written under its first sample's table, copied to their own tail
+        blocks, and its recurrent layers' states (a model with any) from the first sample's
+        slot to theirs. Each shard's copies padded to ``slots`` by repeating one (the same
+        value written twice; a shard with none copies its block 0 and slot 0 onto themselves)."""
+        shards = self.placement.shards
+        blocks, slots = [[] for _ in range(shards)], [[] for _ in range(shards)]
+        for index, group in admitted:
+            shard, length = self._shard_of(group[0]), len(requests[index].prompt_ids)
+            if self._holds_states:
+                slots[shard] += [(group[0] % self.slots, s % self.slots) for s in group[1:]]
             if length % self.block_size:
-                book = self.books[self._shard_of(slots[0])]
+                book = self.books[shard]
                 tail = book.blocks_for(length) - 1
-                copies[self._shard_of(slots[0])] += [
-                    (book.table(slots[0])[tail], book.table(slot)[tail]) for slot in slots[1:]]
-        if not any(copies):
+                blocks[shard] += [(book.table(group[0])[tail], book.table(s)[tail])
+                                  for s in group[1:]]
+        if not any(blocks) and not any(slots):
             return
-        padded = [pairs + (pairs or [(0, 0)])[:1] * (self.slots - len(pairs)) for pairs in copies]
-        sources, targets = (np.asarray([[pair[i] for pair in pairs] for pairs in padded],
-                                       np.int32).reshape(-1) for i in (0, 1))
-        self.pools = self._copy(self.pools, sources, targets)
+        self.pools = self._copy(self.pools, *self._copy_pairs(blocks), *self._copy_pairs(slots))
+
+    def _copy_pairs(self, pairs_by_shard):
+        """``(sources, targets)``: each shard's ``(source, target)`` pairs padded to
+        ``slots`` pairs (``_copy_tails``), shard after shard."""
+        padded = [pairs + (pairs or [(0, 0)])[:1] * (self.slots - len(pairs))
+                  for pairs in pairs_by_shard]
+        return tuple(np.asarray([[pair[i] for pair in pairs] for pairs in padded],
+                                np.int32).reshape(-1) for i in (0, 1))
 
     def _first(self, logits, state: "_SlotState", slots: List[int]):
         """The first token of each sample in ``slots``, from its prompt's prefill row."""
@@ -359,7 +373,7 @@ class DecodeEngine:
         params may be abstract; nothing is allocated): its ``memory_analysis()``. ``width``:
         the blocks of a sequence's table; ``stops``: stop ids per request."""
         rows = self.slots * self.placement.shards
-        state = _SlotState(rows, width, stops=stops)
+        state = _SlotState(rows, width, stops=stops, per_shard=self.slots)
         inputs = {name: self.placement.abstract(ROWS, value)
                   for name, value in state.device_inputs(list(range(rows))).items()}
         pools = jax.tree_util.tree_map(lambda leaf: self.placement.abstract(POOLS, leaf),
@@ -377,13 +391,14 @@ class DecodeEngine:
         """``chunk_steps`` steps: each active slot feeds its last token at its own position and
         draws the next; one that draws a stop id or spends its budget stops there."""
         fixed = {k: inputs[k] for k in ("tables", "temperature", "top_p", "top_k", "stops",
-                                        "request", "sample")}
+                                        "request", "sample", "local_slot")}
         params = self.placement.local_params(params)  # (Gathered once for every step.)
 
         def step(carry, _):
             pools, tokens, lengths, active, budgets, counts = carry
             paging = Paging(tables=fixed["tables"],
-                            positions=jnp.where(active, lengths, -1)[:, None])
+                            positions=jnp.where(active, lengths, -1)[:, None],
+                            slots=fixed["local_slot"])
             logits, pools = functional(self.model, None, params, (tokens[:, None], pools, paging),
                                        method="paged_logits", is_training=False)[0]
             new, logp, entropy = _draw(logits, root_key, fixed["request"], fixed["sample"],
@@ -402,14 +417,15 @@ class DecodeEngine:
         return pools, carry, tuple(jnp.moveaxis(x, 0, 1) for x in drawn)
 
 
-def pools_program(*, model: Any, placement: Any, num_blocks: int, block_size: int):
-    """``params -> pools``: every layer's key/value pool of ``num_blocks`` blocks of
-    ``block_size`` tokens per batch shard of ``placement``, zeros (``jax.eval_shape`` of it:
-    their sizes, with nothing allocated)."""
+def pools_program(*, model: Any, placement: Any, num_blocks: int, block_size: int,
+                  slots: int):
+    """``params -> pools``: every layer's pool of ``num_blocks`` blocks of ``block_size``
+    tokens (a recurrent layer's: states for ``slots`` slots) per batch shard of ``placement``,
+    zeros (``jax.eval_shape`` of it: their sizes, with nothing allocated)."""
     def empty(params):
         return functional(model, None, placement.local_params(params), (),
-                          method=lambda m: m.empty_paged_cache(num_blocks=num_blocks,
-                                                               block_size=block_size),
+                          method=lambda m: m.empty_paged_cache(
+                              num_blocks=num_blocks, block_size=block_size, slots=slots),
                           is_training=False)[0]
     return placement.program(empty, inputs=(PARAMS,), outputs=POOLS)
 
@@ -441,7 +457,9 @@ def sample_keys(root_key: jax.Array, request: jax.Array, sample: jax.Array,
 class _SlotState:
     """What the decode chunk reads and updates per slot, on the host between chunks."""
 
-    def __init__(self, slots: int, width: int, stops: int):
+    def __init__(self, slots: int, width: int, stops: int, per_shard: int):
+        # Each slot's place on its batch shard (where its recurrent states live).
+        self.local_slot = np.arange(slots, dtype=np.int32) % per_shard
         self.tables = np.zeros((slots, width), np.int32)
         self.tokens = np.zeros(slots, np.int32)
         self.lengths = np.zeros(slots, np.int32)
@@ -481,7 +499,7 @@ class _SlotState:
         """The state of the slots ``rows``, in that order (a chunk's batch)."""
         return {name: getattr(self, name)[rows] for name in (
             "tables", "tokens", "lengths", "active", "budgets", "counts", "temperature",
-            "top_p", "top_k", "stops", "request", "sample")}
+            "top_p", "top_k", "stops", "request", "sample", "local_slot")}
 
     def update(self, carry, rows: List[int]) -> None:
         """The chunk's final state of the slots ``rows`` written back."""

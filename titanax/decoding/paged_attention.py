@@ -1,7 +1,8 @@
 """The device side of a paged key/value cache: tokens written into their sequences' blocks, and
 attention of each sequence's newest tokens over its own blocks.
 
-A layer's pool is ``[num_blocks, block_size, kv heads, head_dim]`` (keys, and values alike); a
+A layer's pool is ``[num_blocks, block_size, kv heads, head_dim]`` (keys, and values alike; a
+latent attention's latents and shared RoPE keys as one head, ``[.., 1, width]``); a
 sequence's block table (``BlockPool.table``, padded to one width) names its blocks in the order
 of its positions, so position ``p`` lives at ``(table[p // block_size], p % block_size)``. Each
 row carries its own length: rows at different places of their generation decode together (the
@@ -36,6 +37,9 @@ class Paging:
 
     tables: jax.Array
     positions: jax.Array
+    # Each row's decode slot on its shard ``[b]`` (-1: none), where a recurrent layer keeps its
+    # state (``slot_states.py``). None: the model has no such layer.
+    slots: Optional[jax.Array] = None
     # Inside a stack's loop over its layers: the layer's index into pools stacked over the
     # layers, which the loop carries whole (each layer writes and reads its own slice in
     # place: a loop over them as scanned inputs and outputs copies the whole pool every step).
@@ -67,7 +71,8 @@ def write(pool: jax.Array, values: jax.Array, *, tables: jax.Array, positions: j
 def copy_blocks(pools, sources: jax.Array, targets: jax.Array):
     """``pools`` (any tree of pools: a stack's ``[layers, blocks, ...]``, an unstacked layer's
     ``[blocks, ...]``) with block ``sources[i]`` copied to ``targets[i]``: a prompt's last,
-    partly filled block for each of its other samples."""
+    partly filled block for each of its other samples (``slot_states.copy_prompts`` copies a
+    model's whole paged cache)."""
     def copy(pool):
         axis = pool.ndim - 4  # [.., num_blocks, block_size, kv heads, head_dim]
         index = (slice(None),) * axis

@@ -9,8 +9,11 @@ program, as the static sampler (``StepBuilder.sampler``) does.
 
 The engine names the role of each input and output and the placement lays it out:
 - ``PARAMS``: the params in the run's layout (gathered and cast for compute inside);
-- ``POOLS``: the key/value pools, blocks over the batch axes, kv heads over the TP axis -- each
-  shard's block ids are its own (a table's ids index its shard's blocks);
+- ``POOLS``: the model's paged cache -- attention pools ``[.., blocks, block_size, kv heads,
+  head_dim]`` and recurrent layers' slot states (``slot_states.py``) -- dimension -4 (blocks,
+  or slots) over the batch axes, -2 (heads) over the TP axis: each device's own pools stacked
+  into one array (a shard's block ids and slots are its own; a latent attention's one-head
+  pools hold each TP rank's copy);
 - ``ROWS``: arrays of slots or prompt rows, split by rows over the batch axes, shard by shard;
 - ``SAME``: the same on every device (a key).
 """
@@ -73,8 +76,8 @@ class OnMesh:
                                     sharding=NamedSharding(self.mesh, spec))
 
     def pool_spec(self, leaf: Any) -> PartitionSpec:
-        """A pool ``[.., blocks, block_size, kv heads, head_dim]``: blocks over the batch axes,
-        heads over the TP axis."""
+        """A pool ``[.., blocks, block_size, kv heads, head_dim]`` (or a slot state, laid out
+        alike): blocks over the batch axes, heads over the TP axis."""
         rows = self.row_spec[0] if len(self.row_spec) else None
         return PartitionSpec(*([None] * (leaf.ndim - 4)), rows, None, self.kv_heads_axis, None)
 

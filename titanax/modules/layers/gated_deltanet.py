@@ -33,6 +33,8 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import REQUIRED, Required
+from titanax.decoding import slot_states
+from titanax.decoding.paged_attention import Paging
 from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.layers.context_delta_rule import (by_piece, context_parallel_gated_delta_rule,
@@ -182,13 +184,24 @@ class GatedDeltaNet(BaseLayer):
         state = jnp.zeros((layers, batch, heads, d_k, d_v), wide_float(dtype))
         return (*conv, state)
 
+    @nowrap
+    def empty_slot_states(self, stacked_params, *, layers: int, slots: int, dtype):
+        """``empty_cache``'s windows and state for ``slots`` decode slots, as the decode engine
+        keeps them (``slot_states.py``)."""
+        *conv, state = self.empty_cache(stacked_params, layers=layers, batch=slots, dtype=dtype)
+        return slot_states.empty(windows=[w.shape for w in conv], state=state.shape,
+                                 dtype=dtype, state_dtype=state.dtype)
+
     def decode(self, x, cache, *, start, offsets=None):
         """The layer over tokens at positions ``start ..`` (``x`` ``[batch, t, model_dim]``)
         continuing from ``cache`` (``empty_cache``'s per-layer form): a prompt's prefill runs the
         chunked rule from the cached state, each later token one recurrent step. ``offsets``
         ``[batch]``: left-padded prompts -- a row's first ``offsets[i]`` positions are padding,
         which enters neither the convolution's window nor the state (no decay, no write).
-        Returns ``(output, cache)``."""
+        Returns ``(output, cache)``. Under the decode engine, ``start`` is a ``Paging`` and
+        ``cache`` the slots' states (``_decode_paged``)."""
+        if isinstance(start, Paging):
+            return self._decode_paged(x, cache, start)
         length = x.shape[1]
         padding = None
         if offsets is not None:
@@ -207,15 +220,42 @@ class GatedDeltaNet(BaseLayer):
         out = self._gated_norm(out, self._project(x, "z"))
         return self.o(out.reshape(out.shape[:2] + (-1,))), (*windows, state.astype(cache[3].dtype))
 
-    def _convolved_after(self, x, name, window, padding):
+    def _decode_paged(self, x, states, paging):
+        """``decode`` of rows that each continue their own slot's state (``paging.slots``):
+        a row's tokens are its first ``n`` (positions >= 0; the rest, a shorter prompt's padding
+        or an idle slot's nothing, neither decay nor write, and leave the window as it was); a
+        row whose first token is at position 0 starts from zeros."""
+        valid = paging.positions >= 0
+        history, state = slot_states.read(states, paging.slots, fresh=paging.positions[:, 0] == 0,
+                                           layer=paging.layer)
+        tokens = jnp.sum(valid, axis=1)
+        convolved, windows = zip(*(self._convolved_after(x, name, window, ~valid, tokens)
+                                   for name, window in zip(("q", "k", "v"), history)))
+        q, k, v = convolved
+        q, k = _l2_normalised(q), _l2_normalised(k)
+        beta, g = (jnp.where(valid[..., None], a, 0.0) for a in self._gates(x))
+        rule = (recurrent_gated_delta_rule if x.shape[1] == 1 else functools.partial(
+            chunked_gated_delta_rule, chunk_size=self.config.chunk_size))
+        out, state = rule(q, k, v, g, beta, initial_state=state)
+        out = self._gated_norm(out, self._project(x, "z"))
+        states = slot_states.written(states, windows, state, paging.slots, layer=paging.layer)
+        return self.o(out.reshape(out.shape[:2] + (-1,))), states
+
+    def _convolved_after(self, x, name, window, padding, tokens=None):
         """``_convolved`` of tokens that follow ``window`` (the last ``K - 1`` projections
-        before them); returns ``(outputs, the new window)``."""
+        before them); returns ``(outputs, the new window)``. ``padding`` ``[b, t]``: inputs
+        taken as zeros; ``tokens`` ``[b]``: each row's real tokens are its first ``tokens[i]``
+        (right padding), and its new window ends at its last (None: at ``x``'s end)."""
         y = self._project(x, name)
         if padding is not None:
             y = jnp.where(padding[..., None, None], 0, y)
         taps = self.parameters[f"{name}_conv"].astype(y.dtype)
         extended = jnp.concatenate([window.astype(y.dtype), y], axis=1)
-        kept = extended[:, extended.shape[1] - window.shape[1]:]  # (Empty for one tap.)
+        if tokens is None:
+            kept = extended[:, extended.shape[1] - window.shape[1]:]  # (Empty for one tap.)
+        else:  # The K - 1 inputs up to each row's last token.
+            places = tokens[:, None] + jnp.arange(window.shape[1])[None, :]
+            kept = jnp.take_along_axis(extended, places[:, :, None, None], axis=1)
         return causal_conv(y, taps, halo=window.astype(y.dtype)), kept.astype(window.dtype)
 
     def _project(self, x, name):

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from titanax import errors
 from titanax.config import REQUIRED, Required
+from titanax.decoding import paged_attention
 from titanax.modules import lora
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
@@ -168,6 +169,14 @@ class MultiHeadLatentAttention(BaseLayer):
         return ((layers, batch, length, cfg.kv_lora_rank),
                 (layers, batch, length, cfg.qk_rope_head_dim))
 
+    @nowrap
+    def paged_cache_shape(self, stacked_params, *, layers: int, num_blocks: int,
+                          block_size: int):
+        """``cache_shape``'s latent and RoPE key as the decode engine's pools: blocks of
+        tokens, each token's latent one head wide (``paged_attention``'s layout)."""
+        return tuple(shape[:-1] + (1, shape[-1]) for shape in self.cache_shape(
+            stacked_params, layers=layers, batch=num_blocks, length=block_size))
+
     # --- The forward pass ------------------------------------------------------------------------
 
     def _queries(self, x, positions):
@@ -266,6 +275,8 @@ class MultiHeadLatentAttention(BaseLayer):
         """As ``Attention.decode``, over the latent cache ``(latent, k_rope)``: this step's
         latents are written in, then every cached one expanded to keys and values."""
         cfg = self.config
+        if isinstance(start, paged_attention.Paging):
+            return self._decode_paged(x, cache, start)
         places, key_valid = decoding_places(x.shape[1], start=start, offsets=offsets,
                                             cache_length=cache[0].shape[1])
         q = self._queries(x, places)
@@ -277,3 +288,19 @@ class MultiHeadLatentAttention(BaseLayer):
                          kv_length=start + x.shape[1], key_valid=key_valid, scale=self.scale,
                          implementation=cfg.implementation, block_size=cfg.block_size)
         return self._output(context), cache
+
+    def _decode_paged(self, x, pools, paging):
+        """``decode`` over the engine's paged pools of latents and RoPE keys (``(latent,
+        k_rope)``, each ``[.., num_blocks, block_size, 1, width]``): this step's written in
+        through the rows' tables, every row's gathered ones expanded to keys and values."""
+        positions = jnp.maximum(paging.positions, 0)
+        q = self._queries(x, positions)
+        pools = tuple(paged_attention.write(pool, new[:, :, None], tables=paging.tables,
+                                            positions=paging.positions, layer=paging.layer)
+                      for pool, new in zip(pools, self._latent(x, positions)))
+        latent, k_rope = (paged_attention.gathered(pool, paging.tables, layer=paging.layer)
+                          [:, :, 0].astype(q.dtype) for pool in pools)
+        k, v = self._keys_values(latent, k_rope)
+        context = paged_attention.attend(q, k, v, positions=paging.positions, scale=self.scale,
+                                         sliding_window=self.config.sliding_window)
+        return self._output(context), pools

@@ -503,18 +503,25 @@ class Decoder(CausalLanguageModel):
         (a Gated DeltaNet's: its convolution window and state, ``GatedDeltaNet.empty_cache``);
         with a ``decoder_head`` or ``decoder_tail``, ``{"head": one per head layer, "stack": the
         stack's, "tail": one per tail layer}``."""
-        table = self.parameters["token_emb"]["weight"]
+        dtype = self.parameters["token_emb"]["weight"].dtype
 
         def cache(block, block_params, layers):
             if isinstance(block.attn, GatedDeltaNet):  # (A convolution window and a state.)
                 return block.attn.empty_cache(block_params["attn"], layers=layers,
-                                              batch=batch, dtype=table.dtype)
+                                              batch=batch, dtype=dtype)
             shape = block.attn.cache_shape(block_params["attn"], layers=layers,
                                            batch=batch, length=length)
             if isinstance(block.attn, MultiHeadLatentAttention):  # (The latent and rope key.)
-                return tuple(jnp.zeros(part, table.dtype) for part in shape)
-            return jnp.zeros(shape, table.dtype), jnp.zeros(shape, table.dtype)
+                return tuple(jnp.zeros(part, dtype) for part in shape)
+            return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
+        return self._per_block(cache)
+
+    def _per_block(self, cache):
+        """``cache(block, its params stacked over layers, layers)`` for the stack (one per
+        member of a pattern's group, stacked over its repetitions) and, with a ``decoder_head``
+        or ``decoder_tail``, ``{"head": one per head layer, "stack": the stack's, "tail": one per
+        tail layer}`` -- the structure ``_decode_layers`` walks."""
         params = self.parameters["decoder"]["layer"]
         repetitions = self.decoder.config.num_layers
         if not isinstance(self.decoder.layer, LayerGroup):
@@ -539,22 +546,33 @@ class Decoder(CausalLanguageModel):
 
     # --- Generation over a paged cache (titanax/decoding) ------------------------------------
 
-    def empty_paged_cache(self, *, num_blocks: int, block_size: int):
-        """Every layer's pool of ``num_blocks`` blocks of ``block_size`` tokens, zeros: ``(k,
-        v)`` ``[layers, num_blocks, block_size, local kv heads, head_dim]`` laid out as
-        ``_empty_cache``'s (blocks where it has rows). Attention layers only, so far."""
+    def empty_paged_cache(self, *, num_blocks: int, block_size: int, slots: int):
+        """Every layer's pool for the decode engine, zeros, laid out as ``_empty_cache``'s: an
+        attention's ``(k, v)`` ``[layers, num_blocks, block_size, local kv heads, head_dim]``, a
+        latent attention's latents and RoPE keys in blocks alike (one head wide), a Gated
+        DeltaNet's windows and state per decode slot, ``slots`` of them
+        (``decoding/slot_states.py``)."""
+        dtype = self.parameters["token_emb"]["weight"].dtype
         for block in self._blocks():
-            if isinstance(block.attn, (GatedDeltaNet, MultiHeadLatentAttention)):
-                raise errors.DecodingError(
-                    f"the paged cache holds attention keys and values, and this model has a "
-                    f"{type(block.attn).__name__} layer (a recurrent state or a latent cache)",
-                    path="model", suggestion="generate with the contiguous cache (sample)")
             if isinstance(block.mlp, MoE) and block.mlp.config.dispatch != "dropless":
                 raise errors.DecodingError(
                     "experts of a fixed capacity would be shared with the batch's idle and "
                     "padding rows, so a sequence's tokens would depend on what ran beside it",
                     path="model.moe.dispatch", suggestion="decode with dispatch='dropless'")
-        return self._empty_cache(batch=num_blocks, length=block_size)
+
+        def pools(block, block_params, layers):
+            attn, attn_params = block.attn, block_params["attn"]
+            if isinstance(attn, GatedDeltaNet):
+                return attn.empty_slot_states(attn_params, layers=layers, slots=slots,
+                                              dtype=dtype)
+            if isinstance(attn, MultiHeadLatentAttention):
+                return tuple(jnp.zeros(shape, dtype) for shape in attn.paged_cache_shape(
+                    attn_params, layers=layers, num_blocks=num_blocks, block_size=block_size))
+            shape = attn.cache_shape(attn_params, layers=layers, batch=num_blocks,
+                                     length=block_size)
+            return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+        return self._per_block(pools)
 
     def paged_logits(self, token_ids: jax.Array, pools, paging) -> Tuple[jax.Array, object]:
         """The logits after each row's last token of ``token_ids`` ``[b, t]`` -- the tokens at
