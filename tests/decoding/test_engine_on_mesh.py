@@ -4,7 +4,10 @@ its own slots and pool, key/value heads over TP, FSDP's params gathered per prog
 Greedy: for prompts of mixed lengths with several samples each -- more requests than one shard's
 slots, so every shard decodes and refills its slots -- each completion equals the static
 sampler's on the same mesh (``StepBuilder.sampler``, the prompts left-padded into one batch):
-tokens equal, log-probs within 1e-5 (float32, absolute), under DP8, DP4 x TP2 and FSDP8.
+tokens equal, log-probs within 1e-5 (float32, absolute), under DP8, DP4 x TP2 and FSDP8; and
+with DeepSeek-V3's experts over an expert axis, and with LoRA adapters under DP4 x TP2. Today's
+caches that are not keys and values (Gated DeltaNet states, latents) decode on the mesh as on
+one device.
 
 Sampled: the engine's draws are keyed by (request, sample, token), not by where a row runs, so
 the same seed gives the same tokens on every mesh and on one device. The static sampler keys a
@@ -21,7 +24,9 @@ import pytest
 from tests.modules.models.test_layer_pattern import FAMILIES
 from tests.rl import helpers
 from titanax.decoding.engine import DecodeEngine, Request
+from titanax.modules.lora import LoRA
 from titanax.modules.module import functional
+from titanax.parallel.expert_parallel import EP
 
 _RNG = np.random.default_rng(4)
 # 16 prompts of 1 to 9 tokens, 40 sequences.
@@ -150,3 +155,58 @@ def test_todays_recurrent_and_latent_caches_decode_on_the_mesh_as_on_one_device(
                 assert difference <= 1e-5, (layout, difference)
     logps = np.concatenate([c.logps for g in want for c in g])
     assert np.abs(logps).mean() > 0.3, "log-probs this near 0 prove little"
+
+
+def _with_trained_adapters(params):
+    """``params`` with every LoRA ``B`` drawn at random (they start at zero: the adapted model
+    would be the base's)."""
+    leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+    keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
+    return jax.tree_util.tree_unflatten(tree, [
+        leaf + 0.3 * jax.random.normal(key, leaf.shape, leaf.dtype)
+        if jax.tree_util.keystr(path).endswith("_lora_b']") else leaf
+        for (path, leaf), key in zip(leaves, keys)])
+
+
+ADAPTED_AND_EXPERT_LAYOUTS = {
+    # DeepSeek-V3's experts over an expert axis, its latents in blocks.
+    "deepseek_v3 dp2 x ep4": dict(layout=((2, 4), ("data", "expert"), {
+        "expert_parallel": EP.default_config()}), model=FAMILIES["deepseek_v3"](
+            vocab_size=16, max_seq_len=24).set(mtp_depths=0)),
+    # LoRA on every attention and MLP weight, the adapters of head-split weights split with
+    # them over TP.
+    "lora dp4 x tp2": dict(layout=helpers.LAYOUTS["dp_tp"], lora=LoRA.default_config().set(
+        rank=4, alpha=8.0))}
+
+
+@pytest.mark.parametrize("case", sorted(ADAPTED_AND_EXPERT_LAYOUTS))
+def test_experts_over_an_expert_axis_and_lora_adapters_decode_as_the_static_sampler(
+        tmp_path, case, monkeypatch):
+    """Greedy, as ``test_greedy_completions_on_the_mesh_are_the_static_samplers``, for the
+    layouts whose params are not a plain model's: experts split over an ``expert`` axis, and
+    a LoRA run (its adapters drawn non-zero)."""
+    spec = dict(ADAPTED_AND_EXPERT_LAYOUTS[case])
+    monkeypatch.setitem(helpers.LAYOUTS, case, spec.pop("layout"))
+    run = helpers.engine(helpers.sums_file(tmp_path / "sums.jsonl"), layout=case, **spec)
+    run.init_or_restore()
+    if "lora" in spec:
+        base_tokens, _ = _static_greedy(run)
+        run.state = run.state.replace(params=_with_trained_adapters(run.state.params))
+    tokens, logps = _static_greedy(run)
+    if "lora" in spec:  # The adapters change what is decoded.
+        assert (tokens != base_tokens).any()
+    else:  # The experts are split over the expert axis.
+        specs = {str(leaf.sharding.spec) for leaf in jax.tree_util.tree_leaves(
+            run.state.params["decoder"])}
+        assert any("expert" in spec for spec in specs), specs
+    engine = DecodeEngine(model=run.model, params=run.state.params, pool_tokens=64,
+                          block_size=4, slots=4, chunk_steps=3,
+                          placement=run.steps.decode_placement())
+    got = engine.generate([Request(prompt_ids=p, max_new_tokens=NEW_TOKENS, samples=g)
+                           for p, g in zip(PROMPTS, SAMPLES)])
+    completions = [c for group in got for c in group]
+    for row, completion in enumerate(completions):
+        assert completion.tokens == tokens[row].tolist(), (row, completion.tokens)
+        difference = np.abs(np.asarray(completion.logps) - logps[row]).max()
+        assert difference <= 1e-5, (row, difference)
+    assert np.abs(logps[:len(completions)]).mean() > 0.3
