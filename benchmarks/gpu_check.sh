@@ -6,6 +6,10 @@
 #                                           GPT-2 124M and Llama 3.2 1B (under 8 min on an H100)
 #   bash benchmarks/gpu_check.sh attention  the attention kernels only, at 8k: causal bf16, rows
 #                                           packing 4 documents, float32 (about 6 min)
+#   bash benchmarks/gpu_check.sh rollouts   the static sampler vs the decode engine at
+#                                           qwen3_0_6b_grpo's rollout shape (Qwen3 0.6B, random
+#                                           bf16 weights; 16 prompts x 8 samples, 256 + <= 512
+#                                           tokens; ~600 stop ids: lengths spread to ~250)
 set -u
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -13,6 +17,13 @@ RESULTS=${OUT:-/tmp/gpu_check}
 mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
+if [ "${1:-}" = "rollouts" ]; then
+  timeout 400 "$PY" benchmarks/rollout_speed.py --parts grpo --shape qwen3_0_6b --prompts 16 \
+    --samples 8 --prompt_length 256 --max_new_tokens 512 --stop_ids 600 --rounds 2 \
+    | tee "$RESULTS/rollouts_qwen3_0_6b.txt"
+  echo "rollouts exit $?"
+  exit 0
+fi
 if [ "${1:-}" = "attention" ]; then
   timeout 150 "$PY" benchmarks/attention_kernels.py --seq 8192 --json "$RESULTS/attention_8k.json"
   echo "causal bf16 exit $?"

@@ -17,6 +17,15 @@ side by side in one run on the same model, prompts and settings.
    and the same GRPO-shaped work -- transformers' ``generate`` (sampling, ``num_return_sequences``
    samples per prompt, the stop ids as its end tokens, a KV cache; torch on the same cores) vs
    the engine: tokens/s of each, compile excluded, median of paired rounds.
+5. GRPO steps: ``llama_tiny_grpo`` through the launcher (8 CPU devices, DP4 x TP2), completions
+   of up to ``--grpo_new_tokens`` tokens, once with the static sampler and once with the engine
+   (``--config.objective.decoding.block_size=16``), ``--grpo_steps`` steps each: the median
+   per step of ``time/rollout_s`` and ``time/train_s`` (metrics.csv) after the first two
+   (compiling), and their ratio. Both runs sample with the same params from the same seed.
+
+On a GPU (``benchmarks/gpu_check.sh rollouts``): ``--shape qwen3_0_6b`` runs part 1 on Qwen3
+0.6B's shapes (random weights, bfloat16), at ``qwen3_0_6b_grpo``'s rollout: 16 prompts of 256
+tokens, 8 samples, up to 512 new tokens (``--parts grpo``).
 """
 
 from __future__ import annotations
@@ -42,13 +51,25 @@ def _parse():
     parser.add_argument("--model_dim", type=int, default=128)
     parser.add_argument("--num_layers", type=int, default=4)
     parser.add_argument("--vocab_size", type=int, default=512)
+    parser.add_argument("--shape", choices=("small", "qwen3_0_6b"), default="small",
+                        help="the model: --model_dim/--num_layers/--vocab_size, or Qwen3 0.6B's")
+    parser.add_argument("--parts", default="grpo,short_long,transformers,grpo_steps",
+                        help="which parts to run, comma-separated")
+    parser.add_argument("--grpo_steps", type=int, default=12)
+    parser.add_argument("--grpo_new_tokens", type=int, default=24)
     return parser.parse_args()
 
 
 def _model(args):
     import jax  # pylint: disable=import-outside-toplevel
-    from titanax.modules.models.decoder import Decoder  # pylint: disable=import-outside-toplevel
-    model = Decoder.default_config().set(
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    from titanax.modules.models import decoder  # pylint: disable=import-outside-toplevel
+    if args.shape == "qwen3_0_6b":
+        model = decoder.qwen3_config("0.6b").instantiate(parent=None)
+        args.vocab_size = model.config.vocab_size
+        params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
+        return model, jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), params)
+    model = decoder.Decoder.default_config().set(
         name="d", vocab_size=args.vocab_size, max_seq_len=4096, model_dim=args.model_dim,
         num_heads=4, num_kv_heads=2, hidden_dim=args.model_dim * 3,
         num_layers=args.num_layers).instantiate(parent=None)
@@ -251,12 +272,56 @@ def _check_same_model(hf, model, params, prompts):
     print(f"transformers vs Titanax logits on the prompts: max |difference| {difference:.1e}")
 
 
+def grpo_steps(args):
+    """Part 5: time per GRPO step, the static sampler's run against the engine's."""
+    import csv  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+    common = ["--config=llama_tiny_grpo", "--cpu_devices=8", "--config.log_every=1",
+              f"--config.max_steps={args.grpo_steps}",
+              f"--config.objective.max_new_tokens={args.grpo_new_tokens}",
+              # (Room for the longer completions: prompts of up to 5 tokens.)
+              f"--config.model.max_seq_len={8 + args.grpo_new_tokens}",
+              "--config.checkpoint.save_every_n_steps=100000"]
+    medians = {}
+    with tempfile.TemporaryDirectory() as root:
+        for name, extra in (("sampler", []),
+                            ("engine", ["--config.objective.decoding.block_size=16"])):
+            folder = os.path.join(root, name)
+            subprocess.run([sys.executable, "-m", "titanax.launch", *common, *extra,
+                            f"--trainer_dir={folder}"], cwd=REPO_ROOT, check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(os.path.join(folder, "metrics.csv"), encoding="utf-8") as f:
+                rows = [r for r in csv.DictReader(f) if r.get("time/train_s")][2:]
+            medians[name] = {key: statistics.median(float(r[key]) for r in rows) for key in (
+                "time/rollout_s", "time/train_s", "rollout/tokens_per_s")}
+    for name, values in medians.items():
+        step = values["time/rollout_s"] + values["time/train_s"]
+        print(f"grpo step s       {name:8s} {step:8.3f} (rollout {values['time/rollout_s']:.3f}, "
+              f"train {values['time/train_s']:.3f}; rollout tokens/s "
+              f"{values['rollout/tokens_per_s']:.0f})")
+    total = {n: v["time/rollout_s"] + v["time/train_s"] for n, v in medians.items()}
+    rollout = {n: v["time/rollout_s"] for n, v in medians.items()}
+    print(f"grpo step s       engine / sampler: {total['engine'] / total['sampler']:.2f} "
+          f"(rollout alone: {rollout['engine'] / rollout['sampler']:.2f})")
+
+
 def main():
     args = _parse()
-    model, params = _model(args)
-    grpo_shaped(model, params, args)
-    short_and_long(model, params, args)
-    versus_transformers(args)
+    parts = set(args.parts.split(","))
+    unknown = parts - {"grpo", "short_long", "transformers", "grpo_steps"}
+    if unknown:
+        raise SystemExit(f"--parts: unknown {sorted(unknown)}")
+    if parts & {"grpo", "short_long"}:
+        model, params = _model(args)
+        if "grpo" in parts:
+            grpo_shaped(model, params, args)
+        if "short_long" in parts:
+            short_and_long(model, params, args)
+    if "transformers" in parts:
+        versus_transformers(args)
+    if "grpo_steps" in parts:
+        grpo_steps(args)
 
 
 if __name__ == "__main__":
