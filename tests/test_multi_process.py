@@ -247,3 +247,21 @@ def test_the_user_script_entry_point_runs_in_every_process(tmp_path):
     for index in (0, 1):
         assert f"[{index}] user main: process {index} of 2, step 2, loss" in result.stdout, \
             result.stdout[-4000:] + result.stderr[-4000:]
+
+
+def test_an_error_every_process_meets_at_build_exits_2_in_each_without_an_abort(tmp_path):
+    """A refusal at build time, after the processes have joined (GRPO's rollouts sampled
+    ahead, refused with several processes): each process names the field and the job exits 2.
+    Process 0 hosts jax's coordination service; leaving before its peer has shut down made the
+    peer abort (signal 6) in about half of such runs, so the job is run three times."""
+    for attempt in range(3):
+        result = subprocess.run(
+            [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_grpo",
+             "--local_processes=2", "--cpu_devices=4", "--config.objective.max_staleness=1",
+             f"--trainer_dir={tmp_path / str(attempt)}"], cwd=REPO_ROOT, env=_env(),
+            capture_output=True, text=True, timeout=300, check=False)
+        output = result.stdout + result.stderr
+        assert result.returncode == 2, (attempt, output[-4000:])
+        for index in (0, 1):
+            assert f"[{index}] titanax.launch: error: objective.max_staleness" in output, output
+        assert "signal" not in output and "Aborted" not in output, output[-4000:]

@@ -24,7 +24,7 @@ from absl import logging as absl_logging
 
 from titanax import errors
 from titanax.observe import console
-from titanax.runtime import garbage_collection
+from titanax.runtime import distributed, garbage_collection
 
 # What asks absl for help (absl prints it, then exits 1: not an error here).
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
@@ -79,6 +79,7 @@ def main_of(body: Callable[[Sequence[str]], int], *, name: str) -> Callable[[Seq
             if flags.FLAGS.show_traceback:
                 raise
             print(f"{name}: error: {e.format()}", file=sys.stderr)
+            distributed.finish_after_error()
             sys.exit(2)
         sys.exit(status)
     return main

@@ -438,6 +438,7 @@ def main(argv: Sequence[str]) -> None:
             raise
         print(f"titanax.launch: error: {e.format()}", file=sys.stderr)
         print("(run with --show_traceback for the Python traceback)", file=sys.stderr)
+        distributed.finish_after_error()
         sys.exit(2)
     except SystemExit as e:
         # A clean stop, or an agreed preemption without a checkpoint (128 + SIGTERM): every

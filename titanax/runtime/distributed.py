@@ -119,6 +119,19 @@ def finish(timeout_s: int = 600) -> None:
     jax.distributed.shutdown()
 
 
+def finish_after_error(timeout_s: int = 30) -> None:
+    """``finish`` for a process leaving on an error before its run ends. A config error is
+    usually every process's (each reads the same config), and without the orderly end the
+    process 0 that leaves first takes the coordination service with it, and a peer still
+    shutting down aborts (signal 6) instead of exiting with the error's status. A peer that
+    does not reach the barrier within ``timeout_s`` is left to its watch, which reports this
+    process lost."""
+    try:
+        finish(timeout_s)
+    except Exception:  # pylint: disable=broad-except
+        pass  # (The barrier timed out: the peers go on; their watch names this process.)
+
+
 def _check_coordinator(spec: ClusterSpec, timeout_s: float) -> None:
     host, _, port_text = spec.coordinator_address.rpartition(":")
     port = int(port_text)
