@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu_check.sh rollouts   the static sampler vs the decode engine at
 #                                           qwen3_0_6b_grpo's rollout shape (Qwen3 0.6B, random
 #                                           bf16 weights; 16 prompts x 8 samples, 256 + <= 512
-#                                           tokens; ~600 stop ids: lengths spread to ~250)
+#                                           tokens; 600 stop ids: a random model's lengths
+#                                           spread to ~250 -- an estimate, not yet run)
 set -u
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -21,7 +22,7 @@ if [ "${1:-}" = "rollouts" ]; then
   timeout 400 "$PY" benchmarks/rollout_speed.py --parts grpo --shape qwen3_0_6b --prompts 16 \
     --samples 8 --prompt_length 256 --max_new_tokens 512 --stop_ids 600 --rounds 2 \
     | tee "$RESULTS/rollouts_qwen3_0_6b.txt"
-  echo "rollouts exit $?"
+  echo "rollouts exit ${PIPESTATUS[0]}"
   exit 0
 fi
 if [ "${1:-}" = "attention" ]; then

@@ -20,8 +20,11 @@ side by side in one run on the same model, prompts and settings.
 5. GRPO steps: ``llama_tiny_grpo`` through the launcher (8 CPU devices, DP4 x TP2), completions
    of up to ``--grpo_new_tokens`` tokens, once with the static sampler and once with the engine
    (``--config.objective.decoding.block_size=16``), ``--grpo_steps`` steps each: the median
-   per step of ``time/rollout_s`` and ``time/train_s`` (metrics.csv) after the first two
-   (compiling), and their ratio. Both runs sample with the same params from the same seed.
+   per step of ``time/rollout_s`` and ``time/train_s`` (metrics.csv; the first step logs no
+   ``time/train_s``) after the first three (compiling), and their ratio. The runs start from
+   the same params and seed, but draw differently (the engine keys each draw by request,
+   sample and token), so their completions -- and later their params -- differ: the per-token
+   rollout rates are printed beside the times.
 
 On a GPU (``benchmarks/gpu_check.sh rollouts``): ``--shape qwen3_0_6b`` runs part 1 on Qwen3
 0.6B's shapes (random weights, bfloat16), at ``qwen3_0_6b_grpo``'s rollout: 16 prompts of 256

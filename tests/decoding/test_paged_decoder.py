@@ -2,7 +2,9 @@
 ``Paging``) against its contiguous-cache sampler (``Decoder.sample``): prompts of mixed lengths,
 each prefilled once into blocks its samples share, then every row one token per step at its own
 position -- the same greedy tokens, log-probs within float64's rounding. Grouped-query heads,
-with and without a sliding window and sinks."""
+with and without a sliding window and sinks; today's families whose caches are not keys and
+values (Qwen 3.5's Gated DeltaNet states per slot, also in an unstacked tail; DeepSeek-V3's
+latents)."""
 
 import jax
 import jax.numpy as jnp
@@ -32,9 +34,9 @@ def _model(**changes):
     return model, jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), params)
 
 
-def _family_model(family):
+def _family_model(family, **changes):
     """Today's family ``family`` (``FAMILIES``) at this file's vocabulary, params in float64."""
-    model = FAMILIES[family](vocab_size=64).instantiate(parent=None)
+    model = FAMILIES[family](vocab_size=64).set(**changes).instantiate(parent=None)
     params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     return model, jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), params)
 
@@ -117,13 +119,19 @@ def test_paged_greedy_decoding_is_the_contiguous_samplers(changes):
     assert len({tuple(row) for row in want_tokens}) == len(PROMPTS)  # Prompts tell apart.
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_todays_caches_that_are_not_keys_and_values_decode_paged_as_contiguous(family):
+@pytest.mark.parametrize("family,changes", [
+    ("qwen3_5", {}), ("deepseek_v3", {}),
+    # One repetition of the pattern and a tail of three Gated DeltaNet layers, unstacked.
+    ("qwen3_5", {"num_layers": 7})], ids=["qwen3_5", "deepseek_v3", "qwen3_5 with a tail"])
+def test_todays_caches_that_are_not_keys_and_values_decode_paged_as_contiguous(family,
+                                                                               changes):
     """Qwen 3.5's Gated DeltaNet layers (a state per slot: prefilled over two of the rule's
     chunks, copied to each other sample, carried token by token) beside full attention, and
     DeepSeek-V3's latent attention (latents and RoPE keys in blocks) with a dense first layer
     and experts: the contiguous sampler's greedy tokens and log-probs."""
-    model, params = _family_model(family)
+    model, params = _family_model(family, **changes)
+    if changes:
+        assert "decoder_tail" in model.children
     want_tokens, want_logps = _contiguous(model, params)
     tokens, logps = _paged(model, params)
     for sample in range(SAMPLES):

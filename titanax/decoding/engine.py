@@ -1,5 +1,4 @@
-"""A decode engine: many requests completed over one paged key/value cache, continuously
-batched.
+"""A decode engine: many requests completed over one paged cache, continuously batched.
 
 Why: the static sampler (``Decoder.sample``) decodes one batch with a contiguous cache of
 ``prompt + max_new_tokens`` per row, every row until the batch's last ends, and prefills a prompt
@@ -8,8 +7,9 @@ sequence holds a slot of the decode batch only while it decodes, and a finished 
 and blocks go to the next waiting request between chunks of ``chunk_steps`` compiled steps.
 
 What runs where: the host keeps the book (``BlockPool``: blocks, tables) and the queue; the
-device runs three compiled programs -- a prefill per length bucket, a copy of prompt tails to the
-other samples' blocks, and a chunk of decode steps over every slot (a slot with no sequence, or
+device runs three compiled programs -- a prefill per length bucket, a copy of each prompt's
+prefill to its other samples (its tail block; a recurrent layer's state, kept per slot:
+``slot_states.py``), and a chunk of decode steps over every slot (a slot with no sequence, or
 one that ended inside the chunk, writes and draws nothing). A request's blocks for its whole
 budget are reserved when it is admitted, so no chunk ever runs out of room.
 

@@ -99,8 +99,10 @@ def finish(timeout_s: int = 600) -> None:
     if client is None:
         watch.stop()
         return
-    client.wait_at_barrier("titanax_finish", timeout_s * 1000)
-    watch.stop()
+    try:
+        client.wait_at_barrier("titanax_finish", timeout_s * 1000)
+    finally:  # (A watch left running could end the process with its own status.)
+        watch.stop()
     if jax.process_index() != 0:
         # Said before leaving: process 0's watch may look before it sees the barrier return.
         client.key_value_set(LEFT_KEY.format(process=jax.process_index()), "1")
@@ -123,13 +125,14 @@ def finish_after_error(timeout_s: int = 30) -> None:
     """``finish`` for a process leaving on an error before its run ends. A config error is
     usually every process's (each reads the same config), and without the orderly end the
     process 0 that leaves first takes the coordination service with it, and a peer still
-    shutting down aborts (signal 6) instead of exiting with the error's status. A peer that
-    does not reach the barrier within ``timeout_s`` is left to its watch, which reports this
-    process lost."""
+    shutting down aborts (signal 6) instead of exiting with the error's status. When a peer
+    does not reach the barrier within ``timeout_s`` (an error of this process alone), this
+    process leaves without the orderly end: the peers' watches see it gone, and one still
+    shutting down may abort as before."""
     try:
         finish(timeout_s)
     except Exception:  # pylint: disable=broad-except
-        pass  # (The barrier timed out: the peers go on; their watch names this process.)
+        pass  # (The barrier timed out: the error's own status still ends the process.)
 
 
 def _check_coordinator(spec: ClusterSpec, timeout_s: float) -> None:

@@ -225,6 +225,11 @@ class GatedDeltaNet(BaseLayer):
         a row's tokens are its first ``n`` (positions >= 0; the rest, a shorter prompt's padding
         or an idle slot's nothing, neither decay nor write, and leave the window as it was); a
         row whose first token is at position 0 starts from zeros."""
+        if paging.slots is None:
+            raise errors.DecodingError(
+                "a Gated DeltaNet layer keeps its state in each row's decode slot, and this "
+                "call names no slots", path="paging.slots",
+                suggestion="give Paging each row's slot on its shard (-1: none)")
         valid = paging.positions >= 0
         history, state = slot_states.read(states, paging.slots, fresh=paging.positions[:, 0] == 0,
                                            layer=paging.layer)

@@ -547,11 +547,11 @@ class Decoder(CausalLanguageModel):
     # --- Generation over a paged cache (titanax/decoding) ------------------------------------
 
     def empty_paged_cache(self, *, num_blocks: int, block_size: int, slots: int):
-        """Every layer's pool for the decode engine, zeros, laid out as ``_empty_cache``'s: an
-        attention's ``(k, v)`` ``[layers, num_blocks, block_size, local kv heads, head_dim]``, a
-        latent attention's latents and RoPE keys in blocks alike (one head wide), a Gated
-        DeltaNet's windows and state per decode slot, ``slots`` of them
-        (``decoding/slot_states.py``)."""
+        """Every layer's pool for the decode engine, zeros, in ``_empty_cache``'s structure
+        (``_per_block``): an attention's ``(k, v)`` ``[layers, num_blocks, block_size, local kv
+        heads, head_dim]``, a latent attention's latents and RoPE keys in blocks alike (one head
+        wide), a Gated DeltaNet's windows and state per decode slot, ``slots`` of them (the
+        state with heads and d_k swapped: ``decoding/slot_states.py``)."""
         dtype = self.parameters["token_emb"]["weight"].dtype
         for block in self._blocks():
             if isinstance(block.mlp, MoE) and block.mlp.config.dispatch != "dropless":
