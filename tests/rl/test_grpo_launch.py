@@ -164,3 +164,26 @@ def test_two_processes_give_one_process_rewards(one_process_fractional, tmp_path
                                                               trainer_dir))
     np.testing.assert_allclose([got_norm[s] for s in range(1, 21)],
                                [want_norm[s] for s in range(1, 21)], rtol=1e-4)
+
+
+def test_two_processes_sampling_with_the_engine_give_one_process_rewards(tmp_path):
+    """The decode engine in a 2-process job: every process runs the same host loop over every
+    process's prompts (the engine's programs span both) and keeps its own rows -- with the
+    data axis across the processes and with the model axis across them, the rewards of one
+    process sampling with the engine bit for bit (its draws are keyed by request, sample and
+    token, not by where a row runs), the gradient norms to float32's rounding."""
+    engine = ["--config.max_steps=6", "--config.objective.decoding.block_size=16"]
+    runs = {"one": ["--cpu_devices=8"],
+            "data across": ["--local_processes=2", "--cpu_devices=4"],
+            "model across": ["--local_processes=2", "--cpu_devices=4",
+                             "--config.mesh.axes=('model','data')", "--config.mesh.shape=(2,None)"]}
+    for name, flags in runs.items():
+        _launch(str(tmp_path / name.replace(" ", "_")), *engine, *flags)
+    want = {key: _column(str(tmp_path / "one"), key) for key in ("reward", "grad_norm")}
+    assert len(set(want["reward"].values())) > 2, "rewards this uniform prove little"
+    for name in ("data across", "model across"):
+        got = {key: _column(str(tmp_path / name.replace(" ", "_")), key) for key in want}
+        assert [got["reward"][s] for s in range(1, 7)] == \
+            [want["reward"][s] for s in range(1, 7)], name
+        np.testing.assert_allclose([got["grad_norm"][s] for s in range(1, 7)],
+                                   [want["grad_norm"][s] for s in range(1, 7)], rtol=1e-4)

@@ -133,7 +133,9 @@ class DecodeEngine:
             self.pools = self._make_pools(self.params)
         # A fresh book (one a failed call left entries in would refuse the next), fresh keys.
         self.books = self._fresh_books()
-        self.root_key = jax.random.fold_in(self.seed_key, self.calls) if key is None else key
+        # (On the host: every process's loop hands each program the same key.)
+        self.root_key = np.asarray(jax.device_get(
+            jax.random.fold_in(self.seed_key, self.calls) if key is None else key))
         self.calls += 1
         width = max(self.book.blocks_for(len(r.prompt_ids) + r.max_new_tokens) for r in requests)
         waiting = collections.deque(enumerate(requests))
@@ -305,8 +307,12 @@ class DecodeEngine:
 
     def _first(self, logits, state: "_SlotState", slots: List[int]):
         """The first token of each sample in ``slots``, from its prompt's prefill row."""
+        logits = self.placement.host(logits)  # (Drawn on each host alike.)
+        # Every slot draws (one program for every call); a slot not started here may name a
+        # row of an earlier prefill, clipped into this one's: its draw is not read.
+        rows = np.minimum(state.logits_row, len(logits) - 1)
         tokens, logps, entropy = (np.asarray(x) for x in self._draw(
-            logits[state.logits_row], self.root_key, state.request, state.sample, state.counts,
+            logits[rows], self.root_key, state.request, state.sample, state.counts,
             state.temperature, state.top_p, state.top_k))
         return [(slot, int(tokens[slot]), float(logps[slot]), float(entropy[slot]))
                 for slot in slots]
@@ -317,8 +323,8 @@ class DecodeEngine:
         rows = self._decode_rows(running)
         self.pools, carry, drawn = self._chunk(
             self.params, self.pools, self.root_key, state.device_inputs(rows))
-        state.update(carry, rows)
-        tokens, logps, entropy, produced = (np.asarray(x) for x in drawn)
+        state.update([self.placement.host(x) for x in carry], rows)
+        tokens, logps, entropy, produced = (self.placement.host(x) for x in drawn)
         for row, slot in enumerate(rows):
             if slot not in running:
                 continue

@@ -24,6 +24,8 @@ import math
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 PARAMS, POOLS, ROWS, SAME = "params", "pools", "rows", "same"
@@ -43,6 +45,11 @@ class OneDevice:
     def local_params(self, params: Any) -> Any:
         """The params the model computes with inside a program: as given."""
         return params
+
+    @staticmethod
+    def host(value: Any) -> np.ndarray:
+        """A program's output on this host."""
+        return np.asarray(value)
 
     def abstract(self, role: str, value: Any) -> jax.ShapeDtypeStruct:
         """``value``'s shape and dtype (a program compiled from shapes alone)."""
@@ -68,6 +75,15 @@ class OnMesh:
 
     def local_params(self, params: Any) -> Any:
         return self._local_params(params)
+
+    @staticmethod
+    def host(value: Any) -> np.ndarray:
+        """``value`` (a global array: a program's output, a placed batch) whole on this host --
+        every process's rows gathered when the mesh spans several processes, so that each
+        process's host loop sees what every other's does."""
+        if jax.process_count() == 1:
+            return np.asarray(value)
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
 
     def abstract(self, role: str, value: Any) -> jax.ShapeDtypeStruct:
         """``value``'s shape and dtype, laid out as a ``role`` (``POOLS`` or ``ROWS``) array."""
@@ -97,7 +113,28 @@ class OnMesh:
             return jax.shard_map(bound, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
                                  check_vma=False)(*args)
 
-        return jax.jit(run, donate_argnums=donate)
+        compiled = jax.jit(run, donate_argnums=donate)
+        if jax.process_count() == 1:
+            return compiled
+
+        def across_processes(*args):
+            # (Every process's host loop holds the same whole arrays: each gives its devices'
+            # parts of them, as global arrays.)
+            return compiled(*(self._global(role, arg) for role, arg in zip(inputs, args)))
+        across_processes.lower, across_processes.eval_shape = compiled.lower, compiled.eval_shape
+        return across_processes
+
+    def _global(self, role: str, tree: Any) -> Any:
+        """``tree``'s host arrays (the same on every process) as global arrays laid out as a
+        ``role`` input; global arrays as they are."""
+        def one(value):
+            if isinstance(value, jax.Array) and not value.is_fully_addressable:
+                return value
+            value = np.asarray(value)
+            spec = self.row_spec if role == ROWS else PartitionSpec()
+            return jax.make_array_from_callback(value.shape, NamedSharding(self.mesh, spec),
+                                                lambda index: value[index])
+        return jax.tree_util.tree_map(one, tree)
 
     def _specs(self, role: str, tree: Any) -> Any:
         if role == PARAMS:

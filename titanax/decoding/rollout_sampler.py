@@ -7,7 +7,9 @@ What changes for a rollout: each prompt is prefilled once for its ``num_generati
 row decodes past its own end. What does not: the rollout's rows, their order, the log-probs the
 train step recomputes (the same params, the same mesh), and the rollout's key -- the engine
 draws each sample with a key of (rollout key, group, sample, token), so a resumed run samples
-what the uninterrupted one did.
+what the uninterrupted one did, and a job of several processes what one process does: each
+process runs the same host loop over every process's prompts (the engine's programs span
+them all) and keeps its own rows of the result.
 """
 
 from __future__ import annotations
@@ -67,11 +69,6 @@ class PagedDecoding(Configurable):
                 temperature: float, top_p: float, end_ids: Sequence[int]) -> "RolloutSampler":
         """The rollout sampler for ``run``: ``rows_per_shard`` rollout rows per batch shard in
         groups of ``group``."""
-        if jax.process_count() > 1:
-            raise errors.ConfigError(
-                "the decode engine's book of blocks is kept by one host, and this run has "
-                f"{jax.process_count()} processes", path="objective.decoding",
-                suggestion="sample with the static sampler (objective.decoding=None)")
         sizes = self.sizes(run, rows_per_shard=rows_per_shard, max_new_tokens=max_new_tokens,
                            group=group)
         return RolloutSampler(sizes.engine(run, run.state.params), group=group,
@@ -110,8 +107,9 @@ class RolloutSampler:
     def __call__(self, params: Any, prompt_ids: Any, prompt_lengths: Any,
                  key: jax.Array) -> Dict[str, jax.Array]:
         self.engine.params = params  # (The current params: the same layout, no recompile.)
-        ids = np.asarray(jax.device_get(prompt_ids))
-        lengths = np.asarray(jax.device_get(prompt_lengths))
+        # Every process's prompts: with several processes each runs the same host loop (the
+        # engine's programs span them all), and keeps its own rows of the result.
+        ids, lengths = (self.engine.placement.host(a) for a in (prompt_ids, prompt_lengths))
         width = ids.shape[1]
         requests = [Request(prompt_ids=tuple(int(t) for t in ids[row, width - lengths[row]:]),
                             max_new_tokens=self.max_new_tokens, samples=self.group,
@@ -133,4 +131,9 @@ class RolloutSampler:
             out["tokens"][row, n:] = completion.tokens[-1]  # (An end id, when n is short.)
             out["logps"][row, :n] = completion.logps
             out["entropy"][row, :n] = completion.entropy
-        return {name: jax.device_put(value) for name, value in out.items()}
+        if not isinstance(prompt_ids, jax.Array):  # (Host prompts: host-made results.)
+            return {name: jax.device_put(value) for name, value in out.items()}
+        # Laid out as the prompts: with several processes each keeps its own rows.
+        return {name: jax.make_array_from_callback(value.shape, prompt_ids.sharding,
+                                                   lambda index, value=value: value[index])
+                for name, value in out.items()}
