@@ -103,7 +103,8 @@ class DecodeEngine:
                                 outputs=(ROWS, POOLS), donate=(1,))
         self._chunk = program(self._decode_chunk, inputs=(PARAMS, POOLS, SAME, ROWS),
                               outputs=(POOLS, ROWS, ROWS), donate=(1,))
-        self._draw = jax.jit(_draw)
+        self._first_draw = program(_draw_rows, inputs=(ROWS, ROWS, SAME) + (ROWS,) * 6,
+                                   outputs=(ROWS, ROWS, ROWS))
         self._copy = program(slot_states.copy_prompts, inputs=(POOLS, ROWS, ROWS, ROWS, ROWS),
                              outputs=POOLS, donate=(0,))
 
@@ -125,7 +126,10 @@ class DecodeEngine:
                  key: Optional[jax.Array] = None) -> List[List[Completion]]:
         """Every request's ``samples`` completions, in the requests' order; ``key``: the call's
         root key (a rollout's, so a resumed run draws what the uninterrupted one drew), else
-        the seed's, folded with the call's number."""
+        the seed's, folded with the call's number. On a mesh spanning several processes every
+        process calls it with the same requests and key: each runs the same host loop (its
+        programs span them all), which stays in step because what each host reads back -- the
+        drawn tokens -- is the same everywhere."""
         if not requests:
             return []
         self._check(requests)
@@ -133,9 +137,8 @@ class DecodeEngine:
             self.pools = self._make_pools(self.params)
         # A fresh book (one a failed call left entries in would refuse the next), fresh keys.
         self.books = self._fresh_books()
-        # (On the host: every process's loop hands each program the same key.)
-        self.root_key = np.asarray(jax.device_get(
-            jax.random.fold_in(self.seed_key, self.calls) if key is None else key))
+        self.root_key = self._host_key(
+            jax.random.fold_in(self.seed_key, self.calls) if key is None else key)
         self.calls += 1
         width = max(self.book.blocks_for(len(r.prompt_ids) + r.max_new_tokens) for r in requests)
         waiting = collections.deque(enumerate(requests))
@@ -305,14 +308,22 @@ class DecodeEngine:
         return tuple(np.asarray([[pair[i] for pair in pairs] for pairs in padded],
                                 np.int32).reshape(-1) for i in (0, 1))
 
+    def _host_key(self, key: jax.Array) -> np.ndarray:
+        """``key``'s data on the host (every process's loop hands each program the same)."""
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.key_data(key)
+        return np.asarray(key) if key.is_fully_addressable else self.placement.host(key)
+
     def _first(self, logits, state: "_SlotState", slots: List[int]):
-        """The first token of each sample in ``slots``, from its prompt's prefill row."""
-        logits = self.placement.host(logits)  # (Drawn on each host alike.)
+        """The first token of each sample in ``slots``, from its prompt's prefill row: drawn
+        on each batch shard from its own rows (no logits leave the devices)."""
+        per_shard = logits.shape[0] // self.placement.shards
+        shard = np.arange(len(state.logits_row)) // self.slots
         # Every slot draws (one program for every call); a slot not started here may name a
         # row of an earlier prefill, clipped into this one's: its draw is not read.
-        rows = np.minimum(state.logits_row, len(logits) - 1)
-        tokens, logps, entropy = (np.asarray(x) for x in self._draw(
-            logits[rows], self.root_key, state.request, state.sample, state.counts,
+        local = np.clip(state.logits_row - shard * per_shard, 0, per_shard - 1).astype(np.int32)
+        tokens, logps, entropy = self.placement.host(self._first_draw(
+            logits, local, self.root_key, state.request, state.sample, state.counts,
             state.temperature, state.top_p, state.top_k))
         return [(slot, int(tokens[slot]), float(logps[slot]), float(entropy[slot]))
                 for slot in slots]
@@ -323,8 +334,9 @@ class DecodeEngine:
         rows = self._decode_rows(running)
         self.pools, carry, drawn = self._chunk(
             self.params, self.pools, self.root_key, state.device_inputs(rows))
-        state.update([self.placement.host(x) for x in carry], rows)
-        tokens, logps, entropy, produced = (self.placement.host(x) for x in drawn)
+        carry, drawn = self.placement.host((carry, drawn))  # (One gather, one read.)
+        state.update(carry, rows)
+        tokens, logps, entropy, produced = drawn
         for row, slot in enumerate(rows):
             if slot not in running:
                 continue
@@ -444,6 +456,11 @@ def _draw(logits, root_key, request, sample, counts, temperature, top_p, top_k):
                                       top_k=top_k)
     logps, entropy = row_sampling.logp_and_entropy(logits, tokens, temperature=temperature)
     return tokens, logps, entropy
+
+
+def _draw_rows(logits, rows, root_key, request, sample, counts, temperature, top_p, top_k):
+    """``_draw`` of the logits' ``rows`` (one per slot)."""
+    return _draw(logits[rows], root_key, request, sample, counts, temperature, top_p, top_k)
 
 
 def _is_count(value: Any) -> bool:

@@ -47,9 +47,9 @@ class OneDevice:
         return params
 
     @staticmethod
-    def host(value: Any) -> np.ndarray:
-        """A program's output on this host."""
-        return np.asarray(value)
+    def host(value: Any) -> Any:
+        """A program's outputs (a tree of arrays) on this host."""
+        return jax.tree_util.tree_map(np.asarray, value)
 
     def abstract(self, role: str, value: Any) -> jax.ShapeDtypeStruct:
         """``value``'s shape and dtype (a program compiled from shapes alone)."""
@@ -77,13 +77,13 @@ class OnMesh:
         return self._local_params(params)
 
     @staticmethod
-    def host(value: Any) -> np.ndarray:
-        """``value`` (a global array: a program's output, a placed batch) whole on this host --
-        every process's rows gathered when the mesh spans several processes, so that each
-        process's host loop sees what every other's does."""
-        if jax.process_count() == 1:
-            return np.asarray(value)
-        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    def host(value: Any) -> Any:
+        """``value`` (a tree of global arrays: a program's outputs, a placed batch) whole on
+        this host -- every process's rows gathered, in one call, when the mesh spans several
+        processes, so that each process's host loop sees what every other's does."""
+        if jax.process_count() > 1:
+            value = multihost_utils.process_allgather(value, tiled=True)
+        return jax.tree_util.tree_map(np.asarray, value)
 
     def abstract(self, role: str, value: Any) -> jax.ShapeDtypeStruct:
         """``value``'s shape and dtype, laid out as a ``role`` (``POOLS`` or ``ROWS``) array."""
@@ -125,8 +125,9 @@ class OnMesh:
         return across_processes
 
     def _global(self, role: str, tree: Any) -> Any:
-        """``tree``'s host arrays (the same on every process) as global arrays laid out as a
-        ``role`` input; global arrays as they are."""
+        """``tree``'s host arrays (the same on every process: each process's host loop is the
+        same) as global arrays -- a ``ROWS`` input's split by rows, any other replicated;
+        global arrays (params, pools) as they are."""
         def one(value):
             if isinstance(value, jax.Array) and not value.is_fully_addressable:
                 return value

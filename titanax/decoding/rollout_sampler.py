@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from titanax import errors
 from titanax.config import Configurable
@@ -109,6 +110,11 @@ class RolloutSampler:
         self.engine.params = params  # (The current params: the same layout, no recompile.)
         # Every process's prompts: with several processes each runs the same host loop (the
         # engine's programs span them all), and keeps its own rows of the result.
+        if jax.process_count() > 1 and not isinstance(prompt_ids, jax.Array):
+            raise errors.DecodingError(
+                "with several processes the rollout's prompts are a global array (each "
+                "process's rows of one batch), not each host's own", path="prompt_ids",
+                suggestion="place them on the mesh first (the run's inputs.placed)")
         ids, lengths = (self.engine.placement.host(a) for a in (prompt_ids, prompt_lengths))
         width = ids.shape[1]
         requests = [Request(prompt_ids=tuple(int(t) for t in ids[row, width - lengths[row]:]),
@@ -133,7 +139,11 @@ class RolloutSampler:
             out["entropy"][row, :n] = completion.entropy
         if not isinstance(prompt_ids, jax.Array):  # (Host prompts: host-made results.)
             return {name: jax.device_put(value) for name, value in out.items()}
-        # Laid out as the prompts: with several processes each keeps its own rows.
-        return {name: jax.make_array_from_callback(value.shape, prompt_ids.sharding,
+        # Rows laid out as the prompts' (whole along the tokens): with several processes each
+        # keeps its own rows.
+        sharding = prompt_ids.sharding
+        if isinstance(sharding, NamedSharding):
+            sharding = NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[:1]))
+        return {name: jax.make_array_from_callback(value.shape, sharding,
                                                    lambda index, value=value: value[index])
                 for name, value in out.items()}
