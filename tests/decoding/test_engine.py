@@ -6,6 +6,7 @@ sampler's greedy one, to the stop id it drew -- for attention, today's recurrent
 state per slot) and latent attention alike. Sampled completions do not depend on the slots or
 the chunk length they ran in. Float64."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -87,6 +88,10 @@ def test_sampled_completions_do_not_depend_on_slots_or_chunks(kind):
     first, second = again.generate(requests), again.generate(requests)
     assert [[c.tokens for c in g] for g in first] == tokens[0]
     assert [[c.tokens for c in g] for g in second] != tokens[0]
+    # A call's own key, raw or typed (jax.random.key), decides its draws alike.
+    raw, typed = (again.generate(requests, key=k)
+                  for k in (jax.random.PRNGKey(11), jax.random.key(11)))
+    assert [[c.tokens for c in g] for g in raw] == [[c.tokens for c in g] for g in typed]
 
 
 @pytest.mark.parametrize("request_,match", [
