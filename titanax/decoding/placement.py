@@ -148,8 +148,8 @@ class OnMesh:
 
     def _out_specs(self, outputs: Any, local: Any) -> Any:
         if isinstance(outputs, tuple):
-            return tuple(self._out_specs(role, None if local is None else part)
-                         for role, part in zip(outputs, local))
+            parts = (None,) * len(outputs) if local is None else local
+            return tuple(self._out_specs(role, part) for role, part in zip(outputs, parts))
         if outputs == POOLS:
             return jax.tree_util.tree_map(self.pool_spec, local)
         return PartitionSpec() if outputs == SAME else self.row_spec
