@@ -60,7 +60,17 @@ def _parse():
                         help="which parts to run, comma-separated")
     parser.add_argument("--grpo_steps", type=int, default=12)
     parser.add_argument("--grpo_new_tokens", type=int, default=24)
-    return parser.parse_args()
+    args = parser.parse_args()
+    for name in ("prompts", "prompt_length", "samples", "max_new_tokens", "stop_ids", "rounds",
+                 "model_dim", "num_layers", "vocab_size", "grpo_new_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.grpo_steps < 4:  # (Medians after the first three steps: at least one is left.)
+        parser.error(f"--grpo_steps must be >= 4, got {args.grpo_steps}")
+    if args.stop_ids >= args.vocab_size and args.shape == "small":
+        parser.error(f"--stop_ids {args.stop_ids} leaves no prompt ids below --vocab_size "
+                     f"{args.vocab_size}")
+    return args
 
 
 def _model(args):
