@@ -8,7 +8,7 @@ class Counter:
         self.turns = 0
 
     def reset(self, record):
-        return [{"role": "user", "content": f"count for {record['name']}"}]
+        return [{"role": "user", "content": f"count for {record.get('name', 'you')}"}]
 
     def step(self, messages):
         self.turns += 1
@@ -32,3 +32,27 @@ class NeedsArguments:
 
 
 NOT_A_CLASS = 3
+
+
+class Echo:
+    """Answers with the length of the assistant's last turn; reward 1 per turn; never done."""
+
+    def reset(self, record):
+        return [{"role": "user", "content": record["question"]}]
+
+    def step(self, messages):
+        assert messages[-1]["role"] == "assistant"
+        said = len(messages[-1]["content"])
+        return [{"role": "user", "content": f"you said {said}"}], 1.0, False
+
+
+class Flaky:
+    """Raises on the record whose question is "boom"."""
+
+    def reset(self, record):
+        return [{"role": "user", "content": record["question"]}]
+
+    def step(self, messages):
+        if messages[0]["content"] == "boom":
+            raise RuntimeError("the tool server is down")
+        return [], 0.0, True

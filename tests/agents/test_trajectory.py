@@ -4,32 +4,16 @@ log-probs; the template's rendering of each answer (tools' responses, a user's t
 them, not trained; the whole decoding to the template's rendering of the conversation, the
 tools listed. A template that rewrites a past turn is refused."""
 
-import json
-
 import numpy as np
 import pytest
-from tokenizers import AddedToken
-from tokenizers import Tokenizer as HFTokenizer
 
 from titanax.agents.tool_schema import json_schema
 from titanax.agents.trajectory import Trajectory
-from titanax.data import chat, train_tokenizer
+from titanax.data import chat
 from titanax.data.tokenizer import Tokenizer
 from tests.agents import tools
+from tests.agents.conftest import TOOLS_CHATML
 
-# ChatML with tools as Qwen's templates write them: the tools' schemas in the system turn, a
-# tool's response as a user turn inside <tool_response>.
-TOOLS_CHATML = (
-    "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}"
-    "{{ messages[0]['content'] }}\n\n{% endif %}# Tools\n\n<tools>{% for tool in tools %}"
-    "{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools><|im_end|>\n"
-    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}"
-    "<|im_end|>\n{% endif %}"
-    "{% for message in messages %}{% if message['role'] == 'system' %}"
-    "{% elif message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n"
-    "{{ message['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # The same, but a past assistant turn is written without its first line (as templates that drop
 # past reasoning do).
 REWRITING = TOOLS_CHATML.replace(
@@ -37,21 +21,6 @@ REWRITING = TOOLS_CHATML.replace(
     "{% elif message['role'] == 'assistant' and not loop.last %}<|im_start|>assistant\n"
     "{{ message['content'].split('\\n')[-1] }}"
     "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}")
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("tools_tok"))
-    train_tokenizer.train(train_tokenizer.corpus_files()[:3], vocab_size=400, out=out,
-                          progress=False)
-    hf = HFTokenizer.from_file(f"{out}/tokenizer.json")
-    hf.add_special_tokens([AddedToken("<|im_start|>", special=True),
-                           AddedToken("<|im_end|>", special=True)])
-    hf.save(f"{out}/tokenizer.json")
-    with open(f"{out}/tokenizer_config.json", "w", encoding="utf-8") as f:
-        json.dump({"chat_template": TOOLS_CHATML, "eos_token": "<|im_end|>",
-                   "bos_token": None, "tokenizer_class": "PreTrainedTokenizerFast"}, f)
-    return out
 
 
 def _tokenizer(path, template=None):

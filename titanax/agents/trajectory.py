@@ -69,6 +69,11 @@ class Trajectory:
         self._pending = content
         return content
 
+    @property
+    def last_turn(self) -> Optional[str]:
+        """The last assistant turn's text while its answer is not in yet (else None)."""
+        return self._pending
+
     def add_answer(self, answer: Sequence[Message]) -> None:
         """The environment's ``answer`` messages after the last turn: the template's text from
         that turn's end token through the next generation prompt, appended, not trained."""
