@@ -149,6 +149,12 @@ class RewardError(TitanaxError):
     """A reward function that cannot be imported, or returned what a reward cannot be."""
 
 
+class AgentError(TitanaxError):
+    """An environment or tool of multi-turn RL that cannot be imported, described or called as
+    its protocol says (titanax/agents): a class without ``step``, a tool without a docstring, a
+    step that returns something else than ``(messages, reward, done)``."""
+
+
 # --- Evaluation ----------------------------------------------------------------------------------
 
 class DecodingError(TitanaxError):

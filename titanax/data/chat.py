@@ -85,23 +85,28 @@ class ChatTemplate:
         self.special = {"bos_token": bos_token, "eos_token": eos_token}
 
     def render(self, messages: Sequence[Tuple[str, str]], *,
-               add_generation_prompt: bool = False) -> str:
+               add_generation_prompt: bool = False,
+               tools: Optional[Sequence[dict]] = None) -> str:
         """The text transformers' ``apply_chat_template(..., tokenize=False)`` renders (a
-        ``{% generation %}`` block is its plain text)."""
-        text = self._render_marked(messages, add_generation_prompt=add_generation_prompt)
+        ``{% generation %}`` block is its plain text); ``tools``: the tools' JSON schemas the
+        template lists (``agents/tool_schema.py``; None: no tools)."""
+        text = self._render_marked(messages, add_generation_prompt=add_generation_prompt,
+                                   tools=tools)
         if not self.marks_generation:
             return text
         _check_unmarked(messages)
         return text.replace(_START, "").replace(_END, "")
 
     def _render_marked(self, messages: Sequence[Tuple[str, str]], *,
-                       add_generation_prompt: bool = False) -> str:
+                       add_generation_prompt: bool = False,
+                       tools: Optional[Sequence[dict]] = None) -> str:
         """The rendering with each ``{% generation %}`` block's text between ``_START`` and
         ``_END``."""
         try:
             return self.template.render(
                 messages=[{"role": role, "content": content} for role, content in messages],
-                add_generation_prompt=add_generation_prompt, **self.special)
+                add_generation_prompt=add_generation_prompt,
+                **({"tools": list(tools)} if tools else {}), **self.special)
         except jinja2.TemplateError as e:
             raise TemplateError(f"the chat template refused the conversation: {e}") from e
 

@@ -134,6 +134,11 @@ class Tokenizer(Configurable):
                            "into the model it exports), or use a chat model's tokenizer")
         return source
 
+    def encode_markup(self, text: str, *, start: bool) -> List[int]:
+        """The ids of rendered chat text, its special tokens read as such; ``start``: the
+        text opens the whole sequence (a SentencePiece word-start mark goes there only)."""
+        return [int(i) for i in self._impl.encode_markup(text, start=start)]
+
     def encode_prompt(self, text: str) -> List[int]:
         """A prompt as a model of this tokenizer reads it at inference: its special tokens read
         as such (as transformers' ``tokenizer(text)`` does), after BOS where documents start

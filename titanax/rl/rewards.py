@@ -19,7 +19,6 @@ the built-ins are configs under ``--config.objective.rewards``:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import re
@@ -28,6 +27,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
 import numpy as np
 
 from titanax import errors
+from titanax.utils.import_path import import_object
 from titanax.config import Configurable, REQUIRED, Required
 
 NUMBER = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
@@ -159,22 +159,10 @@ class LengthPenalty(Reward):
 
 def import_function(path: str, *, where: str) -> Callable:
     """The callable at ``path`` (``package.module.name`` or ``package.module:name``)."""
-    module_name, _, name = path.rpartition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not name:
-        raise errors.RewardError(f"{path!r} is no import path", path=where,
-                                 suggestion="write package.module.function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise errors.RewardError(f"cannot import {module_name!r} ({e})", path=where,
-                                 suggestion="make the module importable (PYTHONPATH, or run "
-                                            "from its directory)") from None
-    function = getattr(module, name, None)
+    function = import_object(path, where=where, what="function", error=errors.RewardError)
     if not callable(function):
-        defined = ", ".join(n for n in dir(module) if not n.startswith("_"))
-        raise errors.RewardError(f"{module_name} has no function {name!r}", path=where,
-                                 suggestion=f"check the name: {module_name} defines "
-                                            f"{defined[:200]}")
+        raise errors.RewardError(f"{path!r} is a {type(function).__name__}, not a function",
+                                 path=where, suggestion="name a function")
     return function
 
 
