@@ -232,16 +232,15 @@ class PipelinedGradients:
             return parts.run_stage(precision.cast_for_compute(stage_params.whole(sp)), x, m,
                                    stage_index, key, True, compute_batches)
 
-        def head_objective(sp, op, x, m):
-            decoded, stage_summaries = run_stage(sp, x, m)
+        def head(op, decoded, m):
             _, aux, head_summaries = parts.head_loss(
                 precision.cast_for_compute(outside_params.whole(op)), decoded,
                                                      row(m), part_key(key, m, 2), True)
             # Token-weighted over the shard (see _head), not a mean of microbatch means.
             loss = at_least_float32(aux["loss_sum"]) / total_weight
-            # Summaries as partial sums over pipe of the mean over microbatches (and stages).
-            summaries = {**{k: v / (count * stages) for k, v in stage_summaries.items()},
-                         **{k: v / count for k, v in head_summaries.items()}}
+            # Summaries as partial sums over pipe of the mean over microbatches (the stages'
+            # are the executor's, over microbatches and stages).
+            summaries = {k: v / count for k, v in head_summaries.items()}
             return (self.loss_relation.objective(loss, self.mesh_shape, loss_scale,
                                                  weight=shard_weight),
                     (loss, aux, summaries))
@@ -249,7 +248,7 @@ class PipelinedGradients:
         functions = one_f_one_b.StageFunctions(
             first_input=lambda op, m: parts.first_stage_input(
                 precision.cast_for_compute(outside_params.whole(op)), row(m), m, key, True),
-            run_stage=run_stage, head_objective=head_objective)
+            run_stage=run_stage, head=head)
         result = one_f_one_b.one_f_one_b(functions, staged, outside, axis=self.pipe_axis,
                                          num_microbatches=count)
         grads = parts.join_grads(result.outside_grads, result.staged_grads)
