@@ -26,9 +26,11 @@ def commands(script: str) -> List[str]:
     return [c.strip() for c in script.replace("\\\n", " ").split("\n") if c.strip()]
 
 
-def walk(page: str, folder) -> List[Tuple[str, str]]:
-    """``[(command, stdout)]`` after running the whole page in ``folder``."""
-    env = child_environment()
+def walk(page: str, folder, *, quick_backend: bool = False) -> List[Tuple[str, str]]:
+    """``[(command, stdout)]`` after running the whole page in ``folder``; ``quick_backend``:
+    its commands compile without LLVM's optimisations (a page of evaluations and short runs,
+    where compiling dominates: tests/environment.py)."""
+    env = child_environment(quick_backend=quick_backend)
     outputs = []
     for kind, body in blocks(page):
         named = re.match(r"# file: (\S+)\n", body)

@@ -13,7 +13,7 @@ PAGE = os.path.join(doc_walk.REPO_ROOT, "docs", "evaluation.md")
 
 
 def test_the_page_evaluates_a_directory_and_a_run_on_a_local_task(tmp_path):
-    outputs = doc_walk.walk(PAGE, tmp_path)
+    outputs = doc_walk.walk(PAGE, tmp_path, quick_backend=True)
     for name in ("hf", "run"):
         with open(tmp_path / "results" / f"{name}.json", encoding="utf-8") as f:
             results = json.load(f)["results"]["sums"]

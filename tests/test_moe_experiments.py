@@ -50,27 +50,24 @@ def data_only(tmp_path_factory):
     return rows
 
 
-def test_expert_parallel_trains_like_the_data_only_run(tmp_path, data_only):
-    rows, stdout = _launch(tmp_path / "run", STEPS)
-    steps = range(1, STEPS + 1)
+def test_expert_parallel_trains_like_the_data_only_run_and_resumes_at_ep2(tmp_path, data_only):
+    """data 2 x expert 4 for 10 steps: the data-only run's losses, its load and drop metrics in
+    the CSV per layer and in the progress line averaged; its checkpoint resumed at data 4 x
+    expert 2 (the same 8 batch shards): the losses of the run that never moved; the checkpoint
+    then generates (the expert axis joins data)."""
+    run_dir, half = tmp_path / "moved", STEPS // 2
+    rows, stdout = _launch(run_dir, half, checkpoint=True)
+    steps = range(1, half + 1)
     assert sorted(rows) == list(steps)
     assert_close(_losses(rows, steps), _losses(data_only, steps), what="losses", bound=ADAM)
     assert float(data_only[STEPS]["loss"]) < float(data_only[1]["loss"])  # It trains.
-    # The load and drop metrics: in the CSV per layer, in the progress line averaged.
     assert all(float(rows[s][DROPPED]) == 0.0 for s in steps)  # Capacity E / top_k.
     assert {f"{LOAD}/layer_{i}/{end}" for i in range(4) for end in ("max", "min")} <= set(rows[1])
-    assert 0.0 <= float(rows[STEPS][f"{LOAD}/min"]) < 1.0 < float(rows[STEPS][f"{LOAD}/max"]) < 8.0
+    assert 0.0 <= float(rows[half][f"{LOAD}/min"]) < 1.0 < float(rows[half][f"{LOAD}/max"]) < 8.0
     assert "expert_load/max" in stdout and "dropped_fraction 0.0000" in stdout
-
-
-def test_an_ep4_checkpoint_resumes_at_ep2_with_the_same_losses(tmp_path, data_only):
-    """data 2 x expert 4 -> data 4 x expert 2: the same 8 batch shards, so the same losses as the
-    run that never moved; the checkpoint then generates (the expert axis joins data)."""
-    run_dir = tmp_path / "moved"
-    _launch(run_dir, 10, checkpoint=True)
     moved, stdout = _launch(run_dir, STEPS, "--config.mesh.shape=(4, 2)", checkpoint=True)
     assert "restored the run" in stdout
-    steps = range(11, STEPS + 1)
+    steps = range(half + 1, STEPS + 1)
     assert_close(_losses(moved, steps), _losses(data_only, steps), what="losses after moving",
                  bound=ADAM)
     result = _run("titanax.generate", f"--trainer_dir={run_dir}", "--prompt_ids=1,2,3",

@@ -81,9 +81,10 @@ def test_sampled_completions_do_not_depend_on_slots_or_chunks(kind):
     model, params = models(kind)
     requests = [Request(**{**r.__dict__, "temperature": 0.8, "top_p": 0.9, "top_k": 20})
                 for r in REQUESTS]
-    runs = [DecodeEngine(model=model, params=params, pool_tokens=256, block_size=4,
-                         slots=slots, chunk_steps=chunk, seed=7).generate(requests)
-            for slots, chunk in ((3, 1), (8, 5))]
+    engines = [DecodeEngine(model=model, params=params, pool_tokens=256, block_size=4,
+                            slots=slots, chunk_steps=chunk, seed=7)
+               for slots, chunk in ((3, 1), (8, 5))]
+    runs = [engine.generate(requests) for engine in engines]
     tokens = [[[c.tokens for c in completions] for completions in run] for run in runs]
     assert tokens[0] == tokens[1]
     # The samples of a request differ (their own keys), and the seed matters.
@@ -92,10 +93,8 @@ def test_sampled_completions_do_not_depend_on_slots_or_chunks(kind):
                          chunk_steps=5, seed=8).generate(requests)
     assert [[c.tokens for c in completions] for completions in other] != tokens[0]
     # A second call on the same engine draws anew (its keys: the seed, then the call's number).
-    again = DecodeEngine(model=model, params=params, pool_tokens=256, block_size=4, slots=8,
-                         chunk_steps=5, seed=7)
-    first, second = again.generate(requests), again.generate(requests)
-    assert [[c.tokens for c in g] for g in first] == tokens[0]
+    again = engines[1]
+    second = again.generate(requests)
     assert [[c.tokens for c in g] for g in second] != tokens[0]
     # A call's own key, raw or typed (jax.random.key), decides its draws alike.
     raw, typed = (again.generate(requests, key=k)

@@ -104,7 +104,7 @@ def test_the_command_line_evaler_starts_at_evaluates_baseline_and_two_processes_
              f"--trainer_dir=runs/{name}", *devices, "--config.init_from=tiny_chat/model",
              "--config.train_input.source.format=chat",
              "--config.train_input.source.files=['tiny_chat/chat.jsonl']",
-             "--config.max_steps=2", *EVALER_FLAGS], cwd=str(folder), env=child_environment(),
+             "--config.max_steps=2", *EVALER_FLAGS], cwd=str(folder), env=child_environment(quick_backend=True),
             capture_output=True, text=True, timeout=600, check=False)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         with open(folder / "runs" / name / "metrics.csv", encoding="utf-8") as f:
@@ -124,7 +124,7 @@ def test_the_command_line_evaler_starts_at_evaluates_baseline_and_two_processes_
         [sys.executable, "-m", "titanax.evaluate", "--hf=tiny_chat/model",
          f"--tasks={','.join(TEMPLATE_TASKS)}", "--include_path=tasks", "--cpu_devices=8",
          "--apply_chat_template", "--num_fewshot=1", "--max_gen_toks=8",
-         f"--output_path={out}"], cwd=str(folder), env=child_environment(),
+         f"--output_path={out}"], cwd=str(folder), env=child_environment(quick_backend=True),
         capture_output=True, text=True, timeout=600, check=False)
     assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
     from titanax.harness.evaler import metrics_by_name  # pylint: disable=import-outside-toplevel

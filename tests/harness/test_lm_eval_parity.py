@@ -19,7 +19,7 @@ from tests.environment import child_environment
 from tests.harness import local_tasks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = child_environment(PYTHONUNBUFFERED="1")
+ENV = child_environment(PYTHONUNBUFFERED="1", quick_backend=True)
 
 
 def _run(args, cwd, timeout=600):

@@ -293,7 +293,8 @@ def test_todays_families_fine_tune_export_and_load_in_transformers(family, exper
     steps from their directory (dense ones on data 4 x TP 2, gpt-oss's, DeepSeek-V3's and Qwen
     3.5 MoE's experts on data 2 x expert 4; DeepSeek-V3's multi-token-prediction depth trained too, from its
     checkpoint's layer, and reported per step), exported, loaded by transformers' own class
-    with Titanax's logits; ``generate --hf`` on the export gives the run's greedy ids."""
+    with Titanax's logits; for DeepSeek-V3, ``generate --hf`` on the export gives the run's
+    greedy ids."""
     import torch
     torch.manual_seed(0)
     source, run, target = (str(tmp_path / name) for name in ("source", "run", "export"))
@@ -309,4 +310,8 @@ def test_todays_families_fine_tune_export_and_load_in_transformers(family, exper
         from safetensors import safe_open
         with safe_open(exported, "np") as f:
             assert "model.layers.3.eh_proj.weight" in f.keys()
-    _generates_alike(run, target)
+        # Generation from a run and from its export has no per-family code (generate.py: the
+        # restored run's engine); each family generates as transformers does in
+        # tests/hf/test_generate.py. One family here -- experts, a prediction depth -- shows a
+        # fine-tuned run's restore for generation is its export's.
+        _generates_alike(run, target)

@@ -207,7 +207,8 @@ def test_greedy_generation_over_a_pattern_is_the_forwards_argmax(pattern):
     padded = jnp.concatenate([prompt[:1], jnp.pad(short, [(0, 0), (4, 0)])], axis=0)
     together = generate(padded, prompt_lengths=jnp.asarray([9, 5]))
     np.testing.assert_array_equal(together[1], generate(short)[0])
-    np.testing.assert_array_equal(together[0], generate(prompt[:1])[0])
+    # Row 0 as it generated beside row 1 unpadded (itself checked against the forward pass).
+    np.testing.assert_array_equal(together[0], greedy[0])
 
 
 def test_what_a_pattern_cannot_do_yet_is_refused_by_name():
