@@ -104,8 +104,8 @@ def test_the_command_line_evaler_starts_at_evaluates_baseline_and_two_processes_
              f"--trainer_dir=runs/{name}", *devices, "--config.init_from=tiny_chat/model",
              "--config.train_input.source.format=chat",
              "--config.train_input.source.files=['tiny_chat/chat.jsonl']",
-             "--config.max_steps=2", *EVALER_FLAGS], cwd=str(folder), env=child_environment(quick_backend=True),
-            capture_output=True, text=True, timeout=600, check=False)
+             "--config.max_steps=2", *EVALER_FLAGS], cwd=str(folder),
+            env=child_environment(quick_backend=True), capture_output=True, text=True, timeout=600, check=False)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         with open(folder / "runs" / name / "metrics.csv", encoding="utf-8") as f:
             rows = [r for r in csv.DictReader(f) if r.get("lm_eval/tiny_mc/acc")]

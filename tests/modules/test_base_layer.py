@@ -90,16 +90,18 @@ def test_initialisation_is_deterministic_name_based_and_jit_shardable():
                  what="sharded init")
 
 
-def test_params_of_one_kind_drawn_together_are_each_keys_own_draw():
+@pytest.mark.parametrize("key", [jax.random.PRNGKey(4), jax.random.key(4, impl="rbg")],
+                         ids=["threefry", "rbg"])
+def test_params_of_one_kind_drawn_together_are_each_keys_own_draw(key):
     """``initialize_parameters_recursively`` draws params alike in initializer, shape and dtype
     by one ``vmap`` over their keys: each param is the draw of its own path's key alone (within
     one rounding of the normal's inverse error function, compiled in another program), and no
-    two params of a kind are the same draw."""
+    two params of a kind are the same draw -- also with a generator whose vmap would draw the
+    whole batch from one key (rbg: drawn one at a time)."""
     model = LayerGroup.default_config().set(name="stack", layers=[
         Linear.default_config().set(input_dim=8, output_dim=8, dtype="float32")
         for _ in range(3)] + [
         Linear.default_config().set(input_dim=8, output_dim=4, dtype="float32")]).instantiate()
-    key = jax.random.PRNGKey(4)
     got = jax.jit(model.initialize_parameters_recursively)(key)
     specs = model.create_parameter_specs_recursively()
     leaves = jax.tree_util.tree_leaves_with_path(

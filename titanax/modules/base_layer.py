@@ -319,17 +319,24 @@ def _initialize(specs: Dict[str, Any], key: jax.Array, *, prefix: str) -> Dict[s
     error function) that XLA compiles once per copy in the program, so a program drawing each
     param on its own compiles in time growing with the param count -- the same draws batched
     compile once per kind (measured, the one jitted init on CPU: qwen3_5_tiny 6.0 s -> 3.3 s,
-    deepseek_v3_tiny 4.4 s -> 3.5 s). A vmapped draw gives each key the values of that key's
-    own draw (tests/modules/test_base_layer.py)."""
+    deepseek_v3_tiny 4.4 s -> 3.5 s). A vmapped threefry draw gives each key the values of
+    that key's own draw (tests/modules/test_base_layer.py); other generators draw one param at
+    a time. (Under ``jit`` with ``out_shardings``, a kind's draws are made together and then
+    cut into their params' shardings: briefly twice that kind's memory.)"""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(
         specs, is_leaf=lambda x: isinstance(x, ParameterSpec))
     kinds: Dict[Any, list] = {}
     for index, (_, spec) in enumerate(leaves):
         kinds.setdefault(_kind(spec), []).append(index)
     drawn: list = [None] * len(leaves)
+    together = _draws_batch_exactly(key)
     for indices in kinds.values():
         spec = leaves[indices[0]][1]
         keys = [name_key(key, param_path(prefix, leaves[i][0])) for i in indices]
+        if not together:
+            for i, param_key in zip(indices, keys):
+                drawn[i] = draw_param(leaves[i][1], param_key)
+            continue
         if len(indices) == 1:
             drawn[indices[0]] = draw_param(spec, keys[0])
             continue
@@ -337,6 +344,17 @@ def _initialize(specs: Dict[str, Any], key: jax.Array, *, prefix: str) -> Dict[s
         for position, i in enumerate(indices):
             drawn[i] = values[position]
     return jax.tree_util.tree_unflatten(treedef, drawn)
+
+
+def _draws_batch_exactly(key: jax.Array) -> bool:
+    """Whether draws vmapped over keys of ``key``'s generator are each key's own: threefry's
+    are (each bit a hash of its key and its index); ``rbg``'s are not (its vmap draws the whole
+    batch from the first key)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        implementation = str(jax.random.key_impl(key))
+    else:
+        implementation = str(jax.config.jax_default_prng_impl)
+    return "threefry" in implementation
 
 
 def _kind(spec: ParameterSpec) -> Any:

@@ -11,8 +11,9 @@ rules -- a forward needs the previous stage's output from an earlier tick, a bac
 stage's gradient from an earlier tick, a stage does one thing per tick and prefers a backward --
 which gives the classic warm-up / steady 1F1B / cool-down shape. At run time a ``lax.scan`` over
 the ticks indexes the table with the device's stage and runs the matching action (idle,
-forward, backward: one branch each, for every stage) through ``lax.switch``; every device then issues the same two ``ppermute``s (activations forward,
-gradients backward; zeros when idle), so the collectives line up whatever each stage did.
+forward, backward: one branch each, for every stage) through ``lax.switch``; every device then
+issues the same two ``ppermute``s (activations forward, gradients backward; zeros when idle), so
+the collectives line up whatever each stage did.
 
 Backward is explicit: a stage's backward recomputes its forward from the saved input under
 ``jax.vjp`` (stage-level rematerialisation, the price of the flat memory). ``one_f_one_b`` runs a
@@ -174,6 +175,8 @@ class _Ticks:
         self.staged, self.outside = staged, outside
         self.axis, self.count = axis, count
         self.stages = collectives.axis_size(axis)
+        if self.stages < 2:  # (One stage would be first and last: its forward never runs.)
+            raise ValueError(f"1F1B needs at least 2 stages over {axis!r}, got {self.stages}")
         self.table = build_schedule(self.stages, count)
         self.stage_index = collectives.axis_index(axis)
         self.first = self.stage_index == 0
@@ -191,8 +194,13 @@ class _Ticks:
             lambda: self.f.head(self.outside, self.zeros_act, 0))
         _, stage_summaries = jax.eval_shape(
             lambda: self.f.run_stage(self.staged, self.zeros_act, 0))
+        both = set(stage_summaries) & set(head_summaries)
+        if both:  # (Two statistics -- over the stages' layers, over the head's -- under a name.)
+            raise ValueError(f"summaries {sorted(both)} come from both the stages and the head: "
+                             "name them apart")
         buffer = (self.stages,) + self.activation.shape
-        zeros = lambda a, dtype=None: self.varying(jnp.zeros(a.shape, dtype or a.dtype))  # noqa: E731
+        def zeros(a, dtype=None):
+            return self.varying(jnp.zeros(a.shape, dtype or a.dtype))
         return {
             "acts": self.varying(jnp.zeros(buffer, self.activation.dtype)),
             "grads_in": self.varying(jnp.zeros(buffer, self.activation.dtype)),

@@ -185,7 +185,8 @@ def test_greedy_generation_over_a_pattern_is_the_forwards_argmax(pattern):
     """Each greedy token -- from a key/value cache per attention member, a convolution window
     and recurrent state per Gated DeltaNet member -- is the argmax of the whole forward pass
     over the prompt and the tokens before it (an independent computation); and prompts
-    left-padded to one length generate what each does alone."""
+    left-padded to one length generate what each does unpadded (row 1 alone, row 0 beside
+    it)."""
     cfg = (Decoder.default_config().set(num_layers=5 if pattern.endswith("tail") else 4,
                                         layer_pattern=("sliding", "full"), sliding_window=3,
                                         **SMALL)
