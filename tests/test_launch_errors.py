@@ -155,6 +155,25 @@ BAD_INPUTS = [
       "--config.objective.rewards={{}}",
       "--config.objective.reward_functions=['tests.rl.user_rewards:needs_solution']"],
      "objective.reward_functions[0]: needs_solution needs the record field(s) solution"),
+    # Agents: the environment and its tools, before step 1.
+    ("an environment path that does not import",
+     ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.environment=no_such_package.Env"],
+     "objective.environment: cannot import 'no_such_package'"),
+    ("an environment class without step",
+     ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.environment=tests.agents.environments.NoStep"],
+     "objective.environment: NoStep has no method step()"),
+    ("max_turns 0", ["--config=llama_tiny_agent", "--config.objective.max_turns=0"],
+     "objective.max_turns"),
+    ("a tool without a docstring",
+     ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.tools=['tests.agents.tools.undocumented']"],
+     "objective.tools[0]: tool 'undocumented' has no docstring"),
+    ("a tool whose argument JSON cannot carry",
+     ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.tools=['tests.agents.tools.takes_a_point']"],
+     "objective.tools[0]: tool 'takes_a_point' argument 'p'"),
 ]
 
 # What only a call can show (a run that starts, then meets it): the same exit status, message and
@@ -165,6 +184,14 @@ CALL_TIME_ERRORS = [
       "--config.objective.rewards={{}}",
       "--config.objective.reward_functions=['tests.rl.user_rewards:reads_difficulty']"],
      "reads_difficulty raised KeyError: 'difficulty' (scoring the completions of "),
+    ("an environment's step returning two values",
+     ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.environment=tests.agents.environments.TwoValues"],
+     "TwoValues.step (record 0, sample 0) returned 2 values"),
+    ("an environment's reward of NaN",
+     ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.objective.environment=tests.agents.environments.NotANumber"],
+     "NotANumber.step (record 0, sample 0) returned the reward nan"),
 ]
 
 

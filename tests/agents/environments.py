@@ -56,3 +56,34 @@ class Flaky:
         if messages[0]["content"] == "boom":
             raise RuntimeError("the tool server is down")
         return [], 0.0, True
+
+
+class Digits:
+    """The calculator's characters only: answers each turn with a tool message of two digits
+    (the turn's length's last and the turn's number), rewarded 0.25 a turn; done after the
+    third turn."""
+
+    def __init__(self):
+        self.turns = 0
+
+    def reset(self, record):
+        return [{"role": "user", "content": record["prompt"]}]
+
+    def step(self, messages):
+        self.turns += 1
+        said = messages[-1]["content"]
+        answer = [{"role": "tool", "content": f"{len(said) % 10}{self.turns}"}]
+        return answer, 0.25, self.turns >= 3
+
+
+class TwoValues:
+    def reset(self, record):
+        return [{"role": "user", "content": record["prompt"]}]
+
+    def step(self, messages):
+        return [], 1.0
+
+
+class NotANumber(TwoValues):
+    def step(self, messages):
+        return [], float("nan"), True

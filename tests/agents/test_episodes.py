@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from titanax import errors
+from titanax.agents.environment import load_environment
 from titanax.agents.episodes import engine_turns, play
 from titanax.decoding.engine import DecodeEngine
 from titanax.data.tokenizer import Tokenizer
@@ -47,8 +48,9 @@ def setup(tokenizer_dir):
 
 def _play(setup, environment, **changes):
     tokenizer, sample_turns = setup
-    settings = dict(records=RECORDS, environment=f"tests.agents.environments.{environment}",
-                    where="objective.environment", tokenizer=tokenizer, samples=2,
+    path = f"tests.agents.environments.{environment}"
+    settings = dict(records=RECORDS, tokenizer=tokenizer, samples=2,
+                    make_environment=lambda: load_environment(path, where="objective.environment"),
                     sample_turns=sample_turns, max_turns=3, max_tokens=400)
     return play(**{**settings, **changes})
 
@@ -69,9 +71,19 @@ def test_episodes_end_as_their_environment_turns_and_tokens_say(setup):
     assert {e.ended_by for e in endless} <= {"max_turns", "tokens"}
     assert all(e.trajectory.turns <= 2 and e.reward == len(e.rewards) for e in endless)
     assert any(e.ended_by == "max_turns" for e in endless)
-    # No room for a turn: ended by tokens before any.
-    cramped = _play(setup, "Echo", max_tokens=5)
-    assert all(e.ended_by == "tokens" and e.trajectory.turns == 0 for e in cramped)
+    # An answer that would fill the episode's tokens is not appended: ended by tokens.
+    opening = max(len(e.trajectory.ids) for e in endless)
+    cramped = _play(setup, "Echo", max_tokens=opening + 26, max_turns=12)
+    assert {e.ended_by for e in cramped} == {"tokens"}
+    assert all(len(e.trajectory.ids) <= opening + 26 for e in cramped)
+    dropped = [e for e in cramped if len(e.rewards) == e.trajectory.turns and  # (Answered,)
+               e.trajectory.ids[-1] == e.trajectory.end_id]  # (its answer not appended.)
+    assert dropped and all(len(e.trajectory.messages) > 2 * e.trajectory.turns
+                           for e in dropped)
+    # No room for a turn after the opening: refused naming the record and the field.
+    with pytest.raises(errors.AgentError, match=r"objective.max_tokens: Echo.reset \(record 0, "
+                                                r"sample 0\) opens with \d+ tokens"):
+        _play(setup, "Echo", max_tokens=5)
 
 
 def test_an_environment_that_raises_is_named_with_its_record_and_sample(setup):

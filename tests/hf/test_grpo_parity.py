@@ -13,6 +13,8 @@ import pytest
 from tests.numerics import assert_close
 from titanax.hf import exporter, importer
 from titanax.modules.context import flat_summaries
+from titanax.agents.rows import episode_rows
+from titanax.objectives.agent import Agent
 from titanax.objectives.grpo import GRPO
 from titanax.rl.rows import rollout_rows
 
@@ -84,8 +86,10 @@ def _inputs(dirs):
             "ref": _logps(dirs[1], ids)}
 
 
-def _trl(variant, data, policy_dir, tmp_path):
-    """TRL's loss and its gradients by transformers' names."""
+def _trl(variant, data, policy_dir, tmp_path, *, tool_mask=None,
+         max_completion_length=COMPLETION):
+    """TRL's loss and its gradients by transformers' names; ``tool_mask``: 0 at the
+    completion's tokens an environment wrote (TRL's multi-turn mask)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -100,7 +104,7 @@ def _trl(variant, data, policy_dir, tmp_path):
         model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
         train_dataset=Dataset.from_list([{"prompt": "t3 t4"}] * 8), processing_class=tokenizer,
         args=GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=ROWS,
-                        num_generations=2, max_completion_length=COMPLETION,
+                        num_generations=2, max_completion_length=max_completion_length,
                         temperature=TEMPERATURE, report_to=[], use_cpu=True, bf16=False,
                         fp16=False, **VARIANTS[variant][1]))
     trainer.current_gradient_accumulation_steps = 1
@@ -113,6 +117,9 @@ def _trl(variant, data, policy_dir, tmp_path):
               "advantages": t(data["advantages"]), "old_per_token_logps": t(data["old"]),
               "ref_per_token_logps": t(data["ref"]),
               "num_items_in_batch": t(data["mask"].sum())}
+    if tool_mask is not None:
+        inputs["tool_mask"] = t(tool_mask, torch.long)
+        inputs["num_items_in_batch"] = t((data["mask"] * tool_mask).sum())
     if variant == "grpo_stale":
         # As TRL's generation step computes them with vLLM: the ratio to the policy now (no
         # old log-probs), and each token's weight min(exp(policy - sampler), cap).
@@ -130,21 +137,61 @@ def _trl(variant, data, policy_dir, tmp_path):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_the_loss_and_gradients_equal_trls(variant, dirs, tmp_path):
-    import glob
-    from safetensors.numpy import load_file
     data = _inputs(dirs)
-    want_loss, want_grads, trl_metrics = _trl(variant, data, dirs[0], tmp_path)
+    want = _trl(variant, data, dirs[0], tmp_path)
     objective = GRPO.default_config().set(
         reward_functions=["math.isfinite"], temperature=TEMPERATURE,
         max_new_tokens=COMPLETION, **VARIANTS[variant][0]).instantiate()
-    model_cfg = importer.model_config(dirs[0])
-    model = model_cfg.instantiate()
-    policy = importer.params_as_numpy(dirs[0])
-    reference = importer.params_as_numpy(dirs[1]) if objective.needs_reference else None
     batch = rollout_rows(prompt_ids=data["prompt_ids"], prompt_lengths=np.full(ROWS, PROMPT),
                          completion_ids=data["completion_ids"], completion_mask=data["mask"],
                          old_logps=data["old"], advantages=data["advantages"],
                          row_weights=np.ones(ROWS))
+    _check_against_trl(objective, batch, want, dirs=dirs, tmp_path=tmp_path, variant=variant)
+
+
+# The tokens an environment wrote inside each completion (TRL's tool_mask 0): a tool's result
+# between two model turns, a user's reply, none.
+TOOL_SPANS = {0: (2, 4), 1: (1, 2), 2: (3, 5)}
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dr_grpo", "dapo", "gspo"])
+def test_a_multi_turn_episodes_loss_equals_trls_with_its_tool_mask(variant, dirs, tmp_path):
+    """The agent objective on episode rows (titanax/agents/rows.py: the environment's tokens
+    untrained) against TRL's loss with ``tool_mask`` 0 at the same tokens; Dr. GRPO's
+    normaliser is the episode's token budget (``objective.max_tokens``), TRL's
+    ``max_completion_length`` set to it."""
+    data = _inputs(dirs)
+    tool_mask = np.ones((ROWS, COMPLETION), np.int64)
+    for row, (start, stop) in TOOL_SPANS.items():
+        tool_mask[row, start:stop] = 0
+    budget = PROMPT + COMPLETION
+    want = _trl(variant, data, dirs[0], tmp_path, tool_mask=tool_mask,
+                max_completion_length=budget)
+    objective = Agent.default_config().set(
+        environment="tests.agents.environments.Digits", temperature=TEMPERATURE,
+        max_tokens=budget, **VARIANTS[variant][0]).instantiate()
+    episodes = []
+    for row in range(ROWS):
+        length = PROMPT + int(data["mask"][row].sum())
+        ids = np.concatenate([data["prompt_ids"][row], data["completion_ids"][row]])[:length]
+        trained = np.concatenate([np.zeros(PROMPT, bool), tool_mask[row] > 0])[:length]
+        logps = np.concatenate([np.zeros(PROMPT), data["old"][row]])[:length]
+        episodes.append((ids, trained, np.where(trained, logps, 0.0)))
+    batch = episode_rows(episodes, length=budget, advantages=data["advantages"],
+                         row_weights=np.ones(ROWS))
+    _check_against_trl(objective, batch, want, dirs=dirs, tmp_path=tmp_path, variant=variant)
+
+
+def _check_against_trl(objective, batch, want, *, dirs, tmp_path, variant):
+    """``objective``'s loss, gradients and clip / KL metrics on ``batch`` against TRL's
+    (``want``: ``_trl``'s)."""
+    import glob
+    from safetensors.numpy import load_file
+    want_loss, want_grads, trl_metrics = want
+    model_cfg = importer.model_config(dirs[0])
+    model = model_cfg.instantiate()
+    policy = importer.params_as_numpy(dirs[0])
+    reference = importer.params_as_numpy(dirs[1]) if objective.needs_reference else None
 
     def loss_of(p):
         params = p if reference is None else dict(p, reference=reference)

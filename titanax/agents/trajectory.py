@@ -74,9 +74,11 @@ class Trajectory:
         """The last assistant turn's text while its answer is not in yet (else None)."""
         return self._pending
 
-    def add_answer(self, answer: Sequence[Message]) -> None:
+    def add_answer(self, answer: Sequence[Message], *, limit: Optional[int] = None) -> bool:
         """The environment's ``answer`` messages after the last turn: the template's text from
-        that turn's end token through the next generation prompt, appended, not trained."""
+        that turn's end token through the next generation prompt, appended, not trained.
+        Returns False, appending nothing, when the ids would then reach ``limit`` (no room
+        is left for another turn: the episode ends by its tokens)."""
         if self._pending is None:
             raise ValueError("an answer follows an assistant turn")
         turn = ("assistant", self._pending)
@@ -94,10 +96,14 @@ class Trajectory:
         following = self._extending(through, self._render(self.messages, generation_prompt=True),
                                     "answer")
         new = self.tokenizer.encode_markup(after_end + following[len(through):], start=False)
+        if limit is not None and len(self.ids) + len(new) >= limit:
+            self._pending = None
+            return False
         self.ids += new
         self.trained += [False] * len(new)
         self.logps += [0.0] * len(new)
         self._text, self._pending = following, None
+        return True
 
     def arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(ids, trained, logps)`` as arrays."""

@@ -254,7 +254,12 @@ class GRPO(SamplingObjective):
             stale_correction=cfg.importance_correction if stale else None,
             importance_cap=cfg.importance_cap,
             kl_importance_correction=self.config.kl_importance_correction,
-            max_completion_length=self.config.max_new_tokens, row_weights=row_weights)
+            max_completion_length=self.completion_budget, row_weights=row_weights)
+
+    @property
+    def completion_budget(self) -> int:
+        """The tokens a row's completion may hold (Dr. GRPO's max_completion_length)."""
+        return self.config.max_new_tokens
 
     def describe(self) -> Optional[str]:
         cfg = self.config

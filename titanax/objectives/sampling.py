@@ -145,17 +145,23 @@ class SamplingObjective(Objective):
                 raise errors.ConfigError(f"{token} is no token id of the model's {vocab}",
                                          path=f"objective.end_ids[{index}]",
                                          suggestion=f"give ids in [0, {vocab})")
-        source = getattr(run.config.train_input, "source", None)
         max_seq_len = getattr(model_cfg, "max_seq_len", None)
-        prompt_tokens = getattr(source, "max_prompt_tokens", None)
+        prompt_tokens = self.prompt_width(run)
         if max_seq_len is not None and prompt_tokens is not None and \
                 prompt_tokens + own.max_new_tokens > max_seq_len:
             raise errors.ConfigError(
                 f"prompts of {prompt_tokens} tokens and completions of {own.max_new_tokens} "
                 f"make rows the model (max_seq_len {max_seq_len}) cannot read",
                 path="objective.max_new_tokens",
-                suggestion=f"lower it (or train_input.source.max_prompt_tokens) to fit "
-                           f"{max_seq_len}")
+                suggestion=f"lower it (or {self.prompt_width_field}) to fit {max_seq_len}")
+
+    # The config path of what sets the sampler's prompt width.
+    prompt_width_field = "train_input.source.max_prompt_tokens"
+
+    def prompt_width(self, run: Any) -> Optional[int]:
+        """The sampler's prompt width (its prompts left-padded to it): the prompt input's."""
+        source = getattr(run.config.train_input, "source", None)
+        return getattr(source, "max_prompt_tokens", None)
 
     def input_limits(self, model_limits):
         if model_limits is None:
@@ -173,6 +179,10 @@ class SamplingObjective(Objective):
             available = set().union(*(source.fields_of(i) for i in range(len(source))))
             self.rewards.check_fields(sorted(available),
                                       source=f"train_input.source.files {source.config.files}")
+        return RolloutStream(**self.stream_arguments(made_input, run=run))
+
+    def stream_arguments(self, made_input, *, run) -> Dict[str, Any]:
+        """What a rollout stream (``rl/rollouts.py``, and streams built on it) is made of."""
         end_ids = self.end_ids(made_input.source)
         shards, _ = run.process_batch_shards()
         own = self.config
@@ -181,7 +191,7 @@ class SamplingObjective(Objective):
                             every=own.samples_every if shown else 0,
                             count=own.num_samples, writes=jax.process_index() == 0,
                             loggers=run.loggers())
-        return RolloutStream(
+        return dict(
             prompts=iter(made_input), source=made_input.source, objective=self,
             rewards=self.rewards, sample=self.sampler(run, end_ids=end_ids),
             params=lambda: run.state.params, place=run.inputs.placed, shards=shards,
@@ -222,7 +232,7 @@ class SamplingObjective(Objective):
     def abstract_batch(self, run: Any):
         input_cfg, own = run.config.train_input, self.config
         rows = input_cfg.global_batch_size * own.num_generations // own.updates_per_rollout
-        length = input_cfg.source.max_prompt_tokens + own.max_new_tokens - 1
+        length = self.prompt_width(run) + own.max_new_tokens - 1
         return dict(rollout_rows.FIELDS), length, rows, rollout_rows.PER_ROW
 
     def compile_report(self, run: Any, *, state: Any, train_arguments: int) -> Dict[str, int]:
@@ -241,7 +251,7 @@ class SamplingObjective(Objective):
             return self._engine_report(run, state=state, train_arguments=train_arguments,
                                        end_ids=end_ids)
         rows = input_cfg.global_batch_size * self.config.num_generations
-        host = {"prompt_ids": np.zeros((rows, input_cfg.source.max_prompt_tokens), np.int32),
+        host = {"prompt_ids": np.zeros((rows, self.prompt_width(run)), np.int32),
                 "prompt_lengths": np.zeros((rows,), np.int32)}
         specs = run.steps.batch_specs(host)
         prompts = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,

@@ -1,0 +1,80 @@
+"""``llama_tiny_agent`` through the launcher, as a user runs it: a SIGTERM while episodes are
+played and a resume give the uninterrupted run's rewards step for step, and two processes give
+one process's (each plays its own records' episodes, the rounds go on while any process has
+one running, the advantages over the gathered batch)."""
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.environment import child_environment
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = child_environment(PYTHONUNBUFFERED="1")
+COMMAND = [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_agent",
+           "--config.max_steps=12", "--config.learner.optimizer.learning_rate.warmup_steps=2"]
+STEPS = range(1, 13)
+
+
+def _launch(trainer_dir, *extra):
+    result = subprocess.run(COMMAND + [f"--trainer_dir={trainer_dir}", *extra], cwd=REPO_ROOT,
+                            env=ENV, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+def _column(trainer_dir, name):
+    with open(os.path.join(trainer_dir, "metrics.csv"), encoding="utf-8") as f:
+        return {int(r["step"]): float(r[name]) for r in csv.DictReader(f) if r.get(name)}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    trainer_dir = str(tmp_path_factory.mktemp("agent") / "one")
+    console = _launch(trainer_dir, "--cpu_devices=8")
+    assert re.search(r"step\s+12/12  reward \S+  turns/mean \S+  tool_calls/mean", console)
+    rewards = _column(trainer_dir, "reward")
+    assert sorted(rewards) == list(STEPS) and len(set(rewards.values())) > 3, rewards
+    return trainer_dir
+
+
+def test_sigterm_while_playing_and_resume_give_the_uninterrupted_rewards(uninterrupted,
+                                                                         tmp_path):
+    trainer_dir = str(tmp_path / "interrupted")
+    process = subprocess.Popen(COMMAND + [f"--trainer_dir={trainer_dir}", "--cpu_devices=8"],
+                               cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if re.match(r"step\s+4/", line):  # (Step 5's episodes are being played.)
+            process.send_signal(signal.SIGTERM)
+            break
+    rest = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, "".join(lines) + rest
+    saved = re.search(r"SIGTERM: saved step (\d+)", rest)
+    assert saved and 4 <= int(saved.group(1)) < 12, rest
+    _launch(trainer_dir, "--cpu_devices=8")
+    for name in ("reward", "turns/mean", "tokens/mean"):
+        want, got = _column(uninterrupted, name), _column(trainer_dir, name)
+        assert [got[s] for s in STEPS] == [want[s] for s in STEPS], name
+
+
+@pytest.mark.parametrize("layout", [[], ["--config.mesh.axes=('model','data')",
+                                         "--config.mesh.shape=(2,None)"]],
+                         ids=["data-spans-processes", "model-spans-processes"])
+def test_two_processes_give_one_process_rewards(uninterrupted, tmp_path, layout):
+    trainer_dir = str(tmp_path / "two")
+    _launch(trainer_dir, "--local_processes=2", "--cpu_devices=4", *layout)
+    for name in ("reward", "reward_std", "turns/mean", "tool_calls/mean"):
+        want, got = _column(uninterrupted, name), _column(trainer_dir, name)
+        assert [got[s] for s in STEPS] == [want[s] for s in STEPS], name
+    want_norm, got_norm = (_column(d, "grad_norm") for d in (uninterrupted, trainer_dir))
+    np.testing.assert_allclose([got_norm[s] for s in STEPS], [want_norm[s] for s in STEPS],
+                               rtol=1e-4)
