@@ -327,22 +327,19 @@ def _initialize(specs: Dict[str, Any], key: jax.Array, *, prefix: str) -> Dict[s
         specs, is_leaf=lambda x: isinstance(x, ParameterSpec))
     kinds: Dict[Any, list] = {}
     for index, (_, spec) in enumerate(leaves):
-        kinds.setdefault(_kind(spec), []).append(index)
+        kinds.setdefault(draw_kind(spec), []).append(index)
     drawn: list = [None] * len(leaves)
     together = _draws_batch_exactly(key)
     for indices in kinds.values():
-        spec = leaves[indices[0]][1]
         keys = [name_key(key, param_path(prefix, leaves[i][0])) for i in indices]
-        if not together:
+        if together and len(indices) > 1:
+            spec = leaves[indices[0]][1]
+            values = jax.vmap(lambda k, spec=spec: draw_param(spec, k))(jnp.stack(keys))
+            for position, i in enumerate(indices):
+                drawn[i] = values[position]
+        else:
             for i, param_key in zip(indices, keys):
                 drawn[i] = draw_param(leaves[i][1], param_key)
-            continue
-        if len(indices) == 1:
-            drawn[indices[0]] = draw_param(spec, keys[0])
-            continue
-        values = jax.vmap(lambda k, spec=spec: draw_param(spec, k))(jnp.stack(keys))
-        for position, i in enumerate(indices):
-            drawn[i] = values[position]
     return jax.tree_util.tree_unflatten(treedef, drawn)
 
 
@@ -357,8 +354,9 @@ def _draws_batch_exactly(key: jax.Array) -> bool:
     return "threefry" in implementation
 
 
-def _kind(spec: ParameterSpec) -> Any:
-    """What decides a draw's program: params alike in it are drawn together."""
+def draw_kind(spec: ParameterSpec) -> Any:
+    """What decides a param's draw program (initializer, shape, dtype, fan axes): params alike
+    in it are drawn by one program (here together; ``train/param_draws.py`` reuses one)."""
     initializer, fan = spec.initializer, spec.fan_axes
     described = None if initializer is None else initializer.config.debug_string()
     return (type(initializer), described, tuple(spec.shape), str(spec.dtype),

@@ -24,7 +24,7 @@ from typing import Any, Callable, Tuple
 import jax
 import jax.numpy as jnp
 
-from titanax.modules.base_layer import ParameterSpec, draw_param, param_path
+from titanax.modules.base_layer import ParameterSpec, draw_kind, draw_param, param_path
 from titanax.modules.context import name_key
 
 # A draw runs once per run: on CPU, LLVM's optimisation of the random-number code costs more
@@ -67,10 +67,7 @@ def _program(spec: ParameterSpec, sharding: Any, dtype: Any, key: jax.Array
              ) -> Callable[[jax.Array], jax.Array]:
     """The compiled draw of ``spec``'s kind of param into ``sharding``, stored as ``dtype``,
     from a key like ``key``."""
-    initializer, fan = spec.initializer, spec.fan_axes
-    kind = (type(initializer), initializer.config.debug_string(), tuple(spec.shape),
-            str(spec.dtype), None if fan is None else (fan.in_axes, fan.out_axes), str(dtype),
-            sharding, key.shape, str(key.dtype),
+    kind = (draw_kind(spec), str(dtype), sharding, key.shape, str(key.dtype),
             # (A compiled program does not follow jax's config: the draw's settings join the key.)
             jax.config.jax_threefry_partitionable, str(jax.config.jax_default_prng_impl))
     program = _PROGRAMS.get(kind)
