@@ -93,3 +93,73 @@ def test_turns_and_answers_alternate(tokenizer_dir):
     episode.add_turn([5, 6], logps=[0.0, 0.0])
     with pytest.raises(ValueError, match="a turn follows a turn"):
         episode.add_turn([5], logps=[0.0])
+
+
+# Llama 3.1's layout: a header per message, <|eot_id|> after each; a tool's answer as the
+# "ipython" role (as Meta's template writes it).
+LLAMA3 = ("{{ bos_token }}{% for message in messages %}<|start_header_id|>"
+          "{{ 'ipython' if message['role'] == 'tool' else message['role'] }}"
+          "<|end_header_id|>\n\n{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+          "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+          "{% endif %}")
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                   "<|eot_id|>")
+
+
+@pytest.fixture(scope="module")
+def templates(tokenizer_dir, tmp_path_factory):
+    """Tokenizers of each supported chat format: Qwen's ChatML with tools, Llama 3.1's, and the
+    bundled calculator's (a character vocabulary, role tokens)."""
+    from tests import chatml_tokenizer  # pylint: disable=import-outside-toplevel
+    llama3 = chatml_tokenizer.write(str(tmp_path_factory.mktemp("llama3_tok")),
+                                    template=LLAMA3, specials=LLAMA3_SPECIALS,
+                                    eos="<|eot_id|>", bos="<|begin_of_text|>")
+    return {"chatml_tools": _tokenizer(tokenizer_dir), "llama3": _tokenizer(llama3),
+            "calculator": _tokenizer("bundled:calculator")}
+
+
+# Per format: the opening, the model's turns and the environment's answers between them.
+CONVERSATIONS = {
+    "chatml_tools": ([("user", "Add 2 and 3.")], ["Let me see.", "It is 5."],
+                     [[("tool", "5"), ("user", "Sure?")]]),
+    "llama3": ([("system", "Be brief."), ("user", "Add 2 and 3.")], ["Let me see.", "5."],
+               [[("tool", "5")]]),
+    "calculator": ([("user", "123+356=")], ["<calc>", "479"], [[("tool", "479")]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+def test_each_formats_trained_ids_are_the_sampled_ids_and_the_templates_answers(templates,
+                                                                                 name):
+    """The ids an episode trains on: the opening's rendering, each turn's sampled ids exactly
+    (sampled piece by piece where the text's own encoding would merge them), the template's
+    rendering of each answer between -- the whole decoding to the template's rendering of the
+    conversation."""
+    tokenizer = templates[name]
+    opening, turns, answers = CONVERSATIONS[name]
+    episode = Trajectory(tokenizer=tokenizer, opening=opening)
+    pieces, messages = [], list(opening)
+    for index, text in enumerate(turns):
+        sampled = (_sampled(tokenizer, text, char_by_char=True) if name != "calculator" else
+                   tokenizer.encode_markup(text, start=False) + tokenizer.chat_end_ids())
+        episode.add_turn(sampled, logps=[-0.25] * len(sampled))
+        messages.append(("assistant", text))
+        pieces.append(sampled)
+        if index < len(answers):
+            assert episode.add_answer(answers[index])
+            messages += answers[index]
+    ids, trained, logps = episode.arrays()
+    assert ids[trained].tolist() == [i for piece in pieces for i in piece]
+    assert (logps[trained] == -0.25).all() and (logps[~trained] == 0).all()
+    opening_ids = tokenizer.encode_markup(tokenizer.chat_template.render(
+        opening, add_generation_prompt=True), start=True)
+    assert ids[:len(opening_ids)].tolist() == opening_ids
+    whole = tokenizer.chat_template.render(messages)
+    decoded = tokenizer.decode(ids)
+    assert whole.startswith(decoded) and len(whole) - len(decoded) <= 1, (whole, decoded)
+    # Between the turns: the template's own text for the answers, untrained.
+    first_end = int(np.flatnonzero(trained)[len(pieces[0]) - 1])
+    between = ids[first_end + 1:len(ids) - len(pieces[-1])]
+    assert not trained[first_end + 1:len(ids) - len(pieces[-1])].any()
+    shown = tokenizer.decode(between)
+    assert all(content.strip() in shown for _, content in answers[0])
