@@ -184,14 +184,14 @@ CALL_TIME_ERRORS = [
       "--config.objective.rewards={{}}",
       "--config.objective.reward_functions=['tests.rl.user_rewards:reads_difficulty']"],
      "reads_difficulty raised KeyError: 'difficulty' (scoring the completions of "),
-    ("an environment's step returning two values",
+    ("an environment's step returning two values (named with its record's file and line)",
      ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
       "--config.objective.environment=tests.agents.environments.TwoValues"],
-     "TwoValues.step (record 0, sample 0) returned 2 values"),
+     "/calculator/prompts.jsonl:"),
     ("an environment's reward of NaN",
      ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
       "--config.objective.environment=tests.agents.environments.NotANumber"],
-     "NotANumber.step (record 0, sample 0) returned the reward nan"),
+     "sample 0) returned the reward nan"),
 ]
 
 

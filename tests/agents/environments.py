@@ -87,3 +87,13 @@ class TwoValues:
 class NotANumber(TwoValues):
     def step(self, messages):
         return [], float("nan"), True
+
+
+class FailsOnProcessOne(Digits):
+    """Digits, except that on process 1 of a job its step raises (one process's records)."""
+
+    def step(self, messages):
+        import jax  # pylint: disable=import-outside-toplevel
+        if jax.process_index() == 1:
+            raise RuntimeError("this process's tool is down")
+        return super().step(messages)

@@ -78,3 +78,20 @@ def test_two_processes_give_one_process_rewards(uninterrupted, tmp_path, layout)
     want_norm, got_norm = (_column(d, "grad_norm") for d in (uninterrupted, trainer_dir))
     np.testing.assert_allclose([got_norm[s] for s in STEPS], [want_norm[s] for s in STEPS],
                                rtol=1e-4)
+
+
+def test_an_error_on_one_process_stops_both_naming_it(tmp_path):
+    """Process 1's environment raises while process 0's episodes go on: at the next round's
+    agreement both stop -- process 1 naming its environment and record, process 0 naming
+    process 1 -- exit 2, no hang, no traceback."""
+    result = subprocess.run(
+        COMMAND + [f"--trainer_dir={tmp_path / 'run'}", "--local_processes=2",
+                   "--cpu_devices=4",
+                   "--config.objective.environment=tests.agents.environments.FailsOnProcessOne"],
+        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert re.search(r"FailsOnProcessOne.step \(record \S+prompts.jsonl:\d+, sample \d+\) "
+                     r"raised RuntimeError: this process's tool is down", out), out[-3000:]
+    assert "process 1 stopped: its episodes met an error" in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]

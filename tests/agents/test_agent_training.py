@@ -150,6 +150,8 @@ REFUSALS = [
      "which a call from JSON cannot build"),
     (dict(max_new_tokens=20), errors.ConfigError, "objective.max_new_tokens",
      "max_seq_len 40"),
+    (dict(reference_from="/nowhere"), errors.ConfigError, "objective.reference_from",
+     "this run has none"),
 ]
 
 
@@ -163,10 +165,12 @@ def test_what_an_agent_run_refuses_at_build(change, error, path, message):
 
 
 def test_what_only_a_call_shows_names_the_environment_and_record():
-    for environment, message in (("TwoValues", r"TwoValues.step \(record 0, sample 0\) "
-                                               r"returned 2 values"),
-                                 ("NotANumber", r"NotANumber.step \(record 0, sample 0\) "
-                                                r"returned the reward nan")):
+    for environment, message in (("TwoValues", r"TwoValues.step \(record \S+/calculator/"
+                                               r"prompts.jsonl:\d+, sample 0\) returned 2 "
+                                               r"values"),
+                                 ("NotANumber", r"NotANumber.step \(record \S+/calculator/"
+                                                r"prompts.jsonl:\d+, sample 0\) returned the "
+                                                r"reward nan")):
         engine = agent_engine(environment=environment)
         engine.init_or_restore()
         with pytest.raises(errors.AgentError, match=message):
@@ -179,7 +183,7 @@ def test_config_values_an_agent_refuses():
         "workers": dict(workers=0), "environment": dict(environment=None),
         "reward_functions": dict(rewards={"a": AnswerMatch.default_config()}),
         "decoding": dict(decoding=PagedDecoding.default_config()),
-        "max_staleness": dict(max_staleness=1)}
+        "max_staleness": dict(max_staleness=1), "end_ids": dict(end_ids=[2])}
     for path, change in problems.items():
         cfg = Agent.default_config().set(environment="x.Y").set(**change)
         with pytest.raises(errors.ConfigValidationError) as info:

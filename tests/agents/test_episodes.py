@@ -57,7 +57,7 @@ def _play(setup, environment, **changes):
 
 def test_episodes_end_as_their_environment_turns_and_tokens_say(setup):
     episodes = _play(setup, "Counter")  # (done after its second answer)
-    assert [(e.record, e.sample) for e in episodes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(e.record, e.sample) for e in episodes] == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
     for episode in episodes:
         turns = episode.trajectory.turns
         assert episode.ended_by in ("done", "tokens"), episode.ended_by
@@ -71,6 +71,10 @@ def test_episodes_end_as_their_environment_turns_and_tokens_say(setup):
     assert {e.ended_by for e in endless} <= {"max_turns", "tokens"}
     assert all(e.trajectory.turns <= 2 and e.reward == len(e.rewards) for e in endless)
     assert any(e.ended_by == "max_turns" for e in endless)
+    for episode in endless:  # (No answer after the last turn: nothing would read it.)
+        if episode.ended_by == "max_turns":
+            assert episode.trajectory.ids[-1] == episode.trajectory.end_id
+            assert len(episode.rewards) == 2
     # An answer that would fill the episode's tokens is not appended: ended by tokens.
     opening = max(len(e.trajectory.ids) for e in endless)
     cramped = _play(setup, "Echo", max_tokens=opening + 26, max_turns=12)
@@ -78,12 +82,21 @@ def test_episodes_end_as_their_environment_turns_and_tokens_say(setup):
     assert all(len(e.trajectory.ids) <= opening + 26 for e in cramped)
     dropped = [e for e in cramped if len(e.rewards) == e.trajectory.turns and  # (Answered,)
                e.trajectory.ids[-1] == e.trajectory.end_id]  # (its answer not appended.)
-    assert dropped and all(len(e.trajectory.messages) > 2 * e.trajectory.turns
-                           for e in dropped)
+    assert dropped and all(len(e.trajectory.messages) == 2 * e.trajectory.turns - 1
+                           for e in dropped)  # (The opening, and each earlier turn's pair.)
     # No room for a turn after the opening: refused naming the record and the field.
     with pytest.raises(errors.AgentError, match=r"objective.max_tokens: Echo.reset \(record 0, "
                                                 r"sample 0\) opens with \d+ tokens"):
         _play(setup, "Echo", max_tokens=5)
+
+
+def test_a_template_that_cannot_grow_the_conversation_is_named(setup, tokenizer_dir):
+    from tests.agents.test_trajectory import REWRITING  # pylint: disable=import-outside-toplevel
+    tokenizer = Tokenizer.default_config().set(path=tokenizer_dir,
+                                               chat_template=REWRITING).instantiate()
+    with pytest.raises(errors.AgentError, match=r"train_input.tokenizer: rendering the "
+                                                r"conversation of Echo.step \(record 0"):
+        _play(setup, "Echo", tokenizer=tokenizer, samples=1)
 
 
 def test_an_environment_that_raises_is_named_with_its_record_and_sample(setup):

@@ -39,6 +39,11 @@ def test_calls_are_answered_and_a_plain_turn_is_scored():
     assert env.step(_said("I do not know."))[1:] == (0.0, True)
 
 
+def test_a_conversational_record_opens_with_its_own_messages():
+    opening = [{"role": "system", "content": "Add."}, {"role": "user", "content": "2 + 3?"}]
+    assert Adder().reset({"prompt": opening, "answer": "5"}) == opening
+
+
 def test_a_tool_environment_without_tools_reads_every_turn_as_the_answer():
     env = ToolEnvironment()
     env.reset({"prompt": "q", "answer": "1"})

@@ -70,6 +70,11 @@ class Calculator(ToolEnvironment):
     # What an answer earns for a call before it (the answer's digits weigh the rest).
     call_reward = 0.2
 
+    def __init__(self):
+        super().__init__()
+        # Whether the episode has called the tool.
+        self.called = False
+
     def reset(self, record):
         self.called = False
         return super().reset(record)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from titanax import errors
 from titanax.agents.episodes import ENDED_BY, Episode, play
 from titanax.agents.rows import episode_rows
 from titanax.parallel import batch_shards
@@ -73,7 +74,8 @@ class EpisodeStream(RolloutStream):
                         tokenizer=source.tokenizer, samples=cfg.num_generations,
                         sample_turns=sample_turns, max_turns=self.max_turns,
                         max_tokens=self.max_tokens, tools=self.tools or None,
-                        workers=self.workers, keep_going=self._keep_going)
+                        workers=self.workers, keep_going=any_running_across,
+                        names=[source.records[int(i)].where for i in prompts["record_index"]])
         self.episodes = episodes
         rollout_s = time.perf_counter() - started
         columns = np.asarray([_columns(e) for e in episodes], np.float64)
@@ -124,10 +126,6 @@ class EpisodeStream(RolloutStream):
                           float(np.sum(entropies[row, :stop], dtype=np.float64))))
         return turns
 
-    @staticmethod
-    def _keep_going(running_here: bool) -> bool:
-        return any_running_across(running_here)
-
     def _show_samples(self, rollout: Rollout, *, first: int) -> None:
         """The first episodes' openings (as the model read them), the rest of their
         conversations (the model's turns and the environment's answers) and rewards."""
@@ -151,13 +149,22 @@ def _columns(episode: Episode) -> List[float]:
             episode.tool_calls, episode.failed_calls, episode.entropy]
 
 
-def any_running_across(running_here: bool) -> bool:
-    """Whether an episode runs on any process (this one's answer alone with one process)."""
+def any_running_across(running_here: bool, failed_here: bool) -> bool:
+    """Whether an episode runs on any process; every process asks together each round. Where
+    one has failed (its environment raised, say), the others stop too, naming it (it raises
+    its own error)."""
     if jax.process_count() == 1:
-        return running_here
+        return running_here and not failed_here
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    flags = multihost_utils.process_allgather(np.asarray([int(running_here)], np.int32))
-    return bool(np.asarray(flags).any())
+    flags = np.asarray(multihost_utils.process_allgather(
+        np.asarray([int(running_here), int(failed_here)], np.int32))).reshape(-1, 2)
+    failed = [int(p) for p in np.flatnonzero(flags[:, 1])]
+    if failed and not failed_here:
+        raise errors.AgentError(
+            f"process {failed[0]} stopped: its episodes met an error (its log names the "
+            f"environment and the record); every process stops with it",
+            suggestion=f"read process {failed[0]}'s error")
+    return bool(flags[:, 0].any()) and not failed
 
 
 def _episode_metrics(merged: np.ndarray, *, keep: np.ndarray, equal: np.ndarray,

@@ -8,19 +8,23 @@ process does not hold the others up. An episode ends when its environment says `
 ``max_turns`` turns, or when its tokens run out (a turn that ends without the end token, or no
 room left under ``max_tokens``); each episode records which (``ended_by``).
 
-A user's environment that raises, or answers outside the protocol, is reported naming its
-class, the record and the sample -- never a hang, never a traceback from inside the pool.
+A user's environment that raises, or answers outside the protocol, and a chat template that
+cannot grow the conversation, are reported naming the environment's class, the record (its file
+and line) and the sample -- never a traceback from inside the pool, and never a hang: with
+several processes, the error waits for the next round's agreement (``keep_going``), where every
+process learns that one has failed and stops with it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from titanax import errors
 from titanax.agents import environment as environment_lib
 from titanax.agents.trajectory import Trajectory
+from titanax.data import chat
 
 # ``(prompts, budgets) -> turns``: one entry per episode of the batch, in order -- its ids
 # so far, and its budget of tokens for its next turn (0: it has ended, no turn is wanted);
@@ -36,10 +40,14 @@ ENDED_BY = ("done", "max_turns", "tokens")
 class Episode:
     """One sample's episode for one record."""
 
-    record: int
+    # The record it plays, as errors name it (its file and line, or its place in the batch).
+    record: str
+    # Which of the record's samples it is.
     sample: int
+    # Its own environment (a fresh instance).
     environment: Any
-    trajectory: Trajectory
+    # Its ids, trained mask and sampler log-probs, grown as it is played.
+    trajectory: Optional[Trajectory]
     # This episode's reward per answered turn.
     rewards: List[float] = dataclasses.field(default_factory=list)
     # Why it ended: one of ENDED_BY (empty while it runs).
@@ -65,40 +73,57 @@ class Episode:
 def play(*, records: Sequence[Dict[str, Any]], make_environment: Callable[[], Any],
          tokenizer: Any, samples: int, sample_turns: SampleTurns, max_turns: int,
          max_tokens: int, tools: Optional[Sequence[dict]] = None, workers: int = 8,
-         keep_going: Optional[Callable[[bool], bool]] = None) -> List[Episode]:
+         names: Optional[Sequence[str]] = None,
+         keep_going: Optional[Callable[[bool, bool], bool]] = None) -> List[Episode]:
     """Every record's ``samples`` episodes, each with a fresh environment from
     ``make_environment()``, played to their end; in record order, each record's samples
-    together. ``keep_going(any running here)``: whether another round is sampled (default:
-    while one runs here; with several processes, while one runs on any -- each round's sampler
-    is one program over every process's rows)."""
-    episodes = [_opened(record, index, sample, make_environment, tokenizer, tools, max_tokens)
-                for index, record in enumerate(records) for sample in range(samples)]
-    keep_going = keep_going or (lambda running: running)
+    together. ``names``: the records' names in errors (default: their places). ``keep_going(any
+    running here, failed here)``: whether another round is sampled -- with several processes,
+    while an episode runs on any; it raises where any process failed (default: while one runs
+    here)."""
+    names = list(names) if names is not None else [str(i) for i in range(len(records))]
+    keep_going = keep_going or (lambda running, failed: running)
+    failure: Optional[errors.TitanaxError] = None
+    episodes: List[Episode] = []
+    try:
+        episodes = [_opened(record, name=name, sample=sample, make_environment=make_environment,
+                            tokenizer=tokenizer, tools=tools, max_tokens=max_tokens)
+                    for record, name in zip(records, names) for sample in range(samples)]
+    except errors.TitanaxError as e:
+        failure = e
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        for _ in range(max_turns):
+        for turn in range(max_turns):
             running = [e for e in episodes if not e.ended_by]
-            if not keep_going(bool(running)):
+            if not keep_going(bool(running), failure is not None) or failure is not None:
                 break
-            _sample_round(episodes, sample_turns, max_tokens)
+            _sample_round(episodes, sample_turns=sample_turns, max_tokens=max_tokens)
             answering = [e for e in running if not e.ended_by]
-            for episode, result in zip(answering, pool.map(_step, answering)):
-                _take_answer(episode, result, max_tokens)
+            try:
+                for episode, result in zip(answering, pool.map(_step, answering)):
+                    _take_answer(episode, result, max_tokens=max_tokens,
+                                 last=turn == max_turns - 1)
+            except errors.TitanaxError as e:
+                failure = e
+        else:
+            keep_going(False, failure is not None)  # (The last agreement: did any fail?)
+    if failure is not None:
+        raise failure
     for episode in episodes:
         episode.ended_by = episode.ended_by or "max_turns"
     return episodes
 
 
-def _opened(record: Dict[str, Any], index: int, sample: int, make_environment, tokenizer,
-            tools, max_tokens: int) -> Episode:
-    """Record ``index``'s episode ``sample``: its environment made and reset, the opening
+def _opened(record: Dict[str, Any], *, name: str, sample: int, make_environment: Callable,
+            tokenizer: Any, tools: Optional[Sequence[dict]], max_tokens: int) -> Episode:
+    """Record ``name``'s episode ``sample``: its environment made and reset, the opening
     rendered (refused naming the record when it leaves no room for a turn)."""
-    episode = Episode(record=index, sample=sample, environment=make_environment(),
+    episode = Episode(record=name, sample=sample, environment=make_environment(),
                       trajectory=None)
     opening = _called(episode, "reset", lambda: episode.environment.reset(dict(record)))
     opening = environment_lib.checked_messages(opening, said_by=episode.said_by("reset"),
                                                roles=("system", "user"))
-    episode.trajectory = Trajectory(tokenizer=tokenizer, tools=tools, opening=[
-        (m["role"], m["content"]) for m in opening])
+    episode.trajectory = _grown(episode, lambda: Trajectory(
+        tokenizer=tokenizer, tools=tools, opening=[(m["role"], m["content"]) for m in opening]))
     if len(episode.trajectory.ids) >= max_tokens:
         raise errors.AgentError(
             f"{episode.said_by('reset')} opens with {len(episode.trajectory.ids)} tokens (the "
@@ -108,7 +133,8 @@ def _opened(record: Dict[str, Any], index: int, sample: int, make_environment, t
     return episode
 
 
-def _sample_round(episodes: List[Episode], sample_turns: SampleTurns, max_tokens: int) -> None:
+def _sample_round(episodes: List[Episode], *, sample_turns: SampleTurns,
+                  max_tokens: int) -> None:
     """Every running episode's next turn, appended; one out of room or that ran out of tokens
     mid-turn ends by ``tokens``."""
     for episode in episodes:
@@ -136,7 +162,10 @@ def _step(episode: Episode):
     return environment_lib.checked_step(result, said_by=episode.said_by("step"))
 
 
-def _take_answer(episode: Episode, result, max_tokens: int) -> None:
+def _take_answer(episode: Episode, result, *, max_tokens: int, last: bool) -> None:
+    """The environment's ``result`` for the episode's last turn: its reward kept, its calls
+    counted, its messages appended -- unless it is done, the turn was its last
+    (``max_turns``), or they would fill its tokens."""
     messages, reward, done = result
     episode.rewards.append(reward)
     calls = [m for m in messages if m["role"] == "tool"]
@@ -144,9 +173,23 @@ def _take_answer(episode: Episode, result, max_tokens: int) -> None:
     episode.failed_calls += sum(1 for m in calls if m.get("error"))
     if done:
         episode.ended_by = "done"
-    elif not episode.trajectory.add_answer([(m["role"], m["content"]) for m in messages],
-                                           limit=max_tokens):
+    elif last:
+        episode.ended_by = "max_turns"
+    elif not _grown(episode, lambda: episode.trajectory.add_answer(
+            [(m["role"], m["content"]) for m in messages], limit=max_tokens)):
         episode.ended_by = "tokens"
+
+
+def _grown(episode: Episode, grow: Callable[[], Any]) -> Any:
+    """``grow()`` (the episode's trajectory growing); a chat template that cannot grow it
+    refused naming the episode."""
+    try:
+        return grow()
+    except chat.TemplateError as e:
+        raise errors.AgentError(f"rendering the conversation of {episode.said_by('step')}: {e}",
+                                path="train_input.tokenizer",
+                                suggestion="use a chat template that renders a conversation "
+                                           "as the continuation of its beginning") from None
 
 
 def _called(episode: Episode, method: str, call: Callable[[], Any]) -> Any:

@@ -28,18 +28,24 @@ class ToolEnvironment:
     tools: Sequence[Callable] = ()
     # How an assistant turn writes its calls: tool_calls.STYLES ("hermes", "llama3").
     tool_call_style: str = "hermes"
-    # The record's field whose text opens the episode as the user's message.
+    # The record's field that opens the episode: a text (the user's message) or chat messages
+    # (TRL's conversational form), as they are.
     prompt_field: str = "prompt"
-    # How the answer is scored against the record (rl/rewards.py's AnswerMatch config).
+    # How the answer is scored against the record (rl/rewards.py's AnswerMatch config; a
+    # subclass sets its own -- one object, shared by the classes that inherit it).
     answer: AnswerMatch.Config = AnswerMatch.default_config()
 
     def __init__(self):
+        # The record of the episode being played (``reset``'s).
         self.record: Dict[str, Any] = {}
         self._score = self.answer.instantiate()
 
     def reset(self, record: Dict[str, Any]) -> List[Dict[str, str]]:
         self.record = record
-        return [{"role": "user", "content": str(record[self.prompt_field])}]
+        prompt = record[self.prompt_field]
+        if isinstance(prompt, list):
+            return [dict(message) for message in prompt]
+        return [{"role": "user", "content": str(prompt)}]
 
     def step(self, messages: List[Dict[str, str]]) -> Tuple[List[Dict[str, Any]], float, bool]:
         said = messages[-1]["content"]

@@ -77,8 +77,8 @@ class Trajectory:
     def add_answer(self, answer: Sequence[Message], *, limit: Optional[int] = None) -> bool:
         """The environment's ``answer`` messages after the last turn: the template's text from
         that turn's end token through the next generation prompt, appended, not trained.
-        Returns False, appending nothing, when the ids would then reach ``limit`` (no room
-        is left for another turn: the episode ends by its tokens)."""
+        Returns False, appending nothing (neither ids nor messages), when the ids would then
+        reach ``limit`` (no room is left for another turn: the episode ends by its tokens)."""
         if self._pending is None:
             raise ValueError("an answer follows an assistant turn")
         turn = ("assistant", self._pending)
@@ -92,17 +92,18 @@ class Trajectory:
                 f"the text sampled followed by {marker!r}: the sampled ids would not be the "
                 f"conversation's")
         after_end = written[len(self._pending) + len(marker):]
-        self.messages += [turn, *[tuple(m) for m in answer]]
-        following = self._extending(through, self._render(self.messages, generation_prompt=True),
+        messages = self.messages + [turn, *[tuple(m) for m in answer]]
+        following = self._extending(through, self._render(messages, generation_prompt=True),
                                     "answer")
         new = self.tokenizer.encode_markup(after_end + following[len(through):], start=False)
+        self._pending = None
         if limit is not None and len(self.ids) + len(new) >= limit:
-            self._pending = None
             return False
+        self.messages = messages
         self.ids += new
         self.trained += [False] * len(new)
         self.logps += [0.0] * len(new)
-        self._text, self._pending = following, None
+        self._text = following
         return True
 
     def arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

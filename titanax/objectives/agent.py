@@ -69,12 +69,17 @@ class Agent(GRPO):
                                           "reward): drop reward_functions and rewards"
             if self.decoding is not None:
                 yield "decoding", "episodes are sampled by the static sampler: set it to None"
+            if self.end_ids is not None:
+                yield "end_ids", "a turn ends at the chat template's end of turn (the " \
+                                 "trajectory's turns are cut there): leave it None"
             if self.max_staleness:
                 yield "max_staleness", f"episodes are played on-policy: must be 0, got " \
                                        f"{self.max_staleness}"
 
     def __init__(self, cfg=None, **fields):
         super().__init__(cfg, **fields)
+        # The configured tools (``tools``, imported at build) and the schemas rendered into
+        # the chat template (the environment's own tools', then these).
         self.tool_functions: List[Callable] = []
         self.tool_schemas: List[dict] = []
 
@@ -92,8 +97,10 @@ class Agent(GRPO):
                              for tool in getattr(environment, "tools", ())]
         self.tool_schemas += [json_schema(tool, where=f"objective.tools[{i}]")
                               for i, tool in enumerate(self.tool_functions)]
-        super(GRPO, self).check(run)  # (GRPO's reward set: none here.)
-        self.reference.setup(run, needed=self.needs_reference)
+        super().check(run)
+
+    def reward_set(self) -> None:
+        return None  # (The environment rewards.)
 
     def make_environment(self) -> Any:
         """A fresh environment, the configured tools added to its own."""
@@ -133,9 +140,7 @@ class Agent(GRPO):
                              workers=cfg.workers, **self.stream_arguments(made_input, run=run))
 
     def end_ids(self, source: Any) -> List[int]:
-        """The turn's end: the configured ids, else the chat template's end of turn."""
-        if self.config.end_ids is not None:
-            return list(self.config.end_ids)
+        """The turn's end: the chat template's end of turn."""
         return source.tokenizer.chat_end_ids()
 
     def abstract_batch(self, run: Any):

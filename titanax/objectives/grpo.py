@@ -191,8 +191,7 @@ class GRPO(SamplingObjective):
     def check(self, run: Any) -> None:
         cfg = self.config
         # (Imported first: a typo in a reward's path stops the build before anything else.)
-        self.rewards = RewardSet(functions=cfg.reward_functions, weights=cfg.reward_weights,
-                                 rewards=cfg.rewards)
+        self.rewards = self.reward_set()
         if cfg.reference_from is not None and not self.needs_reference:
             raise errors.ConfigError(
                 "names the reference of GRPO's KL, and this run has none (beta 0)",
@@ -206,6 +205,12 @@ class GRPO(SamplingObjective):
                 suggestion="train on one process, or on-policy (max_staleness=0)")
         super().check(run)
         self.reference.setup(run, needed=self.needs_reference)
+
+    def reward_set(self) -> Optional[RewardSet]:
+        """The rewards that score each rollout (None: the batches score themselves)."""
+        cfg = self.config
+        return RewardSet(functions=cfg.reward_functions, weights=cfg.reward_weights,
+                         rewards=cfg.rewards)
 
     def frozen_models(self):
         return (self.reference,)
