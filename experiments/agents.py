@@ -8,7 +8,7 @@
   tokens, 28 tokens an episode; data 4 x model 2 of 8 simulated devices.
   ``--config.objective.environment=titanax.agents.calculator.NoCalculator`` plays the same sums
   with no tool offered. Today it learns the call (every episode calls within ~60 steps) but not
-  yet to copy the tool's digits: the reward reaches ~0.3, not 0.8 (docs/agents.md, section 3).
+  yet to copy the tool's digits: the reward reaches 0.2-0.3, not 0.8 (docs/agents.md, section 3).
 * ``qwen3_0_6b_agent``: Qwen 3 0.6B with the user's environment and chat-templated records
   (``--config.objective.environment``, ``--config.train_input.source.files``,
   ``--config.init_from``; Qwen's tokenizer via ``--config.train_input.tokenizer.path``): 8
