@@ -2,8 +2,11 @@
 process from the repository root, with the test session's environment (tests/environment.py)."""
 
 import os
+import re
+import signal
 import subprocess
 import sys
+from typing import List, Tuple
 
 from tests.environment import child_environment
 
@@ -20,3 +23,19 @@ def run_module(module: str, *args: str, expect: int = 0,
                             text=True, timeout=600, check=False)
     assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+def sigterm_after_step(argv: List[str], *, step: int, env) -> Tuple[List[str], str]:
+    """``(lines before the signal, the rest of the output)`` of ``argv`` (a launch) sent SIGTERM
+    once it prints step ``step``'s progress line; it must then exit 0 (a run stops cleanly)."""
+    process = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if re.match(rf"step\s+{step}/", line):
+            process.send_signal(signal.SIGTERM)
+            break
+    rest = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, "".join(lines) + rest
+    return lines, rest

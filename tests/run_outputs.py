@@ -16,6 +16,12 @@ def metric_rows(trainer_dir: str) -> Dict[int, Dict[str, str]]:
         return {int(r["step"]): r for r in csv.DictReader(f) if r.get("loss")}
 
 
+def metric_column(trainer_dir: str, name: str) -> Dict[int, float]:
+    """``{step: value}`` of one metrics.csv column, at the steps that log it."""
+    with open(os.path.join(trainer_dir, "metrics.csv"), encoding="utf-8") as f:
+        return {int(r["step"]): float(r[name]) for r in csv.DictReader(f) if r.get(name)}
+
+
 def newest_params(trainer_dir: str) -> Tuple[int, Any]:
     """``(step, params)`` of the newest checkpoint in ``trainer_dir``."""
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel

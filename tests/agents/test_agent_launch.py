@@ -3,17 +3,17 @@ played and a resume give the uninterrupted run's rewards step for step, and two 
 one process's (each plays its own records' episodes, the rounds go on while any process has
 one running, the advantages over the gathered batch)."""
 
-import csv
 import os
 import re
-import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.commands import sigterm_after_step
 from tests.environment import child_environment
+from tests.run_outputs import metric_column
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = child_environment(PYTHONUNBUFFERED="1")
@@ -29,17 +29,12 @@ def _launch(trainer_dir, *extra):
     return result.stdout
 
 
-def _column(trainer_dir, name):
-    with open(os.path.join(trainer_dir, "metrics.csv"), encoding="utf-8") as f:
-        return {int(r["step"]): float(r[name]) for r in csv.DictReader(f) if r.get(name)}
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     trainer_dir = str(tmp_path_factory.mktemp("agent") / "one")
     console = _launch(trainer_dir, "--cpu_devices=8")
     assert re.search(r"step\s+12/12  reward \S+  turns/mean \S+  tool_calls/mean", console)
-    rewards = _column(trainer_dir, "reward")
+    rewards = metric_column(trainer_dir, "reward")
     assert sorted(rewards) == list(STEPS) and len(set(rewards.values())) > 3, rewards
     return trainer_dir
 
@@ -47,22 +42,14 @@ def uninterrupted(tmp_path_factory):
 def test_sigterm_while_playing_and_resume_give_the_uninterrupted_rewards(uninterrupted,
                                                                          tmp_path):
     trainer_dir = str(tmp_path / "interrupted")
-    process = subprocess.Popen(COMMAND + [f"--trainer_dir={trainer_dir}", "--cpu_devices=8"],
-                               cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if re.match(r"step\s+4/", line):  # (Step 5's episodes are being played.)
-            process.send_signal(signal.SIGTERM)
-            break
-    rest = process.communicate(timeout=120)[0]
-    assert process.returncode == 0, "".join(lines) + rest
+    # (Sent after step 4's line: step 5's episodes are being played.)
+    _, rest = sigterm_after_step(COMMAND + [f"--trainer_dir={trainer_dir}", "--cpu_devices=8"],
+                                 step=4, env=ENV)
     saved = re.search(r"SIGTERM: saved step (\d+)", rest)
     assert saved and 4 <= int(saved.group(1)) < 12, rest
     _launch(trainer_dir, "--cpu_devices=8")
     for name in ("reward", "turns/mean", "tokens/mean"):
-        want, got = _column(uninterrupted, name), _column(trainer_dir, name)
+        want, got = metric_column(uninterrupted, name), metric_column(trainer_dir, name)
         assert [got[s] for s in STEPS] == [want[s] for s in STEPS], name
 
 
@@ -73,9 +60,9 @@ def test_two_processes_give_one_process_rewards(uninterrupted, tmp_path, layout)
     trainer_dir = str(tmp_path / "two")
     _launch(trainer_dir, "--local_processes=2", "--cpu_devices=4", *layout)
     for name in ("reward", "reward_std", "turns/mean", "tool_calls/mean"):
-        want, got = _column(uninterrupted, name), _column(trainer_dir, name)
+        want, got = metric_column(uninterrupted, name), metric_column(trainer_dir, name)
         assert [got[s] for s in STEPS] == [want[s] for s in STEPS], name
-    want_norm, got_norm = (_column(d, "grad_norm") for d in (uninterrupted, trainer_dir))
+    want_norm, got_norm = (metric_column(d, "grad_norm") for d in (uninterrupted, trainer_dir))
     np.testing.assert_allclose([got_norm[s] for s in STEPS], [want_norm[s] for s in STEPS],
                                rtol=1e-4)
 

@@ -8,7 +8,6 @@ import csv
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
@@ -16,7 +15,9 @@ import numpy as np
 import pytest
 
 from tests import doc_walk
+from tests.commands import sigterm_after_step
 from tests.environment import child_environment
+from tests.run_outputs import metric_column
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = child_environment(PYTHONUNBUFFERED="1")
@@ -29,11 +30,6 @@ def _launch(trainer_dir, *extra, timeout=600):
                             check=False)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result
-
-
-def _column(trainer_dir, name):
-    with open(os.path.join(trainer_dir, "metrics.csv"), encoding="utf-8") as f:
-        return {int(r["step"]): float(r[name]) for r in csv.DictReader(f) if r.get(name)}
 
 
 def _samples(trainer_dir):
@@ -76,7 +72,7 @@ def test_with_its_defaults_it_learns_as_the_page_says(uninterrupted):
     """docs/grpo.md: the first 10 steps' mean reward about 0.06, the last 20's 0.75 or more --
     0.786 on one machine, about 0.9 on others (the trajectory depends on float32 roundoff: the
     bound leaves room for that, not for a policy that stops short of learning the sums)."""
-    rewards = _column(uninterrupted, "reward")
+    rewards = metric_column(uninterrupted, "reward")
     assert sorted(rewards) == list(range(1, 501))
     values = [rewards[s] for s in sorted(rewards)]
     first, last = np.mean(values[:10]), np.mean(values[-20:])
@@ -105,17 +101,8 @@ def test_samples_show_completions_and_their_rewards_at_the_first_step_and_every_
 
 def test_sigterm_and_resume_give_the_uninterrupted_rewards(uninterrupted, tmp_path):
     trainer_dir = str(tmp_path / "interrupted")
-    process = subprocess.Popen(COMMAND + [f"--trainer_dir={trainer_dir}", "--cpu_devices=8"],
-                               cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if re.match(r"step\s+30/", line):
-            process.send_signal(signal.SIGTERM)
-            break
-    rest = process.communicate(timeout=120)[0]
-    assert process.returncode == 0, "".join(lines) + rest
+    lines, rest = sigterm_after_step(
+        COMMAND + [f"--trainer_dir={trainer_dir}", "--cpu_devices=8"], step=30, env=ENV)
     progress = [line for line in lines if " learning_rate " in line]  # (A step's line.)
     assert progress and all(re.match(r"step\s+\d+/500  reward \S+  reward_std \S+", line)
                             for line in progress), progress[:3]  # What GRPO is judged by.
@@ -124,8 +111,8 @@ def test_sigterm_and_resume_give_the_uninterrupted_rewards(uninterrupted, tmp_pa
     stopped = int(saved.group(1))
     assert 30 <= stopped < 120, stopped
     _launch(trainer_dir, "--cpu_devices=8", "--config.max_steps=120")
-    want = _column(uninterrupted, "reward")
-    got = _column(trainer_dir, "reward")
+    want = metric_column(uninterrupted, "reward")
+    got = metric_column(trainer_dir, "reward")
     assert sorted(got) == list(range(1, 121))
     assert [got[s] for s in range(1, 121)] == [want[s] for s in range(1, 121)]
     assert len(set(got.values())) > 10, "rewards this uniform prove little"
@@ -156,11 +143,11 @@ def test_two_processes_give_one_process_rewards(one_process_fractional, tmp_path
     trainer_dir = str(tmp_path / "two")
     _launch(trainer_dir, "--local_processes=2", "--cpu_devices=4", *FRACTIONAL, *layout)
     for name in ("reward", "rewards/thirds/mean", "reward_std"):
-        want, got = _column(one_process_fractional, name), _column(trainer_dir, name)
+        want, got = metric_column(one_process_fractional, name), metric_column(trainer_dir, name)
         assert [got[s] for s in range(1, 21)] == [want[s] for s in range(1, 21)], name
-    thirds = _column(trainer_dir, "rewards/thirds/mean")
+    thirds = metric_column(trainer_dir, "rewards/thirds/mean")
     assert any(round(v * 3) != v * 3 for v in thirds.values()), "no fraction: proves little"
-    want_norm, got_norm = (_column(d, "grad_norm") for d in (one_process_fractional,
+    want_norm, got_norm = (metric_column(d, "grad_norm") for d in (one_process_fractional,
                                                               trainer_dir))
     np.testing.assert_allclose([got_norm[s] for s in range(1, 21)],
                                [want_norm[s] for s in range(1, 21)], rtol=1e-4)
@@ -179,10 +166,10 @@ def test_two_processes_sampling_with_the_engine_give_one_process_rewards(tmp_pat
                              "--config.mesh.axes=('model','data')", "--config.mesh.shape=(2,None)"]}
     for name, flags in runs.items():
         _launch(str(tmp_path / name.replace(" ", "_")), *engine, *flags)
-    want = {key: _column(str(tmp_path / "one"), key) for key in ("reward", "grad_norm")}
+    want = {key: metric_column(str(tmp_path / "one"), key) for key in ("reward", "grad_norm")}
     assert len(set(want["reward"].values())) > 2, "rewards this uniform prove little"
     for name in ("data across", "model across"):
-        got = {key: _column(str(tmp_path / name.replace(" ", "_")), key) for key in want}
+        got = {key: metric_column(str(tmp_path / name.replace(" ", "_")), key) for key in want}
         assert [got["reward"][s] for s in range(1, 7)] == \
             [want["reward"][s] for s in range(1, 7)], name
         np.testing.assert_allclose([got["grad_norm"][s] for s in range(1, 7)],

@@ -82,6 +82,8 @@ class Agent(GRPO):
         # the chat template (the environment's own tools', then these).
         self.tool_functions: List[Callable] = []
         self.tool_schemas: List[dict] = []
+        # The environment class (imported and checked at build).
+        self._environment_class: Optional[type] = None
 
     # --- At build ------------------------------------------------------------------------------
 
@@ -90,9 +92,10 @@ class Agent(GRPO):
         self.tool_functions = [import_object(path, where=f"objective.tools[{i}]",
                                              what="function", error=errors.AgentError)
                                for i, path in enumerate(cfg.tools)]
-        # (A wrong path or class stops the build.)
+        # (A wrong path or class stops the build; the class is imported and checked once.)
         environment = environment_lib.load_environment(cfg.environment,
                                                        where="objective.environment")
+        self._environment_class = type(environment)
         self.tool_schemas = [json_schema(tool, where="objective.environment")
                              for tool in getattr(environment, "tools", ())]
         self.tool_schemas += [json_schema(tool, where=f"objective.tools[{i}]")
@@ -103,9 +106,9 @@ class Agent(GRPO):
         return None  # (The environment rewards.)
 
     def make_environment(self) -> Any:
-        """A fresh environment, the configured tools added to its own."""
-        environment = environment_lib.load_environment(self.config.environment,
-                                                       where="objective.environment")
+        """A fresh environment (of the class ``check`` imported), the configured tools added
+        to its own."""
+        environment = self._environment_class()
         if self.tool_functions:
             environment.tools = (*getattr(environment, "tools", ()), *self.tool_functions)
         return environment
