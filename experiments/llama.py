@@ -12,6 +12,8 @@
   Llama 3.1 8B with FSDP over ``data`` and TP=8 over ``model`` (a node of 8 accelerators per
   model replica); ``qwen3_0_6b_dp``: Qwen 3 0.6B, data parallel. Sized for accelerators; the
   text stays the bundled bytes until ``train_input`` names the user's data.
+* ``llama_tiny_muon``: the same model, data and layout trained by Muon (matrices) and AdamW
+  (the rest).
 * ``llama_tiny_cp``: the tiny model data x context parallel (2 x 4): each row's 64 tokens split
   over 4 devices (``--config.plan.context_parallel.strategy=all_gather|ring|ulysses``);
   ``llama3_8b_cp``: Llama 3.1 8B on 64k-token rows, FSDP over ``data`` x ring attention over 8
@@ -20,7 +22,7 @@
 
 from typing import Optional
 
-from titanax.config import register_experiment
+from titanax.config import config_for_function, register_experiment
 from titanax.data.packed import PackedDocuments
 from titanax.data.preference import PreferencePairs
 from titanax.data.unpaired import UnpairedPreferences
@@ -32,6 +34,7 @@ from titanax.objectives.preference import Preference
 from titanax.parallel.context_parallel import CP
 from titanax.parallel.plan import ZeRO
 from titanax.runtime.mesh import MeshSpec
+from titanax.train import optimizers
 
 from .language_runs import language_model_run
 
@@ -47,6 +50,28 @@ def llama_tiny_dp_tp():
     """4-layer byte-level Llama-style model on Shakespeare, data x tensor parallel (-1 x 2)."""
     return language_model_run(model=_tiny_llama(), tp_axis="model", seq_len=64, batch_size=16,
                               steps=2000, peak_lr=2e-3, eval_batches=50)
+
+
+@register_experiment
+def llama_tiny_muon():
+    """llama_tiny_dp_tp's model, data and layout trained by Muon (train/muon.py): the attention
+    and MLP matrices by Newton-Schulz-orthogonalised Nesterov momentum, the embedding, head
+    and norms by AdamW with llama_tiny_dp_tp's schedule. Muon's own schedule peaks at 0.02 (the
+    Muon papers' rate for updates of spectral norm ~1). The mesh and plan overrides of
+    llama_tiny_dp_tp apply; under TP, FSDP or ZeRO each split matrix is gathered whole for its
+    Newton-Schulz iterations."""
+    cfg = llama_tiny_dp_tp()
+    adamw = cfg.learner.optimizer
+    cfg.learner.optimizer = config_for_function(optimizers.muon).set(
+        learning_rate=adamw.learning_rate.clone().set(peak_value=MUON_PEAK_LR,
+                                                      end_value=MUON_PEAK_LR / 10),
+        weight_decay=0.0, adam_learning_rate=adamw.learning_rate.clone(),
+        adam_b2=adamw.b2, adam_weight_decay=adamw.weight_decay)
+    return cfg
+
+
+# Muon's peak rate in llama_tiny_muon.
+MUON_PEAK_LR = 0.02
 
 
 def _fsdp(cfg):

@@ -174,6 +174,18 @@ BAD_INPUTS = [
      ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
       "--config.objective.tools=['tests.agents.tools.takes_a_point']"],
      "objective.tools[0]: tool 'takes_a_point' argument 'p'"),
+    ("Muon on a param that is not a matrix",
+     ["--config=llama_tiny_muon", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.learner.optimizer.matrices=['scale']"],
+     "learner.optimizer.matrices: decoder/layer/input_norm/scale (shape (4, 128)) matches a "
+     "Muon pattern but is not a matrix"),
+    ("Muon on no param",
+     ["--config=llama_tiny_muon", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.learner.optimizer.matrices=['nothing']"],
+     "Muon would train nothing"),
+    ("zero Newton-Schulz steps",
+     ["--config=llama_tiny_muon", "--config.learner.optimizer.ns_steps=0"],
+     "learner.optimizer.ns_steps: must be an int >= 1"),
 ]
 
 # What only a call can show (a run that starts, then meets it): the same exit status, message and

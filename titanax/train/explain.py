@@ -21,12 +21,13 @@ from titanax.train.state_sharding import StateSharding
 def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: Any,
             strategy: Optional[StateSharding] = None, opt_state: Any = None,
             schedule_text: Optional[str] = None, compiled: Any = None,
-            model: Any = None) -> str:
+            model: Any = None, optimizer_text: Optional[str] = None) -> str:
     """The report (each part only when there is something to show): ``opt_state`` the optimizer
     state as ShapeDtypeStructs with shardings; ``schedule_text`` the gradient computer's own
     lines (a pipeline's); ``compiled`` the compiled train step; ``model`` the model (its MoE
     layers under expert parallelism; its own ``explain_lines(gathers=...)`` when it has them:
-    an adapted Flax module's variables, layer stacks and FSDP gathers)."""
+    an adapted Flax module's variables, layer stacks and FSDP gathers); ``optimizer_text`` the
+    optimizer's own lines (Muon's matrices and their gathers)."""
     parts: List[str] = [describe_mesh(mesh)]
     if layout is not None:
         parts.append(plan.describe(layout.parameter_specs, mesh, specs=layout.param_specs)
@@ -46,6 +47,8 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
     own_lines = getattr(model, "explain_lines", None)  # A model's own part (Flax adapters').
     if own_lines is not None:
         parts.append(own_lines(gathers=strategy.gathers if strategy is not None else None))
+    if optimizer_text:
+        parts.append(optimizer_text)
     if layout is not None and strategy is not None and opt_state is not None:
         parts.append(state_report.describe(
             parameter_specs=layout.parameter_specs, param_specs=layout.param_specs,
@@ -85,4 +88,6 @@ def explain_engine(engine: Any, *, compiled: Any = None, local_batch: Optional[i
         param_dtype=engine.precision.param_dtype,
         strategy=engine.states.strategy if engine.model is not None else None,
         opt_state=engine.state_template().opt_state if engine.model is not None else None,
-        schedule_text=schedule, compiled=compiled, model=engine.model)
+        schedule_text=schedule, compiled=compiled, model=engine.model,
+        optimizer_text=engine.steps.adapter.description if engine.model is not None
+        else None)

@@ -27,8 +27,10 @@ from titanax.train import optimizers
 class OptimizerAdapter:
     """Any optax GradientTransformation behind one small interface."""
 
-    def __init__(self, tx: optax.GradientTransformation):
+    def __init__(self, tx: optax.GradientTransformation, *, description: Optional[str] = None):
         self.tx = tx
+        # What --explain says of the optimizer (None: nothing beyond the state's size).
+        self.description = description
 
     def init(self, params: Any) -> Any:
         return self.tx.init(params)
@@ -59,14 +61,25 @@ class Learner(Configurable):
         super().__init__(cfg, **fields)
         self._optimizer_cfg = _with_run_length(self.config.optimizer, total_steps)
 
-    def build(self, decay_scales: Any) -> OptimizerAdapter:
-        """The optax transformation, with ``decay_scales`` when the factory accepts them."""
+    def build(self, decay_scales: Any, *, param_layouts: Any = None,
+              device_count: int = 1) -> OptimizerAdapter:
+        """The optax transformation, with ``decay_scales`` and ``param_layouts``
+        (param_layouts.py: what Muon needs of each param) when the factory accepts them; its
+        --explain lines from the factory's own ``describe`` (Muon's), if it has one."""
         optimizer_cfg = self._optimizer_cfg
         target = getattr(optimizer_cfg, "fn", None)
-        extra = {}
-        if target is not None and "decay_scales" in inspect.signature(target).parameters:
-            extra["decay_scales"] = decay_scales
-        return OptimizerAdapter(optimizer_cfg.instantiate(**extra))
+        accepted = inspect.signature(target).parameters if target is not None else {}
+        extra = {name: value for name, value in (("decay_scales", decay_scales),
+                                                 ("param_layouts", param_layouts))
+                 if name in accepted}
+        tx = optimizer_cfg.instantiate(**extra)
+        describe = getattr(target, "describe", None)
+        description = None
+        if describe is not None and param_layouts is not None:
+            fields = {k: getattr(optimizer_cfg, k) for k in optimizer_cfg.keys()}
+            description = describe(**{**fields, "param_layouts": param_layouts,
+                                      "device_count": device_count})
+        return OptimizerAdapter(tx, description=description)
 
     def apply_update(self, *, adapter: OptimizerAdapter, grads: Any, norm: jax.Array,
                      opt_state: Any, params: Any) -> Tuple[Any, Any]:
@@ -94,43 +107,54 @@ _POSITIVE_RATE_FIELDS = ("peak_value", "value")
 
 
 def _learning_rate_problems(optimizer_cfg: Any):
-    """A learning rate <= 0 trains into garbage without any error: refuse it up front."""
-    value = getattr(optimizer_cfg, "learning_rate", None)
+    """A learning rate <= 0 trains into garbage without any error: refuse it up front (the
+    optimizer's ``learning_rate``, and Muon's ``adam_learning_rate``)."""
+    for field in ("learning_rate", "adam_learning_rate"):
+        value = getattr(optimizer_cfg, field, None) if field in optimizer_cfg.keys() else None
+        yield from _rate_problems(f"optimizer.{field}", value)
+
+
+def _rate_problems(where: str, value: Any):
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
-        yield "optimizer.learning_rate", f"must be > 0, got {value}"
+        yield where, f"must be > 0, got {value}"
     if isinstance(value, InstantiableConfig):
         for name in _POSITIVE_RATE_FIELDS:
             rate = getattr(value, name, None) if name in value.keys() else None
             if isinstance(rate, (int, float)) and rate <= 0:
-                yield f"optimizer.learning_rate.{name}", f"must be > 0, got {rate}"
+                yield f"{where}.{name}", f"must be > 0, got {rate}"
         end = getattr(value, "end_value", None) if "end_value" in value.keys() else None
         if isinstance(end, (int, float)) and end < 0:
-            yield "optimizer.learning_rate.end_value", f"must be >= 0, got {end}"
+            yield f"{where}.end_value", f"must be >= 0, got {end}"
         steps = getattr(value, "decay_steps", None) if "decay_steps" in value.keys() else None
         if isinstance(steps, int) and steps < 1:
-            yield "optimizer.learning_rate.decay_steps", \
+            yield f"{where}.decay_steps", \
                 f"must be >= 1 (or None: the run's max_steps), got {steps}"
 
 
 def _with_run_length(optimizer_cfg: Any, total_steps: Optional[int]) -> Any:
-    """The optimizer config with a schedule's ``decay_steps=None`` set to ``total_steps``."""
-    schedule = getattr(optimizer_cfg, "learning_rate", None)
-    if not (isinstance(schedule, InstantiableConfig) and "decay_steps" in schedule.keys()
-            and schedule.decay_steps is None):
-        return optimizer_cfg
-    if total_steps is None:
-        raise errors.ConfigError(
-            "decay_steps=None means the run's length, but max_steps is not set",
-            path="learner.optimizer.learning_rate.decay_steps",
-            suggestion="set max_steps (or --config.max_steps=N), or give decay_steps explicitly")
-    filled = optimizer_cfg.clone()
-    filled.learning_rate.decay_steps = int(total_steps)
-    warmup = getattr(schedule, "warmup_steps", None) if "warmup_steps" in schedule.keys() else None
-    if isinstance(warmup, int) and warmup >= total_steps:
-        print(f"titanax: warning: learner.optimizer.learning_rate.warmup_steps={warmup} is not "
-              f"below max_steps={total_steps}: the learning rate never reaches its peak; lower "
-              "it with --config.learner.optimizer.learning_rate.warmup_steps=N", flush=True)
-    return filled
+    """The optimizer config with every schedule's ``decay_steps=None`` (its ``learning_rate``'s,
+    Muon's ``adam_learning_rate``'s) set to ``total_steps``."""
+    filled = None
+    for field in ("learning_rate", "adam_learning_rate"):
+        schedule = getattr(optimizer_cfg, field, None) if field in optimizer_cfg.keys() else None
+        if not (isinstance(schedule, InstantiableConfig) and "decay_steps" in schedule.keys()
+                and schedule.decay_steps is None):
+            continue
+        if total_steps is None:
+            raise errors.ConfigError(
+                "decay_steps=None means the run's length, but max_steps is not set",
+                path=f"learner.optimizer.{field}.decay_steps",
+                suggestion="set max_steps (or --config.max_steps=N), or give decay_steps "
+                           "explicitly")
+        filled = filled if filled is not None else optimizer_cfg.clone()
+        getattr(filled, field).decay_steps = int(total_steps)
+        warmup = (getattr(schedule, "warmup_steps", None) if "warmup_steps" in schedule.keys()
+                  else None)
+        if isinstance(warmup, int) and warmup >= total_steps:
+            print(f"titanax: warning: learner.optimizer.{field}.warmup_steps={warmup} is not "
+                  f"below max_steps={total_steps}: the learning rate never reaches its peak; "
+                  f"lower it with --config.learner.optimizer.{field}.warmup_steps=N", flush=True)
+    return filled if filled is not None else optimizer_cfg
 
 
 def decay_scales_from_specs(parameter_specs: Any) -> Any:

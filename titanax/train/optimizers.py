@@ -1,20 +1,25 @@
-"""Optimizer and schedule factories for ``config_for_function`` (AdamW, Lion, SGD; warmup+cosine).
+"""Optimizer and schedule factories for ``config_for_function`` (AdamW, Lion, SGD, Muon;
+warmup+cosine).
 
 They differ from the optax factories they wrap in one way: weight decay is *scaled per param* by
 ``ParameterSpec.weight_decay_scale`` (0 for biases and norms), supplied by the learner as a tree.
-Every transformation here is elementwise, so it is correct in local view on sharded params.
+Every transformation here but Muon's is elementwise, so it is correct in local view on sharded
+params; Muon's gathers what it needs whole from the params' layouts (``muon.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+import re
+from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from titanax import errors
 from titanax.config import checked_by
 from titanax.config import value_checks as check
+from titanax.train import muon as muon_lib
 
 Schedule = Callable[[jax.Array], jax.Array]
 ScalarOrSchedule = Union[float, Schedule]
@@ -44,11 +49,12 @@ MOMENT_DTYPES = ("float32", "bfloat16")
 BFLOAT16_MAX_B2 = 0.96
 
 
-def _adam_arguments(b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, moments_dtype=None, **_):
-    yield from check.fraction("b1", b1)
-    yield from check.fraction("b2", b2)
-    yield from check.positive("eps", eps)  # eps = 0 divides a zero gradient by zero.
-    yield from check.at_least("weight_decay", weight_decay, 0)
+def _adam_arguments(b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, moments_dtype=None, *,
+                    prefix="", **_):
+    yield from check.fraction(prefix + "b1", b1)
+    yield from check.fraction(prefix + "b2", b2)
+    yield from check.positive(prefix + "eps", eps)  # eps = 0 divides a zero gradient by zero.
+    yield from check.at_least(prefix + "weight_decay", weight_decay, 0)
     if moments_dtype is not None and moments_dtype not in MOMENT_DTYPES:
         yield "moments_dtype", (f"must be one of {', '.join(MOMENT_DTYPES)} (or None: the "
                                 f"params' dtype), got {moments_dtype!r}")
@@ -137,6 +143,73 @@ def sgd(learning_rate: ScalarOrSchedule, momentum: Optional[float] = None, neste
         parts.append(optax.trace(decay=momentum, nesterov=nesterov))
     parts.append(optax.scale_by_learning_rate(learning_rate))
     return optax.chain(*parts)
+
+
+def _muon_arguments(beta=0.95, ns_steps=5, eps=1e-8, weight_decay=0.0, consistent_rms=None,
+                    adam_b1=0.9, adam_b2=0.999, adam_eps=1e-8, adam_weight_decay=0.0,
+                    matrices=muon_lib.DEFAULT_MATRICES, not_matrices=muon_lib.DEFAULT_NOT_MATRICES,
+                    **_):
+    yield from check.fraction("beta", beta)
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
+        yield "ns_steps", f"must be an int >= 1 (Newton-Schulz iterations), got {ns_steps!r}"
+    yield from check.positive("eps", eps)
+    yield from check.at_least("weight_decay", weight_decay, 0)
+    yield from check.positive("consistent_rms", consistent_rms)
+    yield from _adam_arguments(b1=adam_b1, b2=adam_b2, eps=adam_eps,
+                               weight_decay=adam_weight_decay, prefix="adam_")
+    for name, patterns in (("matrices", matrices), ("not_matrices", not_matrices)):
+        if isinstance(patterns, str):
+            yield name, f"must be a list of regular expressions, got the string {patterns!r}"
+            continue
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except (re.error, TypeError) as e:
+                yield name, f"{pattern!r} is not a regular expression: {e}"
+
+
+@checked_by(_muon_arguments)
+def muon(learning_rate: ScalarOrSchedule, beta: float = 0.95, ns_steps: int = 5,
+         eps: float = 1e-8, nesterov: bool = True, weight_decay: float = 0.0,
+         consistent_rms: Optional[float] = None,
+         adam_learning_rate: Optional[ScalarOrSchedule] = None, adam_b1: float = 0.9,
+         adam_b2: float = 0.999, adam_eps: float = 1e-8, adam_weight_decay: float = 0.0,
+         matrices: Sequence[str] = muon_lib.DEFAULT_MATRICES,
+         not_matrices: Sequence[str] = muon_lib.DEFAULT_NOT_MATRICES, *,
+         decay_scales: Any = None, param_layouts: Any = None) -> optax.GradientTransformation:
+    """Muon on the weight matrices (params whose path matches ``matrices`` and not
+    ``not_matrices``, whose layer names fan-in and fan-out dimensions), AdamW on the rest --
+    with Nesterov momentum, as ``optax.contrib.muon`` (``adam_learning_rate`` None: the same
+    schedule). ``ns_steps``: Newton-Schulz iterations; ``consistent_rms``: scale each matrix's
+    update to this RMS (Moonshot's rule) instead of ``sqrt(max(1, fan_out / fan_in))``.
+    ``param_layouts``: the params' layouts (the Learner passes them; muon.py)."""
+    if param_layouts is None:
+        raise errors.ConfigError(
+            "Muon needs each param's layout (which dims are a matrix, how they are split): "
+            "the Learner passes it", path="optimizer",
+            suggestion="set it as learner.optimizer, not as the engine's optimizer")
+    labels = muon_lib.matrix_labels(param_layouts, matrices=matrices, not_matrices=not_matrices)
+
+    def masked(tree: Any, label: str) -> Any:
+        return None if tree is None else muon_lib.masked(tree, labels, keep=label)
+
+    orthogonalized = muon_lib.scale_by_muon(
+        masked(param_layouts, "muon"), beta=beta, steps=ns_steps, eps=eps, nesterov=nesterov,
+        consistent_rms=consistent_rms)
+    adam_rate = learning_rate if adam_learning_rate is None else adam_learning_rate
+    return optax.partition({
+        "muon": optax.chain(orthogonalized,
+                            decayed_weights(weight_decay, masked(decay_scales, "muon")),
+                            optax.scale_by_learning_rate(learning_rate)),
+        "adam": optax.chain(optax.scale_by_adam(b1=adam_b1, b2=adam_b2, eps=adam_eps,
+                                                nesterov=nesterov),
+                            decayed_weights(adam_weight_decay, masked(decay_scales, "adam")),
+                            optax.scale_by_learning_rate(adam_rate)),
+    }, labels)
+
+
+# (--explain's lines: the Learner calls a factory's describe with its config's fields.)
+muon.describe = muon_lib.describe
 
 
 @checked_by(_schedule_arguments)

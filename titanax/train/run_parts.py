@@ -12,6 +12,7 @@ import numpy as np
 from titanax import errors
 from titanax.modules import converters as converters_lib
 from titanax.train import learner as learner_lib
+from titanax.train import param_layouts as param_layouts_lib
 from titanax.train import state_sharding as state_sharding_lib
 from titanax.train.metrics_window import MetricsWindow
 from titanax.train.state_manager import StateManager
@@ -25,10 +26,17 @@ def state_and_steps(engine: Any, parameter_specs: Any) -> Tuple[StateManager, St
     layout, cfg = engine.layout, engine.config
     strategy = state_sharding_lib.for_layout(layout, zero=engine.plan.config.zero)
     # (The optimizer sees the trainable params only: train/trainable.py.)
-    decay = (learner_lib.decay_scales_from_specs(strategy.trainable.select(
-        layout.parameter_specs)) if engine.model is not None else None)
+    trained_specs = (strategy.trainable.select(layout.parameter_specs)
+                     if engine.model is not None else None)
+    decay = (learner_lib.decay_scales_from_specs(trained_specs)
+             if trained_specs is not None else None)
+    layouts = (param_layouts_lib.param_layouts(parameter_specs=trained_specs,
+                                               update_specs=strategy.update_specs,
+                                               mesh_shape=dict(engine.mesh.shape))
+               if trained_specs is not None else None)
     adapter = (learner_lib.OptimizerAdapter(cfg.optimizer) if cfg.optimizer is not None
-               else engine.learner.build(decay))
+               else engine.learner.build(decay, param_layouts=layouts,
+                                         device_count=engine.mesh.size))
     states = StateManager(mesh=engine.mesh, layout=layout, strategy=strategy, adapter=adapter,
                           precision=engine.precision, model=engine.model, seed=cfg.seed,
                           checkpointer=engine.checkpointer(),

@@ -40,6 +40,7 @@ from typing import Any, Optional, Tuple
 import jax
 import optax
 from jax.sharding import PartitionSpec
+from optax.transforms._masking import MaskedNode
 
 from titanax.parallel import collectives, rules, state_dims
 from titanax.parallel.layout import Layout
@@ -76,6 +77,12 @@ class StateSharding(abc.ABC):
     def grad_specs(self) -> Any:
         """The layout of the reduced gradients, trainable params only (what the reducer plans
         from)."""
+        return self.trained_param_specs
+
+    @property
+    def update_specs(self) -> Any:
+        """The layout of the trainable params' part each device updates (what an optimizer
+        that needs whole matrices gathers over: train/muon.py)."""
         return self.trained_param_specs
 
     @property
@@ -163,6 +170,10 @@ class ShardedOptimizerState(StateSharding):
     @property
     def grad_specs(self) -> Any:
         return self.state_leaf_specs if self.scatter_gradients else self.trained_param_specs
+
+    @property
+    def update_specs(self) -> Any:
+        return self.state_leaf_specs
 
     @property
     def scatter_dims(self) -> Optional[Any]:
@@ -274,9 +285,12 @@ def _update_as_stored(learner, adapter, params, opt_state, grads, norm_squared):
 def _state_specs(adapter: learner_lib.OptimizerAdapter, state_shapes: Any, leaf_specs: Any) -> Any:
     """Specs of an optimizer state: each param-like leaf gets its param's entry of
     ``leaf_specs``; counters and other scalars are replicated."""
-    return optax.tree_map_params(adapter.tx, lambda _, spec: spec, state_shapes, leaf_specs,
-                                 transform_non_params=lambda _: PartitionSpec(),
-                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
+    # (A part of ``optax.partition``'s state holds MaskedNode for the params of the other
+    # parts (Muon's matrices, AdamW's rest): it stays in the specs.)
+    return optax.tree_map_params(
+        adapter.tx, lambda value, spec: value if isinstance(value, MaskedNode) else spec,
+        state_shapes, leaf_specs, transform_non_params=lambda _: PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, (PartitionSpec, MaskedNode)))
 
 
 def for_layout(layout: Layout, *, zero: Any) -> StateSharding:

@@ -1,0 +1,293 @@
+"""Muon (momentum orthogonalised by Newton-Schulz) on the params as each device holds them.
+
+Muon replaces each weight matrix's update by the nearest semi-orthogonal matrix to its
+(Nesterov) momentum, found by a few Newton-Schulz iterations; everything that is not a matrix
+(embeddings, the output head, norms, biases) is trained by AdamW beside it (Keller Jordan's
+modded-nanogpt; Moonshot's "Muon is scalable"). The arithmetic is ``optax.contrib.muon``'s:
+Nesterov momentum with bias correction, the Frobenius normalisation, the quintic iteration
+(3.4445, -4.7750, 2.0315), the width scale ``sqrt(max(1, fan_out / fan_in))`` -- or
+Moonshot's ``consistent_rms`` -- then decoupled weight decay and the learning rate.
+
+What a matrix is comes from its layer: a param's ``ParameterSpec.fan_axes`` name its fan-in and
+fan-out dimensions (a query projection ``[D, H, Dh]`` is the ``D x (H * Dh)`` matrix), every
+other dimension is a batch of matrices orthogonalised one by one (the stacked layers of a
+``Repeat``, a mixture's experts, the gate and up halves of a fused MLP).
+
+Newton-Schulz needs whole matrices, and the update runs in local view on what each device
+holds (``state_sharding.py``). Where a layout splits a matrix dimension (TP's heads, FSDP's or
+ZeRO's split of a fan dimension), the momentum is gathered whole over those mesh axes; a split
+of a batch dimension (a pipeline's stages, an expert axis) needs no gather. Then every device
+that holds the same whole matrices (the mesh axes that split none of the param's batch
+dimensions: ``owners``) would iterate the same ones, so the matrices of one shape are spread
+over those devices instead: each iterates its share -- padded with zero matrices to an even
+split -- and an all-gather brings every result back, each device keeping its own part. No
+collective runs inside the iterations, and a device's FLOPs are its share (plus the padding:
+``describe`` says how much, and ``--explain`` prints it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from optax.transforms import _masking
+
+from titanax import errors
+from titanax.parallel import collectives
+from titanax.train.param_layouts import ParamLayout
+
+# The quintic iteration's coefficients (Keller Jordan's; optax's default).
+NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+# The params Muon trains by default: every weight with fan-in and fan-out dimensions...
+DEFAULT_MATRICES = (r"weight$",)
+# ... but the embeddings and the output head, which AdamW trains (the Muon papers' choice).
+DEFAULT_NOT_MATRICES = (r"(^|/)(token_emb|pos_emb|lm_head)/",)
+
+
+def matrix_labels(layouts: Any, *, matrices: Sequence[str], not_matrices: Sequence[str]) -> Any:
+    """'muon' or 'adam' per param; refused by name where a pattern of the user's matches a param
+    that is not a matrix, or where no param is Muon's."""
+    chosen = [re.compile(p) for p in matrices]
+    excluded = [re.compile(p) for p in not_matrices]
+    user_patterns = tuple(matrices) != DEFAULT_MATRICES
+    any_matrix = []
+
+    def label(layout: ParamLayout) -> str:
+        if not any(p.search(layout.path) for p in chosen) or \
+                any(p.search(layout.path) for p in excluded):
+            return "adam"
+        if not layout.is_matrix:
+            if user_patterns:
+                raise errors.ConfigError(
+                    f"{layout.path} (shape {layout.shape}) matches a Muon pattern but is not a "
+                    "matrix: its layer names no fan-in and fan-out dimensions",
+                    path="learner.optimizer.matrices",
+                    suggestion="narrow the pattern to weights (or add the path to "
+                               "learner.optimizer.not_matrices); AdamW trains the rest")
+            return "adam"
+        any_matrix.append(layout.path)
+        return "muon"
+
+    labels = jax.tree_util.tree_map(label, layouts,
+                                    is_leaf=lambda x: isinstance(x, ParamLayout))
+    if not any_matrix:
+        raise errors.ConfigError(
+            f"no param of the model is a matrix matched by {list(matrices)} and not by "
+            f"{list(not_matrices)}: Muon would train nothing", path="learner.optimizer.matrices",
+            suggestion="match the model's weight paths (--explain lists them), or use adamw")
+    return labels
+
+
+def newton_schulz(x: jax.Array, *, steps: int, eps: float) -> jax.Array:
+    """The quintic Newton-Schulz iteration on a batch of matrices ``[B, M, N]``: each scaled by
+    its Frobenius norm, the wide orientation iterated (a tall matrix transposed there and
+    back)."""
+    tall = x.shape[1] > x.shape[2]
+    if tall:
+        x = jnp.swapaxes(x, 1, 2)
+    x = x / (jnp.sqrt(jnp.sum(jnp.square(x), axis=(1, 2), keepdims=True)) + eps)
+    a, b, c = (jnp.asarray(value, x.dtype) for value in NEWTON_SCHULZ_COEFFICIENTS)
+    for _ in range(steps):
+        gram = x @ jnp.swapaxes(x, 1, 2)
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return jnp.swapaxes(x, 1, 2) if tall else x
+
+
+def _wide(layout: ParamLayout) -> bool:
+    """Whether the param's matrices are iterated as they are (fan-in <= fan-out), not
+    transposed."""
+    return _fan(layout, layout.fan_in) <= _fan(layout, layout.fan_out)
+
+
+def _fan(layout: ParamLayout, dims: Sequence[int]) -> int:
+    return math.prod(layout.shape[d] for d in dims)
+
+
+def _order(layout: ParamLayout) -> Tuple[int, ...]:
+    """The param's dimensions as batch, fan-in, fan-out."""
+    matrix_dims = layout.fan_in + layout.fan_out
+    return tuple(d for d in range(len(layout.shape)) if d not in matrix_dims) + matrix_dims
+
+
+def whole_matrices(x: jax.Array, layout: ParamLayout) -> jax.Array:
+    """This device's part of one matrix param as whole matrices ``[B, m, n]`` in their wide
+    orientation (``m <= n``): its fan dimensions gathered over the axes that split them."""
+    for dim in layout.fan_in + layout.fan_out:
+        if layout.split[dim]:
+            x = collectives.all_gather(x, layout.split[dim], axis_index=dim, invariant=True)
+    moved = jnp.transpose(x, _order(layout))
+    batch = len(layout.shape) - len(layout.fan_in) - len(layout.fan_out)
+    flat = moved.reshape((math.prod(moved.shape[:batch]), _fan(layout, layout.fan_in),
+                          _fan(layout, layout.fan_out)))
+    return flat if _wide(layout) else jnp.swapaxes(flat, 1, 2)
+
+
+def to_part(y: jax.Array, layout: ParamLayout, part_shape: Tuple[int, ...]) -> jax.Array:
+    """``whole_matrices``' inverse on its result: the param's layout again, this device's part
+    of its fan dimensions kept."""
+    order = _order(layout)
+    whole = tuple(layout.shape[d] if d in layout.fan_in + layout.fan_out else part_shape[d]
+                  for d in range(len(layout.shape)))
+    y = y if _wide(layout) else jnp.swapaxes(y, 1, 2)
+    y = jnp.transpose(y.reshape(tuple(whole[d] for d in order)),
+                      tuple(sorted(range(len(order)), key=lambda i: order[i])))
+    for dim in layout.fan_in + layout.fan_out:
+        if layout.split[dim]:
+            size = part_shape[dim]
+            y = jax.lax.dynamic_slice_in_dim(
+                y, collectives.axis_index(layout.split[dim]) * size, size, axis=dim)
+    return y
+
+
+def owners(layout: ParamLayout) -> Tuple[str, ...]:
+    """The mesh axes over which every device holds the same whole matrices of the param once
+    its fan dimensions are gathered (all but those that split its batch dimensions): the
+    matrices are spread over them, each orthogonalised by one device."""
+    batch_split = {a for d in range(len(layout.shape))
+                   if d not in layout.fan_in + layout.fan_out for a in layout.split[d]}
+    return tuple(name for name, _ in layout.mesh if name not in batch_split)
+
+
+def _owner_count(layout: ParamLayout) -> int:
+    sizes = dict(layout.mesh)
+    return math.prod(sizes[a] for a in owners(layout))
+
+
+def orthogonalize(parts: List[jax.Array], layouts: List[ParamLayout], *, steps: int,
+                  eps: float) -> List[jax.Array]:
+    """The Newton-Schulz images of the matrix params' parts this device holds: whole matrices
+    of one shape spread over the devices that hold them alike (``owners``), each device
+    iterating its share of them, and the results gathered back -- no collective inside the
+    iterations."""
+    wholes = [whole_matrices(x, layout) for x, layout in zip(parts, layouts)]
+    groups: Dict[Any, List[int]] = {}
+    for index, (whole, layout) in enumerate(zip(wholes, layouts)):
+        key = (whole.shape[1:], whole.dtype, owners(layout), _owner_count(layout))
+        groups.setdefault(key, []).append(index)
+    results: List[Optional[jax.Array]] = [None] * len(parts)
+    for (_, _, axes, count), members in groups.items():
+        stack = jnp.concatenate([wholes[i] for i in members], axis=0)
+        each = -(-stack.shape[0] // count)  # (Padded with zero matrices, whose image is 0.)
+        stack = jnp.pad(stack, ((0, each * count - stack.shape[0]), (0, 0), (0, 0)))
+        if count > 1:
+            mine = jax.lax.dynamic_slice_in_dim(stack, collectives.axis_index(axes) * each,
+                                                each, axis=0)
+            done = collectives.all_gather(newton_schulz(mine, steps=steps, eps=eps), axes,
+                                          axis_index=0, invariant=True)
+        else:
+            done = newton_schulz(stack, steps=steps, eps=eps)
+        start = 0
+        for i in members:
+            size = wholes[i].shape[0]
+            results[i] = to_part(done[start:start + size], layouts[i], parts[i].shape)
+            start += size
+    return results
+
+
+def width_scale(layout: ParamLayout, consistent_rms: Optional[float]) -> float:
+    """The update's scale from the whole matrix's shape: ``sqrt(max(1, fan_out / fan_in))``, or
+    with ``consistent_rms`` ``sqrt(max(fan_in, fan_out)) * consistent_rms`` (an update of that
+    RMS, AdamW's typical one: Moonshot's rule, to share AdamW's learning rate)."""
+    fan_in = math.prod(layout.shape[d] for d in layout.fan_in)
+    fan_out = math.prod(layout.shape[d] for d in layout.fan_out)
+    if consistent_rms is not None:
+        return math.sqrt(max(fan_in, fan_out)) * consistent_rms
+    return math.sqrt(max(1.0, fan_out / fan_in))
+
+
+def masked(tree: Any, labels: Any, *, keep: str) -> Any:
+    """``tree`` (one entry per param) with optax's MaskedNode where a param's label is not
+    ``keep``: the tree one part of ``optax.partition`` sees."""
+    return jax.tree_util.tree_map(
+        lambda entry, label: entry if label == keep else _masking.MaskedNode(),
+        tree, labels, is_leaf=lambda x: isinstance(x, ParamLayout))
+
+
+def scale_by_muon(layouts: Any, *, beta: float, steps: int, eps: float, nesterov: bool,
+                  consistent_rms: Optional[float]) -> optax.GradientTransformation:
+    """Muon's scaling of the matrices' gradients (``layouts``: theirs, MaskedNode elsewhere);
+    its state is optax's ``(count, mu)`` of ``scale_by_muon``."""
+    is_layout = lambda x: isinstance(x, (ParamLayout, _masking.MaskedNode))  # noqa: E731
+
+    def init(params):
+        return optax.contrib.MuonState(
+            count=jnp.zeros([], jnp.int32), mu=optax.tree.zeros_like(params),
+            ns_coeffs=jnp.asarray(NEWTON_SCHULZ_COEFFICIENTS))
+
+    def update(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, beta, 1)
+        count = optax.safe_increment(state.count)
+        if nesterov:
+            mu_hat = jax.tree_util.tree_map(
+                lambda m, g: beta * m + (1 - beta) * g,
+                optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
+                optax.tree.bias_correction(updates, beta, count))
+        else:
+            mu_hat = optax.tree.bias_correction(mu, beta, count)
+        flat_layouts, treedef = jax.tree_util.tree_flatten(layouts, is_leaf=is_layout)
+        flat_mu = treedef.flatten_up_to(mu_hat)
+        matrices = [i for i, layout in enumerate(flat_layouts)
+                    if isinstance(layout, ParamLayout)]
+        images = orthogonalize([flat_mu[i] for i in matrices],
+                               [flat_layouts[i] for i in matrices], steps=steps, eps=eps)
+        for i, image in zip(matrices, images):
+            flat_mu[i] = (image * width_scale(flat_layouts[i], consistent_rms)).astype(
+                flat_mu[i].dtype)
+        scaled = jax.tree_util.tree_unflatten(treedef, flat_mu)
+        return scaled, optax.contrib.MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs)
+
+    return optax.GradientTransformation(init, update)
+
+
+def newton_schulz_flops(rows: int, columns: int, *, steps: int) -> int:
+    """Multiply-add FLOPs of ``steps`` iterations on one ``rows x columns`` matrix (its wide
+    orientation ``m <= n``: the Gram matrix ``2 m^2 n``, its square ``2 m^3``, the product
+    with ``x`` ``2 m^2 n``)."""
+    m, n = min(rows, columns), max(rows, columns)
+    return steps * (4 * m * m * n + 2 * m ** 3)
+
+
+def describe(*, param_layouts: Any, matrices: Sequence[str] = DEFAULT_MATRICES,
+             not_matrices: Sequence[str] = DEFAULT_NOT_MATRICES, ns_steps: int = 5,
+             device_count: int = 1, **_) -> str:
+    """``--explain``'s lines: which params Muon trains, each as its batch of fan-in x fan-out
+    matrices, the mesh axes its parts are gathered over and those its matrices are spread
+    over, and the Newton-Schulz FLOPs a device runs per step against its 1/``device_count``
+    share of all of them."""
+    labels = matrix_labels(param_layouts, matrices=matrices, not_matrices=not_matrices)
+    pairs = list(zip(jax.tree_util.tree_leaves(param_layouts,
+                                               is_leaf=lambda x: isinstance(x, ParamLayout)),
+                     jax.tree_util.tree_leaves(labels)))
+    rows, total, held = [], 0, {}
+    for layout, label in pairs:
+        if label != "muon":
+            continue
+        fan_in, fan_out = _fan(layout, layout.fan_in), _fan(layout, layout.fan_out)
+        batch_dims = [d for d in range(len(layout.shape))
+                      if d not in layout.fan_in + layout.fan_out]
+        flops = newton_schulz_flops(fan_in, fan_out, steps=ns_steps)
+        total += math.prod(layout.shape[d] for d in batch_dims) * flops
+        key = (min(fan_in, fan_out), max(fan_in, fan_out), owners(layout), _owner_count(layout))
+        held[key] = held.get(key, 0) + math.prod(layout.shape[d] // layout.parts[d]
+                                                 for d in batch_dims)
+        gathers = ", ".join(f"dim {d} over {'x'.join(layout.split[d])}"
+                            for d in layout.fan_in + layout.fan_out if layout.split[d]) or "-"
+        rows.append(f"  {layout.path:44s} {math.prod(layout.shape[d] for d in batch_dims):>4d} "
+                    f"x {fan_in:>5d} x {fan_out:<6d} {gathers:18s} "
+                    f"{'x'.join(owners(layout)) or '-'}")
+    own = sum(-(-count // owners_) * newton_schulz_flops(m, n, steps=ns_steps)
+              for (m, n, _, owners_), count in held.items())
+    share = total / max(device_count, 1)
+    return "\n".join([
+        f"optimizer: Muon on {len(rows)} params ({ns_steps} Newton-Schulz steps), AdamW on "
+        f"{sum(label == 'adam' for _, label in pairs)}",
+        f"  {'param':44s} matrices (batch x fan-in x fan-out), gathered whole, spread over",
+        *rows,
+        f"  Newton-Schulz per device and step: {own / 1e9:.3g} GFLOP, {own / share:.2f}x its "
+        f"1/{device_count} share of {total / 1e9:.3g} GFLOP (matrices of one shape spread "
+        "evenly, padded to a multiple of the devices they are spread over)"])
