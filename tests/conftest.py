@@ -49,6 +49,7 @@ HEAVIEST_FIRST = ("tests/test_todays_experiments.py", "tests/test_multi_process.
                   "tests/parallel/test_expert_parallel.py",
                   "tests/test_context_experiments.py", "tests/io/test_preemption.py",
                   "tests/rl/test_grpo_training.py", "tests/objectives/test_kto.py",
+                  "tests/test_muon_experiments.py",
                   "tests/test_fine_tune_doc.py", "tests/test_evaluation_doc.py",
                   "tests/test_launch.py", "tests/test_launch_errors.py",
                   "tests/data/test_packed_resume.py", "tests/test_flax_experiments.py",

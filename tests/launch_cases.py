@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import subprocess
 import sys
 import traceback
 from typing import Dict, List
@@ -42,6 +43,24 @@ def run_case(args: List[str], cwd: str) -> Dict[str, object]:
     finally:
         os.chdir(before)
     return {"returncode": returncode, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+
+
+def launch_in_one_child(cases: List[Dict[str, object]], *, folder: str, env: Dict[str, str],
+                        timeout: int = 1800) -> List[Dict[str, object]]:
+    """Every case run by ``python -m tests.launch_cases`` in one child process (the cases and
+    results files written in ``folder``): their results, in order; the child's own failure
+    (an abort, a timeout) fails the calling test with its output."""
+    given = os.path.join(folder, "cases.json")
+    got = os.path.join(folder, "results.json")
+    with open(given, "w", encoding="utf-8") as f:
+        json.dump(cases, f)
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-m", "tests.launch_cases", given, got],
+                         cwd=repo_root, env=env, capture_output=True, text=True,
+                         timeout=timeout, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    with open(got, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def main(cases_path: str, results_path: str) -> None:

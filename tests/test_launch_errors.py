@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.environment import child_environment
+from tests.launch_cases import launch_in_one_child
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Launches without --cpu_devices get the session's 8 devices; see tests/environment.py.
@@ -231,14 +232,8 @@ def bad_input_launches(tmp_path_factory):
         folders[case] = folder
         cases.append({"args": [a.format(tmp=folder, file=folder / "a_file") for a in args],
                       "cwd": REPO_ROOT})
-    given, got = tmp_path_factory.mktemp("cases") / "cases.json", None
-    given.write_text(json.dumps(cases))
-    got = given.with_name("results.json")
-    run = subprocess.run([sys.executable, "-m", "tests.launch_cases", str(given), str(got)],
-                         cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=900,
-                         check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = json.loads(got.read_text())
+    results = launch_in_one_child(cases, folder=str(tmp_path_factory.mktemp("cases")),
+                                  env=ENV, timeout=900)
     return {case: (result, folders[case])
             for (case, _, _), result in zip(BAD_INPUTS + CALL_TIME_ERRORS, results)}
 

@@ -1,11 +1,12 @@
 """``llama_tiny_muon`` through the real launcher on every layout of a dense model -- its own
-(DP4 x TP2), DP8, ZeRO-1 and ZeRO-2 over 8, FSDP over 8, HSDP (FSDP over 4 within 2 replicas)
+(DP4 x TP2), DP8, ZeRO-1 and ZeRO-2 over 8, FSDP over 8, 1F1B and circular pipelines (DP4 x
+PP2), HSDP (FSDP over 4 within 2 replicas)
 -- against the same model and batches on one device: Muon needs whole matrices, so a split
 matrix is gathered whole for its Newton-Schulz iterations and each device keeps its part
 (train/muon.py), and the matrices are spread over the devices that hold them alike. A layout
 that orthogonalised its shards alone, gathered a matrix in the wrong order or handed a device
-another's result would be off by far more than rounding. Also: the own layout stopped after step
-2 and resumed from its checkpoint, and its ``--explain`` (the update's collectives outside every
+another's result would be off by far more than rounding. Also: the circular pipeline stopped
+after step 2 and resumed from its checkpoint, and the own layout's ``--explain`` (the update's collectives outside every
 loop, the matrices spread over all 8 devices, a device's Newton-Schulz FLOPs near its share).
 
 Float64 (``JAX_ENABLE_X64=1``, ``--config.precision.float64=True``), so a correct layout agrees
@@ -14,7 +15,6 @@ and gradient norm, and the final params. A one-step warmup: the rates are 0 at s
 their peaks from step 2, so the later losses check the params Muon moved.
 """
 
-import json
 import os
 import re
 import subprocess
@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.environment import child_environment
+from tests.launch_cases import launch_in_one_child
 from tests.numerics import FLOAT64, assert_close
 from tests.run_outputs import metric_rows, newest_params
 
@@ -43,6 +44,13 @@ ONE_DEVICE = ("--cpu_devices=1", *DATA_ONLY, "--config.mesh.shape=(None,)")
 # (measured on this model in float64: "Check failed: id < num_threads", 1 to 2 of 4 runs abort;
 # 0 of 6 with the gathers outside the loop). Muon's gathers are the update's either way.
 PER_STEP = "--config.plan.zero.grad_sync=per_step"
+PIPELINE = ("--config.plan.tensor_parallel=None", "--config.mesh.axes=('data','pipe')",
+            "--config.mesh.shape=(None,2)", "--config.plan.pipeline_parallel.axis=pipe",
+            "--config.plan.pipeline_parallel.microbatch_size=1")
+# (The circular schedule views the stacked layers as [virtual stages, stages, layers]: the
+# matrices' fan dimensions move two places.)
+CIRCULAR = (*PIPELINE, "--config.plan.pipeline_parallel.schedule=circular",
+            "--config.plan.pipeline_parallel.virtual_stages=2")
 # layout -> its flags (after COMMON).
 LAYOUTS = {
     "dp4 x tp2 (its own)": (),
@@ -53,6 +61,8 @@ LAYOUTS = {
                      "--config.plan.zero.min_shard_size=64"),
     "fsdp8": (*DATA_ONLY, "--config.mesh.shape=(None,)", "--config.plan.zero.stage=3",
               "--config.plan.zero.min_shard_size=64", PER_STEP),
+    "dp4 x pp2 (1F1B)": PIPELINE,
+    "dp4 x pp2 circular, 2 virtual stages": CIRCULAR,
     "hsdp 2 x 4": ("--config.plan.tensor_parallel=None", "--config.mesh.axes=('data','fsdp')",
                    "--config.mesh.shape=(2,4)", "--config.plan.zero.stage=3",
                    "--config.plan.zero.axis=fsdp", "--config.plan.zero.min_shard_size=64",
@@ -66,31 +76,28 @@ def _launched(root):
     dirs = {name: os.path.join(root, str(index)) for index, name in enumerate(LAYOUTS)}
     cases = [{"args": [*COMMON, *flags, f"--trainer_dir={dirs[name]}"], "cwd": REPO_ROOT}
              for name, flags in LAYOUTS.items()]
-    # The own layout stopped after step 2 and resumed (Muon's state from the checkpoint; the
-    # schedules' length fixed at 4, as the uninterrupted run's).
+    # The circular layout stopped after step 2 and resumed (Muon's state from the checkpoint,
+    # through the schedule's view of the layers; the schedules' length fixed at 4, as the
+    # uninterrupted runs').
     resumed = os.path.join(root, "resumed")
     fixed = ("--config.learner.optimizer.learning_rate.decay_steps=4",
              "--config.learner.optimizer.adam_learning_rate.decay_steps=4")
-    cases += [{"args": [*COMMON, *fixed, "--config.max_steps=2", f"--trainer_dir={resumed}"],
-               "cwd": REPO_ROOT},
-              {"args": [*COMMON, *fixed, f"--trainer_dir={resumed}"], "cwd": REPO_ROOT}]
+    cases += [{"args": [*COMMON, *CIRCULAR, *fixed, "--config.max_steps=2",
+                        f"--trainer_dir={resumed}"], "cwd": REPO_ROOT},
+              {"args": [*COMMON, *CIRCULAR, *fixed, f"--trainer_dir={resumed}"],
+               "cwd": REPO_ROOT}]
     # (Last: the own layout's --explain, its compiled step's collectives and Muon's lines.)
     cases.append({"args": [*COMMON, "--explain"], "cwd": REPO_ROOT})
-    given, got = os.path.join(root, "cases.json"), os.path.join(root, "results.json")
-    with open(given, "w", encoding="utf-8") as f:
-        json.dump(cases, f)
     one = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", "titanax.launch", *COMMON, *ONE_DEVICE,
          f"--trainer_dir={os.path.join(root, 'one')}"], cwd=REPO_ROOT,
         env=child_environment(quick_backend=True, JAX_ENABLE_X64="1"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run = subprocess.run([sys.executable, "-m", "tests.launch_cases", given, got], cwd=REPO_ROOT,
-                         env=ENV, capture_output=True, text=True, timeout=1800, check=False)
-    output, _ = one.communicate(timeout=600)
+    try:
+        results = launch_in_one_child(cases, folder=root, env=ENV)
+    finally:
+        output, _ = one.communicate(timeout=600)
     assert one.returncode == 0, output[-3000:]
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    with open(got, encoding="utf-8") as f:
-        results = json.load(f)
     launched = {"one device": _outputs(os.path.join(root, "one"), "one device")}
     assert all(result["returncode"] == 0 for result in results[-3:]), \
         [result["stderr"][-3000:] for result in results[-3:]]
@@ -147,3 +154,27 @@ def test_every_layout_trains_by_muon_like_one_device(tmp_path):
             assert_close(_column(rows, column), _column(want_rows, column), bound=FLOAT64,
                          scale="leaf", what=f"{name}: {column}")
         assert_close(params, want_params, bound=FLOAT64, scale="leaf", what=f"{name}: params")
+
+
+def test_experts_over_an_expert_axis_train_by_muon_like_data_parallelism_alone(tmp_path):
+    """gpt-oss's experts (``[layers, experts, D, 2, F]``) over an ``expert`` axis of 4: each
+    device orthogonalises the experts it holds (the expert axis splits a batch dimension, so
+    nothing is gathered over it and the matrices are spread over ``data`` alone), against the
+    same run on data parallelism alone."""
+    flags = ("--config=gpt_oss_tiny_muon", "--config_module=tests.train.muon_experiments",
+             *COMMON[1:])
+    runs = {"dp2 x ep4 (its own)": (), "dp8": ("--config.plan.expert_parallel=None", *DATA_ONLY,
+                                              "--config.mesh.shape=(None,)")}
+    dirs = {name: str(tmp_path / str(index)) for index, name in enumerate(runs)}
+    cases = [{"args": [*flags, *extra, f"--trainer_dir={dirs[name]}"], "cwd": REPO_ROOT}
+             for name, extra in runs.items()]
+    results = launch_in_one_child(cases, folder=str(tmp_path), env=ENV)
+    assert all(result["returncode"] == 0 for result in results), \
+        [result["stderr"][-3000:] for result in results]
+    (rows, params), (want_rows, want_params) = (_outputs(dirs[name], name) for name in runs)
+    for column in ("loss", "grad_norm"):
+        assert_close(_column(rows, column), _column(want_rows, column), bound=FLOAT64,
+                     scale="leaf", what=f"experts over expert: {column}")
+    assert_close(params, want_params, bound=FLOAT64, scale="leaf",
+                 what="experts over expert: params")
+

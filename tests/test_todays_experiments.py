@@ -18,14 +18,13 @@ and main, flags reset per launch).
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 from tests.environment import child_environment
+from tests.launch_cases import launch_in_one_child
 from tests.numerics import FLOAT64, assert_close
 from tests.run_outputs import metric_rows, newest_params
 
@@ -111,14 +110,7 @@ def _launched(family, root):
     dirs = {name: os.path.join(root, name.replace(" ", "_")) for name in runs}
     cases = [{"args": [*args, f"--trainer_dir={dirs[name]}"], "cwd": REPO_ROOT}
              for name, (args, _) in runs.items()]
-    given, got = os.path.join(root, "cases.json"), os.path.join(root, "results.json")
-    with open(given, "w", encoding="utf-8") as f:
-        json.dump(cases, f)
-    run = subprocess.run([sys.executable, "-m", "tests.launch_cases", given, got], cwd=REPO_ROOT,
-                         env=ENV, capture_output=True, text=True, timeout=1800, check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    with open(got, encoding="utf-8") as f:
-        results = json.load(f)
+    results = launch_in_one_child(cases, folder=root, env=ENV)
     launched = {}
     for (name, (_, layout)), result in zip(runs.items(), results):
         assert result["returncode"] == 0, (family, name, result["stderr"][-3000:])

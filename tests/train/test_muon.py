@@ -94,3 +94,38 @@ def test_a_matrix_update_is_orthogonal_and_a_muon_patterns_non_matrix_is_refused
         optimizers.muon(0.02, matrices=(r"scale$",), param_layouts=_layouts())
     with pytest.raises(errors.ConfigError, match="Muon would train nothing"):
         optimizers.muon(0.02, matrices=(r"nothing$",), param_layouts=_layouts())
+
+
+def _model_layouts(experiment):
+    """The ParamLayouts of an experiment's model on one device (no param split)."""
+    from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+    from titanax.config import registry  # pylint: disable=import-outside-toplevel
+    from titanax.modules.base_layer import ParameterSpec  # pylint: disable=import-outside-toplevel
+    from titanax.train.param_layouts import param_layouts  # pylint: disable=import-outside-toplevel
+    registry.load_config_modules(list(registry.DEFAULT_CONFIG_MODULES))
+    model = registry.get_config(experiment).model.set(name="m").instantiate(parent=None)
+    specs = model.create_parameter_specs_recursively()
+    partitions = jax.tree_util.tree_map(lambda _: PartitionSpec(), specs,
+                                        is_leaf=lambda x: isinstance(x, ParameterSpec))
+    return param_layouts(parameter_specs=specs, update_specs=partitions,
+                         mesh_shape={"data": 1})
+
+
+def test_a_fused_projections_parts_and_a_stacks_biases_are_not_one_matrix():
+    """GPT's fused q/k/v ``[L, D, 3, H, Dh]`` is 3 matrices per layer (as the separate
+    projections of a Llama are), not one ``D x 3HDh``; a stack's biases, whose fan axes the
+    stack inferred, are not matrices: a pattern naming them is refused."""
+    layouts = _model_layouts("gpt_tiny_dp")["decoder"]["layer"]["attn"]
+    qkv = layouts["qkv_weight"]
+    assert (qkv.fan_in, qkv.fan_out) == ((1,), (3, 4)), qkv
+    assert layouts["qkv_bias"].is_matrix is False
+    with pytest.raises(errors.ConfigError, match="attn/qkv_bias .* not a matrix"):
+        optimizers.muon(0.02, matrices=(r"attn/qkv_",),
+                        param_layouts=_model_layouts("gpt_tiny_dp"))
+    # (The default patterns leave the embeddings, heads and routers to AdamW.)
+    oss = _model_layouts("gpt_oss_tiny")
+    labels = optimizers.muon_lib.matrix_labels(oss, matrices=optimizers.muon_lib.DEFAULT_MATRICES,
+                                               not_matrices=optimizers.muon_lib.DEFAULT_NOT_MATRICES)
+    mlp = labels["decoder"]["layer"]["0"]["mlp"]
+    assert (mlp["router"]["weight"], mlp["gate_up_weight"], labels["lm_head"]["weight"]) == \
+        ("adam", "muon", "adam")

@@ -64,9 +64,22 @@ class Normal(Initializer):
 class FanAxes:
     """Which dimensions of a weight are its inputs (fan-in) and outputs (fan-out)."""
 
-    def __init__(self, *, in_axes: Sequence[int], out_axes: Sequence[int]):
+    def __init__(self, *, in_axes: Sequence[int], out_axes: Sequence[int],
+                 groups: Sequence[int] = (), declared: bool = True):
         self.in_axes = tuple(in_axes)
         self.out_axes = tuple(out_axes)
+        # Fan-out dimensions that stack independent matrices (a fused q/k/v projection's 3):
+        # counted in the fan for initialisation, a batch of matrices for Muon (train/muon.py).
+        self.groups = tuple(groups)
+        # False: inferred for a param whose layer named none (a stack's bias, a norm): not a
+        # weight matrix, whatever its rank.
+        self.declared = declared
+
+    def shifted(self, offset: int) -> "FanAxes":
+        """The same axes ``offset`` dimensions later (a stack's leading dimensions added)."""
+        return FanAxes(in_axes=[a + offset for a in self.in_axes],
+                       out_axes=[a + offset for a in self.out_axes],
+                       groups=[a + offset for a in self.groups], declared=self.declared)
 
     def fan_in(self, shape) -> int:
         return math.prod(shape[a] for a in self.in_axes)

@@ -302,7 +302,8 @@ class WeightRoles:
 
 def weight_roles(spec, *, path: str) -> WeightRoles:
     """The roles ``spec`` declares (its fan axes, past its stacked layer dimensions)."""
-    if spec.fan_axes is None or len(spec.shape) - spec.stacked_dims < 2:
+    if spec.fan_axes is None or not spec.fan_axes.declared or \
+            len(spec.shape) - spec.stacked_dims < 2:
         raise errors.ConfigError(
             f"{path} (shape {tuple(spec.shape)}) is not a weight with declared input and output "
             "dimensions, so it cannot take a low-rank adapter", path="lora.targets",
@@ -523,8 +524,7 @@ def per_layer(spec):
     fan = spec.fan_axes
     return dataclasses.replace(
         spec, shape=tuple(spec.shape[k:]), stacked_dims=0,
-        fan_axes=FanAxes(in_axes=[d - k for d in fan.in_axes],
-                         out_axes=[d - k for d in fan.out_axes]) if fan is not None else None,
+        fan_axes=fan.shifted(-k) if fan is not None else None,
         mesh_axes=None, logical_axes=None)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
+from optax.transforms._masking import MaskedNode
 
 from titanax import errors
 from titanax.parallel import pipeline, rules
@@ -89,10 +90,13 @@ class InterleavedStack:
     def map_optimizer_state(self, tx: optax.GradientTransformation, opt_state: Any,
                             param_paths: Any, fn: Callable[[Any], Any]) -> Any:
         """``fn`` applied to the optimizer-state leaves that mirror a stacked param."""
+        # (A part of ``optax.partition``'s state -- Muon's -- holds MaskedNode for the params of
+        # the other parts: left as it is.)
         return optax.tree_map_params(
-            tx, lambda leaf, path: fn(leaf) if self.is_stacked(path) else leaf, opt_state,
+            tx, lambda leaf, path: leaf if isinstance(leaf, MaskedNode) or
+            not self.is_stacked(path) else fn(leaf), opt_state,
             param_paths, transform_non_params=lambda x: x,
-            is_leaf=lambda x: isinstance(x, (PartitionSpec, jax.ShapeDtypeStruct)))
+            is_leaf=lambda x: isinstance(x, (PartitionSpec, jax.ShapeDtypeStruct, MaskedNode)))
 
     def canonical_struct(self, s: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
         """A view's restore target (ShapeDtypeStruct with a NamedSharding) made canonical."""

@@ -44,8 +44,9 @@ from titanax.train.param_layouts import ParamLayout
 NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 # The params Muon trains by default: every weight with fan-in and fan-out dimensions...
 DEFAULT_MATRICES = (r"weight$",)
-# ... but the embeddings and the output head, which AdamW trains (the Muon papers' choice).
-DEFAULT_NOT_MATRICES = (r"(^|/)(token_emb|pos_emb|lm_head)/",)
+# ... but the embeddings and the output heads, which AdamW trains (the Muon papers' choice), and
+# a mixture's router (a few columns, one per expert: AdamW's, as the Muon MoE recipes keep it).
+DEFAULT_NOT_MATRICES = (r"(^|/)(token_emb|pos_emb|lm_head|head|router)/",)
 
 
 def matrix_labels(layouts: Any, *, matrices: Sequence[str], not_matrices: Sequence[str]) -> Any:
@@ -78,7 +79,9 @@ def matrix_labels(layouts: Any, *, matrices: Sequence[str], not_matrices: Sequen
         raise errors.ConfigError(
             f"no param of the model is a matrix matched by {list(matrices)} and not by "
             f"{list(not_matrices)}: Muon would train nothing", path="learner.optimizer.matrices",
-            suggestion="match the model's weight paths (--explain lists them), or use adamw")
+            suggestion="match the model's weight paths (--print_config's model, or --explain with "
+                       "optimizer adamw, lists them; under LoRA the trained ones end in _lora_a "
+                       "and _lora_b), or use adamw")
     return labels
 
 

@@ -24,7 +24,8 @@ class ParamLayout:
     path: str
     # Its global shape.
     shape: Tuple[int, ...]
-    # Its fan-in and fan-out dimensions (ParameterSpec.fan_axes; empty: the layer names none).
+    # Its fan-in and fan-out dimensions (ParameterSpec.fan_axes, a fused projection's groups
+    # left out of the fan-out; empty: the layer names none).
     fan_in: Tuple[int, ...]
     fan_out: Tuple[int, ...]
     # Per dimension, the mesh axes the update's local view splits it over, and into how many
@@ -46,18 +47,25 @@ def _axes(entry: Any) -> Tuple[str, ...]:
     return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
-def param_layouts(*, parameter_specs: Any, update_specs: Any, mesh_shape: Mapping[str, int]
-                  ) -> Any:
+def param_layouts(*, parameter_specs: Any, update_specs: Any, mesh_shape: Mapping[str, int],
+                  stack_view: Any = None) -> Any:
     """A ParamLayout per param of ``parameter_specs`` (ParameterSpecs of the trainable params)
     with ``update_specs`` (their PartitionSpecs where the optimizer update runs) over a mesh of
-    ``mesh_shape``."""
+    ``mesh_shape``. ``stack_view``: the circular pipeline's view of the stacked layers
+    (parallel/interleaved_stack.py), whose specs' fan axes still describe the canonical
+    param."""
     def layout(key_path, spec, partition: PartitionSpec) -> ParamLayout:
-        shape = tuple(spec.shape)
+        path, shape = path_string(key_path), tuple(spec.shape)
         entries = tuple(partition) + (None,) * (len(shape) - len(tuple(partition)))
         fan = spec.fan_axes
-        return ParamLayout(path=path_string(key_path), shape=shape,
-                           fan_in=tuple(fan.in_axes) if fan is not None else (),
-                           fan_out=tuple(fan.out_axes) if fan is not None else (),
+        if fan is None or not fan.declared:
+            fan_in, fan_out = (), ()
+        else:
+            offset = (len(shape) - len(stack_view.canonical_shape(shape))
+                      if stack_view is not None and stack_view.is_stacked(path) else 0)
+            fan = fan.shifted(offset)
+            fan_in, fan_out = fan.in_axes, tuple(a for a in fan.out_axes if a not in fan.groups)
+        return ParamLayout(path=path, shape=shape, fan_in=fan_in, fan_out=fan_out,
                            split=tuple(_axes(e) for e in entries),
                            parts=tuple(math.prod(int(mesh_shape[a]) for a in _axes(e))
                                        for e in entries),

@@ -32,7 +32,8 @@ def state_and_steps(engine: Any, parameter_specs: Any) -> Tuple[StateManager, St
              if trained_specs is not None else None)
     layouts = (param_layouts_lib.param_layouts(parameter_specs=trained_specs,
                                                update_specs=strategy.update_specs,
-                                               mesh_shape=dict(engine.mesh.shape))
+                                               mesh_shape=dict(engine.mesh.shape),
+                                               stack_view=layout.stack_view)
                if trained_specs is not None else None)
     adapter = (learner_lib.OptimizerAdapter(cfg.optimizer) if cfg.optimizer is not None
                else engine.learner.build(decay, param_layouts=layouts,

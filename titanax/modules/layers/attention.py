@@ -218,7 +218,7 @@ class Attention(BaseLayer):
         if cfg.fused_qkv:
             specs = {"qkv_weight": ParameterSpec(
                 shape=(cfg.model_dim, 3, heads, width), logical_axes=(None, None, HEADS, None),
-                fan_axes=FanAxes(in_axes=(0,), out_axes=(1, 2, 3)))}
+                fan_axes=FanAxes(in_axes=(0,), out_axes=(1, 2, 3), groups=(1,)))}
             if cfg.qkv_bias:
                 specs["qkv_bias"] = ParameterSpec(shape=(3, heads, width),
                                                   logical_axes=(None, HEADS, None), **bias)

@@ -58,14 +58,13 @@ class Repeat(BaseLayer):
 
         def stack(spec: ParameterSpec) -> ParameterSpec:
             fan = spec.fan_axes or FanAxes(in_axes=range(len(spec.shape) - 1),
-                                           out_axes=(len(spec.shape) - 1,))
+                                           out_axes=(len(spec.shape) - 1,), declared=False)
             return dataclasses.replace(
                 spec, shape=(num_layers,) + tuple(spec.shape),
                 mesh_axes=(None,) + tuple(spec.mesh_axes), stacked_dims=spec.stacked_dims + 1,
                 logical_axes=((None,) + tuple(spec.logical_axes)
                               if spec.logical_axes is not None else None),
-                fan_axes=FanAxes(in_axes=[a + 1 for a in fan.in_axes],
-                                 out_axes=[a + 1 for a in fan.out_axes]))
+                fan_axes=fan.shifted(1))
 
         return {"layer": _map_specs(stack, inner)}
 
