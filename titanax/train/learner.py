@@ -12,7 +12,7 @@ Everything here runs in local view inside the engine's ``shard_map``.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -106,12 +106,18 @@ class Learner(Configurable):
 _POSITIVE_RATE_FIELDS = ("peak_value", "value")
 
 
+def _rate_fields(optimizer_cfg: Any) -> List[str]:
+    """The optimizer's learning-rate fields: ``learning_rate`` and any ``*_learning_rate`` (a
+    second part's own, as Muon's ``adam_learning_rate``)."""
+    return [name for name in optimizer_cfg.keys()
+            if name == "learning_rate" or name.endswith("_learning_rate")]
+
+
 def _learning_rate_problems(optimizer_cfg: Any):
-    """A learning rate <= 0 trains into garbage without any error: refuse it up front (the
-    optimizer's ``learning_rate``, and Muon's ``adam_learning_rate``)."""
-    for field in ("learning_rate", "adam_learning_rate"):
-        value = getattr(optimizer_cfg, field, None) if field in optimizer_cfg.keys() else None
-        yield from _rate_problems(f"optimizer.{field}", value)
+    """A learning rate <= 0 trains into garbage without any error: refuse it up front (every
+    learning-rate field of the optimizer)."""
+    for field in _rate_fields(optimizer_cfg):
+        yield from _rate_problems(f"optimizer.{field}", getattr(optimizer_cfg, field))
 
 
 def _rate_problems(where: str, value: Any):
@@ -132,11 +138,11 @@ def _rate_problems(where: str, value: Any):
 
 
 def _with_run_length(optimizer_cfg: Any, total_steps: Optional[int]) -> Any:
-    """The optimizer config with every schedule's ``decay_steps=None`` (its ``learning_rate``'s,
-    Muon's ``adam_learning_rate``'s) set to ``total_steps``."""
+    """The optimizer config with every learning-rate schedule's ``decay_steps=None`` set to
+    ``total_steps``."""
     filled = None
-    for field in ("learning_rate", "adam_learning_rate"):
-        schedule = getattr(optimizer_cfg, field, None) if field in optimizer_cfg.keys() else None
+    for field in _rate_fields(optimizer_cfg):
+        schedule = getattr(optimizer_cfg, field)
         if not (isinstance(schedule, InstantiableConfig) and "decay_steps" in schedule.keys()
                 and schedule.decay_steps is None):
             continue
