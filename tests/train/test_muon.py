@@ -34,7 +34,7 @@ MUON = ("dense/weight", "attn/q_weight", "down/weight", "layer/mlp/gate_up_weigh
 
 def _layouts():
     return {name: ParamLayout(path=name, shape=shape, fan_in=fan_in, fan_out=fan_out,
-                              split=((),) * len(shape), parts=(1,) * len(shape))
+                              split=((),) * len(shape))
             for name, (shape, fan_in, fan_out) in PARAMS.items()}
 
 
@@ -90,7 +90,7 @@ def test_a_matrix_update_is_orthogonal_and_a_muon_patterns_non_matrix_is_refused
     singular = np.linalg.svd(np.asarray(-updates["dense/weight"]) / np.sqrt(12 / 8),
                              compute_uv=False)
     assert singular.min() > 0.6 and singular.max() < 1.25, singular
-    with pytest.raises(errors.ConfigError, match="norm/scale.*not a\n?.*matrix|not a matrix"):
+    with pytest.raises(errors.ConfigError, match="norm/scale .*not a matrix"):
         optimizers.muon(0.02, matrices=(r"scale$",), param_layouts=_layouts())
     with pytest.raises(errors.ConfigError, match="Muon would train nothing"):
         optimizers.muon(0.02, matrices=(r"nothing$",), param_layouts=_layouts())

@@ -7,6 +7,7 @@ nothing for values it cannot judge (None where None is allowed, a config that bu
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterator, Tuple
 
 Problem = Tuple[str, str]
@@ -39,3 +40,16 @@ def fraction(field: str, value: Any, *, closed: bool = False, allow_none: bool =
         return
     if _number(value) and not (0 <= value < 1 or closed and value == 1):
         yield field, f"must be in [0, 1{']' if closed else ')'}, got {value}"
+
+
+def regexes(field: str, patterns: Any) -> Iterator[Problem]:
+    """``patterns`` a list of regular expressions (a lone string is refused: it would be read as
+    one pattern per character)."""
+    if isinstance(patterns, str):
+        yield field, f"must be a list of regular expressions, got the string {patterns!r}"
+        return
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as e:
+            yield field, f"{pattern!r} is not a regular expression: {e}"

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from titanax import errors
-from titanax.config import Configurable
+from titanax.config import Configurable, value_checks
 from titanax.parallel.axis_binding import SEQUENCE
 from titanax.modules.initializers import Constant, FanAxes, VarianceScaling
 
@@ -109,11 +109,7 @@ class LoRA(Configurable):
                     floating = False
                 if not floating:
                     yield "frozen_dtype", f"must be a float dtype, got {self.frozen_dtype!r}"
-            for pattern in self.targets:
-                try:
-                    re.compile(pattern)
-                except re.error as e:
-                    yield "targets", f"{pattern!r} is not a regular expression: {e}"
+            yield from value_checks.regexes("targets", self.targets)
 
     @property
     def scale(self) -> float:

@@ -160,6 +160,13 @@ def _owner_count(layout: ParamLayout) -> int:
     return math.prod(sizes[a] for a in owners(layout))
 
 
+def _group_key(layout: ParamLayout) -> Tuple[Tuple[int, int], Tuple[str, ...], int]:
+    """What puts two params' matrices in one stack spread over the same devices: their wide
+    orientation's shape, and the axes (and how many devices) they are spread over."""
+    fan_in, fan_out = _fan(layout, layout.fan_in), _fan(layout, layout.fan_out)
+    return (min(fan_in, fan_out), max(fan_in, fan_out)), owners(layout), _owner_count(layout)
+
+
 def orthogonalize(parts: List[jax.Array], layouts: List[ParamLayout], *, steps: int,
                   eps: float) -> List[jax.Array]:
     """The Newton-Schulz images of the matrix params' parts this device holds: whole matrices
@@ -169,10 +176,9 @@ def orthogonalize(parts: List[jax.Array], layouts: List[ParamLayout], *, steps: 
     wholes = [whole_matrices(x, layout) for x, layout in zip(parts, layouts)]
     groups: Dict[Any, List[int]] = {}
     for index, (whole, layout) in enumerate(zip(wholes, layouts)):
-        key = (whole.shape[1:], whole.dtype, owners(layout), _owner_count(layout))
-        groups.setdefault(key, []).append(index)
+        groups.setdefault((_group_key(layout), whole.dtype), []).append(index)
     results: List[Optional[jax.Array]] = [None] * len(parts)
-    for (_, _, axes, count), members in groups.items():
+    for ((_, axes, count), _), members in groups.items():
         stack = jnp.concatenate([wholes[i] for i in members], axis=0)
         each = -(-stack.shape[0] // count)  # (Padded with zero matrices, whose image is 0.)
         stack = jnp.pad(stack, ((0, each * count - stack.shape[0]), (0, 0), (0, 0)))
@@ -195,8 +201,7 @@ def width_scale(layout: ParamLayout, consistent_rms: Optional[float]) -> float:
     """The update's scale from the whole matrix's shape: ``sqrt(max(1, fan_out / fan_in))``, or
     with ``consistent_rms`` ``sqrt(max(fan_in, fan_out)) * consistent_rms`` (an update of that
     RMS, AdamW's typical one: Moonshot's rule, to share AdamW's learning rate)."""
-    fan_in = math.prod(layout.shape[d] for d in layout.fan_in)
-    fan_out = math.prod(layout.shape[d] for d in layout.fan_out)
+    fan_in, fan_out = _fan(layout, layout.fan_in), _fan(layout, layout.fan_out)
     if consistent_rms is not None:
         return math.sqrt(max(fan_in, fan_out)) * consistent_rms
     return math.sqrt(max(1.0, fan_out / fan_in))
@@ -255,14 +260,12 @@ def newton_schulz_flops(rows: int, columns: int, *, steps: int) -> int:
     return steps * (4 * m * m * n + 2 * m ** 3)
 
 
-def describe(*, param_layouts: Any, matrices: Sequence[str] = DEFAULT_MATRICES,
-             not_matrices: Sequence[str] = DEFAULT_NOT_MATRICES, ns_steps: int = 5,
-             device_count: int = 1, **_) -> str:
+def describe(*, param_layouts: Any, labels: Any, ns_steps: int = 5, device_count: int = 1,
+             **_) -> str:
     """``--explain``'s lines: which params Muon trains, each as its batch of fan-in x fan-out
     matrices, the mesh axes its parts are gathered over and those its matrices are spread
     over, and the Newton-Schulz FLOPs a device runs per step against its 1/``device_count``
-    share of all of them."""
-    labels = matrix_labels(param_layouts, matrices=matrices, not_matrices=not_matrices)
+    share of all of them. ``labels``: ``matrix_labels``' answer."""
     pairs = list(zip(jax.tree_util.tree_leaves(param_layouts,
                                                is_leaf=lambda x: isinstance(x, ParamLayout)),
                      jax.tree_util.tree_leaves(labels)))
@@ -275,7 +278,7 @@ def describe(*, param_layouts: Any, matrices: Sequence[str] = DEFAULT_MATRICES,
                       if d not in layout.fan_in + layout.fan_out]
         flops = newton_schulz_flops(fan_in, fan_out, steps=ns_steps)
         total += math.prod(layout.shape[d] for d in batch_dims) * flops
-        key = (min(fan_in, fan_out), max(fan_in, fan_out), owners(layout), _owner_count(layout))
+        key = _group_key(layout)
         held[key] = held.get(key, 0) + math.prod(layout.shape[d] // layout.parts[d]
                                                  for d in batch_dims)
         gathers = ", ".join(f"dim {d} over {'x'.join(layout.split[d])}"
@@ -284,7 +287,7 @@ def describe(*, param_layouts: Any, matrices: Sequence[str] = DEFAULT_MATRICES,
                     f"x {fan_in:>5d} x {fan_out:<6d} {gathers:18s} "
                     f"{'x'.join(owners(layout)) or '-'}")
     own = sum(-(-count // owners_) * newton_schulz_flops(m, n, steps=ns_steps)
-              for (m, n, _, owners_), count in held.items())
+              for ((m, n), _, owners_), count in held.items())
     share = total / max(device_count, 1)
     return "\n".join([
         f"optimizer: Muon on {len(rows)} params ({ns_steps} Newton-Schulz steps), AdamW on "

@@ -9,7 +9,6 @@ params; Muon's gathers what it needs whole from the params' layouts (``muon.py``
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
@@ -157,15 +156,8 @@ def _muon_arguments(beta=0.95, ns_steps=5, eps=1e-8, weight_decay=0.0, consisten
     yield from check.positive("consistent_rms", consistent_rms)
     yield from _adam_arguments(b1=adam_b1, b2=adam_b2, eps=adam_eps,
                                weight_decay=adam_weight_decay, prefix="adam_")
-    for name, patterns in (("matrices", matrices), ("not_matrices", not_matrices)):
-        if isinstance(patterns, str):
-            yield name, f"must be a list of regular expressions, got the string {patterns!r}"
-            continue
-        for pattern in patterns:
-            try:
-                re.compile(pattern)
-            except (re.error, TypeError) as e:
-                yield name, f"{pattern!r} is not a regular expression: {e}"
+    yield from check.regexes("matrices", matrices)
+    yield from check.regexes("not_matrices", not_matrices)
 
 
 @checked_by(_muon_arguments)
@@ -208,8 +200,15 @@ def muon(learning_rate: ScalarOrSchedule, beta: float = 0.95, ns_steps: int = 5,
     }, labels)
 
 
+def _describe_muon(*, param_layouts: Any, matrices: Sequence[str] = muon_lib.DEFAULT_MATRICES,
+                   not_matrices: Sequence[str] = muon_lib.DEFAULT_NOT_MATRICES,
+                   **fields: Any) -> str:
+    labels = muon_lib.matrix_labels(param_layouts, matrices=matrices, not_matrices=not_matrices)
+    return muon_lib.describe(param_layouts=param_layouts, labels=labels, **fields)
+
+
 # (--explain's lines: the Learner calls a factory's describe with its config's fields.)
-muon.describe = muon_lib.describe
+muon.describe = _describe_muon
 
 
 @checked_by(_schedule_arguments)

@@ -28,12 +28,16 @@ class ParamLayout:
     # left out of the fan-out; empty: the layer names none).
     fan_in: Tuple[int, ...]
     fan_out: Tuple[int, ...]
-    # Per dimension, the mesh axes the update's local view splits it over, and into how many
-    # parts.
+    # Per dimension, the mesh axes the update's local view splits it over.
     split: Tuple[Tuple[str, ...], ...]
-    parts: Tuple[int, ...]
     # The whole mesh: every axis and its size, in order.
     mesh: Tuple[Tuple[str, int], ...] = ()
+
+    @property
+    def parts(self) -> Tuple[int, ...]:
+        """Per dimension, into how many parts the local view splits it."""
+        sizes = dict(self.mesh)
+        return tuple(math.prod(sizes[a] for a in axes) for axes in self.split)
 
     @property
     def is_matrix(self) -> bool:
@@ -67,8 +71,6 @@ def param_layouts(*, parameter_specs: Any, update_specs: Any, mesh_shape: Mappin
             fan_in, fan_out = fan.in_axes, tuple(a for a in fan.out_axes if a not in fan.groups)
         return ParamLayout(path=path, shape=shape, fan_in=fan_in, fan_out=fan_out,
                            split=tuple(_axes(e) for e in entries),
-                           parts=tuple(math.prod(int(mesh_shape[a]) for a in _axes(e))
-                                       for e in entries),
                            mesh=tuple((name, int(size)) for name, size in mesh_shape.items()))
 
     return jax.tree_util.tree_map_with_path(layout, parameter_specs, update_specs,
