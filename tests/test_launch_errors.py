@@ -187,6 +187,17 @@ BAD_INPUTS = [
     ("zero Newton-Schulz steps",
      ["--config=llama_tiny_muon", "--config.learner.optimizer.ns_steps=0"],
      "learner.optimizer.ns_steps: must be an int >= 1"),
+    ("FP8 without bfloat16",
+     ["--config=llama_tiny_dp_tp", "--config.precision.fp8=True"],
+     "precision.fp8: float8 projections quantize bfloat16 activations"),
+    ("FP8 with float64",
+     ["--config=llama_tiny_dp_tp", "--config.precision.fp8=True",
+      "--config.precision.float64=True"],
+     "precision.fp8: float8 projections quantize bfloat16 activations"),
+    ("row-wise FP8 scales without FP8",
+     ["--config=llama_tiny_dp_tp", "--config.precision.bfloat16=True",
+      "--config.precision.fp8_rowwise=True"],
+     "precision.fp8_rowwise: chooses how fp8 scales: set fp8=true as well"),
 ]
 
 # What only a call can show (a run that starts, then meets it): the same exit status, message and

@@ -2,9 +2,10 @@
 
 A converter changes what the run's params are and how the model's layers run, without the
 Engine naming it: LoRA (``lora.py``) adds low-rank adapters beside the targeted weights and
-freezes the rest. The Engine's config declares the converters' fields
-(``ConverterFields``: ``--config.lora.*``) and the run asks each converter, through the protocol
-below, for
+freezes the rest; FP8 (``float8.py``) runs the projections in float8. The Engine's config
+declares the converters' fields (``ConverterFields``: ``--config.lora.*``; FP8's are the
+precision policy's, ``--config.precision.fp8``) and the run asks each converter, through the
+protocol below, for
 
 * ``check_model(model)``: a refusal when the run's model cannot be converted (no model);
 * ``convert_specs(specs, model=...)``: the model's ParameterSpecs as the run holds them;
@@ -22,6 +23,7 @@ import contextlib
 from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from titanax.config import Configurable
+from titanax.modules.float8 import Float8
 from titanax.modules.lora import LoRA
 
 
@@ -33,9 +35,15 @@ class ConverterFields(Configurable.Config):
     lora: Optional[LoRA.Config] = None
 
     def converter_configs(self) -> List[Tuple[str, Any]]:
-        """``(field, config)`` of each converter the run applies, in order."""
-        return [(name, getattr(self, name)) for name in ("lora",)
-                if getattr(self, name) is not None]
+        """``(field, config)`` of each converter the run applies, in order: LoRA, then FP8
+        (``precision.fp8`` of the run's precision policy)."""
+        configs = [(name, getattr(self, name)) for name in ("lora",)
+                   if getattr(self, name) is not None]
+        precision = getattr(self, "precision", None)
+        if precision is not None and precision.fp8:
+            configs.append(("precision.fp8", Float8.default_config().set(
+                rowwise=precision.fp8_rowwise)))
+        return configs
 
 
 def instantiate_converters(cfg: ConverterFields, *, model: Any) -> List[Any]:

@@ -314,15 +314,6 @@ def weight_roles(spec, *, path: str) -> WeightRoles:
 # --- The adapted product (layers call it) ----------------------------------------------------
 
 
-def adapted_einsum(layer, equation: str, x: jax.Array, name: str, *,
-                   whole_sequence: bool = False) -> jax.Array:
-    """``einsum(equation, x, W)`` for ``layer``'s weight ``name`` (in ``x``'s dtype), plus its
-    ``low_rank_update`` where the weight is adapted: a layer's adaptable product in one call."""
-    y = jnp.einsum(equation, x, layer.parameters[name].astype(x.dtype))
-    update = low_rank_update(layer, equation, x, name, whole_sequence=whole_sequence)
-    return y if update is None else y + update
-
-
 def low_rank_update(layer, equation: str, x: jax.Array, name: str, *,
                     whole_sequence: bool = False) -> Optional[jax.Array]:
     """``scale * (dropout(x) A) B`` for ``layer``'s weight ``name`` used as ``einsum(equation,

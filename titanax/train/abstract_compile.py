@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from titanax import errors
+from titanax.observe import dot_operands
 
 GIB = float(1 << 30)
 
@@ -57,8 +58,14 @@ def compiled_from_shapes(engine: Any, *, state: Any, batch: Any) -> Any:
     """The train step compiled on ``state`` (ShapeDtypeStructs with the layout's shardings:
     no param allocated, no checkpoint read) and ``batch`` (arrays or ShapeDtypeStructs): what
     ``--compile_only`` sizes and ``--explain`` prints."""
+    return lowered_from_shapes(engine, state=state, batch=batch).compile()
+
+
+def lowered_from_shapes(engine: Any, *, state: Any, batch: Any) -> Any:
+    """The train step lowered (StableHLO, what XLA is handed) on ``state`` and ``batch``, as
+    ``compiled_from_shapes``."""
     step = engine.steps.train_step(None, engine.states.state_specs())
-    return step.lower(state, batch).compile()
+    return step.lower(state, batch)
 
 
 def compile_only(engine: Any) -> Dict[str, int]:
@@ -66,7 +73,8 @@ def compile_only(engine: Any) -> Dict[str, int]:
     peak (arguments + outputs + temp - aliased)."""
     engine.build()
     state = engine.state_template()
-    compiled = compiled_from_shapes(engine, state=state, batch=batch_template(engine))
+    lowered = lowered_from_shapes(engine, state=state, batch=batch_template(engine))
+    compiled = lowered.compile()
     analysis = compiled.memory_analysis()
     report = {
         "temp_bytes": int(analysis.temp_size_in_bytes),
@@ -76,6 +84,8 @@ def compile_only(engine: Any) -> Dict[str, int]:
     }
     report["peak_bytes"] = (report["argument_bytes"] + report["output_bytes"]
                             + report["temp_bytes"] - report["alias_bytes"])
+    if engine.precision.config.fp8:
+        report["float8_dots"], report["dots"] = dot_operands.float8_dots(lowered.as_text())
     extra = engine.objective.compile_report(engine, state=state,
                                             train_arguments=report["argument_bytes"])
     report.update(extra)
@@ -92,6 +102,9 @@ def describe(report: Dict[str, int], *, mesh: Any) -> str:
         f"compiled the train step for {devices} devices ({shape}); per device:",
         *(f"  {name[:-6]:>8}: {report[name] / GIB:9.3f} GiB" for name in
           ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes")),
+        *([f"  float8: {report['float8_dots']} of the step's {report['dots']} dots take float8 "
+           "operands as XLA is handed them (XLA:CPU upcasts them after its optimizations; a GPU "
+           "keeps them)"] if "float8_dots" in report else []),
         *([f"  the rollout (the sampler's temp {report['sampler_temp_bytes'] / GIB:.3f} GiB "
            f"and outputs on top of the train state): {report['rollout_peak_bytes'] / GIB:.3f} "
            "GiB"] if "rollout_peak_bytes" in report and "decode_pool_bytes" not in report

@@ -17,12 +17,13 @@ Newton-Schulz needs whole matrices, and the update runs in local view on what ea
 holds (``state_sharding.py``). Where a layout splits a matrix dimension (TP's heads, FSDP's or
 ZeRO's split of a fan dimension), the momentum is gathered whole over those mesh axes; a split
 of a batch dimension (a pipeline's stages, an expert axis) needs no gather. Then every device
-that holds the same whole matrices (the mesh axes that split none of the param's batch
-dimensions: ``owners``) would iterate the same ones, so the matrices of one shape are spread
-over those devices instead: each iterates its share -- padded with zero matrices to an even
-split -- and an all-gather brings every result back, each device keeping its own part. No
-collective runs inside the iterations, and a device's FLOPs are its share (plus the padding:
-``describe`` says how much, and ``--explain`` prints it).
+that holds the same whole matrices (a *team*: the mesh axes that split none of the param's
+batch dimensions) would iterate the same ones, so each matrix is given to one member, the
+members' loads balanced over all the team's matrices whatever their shape
+(``muon_owners.py``): each member runs only its own matrices' iterations (a ``lax.switch``
+on its position) and one all-gather over the team brings every result back, each device
+keeping its own part. No collective runs inside the iterations, and a device's FLOPs are its
+share and a little (``--explain`` prints each matrix's owner and how much).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from optax.transforms import _masking
 
 from titanax import errors
 from titanax.parallel import collectives
+from titanax.train import muon_owners
 from titanax.train.param_layouts import ParamLayout
 
 # The quintic iteration's coefficients (Keller Jordan's; optax's default).
@@ -146,55 +148,62 @@ def to_part(y: jax.Array, layout: ParamLayout, part_shape: Tuple[int, ...]) -> j
     return y
 
 
-def owners(layout: ParamLayout) -> Tuple[str, ...]:
-    """The mesh axes over which every device holds the same whole matrices of the param once
-    its fan dimensions are gathered (all but those that split its batch dimensions): the
-    matrices are spread over them, each orthogonalised by one device."""
-    batch_split = {a for d in range(len(layout.shape))
-                   if d not in layout.fan_in + layout.fan_out for a in layout.split[d]}
-    return tuple(name for name, _ in layout.mesh if name not in batch_split)
-
-
-def _owner_count(layout: ParamLayout) -> int:
-    sizes = dict(layout.mesh)
-    return math.prod(sizes[a] for a in owners(layout))
-
-
-def _group_key(layout: ParamLayout) -> Tuple[Tuple[int, int], Tuple[str, ...], int]:
-    """What puts two params' matrices in one stack spread over the same devices: their wide
-    orientation's shape, and the axes (and how many devices) they are spread over."""
-    fan_in, fan_out = _fan(layout, layout.fan_in), _fan(layout, layout.fan_out)
-    return (min(fan_in, fan_out), max(fan_in, fan_out)), owners(layout), _owner_count(layout)
-
-
 def orthogonalize(parts: List[jax.Array], layouts: List[ParamLayout], *, steps: int,
                   eps: float) -> List[jax.Array]:
-    """The Newton-Schulz images of the matrix params' parts this device holds: whole matrices
-    of one shape spread over the devices that hold them alike (``owners``), each device
-    iterating its share of them, and the results gathered back -- no collective inside the
-    iterations."""
+    """The Newton-Schulz images of the matrix params' parts this device holds: each whole
+    matrix iterated by one device of those that hold it alike (``muon_owners.teams``), the
+    results gathered back -- no collective inside the iterations."""
     wholes = [whole_matrices(x, layout) for x, layout in zip(parts, layouts)]
-    groups: Dict[Any, List[int]] = {}
-    for index, (whole, layout) in enumerate(zip(wholes, layouts)):
-        groups.setdefault((_group_key(layout), whole.dtype), []).append(index)
-    results: List[Optional[jax.Array]] = [None] * len(parts)
-    for ((_, axes, count), _), members in groups.items():
-        stack = jnp.concatenate([wholes[i] for i in members], axis=0)
-        each = -(-stack.shape[0] // count)  # (Padded with zero matrices, whose image is 0.)
-        stack = jnp.pad(stack, ((0, each * count - stack.shape[0]), (0, 0), (0, 0)))
-        if count > 1:
-            mine = jax.lax.dynamic_slice_in_dim(stack, collectives.axis_index(axes) * each,
-                                                each, axis=0)
-            done = collectives.all_gather(newton_schulz(mine, steps=steps, eps=eps), axes,
-                                          axis_index=0, invariant=True)
-        else:
-            done = newton_schulz(stack, steps=steps, eps=eps)
+    images: Dict[muon_owners.Matrix, jax.Array] = {}
+    for team in muon_owners.teams(layouts, keys=[w.dtype for w in wholes]):
+        images.update(_team_images(team, wholes, steps=steps, eps=eps))
+    return [to_part(jnp.stack([images[(i, j)] for j in range(whole.shape[0])]), layouts[i],
+                    parts[i].shape) for i, whole in enumerate(wholes)]
+
+
+def _iterated(matrices: Sequence[muon_owners.Matrix], wholes: Sequence[jax.Array], *,
+              steps: int, eps: float) -> List[jax.Array]:
+    """Newton-Schulz on ``matrices``, batched by shape, flattened in their order."""
+    by_shape: Dict[Tuple[int, ...], List[muon_owners.Matrix]] = {}
+    for i, j in matrices:
+        by_shape.setdefault(wholes[i].shape[1:], []).append((i, j))
+    done = {}
+    for members in by_shape.values():
+        stack = jnp.stack([wholes[i][j] for i, j in members])
+        done.update(zip(members, newton_schulz(stack, steps=steps, eps=eps)))
+    return [done[m].reshape(-1) for m in matrices]
+
+
+def _team_images(team: muon_owners.Team, wholes: Sequence[jax.Array], *, steps: int,
+                 eps: float) -> Dict[muon_owners.Matrix, jax.Array]:
+    """Each of the team's matrices orthogonalised by its owner: every member runs its own
+    branch (``lax.switch`` on its position: only its matrices' FLOPs), writes them into one
+    buffer padded to the longest member's, and an all-gather hands every member all of them."""
+    if team.count == 1:
+        (mine,) = team.work
+        return dict(zip(mine, (flat.reshape(team.shapes[m]) for m, flat in
+                               zip(mine, _iterated(mine, wholes, steps=steps, eps=eps)))))
+    length = max(sum(math.prod(team.shapes[m]) for m in mine) for mine in team.work)
+    dtype = wholes[team.work[0][0][0]].dtype
+
+    def branch(member: int):
+        def run(operands):
+            flat = _iterated(team.work[member], operands, steps=steps, eps=eps)
+            buffer = jnp.concatenate(flat) if flat else jnp.zeros((0,), dtype)
+            return jnp.pad(buffer, (0, length - buffer.shape[0]))
+        return run
+
+    mine = jax.lax.switch(collectives.axis_index(team.axes),
+                          [branch(member) for member in range(team.count)], list(wholes))
+    every = collectives.all_gather(mine, team.axes, invariant=True)  # [members, length]
+    images = {}
+    for member, matrices in enumerate(team.work):
         start = 0
-        for i in members:
-            size = wholes[i].shape[0]
-            results[i] = to_part(done[start:start + size], layouts[i], parts[i].shape)
+        for m in matrices:
+            size = math.prod(team.shapes[m])
+            images[m] = every[member, start:start + size].reshape(team.shapes[m])
             start += size
-    return results
+    return images
 
 
 def width_scale(layout: ParamLayout, consistent_rms: Optional[float]) -> float:
@@ -252,48 +261,41 @@ def scale_by_muon(layouts: Any, *, beta: float, steps: int, eps: float, nesterov
     return optax.GradientTransformation(init, update)
 
 
-def newton_schulz_flops(rows: int, columns: int, *, steps: int) -> int:
-    """Multiply-add FLOPs of ``steps`` iterations on one ``rows x columns`` matrix (its wide
-    orientation ``m <= n``: the Gram matrix ``2 m^2 n``, its square ``2 m^3``, the product
-    with ``x`` ``2 m^2 n``)."""
-    m, n = min(rows, columns), max(rows, columns)
-    return steps * (4 * m * m * n + 2 * m ** 3)
-
-
 def describe(*, param_layouts: Any, labels: Any, ns_steps: int = 5, device_count: int = 1,
              **_) -> str:
     """``--explain``'s lines: which params Muon trains, each as its batch of fan-in x fan-out
-    matrices, the mesh axes its parts are gathered over and those its matrices are spread
-    over, and the Newton-Schulz FLOPs a device runs per step against its 1/``device_count``
-    share of all of them. ``labels``: ``matrix_labels``' answer."""
+    matrices, the mesh axes its parts are gathered over, the team of devices that hold its
+    matrices alike and which member iterates each, and the Newton-Schulz FLOPs a device runs
+    per step against its 1/``device_count`` share of all of them. ``labels``:
+    ``matrix_labels``' answer."""
     pairs = list(zip(jax.tree_util.tree_leaves(param_layouts,
                                                is_leaf=lambda x: isinstance(x, ParamLayout)),
                      jax.tree_util.tree_leaves(labels)))
-    rows, total, held = [], 0, {}
-    for layout, label in pairs:
-        if label != "muon":
-            continue
-        fan_in, fan_out = _fan(layout, layout.fan_in), _fan(layout, layout.fan_out)
-        batch_dims = [d for d in range(len(layout.shape))
-                      if d not in layout.fan_in + layout.fan_out]
-        flops = newton_schulz_flops(fan_in, fan_out, steps=ns_steps)
-        total += math.prod(layout.shape[d] for d in batch_dims) * flops
-        key = _group_key(layout)
-        held[key] = held.get(key, 0) + math.prod(layout.shape[d] // layout.parts[d]
-                                                 for d in batch_dims)
+    chosen = [layout for layout, label in pairs if label == "muon"]
+    teams = muon_owners.teams(chosen)
+    owner_of = {m: (team, team.owner(m)) for team in teams for m in team.shapes}
+    rows, total = [], 0
+    for i, layout in enumerate(chosen):
+        fan_in, fan_out = muon_owners.fans(layout)
+        count = math.prod(layout.shape[d] for d in range(len(layout.shape))
+                          if d not in layout.fan_in + layout.fan_out)
+        total += count * muon_owners.newton_schulz_flops(fan_in, fan_out, steps=ns_steps)
         gathers = ", ".join(f"dim {d} over {'x'.join(layout.split[d])}"
                             for d in layout.fan_in + layout.fan_out if layout.split[d]) or "-"
-        rows.append(f"  {layout.path:44s} {math.prod(layout.shape[d] for d in batch_dims):>4d} "
-                    f"x {fan_in:>5d} x {fan_out:<6d} {gathers:18s} "
-                    f"{'x'.join(owners(layout)) or '-'}")
-    own = sum(-(-count // owners_) * newton_schulz_flops(m, n, steps=ns_steps)
-              for ((m, n), _, owners_), count in held.items())
+        mine = [owner_of[(i, j)] for j in range(muon_owners.local_matrices(layout))]
+        team = mine[0][0]
+        rows.append(f"  {layout.path:44s} {count:>4d} x {fan_in:>5d} x {fan_out:<6d} "
+                    f"{gathers:18s} {'x'.join(team.axes) or '-':12s} "
+                    f"{' '.join(str(member) for _, member in mine)}")
+    # (A device is a member of every team; at most the most loaded member's FLOPs of each.)
+    own = sum(max(team.load(d, steps=ns_steps) for d in range(team.count)) for team in teams)
     share = total / max(device_count, 1)
     return "\n".join([
         f"optimizer: Muon on {len(rows)} params ({ns_steps} Newton-Schulz steps), AdamW on "
         f"{sum(label == 'adam' for _, label in pairs)}",
-        f"  {'param':44s} matrices (batch x fan-in x fan-out), gathered whole, spread over",
+        f"  {'param':44s} matrices (batch x fan-in x fan-out), gathered whole, team "
+        "(devices along), each matrix's owner (position along the team's axes)",
         *rows,
         f"  Newton-Schulz per device and step: {own / 1e9:.3g} GFLOP, {own / share:.2f}x its "
-        f"1/{device_count} share of {total / 1e9:.3g} GFLOP (matrices of one shape spread "
-        "evenly, padded to a multiple of the devices they are spread over)"])
+        f"1/{device_count} share of {total / 1e9:.3g} GFLOP (each matrix iterated by one "
+        "owner, the owners' loads balanced; the results all-gathered over the team)"])

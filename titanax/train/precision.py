@@ -37,6 +37,12 @@ class Precision(Configurable):
         # Params and compute in float64 (numerical checks; needs jax_enable_x64, e.g. inside
         # ``with jax.enable_x64(True):``).
         float64: bool = False
+        # Compute the model's projections (linear layers, attention's and the MLP's and
+        # experts' matrices) in float8: e4m3 operands forward, the gradient in e5m2, scaled per
+        # tensor from the tensor itself (current scaling; modules/float8.py). Needs bfloat16.
+        fp8: bool = False
+        # With fp8: one scale per row of each contraction instead of per tensor.
+        fp8_rowwise: bool = False
         # Dynamic loss scaling (required with fp16; harmless otherwise).
         loss_scaling: bool = False
         # Accept fp16 without loss scaling anyway (e.g. to show why it is needed); by default such
@@ -59,6 +65,11 @@ class Precision(Configurable):
                 yield "fp16", "choose bfloat16 or fp16, not both"
             if self.float64 and (self.bfloat16 or self.fp16):
                 yield "float64", "float64 computes in float64: not with bfloat16 or fp16"
+            if self.fp8 and not self.bfloat16:
+                yield "fp8", ("float8 projections quantize bfloat16 activations: set "
+                              "bfloat16=true with fp8 (fp16 and float64 do not combine with it)")
+            if self.fp8_rowwise and not self.fp8:
+                yield "fp8_rowwise", "chooses how fp8 scales: set fp8=true as well"
             if self.fp16 and not self.loss_scaling and not self.allow_unscaled_fp16:
                 yield "loss_scaling", ("float16 needs loss scaling: without it small gradients "
                                        "flush to zero and large ones overflow within steps; set "

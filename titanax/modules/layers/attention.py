@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.parallel.axis_binding import HEADS, KV_HEADS, RESIDUAL_SEQUENCE, SEQUENCE
-from titanax.modules import lora
+from titanax.modules import projection
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import rotary
@@ -283,10 +283,7 @@ class Attention(BaseLayer):
         cfg = self.config
         params = self.parameters
         if cfg.fused_qkv:
-            qkv = jnp.einsum("bsd,dthk->bsthk", x, params["qkv_weight"].astype(x.dtype))
-            update = lora.low_rank_update(self, "bsd,dthk->bsthk", x, "qkv_weight")
-            if update is not None:
-                qkv = qkv + update
+            qkv = projection.project(self, "bsd,dthk->bsthk", x, "qkv_weight")
             if cfg.qkv_bias:
                 qkv = qkv + params["qkv_bias"].astype(x.dtype)
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -300,7 +297,7 @@ class Attention(BaseLayer):
         return q, k, v
 
     def _project(self, x, name: str):
-        y = lora.adapted_einsum(self, "bsd,dhk->bshk", x, f"{name}_weight")
+        y = projection.project(self, "bsd,dhk->bshk", x, f"{name}_weight")
         if self.config.qkv_bias:
             y = y + self.parameters[f"{name}_bias"].astype(x.dtype)
         return y

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from titanax.modules import float8
 from titanax.parallel import collectives
 
 
@@ -79,11 +80,11 @@ def gated_experts(slots: jax.Array, gate_up: jax.Array, down: jax.Array,
     """Gated experts on their slots: ``slots [E, N, D]``, ``gate_up [E, D, 2, F]`` (plus
     ``gate_up_bias [E, 2, F]``), ``down [E, F, D]`` -> ``[E, N, D]`` (one batched matmul per
     projection); ``glu(gate, up)`` is the hidden activation (SwiGLU: ``silu(gate) * up``)."""
-    both = jnp.einsum("end,edtf->entf", slots, gate_up.astype(slots.dtype))
+    both = float8.einsum("end,edtf->entf", slots, gate_up.astype(slots.dtype))
     if gate_up_bias is not None:
         both = both + gate_up_bias[:, None].astype(both.dtype)
     hidden = glu(both[:, :, 0], both[:, :, 1])
-    return jnp.einsum("enf,efd->end", hidden, down.astype(slots.dtype))
+    return float8.einsum("enf,efd->end", hidden, down.astype(slots.dtype))
 
 
 def ragged_experts(tokens: jax.Array, expert_ids: jax.Array, gates: jax.Array,

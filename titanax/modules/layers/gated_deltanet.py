@@ -35,7 +35,7 @@ from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.decoding import slot_states
 from titanax.decoding.paged_attention import Paging
-from titanax.modules import lora
+from titanax.modules import projection
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.layers.context_delta_rule import (by_piece, context_parallel_gated_delta_rule,
                                                        piece_halos)
@@ -264,7 +264,7 @@ class GatedDeltaNet(BaseLayer):
         return causal_conv(y, taps, halo=window.astype(y.dtype)), kept.astype(window.dtype)
 
     def _project(self, x, name):
-        return lora.adapted_einsum(self, "bsd,dhk->bshk", x, f"{name}_weight")
+        return projection.project(self, "bsd,dhk->bshk", x, f"{name}_weight")
 
     def _convolved(self, x, name, segment_ids, *, context=None):
         """``causal_conv`` of ``name``'s projection: nothing before the row's start or, packed,
@@ -288,8 +288,8 @@ class GatedDeltaNet(BaseLayer):
         head, in float32 or wider."""
         params = self.parameters
         x32 = at_least_float32(x)
-        beta = jax.nn.sigmoid(lora.adapted_einsum(self, "bsd,dh->bsh", x32, "b_weight"))
-        a = (lora.adapted_einsum(self, "bsd,dh->bsh", x32, "a_weight")
+        beta = jax.nn.sigmoid(projection.project(self, "bsd,dh->bsh", x32, "b_weight"))
+        a = (projection.project(self, "bsd,dh->bsh", x32, "a_weight")
              + params["dt_bias"].astype(x32.dtype))
         return beta, -jnp.exp(params["a_log"].astype(x32.dtype)) * jax.nn.softplus(a)
 

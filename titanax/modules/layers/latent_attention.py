@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.decoding import paged_attention
-from titanax.modules import lora
+from titanax.modules import projection
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers import rotary
@@ -184,12 +184,12 @@ class MultiHeadLatentAttention(BaseLayer):
         cfg = self.config
         params = self.parameters
         if cfg.q_lora_rank is None:
-            q = lora.adapted_einsum(self, "bsd,dhk->bshk", x, "q_weight")
+            q = projection.project(self, "bsd,dhk->bshk", x, "q_weight")
         else:
-            low = lora.adapted_einsum(self, "bsd,dr->bsr", x, "q_a_weight")
+            low = projection.project(self, "bsd,dr->bsr", x, "q_a_weight")
             if cfg.bias:
                 low = low + params["q_a_bias"].astype(x.dtype)
-            q = lora.adapted_einsum(self, "bsr,rhk->bshk", self.q_norm(low), "q_b_weight")
+            q = projection.project(self, "bsr,rhk->bshk", self.q_norm(low), "q_b_weight")
         nope = cfg.qk_nope_head_dim
         return jnp.concatenate([q[..., :nope], self._rotated(q[..., nope:], positions)], -1)
 
@@ -200,7 +200,7 @@ class MultiHeadLatentAttention(BaseLayer):
         """The normalised latent ``[b, s, kv_lora_rank]`` and the rotated shared key ``[b, s,
         rope]``: what the cache holds."""
         cfg = self.config
-        both = lora.adapted_einsum(self, "bsd,dl->bsl", x, "kv_a_weight")
+        both = projection.project(self, "bsd,dl->bsl", x, "kv_a_weight")
         if cfg.bias:
             both = both + self.parameters["kv_a_bias"].astype(x.dtype)
         latent = self.kv_norm(both[..., :cfg.kv_lora_rank])
@@ -213,7 +213,7 @@ class MultiHeadLatentAttention(BaseLayer):
         them; ``_output`` drops the padding). ``gathered``: the latents are the whole row's,
         gathered under context parallelism."""
         cfg = self.config
-        kv = lora.adapted_einsum(self, "bsr,rhk->bshk", latent, "kv_b_weight",
+        kv = projection.project(self, "bsr,rhk->bshk", latent, "kv_b_weight",
                                  whole_sequence=gathered)
         nope = cfg.qk_nope_head_dim
         heads = kv.shape[2]

@@ -19,7 +19,7 @@ from typing import Optional
 
 from titanax.config import REQUIRED, Required
 from titanax.parallel.axis_binding import RESIDUAL_SEQUENCE
-from titanax.modules import lora
+from titanax.modules import projection
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes
 from titanax.parallel import collectives
@@ -74,10 +74,7 @@ class Linear(BaseLayer):
         # gradient the same [tokens, out] array. Batched, XLA:CPU re-fused the norm backward
         # feeding that gradient into each of the three (3% of a GPT step; step_speed.py).
         tokens = x.reshape((-1, x.shape[-1]))
-        y = tokens @ params["weight"].astype(x.dtype)
-        update = lora.low_rank_update(self, "td,df->tf", tokens, "weight")
-        if update is not None:
-            y = y + update
+        y = projection.project(self, "td,df->tf", tokens, "weight")
         y = y.reshape(x.shape[:-1] + (y.shape[-1],))
         if row is not None:
             if sequence is not None:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from titanax.config import REQUIRED, Required
 from titanax.parallel.axis_binding import MLP as MLP_DIM, RESIDUAL_SEQUENCE
-from titanax.modules import lora
+from titanax.modules import projection
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.initializers import FanAxes, Initializer
 from titanax.modules.layers.linear import Linear
@@ -87,10 +87,7 @@ class MLP(BaseLayer):
         sequence = self.axis_binding.active(RESIDUAL_SEQUENCE)
         if sequence is not None and self.axis_binding.active(MLP_DIM) is not None:
             x = collectives.all_gather(x, sequence, axis_index=1)
-        gate_up = jnp.einsum("...d,dtf->...tf", x, params["gate_up_weight"].astype(x.dtype))
-        update = lora.low_rank_update(self, "...d,dtf->...tf", x, "gate_up_weight")
-        if update is not None:
-            gate_up = gate_up + update
+        gate_up = projection.project(self, "...d,dtf->...tf", x, "gate_up_weight")
         if cfg.bias:
             gate_up = gate_up + params["gate_up_bias"].astype(x.dtype)
         return self.down(activation(gate_up[..., 0, :]) * gate_up[..., 1, :])

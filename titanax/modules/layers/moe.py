@@ -46,6 +46,7 @@ from jax.ad_checkpoint import checkpoint_name
 from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.parallel.axis_binding import EXPERTS, MLP, RESIDUAL_SEQUENCE, STAGES
+from titanax.modules import projection
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.context import VectorSummary
 from titanax.modules.initializers import FanAxes, Initializer
@@ -200,10 +201,9 @@ class MoE(BaseLayer):
         else:
             out, kept, kept_assignments = self._through_slots(tokens, routing, glu)
         if cfg.shared_hidden_dim:
-            both = jnp.einsum("td,dsf->tsf", tokens,
-                              params["shared_gate_up_weight"].astype(tokens.dtype))
+            both = projection.project(self, "td,dsf->tsf", tokens, "shared_gate_up_weight")
             hidden = glu(both[:, 0], both[:, 1])
-            shared = hidden @ params["shared_down_weight"].astype(tokens.dtype)
+            shared = projection.project(self, "tf,fd->td", hidden, "shared_down_weight")
             if cfg.shared_gate:  # (Linear in the output: a TP rank's part scales alike.)
                 shared = shared * jax.nn.sigmoid(
                     tokens @ params["shared_gate_weight"].astype(tokens.dtype))[:, None]
