@@ -41,6 +41,10 @@ SHAPES = {
     "large": dict(num_layers=4, model_dim=512, num_heads=8, vocab_size=1024, seq_len=128,
                   batch_size=32),
 }
+# Titanax's variants: name -> (the layer stack's unroll, the plan's logical_axis_rules).
+VARIANTS = {"default": (None, None), "scan": (False, None), "unroll": (True, None),
+            # The embedding and head whole on every TP rank (no vocabulary-parallel loss).
+            "vocab_whole": (None, {"vocab": None})}
 LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 0.1
 
@@ -71,7 +75,7 @@ class Runner:
 
 
 def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[bool],
-                    name: str):
+                    name: str, rules: Optional[Dict[str, Any]] = None):
     import jax
 
     sizes = SHAPES[cell.shape]
@@ -81,7 +85,7 @@ def _titanax_runner(cell: Cell, batch_host: Dict[str, Any], *, unroll: Optional[
         num_heads=sizes["num_heads"])
     if unroll is not None:
         model.unroll_layers = unroll
-    engine = _engine(cell, model)
+    engine = _engine(cell, model, rules=rules)
     engine.init_state()
     params = jax.tree_util.tree_map(lambda x: jax.device_get(x), engine.state.params)
     return params, _engine_runner(engine, batch_host, name=name)
@@ -98,7 +102,7 @@ def gpt_model_config() -> Any:
     return gpt_config()
 
 
-def _engine(cell: Cell, model: Any):
+def _engine(cell: Cell, model: Any, *, rules: Optional[Dict[str, Any]] = None):
     """The Engine of ``cell`` (its mesh, plan, optimizer and dtype) around ``model``."""
     from titanax.config import config_for_function
     from titanax.parallel.plan import DP, TP, Plan
@@ -116,7 +120,8 @@ def _engine(cell: Cell, model: Any):
             devices=list(range(cell.data * cell.model))),
         plan=Plan.default_config().set(
             data_parallel=DP.default_config().set(accumulate_steps=cell.accumulate),
-            tensor_parallel=TP.default_config() if tp else None),
+            tensor_parallel=TP.default_config() if tp else None,
+            logical_axis_rules=dict(rules or {})),
         model=model,
         learner=Learner.default_config().set(optimizer=config_for_function(optimizers.adamw).set(
             learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY)),
@@ -227,9 +232,10 @@ def _time_cell(cell: Cell, *, rounds: int, steps: int, variants: List[str]) -> D
     runners: List[Runner] = []
     params = None
     for variant in variants:
-        unroll = {"default": None, "scan": False, "unroll": True}[variant]
+        unroll, rules = VARIANTS[variant]
         name = "titanax" if variant == "default" else f"titanax_{variant}"
-        params, runner = _titanax_runner(cell, batch_host, unroll=unroll, name=name)
+        params, runner = _titanax_runner(cell, batch_host, unroll=unroll, name=name,
+                                         rules=rules)
         runners.append(runner)
     runners.append(_peer_runner("flax", flax_gpt, cell, params, batch_host))
     runners.append(_peer_runner("plain_jax", plain_jax_gpt, cell, params, batch_host))
@@ -351,7 +357,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per cell")
     parser.add_argument("--steps", type=int, default=None, help="steps per round")
     parser.add_argument("--variants", default="default",
-                        help="Titanax variants: default, scan, unroll (comma separated)")
+                        help="Titanax variants (comma separated): " + ", ".join(VARIANTS))
     parser.add_argument("--only", default=None, help="run only cells whose label contains this")
     parser.add_argument("--out", default=os.path.join(REPO_ROOT, "benchmarks", "results"))
     args = parser.parse_args(argv)

@@ -90,6 +90,7 @@ class GPT(nnx.Module):
     def __init__(self, sizes: common.GPTSizes, *, dtype=jnp.float32,
                  residual_sharding: Optional[NamedSharding] = None, rngs: nnx.Rngs):
         self.vocab_size = sizes.vocab_size
+        self.num_layers = sizes.num_layers
         self.residual_sharding = residual_sharding
         self.wte = nnx.Embed(sizes.padded_vocab, sizes.model_dim, dtype=dtype, rngs=rngs,
                              embedding_init=_split(_INIT, common.MODEL, None))
@@ -119,7 +120,13 @@ class GPT(nnx.Module):
         def run(block, h):
             return self._constrain(block(h))
 
-        x = run(self.blocks, x)
+        if self.num_layers <= common.UNROLL_UP_TO:  # Straight-line layers when shallow.
+            graphdef, stacked = nnx.split(self.blocks)
+            for i in range(self.num_layers):
+                layer = nnx.merge(graphdef, jax.tree_util.tree_map(lambda w, i=i: w[i], stacked))
+                x = self._constrain(layer(x))
+        else:
+            x = run(self.blocks, x)
         logits = self.wte.attend(self.ln_f(x)).astype(jnp.float32)
         ids = jnp.arange(logits.shape[-1])
         logits = jnp.where(ids < self.vocab_size, logits, -jnp.inf)

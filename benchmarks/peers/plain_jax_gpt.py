@@ -97,7 +97,13 @@ def local_loss(p, input_ids, target_ids, *, sizes: common.GPTSizes):
     held = (local_ids >= 0) & (local_ids < rows)
     x = jnp.where(held[..., None], p["wte"][jnp.where(held, local_ids, 0)], 0)
     x = jax.lax.psum(x, MODEL) + p["wpe"][:input_ids.shape[1]]
-    x, _ = jax.lax.scan(lambda h, w: (_block(h, w, eps=sizes.norm_eps), None), x, p["layers"])
+    if sizes.num_layers <= common.UNROLL_UP_TO:  # Straight-line layers: faster when shallow.
+        for i in range(sizes.num_layers):
+            x = _block(x, jax.tree_util.tree_map(lambda w, i=i: w[i], p["layers"]),
+                       eps=sizes.norm_eps)
+    else:
+        x, _ = jax.lax.scan(lambda h, w: (_block(h, w, eps=sizes.norm_eps), None), x,
+                            p["layers"])
     x = _layer_norm(x, p["lnf_g"], p["lnf_b"], sizes.norm_eps)
     logits = jnp.einsum("bsd,vd->bsv", x, p["wte"]).astype(jnp.float32)
     logits = jnp.where(offset + jnp.arange(rows) < sizes.vocab_size, logits, -jnp.inf)
