@@ -58,8 +58,8 @@ def llama_tiny_muon():
     and MLP matrices by Newton-Schulz-orthogonalised Nesterov momentum, the embedding, head
     and norms by AdamW with llama_tiny_dp_tp's schedule. Muon's own schedule peaks at 0.02 (the
     Muon papers' rate for updates of spectral norm ~1). The mesh and plan overrides of
-    llama_tiny_dp_tp apply; under TP, FSDP or ZeRO each split matrix is gathered whole for its
-    Newton-Schulz iterations."""
+    llama_tiny_dp_tp apply; under TP, FSDP or ZeRO each split matrix's blocks are sent to the one
+    device that runs its Newton-Schulz iterations, and the result's blocks back."""
     cfg = llama_tiny_dp_tp()
     adamw = cfg.learner.optimizer
     cfg.learner.optimizer = config_for_function(optimizers.muon).set(

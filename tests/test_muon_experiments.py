@@ -122,13 +122,15 @@ def _outputs(trainer_dir, name):
 
 def _check_explained(text):
     """DP4 x TP2's compiled step: the update's collectives all outside loops (none inside the
-    Newton-Schulz iterations), the matrices' results gathered over both axes (spread over all 8
-    devices), and a device's Newton-Schulz FLOPs within its 1/8 share + 10% (8x without the
+    Newton-Schulz iterations): the blocks to their owners and back by all-to-alls over
+    ``model`` (the axis that splits them), the replicas' results by an all-gather over
+    ``data``; a device's Newton-Schulz FLOPs within its 1/8 share + 10% (8x without the
     spread; 1.24x with each shape spread on its own: 12 matrices of the MLP's shape padded to
     16), every owner position 0..7 used."""
     update = [line.split() for line in text.splitlines() if "optimizer_update" in line]
     assert update and all(fields[3] == "no" for fields in update), text[-4000:]
-    assert any(fields[0] == "all-gather" and fields[1] == "data,model" for fields in update), \
+    kinds = {(fields[0], fields[1]) for fields in update}
+    assert {("all-to-all", "model"), ("all-gather", "data")} <= kinds, \
         [" ".join(fields) for fields in update]
     share = re.search(r"Newton-Schulz per device and step: \S+ GFLOP, ([0-9.]+)x its 1/8 share",
                       text)

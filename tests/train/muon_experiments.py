@@ -3,7 +3,7 @@ families trained by Muon, the optimizer ``llama_tiny_muon`` sets (experiments/ll
 
 from titanax.config import register_experiment
 
-from titanax_experiments.llama import llama_tiny_muon
+from titanax_experiments.llama import llama3_1b_fsdp, llama_tiny_muon
 from titanax_experiments.todays_models import gpt_oss_tiny
 
 
@@ -12,5 +12,14 @@ def gpt_oss_tiny_muon():
     """gpt_oss_tiny (8 experts over an ``expert`` axis of 4) trained by llama_tiny_muon's
     Muon: every expert's matrices orthogonalised where its expert lives."""
     cfg = gpt_oss_tiny()
+    cfg.learner.optimizer = llama_tiny_muon().learner.optimizer
+    return cfg
+
+
+@register_experiment
+def llama3_1b_fsdp_muon():
+    """llama3_1b_fsdp (Llama 3.2 1B, FSDP over every device) trained by llama_tiny_muon's Muon:
+    its --compile_only shows what Muon's update costs per device at a real size."""
+    cfg = llama3_1b_fsdp()
     cfg.learner.optimizer = llama_tiny_muon().learner.optimizer
     return cfg

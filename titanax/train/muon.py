@@ -14,20 +14,22 @@ other dimension is a batch of matrices orthogonalised one by one (the stacked la
 ``Repeat``, a mixture's experts, the gate and up halves of a fused MLP).
 
 Newton-Schulz needs whole matrices, and the update runs in local view on what each device
-holds (``state_sharding.py``). Where a layout splits a matrix dimension (TP's heads, FSDP's or
-ZeRO's split of a fan dimension), the momentum is gathered whole over those mesh axes; a split
-of a batch dimension (a pipeline's stages, an expert axis) needs no gather. Then every device
-that holds the same whole matrices (a *team*: the mesh axes that split none of the param's
-batch dimensions) would iterate the same ones, so each matrix is given to one member, the
-members' loads balanced over all the team's matrices whatever their shape
-(``muon_owners.py``): each member runs only its own matrices' iterations (a ``lax.switch``
-on its position) and one all-gather over the team brings every result back, each device
-keeping its own part. No collective runs inside the iterations, and a device's FLOPs are its
-share and a little (``--explain`` prints each matrix's owner and how much).
+holds (``state_sharding.py``): where a layout splits a matrix's fan dimensions (TP's heads,
+FSDP's or ZeRO's split) each device holds a block of every matrix, and devices along the other
+axes (data-parallel replicas) hold the same blocks again; a split of a batch dimension (a
+pipeline's stages, an expert axis) just means fewer matrices. Each matrix is iterated whole by
+one device of those (its *team*), the owners' loads balanced over all the team's matrices
+(``muon_owners.py``): an all-to-all over the splitting axes brings each owner the blocks of its
+matrices, each owner runs only its own matrices' iterations (a ``lax.switch`` on its position),
+the reverse all-to-all returns each device its blocks of the results, and an all-gather over the
+replica axes brings every replica's. No collective runs inside the iterations; a device's FLOPs
+are its share and a little, and no device assembles more matrices whole than its own
+(``--explain`` prints each matrix's owner and the FLOPs).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -102,115 +104,164 @@ def newton_schulz(x: jax.Array, *, steps: int, eps: float) -> jax.Array:
     return jnp.swapaxes(x, 1, 2) if tall else x
 
 
-def _wide(layout: ParamLayout) -> bool:
-    """Whether the param's matrices are iterated as they are (fan-in <= fan-out), not
-    transposed."""
-    return _fan(layout, layout.fan_in) <= _fan(layout, layout.fan_out)
+def _inverse(permutation: Sequence[int]) -> Tuple[int, ...]:
+    return tuple(sorted(range(len(permutation)), key=lambda i: permutation[i]))
 
 
-def _fan(layout: ParamLayout, dims: Sequence[int]) -> int:
-    return math.prod(layout.shape[d] for d in dims)
+def _blocks(x: jax.Array, layout: ParamLayout) -> jax.Array:
+    """This device's part of a matrix param as ``[matrices, *its block of the fan dims]``
+    (the batch dimensions first and flattened, the fan dimensions in the param's order)."""
+    batch = muon_owners.batch_dims(layout)
+    moved = jnp.transpose(x, batch + muon_owners.fan_dims(layout))
+    return moved.reshape((math.prod(moved.shape[:len(batch)]),) + moved.shape[len(batch):])
 
 
-def _order(layout: ParamLayout) -> Tuple[int, ...]:
-    """The param's dimensions as batch, fan-in, fan-out."""
-    matrix_dims = layout.fan_in + layout.fan_out
-    return tuple(d for d in range(len(layout.shape)) if d not in matrix_dims) + matrix_dims
+def _from_blocks(y: jax.Array, layout: ParamLayout, part_shape: Tuple[int, ...]) -> jax.Array:
+    """``_blocks``' inverse: the param's own layout of this device's part."""
+    order = muon_owners.batch_dims(layout) + muon_owners.fan_dims(layout)
+    return jnp.transpose(y.reshape(tuple(part_shape[d] for d in order)), _inverse(order))
 
 
-def whole_matrices(x: jax.Array, layout: ParamLayout) -> jax.Array:
-    """This device's part of one matrix param as whole matrices ``[B, m, n]`` in their wide
-    orientation (``m <= n``): its fan dimensions gathered over the axes that split them."""
-    for dim in layout.fan_in + layout.fan_out:
-        if layout.split[dim]:
-            x = collectives.all_gather(x, layout.split[dim], axis_index=dim, invariant=True)
-    moved = jnp.transpose(x, _order(layout))
-    batch = len(layout.shape) - len(layout.fan_in) - len(layout.fan_out)
-    flat = moved.reshape((math.prod(moved.shape[:batch]), _fan(layout, layout.fan_in),
-                          _fan(layout, layout.fan_out)))
-    return flat if _wide(layout) else jnp.swapaxes(flat, 1, 2)
+def _as_matrix(whole: jax.Array, layout: ParamLayout) -> jax.Array:
+    """A whole matrix (its fan dims in the param's order) as ``[m, n]``, wide (``m <= n``)."""
+    fans = muon_owners.fan_dims(layout)
+    moved = jnp.transpose(whole, [fans.index(d) for d in layout.fan_in + layout.fan_out])
+    matrix = moved.reshape(muon_owners.fans(layout))
+    return matrix if matrix.shape[0] <= matrix.shape[1] else matrix.T
 
 
-def to_part(y: jax.Array, layout: ParamLayout, part_shape: Tuple[int, ...]) -> jax.Array:
-    """``whole_matrices``' inverse on its result: the param's layout again, this device's part
-    of its fan dimensions kept."""
-    order = _order(layout)
-    whole = tuple(layout.shape[d] if d in layout.fan_in + layout.fan_out else part_shape[d]
-                  for d in range(len(layout.shape)))
-    y = y if _wide(layout) else jnp.swapaxes(y, 1, 2)
-    y = jnp.transpose(y.reshape(tuple(whole[d] for d in order)),
-                      tuple(sorted(range(len(order)), key=lambda i: order[i])))
-    for dim in layout.fan_in + layout.fan_out:
-        if layout.split[dim]:
-            size = part_shape[dim]
-            y = jax.lax.dynamic_slice_in_dim(
-                y, collectives.axis_index(layout.split[dim]) * size, size, axis=dim)
-    return y
+def _from_matrix(matrix: jax.Array, layout: ParamLayout) -> jax.Array:
+    """``_as_matrix``' inverse."""
+    fan_in, fan_out = muon_owners.fans(layout)
+    matrix = matrix if fan_in <= fan_out else matrix.T
+    fans = muon_owners.fan_dims(layout)
+    order = [fans.index(d) for d in layout.fan_in + layout.fan_out]
+    return jnp.transpose(matrix.reshape([layout.shape[d] for d in layout.fan_in
+                                         + layout.fan_out]), _inverse(order))
+
+
+def _block_slices(layout: ParamLayout, team: muon_owners.Team, split_position: int
+                  ) -> Tuple[slice, ...]:
+    """Where the block held at ``split_position`` along the team's split axes sits in a whole
+    matrix (its fan dims in the param's order)."""
+    sizes = dict(layout.mesh)
+    coordinates, rest = {}, split_position
+    for axis in reversed(team.split_axes):
+        rest, coordinates[axis] = divmod(rest, sizes[axis])
+    slices = []
+    for d in muon_owners.fan_dims(layout):
+        index = 0
+        for axis in layout.split[d]:
+            index = index * sizes[axis] + coordinates[axis]
+        length = layout.shape[d] // layout.parts[d]
+        slices.append(slice(index * length, (index + 1) * length))
+    return tuple(slices)
 
 
 def orthogonalize(parts: List[jax.Array], layouts: List[ParamLayout], *, steps: int,
                   eps: float) -> List[jax.Array]:
-    """The Newton-Schulz images of the matrix params' parts this device holds: each whole
-    matrix iterated by one device of those that hold it alike (``muon_owners.teams``), the
-    results gathered back -- no collective inside the iterations."""
-    wholes = [whole_matrices(x, layout) for x, layout in zip(parts, layouts)]
+    """The Newton-Schulz images of the matrix params' parts this device holds: each matrix
+    iterated whole by one member of its team (``muon_owners.py``), its blocks sent there and
+    the image's blocks sent back -- no collective inside the iterations."""
+    blocks = [_blocks(x, layout) for x, layout in zip(parts, layouts)]
     images: Dict[muon_owners.Matrix, jax.Array] = {}
-    for team in muon_owners.teams(layouts, keys=[w.dtype for w in wholes]):
-        images.update(_team_images(team, wholes, steps=steps, eps=eps))
-    return [to_part(jnp.stack([images[(i, j)] for j in range(whole.shape[0])]), layouts[i],
-                    parts[i].shape) for i, whole in enumerate(wholes)]
+    for team in muon_owners.teams(layouts, keys=[b.dtype for b in blocks]):
+        images.update(_TeamExchange(team, layouts, blocks).images(steps=steps, eps=eps))
+    return [_from_blocks(jnp.stack([images[(i, j)] for j in range(block.shape[0])]),
+                         layouts[i], parts[i].shape) for i, block in enumerate(blocks)]
 
 
-def _iterated(matrices: Sequence[muon_owners.Matrix], wholes: Sequence[jax.Array], *,
-              steps: int, eps: float) -> List[jax.Array]:
-    """Newton-Schulz on ``matrices``, batched by shape, flattened in their order."""
-    by_shape: Dict[Tuple[int, ...], List[muon_owners.Matrix]] = {}
-    for i, j in matrices:
-        by_shape.setdefault(wholes[i].shape[1:], []).append((i, j))
-    done = {}
-    for members in by_shape.values():
-        stack = jnp.stack([wholes[i][j] for i, j in members])
-        done.update(zip(members, newton_schulz(stack, steps=steps, eps=eps)))
-    return [done[m].reshape(-1) for m in matrices]
+class _TeamExchange:
+    """One team's matrices: their blocks to their owners, Newton-Schulz there, the images'
+    blocks back. Rows of the exchanged buffers are padded to the longest member's blocks."""
 
+    def __init__(self, team: muon_owners.Team, layouts: Sequence[ParamLayout],
+                 blocks: Sequence[jax.Array]):
+        self.team, self.layouts, self.blocks = team, layouts, list(blocks)
+        self.dtype = blocks[next(iter(team.shapes))[0]].dtype
+        self.block_size = {i: math.prod(blocks[i].shape[1:]) for i, _ in team.shapes}
+        self.length = max(sum(self.block_size[i] for i, _ in mine) for mine in team.work)
 
-def _team_images(team: muon_owners.Team, wholes: Sequence[jax.Array], *, steps: int,
-                 eps: float) -> Dict[muon_owners.Matrix, jax.Array]:
-    """Each of the team's matrices orthogonalised by its owner: every member runs its own
-    branch (``lax.switch`` on its position: only its matrices' FLOPs), writes them into one
-    buffer padded to the longest member's, and an all-gather hands every member all of them."""
-    if team.count == 1:
-        (mine,) = team.work
-        return dict(zip(mine, (flat.reshape(team.shapes[m]) for m, flat in
-                               zip(mine, _iterated(mine, wholes, steps=steps, eps=eps)))))
-    length = max(sum(math.prod(team.shapes[m]) for m in mine) for mine in team.work)
-    dtype = wholes[team.work[0][0][0]].dtype
+    def _row(self, pieces: List[jax.Array]) -> jax.Array:
+        row = jnp.concatenate(pieces) if pieces else jnp.zeros((0,), self.dtype)
+        return jnp.pad(row, (0, self.length - row.shape[0]))
 
-    def branch(member: int):
-        def run(operands):
-            flat = _iterated(team.work[member], operands, steps=steps, eps=eps)
-            buffer = jnp.concatenate(flat) if flat else jnp.zeros((0,), dtype)
-            return jnp.pad(buffer, (0, length - buffer.shape[0]))
-        return run
+    @staticmethod
+    def _switch(axes: Tuple[str, ...], branches: List[Any], operand: Any) -> jax.Array:
+        if len(branches) == 1:
+            return branches[0](operand)
+        return jax.lax.switch(collectives.axis_index(axes), branches, operand)
 
-    mine = jax.lax.switch(collectives.axis_index(team.axes),
-                          [branch(member) for member in range(team.count)], list(wholes))
-    every = collectives.all_gather(mine, team.axes, invariant=True)  # [members, length]
-    images = {}
-    for member, matrices in enumerate(team.work):
-        start = 0
-        for m in matrices:
-            size = math.prod(team.shapes[m])
-            images[m] = every[member, start:start + size].reshape(team.shapes[m])
+    def images(self, *, steps: int, eps: float) -> Dict[muon_owners.Matrix, jax.Array]:
+        team = self.team
+        # 1. Each device's blocks of the matrices of each member of its replica, one row per
+        # member: to the owners (received[s]: the blocks held at split position s).
+        outgoing = self._switch(team.replica_axes, [
+            functools.partial(self._outgoing, replica) for replica in range(team.replicas)],
+            self.blocks)
+        received = outgoing if team.splits == 1 else collectives.all_to_all(
+            outgoing, team.split_axes, split_dimension=0, concat_dimension=0)
+        # 2. Each member iterates its own matrices (only its branch runs), and cuts each image
+        # into the blocks of the members of its replica.
+        results = self._switch(team.replica_axes + team.split_axes, [
+            functools.partial(self._iterate, member, steps=steps, eps=eps)
+            for member in range(team.count)], received)
+        # 3. Back to the devices whose blocks they are; then every replica's results.
+        back = results if team.splits == 1 else collectives.all_to_all(
+            results, team.split_axes, split_dimension=0, concat_dimension=0)
+        every = back[None] if not team.replica_axes else collectives.all_gather(
+            back, team.replica_axes, invariant=True)
+        images = {}
+        for member, matrices in enumerate(team.work):
+            replica, split = divmod(member, team.splits)
+            start = 0
+            for i, j in matrices:
+                size = self.block_size[i]
+                images[(i, j)] = every[replica, split, start:start + size].reshape(
+                    self.blocks[i].shape[1:])
+                start += size
+        return images
+
+    def _outgoing(self, replica: int, blocks: Sequence[jax.Array]) -> jax.Array:
+        team = self.team
+        return jnp.stack([self._row([blocks[i][j].reshape(-1)
+                                     for i, j in team.work[replica * team.splits + split]])
+                          for split in range(team.splits)])
+
+    def _iterate(self, member: int, received: jax.Array, *, steps: int, eps: float
+                 ) -> jax.Array:
+        team = self.team
+        mine = team.work[member]
+        matrices, start = [], 0
+        for i, _ in mine:
+            layout, size = self.layouts[i], self.block_size[i]
+            whole = jnp.zeros([layout.shape[d] for d in muon_owners.fan_dims(layout)],
+                              self.dtype)
+            for split in range(team.splits):
+                block = received[split, start:start + size].reshape(self.blocks[i].shape[1:])
+                whole = whole.at[_block_slices(layout, team, split)].set(block)
+            matrices.append(_as_matrix(whole, layout))
             start += size
-    return images
+        by_shape: Dict[Tuple[int, ...], List[int]] = {}
+        for k, matrix in enumerate(matrices):
+            by_shape.setdefault(matrix.shape, []).append(k)
+        done: Dict[int, jax.Array] = {}
+        for members in by_shape.values():
+            stack = newton_schulz(jnp.stack([matrices[k] for k in members]), steps=steps,
+                                  eps=eps)
+            done.update(zip(members, stack))
+        wholes = [_from_matrix(done[k], self.layouts[i]) for k, (i, _) in enumerate(mine)]
+        return jnp.stack([
+            self._row([whole[_block_slices(self.layouts[i], team, split)].reshape(-1)
+                       for whole, (i, _) in zip(wholes, mine)])
+            for split in range(team.splits)])
 
 
 def width_scale(layout: ParamLayout, consistent_rms: Optional[float]) -> float:
     """The update's scale from the whole matrix's shape: ``sqrt(max(1, fan_out / fan_in))``, or
     with ``consistent_rms`` ``sqrt(max(fan_in, fan_out)) * consistent_rms`` (an update of that
     RMS, AdamW's typical one: Moonshot's rule, to share AdamW's learning rate)."""
-    fan_in, fan_out = _fan(layout, layout.fan_in), _fan(layout, layout.fan_out)
+    fan_in, fan_out = muon_owners.fans(layout)
     if consistent_rms is not None:
         return math.sqrt(max(fan_in, fan_out)) * consistent_rms
     return math.sqrt(max(1.0, fan_out / fan_in))
@@ -285,7 +336,7 @@ def describe(*, param_layouts: Any, labels: Any, ns_steps: int = 5, device_count
         mine = [owner_of[(i, j)] for j in range(muon_owners.local_matrices(layout))]
         team = mine[0][0]
         rows.append(f"  {layout.path:44s} {count:>4d} x {fan_in:>5d} x {fan_out:<6d} "
-                    f"{gathers:18s} {'x'.join(team.axes) or '-':12s} "
+                    f"{gathers:18s} {'x'.join(team.replica_axes + team.split_axes) or '-':12s} "
                     f"{' '.join(str(member) for _, member in mine)}")
     # (A device is a member of every team; at most the most loaded member's FLOPs of each.)
     own = sum(max(team.load(d, steps=ns_steps) for d in range(team.count)) for team in teams)
@@ -293,9 +344,10 @@ def describe(*, param_layouts: Any, labels: Any, ns_steps: int = 5, device_count
     return "\n".join([
         f"optimizer: Muon on {len(rows)} params ({ns_steps} Newton-Schulz steps), AdamW on "
         f"{sum(label == 'adam' for _, label in pairs)}",
-        f"  {'param':44s} matrices (batch x fan-in x fan-out), gathered whole, team "
+        f"  {'param':44s} matrices (batch x fan-in x fan-out), blocks split, team "
         "(devices along), each matrix's owner (position along the team's axes)",
         *rows,
         f"  Newton-Schulz per device and step: {own / 1e9:.3g} GFLOP, {own / share:.2f}x its "
         f"1/{device_count} share of {total / 1e9:.3g} GFLOP (each matrix iterated by one "
-        "owner, the owners' loads balanced; the results all-gathered over the team)"])
+        "owner, the owners' loads balanced: blocks to the owners and back by all-to-alls over "
+        "the splitting axes, the replicas' results by an all-gather)"])

@@ -1,12 +1,18 @@
-"""Which device runs Newton-Schulz on which matrix (Muon, ``muon.py``).
+"""Which device runs Newton-Schulz on which matrix (Muon, ``muon.py``), and how the parts get
+there.
 
-Once a matrix param's split fan dimensions are gathered, every device along the param's
-``owners`` axes holds the same whole matrices: a *team*. Each matrix is iterated by one member
-of its team, and the members' loads are balanced by cost -- the longest first, each to the
-least-loaded member so far (LPT scheduling, within 4/3 of the best) -- over all the team's
-matrices whatever their shape: 12 MLP matrices and 16 attention ones over 8 devices load
-each device with its share and a little, where spreading each shape evenly on its own would
-pad the 12 to 16. The plan is static (shapes only), the same on every device.
+A matrix param's momentum is held in parts: the mesh axes that split its fan dimensions (TP's,
+ZeRO's or FSDP's: the *split* axes) give each device one block of every matrix, and the other
+axes that do not split its batch dimensions (the *replica* axes: data-parallel replicas) hold
+those blocks again. All these devices together are the param's *team*. Each of the team's
+matrices is iterated by one member, the members' loads balanced by cost -- the longest first,
+each to the least-loaded member so far (LPT scheduling, within 4/3 of the best) -- over all the
+team's matrices whatever their shape. A member ``(replica r, split position s)`` receives the
+blocks of its matrices from the devices of its own replica (an all-to-all over the split axes),
+and sends each of them back its block of the result (the reverse all-to-all), then the replicas
+exchange what they computed (an all-gather over the replica axes). No device ever assembles
+more matrices whole than its own. The plan is static (shapes only), the
+same on every device.
 """
 
 from __future__ import annotations
@@ -23,15 +29,24 @@ Matrix = Tuple[int, int]
 
 @dataclasses.dataclass(frozen=True)
 class Team:
-    """The devices along ``axes`` (``count`` of them) that hold the same whole matrices, and
-    which of them iterates each."""
+    """The devices along ``replica_axes`` x ``split_axes`` that hold the same matrices (in
+    blocks over the split axes), and which of them iterates each."""
 
-    axes: Tuple[str, ...]
-    count: int
-    # Per member (its position along ``axes``): its matrices, in the order it iterates them.
+    replica_axes: Tuple[str, ...]
+    split_axes: Tuple[str, ...]
+    # How many devices along each: the team has replicas x splits members; member
+    # r * splits + s is the device at position r along the replica axes and s along the split
+    # axes.
+    replicas: int
+    splits: int
+    # Per member: its matrices, in the order it iterates them.
     work: Tuple[Tuple[Matrix, ...], ...]
     # Per matrix: its wide-orientation shape (m <= n).
     shapes: Dict[Matrix, Tuple[int, int]]
+
+    @property
+    def count(self) -> int:
+        return self.replicas * self.splits
 
     def owner(self, matrix: Matrix) -> int:
         return next(d for d, mine in enumerate(self.work) if matrix in mine)
@@ -53,42 +68,57 @@ def fans(layout: ParamLayout) -> Tuple[int, int]:
             math.prod(layout.shape[d] for d in layout.fan_out))
 
 
-def owners(layout: ParamLayout) -> Tuple[str, ...]:
-    """The mesh axes over which every device holds the same whole matrices of the param once
-    its fan dimensions are gathered (all but those that split its batch dimensions)."""
-    batch_split = {a for d in range(len(layout.shape))
-                   if d not in layout.fan_in + layout.fan_out for a in layout.split[d]}
-    return tuple(name for name, _ in layout.mesh if name not in batch_split)
+def _axes_splitting(layout: ParamLayout, dims: Sequence[int]) -> set:
+    return {a for d in dims for a in layout.split[d]}
+
+
+def fan_dims(layout: ParamLayout) -> Tuple[int, ...]:
+    """The param's fan dimensions, in its own order."""
+    return tuple(d for d in range(len(layout.shape)) if d in layout.fan_in + layout.fan_out)
+
+
+def batch_dims(layout: ParamLayout) -> Tuple[int, ...]:
+    return tuple(d for d in range(len(layout.shape)) if d not in layout.fan_in + layout.fan_out)
+
+
+def team_axes(layout: ParamLayout) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """``(replica axes, split axes)`` of the param's team, each in mesh order: the axes that
+    split its fan dimensions, and the others that do not split its batch dimensions."""
+    split = _axes_splitting(layout, fan_dims(layout))
+    batch = _axes_splitting(layout, batch_dims(layout))
+    names = [name for name, _ in layout.mesh]
+    return (tuple(n for n in names if n not in split and n not in batch),
+            tuple(n for n in names if n in split))
 
 
 def local_matrices(layout: ParamLayout) -> int:
     """How many matrices of the param a device holds (its part of the batch dimensions)."""
-    return math.prod(layout.shape[d] // layout.parts[d] for d in range(len(layout.shape))
-                     if d not in layout.fan_in + layout.fan_out)
+    return math.prod(layout.shape[d] // layout.parts[d] for d in batch_dims(layout))
 
 
 def teams(layouts: Sequence[ParamLayout], *, keys: Sequence[Any] = ()) -> List[Team]:
     """The teams of the matrix params ``layouts`` (``keys``: a further per-param key that
     keeps params apart, as their dtype), each with its members' balanced work."""
-    sizes = [dict(layout.mesh) for layout in layouts]
     grouped: Dict[Any, List[int]] = {}
     for i, layout in enumerate(layouts):
-        axes = owners(layout)
-        count = math.prod(sizes[i][a] for a in axes)
-        grouped.setdefault((axes, count, keys[i] if keys else None), []).append(i)
+        grouped.setdefault((team_axes(layout), keys[i] if keys else None), []).append(i)
     result = []
-    for (axes, count, _), members in grouped.items():
+    for ((replica_axes, split_axes), _), members in grouped.items():
+        sizes = dict(layouts[members[0]].mesh)
+        replicas = math.prod(sizes[a] for a in replica_axes)
+        splits = math.prod(sizes[a] for a in split_axes)
         shapes = {}
         for i in members:
             fan_in, fan_out = fans(layouts[i])
             for j in range(local_matrices(layouts[i])):
                 shapes[(i, j)] = (min(fan_in, fan_out), max(fan_in, fan_out))
         cost = {m: newton_schulz_flops(*shape, steps=1) for m, shape in shapes.items()}
+        count = replicas * splits
         loads, work = [0] * count, [[] for _ in range(count)]
         for matrix in sorted(shapes, key=lambda m: (-cost[m], m)):
             member = min(range(count), key=lambda d: (loads[d], d))
             loads[member] += cost[matrix]
             work[member].append(matrix)
-        result.append(Team(axes=axes, count=count, work=tuple(tuple(w) for w in work),
-                           shapes=shapes))
+        result.append(Team(replica_axes=replica_axes, split_axes=split_axes, replicas=replicas,
+                           splits=splits, work=tuple(tuple(w) for w in work), shapes=shapes))
     return result
