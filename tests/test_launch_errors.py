@@ -194,6 +194,11 @@ BAD_INPUTS = [
      ["--config=llama_tiny_dp_tp", "--config.precision.fp8=True",
       "--config.precision.float64=True"],
      "precision.fp8: float8 projections quantize bfloat16 activations"),
+    ("FP8 on a Flax module (its products are its own: FP8 would change nothing)",
+     ["--config=flax_nnx_gpt_dp", "--config.precision.bfloat16=True",
+      "--config.precision.fp8=True", "--compile_only"],
+     "precision.fp8: FP8 computes the model's projections in float8; FlaxNNX's layers compute "
+     "their own products"),
     ("row-wise FP8 scales without FP8",
      ["--config=llama_tiny_dp_tp", "--config.precision.bfloat16=True",
       "--config.precision.fp8_rowwise=True"],

@@ -202,10 +202,17 @@ class Float8(Configurable):
         rowwise: bool = False
 
     def check_model(self, model) -> None:
-        if model is None:
-            raise errors.ConfigError("FP8 computes a configured model's projections; a "
-                                     "hand-written step has none", path="precision.fp8",
-                                     suggestion="configure a model, or leave precision.fp8 off")
+        """Refused where no layer of the model computes its projections through
+        ``projection.py`` (a hand-written step, an adapted Flax module): FP8 would change
+        nothing, silently."""
+        if model is None or not model.adaptable_weight_paths():
+            what = ("a hand-written step has none" if model is None else
+                    f"{type(model).__qualname__}'s layers compute their own products (none "
+                    "goes through Titanax's projections)")
+            raise errors.ConfigError(f"FP8 computes the model's projections in float8; {what}",
+                                     path="precision.fp8",
+                                     suggestion="use a Titanax decoder model, or leave "
+                                                "precision.fp8 off")
 
     @staticmethod
     def convert_specs(specs, *, model):
