@@ -11,6 +11,10 @@
 #                                           bf16 weights; 16 prompts x 8 samples, 256 + <= 512
 #                                           tokens; 600 stop ids: a random model's lengths
 #                                           spread to ~250 -- an estimate, not yet run)
+#   bash benchmarks/gpu_check.sh fp8        bf16 vs FP8 projections: a 4096 x 14336 MLP block,
+#                                           GPT-2 124M and Llama 3.2 1B; then GPT-2 124M by
+#                                           Muon against the AdamW run (under 8 min; prepared
+#                                           on CPU, not yet run on a GPU)
 set -u
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -23,6 +27,21 @@ if [ "${1:-}" = "rollouts" ]; then
     --samples 8 --prompt_length 256 --max_new_tokens 512 --stop_ids 600 --rounds 2 \
     | tee "$RESULTS/rollouts_qwen3_0_6b.txt"
   echo "rollouts exit ${PIPESTATUS[0]}"
+  exit 0
+fi
+if [ "${1:-}" = "fp8" ]; then
+  timeout 60 "$PY" benchmarks/fp8_mlp.py | tee "$RESULTS/fp8_mlp.txt"
+  echo "fp8 mlp exit ${PIPESTATUS[0]}"
+  for MODEL in gpt2_124m llama3_1b; do
+    for FLAG in "" --fp8; do
+      timeout 100 "$PY" benchmarks/gpu_throughput.py --model $MODEL --steps 5 $FLAG \
+        | tee "$RESULTS/${MODEL}${FLAG/--/_}.txt"
+      echo "$MODEL $FLAG exit ${PIPESTATUS[0]}"
+    done
+  done
+  timeout 90 "$PY" benchmarks/gpu_throughput.py --model gpt2_124m --steps 5 --optimizer muon \
+    | tee "$RESULTS/gpt2_124m_muon.txt"
+  echo "gpt2_124m muon exit ${PIPESTATUS[0]}"
   exit 0
 fi
 if [ "${1:-}" = "attention" ]; then

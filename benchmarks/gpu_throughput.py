@@ -5,6 +5,8 @@
     python benchmarks/gpu_throughput.py --model llama3_1b          # Llama 3.2 1B shapes
     python benchmarks/gpu_throughput.py --model tiny --cpu         # a smoke run on the CPU
     python benchmarks/gpu_throughput.py --model llama_tiny --cpu
+    python benchmarks/gpu_throughput.py --model gpt2_124m --fp8          # FP8 projections
+    python benchmarks/gpu_throughput.py --model gpt2_124m --optimizer muon
 
 GPT-2 124M is ``gpt_small_dp_tp``'s model (12 layers, 768 wide, 12 heads, vocabulary padded to
 50304) at sequence length 1024, computing in bfloat16 with float32 master params and AdamW, on
@@ -49,6 +51,18 @@ GPU_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true "
              "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUDNN,CUSTOM_CALL")
 
 
+def _optimizer(name: str):
+    """AdamW (lr 3e-4, b2 0.95, wd 0.1), or Muon (peak 0.02 on the matrices) with that AdamW
+    on the rest."""
+    from titanax.config import config_for_function
+    from titanax.train import optimizers
+    if name == "muon":
+        return config_for_function(optimizers.muon).set(
+            learning_rate=0.02, adam_learning_rate=3e-4, adam_b2=0.95, adam_weight_decay=0.1)
+    return config_for_function(optimizers.adamw).set(learning_rate=3e-4, b2=0.95,
+                                                     weight_decay=0.1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="gpt2_124m")
@@ -60,6 +74,10 @@ def main() -> None:
     parser.add_argument("--unroll", choices=("default", "true", "false"), default="default")
     parser.add_argument("--xla_flags", default="", help="extra XLA_FLAGS")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU (smoke test)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="the projections in float8 (precision.fp8; modules/float8.py)")
+    parser.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
+                        help="muon: Newton-Schulz on the matrices, AdamW on the rest")
     args = parser.parse_args()
     if args.cpu:
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -68,12 +86,10 @@ def main() -> None:
             f for f in (os.environ.get("XLA_FLAGS", ""), GPU_FLAGS, args.xla_flags) if f)
     import jax
     import numpy as np
-    from titanax.config import config_for_function
     from titanax.modules.models.decoder import gpt_config
     from titanax.observe import memory, throughput
     from titanax.parallel.plan import DP, Plan
     from titanax.runtime.mesh import MeshSpec
-    from titanax.train import optimizers
     from titanax.train.engine import Engine
     from titanax.train.learner import Learner
     from titanax.train.precision import Precision
@@ -101,9 +117,10 @@ def main() -> None:
         plan=Plan.default_config().set(
             data_parallel=DP.default_config().set(accumulate_steps=accumulate)),
         model=model,
-        learner=Learner.default_config().set(optimizer=config_for_function(optimizers.adamw).set(
-            learning_rate=3e-4, b2=0.95, weight_decay=0.1), max_grad_norm=1.0),
-        precision=Precision.default_config().set(bfloat16=True, enable_x32_params=True),
+        learner=Learner.default_config().set(optimizer=_optimizer(args.optimizer),
+                                             max_grad_norm=1.0),
+        precision=Precision.default_config().set(bfloat16=True, enable_x32_params=True,
+                                                 fp8=args.fp8),
         loggers=[]).instantiate()
     engine.init_state()
     num_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(engine.state.params))
@@ -132,7 +149,8 @@ def main() -> None:
     print(f"device: {device.device_kind} ({device.platform}); XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
     print(f"model {args.model}: {num_params / 1e6:.1f}M params, {layers} layers, width {width}, "
           f"heads {heads}, vocab {vocab}, seq {seq}, batch {batch} x accumulate {accumulate}, "
-          f"bf16 compute, f32 params, remat {args.remat}")
+          f"{'fp8 projections, ' if args.fp8 else ''}bf16 compute, f32 params, "
+          f"{args.optimizer}, remat {args.remat}")
     print(f"compile {compile_s:.1f}s; step {1e3 * step_s:.1f} ms (median of {args.steps}); "
           f"{tokens_per_s:,.0f} tokens/s; loss {float(metrics['loss']):.3f}")
     peak_bytes = memory.watermark_bytes(step.latest_step_bytes)
