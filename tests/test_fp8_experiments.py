@@ -1,7 +1,9 @@
 """``--config.precision.bfloat16=True --config.precision.fp8=True`` through the real launcher on
 ``llama_tiny_dp_tp``: its own layout (DP4 x TP2), row-wise scales, FSDP over 8, a 1F1B
-pipeline (DP4 x PP2) and LoRA adapters, each against the same run in bfloat16; a run stopped
-after step 3 and resumed; ``--compile_only``'s count of the float8 dots XLA is handed.
+pipeline (DP4 x PP2) and LoRA adapters, each against the same run in bfloat16; ``gpt_oss_tiny``
+(experts over an expert axis: their batched matrices in float8) against its bfloat16 run; a
+run stopped after step 3 and resumed; ``--compile_only``'s count of the float8 dots XLA is
+handed.
 
 Float8 rounds each operand to 3 mantissa bits (e4m3) and the gradients to 2 (e5m2), so an FP8
 run is not its bfloat16 run: each step's loss within 2% of it (the acceptance's bound, here at
@@ -44,6 +46,8 @@ RUNS = {
     "fp8 dp4 x pp2": ((FP8, *PIPELINE), "bf16"),
     "bf16 lora": (LORA, None),
     "fp8 lora": ((FP8, *LORA), "bf16 lora"),
+    "bf16 gpt-oss": (("--config=gpt_oss_tiny",), None),
+    "fp8 gpt-oss": (("--config=gpt_oss_tiny", FP8), "bf16 gpt-oss"),
 }
 
 

@@ -221,6 +221,14 @@ CALL_TIME_ERRORS = [
      ["--config=llama_tiny_agent", "--trainer_dir={tmp}/run", "--config.max_steps=1",
       "--config.objective.environment=tests.agents.environments.NotANumber"],
      "sample 0) returned the reward nan"),
+    # (Met when the step is traced: which experts path runs depends on the plan's binding.)
+    ("FP8 with dropless experts and no expert axis (ragged_dot: FP8 does not compute it)",
+     ["--config=gpt_oss_tiny", "--trainer_dir={tmp}/run", "--config.max_steps=1",
+      "--config.plan.expert_parallel=None", "--config.mesh.axes=('data',)",
+      "--config.mesh.shape=(None,)", "--config.precision.bfloat16=True",
+      "--config.precision.fp8=True"],
+     "precision.fp8: gpt_oss/decoder/layer/0/mlp: dropless experts without an expert axis "
+     "multiply by ragged_dot"),
 ]
 
 

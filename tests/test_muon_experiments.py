@@ -1,13 +1,13 @@
 """``llama_tiny_muon`` through the real launcher on every layout of a dense model -- its own
-(DP4 x TP2), DP8, ZeRO-1 and ZeRO-2 over 8, FSDP over 8, 1F1B and circular pipelines (DP4 x
-PP2), HSDP (FSDP over 4 within 2 replicas)
--- against the same model and batches on one device: Muon needs whole matrices, so a split
-matrix is gathered whole for its Newton-Schulz iterations and each device keeps its part
-(train/muon.py), and the matrices are spread over the devices that hold them alike. A layout
-that orthogonalised its shards alone, gathered a matrix in the wrong order or handed a device
-another's result would be off by far more than rounding. Also: the circular pipeline stopped
-after step 2 and resumed from its checkpoint, and the own layout's ``--explain`` (the update's collectives outside every
-loop, the matrices spread over all 8 devices, a device's Newton-Schulz FLOPs near its share).
+(DP4 x TP2), DP8, ZeRO-1 and ZeRO-2 over 8, FSDP over 8, DP4 x TP2 with FSDP over data (two
+axes split one matrix), 1F1B and circular pipelines (DP4 x PP2), HSDP (FSDP over 4 within 2
+replicas) -- against the same model and batches on one device: Muon needs whole matrices, so
+each matrix's blocks are sent to the one device that iterates it and the result's blocks back
+(train/muon.py, train/muon_owners.py). A layout that orthogonalised its blocks alone, placed a
+block in the wrong place of its matrix or handed a device another's result would be off by far
+more than rounding. Also: the circular pipeline stopped after step 2 and resumed from its
+checkpoint, and the own layout's ``--explain`` (the update's collectives outside every loop,
+the matrices spread over all 8 devices, a device's Newton-Schulz FLOPs near its share).
 
 Float64 (``JAX_ENABLE_X64=1``, ``--config.precision.float64=True``), so a correct layout agrees
 to rounding, ``FLOAT64`` at each value's scale (tests/numerics.py). Compared: every step's loss
@@ -63,6 +63,10 @@ LAYOUTS = {
               "--config.plan.zero.min_shard_size=64", PER_STEP),
     "dp4 x pp2 (1F1B)": PIPELINE,
     "dp4 x pp2 circular, 2 virtual stages": CIRCULAR,
+    # Two axes split one matrix (TP's heads over model, FSDP's other fan dimension over data):
+    # its blocks come from all 8 devices.
+    "dp4 x tp2 with fsdp over data": ("--config.plan.zero.stage=3",
+                                      "--config.plan.zero.min_shard_size=64", PER_STEP),
     "hsdp 2 x 4": ("--config.plan.tensor_parallel=None", "--config.mesh.axes=('data','fsdp')",
                    "--config.mesh.shape=(2,4)", "--config.plan.zero.stage=3",
                    "--config.plan.zero.axis=fsdp", "--config.plan.zero.min_shard_size=64",
@@ -135,8 +139,9 @@ def _check_explained(text):
     share = re.search(r"Newton-Schulz per device and step: \S+ GFLOP, ([0-9.]+)x its 1/8 share",
                       text)
     assert share is not None and float(share.group(1)) <= 1.10, text[-2000:]
-    owners = {int(p) for line in text.splitlines() if line.startswith("  decoder/")
-              for p in line.split("dataxmodel")[-1].split()}
+    rows = [line for line in text.splitlines() if line.startswith("  decoder/")]
+    assert rows and all("dataxmodel" in line for line in rows), rows
+    owners = {int(p) for line in rows for p in line.split("dataxmodel")[-1].split()}
     assert owners == set(range(8)), text[-2000:]
 
 

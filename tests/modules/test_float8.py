@@ -118,10 +118,15 @@ def test_the_layers_projections_are_read_as_matmuls(equation, x_shape, w_shape, 
 
 
 def test_a_product_that_is_no_projection_is_refused_inside_a_scope():
+    """A weight contracted on its last dimension, and operands whose ranks the equation does
+    not name (jnp.einsum refuses those; a reshape into a matmul would not)."""
     x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((6, 8), jnp.bfloat16)
-    with float8.scope(float8.Float8Settings()), \
-            pytest.raises(errors.ModuleError, match="'sd,hd->sh' is not a .*matmul"):
-        float8.einsum("sd,hd->sh", x, w)
+    with float8.scope(float8.Float8Settings()):
+        with pytest.raises(errors.ModuleError, match="'sd,hd->sh' .*is not a .*matmul"):
+            float8.einsum("sd,hd->sh", x, w)
+        with pytest.raises(errors.ModuleError, match=r"'td,df->tf' \(input \(2, 3, 8\)"):
+            float8.einsum("td,df->tf", jnp.ones((2, 3, 8), jnp.bfloat16),
+                          jnp.ones((24, 5), jnp.bfloat16))
 
 
 def test_xla_is_handed_float8_dots_forward_and_backward():

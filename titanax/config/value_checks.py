@@ -45,8 +45,9 @@ def fraction(field: str, value: Any, *, closed: bool = False, allow_none: bool =
 def regexes(field: str, patterns: Any) -> Iterator[Problem]:
     """``patterns`` a list of regular expressions (a lone string is refused: it would be read as
     one pattern per character)."""
-    if isinstance(patterns, str):
-        yield field, f"must be a list of regular expressions, got the string {patterns!r}"
+    if not isinstance(patterns, (list, tuple)):
+        what = f"the string {patterns!r}" if isinstance(patterns, str) else repr(patterns)
+        yield field, f"must be a list of regular expressions, got {what}"
         return
     for pattern in patterns:
         try:

@@ -1,7 +1,8 @@
 """FP8 matmuls for the model's projections (``--config.precision.fp8=True``).
 
 Inside ``scope(...)`` every projection a layer computes with ``einsum`` below (the linear
-layers, attention's q/k/v/o, the MLP's and the experts' matrices: ``projection.py``) multiplies
+layers, attention's q/k/v/o, the MLP's matrices, the experts' batched ones -- not the dropless
+experts' ``ragged_dot``, refused instead: ``projection.py``, ``moe.py``) multiplies
 float8 operands: the activations and the weights in ``float8_e4m3fn`` forward (3 mantissa
 bits, range 448), the gradient flowing back in ``float8_e5m2`` (2 mantissa bits, range 57344:
 gradients need range more than precision), each product accumulated in float32 and scaled
@@ -84,17 +85,20 @@ def quantize(t: jax.Array, dtype, *, contraction: Optional[int]) -> Tuple[jax.Ar
     wide = t.astype(jnp.float32)
     axes = tuple(range(t.ndim)) if contraction is None else (contraction,)
     amax = jnp.max(jnp.abs(wide), axis=axes, keepdims=True)
-    scale = jnp.where(amax > 0, amax / top, 1.0)
+    # (An amax below top x float32's smallest normal would give a subnormal scale that XLA
+    # flushes to 0; such a tensor is 0 in float8 whatever its scale.)
+    scale = jnp.where(amax > top * jnp.finfo(jnp.float32).tiny, amax / top, 1.0)
     q = jnp.clip(wide / scale, -top, top).astype(dtype)
     return q, scale
 
 
-def _dot(a: jax.Array, b: jax.Array, contract: Tuple[int, int]) -> jax.Array:
+def _dot(a: jax.Array, b: jax.Array, contract: Tuple[int, int], *, out=jnp.float32
+         ) -> jax.Array:
     """``a [B.., M, K]`` with ``b [B.., K, N]`` (or the dims ``contract`` names), batched over
-    the leading dims both share, accumulated in float32."""
+    the leading dims both share, accumulated in float32 and returned in ``out``."""
     batch = tuple(range(a.ndim - 2))
     return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), (batch, batch)),
-                               preferred_element_type=jnp.float32)
+                               preferred_element_type=out)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -107,8 +111,10 @@ def matmul(x: jax.Array, w: jax.Array, rowwise: bool) -> jax.Array:
 def _forward(x: jax.Array, w: jax.Array, rowwise: bool) -> jax.Array:
     xq, x_scale = quantize(x, FORWARD, contraction=x.ndim - 1 if rowwise else None)
     wq, w_scale = quantize(w, FORWARD, contraction=w.ndim - 2 if rowwise else None)
-    y = _dot(xq, wq, (x.ndim - 1, w.ndim - 2)) * x_scale * w_scale
-    return y.astype(x.dtype)
+    # The dot's result in x's dtype (bfloat16): what a remat policy that saves dots keeps is
+    # then as large as the bfloat16 product's, not twice that in float32.
+    y = _dot(xq, wq, (x.ndim - 1, w.ndim - 2), out=x.dtype)
+    return (y.astype(jnp.float32) * x_scale * w_scale).astype(x.dtype)
 
 
 def _matmul_forward(x, w, rowwise):
@@ -124,7 +130,8 @@ def _matmul_backward(rowwise, saved, g):
     wq, w_scale = quantize(w, FORWARD, contraction=last if rowwise else None)
     dx = _dot(gq, wq, (last, last)) * g_scale * jnp.swapaxes(w_scale, -1, -2)
     xq, x_scale = quantize(x, FORWARD, contraction=last - 1 if rowwise else None)
-    gq_t, g_scale_t = quantize(g, BACKWARD, contraction=last - 1 if rowwise else None)
+    gq_t, g_scale_t = (quantize(g, BACKWARD, contraction=last - 1) if rowwise
+                       else (gq, g_scale))
     dw = _dot(xq, gq_t, (last - 1, last - 1)) * jnp.swapaxes(x_scale, -1, -2) * g_scale_t
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
@@ -148,14 +155,17 @@ class _Projection:
 
 
 @functools.lru_cache(maxsize=None)
-def _read(equation: str, x_ndim: int) -> Optional[_Projection]:
+def _read(equation: str, x_ndim: int, w_ndim: int) -> Optional[_Projection]:
+    if equation.count(",") != 1 or equation.count("->") != 1:
+        return None
     lhs, rest = equation.replace(" ", "").split(",")
     rhs, out = rest.split("->")
     if "..." in lhs:
         free = "".join(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in equation)
         fill = free[:x_ndim - (len(lhs) - 3)]
         lhs, out = lhs.replace("...", fill), out.replace("...", fill)
-    if "..." in rhs or not re.fullmatch(r"[A-Za-z]+", lhs + rhs + out):
+    if "..." in rhs or not re.fullmatch(r"[A-Za-z]+", lhs + rhs + out) or \
+            len(lhs) != x_ndim or len(rhs) != w_ndim:
         return None
     batch = "".join(c for c in lhs if c in rhs and c in out)
     contracted = "".join(c for c in lhs if c in rhs and c not in out)
@@ -174,11 +184,12 @@ def einsum(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
     settings = current()
     if settings is None or x.dtype != QUANTIZED_INPUT:
         return jnp.einsum(equation, x, w)
-    form = _read(equation, x.ndim)
+    form = _read(equation, x.ndim, w.ndim)
     if form is None:
         raise errors.ModuleError(
-            f"the projection {equation!r} is not a (batched) matmul of the input's last "
-            "dimensions with the weight's first: FP8 cannot compute it", path=equation,
+            f"the projection {equation!r} (input {tuple(x.shape)}, weight {tuple(w.shape)}) is "
+            "not a (batched) matmul of the input's last dimensions with the weight's first: "
+            "FP8 cannot compute it", path="precision.fp8",
             suggestion="write the product as x[batch.., rows.., in..] x w[batch.., in.., "
                        "out..], or leave precision.fp8 off")
     nb, nr, nk = len(form.batch), len(form.rows), len(form.contracted)
@@ -186,7 +197,7 @@ def einsum(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
     rows_shape, columns_shape = x.shape[nb:nb + nr], w.shape[nb + nk:]
     x2 = x.reshape(batch_shape + (math.prod(rows_shape), math.prod(x.shape[nb + nr:])))
     w2 = w.reshape(batch_shape + (math.prod(w.shape[nb:nb + nk]), math.prod(columns_shape)))
-    y = matmul(x2, w2.astype(x.dtype), settings.rowwise)
+    y = matmul(x2, w2, settings.rowwise)
     return y.reshape(batch_shape + rows_shape + columns_shape)
 
 

@@ -165,10 +165,11 @@ def orthogonalize(parts: List[jax.Array], layouts: List[ParamLayout], *, steps: 
     the image's blocks sent back -- no collective inside the iterations."""
     blocks = [_blocks(x, layout) for x, layout in zip(parts, layouts)]
     images: Dict[muon_owners.Matrix, jax.Array] = {}
-    for team in muon_owners.teams(layouts, keys=[b.dtype for b in blocks]):
+    for team in muon_owners.teams(layouts):
         images.update(_TeamExchange(team, layouts, blocks).images(steps=steps, eps=eps))
     return [_from_blocks(jnp.stack([images[(i, j)] for j in range(block.shape[0])]),
-                         layouts[i], parts[i].shape) for i, block in enumerate(blocks)]
+                         layouts[i], parts[i].shape).astype(parts[i].dtype)
+            for i, block in enumerate(blocks)]
 
 
 class _TeamExchange:
@@ -177,8 +178,10 @@ class _TeamExchange:
 
     def __init__(self, team: muon_owners.Team, layouts: Sequence[ParamLayout],
                  blocks: Sequence[jax.Array]):
-        self.team, self.layouts, self.blocks = team, layouts, list(blocks)
-        self.dtype = blocks[next(iter(team.shapes))[0]].dtype
+        self.team, self.layouts = team, layouts
+        # (The exchanged rows hold every member's blocks: one dtype for the team's params.)
+        self.dtype = jnp.result_type(*{blocks[i].dtype for i, _ in team.shapes})
+        self.blocks = [b.astype(self.dtype) for b in blocks]
         self.block_size = {i: math.prod(blocks[i].shape[1:]) for i, _ in team.shapes}
         self.length = max(sum(self.block_size[i] for i, _ in mine) for mine in team.work)
 
@@ -315,8 +318,8 @@ def scale_by_muon(layouts: Any, *, beta: float, steps: int, eps: float, nesterov
 def describe(*, param_layouts: Any, labels: Any, ns_steps: int = 5, device_count: int = 1,
              **_) -> str:
     """``--explain``'s lines: which params Muon trains, each as its batch of fan-in x fan-out
-    matrices, the mesh axes its parts are gathered over, the team of devices that hold its
-    matrices alike and which member iterates each, and the Newton-Schulz FLOPs a device runs
+    matrices, the mesh axes that split its fan dimensions into blocks, its team (the devices
+    that hold its matrices' blocks) and which member iterates each, and the Newton-Schulz FLOPs a device runs
     per step against its 1/``device_count`` share of all of them. ``labels``:
     ``matrix_labels``' answer."""
     pairs = list(zip(jax.tree_util.tree_leaves(param_layouts,
@@ -331,12 +334,12 @@ def describe(*, param_layouts: Any, labels: Any, ns_steps: int = 5, device_count
         count = math.prod(layout.shape[d] for d in range(len(layout.shape))
                           if d not in layout.fan_in + layout.fan_out)
         total += count * muon_owners.newton_schulz_flops(fan_in, fan_out, steps=ns_steps)
-        gathers = ", ".join(f"dim {d} over {'x'.join(layout.split[d])}"
+        blocks = ", ".join(f"dim {d} over {'x'.join(layout.split[d])}"
                             for d in layout.fan_in + layout.fan_out if layout.split[d]) or "-"
         mine = [owner_of[(i, j)] for j in range(muon_owners.local_matrices(layout))]
         team = mine[0][0]
         rows.append(f"  {layout.path:44s} {count:>4d} x {fan_in:>5d} x {fan_out:<6d} "
-                    f"{gathers:18s} {'x'.join(team.replica_axes + team.split_axes) or '-':12s} "
+                    f"{blocks:18s} {'x'.join(team.replica_axes + team.split_axes) or '-':12s} "
                     f"{' '.join(str(member) for _, member in mine)}")
     # (A device is a member of every team; at most the most loaded member's FLOPs of each.)
     own = sum(max(team.load(d, steps=ns_steps) for d in range(team.count)) for team in teams)

@@ -6,8 +6,9 @@ ZeRO's or FSDP's: the *split* axes) give each device one block of every matrix, 
 axes that do not split its batch dimensions (the *replica* axes: data-parallel replicas) hold
 those blocks again. All these devices together are the param's *team*. Each of the team's
 matrices is iterated by one member, the members' loads balanced by cost -- the longest first,
-each to the least-loaded member so far (LPT scheduling, within 4/3 of the best) -- over all the
-team's matrices whatever their shape. A member ``(replica r, split position s)`` receives the
+each to the least-loaded member so far (LPT scheduling) -- over all the
+team's matrices whatever their shape (LPT's bound: within 4/3 - 1/(3 x members) of the best
+balance). A member ``(replica r, split position s)`` receives the
 blocks of its matrices from the devices of its own replica (an all-to-all over the split axes),
 and sends each of them back its block of the result (the reverse all-to-all), then the replicas
 exchange what they computed (an all-gather over the replica axes). No device ever assembles
@@ -96,14 +97,13 @@ def local_matrices(layout: ParamLayout) -> int:
     return math.prod(layout.shape[d] // layout.parts[d] for d in batch_dims(layout))
 
 
-def teams(layouts: Sequence[ParamLayout], *, keys: Sequence[Any] = ()) -> List[Team]:
-    """The teams of the matrix params ``layouts`` (``keys``: a further per-param key that
-    keeps params apart, as their dtype), each with its members' balanced work."""
+def teams(layouts: Sequence[ParamLayout]) -> List[Team]:
+    """The teams of the matrix params ``layouts``, each with its members' balanced work."""
     grouped: Dict[Any, List[int]] = {}
     for i, layout in enumerate(layouts):
-        grouped.setdefault((team_axes(layout), keys[i] if keys else None), []).append(i)
+        grouped.setdefault(team_axes(layout), []).append(i)
     result = []
-    for ((replica_axes, split_axes), _), members in grouped.items():
+    for (replica_axes, split_axes), members in grouped.items():
         sizes = dict(layouts[members[0]].mesh)
         replicas = math.prod(sizes[a] for a in replica_axes)
         splits = math.prod(sizes[a] for a in split_axes)

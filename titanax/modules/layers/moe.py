@@ -46,7 +46,7 @@ from jax.ad_checkpoint import checkpoint_name
 from titanax import errors
 from titanax.config import REQUIRED, Required
 from titanax.parallel.axis_binding import EXPERTS, MLP, RESIDUAL_SEQUENCE, STAGES
-from titanax.modules import projection
+from titanax.modules import float8, projection
 from titanax.modules.base_layer import BaseLayer, ParameterSpec, constant
 from titanax.modules.context import VectorSummary
 from titanax.modules.initializers import FanAxes, Initializer
@@ -194,6 +194,13 @@ class MoE(BaseLayer):
         gate_up_bias = params["gate_up_bias"] if cfg.expert_bias else None
         kept_assignments = None
         if cfg.dispatch == "dropless" and binding.active(EXPERTS) is None:
+            if float8.current() is not None and tokens.dtype == float8.QUANTIZED_INPUT:
+                raise errors.ConfigError(
+                    f"{self.path}: dropless experts without an expert axis multiply by "
+                    "ragged_dot, which FP8 does not compute (they would stay bfloat16 "
+                    "unnoticed)", path="precision.fp8",
+                    suggestion="set the mixture's dispatch to 'capacity', put the experts on "
+                               "an expert axis, or leave precision.fp8 off")
             out = expert_dispatch.ragged_experts(
                 tokens, routing.expert_ids, routing.gates, params["gate_up_weight"],
                 params["down_weight"], glu, gate_up_bias)
