@@ -24,20 +24,32 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dim", type=int, default=4096)
-    parser.add_argument("--hidden", type=int, default=14336)
-    parser.add_argument("--tokens", type=int, default=8192)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--dim", type=_positive, default=None, help="model width (4096)")
+    parser.add_argument("--hidden", type=_positive, default=None, help="MLP width (14336)")
+    parser.add_argument("--tokens", type=_positive, default=None, help="tokens per step (8192)")
+    parser.add_argument("--rounds", type=_positive, default=10)
     parser.add_argument("--rowwise", action="store_true", help="row-wise FP8 scales")
-    parser.add_argument("--small", action="store_true", help="256 x 512, 256 tokens")
+    parser.add_argument("--small", action="store_true",
+                        help="256 x 512, 256 tokens (not with --dim/--hidden/--tokens)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU (smoke test)")
     args = parser.parse_args()
     if args.cpu:
         os.environ["JAX_PLATFORMS"] = "cpu"
-    if args.small:
-        args.dim, args.hidden, args.tokens = 256, 512, 256
+    sizes = (args.dim, args.hidden, args.tokens)
+    if args.small and any(size is not None for size in sizes):
+        parser.error("--small sets --dim, --hidden and --tokens: give either, not both")
+    defaults = (256, 512, 256) if args.small else (4096, 14336, 8192)
+    args.dim, args.hidden, args.tokens = (size if size is not None else default
+                                          for size, default in zip(sizes, defaults))
     import jax
     import jax.numpy as jnp
     from titanax.modules import float8

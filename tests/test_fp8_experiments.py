@@ -24,7 +24,7 @@ from tests.run_outputs import metric_rows
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6
-COMMON = ("--config=llama_tiny_dp_tp", f"--config.max_steps={STEPS}", "--config.log_every=1",
+COMMON = (f"--config.max_steps={STEPS}", "--config.log_every=1",
           "--config.evalers={}", "--config.precision.bfloat16=True",
           "--config.learner.optimizer.learning_rate.warmup_steps=1")
 FP8 = "--config.precision.fp8=True"
@@ -37,17 +37,18 @@ PIPELINE = ("--config.plan.tensor_parallel=None", "--config.mesh.axes=('data','p
             "--config.mesh.shape=(None,2)", "--config.plan.pipeline_parallel.axis=pipe",
             "--config.plan.pipeline_parallel.microbatch_size=1")
 LORA = ("--config.lora.rank=8",)
-# name -> (flags after COMMON, the bfloat16 run it is held against)
+LLAMA, GPT_OSS = "--config=llama_tiny_dp_tp", "--config=gpt_oss_tiny"
+# name -> (experiment, flags after COMMON, the bfloat16 run it is held against)
 RUNS = {
-    "bf16": ((), None),
-    "fp8": ((FP8,), "bf16"),
-    "fp8 row-wise": ((FP8, "--config.precision.fp8_rowwise=True"), "bf16"),
-    "fp8 fsdp8": ((FP8, *FSDP), "bf16"),
-    "fp8 dp4 x pp2": ((FP8, *PIPELINE), "bf16"),
-    "bf16 lora": (LORA, None),
-    "fp8 lora": ((FP8, *LORA), "bf16 lora"),
-    "bf16 gpt-oss": (("--config=gpt_oss_tiny",), None),
-    "fp8 gpt-oss": (("--config=gpt_oss_tiny", FP8), "bf16 gpt-oss"),
+    "bf16": (LLAMA, (), None),
+    "fp8": (LLAMA, (FP8,), "bf16"),
+    "fp8 row-wise": (LLAMA, (FP8, "--config.precision.fp8_rowwise=True"), "bf16"),
+    "fp8 fsdp8": (LLAMA, (FP8, *FSDP), "bf16"),
+    "fp8 dp4 x pp2": (LLAMA, (FP8, *PIPELINE), "bf16"),
+    "bf16 lora": (LLAMA, LORA, None),
+    "fp8 lora": (LLAMA, (FP8, *LORA), "bf16 lora"),
+    "bf16 gpt-oss": (GPT_OSS, (), None),
+    "fp8 gpt-oss": (GPT_OSS, (FP8,), "bf16 gpt-oss"),
 }
 
 
@@ -59,14 +60,15 @@ def _losses(trainer_dir):
 def test_fp8_trains_like_bfloat16_on_every_layout_and_resumes_exactly(tmp_path):
     root = str(tmp_path)
     dirs = {name: os.path.join(root, str(index)) for index, name in enumerate(RUNS)}
-    cases = [{"args": [*COMMON, *flags, f"--trainer_dir={dirs[name]}"], "cwd": REPO_ROOT}
-             for name, (flags, _) in RUNS.items()]
+    cases = [{"args": [experiment, *COMMON, *flags, f"--trainer_dir={dirs[name]}"],
+              "cwd": REPO_ROOT}
+             for name, (experiment, flags, _) in RUNS.items()]
     resumed = os.path.join(root, "resumed")
     fixed = (FP8, f"--config.learner.optimizer.learning_rate.decay_steps={STEPS}")
-    cases += [{"args": [*COMMON, *fixed, "--config.max_steps=3", f"--trainer_dir={resumed}"],
-               "cwd": REPO_ROOT},
-              {"args": [*COMMON, *fixed, f"--trainer_dir={resumed}"], "cwd": REPO_ROOT},
-              {"args": [*COMMON, FP8, "--compile_only"], "cwd": REPO_ROOT}]
+    cases += [{"args": [LLAMA, *COMMON, *fixed, "--config.max_steps=3",
+                        f"--trainer_dir={resumed}"], "cwd": REPO_ROOT},
+              {"args": [LLAMA, *COMMON, *fixed, f"--trainer_dir={resumed}"], "cwd": REPO_ROOT},
+              {"args": [LLAMA, *COMMON, FP8, "--compile_only"], "cwd": REPO_ROOT}]
     results = launch_in_one_child(cases, folder=root,
                                   env=child_environment(keep_device_count=True,
                                                         quick_backend=True))
@@ -82,7 +84,7 @@ def test_fp8_trains_like_bfloat16_on_every_layout_and_resumes_exactly(tmp_path):
 
     losses = {name: _losses(folder) for name, folder in dirs.items()}
     assert losses["bf16"][-1] < losses["bf16"][0] - 0.05, losses["bf16"]  # It trains.
-    for name, (_, against) in RUNS.items():
+    for name, (_, _, against) in RUNS.items():
         if against is None:
             continue
         relative = np.abs(losses[name] - losses[against]) / losses[against]

@@ -181,7 +181,8 @@ class _TeamExchange:
         self.team, self.layouts = team, layouts
         # (The exchanged rows hold every member's blocks: one dtype for the team's params.)
         self.dtype = jnp.result_type(*{blocks[i].dtype for i, _ in team.shapes})
-        self.blocks = [b.astype(self.dtype) for b in blocks]
+        mine = {i for i, _ in team.shapes}
+        self.blocks = [b.astype(self.dtype) if i in mine else b for i, b in enumerate(blocks)]
         self.block_size = {i: math.prod(blocks[i].shape[1:]) for i, _ in team.shapes}
         self.length = max(sum(self.block_size[i] for i, _ in mine) for mine in team.work)
 
@@ -319,8 +320,8 @@ def describe(*, param_layouts: Any, labels: Any, ns_steps: int = 5, device_count
              **_) -> str:
     """``--explain``'s lines: which params Muon trains, each as its batch of fan-in x fan-out
     matrices, the mesh axes that split its fan dimensions into blocks, its team (the devices
-    that hold its matrices' blocks) and which member iterates each, and the Newton-Schulz FLOPs a device runs
-    per step against its 1/``device_count`` share of all of them. ``labels``:
+    that hold its matrices' blocks) and which member iterates each, and the Newton-Schulz FLOPs
+    a device runs per step against its 1/``device_count`` share of all of them. ``labels``:
     ``matrix_labels``' answer."""
     pairs = list(zip(jax.tree_util.tree_leaves(param_layouts,
                                                is_leaf=lambda x: isinstance(x, ParamLayout)),
@@ -331,8 +332,7 @@ def describe(*, param_layouts: Any, labels: Any, ns_steps: int = 5, device_count
     rows, total = [], 0
     for i, layout in enumerate(chosen):
         fan_in, fan_out = muon_owners.fans(layout)
-        count = math.prod(layout.shape[d] for d in range(len(layout.shape))
-                          if d not in layout.fan_in + layout.fan_out)
+        count = math.prod(layout.shape[d] for d in muon_owners.batch_dims(layout))
         total += count * muon_owners.newton_schulz_flops(fan_in, fan_out, steps=ns_steps)
         blocks = ", ".join(f"dim {d} over {'x'.join(layout.split[d])}"
                             for d in layout.fan_in + layout.fan_out if layout.split[d]) or "-"
