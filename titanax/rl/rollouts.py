@@ -55,6 +55,10 @@ _log = logging.getLogger("titanax")
 class RolloutStream:
     """Iterator of ``(train rows, host metrics)`` (see the module docstring)."""
 
+    # Its batches are the run's own computation (sampling), not a wait for data: the training
+    # loop counts their time with the step's (observe/goodput.py).
+    batches_are_work = True
+
     def __init__(self, *, prompts: Any, source: Prompts, objective: Any,
                  rewards: Optional[RewardSet],
                  sample: Any, params: Any, place: Any, shards: Sequence[int], seed: int,

@@ -22,6 +22,7 @@ import time
 from typing import List, Optional, Sequence
 
 from titanax import errors
+from titanax.utils import command_args
 from titanax.runtime.peer_watch import EXIT_LOST_PEER
 
 # Seconds a child gets to exit after SIGTERM before it is killed (when a peer failed).
@@ -55,20 +56,9 @@ def child_commands(args: Sequence[str], *, module: str, count: int, port: int,
                    cpu_devices: Optional[int]) -> List[List[str]]:
     """The command line of each child: ``python -m module`` with ``args`` (the parent's flags)
     minus ``--local_processes``, plus its place in the job."""
-    kept, skip_value = [], False
-    for arg in args:
-        if skip_value:
-            skip_value = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in ("--local_processes", "-local_processes"):
-            skip_value = "=" not in arg
-            continue
-        if name in ("--cpu_devices", "--coordinator_address", "--num_processes",
-                    "--process_id"):
-            skip_value = "=" not in arg
-            continue
-        kept.append(arg)
+    kept = command_args.without_flags(args, ("local_processes", "cpu_devices",
+                                              "coordinator_address", "num_processes",
+                                              "process_id"))
     commands = []
     for index in range(count):
         place = [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={count}",

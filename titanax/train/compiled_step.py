@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 
 from titanax import errors
-from titanax.observe import memory, throughput
+from titanax.observe import goodput, memory, throughput
 
 _log = logging.getLogger("titanax")
 
@@ -76,7 +76,8 @@ class CompiledStep:
                                    "batch), or set recompile_policy='warn'")
                 _log.warning(message)
             started = time.perf_counter()
-            compiled = self._jitted.lower(*args).compile()
+            with goodput.spent_on("compile"):
+                compiled = self._jitted.lower(*args).compile()
             self.compile_seconds.append(time.perf_counter() - started)
             self.compile_count += 1
             self.latest_flops = throughput.compiled_flops(compiled)

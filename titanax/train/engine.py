@@ -28,7 +28,7 @@ from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.parallel import axis_binding
 from titanax.modules import converters as converters_lib
 from titanax.modules.base_layer import BaseLayer
-from titanax.observe import hlo
+from titanax.observe import goodput, hlo
 from titanax.observe.loggers import Basic, Logger
 from titanax.observe.profiler import Profile
 from titanax.parallel.plan import DP, Plan
@@ -423,6 +423,9 @@ class Engine(Configurable):
 
     def _start_loggers(self, step: int, total: int) -> None:
         if not self._loggers_started:
+            goodput.CLOCK.begin_run(
+                trainer_dir=self.trainer_dir if jax.process_index() == 0 else None,
+                resumed=self._resumed)
             for logger in self.loggers():
                 logger.start(step=step, total_steps=total, resumed=self._resumed)
             self._loggers_started = True
@@ -443,10 +446,11 @@ class Engine(Configurable):
         self.evaluation.prepare_inputs(self.make_input)
 
     def run_evalers(self, step: int, *, only_due: bool = True) -> Dict[str, Dict[str, float]]:
-        return self.evaluation.run(
-            step, evaluate=lambda data, batches: self.eval(data=data, steps=batches),
-            make_input=self.make_input,
-            loggers=self.loggers(), only_due=only_due, engine=self)
+        with goodput.spent_on("evaluation"):
+            return self.evaluation.run(
+                step, evaluate=lambda data, batches: self.eval(data=data, steps=batches),
+                make_input=self.make_input,
+                loggers=self.loggers(), only_due=only_due, engine=self)
 
     def eval(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,
              steps: Optional[int] = None) -> Dict[str, float]:

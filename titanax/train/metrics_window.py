@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from titanax import errors
-from titanax.observe import memory, throughput
+from titanax.observe import goodput, memory, throughput
 
 _log = logging.getLogger("titanax")
 
@@ -74,12 +74,14 @@ class MetricsWindow:
         last = dict(values[-1])
         last.update(self._rates(elapsed, step))
         last.update(self._schedule_metrics())
+        last["goodput"] = goodput.CLOCK.goodput()
         compiled = self._compiled()
         if compiled is not None and compiled.compile_seconds:
             last["compile_time_s"] = sum(compiled.compile_seconds)
             peak = memory.watermark_bytes(compiled.latest_step_bytes)
             if peak is not None:
                 last["peak_memory_gib"] = peak / 2 ** 30
+        goodput.CLOCK.trained(step)  # (Recorded before the row: a kill between them redoes.)
         for logger in self.loggers:
             logger.log_dict(last, step)
         self.started_at, self.timed_steps = time.perf_counter(), 0

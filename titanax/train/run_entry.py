@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Tuple
 import jax
 
 from titanax import errors
+from titanax.observe import goodput
 from titanax.runtime.mesh import describe_mesh
 from titanax.train import abstract_compile, preemption
 from titanax.train import explain as explain_lib
@@ -97,3 +98,5 @@ def _report_end(engine: Any, seconds: float) -> None:
     else:
         print(f"trained to step {step} of {engine.config.max_steps} in {seconds:.1f}s "
               f"(train-step compile {sum(compiled.compile_seconds):.1f}s)", flush=True)
+        print(goodput.CLOCK.summary(), flush=True)
+    goodput.CLOCK.write()

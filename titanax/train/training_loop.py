@@ -5,7 +5,9 @@ step still runs), ``on_batch``, at most ``max_inflight_steps`` steps executing a
 itself (inside a profiler window when one is configured), its metrics into the window (flushed
 every ``log_every`` steps), ``after_step``, the evalers that are due, a checkpoint when the policy
 says so -- or when a SIGTERM / Ctrl-C arrived, after which the loop stops once the save is
-verified on disk. An iterator whose position cannot be saved at every step (``at_boundary()``
+verified on disk. The process's goodput clock (observe/goodput.py) is told what each moment is
+spent on: the step (productive, or redone when an earlier launch trained it), the data, an
+evaluation, a checkpoint. An iterator whose position cannot be saved at every step (``at_boundary()``
 False: a sampling objective's rollout between its updates) defers both to the next step it can. The loop knows
 nothing of how the step is parallel.
 """
@@ -19,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import jax
 
 from titanax.io.checkpointer import OrbaxCheckpoint
+from titanax.observe import goodput
 from titanax.observe.profiler import Profile
 from titanax.train.metrics_window import MetricsWindow
 
@@ -52,6 +55,7 @@ class TrainingLoop:
         try:
             self._steps(iterator, start, total, eval_every, guard)
         finally:
+            goodput.CLOCK.enter("other")
             if self.profiler is not None:
                 self.profiler.stop()
 
@@ -64,14 +68,19 @@ class TrainingLoop:
         ckpt, profiler = self.checkpointer, self.profiler
         inflight: List[Any] = []
         deferred = False  # A save due at a step the iterator's position could not be saved.
+        clock = goodput.CLOCK
+        # Making a batch is a wait for data, or (a rollout's sampling) the step's own work.
+        making = "step" if getattr(iterator, "batches_are_work", False) else "data"
         if start == 0:  # A new run: the evalers asked for a baseline (at_start) run first.
             self.run_evals(0, True)
         for index in range(start, total):
+            clock.enter(clock.step_bucket(index))
             self._call_hooks("before_step", index)
             try:
                 # Prepared while the previous step still runs; host metrics: the objective's
                 # own of this batch (a rollout's rewards), logged with the step's.
-                host_batch, host_metrics = next(iterator)
+                with clock.spent_on(clock.bucket if making == "step" else making):
+                    host_batch, host_metrics = next(iterator)
             except StopIteration:
                 print(f"titanax: the training data ran out after step {index}", flush=True)
                 break
@@ -105,7 +114,8 @@ class TrainingLoop:
                 deferred = deferred or due or (stop and saving)
                 continue
             if ckpt is not None and (due or deferred or stop and saving):
-                self.save(iterator)
+                with clock.spent_on("checkpoint"):
+                    self.save(iterator)
             deferred = False
             if stop:
                 self._stop_on_signal(guard, done, saved=saving)
@@ -117,9 +127,10 @@ class TrainingLoop:
         ckpt = self.checkpointer
         if ckpt is None:
             return
-        if ckpt.config.save_at_end:
-            self.save(iterator)  # A no-op when this step is saved already.
-        verified = ckpt.wait_until_finished()  # Raises unless every save is committed.
+        with goodput.spent_on("checkpoint"):
+            if ckpt.config.save_at_end:
+                self.save(iterator)  # A no-op when this step is saved already.
+            verified = ckpt.wait_until_finished()  # Raises unless every save is committed.
         if verified and jax.process_index() == 0:
             print(f"titanax: saved and verified step(s) {verified} in {ckpt.directory}",
                   flush=True)
@@ -130,7 +141,8 @@ class TrainingLoop:
         the last save are lost, and the scheduler should know)."""
         ckpt = self.checkpointer
         if saved:
-            ckpt.wait_until_finished()  # Raises unless every save in flight is committed.
+            with goodput.spent_on("checkpoint"):
+                ckpt.wait_until_finished()  # Raises unless every save in flight is committed.
             print(f"titanax: {guard.signal_name}: saved step {done} to {ckpt.directory}; "
                   "exiting", flush=True)
             raise SystemExit(0)
