@@ -33,6 +33,11 @@ ONE_EVAL_BATCH = "--config.evalers['heldout'].num_batches=1"
 # so both processes feed the same rows -- the layout "rows by process index" gets wrong.
 MODEL_SPANS = ["--config.mesh.axes=('model','data')", "--config.mesh.shape=(2,None)"]
 PIPE_SPANS = ["--config.mesh.axes=('pipe','data')", "--config.mesh.shape=(2,None)"]
+# Two slices, one per process (multi-slice: runtime/slices.py): the model axis outermost in the
+# mesh, but data the axis spread over them (dcn_shape), so each process holds both model ranks
+# of its data shards and only the data reduction crosses between them.
+DATA_OVER_SLICES = ["--config.mesh.axes=('model','data')", "--config.mesh.shape=(2,None)",
+                    "--config.mesh.dcn_shape=(1,2)"]
 # The context axis outermost: each process holds two context ranks of every row, so both feed
 # the same rows and place different parts of each row's sequence (the ring crosses processes).
 CONTEXT_SPANS = ["--config.mesh.axes=('context','data')", "--config.mesh.shape=(4,2)",
@@ -58,9 +63,10 @@ def _launch(*args, timeout=300, module="titanax.launch"):
     return result
 
 
-def _run(name, trainer_dir, *extra, processes=1, steps=STEPS):
-    devices = ["--cpu_devices=8"] if processes == 1 else [
-        f"--local_processes={processes}", f"--cpu_devices={8 // processes}"]
+def _run(name, trainer_dir, *extra, processes=1, steps=STEPS, devices_per_process=None):
+    per_process = devices_per_process or 8 // processes
+    devices = [f"--cpu_devices={per_process}"] if processes == 1 else [
+        f"--local_processes={processes}", f"--cpu_devices={per_process}"]
     return _launch(f"--config={name}", f"--trainer_dir={trainer_dir}", *devices,
                    f"--config.max_steps={steps}", "--config.log_every=1", ONE_EVAL_BATCH, *extra)
 
@@ -114,9 +120,11 @@ def _both_vocab_halves(root):
 
 @pytest.mark.parametrize("name,layout,extra", [
     ("gpt_tiny_dp_tp", MODEL_SPANS, "bpe"), ("gpt_tiny_pp", PIPE_SPANS, []),
-    ("llama_tiny_cp", CONTEXT_SPANS, []), ("moe_tiny_ep", EXPERT_SPANS, [])],
+    ("llama_tiny_cp", CONTEXT_SPANS, []), ("moe_tiny_ep", EXPERT_SPANS, []),
+    ("gpt_tiny_dp_tp", DATA_OVER_SLICES, "bpe")],
     ids=["dp-x-tp-model-spans-processes", "dp-x-pp-pipe-spans-processes",
-         "dp-x-cp-context-spans-processes", "dp-x-ep-expert-spans-processes"])
+         "dp-x-cp-context-spans-processes", "dp-x-ep-expert-spans-processes",
+         "dp-x-tp-data-over-two-slices"])
 def test_two_processes_train_like_one(root, name, layout, extra):
     """2 processes x 4 devices with the model (pipe, context, expert) axis across them: the per-step
     losses and the final params of 1 process x 8 devices (a process fed other rows, or another
@@ -133,6 +141,23 @@ def test_two_processes_train_like_one(root, name, layout, extra):
     # Only process 0 writes to stdout (the progress lines); both report their devices.
     assert "[0] step" in stdout and "[1] step" not in stdout
     assert "[1] " in stdout and "titanax process 1/2" in stdout
+
+
+def test_two_slices_cross_only_for_the_data_reduction(tmp_path):
+    """Two processes as two slices, data over DCN and the model axis inside each: --explain's
+    compiled step has one collective crossing slices, the data reduction of the gradients (the
+    model axis's 21 all-reduces stay inside)."""
+    result = _launch("--config=gpt_tiny_dp_tp", *DATA_OVER_SLICES, "--local_processes=2",
+                     "--cpu_devices=4", "--explain", f"--trainer_dir={tmp_path}")
+    lines = [line[4:] for line in result.stdout.splitlines() if line.startswith("[0] ")]
+    assert ("mesh model=2 x data=4: 8 cpu device(s) in 2 process(es), 2 slices "
+            "(over DCN: data=2)") in lines, result.stdout[-4000:]
+    start = lines.index(next(line for line in lines if line.startswith("across the 2 slices")))
+    assert "(1 of the step's " in lines[start], lines[start]
+    assert lines[start + 1].startswith("  data: 1 x all-reduce (gradient_reduction), "), \
+        lines[start:start + 3]
+    assert not any(line.startswith("  ") for line in lines[start + 2:start + 3]), \
+        lines[start:start + 3]  # (No second crossing line.)
 
 
 def _start(*args):
@@ -184,8 +209,9 @@ def test_a_checkpoint_moves_one_to_two_processes_and_sigterm_stops_both_at_one_s
     run after its periodic saves; in the next resumed run before its first step (jax's sync
     points are counted from the job's start, and only Titanax asks for them -- not Orbax's
     saves with the global step). Each time both processes stop after the same step, saved, and
-    exit 0; resumed once more, in one process (a 2-process checkpoint moving to 1), the run has
-    the losses of one that never moved or stopped."""
+    exit 0; resumed once more, in one process of 4 devices (a 2 x 4-device checkpoint moving to
+    1 x 4: half the hosts and devices, the same global batch, each device's rows in two
+    microbatches), the run has the losses of one that never moved or stopped."""
     name, vocab = "gpt_tiny_dp_tp", _both_vocab_halves(root)
     trainer_dir = os.path.join(root, "preempted")
     shutil.copytree(_one_process(name, root, *vocab), trainer_dir)
@@ -197,7 +223,12 @@ def test_a_checkpoint_moves_one_to_two_processes_and_sigterm_stops_both_at_one_s
     assert second >= after_saves
     third = _preempt(trainer_dir, "[1] titanax process 1/2", *vocab)
     assert third > second
-    _run("gpt_tiny_dp_tp", trainer_dir, *vocab, steps=third + 2)
+    # (Each device's rows doubled: in two microbatches, as docs/concepts.md says to keep memory.)
+    fewer = _run("gpt_tiny_dp_tp", trainer_dir, *vocab,
+                 "--config.plan.data_parallel.accumulate_steps=2",
+                 steps=third + 2, devices_per_process=4)
+    assert (f"titanax: step {third} was saved on 2 processes, mesh model=2 x data=4 (8 devices); "
+            "the run continues on 1 process, mesh data=2 x model=2 (4 devices)") in fewer.stdout
     assert third + 2 <= REFERENCE_STEPS, f"stopped at step {third}: raise REFERENCE_STEPS"
     got, want = _losses(trainer_dir), _reference_losses("gpt_tiny_dp_tp", root, *vocab)
     assert_close([got[s] for s in range(1, third + 3)], [want[s] for s in range(1, third + 3)],

@@ -34,7 +34,7 @@ import numpy as np
 
 from titanax import errors
 from titanax.config import Configurable
-from titanax.io import path_renames
+from titanax.io import local_tier, path_renames
 from titanax.utils.files import unused_path
 
 _log = logging.getLogger("titanax")
@@ -120,8 +120,20 @@ class OrbaxCheckpoint(Configurable):
         # mixed with the new run's); True moves the whole directory aside to
         # "<path>.superseded-<time>" (kept, never deleted) and starts with an empty one.
         overwrite: bool = False
+        # The local tier (io/local_tier.py): every local_every_n_steps steps each process
+        # writes its shards and a copy of its peer's under this directory on its own disk; a
+        # restart takes the newest complete step of either tier. None: persistent tier only.
+        local_dir: Optional[str] = None
+        # Steps between local saves (needs local_dir).
+        local_every_n_steps: Optional[int] = None
 
         def _validate_values(self):
+            if self.local_every_n_steps is not None and self.local_every_n_steps < 1:
+                yield "local_every_n_steps", f"must be >= 1, got {self.local_every_n_steps}"
+            if (self.local_dir is None) != (self.local_every_n_steps is None):
+                given = "local_dir" if self.local_dir is not None else "local_every_n_steps"
+                yield given, ("the local tier needs both local_dir and local_every_n_steps; "
+                              f"only {given} is set")
             if self.save_every_n_steps < 0:
                 yield "save_every_n_steps", "must be >= 0"
             if self.keep_last_n is not None and self.keep_last_n < 1:
@@ -144,6 +156,11 @@ class OrbaxCheckpoint(Configurable):
         self._own_steps: set = set()
         # Saves started and not yet verified as committed.
         self._pending: List[int] = []
+        cfg = self.config
+        self.local: Optional[local_tier.LocalTier] = (
+            local_tier.LocalTier(local_dir=cfg.local_dir, every_n_steps=cfg.local_every_n_steps,
+                                 run=self.directory)
+            if cfg.local_dir is not None and cfg.local_every_n_steps is not None else None)
 
     # --- The Orbax manager -----------------------------------------------------------------------
 
@@ -179,6 +196,15 @@ class OrbaxCheckpoint(Configurable):
     def should_save(self, step: int) -> bool:
         every = self.config.save_every_n_steps
         return bool(every) and step % every == 0
+
+    def should_save_local(self, step: int) -> bool:
+        return self.local is not None and self.local.should_save(step)
+
+    def save_local(self, state: Any, step: int, *, data_state: Optional[Dict] = None,
+                   metadata: Optional[Dict] = None) -> None:
+        """Starts a local-tier save of ``state`` as ``step`` (io/local_tier.py)."""
+        self.local.save({"params": state.params, "train_state": train_state_tree(state)},
+                        step=step, data_state=data_state or {}, metadata=metadata or {})
 
     # --- Saving ----------------------------------------------------------------------------------
 
@@ -234,6 +260,8 @@ class OrbaxCheckpoint(Configurable):
         Raises CheckpointError naming the step when a save failed or left no committed
         directory: "saved step N" may be said only after this returned.
         """
+        if self.local is not None:
+            self.local.wait()
         if self._manager is None:
             return []
         try:
@@ -264,6 +292,8 @@ class OrbaxCheckpoint(Configurable):
     def close(self) -> None:
         """Waits for the saves in flight (verified), then for Orbax's own background work, and
         closes the manager: no Orbax thread outlives it."""
+        if self.local is not None:
+            self.local.wait()
         if self._manager is not None:
             self.wait_until_finished()
             # The manager removes unfinished temporary step directories in a thread it starts on
@@ -283,6 +313,8 @@ class OrbaxCheckpoint(Configurable):
         out), or with ``overwrite`` move the whole directory aside -- kept, not deleted.
         """
         steps = self.all_steps()
+        if self.local is not None:
+            self.local.set_aside()
         # Every process has looked before process 0 may move the directory (below).
         _barrier("titanax-fresh-start-looked")
         if not steps:
@@ -352,6 +384,10 @@ class OrbaxCheckpoint(Configurable):
         handed back under the new ones, said on stdout.
         """
         mode = mode or self.config.restore_mode
+        if self.local is not None and step is None and mode == "full":
+            local = self._restore_local(params_target, train_state_target, check_metadata)
+            if local is not None:
+                return local
         candidates = [step] if step is not None else list(reversed(self.all_steps()))
         failed: List[Tuple[int, str]] = []
         for candidate in candidates:
@@ -388,14 +424,43 @@ class OrbaxCheckpoint(Configurable):
             self._own_steps.add(restored.step)
             return restored
         if failed:  # Never start over silently when checkpoints exist but none could be read.
-            listing = "; ".join(f"step {s}: {r}" for s, r in failed)
-            self.close()
-            raise errors.CheckpointError(
-                f"no checkpoint here could be read ({listing})", path=self.directory,
-                suggestion="check the disk and retry; if they are damaged, move them away, or "
-                           "start a new run with --config.checkpoint.resume=never "
-                           "--config.checkpoint.overwrite=true (moves them aside, kept)")
+            self._none_readable(failed)
         return None
+
+    def _none_readable(self, failed: List[Tuple[int, str]]) -> None:
+        listing = "; ".join(f"step {s}: {r}" for s, r in failed)
+        self.close()
+        raise errors.CheckpointError(
+            f"no checkpoint here could be read ({listing})", path=self.directory,
+            suggestion="check the disk and retry; if they are damaged, move them away, or "
+                       "start a new run with --config.checkpoint.resume=never "
+                       "--config.checkpoint.overwrite=true (moves them aside, kept)")
+
+    def _restore_local(self, params_target, train_state_target, check_metadata
+                       ) -> Optional[Restored]:
+        """The local tier's newest step every process can rebuild, when it is newer than the
+        persistent tier's and was saved on this layout (processes and mesh); else None."""
+        step = self.local.newest_restorable()
+        persistent = self.latest_step()
+        if step is None or persistent is not None and persistent >= step:
+            return None
+        where = os.path.join(self.local.directory(self.local.process), str(step))
+        tree, extra = self.local.restore(step, targets={"params": params_target,
+                                                        "train_state": train_state_target})
+        metadata = extra.get("metadata") or {}
+        mesh = jax.tree_util.tree_leaves(params_target)[0].sharding.mesh
+        if (metadata.get("mesh_shape"), metadata.get("process_count")) != (
+                [int(s) for s in mesh.devices.shape], jax.process_count()):
+            if jax.process_index() == 0:
+                print(f"titanax: the local tier's step {step} was saved on another layout; "
+                      "restoring from the persistent tier", flush=True)
+            return None
+        if check_metadata is not None:
+            check_metadata(metadata, where)
+        self._own_steps.add(step)
+        return Restored(step=step, params=tree["params"], train_state=tree["train_state"],
+                        data_state=extra.get("data_state") or None, metadata=metadata,
+                        path=f"{where} (local tier)")
 
     def _restore_step(self, step: int, params_target, train_state_target, mode,
                       check_metadata, renames: Mapping[str, str]) -> Restored:

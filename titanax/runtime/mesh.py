@@ -18,6 +18,7 @@ from jax.sharding import AxisType, Mesh
 from titanax import errors
 from titanax.config import REQUIRED, Configurable, Required
 from titanax.parallel import collectives
+from titanax.runtime import slices as slices_lib
 
 
 class MeshSpec(Configurable):
@@ -35,6 +36,13 @@ class MeshSpec(Configurable):
         # Free-form hints for the user's own device ordering (kept in the config and metadata;
         # e.g. {"nvlink_groups": 8}). Titanax itself orders by (process, device id).
         topology: Optional[Dict[str, Any]] = None
+        # Multi-slice: how many slices (groups joined by the data-center network, DCN) each
+        # axis spans, e.g. (2, 1) for data over 2 slices and model inside each. Axis i is laid
+        # out as dcn_shape[i] slices x shape[i] / dcn_shape[i] devices of a slice, so only the
+        # axes given more than 1 cross DCN (runtime/slices.py). A device's slice: its
+        # slice_index (TPU), else its process's place (processes split evenly over slices).
+        # None: one slice.
+        dcn_shape: Optional[Tuple[int, ...]] = None
 
         def _validate_values(self):
             if isinstance(self.axes, tuple):
@@ -50,6 +58,12 @@ class MeshSpec(Configurable):
                     yield "shape", f"at most one entry may be None (inferred), got {self.shape}"
                 if any(s is not None and s < 1 for s in self.shape):
                     yield "shape", f"sizes must be >= 1, got {self.shape}"
+            if self.dcn_shape is not None:
+                if isinstance(self.axes, tuple) and len(self.dcn_shape) != len(self.axes):
+                    yield "dcn_shape", (f"has {len(self.dcn_shape)} entries but there are "
+                                        f"{len(self.axes)} axes {self.axes}")
+                if any(not isinstance(d, int) or d < 1 for d in self.dcn_shape):
+                    yield "dcn_shape", f"slices per axis must be ints >= 1, got {self.dcn_shape}"
             if isinstance(self.devices, str) and self.devices != "all":
                 yield "devices", f"must be 'all', None or a list of devices, got {self.devices!r}"
 
@@ -104,33 +118,54 @@ class MeshSpec(Configurable):
         return shape
 
     def build(self) -> Mesh:
-        """The jax Mesh (every axis of type Auto; Titanax's steps make them manual explicitly)."""
+        """The jax Mesh (every axis of type Auto; Titanax's steps make them manual explicitly);
+        with ``dcn_shape``, the slices' hybrid layout."""
         devices = self.devices()
         shape = self.resolved_shape(len(devices))
-        grid = np.empty(len(devices), dtype=object)
-        grid[:] = devices
-        return Mesh(grid.reshape(shape), tuple(self.config.axes),
-                    axis_types=(AxisType.Auto,) * len(shape))
+        dcn_shape = self.config.dcn_shape
+        if dcn_shape is not None:
+            slices_lib.check_divides(
+                dcn_shape=dcn_shape, shape=shape,
+                process_count=len({d.process_index for d in devices}),
+                has_slice_index=slices_lib.has_slice_index(devices))
+            grid = slices_lib.arrange(devices, shape=shape, dcn_shape=tuple(dcn_shape))
+        else:
+            grid = np.empty(len(devices), dtype=object)
+            grid[:] = devices
+            grid = grid.reshape(shape)
+        return Mesh(grid, tuple(self.config.axes), axis_types=(AxisType.Auto,) * len(shape))
+
+    def slice_count(self) -> int:
+        """How many slices the mesh spans (1 without ``dcn_shape``)."""
+        return math.prod(self.config.dcn_shape) if self.config.dcn_shape else 1
 
     def describe(self) -> str:
-        """Axes, sizes and, for every device, its coordinates, id and process."""
-        return describe_mesh(self.build())
+        """Axes, sizes and, for every device, its coordinates, id and process (and slice)."""
+        return describe_mesh(self.build(), slices=self.slice_count())
 
 
-def describe_mesh(mesh: Mesh) -> str:
-    """A readable summary of a jax Mesh: one line of axes, then one line per device."""
+def describe_mesh(mesh: Mesh, *, slices: int = 1) -> str:
+    """A readable summary of a jax Mesh: one line of axes, then one line per device (with its
+    slice when the mesh spans ``slices`` > 1)."""
     devices = mesh.devices
     platforms = sorted({d.platform for d in devices.flat})
     processes = sorted({d.process_index for d in devices.flat})
     sizes = " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
+    grid = slices_lib.slice_grid(devices, slices=slices) if slices > 1 else None
+    across = ""
+    if grid is not None:
+        spanning = [f"{name}={slices_lib.slices_along(grid, i)}"
+                    for i, name in enumerate(mesh.axis_names) if slices_lib.crosses(grid, [i])]
+        across = f", {slices} slices (over DCN: {', '.join(spanning) or 'no axis'})"
     lines = [f"mesh {sizes}: {devices.size} {'/'.join(platforms)} device(s) in "
-             f"{len(processes)} process(es)"]
+             f"{len(processes)} process(es){across}"]
     header = "  " + "  ".join(f"{name:>6}" for name in mesh.axis_names) + "  device  process"
-    lines.append(header)
+    lines.append(header + ("  slice" if grid is not None else ""))
     for index in np.ndindex(devices.shape):
         device = devices[index]
         coords = "  ".join(f"{i:>6}" for i in index)
-        lines.append(f"  {coords}  {device.id:>6}  {device.process_index:>7}")
+        lines.append(f"  {coords}  {device.id:>6}  {device.process_index:>7}"
+                     + (f"  {grid[index]:>5}" if grid is not None else ""))
     return "\n".join(lines)
 
 

@@ -139,6 +139,7 @@ class Engine(Configurable):
         # Whether sampled completions are shown and recorded (samples.jsonl); off for --explain,
         # which samples a rollout only for the shapes of the step it compiles.
         self.records_samples = True
+        self.slice_count = 1  # Slices the mesh spans (multi-slice: mesh.dcn_shape; build).
         self._built = self._resumed = self._dir_claimed = self._loggers_started = False
         self._train_step: Optional[CompiledStep] = None
         self._user_step: Optional[Callable] = None
@@ -158,7 +159,9 @@ class Engine(Configurable):
         if self._built:
             return self
         cfg = self.config
-        self.mesh = cfg.mesh.instantiate().build()
+        mesh_spec = cfg.mesh.instantiate()
+        self.mesh = mesh_spec.build()
+        self.slice_count = mesh_spec.slice_count()
         self.plan: Plan = cfg.plan.instantiate()
         self.plan.validate(self.mesh)
         self.precision: Precision = cfg.precision.instantiate()
@@ -278,11 +281,13 @@ class Engine(Configurable):
             self.init_state(params)
         return self.state
 
-    def save(self, *, data_iterator: Any = None, force: bool = False) -> bool:
-        """Starts saving the current state (async when configured); False if it exists already."""
+    def save(self, *, data_iterator: Any = None, force: bool = False, local: bool = False
+             ) -> bool:
+        """Starts saving the current state (async when configured); False if it exists already.
+        ``local``: to the local tier (checkpoint.local_dir)."""
         self._claim_checkpoint_dir()
         return self.states.save(
-            self.state, force=force,
+            self.state, force=force, local=local,
             data_state=data_iterator.get_state() if hasattr(data_iterator, "get_state") else None,
             config_text=self.config.debug_string(),
             optimizer_text=self.config.learner.debug_string() + repr(type(self.config.optimizer)))

@@ -14,6 +14,7 @@ from titanax.observe import hlo, state_report
 from titanax.parallel import sharding
 from titanax.parallel.layout import Layout
 from titanax.parallel.plan import Plan
+from titanax.runtime import slices
 from titanax.runtime.mesh import describe_mesh
 from titanax.train.state_sharding import StateSharding
 
@@ -21,14 +22,16 @@ from titanax.train.state_sharding import StateSharding
 def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: Any,
             strategy: Optional[StateSharding] = None, opt_state: Any = None,
             schedule_text: Optional[str] = None, compiled: Any = None,
-            model: Any = None, optimizer_text: Optional[str] = None) -> str:
+            model: Any = None, optimizer_text: Optional[str] = None, slice_count: int = 1
+            ) -> str:
     """The report (each part only when there is something to show): ``opt_state`` the optimizer
     state as ShapeDtypeStructs with shardings; ``schedule_text`` the gradient computer's own
     lines (a pipeline's); ``compiled`` the compiled train step; ``model`` the model (its MoE
     layers under expert parallelism; its own ``explain_lines(gathers=...)`` when it has them:
     an adapted Flax module's variables, layer stacks and FSDP gathers); ``optimizer_text`` the
-    optimizer's own lines (Muon's matrices and their gathers)."""
-    parts: List[str] = [describe_mesh(mesh)]
+    optimizer's own lines (Muon's matrices and their gathers); ``slice_count`` the slices the
+    mesh spans (multi-slice: which collectives cross DCN)."""
+    parts: List[str] = [describe_mesh(mesh, slices=slice_count)]
     if layout is not None:
         parts.append(plan.describe(layout.parameter_specs, mesh, specs=layout.param_specs)
                      + "\nlayout pipeline: " + " -> ".join(layout.history)
@@ -60,7 +63,30 @@ def explain(*, mesh: Mesh, plan: Plan, layout: Optional[Layout], param_dtype: An
         ops = hlo.collectives_report(compiled.as_text(), mesh)
         parts.append("collectives of the train step:\n" + hlo.format_report(ops) + "\n"
                      + hlo.format_totals_by_axis(ops))
+        if slice_count > 1:
+            parts.append(_across_slices(ops, mesh, slice_count))
     return "\n\n".join(parts)
+
+
+def _across_slices(ops: List[hlo.CollectiveOp], mesh: Mesh, slice_count: int) -> str:
+    """The collectives that cross slices (over DCN), by axes and op, with their bytes."""
+    grid = slices.slice_grid(mesh.devices, slices=slice_count)
+    names = list(mesh.axis_names)
+    crossing = [op for op in ops
+                if not op.axes or slices.crosses(grid, [names.index(a) for a in op.axes])]
+    if not crossing:
+        return f"across the {slice_count} slices (DCN): no collective"
+    lines = [f"across the {slice_count} slices (DCN), per device per call "
+             f"({len(crossing)} of the step's {len(ops)} collectives):"]
+    totals = {}
+    for op in crossing:
+        entry = totals.setdefault((",".join(op.axes) or "?", op.op, op.layer or op.pass_name),
+                                  [0, 0])
+        entry[0] += 1
+        entry[1] += op.bytes
+    for (axes, kind, where), (count, size) in sorted(totals.items()):
+        lines.append(f"  {axes}: {count} x {kind} ({where or '?'}), {size} bytes")
+    return "\n".join(lines)
 
 
 def explain_engine(engine: Any, *, compiled: Any = None, local_batch: Optional[int] = None
@@ -90,4 +116,4 @@ def explain_engine(engine: Any, *, compiled: Any = None, local_batch: Optional[i
         opt_state=engine.state_template().opt_state if engine.model is not None else None,
         schedule_text=schedule, compiled=compiled, model=engine.model,
         optimizer_text=engine.steps.adapter.description if engine.model is not None
-        else None)
+        else None, slice_count=engine.slice_count)

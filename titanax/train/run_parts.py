@@ -82,6 +82,7 @@ def training_loop(engine: Any, total: int) -> TrainingLoop:
         evals_due=engine.evaluation.due,
         run_evals=lambda step, only_due: engine.run_evalers(step, only_due=only_due),
         checkpointer=engine.checkpointer(), save=lambda it: engine.save(data_iterator=it),
+        save_local=lambda it: engine.save(data_iterator=it, local=True),
         save_on_preemption=cfg.save_on_preemption,
         profiler=(cfg.profile.instantiate(trainer_dir=engine.trainer_dir)
                   if cfg.profile is not None else None))

@@ -15,6 +15,7 @@ precision, checkpointer) and returns states; the Engine keeps the current one.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, Optional
 
 import jax
@@ -217,7 +218,7 @@ class StateManager:
         there is none. With mode "params" only the params are read; the rest starts fresh.
         ``config_text``: this run's config, to say how the checkpoint's differs."""
         ckpt = self.checkpointer
-        if ckpt is None or step is None and not ckpt.all_steps():
+        if ckpt is None or step is None and not ckpt.all_steps() and ckpt.local is None:
             return None
         template = self.canonical_state(self.state_template())
         mode = mode or ckpt.config.restore_mode
@@ -241,11 +242,13 @@ class StateManager:
         message = f"restored {'the run' if result.resumed else 'params'} from {restored.path}"
         print(f"titanax: {message}", flush=True)
         _report_config_changes(restored, config_text)
+        _report_layout_change(restored, mesh=self.mesh)
         return result
 
     def save(self, state: TrainState, *, data_state: Any, config_text: str,
-             optimizer_text: str, force: bool = False) -> bool:
-        """Starts saving ``state`` (async when configured); False if that step exists already."""
+             optimizer_text: str, force: bool = False, local: bool = False) -> bool:
+        """Starts saving ``state`` (async when configured); False if that step exists already.
+        ``local``: to the local tier instead (checkpoint.local_dir)."""
         ckpt = self.checkpointer
         if ckpt is None:
             raise errors.CheckpointError("no checkpoint is configured", path="engine.checkpoint",
@@ -257,6 +260,9 @@ class StateManager:
             params=canonical.params, optimizer_text=optimizer_text, config_text=config_text,
             process_count=jax.process_count())
         metadata["optimizer_state_layout"] = dict(state_sharding_lib.CHECKPOINT_LAYOUT)
+        if local:
+            ckpt.save_local(canonical, step, data_state=data_state, metadata=metadata)
+            return True
         return ckpt.save(canonical, step, data_state=data_state, metadata=metadata, force=force)
 
     # --- The circular schedule's view <-> the canonical layout of checkpoints ---------------------
@@ -351,6 +357,29 @@ def check_state_layout(metadata: Dict[str, Any], where: str) -> None:
         path=f"{where}/train_state",
         suggestion="restore the params only (--config.checkpoint.restore_mode=params: the "
                    "optimizer starts fresh)")
+
+
+def _report_layout_change(restored: checkpoint_lib.Restored, *, mesh: Mesh) -> None:
+    """A run continued on other processes or another mesh (fewer hosts after a failure, say):
+    its arrays were resharded onto this one; the global batch and the data position are the
+    saved ones (each data shard takes its part of the same global batch)."""
+    metadata = restored.metadata or {}
+    if "mesh_shape" not in metadata:
+        return
+    saved = (int(metadata.get("process_count", 1)),
+             dict(zip(metadata.get("mesh_axes", []), metadata["mesh_shape"])))
+    now = (jax.process_count(), dict(zip(mesh.axis_names, (int(s) for s in mesh.devices.shape))))
+    if saved == now:
+        return
+
+    def layout(processes: int, shape: Dict[str, int]) -> str:
+        devices = math.prod(shape.values())
+        return (f"{processes} process{'es' if processes != 1 else ''}, mesh "
+                f"{' x '.join(f'{a}={n}' for a, n in shape.items())} ({devices} devices)")
+
+    print(f"titanax: step {restored.step} was saved on {layout(*saved)}; the run continues on "
+          f"{layout(*now)}: resharded, with the same global batch and data position",
+          flush=True)
 
 
 def _report_config_changes(restored: checkpoint_lib.Restored, config_text: str) -> None:

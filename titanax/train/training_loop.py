@@ -4,7 +4,7 @@ Per step, in order: the hooks' ``before_step``, the next host batch (prepared wh
 step still runs), ``on_batch``, at most ``max_inflight_steps`` steps executing at once, the step
 itself (inside a profiler window when one is configured), its metrics into the window (flushed
 every ``log_every`` steps), ``after_step``, the evalers that are due, a checkpoint when the policy
-says so -- or when a SIGTERM / Ctrl-C arrived, after which the loop stops once the save is
+says so (else a local-tier save when that is due) -- or when a SIGTERM / Ctrl-C arrived, after which the loop stops once the save is
 verified on disk. The process's goodput clock (observe/goodput.py) is told what each moment is
 spent on: the step (productive, or redone when an earlier launch trained it), the data, an
 evaluation, a checkpoint. An iterator whose position cannot be saved at every step (``at_boundary()``
@@ -46,6 +46,8 @@ class TrainingLoop:
     checkpointer: Optional[OrbaxCheckpoint] = None
     # Starts a save of the current state and the data iterator's position.
     save: Callable[[Any], Any] = lambda iterator: None
+    # The same to the checkpointer's local tier.
+    save_local: Callable[[Any], Any] = lambda iterator: None
     # SIGTERM / SIGINT save a checkpoint before stopping (needs a checkpointer).
     save_on_preemption: bool = True
     profiler: Optional[Profile] = None
@@ -113,15 +115,24 @@ class TrainingLoop:
                 # the save -- and a signal's stop -- wait for the next step that can.
                 deferred = deferred or due or (stop and saving)
                 continue
-            if ckpt is not None and (due or deferred or stop and saving):
-                with clock.spent_on("checkpoint"):
-                    self.save(iterator)
+            self._checkpoint(iterator, done, persistent=due or deferred or stop and saving)
             deferred = False
             if stop:
                 self._stop_on_signal(guard, done, saved=saving)
         jax.block_until_ready(inflight)
         self.window.flush(self.current_step())
         self._final_save(iterator)
+
+    def _checkpoint(self, iterator, done: int, *, persistent: bool) -> None:
+        """The persistent save when ``persistent``, else a local-tier one when it is due."""
+        ckpt = self.checkpointer
+        if ckpt is None:
+            return
+        with goodput.spent_on("checkpoint"):
+            if persistent:
+                self.save(iterator)
+            elif ckpt.should_save_local(done):
+                self.save_local(iterator)
 
     def _final_save(self, iterator) -> None:
         ckpt = self.checkpointer
