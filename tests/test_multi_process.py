@@ -229,6 +229,7 @@ def test_a_checkpoint_moves_one_to_two_processes_and_sigterm_stops_both_at_one_s
                  steps=third + 2, devices_per_process=4)
     assert (f"titanax: step {third} was saved on 2 processes, mesh model=2 x data=4 (8 devices); "
             "the run continues on 1 process, mesh data=2 x model=2 (4 devices)") in fewer.stdout
+    assert "each of the 2 data shards (was 4) takes 2x the rows" in fewer.stdout, fewer.stdout
     assert third + 2 <= REFERENCE_STEPS, f"stopped at step {third}: raise REFERENCE_STEPS"
     got, want = _losses(trainer_dir), _reference_losses("gpt_tiny_dp_tp", root, *vocab)
     assert_close([got[s] for s in range(1, third + 3)], [want[s] for s in range(1, third + 3)],

@@ -418,6 +418,9 @@ def _check_emit_flags(cluster_spec: cluster.ClusterSpec) -> None:
                 suggestion="add --emit=slurm or --emit=jobset, or drop it")
         return
     manifests.check_target(_EMIT.value)
+    if _IMAGE.value is not None and not _IMAGE.value.strip():
+        raise errors.LaunchFlagError("is empty", path="--image",
+                                     suggestion="name the container image (it must hold Titanax)")
     for flag in (_NODES, _DEVICES_PER_NODE):
         if flag.value is not None:
             manifests.check_count(flag.value, flag=f"--{flag.name}")
@@ -532,7 +535,6 @@ def main(argv: Sequence[str]) -> None:
     distributed.finish()
     if status:  # (A job whose processes failed: the directory they left empty goes too.)
         _remove_made_dirs_left_empty()
-    goodput.CLOCK.write()
     sys.exit(status)
 
 
@@ -557,6 +559,7 @@ def run_main() -> None:
     except SystemExit as e:
         if not e.code:
             _leave_now()
+        goodput.CLOCK.write()  # (A failed or stopped run's accounting to its end.)
         raise
 
 

@@ -128,6 +128,8 @@ class OrbaxCheckpoint(Configurable):
         local_every_n_steps: Optional[int] = None
 
         def _validate_values(self):
+            if self.local_dir is not None and not str(self.local_dir).strip():
+                yield "local_dir", "is empty: name a directory on each host's local disk"
             if self.local_every_n_steps is not None and self.local_every_n_steps < 1:
                 yield "local_every_n_steps", f"must be >= 1, got {self.local_every_n_steps}"
             if (self.local_dir is None) != (self.local_every_n_steps is None):
@@ -445,8 +447,7 @@ class OrbaxCheckpoint(Configurable):
         if step is None or persistent is not None and persistent >= step:
             return None
         where = os.path.join(self.local.directory(self.local.process), str(step))
-        tree, extra = self.local.restore(step, targets={"params": params_target,
-                                                        "train_state": train_state_target})
+        extra, shards = self.local.read(step)
         metadata = extra.get("metadata") or {}
         mesh = jax.tree_util.tree_leaves(params_target)[0].sharding.mesh
         if (metadata.get("mesh_shape"), metadata.get("process_count")) != (
@@ -457,6 +458,8 @@ class OrbaxCheckpoint(Configurable):
             return None
         if check_metadata is not None:
             check_metadata(metadata, where)
+        tree = self.local.place(shards, {"params": params_target,
+                                         "train_state": train_state_target})
         self._own_steps.add(step)
         return Restored(step=step, params=tree["params"], train_state=tree["train_state"],
                         data_state=extra.get("data_state") or None, metadata=metadata,

@@ -210,15 +210,16 @@ class LocalTier:
                         for q in range(self.processes))]
         return max(whole) if whole else None
 
-    def restore(self, step: int, *, targets: Dict[str, Any]
-                ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """``(tree, extra)`` of local ``step``: ``targets`` (ShapeDtypeStructs with shardings)
-        filled from this process's own shards, or from its successor's copy sent back."""
+    def read(self, step: int) -> Tuple[Dict[str, Any], Dict[str, Dict[Tuple, np.ndarray]]]:
+        """``(extra, shards)`` of this process at local ``step``: from its own file, or (when
+        some process lost its own) from its successor's copy, sent back."""
         folder = os.path.join(self.directory(self.process), str(step))
         own_path, peer_path = os.path.join(folder, "own.npy"), os.path.join(folder, "peer.npy")
         mine = np.load(own_path) if os.path.isfile(own_path) else None
-        if self.processes > 1:
-            held = np.load(peer_path) if os.path.isfile(peer_path) else None
+        lacking = np.asarray(multihost_utils.process_allgather(np.int64(mine is None)))
+        if self.processes > 1 and lacking.any():  # (Copies move only when one is needed.)
+            lost_by_predecessor = bool(lacking.reshape(-1)[(self.process - 1) % self.processes])
+            held = np.load(peer_path) if lost_by_predecessor else None
             returned = self._permute(held, shift=-1)
             if mine is None:
                 mine = returned
@@ -226,8 +227,12 @@ class LocalTier:
             raise errors.CheckpointError(
                 f"local step {step} of process {self.process} is neither on its disk nor held "
                 "by its peer", path=folder, suggestion="restart from the persistent tier")
-        extra, shards = _unpack(mine)
+        return _unpack(mine)
 
+    @staticmethod
+    def place(shards: Dict[str, Dict[Tuple, np.ndarray]], targets: Dict[str, Any]
+              ) -> Dict[str, Any]:
+        """``targets`` (ShapeDtypeStructs with shardings) filled from ``read``'s shards."""
         def fill(path, target):
             saved = shards[jax.tree_util.keystr(path)]
             placed = []
@@ -237,7 +242,7 @@ class LocalTier:
                 placed.append(jax.device_put(saved[key], device))
             return jax.make_array_from_single_device_arrays(target.shape, target.sharding,
                                                             placed)
-        return jax.tree_util.tree_map_with_path(fill, targets), extra
+        return jax.tree_util.tree_map_with_path(fill, targets)
 
     # --- The peer exchange -----------------------------------------------------------------------
 

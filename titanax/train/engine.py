@@ -139,7 +139,6 @@ class Engine(Configurable):
         # Whether sampled completions are shown and recorded (samples.jsonl); off for --explain,
         # which samples a rollout only for the shapes of the step it compiles.
         self.records_samples = True
-        self.slice_count = 1  # Slices the mesh spans (multi-slice: mesh.dcn_shape; build).
         self._built = self._resumed = self._dir_claimed = self._loggers_started = False
         self._train_step: Optional[CompiledStep] = None
         self._user_step: Optional[Callable] = None
@@ -159,9 +158,7 @@ class Engine(Configurable):
         if self._built:
             return self
         cfg = self.config
-        mesh_spec = cfg.mesh.instantiate()
-        self.mesh = mesh_spec.build()
-        self.slice_count = mesh_spec.slice_count()
+        self.mesh = cfg.mesh.instantiate().build()
         self.plan: Plan = cfg.plan.instantiate()
         self.plan.validate(self.mesh)
         self.precision: Precision = cfg.precision.instantiate()
@@ -425,6 +422,11 @@ class Engine(Configurable):
             return next(self._configured_iterator())[0]
         made = self.make_input(self.config.train_input, where="train_input")
         return next(self.objective.batches(made, run=self))[0]
+
+    @property
+    def slice_count(self) -> int:
+        """Slices the mesh spans (multi-slice: mesh.dcn_shape; 1 otherwise)."""
+        return self.config.mesh.instantiate().slice_count()
 
     def _start_loggers(self, step: int, total: int) -> None:
         if not self._loggers_started:

@@ -42,7 +42,8 @@ def state_and_steps(engine: Any, parameter_specs: Any) -> Tuple[StateManager, St
                           precision=engine.precision, model=engine.model, seed=cfg.seed,
                           checkpointer=engine.checkpointer(),
                           model_specs=parameter_specs if engine.model is not None else None,
-                          frozen_dtype=converters_lib.frozen_dtype(engine.converters))
+                          frozen_dtype=converters_lib.frozen_dtype(engine.converters),
+                          batch_axes=engine.plan.batch_axes)
     steps = StepBuilder(mesh=engine.mesh, plan=engine.plan, layout=layout, strategy=strategy,
                         model=engine.model, precision=engine.precision, adapter=adapter,
                         learner=engine.learner, nan_policy=cfg.nan_policy,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +57,8 @@ class StateManager:
     def __init__(self, *, mesh: Mesh, layout: Layout, strategy: state_sharding_lib.StateSharding,
                  adapter: OptimizerAdapter, precision: Precision, model: Any = None,
                  seed: int = 0, checkpointer: Optional[OrbaxCheckpoint] = None,
-                 model_specs: Any = None, frozen_dtype: Optional[str] = None):
+                 model_specs: Any = None, frozen_dtype: Optional[str] = None,
+                 batch_axes: Tuple[str, ...] = ()):
         self.mesh = mesh
         self.layout = layout
         self.strategy = strategy
@@ -72,6 +73,9 @@ class StateManager:
         # The storage dtype of frozen params (LoRA's base: "bfloat16" halves it); None: the
         # precision's param dtype, as every other param.
         self.frozen_dtype = jnp.dtype(frozen_dtype) if frozen_dtype is not None else None
+        # The mesh axes the plan splits the batch over: a restore on another mesh says how each
+        # data shard's part of the global batch changed.
+        self.batch_axes = tuple(batch_axes)
         # The jitted view <-> canonical conversions, built once each (see _layout_converter).
         self._converters: Dict[str, Any] = {}
         self._init_opt = None
@@ -242,7 +246,7 @@ class StateManager:
         message = f"restored {'the run' if result.resumed else 'params'} from {restored.path}"
         print(f"titanax: {message}", flush=True)
         _report_config_changes(restored, config_text)
-        _report_layout_change(restored, mesh=self.mesh)
+        _report_layout_change(restored, mesh=self.mesh, batch_axes=self.batch_axes)
         return result
 
     def save(self, state: TrainState, *, data_state: Any, config_text: str,
@@ -359,10 +363,13 @@ def check_state_layout(metadata: Dict[str, Any], where: str) -> None:
                    "optimizer starts fresh)")
 
 
-def _report_layout_change(restored: checkpoint_lib.Restored, *, mesh: Mesh) -> None:
+def _report_layout_change(restored: checkpoint_lib.Restored, *, mesh: Mesh,
+                          batch_axes: Tuple[str, ...] = ()) -> None:
     """A run continued on other processes or another mesh (fewer hosts after a failure, say):
     its arrays were resharded onto this one; the global batch and the data position are the
-    saved ones (each data shard takes its part of the same global batch)."""
+    saved ones (each data shard takes its part of the same global batch). When the shards
+    became fewer, each takes more rows, and the activation memory per device grows with them:
+    said, with the accumulation that keeps it."""
     metadata = restored.metadata or {}
     if "mesh_shape" not in metadata:
         return
@@ -377,9 +384,15 @@ def _report_layout_change(restored: checkpoint_lib.Restored, *, mesh: Mesh) -> N
         return (f"{processes} process{'es' if processes != 1 else ''}, mesh "
                 f"{' x '.join(f'{a}={n}' for a, n in shape.items())} ({devices} devices)")
 
-    print(f"titanax: step {restored.step} was saved on {layout(*saved)}; the run continues on "
-          f"{layout(*now)}: resharded, with the same global batch and data position",
-          flush=True)
+    message = (f"titanax: step {restored.step} was saved on {layout(*saved)}; the run continues "
+               f"on {layout(*now)}: resharded, with the same global batch and data position")
+    shards = [math.prod(int(shape.get(a, 1)) for a in batch_axes) for shape in (saved[1], now[1])]
+    if batch_axes and shards[0] > shards[1] and shards[0] % shards[1] == 0:
+        grown = shards[0] // shards[1]
+        message += (f"; each of the {shards[1]} data shards (was {shards[0]}) takes {grown}x "
+                    "the rows: to keep each device's activation memory, resume with "
+                    f"plan.data_parallel.accumulate_steps {grown}x the saved run's")
+    print(message, flush=True)
 
 
 def _report_config_changes(restored: checkpoint_lib.Restored, config_text: str) -> None:

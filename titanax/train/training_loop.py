@@ -72,7 +72,7 @@ class TrainingLoop:
         deferred = False  # A save due at a step the iterator's position could not be saved.
         clock = goodput.CLOCK
         # Making a batch is a wait for data, or (a rollout's sampling) the step's own work.
-        making = "step" if getattr(iterator, "batches_are_work", False) else "data"
+        waiting = None if getattr(iterator, "batches_are_work", False) else "data"
         if start == 0:  # A new run: the evalers asked for a baseline (at_start) run first.
             self.run_evals(0, True)
         for index in range(start, total):
@@ -81,7 +81,7 @@ class TrainingLoop:
             try:
                 # Prepared while the previous step still runs; host metrics: the objective's
                 # own of this batch (a rollout's rewards), logged with the step's.
-                with clock.spent_on(clock.bucket if making == "step" else making):
+                with clock.spent_on(waiting or clock.bucket):
                     host_batch, host_metrics = next(iterator)
             except StopIteration:
                 print(f"titanax: the training data ran out after step {index}", flush=True)
