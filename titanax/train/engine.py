@@ -423,11 +423,6 @@ class Engine(Configurable):
         made = self.make_input(self.config.train_input, where="train_input")
         return next(self.objective.batches(made, run=self))[0]
 
-    @property
-    def slice_count(self) -> int:
-        """Slices the mesh spans (multi-slice: mesh.dcn_shape; 1 otherwise)."""
-        return self.config.mesh.instantiate().slice_count()
-
     def _start_loggers(self, step: int, total: int) -> None:
         if not self._loggers_started:
             goodput.CLOCK.begin_run(

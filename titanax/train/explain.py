@@ -116,4 +116,4 @@ def explain_engine(engine: Any, *, compiled: Any = None, local_batch: Optional[i
         opt_state=engine.state_template().opt_state if engine.model is not None else None,
         schedule_text=schedule, compiled=compiled, model=engine.model,
         optimizer_text=engine.steps.adapter.description if engine.model is not None
-        else None, slice_count=engine.slice_count)
+        else None, slice_count=engine.config.mesh.instantiate().slice_count())

@@ -51,7 +51,8 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
         print(explain_lib.explain_engine(engine, compiled=compiled, local_batch=local_batch),
               flush=True)
         return 0
-    print(describe_mesh(engine.mesh, slices=engine.slice_count).splitlines()[0], flush=True)
+    slice_count = engine.config.mesh.instantiate().slice_count()
+    print(describe_mesh(engine.mesh, slices=slice_count).splitlines()[0], flush=True)
     started = time.perf_counter()
     engine.train_to_the_end(on_start)
     _report_end(engine, time.perf_counter() - started)
