@@ -148,7 +148,6 @@ class Engine(Configurable):
         self._restored_data_state: Optional[Dict[str, Any]] = None
         self._train_iterator = None
         self._local_batch_rows: Optional[int] = None  # Rows per batch shard of the latest batch.
-        self._on_start: Optional[Callable[[], None]] = None  # See run().
         self.evaluation = evaluation_lib.Evaluation(self.config.evalers)
 
     # --- Building ------------------------------------------------------------------------------
@@ -372,8 +371,9 @@ class Engine(Configurable):
 
     def fit(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,
             steps: Optional[int] = None, eval_every: Optional[int] = None, *,
-            params: Any = None) -> TrainState:
-        """Trains for ``steps`` (default ``max_steps``) on ``data`` (default ``train_input``)."""
+            params: Any = None, on_start: Optional[Callable[[], None]] = None) -> TrainState:
+        """Trains for ``steps`` (default ``max_steps``) on ``data`` (default ``train_input``);
+        ``on_start`` is called once the run really trains (the launcher's config record)."""
         self.build()
         if step_fn is not None:
             self._user_step, self._train_step = step_fn, None
@@ -398,9 +398,8 @@ class Engine(Configurable):
         self._claim_checkpoint_dir()
         start = int(jax.device_get(self.state.step))
         self._start_loggers(start, total)
-        on_start, self._on_start = self._on_start, None
         if on_start is not None and start < total and jax.process_index() == 0:
-            on_start()  # The run really trains: the launcher writes its config record now.
+            on_start()
         with preemption.preemption_guard(True) as guard:
             run_parts.training_loop(self, total).run(iterator, start=start, total=total,
                                                      eval_every=eval_every, guard=guard)
@@ -448,11 +447,9 @@ class Engine(Configurable):
         self.evaluation.prepare_inputs(self.make_input)
 
     def run_evalers(self, step: int, *, only_due: bool = True) -> Dict[str, Dict[str, float]]:
-        with goodput.spent_on("evaluation"):
-            return self.evaluation.run(
-                step, evaluate=lambda data, batches: self.eval(data=data, steps=batches),
-                make_input=self.make_input,
-                loggers=self.loggers(), only_due=only_due, engine=self)
+        return self.evaluation.run(
+            step, evaluate=lambda data, batches: self.eval(data=data, steps=batches),
+            make_input=self.make_input, loggers=self.loggers(), only_due=only_due, engine=self)
 
     def eval(self, step_fn: Optional[Callable] = None, data: Optional[Iterable] = None,
              steps: Optional[int] = None) -> Dict[str, float]:
@@ -487,11 +484,6 @@ class Engine(Configurable):
         ``compile_only`` compile it from shapes and print its memory per device."""
         return run_entry.run(self, trainer_dir=trainer_dir, cluster=cluster, explain=explain,
                              compile_only=compile_only, on_start=on_start)
-
-    def train_to_the_end(self, on_start: Optional[Callable[[], None]]) -> None:
-        """``fit()`` with ``on_start`` called once the run really trains (run_entry.py)."""
-        self._on_start = on_start
-        self.fit()
 
     def compiled_train_step(self) -> Optional[CompiledStep]:
         """The compiled train step (None before the first step)."""

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from titanax import errors
+from titanax.observe import goodput
 from titanax.train import preemption
 from titanax.train.evaler import Evaler, summarize
 
@@ -66,12 +67,13 @@ class Evaluation:
         for name, evaler in self.evalers.items():
             if only_due and not evaler.due(step):
                 continue
-            if hasattr(evaler, "evaluate_engine"):
-                metrics = evaler.evaluate_engine(engine)
-            else:
-                data, batches = self._at_most_one_pass(evaler, make_input,
-                                                       f"evalers[{name!r}]")
-                metrics = evaluate(data, batches)
+            with goodput.spent_on("evaluation"):  # (The run's goodput: not a training step.)
+                if hasattr(evaler, "evaluate_engine"):
+                    metrics = evaler.evaluate_engine(engine)
+                else:
+                    data, batches = self._at_most_one_pass(evaler, make_input,
+                                                           f"evalers[{name!r}]")
+                    metrics = evaluate(data, batches)
             results[name] = metrics
             prefix = getattr(evaler, "metric_prefix", name)
             for logger in loggers:

@@ -54,7 +54,7 @@ def run(engine: Any, *, trainer_dir: Optional[str] = None, cluster=None, explain
     slice_count = engine.config.mesh.instantiate().slice_count()
     print(describe_mesh(engine.mesh, slices=slice_count).splitlines()[0], flush=True)
     started = time.perf_counter()
-    engine.train_to_the_end(on_start)
+    engine.fit(on_start=on_start)
     _report_end(engine, time.perf_counter() - started)
     engine.close()
     return 0
