@@ -6,10 +6,12 @@ task definition): it is written to NAME, not run; other ``yaml`` blocks are exam
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from typing import List, Tuple
 
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,12 +55,26 @@ def walk(page: str, folder, *, quick_backend: bool = False) -> List[Tuple[str, s
                 command = command.replace("../examples/", os.path.join(REPO_ROOT, "examples/"))
                 argv_list.append(["bash", "-c", f"{sys.executable} {command[len('python '):]}"])
         for argv in argv_list:
-            result = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
-                                    timeout=600, check=False)
+            result = _run(argv, folder=folder, env=env)
             assert result.returncode == 0, (argv, result.stdout[-3000:], result.stderr[-3000:])
             assert "Traceback" not in result.stderr, result.stderr[-3000:]
             outputs.append((" ".join(argv), result.stdout))
     return outputs
+
+
+def _run(argv: List[str], *, folder, env) -> subprocess.CompletedProcess:
+    """``argv`` run in ``folder``; a ``bash -c "python ..."`` line without anything for the
+    shell to do (no pipe, redirection, variable or quoting beyond words) forked from the
+    preloaded interpreter (tests/forked_python.py), as bash would have run it."""
+    if argv[0] == sys.executable:
+        return forked_python.run(argv[1:], cwd=folder, env=env, timeout=600)
+    line = argv[-1]
+    if not re.search(r"[|&;<>$`*?~(){}\\!#]", line):
+        words = shlex.split(line)
+        if words[0] == sys.executable:
+            return forked_python.run(words[1:], cwd=folder, env=env, timeout=600)
+    return subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
 
 
 def output(outputs, fragment) -> List[str]:

@@ -15,10 +15,11 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 import traceback
 from typing import Dict, List
+
+from tests import forked_python
 
 
 def run_case(args: List[str], cwd: str) -> Dict[str, object]:
@@ -55,9 +56,9 @@ def launch_in_one_child(cases: List[Dict[str, object]], *, folder: str, env: Dic
     with open(given, "w", encoding="utf-8") as f:
         json.dump(cases, f)
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    run = subprocess.run([sys.executable, "-m", "tests.launch_cases", given, got],
-                         cwd=repo_root, env=env, capture_output=True, text=True,
-                         timeout=timeout, check=False)
+    run = forked_python.run(["-m", "tests.launch_cases", given, got],
+                            cwd=repo_root, env=env,
+                            timeout=timeout)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     with open(got, encoding="utf-8") as f:
         return json.load(f)

@@ -4,11 +4,10 @@ turns as the template renders them), no special token printed; its flag mistakes
 name."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,18 +16,16 @@ NEW_TOKENS = 12
 
 
 def _generate(*args, stdin="", cwd=REPO_ROOT):
-    return subprocess.run([sys.executable, "-m", "titanax.generate", *args], cwd=cwd,
-                          env=child_environment(quick_backend=True), input=stdin,
-                          capture_output=True, text=True, timeout=300, check=False)
+    return forked_python.run(["-m", "titanax.generate", *args], cwd=cwd,
+                             env=child_environment(quick_backend=True), input=stdin, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     root = tmp_path_factory.mktemp("chat")
-    made = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples",
-                                                        "tiny_chat_model.py"), "--out=tiny_chat"],
-                          cwd=str(root), env=child_environment(), capture_output=True,
-                          text=True, timeout=300, check=False)
+    made = forked_python.run([os.path.join(REPO_ROOT, "examples", "tiny_chat_model.py"),
+                              "--out=tiny_chat"], cwd=str(root), env=child_environment(),
+                             timeout=300)
     assert made.returncode == 0, made.stderr[-3000:]
     return str(root / "tiny_chat" / "model")
 

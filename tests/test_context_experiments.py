@@ -4,12 +4,11 @@ two."""
 
 import csv
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 from tests.numerics import ADAM, assert_close
 
@@ -22,13 +21,13 @@ DATA_ONLY = ("--config.plan.context_parallel=None", "--config.mesh.axes=('data',
 
 
 def _launch(run_dir, steps, *extra, checkpoint=False):
-    result = subprocess.run(
-        [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_cp",
+    result = forked_python.run(
+        ["-m", "titanax.launch", "--config=llama_tiny_cp",
          f"--trainer_dir={run_dir}", f"--config.max_steps={steps}", "--config.log_every=1",
          "--config.evalers={}",
          *(("--config.checkpoint.save_every_n_steps=10",) if checkpoint
            else ("--config.checkpoint=None",)), *extra],
-        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+        cwd=REPO_ROOT, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(os.path.join(run_dir, "metrics.csv"), encoding="utf-8") as f:
         rows = [r for r in csv.DictReader(f) if r.get("loss")]
@@ -66,9 +65,8 @@ def test_a_checkpoint_moves_between_context_parallel_and_data_only(tmp_path, dat
     assert_close([moved[s] for s in range(11, 16)] + [back[s] for s in range(16, 21)],
                  data_only[10:], what="losses after moving", bound=ADAM)
     # The CP run's checkpoint generates (on data x model: the context axis joins data).
-    result = subprocess.run(
-        [sys.executable, "-m", "titanax.generate", f"--trainer_dir={run_dir}",
-         "--prompt_ids=1,2,3", "--max_new_tokens=4"], cwd=REPO_ROOT, env=ENV,
-        capture_output=True, text=True, timeout=300, check=False)
+    result = forked_python.run(
+        ["-m", "titanax.generate", f"--trainer_dir={run_dir}",
+         "--prompt_ids=1,2,3", "--max_new_tokens=4"], cwd=REPO_ROOT, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ids:" in result.stdout

@@ -2,9 +2,8 @@
 
 import os
 import re
-import subprocess
-import sys
 
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,13 +15,11 @@ ENV = child_environment(keep_device_count=True, quick_backend=True)
 def test_minimal_dp_script_trains_checkpoints_and_resumes(tmp_path):
     env = dict(ENV, MINIMAL_DP_EPOCHS="1")
     script = os.path.join(REPO_ROOT, "examples", "minimal_dp.py")
-    first = subprocess.run([sys.executable, script], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=300, check=False)
+    first = forked_python.run([script], cwd=tmp_path, env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "the training data ran out after step 31" in first.stdout
     assert os.listdir(tmp_path / "ckpts" / "run1") == ["31"]
-    second = subprocess.run([sys.executable, script], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
+    second = forked_python.run([script], cwd=tmp_path, env=env, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "restored the run from" in second.stdout and "after step 62" in second.stdout
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", first.stdout + second.stdout)]
@@ -30,9 +27,9 @@ def test_minimal_dp_script_trains_checkpoints_and_resumes(tmp_path):
 
 
 def test_reshard_example_moves_from_tp2_to_tp4(tmp_path):
-    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples", "reshard.py"),
-                             "--steps", "4", "--dir", str(tmp_path / "ckpt")], cwd=REPO_ROOT,
-                            env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    result = forked_python.run([os.path.join(REPO_ROOT, "examples", "reshard.py"),
+                                "--steps", "4", "--dir", str(tmp_path / "ckpt")], cwd=REPO_ROOT,
+                               env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "TP=2: mesh {'data': 4, 'model': 2}" in result.stdout
     assert "local shard (4, 128, 256)" in result.stdout
@@ -45,9 +42,9 @@ def test_reshard_example_moves_from_tp2_to_tp4(tmp_path):
 
 
 def test_pipeline_example_trains_both_schedules_identically(tmp_path):
-    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples", "pipeline.py"),
-                             "--steps", "3"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                            timeout=300, check=False)
+    result = forked_python.run([os.path.join(REPO_ROOT, "examples", "pipeline.py"),
+                                "--steps", "3"], cwd=tmp_path, env=ENV,
+                               timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = {line.split()[0]: line.split("losses:")[1].split()
              for line in result.stdout.splitlines() if "losses:" in line}
@@ -58,10 +55,9 @@ def test_pipeline_example_trains_both_schedules_identically(tmp_path):
 
 
 def test_pipeline_cnn_example_matches_the_unpipelined_cnn(tmp_path):
-    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "examples",
-                                                          "pipeline_cnn.py"), "--steps", "4"],
-                            cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
-                            check=False)
+    result = forked_python.run([os.path.join(REPO_ROOT, "examples",
+                                                             "pipeline_cnn.py"), "--steps", "4"],
+                               cwd=tmp_path, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     curves = {line.split(" losses:")[0].strip(): line.split("losses:")[1].split("...")[0].split()
               for line in result.stdout.splitlines() if "losses:" in line}

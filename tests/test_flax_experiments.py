@@ -4,11 +4,10 @@ NNX GPT resumes under FSDP: its checkpoint's params restore onto any state layou
 
 import csv
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 from tests.numerics import ADAM, FLOAT32, assert_close
 
@@ -18,11 +17,11 @@ STEPS, STOP = 8, 4
 
 
 def _launch(config, run_dir, steps, *extra):
-    result = subprocess.run(
-        [sys.executable, "-m", "titanax.launch", f"--config={config}", "--cpu_devices=8",
+    result = forked_python.run(
+        ["-m", "titanax.launch", f"--config={config}", "--cpu_devices=8",
          f"--trainer_dir={run_dir}", f"--config.max_steps={steps}", "--config.log_every=1",
          "--config.evalers={}", f"--config.checkpoint.save_every_n_steps={STOP}", *extra],
-        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+        cwd=REPO_ROOT, env=ENV, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     with open(os.path.join(run_dir, "metrics.csv"), encoding="utf-8") as f:
         rows = [r for r in csv.DictReader(f) if r.get("loss")]

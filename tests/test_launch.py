@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,8 +18,8 @@ FIXTURES = "--config_module=tests.config.fixture_experiments"
 
 
 def _launch(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "titanax.launch", *args], cwd=REPO_ROOT,
-                          env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
+    return forked_python.run(["-m", "titanax.launch", *args], cwd=REPO_ROOT,
+                             env=ENV, timeout=timeout)
 
 
 def test_list_shows_registered_experiments_with_summaries():
@@ -233,18 +234,17 @@ def test_bad_local_process_flags_are_refused_before_anything_starts(args, text):
 
 def test_local_processes_without_devices_names_cpu_devices():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "-m", "titanax.launch", "--config=gpt_tiny_dp",
-                             "--local_processes=2"], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=120, check=False, env=env)
+    result = forked_python.run(["-m", "titanax.launch", "--config=gpt_tiny_dp",
+                                "--local_processes=2"], cwd=REPO_ROOT, timeout=120, env=env)
     assert result.returncode == 2 and "--cpu_devices=K" in result.stderr, result.stderr
 
 
 def test_the_first_failing_process_stops_the_job_and_is_named():
     env = child_environment()
-    result = subprocess.run([sys.executable, "-m", "titanax.run",
-                             "--module=tests.runtime.user_main:fail_in_one",
-                             "--local_processes=2", "--cpu_devices=1"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=180, check=False, env=env)
+    result = forked_python.run(["-m", "titanax.run",
+                                "--module=tests.runtime.user_main:fail_in_one",
+                                "--local_processes=2", "--cpu_devices=1"], cwd=REPO_ROOT, timeout=180,
+                               env=env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "process 1 of 2 failed with exit status 1; stopped the other processes" in \
         result.stderr

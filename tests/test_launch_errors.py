@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 from tests.launch_cases import launch_in_one_child
 
@@ -25,8 +26,7 @@ LAUNCH = [sys.executable, "-m", "titanax.launch"]
 
 
 def _launch(*args, timeout=180, cwd=REPO_ROOT):
-    return subprocess.run([*LAUNCH, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return forked_python.run([*LAUNCH[1:], *args], cwd=cwd, env=ENV, timeout=timeout)
 
 
 # (case id, launcher arguments, text the message must contain: the path). "{tmp}" is a fresh
@@ -355,16 +355,14 @@ def test_fresh_run_into_a_directory_with_checkpoints_is_refused(tmp_path):
 def test_every_command_exits_2_on_a_flag_mistake_and_0_on_help(command, misspelled, meant,
                                                                badly_typed):
     for args in ([misspelled], [badly_typed]):
-        result = subprocess.run([sys.executable, "-m", command, *args], cwd=REPO_ROOT, env=ENV,
-                                capture_output=True, text=True, timeout=120, check=False)
+        result = forked_python.run(["-m", command, *args], cwd=REPO_ROOT, env=ENV, timeout=120)
         assert result.returncode == 2, (command, args, result.stderr[-2000:])
         flag = args[0].split("=")[0]
         assert f"{command}: error: {flag}" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr, result.stderr
         if args == [misspelled] and meant:
             assert f"Did you mean: {meant}" in result.stderr, result.stderr
-    helped = subprocess.run([sys.executable, "-m", command, "--help"], cwd=REPO_ROOT, env=ENV,
-                            capture_output=True, text=True, timeout=120, check=False)
+    helped = forked_python.run(["-m", command, "--help"], cwd=REPO_ROOT, env=ENV, timeout=120)
     assert helped.returncode == 0 and "--" in helped.stdout + helped.stderr
 
 

@@ -4,12 +4,11 @@ Mixtral directories fine-tune through ``--config.init_from`` and export back."""
 
 import csv
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 from tests.numerics import ADAM, CROSS_FRAMEWORK, assert_close
 
@@ -24,8 +23,7 @@ DROPPED = "summaries/decoder/layer/mlp/dropped_fraction"
 
 
 def _run(module, *args):
-    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=ENV,
-                            capture_output=True, text=True, timeout=600, check=False)
+    result = forked_python.run(["-m", module, *args], cwd=REPO_ROOT, env=ENV, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result
 

@@ -18,6 +18,7 @@ import pytest
 
 from titanax.runtime import local_processes
 from titanax.runtime.peer_watch import EXIT_LOST_PEER
+from tests import forked_python
 from tests.environment import child_environment
 from tests.numerics import ADAM, assert_close
 from tests.run_outputs import metric_rows, newest_params
@@ -57,8 +58,7 @@ def _env():
 
 
 def _launch(*args, timeout=300, module="titanax.launch"):
-    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=_env(),
-                            capture_output=True, text=True, timeout=timeout, check=False)
+    result = forked_python.run(["-m", module, *args], cwd=REPO_ROOT, env=_env(), timeout=timeout)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result
 
@@ -279,11 +279,10 @@ def test_an_error_every_process_meets_at_build_exits_2_in_each_without_an_abort(
     peer abort (signal 6) in about half of such runs (4 of 8 measured), so the job is run four
     times: without the orderly end, all four pass about once in 16 suites."""
     for attempt in range(4):
-        result = subprocess.run(
-            [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_grpo",
+        result = forked_python.run(
+            ["-m", "titanax.launch", "--config=llama_tiny_grpo",
              "--local_processes=2", "--cpu_devices=4", "--config.objective.max_staleness=1",
-             f"--trainer_dir={tmp_path / str(attempt)}"], cwd=REPO_ROOT, env=_env(),
-            capture_output=True, text=True, timeout=300, check=False)
+             f"--trainer_dir={tmp_path / str(attempt)}"], cwd=REPO_ROOT, env=_env(), timeout=300)
         output = result.stdout + result.stderr
         assert result.returncode == 2, (attempt, output[-4000:])
         for index in (0, 1):

@@ -3,12 +3,11 @@
 
 import csv
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests import forked_python
 from tests.numerics import assert_close
 from tests.environment import child_environment
 
@@ -20,11 +19,11 @@ STEPS = 20
 
 def _losses(tmp_path, name, *extra):
     run_dir = tmp_path / name
-    result = subprocess.run(
-        [sys.executable, "-m", "titanax.launch", f"--config={name.split('+')[0]}",
+    result = forked_python.run(
+        ["-m", "titanax.launch", f"--config={name.split('+')[0]}",
          f"--trainer_dir={run_dir}", f"--config.max_steps={STEPS}", "--config.log_every=1",
          "--config.evalers={}", "--config.checkpoint=None", *extra],
-        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+        cwd=REPO_ROOT, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return np.array([float(r["loss"]) for r in _rows(run_dir, pipelined="pp" in name)])
 
@@ -60,11 +59,11 @@ def test_a_pipelined_run_resumes_without_the_pipeline_and_back(tmp_path, referen
     moved (``reference``: the runs here stay inside the 100-step warm-up, where max_steps does
     not change the learning rate)."""
     def launch(name, run_dir, steps, *extra):
-        result = subprocess.run(
-            [sys.executable, "-m", "titanax.launch", f"--config={name}",
+        result = forked_python.run(
+            ["-m", "titanax.launch", f"--config={name}",
              f"--trainer_dir={run_dir}", f"--config.max_steps={steps}", "--config.log_every=1",
              "--config.evalers={}", "--config.checkpoint.save_every_n_steps=5", *extra],
-            cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+            cwd=REPO_ROOT, env=ENV, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         rows = _rows(run_dir, pipelined=False)
         return {int(r["step"]): float(r["loss"]) for r in rows}, result.stdout

@@ -2,13 +2,12 @@
 it) drawn into a PNG; bad flags refused by name."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from titanax import plot
 from titanax.observe.loggers import CSV
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,9 +30,8 @@ def _write_run(trainer_dir, *, steps, with_reward):
 
 
 def _plot(*args, cwd=REPO_ROOT):
-    return subprocess.run([sys.executable, "-m", "titanax.plot", *args], cwd=cwd,
-                          env=child_environment(), capture_output=True, text=True, timeout=120,
-                          check=False)
+    return forked_python.run(["-m", "titanax.plot", *args], cwd=cwd,
+                             env=child_environment(), timeout=120)
 
 
 @pytest.fixture(scope="module")

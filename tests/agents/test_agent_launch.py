@@ -11,20 +11,22 @@ import sys
 import numpy as np
 import pytest
 
+from tests import forked_python
 from tests.commands import sigterm_after_step
 from tests.environment import child_environment
 from tests.run_outputs import metric_column
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = child_environment(PYTHONUNBUFFERED="1")
-COMMAND = [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_agent",
-           "--config.max_steps=12", "--config.learner.optimizer.learning_rate.warmup_steps=2"]
+ARGS = ["-m", "titanax.launch", "--config=llama_tiny_agent", "--config.max_steps=12",
+        "--config.learner.optimizer.learning_rate.warmup_steps=2"]
+COMMAND = [sys.executable, *ARGS]
 STEPS = range(1, 13)
 
 
 def _launch(trainer_dir, *extra):
-    result = subprocess.run(COMMAND + [f"--trainer_dir={trainer_dir}", *extra], cwd=REPO_ROOT,
-                            env=ENV, capture_output=True, text=True, timeout=600, check=False)
+    result = forked_python.run([*ARGS, f"--trainer_dir={trainer_dir}", *extra], cwd=REPO_ROOT,
+                               env=ENV, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout
 

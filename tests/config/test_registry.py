@@ -1,7 +1,6 @@
 """Tests of the experiment registry and the golden dumps."""
 
 import os
-import subprocess
 import sys
 import types
 
@@ -9,6 +8,7 @@ import pytest
 
 from titanax import errors
 from titanax.config import golden, registry
+from tests import forked_python
 from tests.config import fixture_experiments
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,7 +89,6 @@ def test_golden_check_reports_diffs_missing_and_stale_files(tmp_path):
 
 
 def test_golden_command_checks_the_checkout():
-    result = subprocess.run([sys.executable, "-m", "titanax.config.golden"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = forked_python.run(["-m", "titanax.config.golden"], cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "golden dumps match" in result.stdout

@@ -4,11 +4,10 @@
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,12 +24,12 @@ def corpus(tmp_path_factory):
 
 
 def _run(trainer_dir, corpus, steps, *extra):
-    result = subprocess.run(
-        [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_packed",
+    result = forked_python.run(
+        ["-m", "titanax.launch", "--config=llama_tiny_packed",
          f"--trainer_dir={trainer_dir}", f"--config.train_input.source.files=['{corpus}']",
          "--config.evalers={}", f"--config.max_steps={steps}", "--config.log_every=1", *extra],
-        cwd=REPO_ROOT, env=child_environment(quick_backend=True), capture_output=True, text=True,
-        timeout=600, check=False)
+        cwd=REPO_ROOT, env=child_environment(quick_backend=True),
+        timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 

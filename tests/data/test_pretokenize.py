@@ -1,12 +1,11 @@
 """Pre-tokenized rows (ArrayRecord) read back exactly as packed, and checked against the input."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 from titanax import errors
 from titanax.data.packed import PackedDocuments
@@ -27,10 +26,10 @@ def jsonl(tmp_path_factory):
 
 def test_the_command_writes_rows_that_read_back_exactly(jsonl, tmp_path):
     out = str(tmp_path / "rows")
-    result = subprocess.run([sys.executable, "-m", "titanax.data.pretokenize",
-                             f"--files={jsonl}", f"--out={out}", "--seq_len=32",
-                             "--rows_per_shard=40"], cwd=REPO_ROOT, env=child_environment(),
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = forked_python.run(["-m", "titanax.data.pretokenize",
+                                f"--files={jsonl}", f"--out={out}", "--seq_len=32",
+                                "--rows_per_shard=40"], cwd=REPO_ROOT, env=child_environment(),
+                               timeout=300)
     assert result.returncode == 0, result.stderr
     rows = PackedRows.default_config().set(path=out).instantiate()
     packed = PackedDocuments.default_config().set(files=[jsonl], seq_len=32,

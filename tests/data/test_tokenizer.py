@@ -1,12 +1,11 @@
 """The offline BPE trainer and the tokenizer config: round trips, transformers agrees, errors."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 from titanax import errors
 from titanax.data import train_tokenizer
@@ -26,10 +25,9 @@ def bundled():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tok") / "shakespeare")
-    result = subprocess.run([sys.executable, "-m", "titanax.data.train_tokenizer",
-                             "--vocab_size=1024", f"--out={out}"], cwd=REPO_ROOT,
-                            env=child_environment(), capture_output=True, text=True, timeout=300,
-                            check=False)
+    result = forked_python.run(["-m", "titanax.data.train_tokenizer",
+                                "--vocab_size=1024", f"--out={out}"], cwd=REPO_ROOT,
+                               env=child_environment(), timeout=300)
     assert result.returncode == 0, result.stderr
     assert "trained a 1024-token BPE on 38 file(s)" in result.stdout
     return out

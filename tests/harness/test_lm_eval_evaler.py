@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests import forked_python
 from tests.harness import local_tasks
 from tests.environment import child_environment
 
@@ -99,13 +100,13 @@ def test_the_command_line_evaler_starts_at_evaluates_baseline_and_two_processes_
     logged = {}
     for name, devices in (("one", ["--cpu_devices=8"]),
                           ("two", ["--local_processes=2", "--cpu_devices=4"])):
-        result = subprocess.run(
-            [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_sft",
+        result = forked_python.run(
+            ["-m", "titanax.launch", "--config=llama_tiny_sft",
              f"--trainer_dir=runs/{name}", *devices, "--config.init_from=tiny_chat/model",
              "--config.train_input.source.format=chat",
              "--config.train_input.source.files=['tiny_chat/chat.jsonl']",
              "--config.max_steps=2", *EVALER_FLAGS], cwd=str(folder),
-            env=child_environment(quick_backend=True), capture_output=True, text=True, timeout=600, check=False)
+            env=child_environment(quick_backend=True), timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         with open(folder / "runs" / name / "metrics.csv", encoding="utf-8") as f:
             rows = [r for r in csv.DictReader(f) if r.get("lm_eval/tiny_mc/acc")]
@@ -120,12 +121,12 @@ def test_the_command_line_evaler_starts_at_evaluates_baseline_and_two_processes_
             assert two[step][key] == pytest.approx(value, rel=1e-4), (step, key)
     assert one[0] != one[2]  # (Two steps of training moved the numbers.)
     out = folder / "baseline.json"
-    evaluated = subprocess.run(
-        [sys.executable, "-m", "titanax.evaluate", "--hf=tiny_chat/model",
+    evaluated = forked_python.run(
+        ["-m", "titanax.evaluate", "--hf=tiny_chat/model",
          f"--tasks={','.join(TEMPLATE_TASKS)}", "--include_path=tasks", "--cpu_devices=8",
          "--apply_chat_template", "--num_fewshot=1", "--max_gen_toks=8",
          f"--output_path={out}"], cwd=str(folder), env=child_environment(quick_backend=True),
-        capture_output=True, text=True, timeout=600, check=False)
+        timeout=600)
     assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
     from titanax.harness.evaler import metrics_by_name  # pylint: disable=import-outside-toplevel
     with open(out, encoding="utf-8") as f:

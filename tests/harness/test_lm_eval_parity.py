@@ -8,13 +8,12 @@ evaluates from ``--trainer_dir`` as its export does."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 from tests.harness import local_tasks
 
@@ -23,8 +22,7 @@ ENV = child_environment(PYTHONUNBUFFERED="1", quick_backend=True)
 
 
 def _run(args, cwd, timeout=600):
-    result = subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True,
-                            text=True, timeout=timeout, check=False)
+    result = forked_python.run([*args], cwd=cwd, env=ENV, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -163,8 +161,8 @@ def _without_chat_template(folder):
 def test_bad_flags_are_refused_by_name(folder, args, path):
     (Path(folder) / "a_file").write_text("not a directory")
     _without_chat_template(folder)
-    result = subprocess.run([sys.executable, "-m", "titanax.evaluate", *args], cwd=folder,
-                            env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    result = forked_python.run(["-m", "titanax.evaluate", *args], cwd=folder,
+                               env=ENV, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
     assert path in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
 
@@ -196,9 +194,8 @@ def _broken_task_folders(folder):
 ], ids=["task yaml that does not parse", "task data file missing", "more shots than documents"])
 def test_tasks_that_cannot_run_are_refused_before_the_model_loads(folder, args, path, said):
     _broken_task_folders(folder)
-    result = subprocess.run([sys.executable, "-m", "titanax.evaluate", "--hf=tiny_chat/model",
-                             "--cpu_devices=1", *args], cwd=folder, env=ENV, capture_output=True,
-                            text=True, timeout=300, check=False)
+    result = forked_python.run(["-m", "titanax.evaluate", "--hf=tiny_chat/model",
+                                "--cpu_devices=1", *args], cwd=folder, env=ENV, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{path}: " in result.stderr and said in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "params from" not in result.stdout  # (No model.)
@@ -209,9 +206,9 @@ def test_chat_with_a_tokenizer_that_ships_no_template_is_refused_by_name(folder)
     ``--chat`` (a "### <role>" format of Titanax's was rendered before, one
     transformers cannot render for this model)."""
     _without_chat_template(folder)
-    result = subprocess.run([sys.executable, "-m", "titanax.generate", "--hf=no_template",
-                             "--chat", "--prompt=Hi", "--cpu_devices=1"], cwd=folder, env=ENV,
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = forked_python.run(["-m", "titanax.generate", "--hf=no_template",
+                                "--chat", "--prompt=Hi", "--cpu_devices=1"], cwd=folder, env=ENV,
+                               timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "--chat: " in result.stderr and "ships no chat template" in result.stderr and \
         "drop --chat" in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]

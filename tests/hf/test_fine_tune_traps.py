@@ -8,11 +8,11 @@ refused by name before the first step, or no longer a trap.
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,9 +20,8 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
 
 
 def _run(module, *args, expect=0):
-    result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT,
-                            env=child_environment(quick_backend=True), capture_output=True,
-                            text=True, timeout=600, check=False)
+    result = forked_python.run(["-m", module, *args], cwd=REPO_ROOT,
+                               env=child_environment(quick_backend=True), timeout=600)
     assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     return result

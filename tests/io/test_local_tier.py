@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from tests import forked_python
 from tests.environment import child_environment
 from tests.run_outputs import metric_rows
 
@@ -36,9 +37,9 @@ def _losses(trainer_dir):
 
 
 def _run(*args, steps=STEPS):
-    return subprocess.run([sys.executable, "-m", "titanax.launch", *COMMON, *args,
-                           f"--config.max_steps={steps}"], cwd=REPO_ROOT, env=child_environment(),
-                          capture_output=True, text=True, timeout=600, check=False)
+    return forked_python.run(["-m", "titanax.launch", *COMMON, *args,
+                              f"--config.max_steps={steps}"], cwd=REPO_ROOT,
+                             env=child_environment(), timeout=600)
 
 
 def _killed_after_local_step(trainer_dir, local_dir):
@@ -101,14 +102,14 @@ def test_a_killed_process_resumes_from_the_local_tier(reference, tmp_path, lose_
 
 def test_one_process_resumes_from_the_local_tier_and_a_fresh_run_sets_it_aside(tmp_path):
     local_dir = tmp_path / "local"
-    launch = [sys.executable, "-m", "titanax.launch", "--config=mnist_dp", "--cpu_devices=8",
+    launch = ["-m", "titanax.launch", "--config=mnist_dp", "--cpu_devices=8",
               "--config.log_every=1", "--config.evalers={}",
               "--config.checkpoint.save_every_n_steps=100", *_local(local_dir),
               f"--trainer_dir={tmp_path / 'run'}"]
 
     def run(*extra):
-        done = subprocess.run([*launch, *extra], cwd=REPO_ROOT, env=child_environment(),
-                              capture_output=True, text=True, timeout=600, check=False)
+        done = forked_python.run([*launch, *extra], cwd=REPO_ROOT, env=child_environment(),
+                                 timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout
     run("--config.max_steps=5", "--config.checkpoint.save_at_end=False")  # Local steps 2, 4.

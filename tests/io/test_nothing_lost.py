@@ -17,6 +17,7 @@ from titanax.data.pipeline import Input
 from titanax.data.sources import MNIST, TextWindows
 from titanax.io.checkpointer import OrbaxCheckpoint
 from titanax.train.state_manager import check_state_layout
+from tests import forked_python
 from tests.train import helpers
 
 
@@ -174,10 +175,10 @@ def test_a_failed_save_ends_the_launcher_instead_of_hanging(tmp_path):
     import time  # pylint: disable=import-outside-toplevel
     from tests.environment import child_environment  # pylint: disable=import-outside-toplevel
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "titanax.launch", "--config_module=tests.io.failing_save_experiment",
+    result = forked_python.run(
+        ["-m", "titanax.launch", "--config_module=tests.io.failing_save_experiment",
          "--config=failing_save", f"--trainer_dir={tmp_path}", "--config.max_steps=2",
-         "--cpu_devices=2"], env=child_environment(), capture_output=True, text=True,
-        timeout=300, check=False)
+         "--cpu_devices=2"], env=child_environment(),
+        timeout=300)
     assert result.returncode == 2 and "saving step 2 failed" in result.stderr, result.stderr
     assert time.monotonic() - started < 150, "the launcher waited for background threads"

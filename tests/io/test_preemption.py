@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from titanax.io.checkpointer import OrbaxCheckpoint
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,8 +40,7 @@ def _tmp_dirs(path):
 
 def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_result(tmp_path):
     reference_dir = tmp_path / "reference"
-    done = subprocess.run(_command(reference_dir), cwd=REPO_ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = forked_python.run(_command(reference_dir)[1:], cwd=REPO_ROOT, env=ENV, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     want = _final_params(str(reference_dir), STEPS)
 
@@ -70,8 +70,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_result(tm
             process.send_signal(signal.SIGKILL)
         output = process.communicate(timeout=60)[0]
         restored_from += re.findall(r"restored the run from (\S+)", output)
-    final = subprocess.run(_command(run_dir), cwd=REPO_ROOT, env=ENV,
-                           capture_output=True, text=True, timeout=300, check=False)
+    final = forked_python.run(_command(run_dir)[1:], cwd=REPO_ROOT, env=ENV, timeout=300)
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     restored_from += re.findall(r"restored the run from (\S+)", final.stdout)
     assert killed_mid_save >= 1, "no kill landed during an async save"

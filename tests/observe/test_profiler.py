@@ -3,9 +3,8 @@
 import csv
 import glob
 import os
-import subprocess
-import sys
 
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -14,11 +13,11 @@ ENV = child_environment(keep_device_count=True, quick_backend=True)
 
 
 def test_launcher_writes_a_profile_and_logs_compile_time_and_memory(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "titanax.launch", "--config=mnist_dp", f"--trainer_dir={tmp_path}",
+    result = forked_python.run(
+        ["-m", "titanax.launch", "--config=mnist_dp", f"--trainer_dir={tmp_path}",
          "--config.max_steps=5", "--config.log_every=1", "--config.evalers={}",
          "--config.profile.start_step=2", "--config.profile.num_steps=2"],
-        cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+        cwd=REPO_ROOT, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = glob.glob(str(tmp_path / "profile" / "plugins" / "profile" / "*"))
     assert len(runs) == 1, runs  # The layout TensorBoard's profile plugin reads.

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from titanax.runtime import local_processes
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,7 +47,6 @@ def test_unreachable_coordinator_is_a_distributed_error():
             f"    distributed.initialize('127.0.0.1:{_free_port()}', 2, 1, timeout_s=3)\n"
             "except errors.DistributedError as e:\n"
             "    print('DISTRIBUTED-ERROR', e.path, '|', e.suggestion)\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=120, check=False)
+    result = forked_python.run(["-c", code], cwd=REPO_ROOT, timeout=120)
     assert "DISTRIBUTED-ERROR coordinator 127.0.0.1:" in result.stdout, result.stdout + result.stderr
     assert "check that process 0 runs" in result.stdout

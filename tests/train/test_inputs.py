@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -15,6 +13,7 @@ from titanax.data.sources import TextWindows
 from titanax.modules.models.decoder import Decoder
 from titanax.train.engine import Engine
 from titanax.train.inputs import vocab_from_train_input
+from tests import forked_python
 from tests.environment import child_environment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,11 +65,10 @@ def test_an_unset_vocabulary_with_nothing_to_take_it_from_names_the_field():
 def test_the_launcher_sizes_the_model_from_its_tokenizer():
     """``--config.model.vocab_size=None`` through the real command: the resolved config holds
     the byte tokenizer's 256."""
-    out = subprocess.run(
-        [sys.executable, "-m", "titanax.launch", "--config=llama_tiny_dp_tp",
+    out = forked_python.run(
+        ["-m", "titanax.launch", "--config=llama_tiny_dp_tp",
          "--config.model.vocab_size=None", "--print_config"],
-        cwd=REPO_ROOT, env=child_environment(keep_device_count=True), capture_output=True,
-        text=True, timeout=120, check=False)
+        cwd=REPO_ROOT, env=child_environment(keep_device_count=True), timeout=120)
     assert out.returncode == 0, out.stderr
     assert "model.vocab_size unset: 256" in out.stdout + out.stderr
     assert "model.vocab_size: 256" in out.stdout
