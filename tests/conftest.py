@@ -36,35 +36,43 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
 
-# The heaviest files first (measured, --durations, cold cache): the two workers take whole files
-# (pytest.ini), and a heavy file started last would run alone at the end of the suite.
-HEAVIEST_FIRST = ("tests/test_todays_experiments.py", "tests/test_multi_process.py",
-                  "tests/train/test_pipeline_parity.py",
-                  "tests/train/test_preference_training.py", "tests/harness/test_lm_eval_parity.py",
-                  "tests/rl/test_grpo_launch.py",
-                  "tests/test_pipeline_experiments.py",
-                  "tests/harness/test_lm_eval_evaler.py", "tests/train/test_sharded_state.py",
-                  "tests/train/test_lora_training.py", "tests/test_moe_experiments.py",
+# The heaviest files first (measured, --durations, cold cache, 2026-12-02: every file of 15 s or
+# more): the two workers take whole files (pytest.ini), and a heavy file started last would run
+# alone at the end of the suite.
+HEAVIEST_FIRST = ("tests/test_multi_process.py", "tests/test_todays_experiments.py",
+                  "tests/train/test_pipeline_parity.py", "tests/rl/test_grpo_launch.py",
+                  "tests/modules/models/test_layer_pattern.py", "tests/decoding/test_engine.py",
                   "tests/parallel/test_context_parallel.py",
-                  "tests/parallel/test_expert_parallel.py",
+                  "tests/harness/test_lm_eval_parity.py", "tests/test_muon_experiments.py",
+                  "tests/hf/test_fine_tune.py", "tests/agents/test_agent_launch.py",
+                  "tests/test_moe_experiments.py", "tests/train/test_sharded_state.py",
+                  "tests/decoding/test_engine_on_mesh.py", "tests/hf/test_import.py",
+                  "tests/train/test_preference_training.py", "tests/test_fp8_experiments.py",
+                  "tests/test_pipeline_experiments.py", "tests/parallel/test_expert_parallel.py",
+                  "tests/harness/test_lm_eval_evaler.py", "tests/hf/test_generate.py",
+                  "tests/hf/test_lora_export.py", "tests/io/test_local_tier.py",
+                  "tests/decoding/test_paged_decoder.py", "tests/train/test_lora_training.py",
+                  "tests/test_distillation_doc.py", "tests/test_launch_errors.py",
+                  "tests/modules/layers/test_token_prediction.py",
+                  "tests/modules/layers/test_gated_delta_rule.py",
                   "tests/test_context_experiments.py", "tests/io/test_preemption.py",
-                  "tests/rl/test_grpo_training.py", "tests/objectives/test_kto.py",
-                  "tests/test_muon_experiments.py",
-                  "tests/test_fine_tune_doc.py", "tests/test_evaluation_doc.py",
-                  "tests/test_launch.py", "tests/test_launch_errors.py",
-                  "tests/data/test_packed_resume.py", "tests/test_flax_experiments.py",
-                  "tests/test_examples.py", "tests/objectives/test_distillation.py",
-                  "tests/hf/test_fine_tune.py", "tests/test_preference_doc.py",
-                  "tests/test_distillation_doc.py", "tests/train/test_decoder_training.py",
-                  "tests/modules/adapters/test_flax_nnx.py", "tests/hf/test_lora_export.py",
+                  "tests/test_fine_tune_doc.py", "tests/modules/test_lora.py",
+                  "tests/rl/test_grpo_training.py", "tests/test_preference_doc.py",
+                  "tests/modules/adapters/test_flax_nnx.py", "tests/runtime/test_manifests.py",
+                  "tests/test_flax_experiments.py", "tests/config/test_value_sweep.py",
+                  "tests/data/test_packed_resume.py", "tests/train/test_decoder_training.py",
+                  "tests/agents/test_agents_doc.py", "tests/test_launch.py",
                   "tests/modules/layers/test_blockwise_attention.py",
-                  "tests/modules/models/test_layer_pattern.py",
-                  "tests/io/test_checkpointer.py",
-                  "tests/train/test_state_updates.py",
-                  "tests/harness/test_task_index.py", "tests/test_chat_session.py",
-                  "tests/modules/models/test_packing.py", "tests/benchmarks/test_peers.py",
-                  "tests/hf/test_generate.py", "tests/modules/layers/test_moe.py",
-                  "tests/hf/test_fine_tune_traps.py", "tests/modules/models/test_decoder.py")
+                  "tests/hf/test_grpo_parity.py", "tests/modules/layers/test_gated_deltanet.py",
+                  "tests/test_evaluation_doc.py", "tests/train/test_state_updates.py",
+                  "tests/io/test_checkpointer.py", "tests/decoding/test_rollout_sampler.py",
+                  "tests/test_examples.py", "tests/modules/models/test_packing.py",
+                  "tests/agents/test_agent_training.py", "tests/modules/layers/test_moe.py",
+                  "tests/benchmarks/test_peers.py",
+                  "tests/modules/layers/test_latent_attention.py",
+                  "tests/modules/layers/test_layers.py", "tests/rl/test_async_rollouts.py",
+                  "tests/harness/test_task_index.py", "tests/test_generate_prompts_file.py",
+                  "tests/observe/test_goodput.py")
 
 
 def pytest_collection_finish(session):  # pylint: disable=unused-argument

@@ -5,9 +5,9 @@ Every child a test starts spends ~1.2 s of CPU importing jax, grain, optax, Orba
 before it reads its first flag (measured: a 2-step ``llama_tiny_dp_tp`` launch, compilation cache
 warm, 5.8 s of CPU as ``python -m`` and 4.6 s forked from such a process), and the suite starts
 hundreds. So each test process keeps one server (``python -m tests.forked_python SOCKET``): it
-imports those libraries -- not titanax, whose modules hold per-process state (the goodput clock,
-the preemption handlers), and nothing that starts jax's backend, which reads ``XLA_FLAGS`` and
-the device count only when it starts -- and forks a child per command. The child takes the
+imports those libraries and Titanax's experiments (below) -- nothing that starts jax's backend,
+which reads ``XLA_FLAGS`` and the device count only when it starts -- and forks a child per
+command. The child takes the
 command's working directory, environment, ``sys.argv`` and ``sys.path`` and its own output files,
 then runs the module as ``__main__`` the way ``python -m`` does, and exits with its status.
 
@@ -39,6 +39,12 @@ from typing import Dict, List, Optional, Sequence
 PRELOADED = ("numpy", "jax", "jax.numpy", "jax.experimental.shard_map", "optax",
              "orbax.checkpoint", "grain", "absl.app", "absl.flags", "absl.logging",
              "ml_collections", "yaml", "tensorboardX")
+# ... and Titanax: its experiments' package and all it imports (~0.5 s of CPU per command) --
+# not the commands' own modules (``titanax.launch``, ``titanax.export``, ...), which define their
+# flags when they run as ``__main__``; nothing Titanax imports starts jax's backend, and its one
+# per-process state, the goodput clock, starts anew in a forked child
+# (``titanax/observe/goodput.py``).
+PRELOADED_PACKAGE = "titanax_experiments"
 # Environment variables read when those libraries are imported: a command with other values
 # than the server's runs as a plain subprocess.
 _READ_AT_IMPORT = ("JAX_", "TF_", "OMP_", "OPENBLAS_", "MKL_", "GRAIN_", "TENSORSTORE_",
@@ -113,8 +119,10 @@ def run(args: Sequence[str], *, cwd: Optional[str] = None, env: Optional[Dict[st
     ``args``: ``["-m", module, *flags]`` or ``[script, *flags]``."""
     cwd = os.getcwd() if cwd is None else str(cwd)
     env = dict(os.environ) if env is None else env
-    server = _server()
-    if not server.serves(env):
+    # (This process's environment first: one whose commands all run plain starts no server.)
+    plain = _import_time_environment(env) != _import_time_environment(dict(os.environ))
+    server = None if plain else _server()
+    if plain or not server.serves(env):
         return subprocess.run([sys.executable, *args], cwd=cwd, env=env, input=input,
                               capture_output=True, text=True, timeout=timeout, check=False)
     with tempfile.TemporaryDirectory(prefix="titanax-forked-run-") as folder:
@@ -166,6 +174,7 @@ def serve(socket_path: str) -> None:
     import importlib  # pylint: disable=import-outside-toplevel
     for name in PRELOADED:
         importlib.import_module(name)
+    _import_package(PRELOADED_PACKAGE)
     parent = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # (Handlers are reaped by the kernel.)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -182,6 +191,14 @@ def serve(socket_path: str) -> None:
             listener.close()
             _handle(connection)
         connection.close()
+
+
+def _import_package(name: str) -> None:
+    import importlib  # pylint: disable=import-outside-toplevel
+    import pkgutil  # pylint: disable=import-outside-toplevel
+    package = importlib.import_module(name)
+    for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
+        importlib.import_module(info.name)
 
 
 def _handle(connection: socket.socket) -> None:

@@ -26,13 +26,20 @@ REQUESTS = (Request(prompt_ids=(5, 9, 2, 33, 7), max_new_tokens=7, samples=2),
             Request(prompt_ids=(3, 1, 4, 1, 5, 9, 2), max_new_tokens=8, samples=1))
 
 
-def _sampler(model, params, request):
-    """``Decoder.sample``'s greedy completion of one request's prompt (to its first stop)."""
-    out = _call(model, params, lambda m, ids: m.sample(
-        ids, None, max_new_tokens=request.max_new_tokens, end_ids=request.stop_ids),
-        jnp.asarray([request.prompt_ids]))
-    return _to_first_stop(np.asarray(out["tokens"][0]), np.asarray(out["logps"][0]),
-                          request.stop_ids)
+def _samplers(model, params, requests):
+    """``Decoder.sample``'s greedy completion of each request's prompt (to its first stop): the
+    prompts left-padded into one batch, which samples each row as it would alone
+    (``prompt_lengths``), for the longest budget, each row then cut to its own -- greedy tokens
+    do not depend on how many follow (one program instead of one per request)."""
+    width = max(len(r.prompt_ids) for r in requests)
+    ids = jnp.asarray([[0] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in requests])
+    lengths = jnp.asarray([len(r.prompt_ids) for r in requests])
+    longest = max(r.max_new_tokens for r in requests)
+    out = _call(model, params, lambda m, ids, lengths: m.sample(
+        ids, None, max_new_tokens=longest, prompt_lengths=lengths), ids, lengths)
+    tokens, logps = np.asarray(out["tokens"]), np.asarray(out["logps"])
+    return [_to_first_stop(tokens[row, :r.max_new_tokens], logps[row, :r.max_new_tokens],
+                           r.stop_ids) for row, r in enumerate(requests)]
 
 
 def _to_first_stop(tokens, logps, stop_ids):
@@ -48,7 +55,7 @@ def test_greedy_completions_are_the_samplers_through_refilled_slots_and_a_small_
     take over (each starting from zeros, not the state its slot held); DeepSeek-V3's latents
     in blocks."""
     model, params = models(kind)
-    plain = [_sampler(model, params, r) for r in REQUESTS]
+    plain = _samplers(model, params, REQUESTS)
     # Two requests get a stop id their greedy completion reaches at its fifth token (or before,
     # where it drew that token earlier): they end there and free their slots early; the others
     # run their whole budgets, over several chunks.

@@ -47,8 +47,18 @@ def models(kind):
     return _model() if kind == "gqa" else _family_model(kind)
 
 
+# (id(model), method) -> (model, its compiled call): the model held, so its id is not reused.
+_COMPILED_CALLS = {}
+
+
 def _call(model, params, method, *args):
-    return functional(model, None, params, args, method=method, is_training=False)[0]
+    """``model.<method>(*args)`` in inference, one compiled program per model and method (run op
+    by op, each step of a decoding loop would dispatch its hundreds of operations anew)."""
+    key = (id(model), method)
+    if key not in _COMPILED_CALLS:
+        _COMPILED_CALLS[key] = model, jax.jit(lambda params, *args: functional(
+            model, None, params, args, method=method, is_training=False)[0])
+    return _COMPILED_CALLS[key][1](params, *args)
 
 
 def _contiguous(model, params):

@@ -119,3 +119,30 @@ def test_a_new_run_moves_an_old_record_aside_and_an_unreadable_one_is_kept(tmp_p
     damaged = goodput.GoodputClock()
     damaged.begin_run(trainer_dir=str(tmp_path), resumed=True)
     assert damaged.launches == 1 and len(os.listdir(tmp_path)) == 2
+
+
+def test_a_forked_process_starts_its_own_clock(tmp_path):
+    """A process forked from one whose clock has run an hour (and keeps a run's record) starts
+    its own: in startup, from its own start, with no record -- as a process started afresh."""
+    kept = dict(vars(goodput.CLOCK))
+    try:
+        an_hour_ago = time.monotonic() - 3600.0
+        goodput.CLOCK.__init__(started=an_hour_ago)  # pylint: disable=unnecessary-dunder-call
+        goodput.CLOCK.begin_run(trainer_dir=str(tmp_path), resumed=False)
+        goodput.CLOCK.enter("evaluation")
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # (The child reports its clock and leaves without running anything else.)
+            clock = goodput.CLOCK
+            os.write(writer, json.dumps({
+                "seconds": clock.seconds(), "bucket": clock.bucket, "launches": clock.launches,
+                "record": clock._record_path}).encode())  # pylint: disable=protected-access
+            os._exit(0)  # pylint: disable=protected-access
+        os.close(writer)
+        with os.fdopen(reader) as f:
+            child = json.loads(f.read())
+        os.waitpid(pid, 0)
+    finally:
+        vars(goodput.CLOCK).update(kept)
+    assert sum(child["seconds"].values()) < 60.0 and child["bucket"] == "startup", child
+    assert child["launches"] == 1 and child["record"] is None, child

@@ -152,6 +152,15 @@ class GoodputClock:
 CLOCK = GoodputClock()
 
 
+def _start_anew_in_a_forked_child() -> None:
+    """A forked process is a process of its own: its clock starts when it does, with none of its
+    parent's seconds or record (as if it had started afresh and imported this module)."""
+    CLOCK.__init__()  # pylint: disable=unnecessary-dunder-call
+
+
+os.register_at_fork(after_in_child=_start_anew_in_a_forked_child)
+
+
 def spent_on(bucket: str):
     """``with goodput.spent_on("checkpoint"):`` on the process's clock."""
     return CLOCK.spent_on(bucket)

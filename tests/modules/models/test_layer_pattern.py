@@ -175,7 +175,8 @@ def _greedy_by_forward(model, params, prompt, tokens):
     positions that chose each of them: by causality, the forward pass over each one's prefix --
     no cache, one program instead of one per length."""
     sequence = jnp.concatenate([prompt, jnp.asarray(tokens[:, :-1])], axis=1)
-    logits, _ = functional(model, None, params, (sequence,), method="logits", is_training=False)
+    logits, _ = jax.jit(lambda params, sequence: functional(
+        model, None, params, (sequence,), method="logits", is_training=False))(params, sequence)
     return np.asarray(jnp.argmax(logits[:, prompt.shape[1] - 1:], axis=-1))
 
 
@@ -193,20 +194,25 @@ def test_greedy_generation_over_a_pattern_is_the_forwards_argmax(pattern):
            if pattern.startswith("sliding") else _deepseek_v3_like(max_seq_len=32)
            if pattern == "latent" else _qwen35_like(max_seq_len=32))
     model = cfg.instantiate()
-    params = model.initialize_parameters_recursively(jax.random.PRNGKey(1))
+    params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(1))
     prompt = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 9)))
 
-    def generate(prompt_ids, **options):
+    @jax.jit  # (One program per prompt shape; op by op, the decoding loop's prefill dispatches
+    def generated(prompt_ids, prompt_lengths):  # hundreds of operations.)
         tokens, _ = functional(model, None, params, {"prompt_ids": prompt_ids, "key": None,
-                                                     "max_new_tokens": 6, **options},
+                                                     "max_new_tokens": 6,
+                                                     "prompt_lengths": prompt_lengths},
                                method="generate", is_training=False)
-        return np.asarray(tokens)
+        return tokens
+
+    def generate(prompt_ids, prompt_lengths=None):
+        return np.asarray(generated(prompt_ids, prompt_lengths))
 
     greedy = generate(prompt)
     np.testing.assert_array_equal(greedy, _greedy_by_forward(model, params, prompt, greedy))
     short = prompt[1:, 4:]  # Row 1's last 5 tokens, alone and left-padded beside row 0.
     padded = jnp.concatenate([prompt[:1], jnp.pad(short, [(0, 0), (4, 0)])], axis=0)
-    together = generate(padded, prompt_lengths=jnp.asarray([9, 5]))
+    together = generate(padded, jnp.asarray([9, 5]))
     np.testing.assert_array_equal(together[1], generate(short)[0])
     # Row 0 as it generated beside row 1 unpadded (itself checked against the forward pass).
     np.testing.assert_array_equal(together[0], greedy[0])
