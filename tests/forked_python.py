@@ -39,11 +39,11 @@ from typing import Dict, List, Optional, Sequence
 PRELOADED = ("numpy", "jax", "jax.numpy", "jax.experimental.shard_map", "optax",
              "orbax.checkpoint", "grain", "absl.app", "absl.flags", "absl.logging",
              "ml_collections", "yaml", "tensorboardX")
-# ... and Titanax: its experiments' package and all it imports (~0.5 s of CPU per command) --
-# not the commands' own modules (``titanax.launch``, ``titanax.export``, ...), which define their
-# flags when they run as ``__main__``; nothing Titanax imports starts jax's backend, and its one
-# per-process state, the goodput clock, starts anew in a forked child
-# (``titanax/observe/goodput.py``).
+# ... and Titanax: all its experiments' package imports (~0.5 s of CPU per command; the package
+# itself is imported afresh by each command) -- not the commands' own modules (``titanax.launch``,
+# ``titanax.export``, ...), which define their flags when they run as ``__main__``; nothing
+# Titanax imports starts jax's backend, and its one per-process state, the goodput clock, starts
+# anew in a forked child (``titanax/observe/goodput.py``).
 PRELOADED_PACKAGE = "titanax_experiments"
 # Environment variables read when those libraries are imported: a command with other values
 # than the server's runs as a plain subprocess.
@@ -194,11 +194,20 @@ def serve(socket_path: str) -> None:
 
 
 def _import_package(name: str) -> None:
+    """Imports the package and every submodule -- and so every Titanax module they import --
+    then forgets the package's own modules and the experiments they registered: a command
+    imports them afresh (they are small), so one that imports the checkout's ``experiments``
+    folder under that name (an example script) registers its experiments under that name
+    alone, as it would in a process of its own."""
     import importlib  # pylint: disable=import-outside-toplevel
     import pkgutil  # pylint: disable=import-outside-toplevel
     package = importlib.import_module(name)
     for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
         importlib.import_module(info.name)
+    for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+        del sys.modules[module]
+    from titanax.config import registry  # pylint: disable=import-outside-toplevel
+    registry._EXPERIMENTS.clear()  # pylint: disable=protected-access
 
 
 def _handle(connection: socket.socket) -> None:

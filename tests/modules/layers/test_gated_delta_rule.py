@@ -4,6 +4,8 @@ grouped heads and a starting state); both equal transformers' own Qwen 3.5 imple
 packed documents never read each other's memory; and the chunked gradient's memory grows
 linearly in the sequence."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,30 +38,38 @@ def _call(rule, inputs, **options):
     return rule(x.pop("q"), x.pop("k"), x.pop("v"), x.pop("g"), x.pop("beta"), **x, **options)
 
 
+def _outputs_state_and_gradients(rule, **options):
+    """``rule``'s outputs and final state on ``_inputs()``, and the gradient of a random
+    weighting of both with respect to every input -- as numpy, each a compiled program."""
+    inputs = _inputs()
+    weights = np.random.default_rng(1).normal(size=(2, 37, 4, 6))
+    state_weights = np.random.default_rng(2).normal(size=(2, 4, 8, 6))
+
+    def f(tree):
+        out, state = _call(rule, tree, **options)
+        return jnp.sum(out * weights) + jnp.sum(state * state_weights), (out, state)
+    grads, (out, state) = jax.jit(jax.grad(f, has_aux=True))(inputs)
+    return np.asarray(out), np.asarray(state), jax.tree_util.tree_map(np.asarray, grads)
+
+
+@functools.lru_cache(maxsize=None)
+def _recurrence():
+    """The token-by-token recurrence's (once for every chunk size compared with it)."""
+    return _outputs_state_and_gradients(recurrent_gated_delta_rule)
+
+
 @pytest.mark.parametrize("chunk_size", [1, 5, 16, 64])
 def test_chunks_give_the_recurrences_outputs_state_and_gradients(chunk_size):
     """37 tokens: chunks of 5 and 16 leave a part chunk, 64 is one padded chunk, 1 is the
     recurrence itself in the chunked code."""
-    inputs = _inputs()
-    want_out, want_state = _call(recurrent_gated_delta_rule, inputs)
-    got_out, got_state = _call(chunked_gated_delta_rule, inputs, chunk_size=chunk_size)
+    want_out, want_state, want = _recurrence()
+    got_out, got_state, got = _outputs_state_and_gradients(chunked_gated_delta_rule,
+                                                           chunk_size=chunk_size)
     assert got_out.shape == (2, 37, 4, 6) and got_state.shape == (2, 4, 8, 6)
-    assert_close(np.asarray(got_out), np.asarray(want_out), what="outputs")
-    assert_close(np.asarray(got_state), np.asarray(want_state), what="final state")
-
-    weights = np.random.default_rng(1).normal(size=want_out.shape)
-    state_weights = np.random.default_rng(2).normal(size=want_state.shape)
-
-    def objective(rule, **options):
-        def f(tree):
-            out, state = _call(rule, tree, **options)
-            return jnp.sum(out * weights) + jnp.sum(state * state_weights)
-        return jax.grad(f)(inputs)
-
-    want = objective(recurrent_gated_delta_rule)
-    got = objective(chunked_gated_delta_rule, chunk_size=chunk_size)
-    for name in inputs:
-        assert_close(np.asarray(got[name]), np.asarray(want[name]), what=f"d/d{name}")
+    assert_close(got_out, want_out, what="outputs")
+    assert_close(got_state, want_state, what="final state")
+    for name in want:
+        assert_close(got[name], want[name], what=f"d/d{name}")
 
 
 @pytest.mark.parametrize("key_heads", [4, 2], ids=["one-key-head-per-value-head", "grouped"])

@@ -86,11 +86,12 @@ def test_packed_documents_are_computed_as_if_alone():
     bounds = [(0, 7), (7, 20), (20, 30)]
     segments = jnp.asarray(np.concatenate([np.full(e - s, i) for i, (s, e) in
                                            enumerate(bounds)])[None])
-    with bind(layer, params):
-        packed = layer(x, segment_ids=segments)
-        for start, end in bounds:
-            assert_close(packed[:, start:end], layer(x[:, start:end]),
-                         what=f"document {start}:{end}")
+    # (Each call one compiled program: op by op, each of its operations compiles on its own.)
+    run = jax.jit(lambda p, inputs: functional(layer, None, p, inputs, is_training=False)[0])
+    packed = run(params, {"x": x, "segment_ids": segments})
+    for start, end in bounds:
+        assert_close(packed[:, start:end], run(params, {"x": x[:, start:end]}),
+                     what=f"document {start}:{end}")
 
 
 def test_tensor_parallel_heads_equal_one_device():
@@ -144,7 +145,8 @@ def test_context_parallel_equals_one_device(load_balance, float64_numerics):
         return functional(layer, None, p, {"x": v, "segment_ids": seg}, is_training=False)[0]
 
     order = np.arange(16)
-    want = jax.value_and_grad(loss, argnums=(0, 1))(params, x, segments, alone)
+    want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=3)(
+        params, x, segments, alone)
     mesh = MeshSpec(axes=("data", "context"), shape=(2, 4)).build()
     binding = Plan(context_parallel=CP(axis="context", load_balance=load_balance)).axis_binding()
 

@@ -94,11 +94,13 @@ def test_decoding_with_the_latent_cache_is_the_forward():
     x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 9, 32)), jnp.float32)
     whole = functional(layer, None, params, (x,), is_training=False)[0]
     cache = (jnp.zeros((2, 9, 12)), jnp.zeros((2, 9, 6)))
+    # (Each piece one compiled program: op by op, each of its operations compiles on its own.)
+    decode = jax.jit(lambda params, x, cache, start: functional(
+        layer, None, params, {"x": x, "cache": cache, "start": start}, method="decode",
+        is_training=False)[0], static_argnums=3)
     pieces = []
     for start, stop in ((0, 4), (4, 5), (5, 6), (6, 9)):  # A prefill, then steps.
-        (out, cache), _ = functional(layer, None, params, {"x": x[:, start:stop],
-                                                           "cache": cache, "start": start},
-                                     method="decode", is_training=False)
+        out, cache = decode(params, x[:, start:stop], cache, start)
         pieces.append(out)
     assert_close(jnp.concatenate(pieces, 1), whole, what="decoded outputs")
 

@@ -61,7 +61,8 @@ def _written_out(model, params, batch, *, block_collections=None):
     table, head = params["token_emb"]["weight"], params["lm_head"]["weight"]
     hidden, _ = functional(model.decoder, None, params["decoder"],
                            {"x": table[batch["input_ids"]], **docs}, is_training=True)
-    weights, segments = batch["weights"], batch["segment_ids"]
+    # (As numpy: the masks below are read in Python, also while the formula is traced.)
+    weights, segments = np.asarray(batch["weights"]), np.asarray(batch["segment_ids"])
 
     def mean(per_token, w):
         return jnp.sum(per_token * w) / jnp.sum(w)
@@ -112,8 +113,10 @@ def test_losses_metrics_and_gradient_equal_the_written_formula(experts):
         (loss, _), collection = functional(model, None, p, (batch,), is_training=True)
         return loss, collection.summaries
 
-    (loss, summaries), grads = jax.value_and_grad(ours, has_aux=True)(params)
-    main, losses = _written_out(model, params, batch)
+    # (Each side one compiled program: op by op, every operation of the forward and backward
+    # passes would compile on its own.)
+    (loss, summaries), grads = jax.jit(jax.value_and_grad(ours, has_aux=True))(params)
+    main, losses = jax.jit(lambda p: _written_out(model, p, batch))(params)
     assert_close(loss, main, what="reported loss = the next-token one")
     for k, expected in enumerate(losses, start=1):
         assert_close(summaries[f"metrics/mtp_loss/{k}"], expected, what=f"mtp_loss/{k}")
@@ -121,7 +124,7 @@ def test_losses_metrics_and_gradient_equal_the_written_formula(experts):
     def formula(p):
         main, losses = _written_out(model, p, batch)
         return main + WEIGHT / DEPTHS * sum(losses)
-    expected = jax.grad(formula)(params)
+    expected = jax.jit(jax.grad(formula))(params)
     assert_close(grads, expected, what="gradient")
     assert float(jnp.max(jnp.abs(grads["prediction"]["1"]["project"]["weight"]))) > 0
 
