@@ -7,15 +7,15 @@ warm, 5.8 s of CPU as ``python -m`` and 4.6 s forked from such a process), and t
 hundreds. So each test process keeps one server (``python -m tests.forked_python SOCKET``): it
 imports those libraries and Titanax's experiments (below) -- nothing that starts jax's backend,
 which reads ``XLA_FLAGS`` and the device count only when it starts -- and forks a child per
-command. The child takes the
-command's working directory, environment, ``sys.argv`` and ``sys.path`` and its own output files,
-then runs the module as ``__main__`` the way ``python -m`` does, and exits with its status.
+command. The child takes the command's working directory, environment, ``sys.argv`` and
+``sys.path`` and its own output files, then runs the module as ``__main__`` the way ``python -m``
+does, and exits with its status.
 
 What the libraries read from the environment when they are imported (``JAX_*``: jax's config
 defaults; the thread counts of OpenBLAS / OpenMP) is fixed in the server: a command whose
 environment differs there runs as a plain subprocess -- but for ``JAX_ENABLE_X64``, which the
-forked command sets in jax's config itself before its code runs. So does anything not started through
-``run``: tests that signal or kill their child (SIGTERM, kill -9) start real processes.
+forked command sets in jax's config itself before its code runs. So does anything not started
+through ``run``: tests that signal or kill their child (SIGTERM, kill -9) start real processes.
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ def run(args: Sequence[str], *, cwd: Optional[str] = None, env: Optional[Dict[st
     ``args``: ``["-m", module, *flags]`` or ``[script, *flags]``."""
     cwd = os.getcwd() if cwd is None else str(cwd)
     env = dict(os.environ) if env is None else env
-    # (This process's environment first: one whose commands all run plain starts no server.)
+    # Two checks: against this process's environment first, so that a test whose commands all
+    # run plain starts no server; then against the server's, which was fixed when it started --
+    # this process's may have changed since (a test's monkeypatch.setenv).
     plain = _import_time_environment(env) != _import_time_environment(dict(os.environ))
     server = None if plain else _server()
     if plain or not server.serves(env):
@@ -194,20 +196,40 @@ def serve(socket_path: str) -> None:
 
 
 def _import_package(name: str) -> None:
-    """Imports the package and every submodule -- and so every Titanax module they import --
-    then forgets the package's own modules and the experiments they registered: a command
-    imports them afresh (they are small), so one that imports the checkout's ``experiments``
-    folder under that name (an example script) registers its experiments under that name
+    """Imports the Titanax modules the package's modules import at their top -- read from their
+    source, not by importing them: a command imports the package itself afresh (it is small), so
+    its experiments register in the command alone, and one that imports the checkout's
+    ``experiments`` folder under that name (an example script) registers them under that name
     alone, as it would in a process of its own."""
+    import ast  # pylint: disable=import-outside-toplevel
     import importlib  # pylint: disable=import-outside-toplevel
-    import pkgutil  # pylint: disable=import-outside-toplevel
-    package = importlib.import_module(name)
-    for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
-        importlib.import_module(info.name)
-    for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
-        del sys.modules[module]
-    from titanax.config import registry  # pylint: disable=import-outside-toplevel
-    registry._EXPERIMENTS.clear()  # pylint: disable=protected-access
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    folders = importlib.util.find_spec(name).submodule_search_locations
+    for folder in folders:
+        for root, _, files in os.walk(folder):
+            for file in sorted(f for f in files if f.endswith(".py")):
+                with open(os.path.join(root, file), encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+                for module in _titanax_imports(tree):
+                    importlib.import_module(module)
+
+
+def _titanax_imports(tree) -> List[str]:
+    """The ``titanax`` modules a module's top-level statements import (``from titanax.x import
+    y`` names ``titanax.x.y`` too when that is a module)."""
+    import ast  # pylint: disable=import-outside-toplevel
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    modules = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            modules += [a.name for a in node.names if a.name.split(".")[0] == "titanax"]
+        elif (isinstance(node, ast.ImportFrom) and not node.level and node.module
+              and node.module.split(".")[0] == "titanax"):
+            modules.append(node.module)
+            if importlib.util.find_spec(node.module).submodule_search_locations:  # a package
+                modules += [f"{node.module}.{a.name}" for a in node.names
+                            if importlib.util.find_spec(f"{node.module}.{a.name}") is not None]
+    return modules
 
 
 def _handle(connection: socket.socket) -> None:
