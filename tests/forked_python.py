@@ -31,9 +31,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import traceback
 from typing import Dict, List, Optional, Sequence
+
+from titanax.runtime import forked_children
 
 # Imported once by the server: what (nearly) every command imports before its own code runs.
 PRELOADED = ("numpy", "jax", "jax.numpy", "jax.experimental.shard_map", "optax",
@@ -293,29 +294,11 @@ def _become(request: Dict[str, object]) -> None:
         else:
             runpy.run_path(args[0], run_name="__main__")
     except SystemExit as e:
-        code = _exit_code(e.code)
+        code = forked_children.exit_code(e.code)
     except BaseException:  # pylint: disable=broad-except
         traceback.print_exc()
         code = 1
-    try:
-        threading._shutdown()  # pylint: disable=protected-access
-        atexit._run_exitfuncs()  # pylint: disable=protected-access
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)  # pylint: disable=protected-access
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)  # (As the interpreter does with sys.exit("message").)
-    return 1
+    forked_children.exit_like_the_interpreter(code)
 
 
 def _redirect(request: Dict[str, object], *, unbuffered: bool) -> None:

@@ -1,11 +1,12 @@
 """``--local_processes=N``: one command runs an N-process job on this machine, over loopback.
 
-The parent picks a free port, starts N copies of the same command line, each told its place in
-the job (``--coordinator_address=127.0.0.1:PORT --num_processes=N --process_id=i``) and given its
-devices (``--cpu_devices=K``: K simulated CPU devices each; without it, a slice of the visible
-GPUs through ``JAX_LOCAL_DEVICE_IDS``). Every line a child prints comes out prefixed with its index
-(``[1] step 10 ...``). The parent forwards SIGTERM / SIGINT to every child (the job then agrees on
-a step to save, like a preempted multi-host job) and, on the first child that fails, stops the
+The parent picks a free port, starts N copies of the same command line (forked from itself where
+it can: ``forked_children``), each told its place in the job (``--coordinator_address=
+127.0.0.1:PORT --num_processes=N --process_id=i``) and given its devices (``--cpu_devices=K``: K
+simulated CPU devices each; without it, a slice of the visible GPUs through
+``JAX_LOCAL_DEVICE_IDS``). Every line a child prints comes out prefixed with its index (``[1]
+step 10 ...``). The parent forwards SIGTERM / SIGINT to every child (the job then agrees on a
+step to save, like a preempted multi-host job) and, on the first child that fails, stops the
 others and exits with that child's status, naming it. It never imports jax.
 """
 
@@ -23,6 +24,7 @@ from typing import List, Optional, Sequence
 
 from titanax import errors
 from titanax.utils import command_args
+from titanax.runtime import forked_children
 from titanax.runtime.peer_watch import EXIT_LOST_PEER
 
 # Seconds a child gets to exit after SIGTERM before it is killed (when a peer failed).
@@ -74,7 +76,7 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
     """Runs the children, prefixing their output; returns the job's exit status."""
     stdout = stdout or sys.stdout
     lock = threading.Lock()
-    children: List[subprocess.Popen] = []
+    children: List = []  # subprocess.Popen or forked_children.ForkedChild
     signals_seen = []
 
     def forward(signum, frame):  # pylint: disable=unused-argument
@@ -90,10 +92,8 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
     readers = []
     try:
         for index, command in enumerate(commands):
-            children.append(subprocess.Popen(
-                list(command), env=_child_env(index, gpus_per_process), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
-                start_new_session=True))
+            children.append(_start_child(command, env=_child_env(index, gpus_per_process),
+                                         siblings=children, gpus=gpus_per_process))
             if signals_seen:  # A signal that came while the job was starting.
                 children[-1].send_signal(signals_seen[0])
             print(f"titanax.launch: process {index} of {len(commands)} is pid "
@@ -111,6 +111,18 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
             signal.signal(sig, handler)
         for reader in readers:
             reader.join(timeout=5)
+
+
+def _start_child(command: Sequence[str], *, env: dict, siblings: Sequence[object], gpus: int):
+    """The child forked from this process where it can be (``forked_children``: the imports it
+    would make again are made), else a new interpreter. A job given GPUs always starts new
+    interpreters: jax reads which GPUs a process sees when it is imported."""
+    module = None if gpus else forked_children.forkable_module(command)
+    if module is not None:
+        return forked_children.start(module, command[4:], env=env, siblings=siblings)
+    return subprocess.Popen(  # pylint: disable=consider-using-with
+        list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        errors="replace", bufsize=1, start_new_session=True)
 
 
 def _child_env(index: int, gpus_per_process: int) -> dict:
@@ -150,14 +162,14 @@ def die_with_launcher() -> None:
         os._exit(1)  # pylint: disable=protected-access
 
 
-def _relay(child: subprocess.Popen, index: int, stdout, lock: threading.Lock) -> None:
+def _relay(child, index: int, stdout, lock: threading.Lock) -> None:
     for line in child.stdout:
         with lock:
             stdout.write(f"[{index}] {line}" if line.endswith("\n") else f"[{index}] {line}\n")
             stdout.flush()
 
 
-def _wait(children: List[subprocess.Popen]) -> int:
+def _wait(children: List) -> int:
     """The job's status: 0 when every child succeeded; else the first real failure's, named.
     A child that stopped because its peer was lost (peer_watch.EXIT_LOST_PEER) is not the cause
     when another child failed otherwise; all children stopping with the same status (e.g. an
@@ -191,7 +203,7 @@ def _status_text(code: int) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"failed with exit status {code}"
 
 
-def _stop_the_rest(children: List[subprocess.Popen], failed: int) -> None:
+def _stop_the_rest(children: List, failed: int) -> None:
     for index, child in enumerate(children):
         if index != failed and child.poll() is None:
             child.send_signal(signal.SIGTERM)
