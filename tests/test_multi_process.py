@@ -140,6 +140,7 @@ def test_two_processes_train_like_one(root, name, layout, extra):
                  what="params after Adam")
     # Only process 0 writes to stdout (the progress lines); both report their devices.
     assert "[0] step" in stdout and "[1] step" not in stdout
+    assert stdout.count(" (forked from this launcher)\n") == 2, stdout[:2000]
     assert "[1] " in stdout and "titanax process 1/2" in stdout
 
 
@@ -186,7 +187,8 @@ def _preempt(trainer_dir, shown, *extra):
     lines = []
     try:
         _wait_for(job, shown, lines)
-        pids = {int(line.split()[-1]) for line in lines if "process 1 of 2 is pid" in line}
+        pids = {int(line.split(" is pid ")[1].split()[0]) for line in lines
+                if "process 1 of 2 is pid" in line}
         os.kill(pids.pop(), signal.SIGTERM)  # Process 1 only.
         rest, _ = job.communicate(timeout=240)
     finally:
@@ -270,6 +272,9 @@ def test_the_user_script_entry_point_runs_in_every_process(tmp_path):
     for index in (0, 1):
         assert f"[{index}] user main: process {index} of 2, step 2, loss" in result.stdout, \
             result.stdout[-4000:] + result.stderr[-4000:]
+    # (Forked from titanax.run, which imported titanax.launch by name: no runpy warning.)
+    assert result.stdout.count(" (forked from this launcher)\n") == 2, result.stdout[:2000]
+    assert "RuntimeWarning" not in result.stdout + result.stderr, result.stdout[-4000:]
 
 
 def test_an_error_every_process_meets_at_build_exits_2_in_each_without_an_abort(tmp_path):

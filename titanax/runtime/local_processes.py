@@ -23,9 +23,9 @@ import time
 from typing import List, Optional, Sequence
 
 from titanax import errors
-from titanax.utils import command_args
 from titanax.runtime import forked_children
 from titanax.runtime.peer_watch import EXIT_LOST_PEER
+from titanax.utils import command_args
 
 # Seconds a child gets to exit after SIGTERM before it is killed (when a peer failed).
 _GRACE_S = 20.0
@@ -96,8 +96,10 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
                                          siblings=children, gpus=gpus_per_process))
             if signals_seen:  # A signal that came while the job was starting.
                 children[-1].send_signal(signals_seen[0])
+            forked = isinstance(children[-1], forked_children.ForkedChild)
             print(f"titanax.launch: process {index} of {len(commands)} is pid "
-                  f"{children[-1].pid}", file=stdout, flush=True)
+                  f"{children[-1].pid}" + " (forked from this launcher)" * forked, file=stdout,
+                  flush=True)
         readers = [threading.Thread(target=_relay, args=(child, index, stdout, lock), daemon=True)
                    for index, child in enumerate(children)]
         for reader in readers:
@@ -107,6 +109,7 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
         for child in children:
             if child.poll() is None:
                 child.kill()
+                child.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for reader in readers:
@@ -116,7 +119,7 @@ def run_local_job(commands: Sequence[Sequence[str]], *, gpus_per_process: int = 
 def _start_child(command: Sequence[str], *, env: dict, siblings: Sequence[object], gpus: int):
     """The child forked from this process where it can be (``forked_children``: the imports it
     would make again are made), else a new interpreter. A job given GPUs always starts new
-    interpreters: jax reads which GPUs a process sees when it is imported."""
+    interpreters: forking has not been tried on GPUs."""
     module = None if gpus else forked_children.forkable_module(command)
     if module is not None:
         return forked_children.start(module, command[4:], env=env, siblings=siblings)

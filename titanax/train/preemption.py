@@ -86,6 +86,16 @@ _SYNC_CALLS = 0
 _JOB_INTERRUPTS = 0
 
 
+def _start_anew_in_a_forked_child() -> None:
+    """A forked process is a process of its own (a local job's child forked from its launcher):
+    no request, sync call or Ctrl-C of its parent's is its own."""
+    global _EARLY, _SYNC_CALLS, _JOB_INTERRUPTS  # pylint: disable=global-statement
+    _EARLY, _SYNC_CALLS, _JOB_INTERRUPTS = None, 0, 0
+
+
+os.register_at_fork(after_in_child=_start_anew_in_a_forked_child)
+
+
 def install_early() -> None:
     """Records SIGTERM / SIGINT from now on (main thread only); the launcher calls this first."""
     global _EARLY  # pylint: disable=global-statement
