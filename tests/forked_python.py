@@ -20,7 +20,10 @@ through ``run``: tests that signal or kill their child (SIGTERM, kill -9) start 
 
 from __future__ import annotations
 
+import ast
 import atexit
+import importlib
+import importlib.util
 import io
 import json
 import os
@@ -174,7 +177,6 @@ def _read_line(connection: socket.socket) -> bytes:
 
 def serve(socket_path: str) -> None:
     """Imports PRELOADED, then forks a handler per connection until the test process ends."""
-    import importlib  # pylint: disable=import-outside-toplevel
     for name in PRELOADED:
         importlib.import_module(name)
     _import_package(PRELOADED_PACKAGE)
@@ -202,9 +204,6 @@ def _import_package(name: str) -> None:
     its experiments register in the command alone, and one that imports the checkout's
     ``experiments`` folder under that name (an example script) registers them under that name
     alone, as it would in a process of its own."""
-    import ast  # pylint: disable=import-outside-toplevel
-    import importlib  # pylint: disable=import-outside-toplevel
-    import importlib.util  # pylint: disable=import-outside-toplevel
     folders = importlib.util.find_spec(name).submodule_search_locations
     for folder in folders:
         for root, _, files in os.walk(folder):
@@ -215,11 +214,9 @@ def _import_package(name: str) -> None:
                     importlib.import_module(module)
 
 
-def _titanax_imports(tree) -> List[str]:
+def _titanax_imports(tree: ast.Module) -> List[str]:
     """The ``titanax`` modules a module's top-level statements import (``from titanax.x import
     y`` names ``titanax.x.y`` too when that is a module)."""
-    import ast  # pylint: disable=import-outside-toplevel
-    import importlib.util  # pylint: disable=import-outside-toplevel
     modules = []
     for node in tree.body:
         if isinstance(node, ast.Import):

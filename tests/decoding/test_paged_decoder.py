@@ -55,13 +55,14 @@ def _call(model, params, method, *args):
     """``model.<method>(*args)`` in inference, one compiled program per model and method (run op
     by op, each step of a decoding loop would dispatch its hundreds of operations anew). A method
     named by string is called again step after step and is kept; a one-off callable is not."""
-    program = jax.jit(lambda params, *args: functional(
-        model, None, params, args, method=method, is_training=False)[0])
+    def program():
+        return jax.jit(lambda params, *args: functional(
+            model, None, params, args, method=method, is_training=False)[0])
     if not isinstance(method, str):
-        return program(params, *args)
+        return program()(params, *args)
     key = (id(model), method)
     if key not in _COMPILED_CALLS:
-        _COMPILED_CALLS[key] = model, program
+        _COMPILED_CALLS[key] = model, program()
     return _COMPILED_CALLS[key][1](params, *args)
 
 
